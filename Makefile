@@ -1,0 +1,29 @@
+# Two commands for a new user: `make demo` and `make test`. Both set up .venv first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# CPU wheel where there is no GPU (found locally on this project's machines); on a GPU
+# machine the same pin resolves to PyPI's CUDA build. Override with TORCH_SPEC=...
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+# A 2-rank save-and-load of a tiny Llama on the embedded S3 server (SeaweedFS on 127.0.0.1).
+demo: setup
+	$(BIN)/dcp-fsdp save-and-load nproc=2 iterations=3
+
+test: setup
+	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

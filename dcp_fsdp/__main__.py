@@ -1,0 +1,5 @@
+import sys
+
+from dcp_fsdp.cli import main
+
+sys.exit(main())

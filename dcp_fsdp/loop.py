@@ -1,0 +1,264 @@
+"""The one timed loop behind save, load and save-and-load.
+
+Per iteration and phase: choose the suffix (rank 0, broadcast), build the
+writer/reader, align the ranks with a barrier, and time only `dcp.save` /
+`dcp.load`. Suffix choice, writer construction, verification and the optional
+delay all happen outside the timers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
+
+from dcp_fsdp.config import BenchmarkConfig, CheckpointState, Command
+from dcp_fsdp.distributed import RankContext, broadcast_object
+from dcp_fsdp.errors import BenchmarkFailure, UserError
+from dcp_fsdp.instrument import HookTimeline, instrument_reader, instrument_writer
+from dcp_fsdp.model import ShardedModel, local_tensor
+from dcp_fsdp.storage import Backend, new_suffix, read_manifest
+
+
+@dataclasses.dataclass
+class Sample:
+    """One rank's measurement of one save or load."""
+
+    op: str  # "save" | "load"
+    iteration: int  # 1-based
+    suffix: str
+    rank: int
+    host: str
+    begin_wall_s: float  # time.time() just after the aligning barrier
+    end_wall_s: float
+    begin_mono_s: float  # time.monotonic(), same instants (comparable within a host)
+    end_mono_s: float
+    duration_s: float
+    bytes: int  # tensor bytes this rank wrote or read
+    barrier_wait_s: float  # time in the aligning barrier before the timer started
+    plan_s: float | None  # start -> data I/O begins (local + global plan, collective)
+    io_s: float | None  # write_data / read_data
+    commit_s: float | None  # data I/O end -> return (save: results gather + .metadata write)
+    metadata_s: float | None  # load: reading .metadata (part of plan_s)
+    finish_s: float | None  # save, coordinator: writing .metadata
+
+
+def make_state_dict(sharded: ShardedModel) -> dict[str, Any]:
+    """What DCP saves: {"model": ...} or {"model": ..., "optim": ...}, sharded (DTensors)."""
+    if sharded.optimizer is None:
+        return {"model": get_model_state_dict(sharded.model)}
+    model_sd, optim_sd = get_state_dict(sharded.model, sharded.optimizer)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def apply_state_dict(sharded: ShardedModel, state_dict: dict[str, Any]) -> None:
+    options = StateDictOptions(strict=True)
+    if sharded.optimizer is None:
+        set_model_state_dict(sharded.model, state_dict["model"], options=options)
+    else:
+        set_state_dict(sharded.model, sharded.optimizer, model_state_dict=state_dict["model"],
+                       optim_state_dict=state_dict["optim"], options=options)
+
+
+def flat_tensors(state_dict: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Flattened "model.x.weight"-style keys (as DCP names them) to tensors."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    flat, _ = flatten_state_dict(state_dict)
+    return {key: value for key, value in flat.items() if isinstance(value, torch.Tensor)}
+
+
+def state_bytes(state_dict: dict[str, Any]) -> int:
+    """Bytes of all tensors in the checkpoint (global shapes: the whole model's state)."""
+    return sum(t.numel() * t.element_size() for t in flat_tensors(state_dict).values())
+
+
+def rank0_decides(ctx: RankContext, decide: Callable[[], Any]) -> Any:
+    """Run `decide` on rank 0; every rank gets its result, or raises its UserError."""
+    outcome: tuple[str, Any] = ("ok", None)
+    if ctx.is_coordinator:
+        try:
+            outcome = ("ok", decide())
+        except UserError as error:
+            outcome = ("error", str(error))
+    outcome = broadcast_object(outcome)
+    if outcome[0] == "error":
+        raise UserError(outcome[1])
+    return outcome[1]
+
+
+class CheckpointLoop:
+    def __init__(self, cfg: BenchmarkConfig, ctx: RankContext, backend: Backend,
+                 sharded: ShardedModel, state_dict: dict[str, Any],
+                 log: Callable[[str], None]) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.backend = backend
+        self.sharded = sharded
+        self.state_dict = state_dict
+        self.log = log
+        self.samples: list[Sample] = []
+        self.suffixes: list[str] = []
+        self.host = socket.gethostname()
+
+    # -- suffixes ------------------------------------------------------------------------
+    def _choose_save_suffix(self, iteration: int) -> str:
+        def decide() -> str:
+            if self.cfg.suffix:
+                suffix = (self.cfg.suffix if self.cfg.iterations == 1
+                          else f"{self.cfg.suffix}-{iteration}")
+                if self.backend.has_objects(suffix):
+                    raise UserError(f"suffix={suffix}: a checkpoint already exists at "
+                                    f"{self.backend.location(suffix)}; choose another suffix or "
+                                    "omit it to get a fresh one")
+                return suffix
+            while True:
+                suffix = new_suffix()
+                if suffix not in self.suffixes and not self.backend.has_objects(suffix):
+                    return suffix
+        return rank0_decides(self.ctx, decide)
+
+    def _check_matches_checkpoint(self, suffix: str) -> None:
+        """Before timing a load: the checkpoint must hold this model's tensors and shapes."""
+        def decide() -> None:
+            reader = self.backend.reader(suffix)
+            reader.reset(self.backend.location(suffix))
+            stored = reader.read_metadata().state_dict_metadata
+            problem = None
+            for key, tensor in flat_tensors(self.state_dict).items():
+                entry = stored.get(key)
+                if entry is None or not hasattr(entry, "size"):
+                    problem = f"it has no tensor '{key}'"
+                    break
+                if tuple(entry.size) != tuple(tensor.shape):
+                    problem = (f"'{key}' is {list(entry.size)} there but "
+                               f"{list(tensor.shape)} here")
+                    break
+                if entry.properties.dtype != tensor.dtype:
+                    problem = f"'{key}' is {entry.properties.dtype} there but {tensor.dtype} here"
+                    break
+            if problem is None:
+                return
+            manifest = read_manifest(self.backend, suffix) or {}
+            saved_with = " ".join(f"{k}={manifest[k]}" for k in
+                                  ("model", "model.dtype", "state") if k in manifest)
+            fix = f"load it with {saved_with}" if saved_with else "load it with the settings it was saved with"
+            raise UserError(
+                f"suffix={suffix}: checkpoint does not match model={self.cfg.model.preset} "
+                f"model.dtype={self.cfg.model.dtype.value} state={self.cfg.state.value} "
+                f"({problem}); {fix}")
+        rank0_decides(self.ctx, decide)
+
+    # -- one timed operation -------------------------------------------------------------
+    def _timed(self, op: str, iteration: int, suffix: str) -> Sample:
+        if op == "save":
+            storage_io = self.backend.writer(suffix)
+            timeline = instrument_writer(storage_io)
+        else:
+            storage_io = self.backend.reader(suffix)
+            timeline = instrument_reader(storage_io)
+
+        barrier_start = time.monotonic()
+        dist.barrier()
+        begin_mono = time.monotonic()
+        begin_wall = time.time()
+        if op == "save":
+            dcp.save(self.state_dict, storage_writer=storage_io)
+        else:
+            dcp.load(self.state_dict, storage_reader=storage_io)
+        end_mono = time.monotonic()
+        end_wall = time.time()
+        return self._sample(op, iteration, suffix, timeline, barrier_start, begin_mono,
+                            begin_wall, end_mono, end_wall)
+
+    def _sample(self, op, iteration, suffix, timeline: HookTimeline, barrier_start, begin_mono,
+                begin_wall, end_mono, end_wall) -> Sample:
+        io_hook = "write_data" if op == "save" else "read_data"
+        io_span = timeline.spans.get(io_hook)
+        return Sample(
+            op=op, iteration=iteration, suffix=suffix, rank=self.ctx.rank, host=self.host,
+            begin_wall_s=begin_wall, end_wall_s=end_wall, begin_mono_s=begin_mono,
+            end_mono_s=end_mono, duration_s=end_mono - begin_mono, bytes=timeline.io_bytes,
+            barrier_wait_s=begin_mono - barrier_start,
+            plan_s=None if io_span is None else io_span[0] - begin_mono,
+            io_s=None if io_span is None else io_span[1] - io_span[0],
+            commit_s=None if io_span is None else end_mono - io_span[1],
+            metadata_s=timeline.duration_s("read_metadata"),
+            finish_s=timeline.duration_s("finish"),
+        )
+
+    # -- verification (save-and-load) ----------------------------------------------------
+    def _snapshot_and_clear(self) -> dict[str, torch.Tensor]:
+        """Copies of what was saved; then zero the live tensors so a no-op load is caught."""
+        snapshot = {}
+        with torch.no_grad():
+            for key, tensor in flat_tensors(self.state_dict).items():
+                local = local_tensor(tensor)
+                snapshot[key] = local.detach().clone()
+                local.zero_()
+        return snapshot
+
+    def _verify(self, snapshot: dict[str, torch.Tensor], iteration: int) -> None:
+        mismatched = [key for key, tensor in flat_tensors(self.state_dict).items()
+                      if not torch.equal(local_tensor(tensor), snapshot[key])]
+        count = torch.tensor([len(mismatched)], dtype=torch.int64, device=self.ctx.device)
+        dist.all_reduce(count)
+        if count.item():
+            raise BenchmarkFailure(
+                f"save-and-load iteration {iteration}: {count.item()} tensor shard(s) differ "
+                f"after load (e.g. {mismatched[0] if mismatched else 'on another rank'})")
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self) -> list[Sample]:
+        command = self.cfg.command
+        for iteration in range(1, self.cfg.iterations + 1):
+            if command in (Command.save, Command.save_and_load):
+                suffix = self._choose_save_suffix(iteration)
+                self.samples.append(self._timed("save", iteration, suffix))
+                self.suffixes.append(suffix)
+                self._write_manifest(suffix)
+                self.log(f"saved suffix={suffix} at {self.backend.location(suffix)} "
+                         f"(iteration {iteration}/{self.cfg.iterations})")
+            else:
+                suffix = self.cfg.suffix
+                if iteration == 1:
+                    self._check_matches_checkpoint(suffix)
+                    self.suffixes.append(suffix)
+            if command == Command.save_and_load:
+                self._pause()
+                snapshot = self._snapshot_and_clear() if self.cfg.verify else None
+                self.samples.append(self._timed("load", iteration, suffix))
+                if snapshot is not None:
+                    self._verify(snapshot, iteration)
+                    del snapshot
+                apply_state_dict(self.sharded, self.state_dict)
+            elif command == Command.load:
+                self.samples.append(self._timed("load", iteration, suffix))
+                apply_state_dict(self.sharded, self.state_dict)
+            if iteration < self.cfg.iterations:
+                self._pause()
+        dist.barrier()
+        return self.samples
+
+    def _pause(self) -> None:
+        if self.cfg.delay_s > 0:
+            time.sleep(self.cfg.delay_s)
+
+    def _write_manifest(self, suffix: str) -> None:
+        """A small description of the checkpoint (after .metadata: not part of the commit)."""
+        if not self.ctx.is_coordinator:
+            return
+        import json
+
+        manifest = {"model": self.cfg.model.preset, "model.dtype": self.cfg.model.dtype.value,
+                    "state": self.cfg.state.value, "world_size": self.ctx.world_size,
+                    "param_count": self.sharded.param_count}
+        self.backend.put_small(suffix, "dcp_fsdp.json", json.dumps(manifest).encode())

@@ -1,0 +1,23 @@
+"""Entry point of a rank started by the local launcher (config passed as a file)."""
+
+import os
+import sys
+import time
+
+PROCESS_START_MONO = time.monotonic()
+
+
+def main() -> int:
+    from omegaconf import OmegaConf
+
+    from dcp_fsdp.config import BenchmarkConfig
+    from dcp_fsdp.launcher import CONFIG_ENV
+    from dcp_fsdp.runner import run_rank
+
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(BenchmarkConfig),
+                                              OmegaConf.load(os.environ[CONFIG_ENV])))
+    return run_rank(cfg, PROCESS_START_MONO)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
