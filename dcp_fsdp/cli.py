@@ -10,6 +10,7 @@ is a rank; otherwise it launches `nproc` ranks on this machine.
 from __future__ import annotations
 
 import itertools
+import re
 import os
 import sys
 import time
@@ -96,10 +97,19 @@ def compose(command: str, overrides: list[str]):
 
 
 def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
+    """Hydra/OmegaConf errors as one line that names the setting and the fix."""
+    cause = error.__cause__ or error
+    text = " ".join(str(cause).split())
+    key_match = re.search(r"full_key: (\S+)", text)
+    key = key_match.group(1) if key_match else None
     text = text.split(" full_key:")[0]
-    return text.replace("Could not override", "cannot set").replace(
-        "Key '", "unknown setting '") + " (see conf/config.yaml and the README's Settings)"
+    if "not in '" in text or "is not in struct" in text:
+        name = key or text
+        return (f"{name}: unknown setting; check the spelling against the README's Settings "
+                "(or conf/config.yaml)")
+    if key:
+        return f"{key}: {text}"
+    return f"{' '.join(str(error).split())} (see the README's Settings)"
 
 
 def run_command(command: str, overrides: list[str]) -> int:

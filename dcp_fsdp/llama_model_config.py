@@ -77,4 +77,7 @@ def hf_config(shape: ModelShape):
         n_head=shape.num_heads,
         n_positions=shape.max_positions,
         use_cache=False,
+        # GPT-2's special token id is 50256; keep it inside a smaller test vocabulary.
+        bos_token_id=min(50256, shape.vocab_size - 1),
+        eos_token_id=min(50256, shape.vocab_size - 1),
     )

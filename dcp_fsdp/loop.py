@@ -197,12 +197,15 @@ class CheckpointLoop:
 
     # -- verification (save-and-load) ----------------------------------------------------
     def _snapshot_and_clear(self) -> dict[str, torch.Tensor]:
-        """Copies of what was saved; then zero the live tensors so a no-op load is caught."""
-        snapshot = {}
+        """Copies of what was saved; then zero the live tensors so a no-op load is caught.
+
+        All copies are taken before anything is zeroed: tied weights (GPT-2's wte and
+        lm_head) are one tensor under two keys.
+        """
+        tensors = {key: local_tensor(t) for key, t in flat_tensors(self.state_dict).items()}
+        snapshot = {key: local.detach().clone() for key, local in tensors.items()}
         with torch.no_grad():
-            for key, tensor in flat_tensors(self.state_dict).items():
-                local = local_tensor(tensor)
-                snapshot[key] = local.detach().clone()
+            for local in tensors.values():
                 local.zero_()
         return snapshot
 
