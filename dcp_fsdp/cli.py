@@ -116,7 +116,8 @@ def run_command(command: str, overrides: list[str]) -> int:
     from dcp_fsdp.errors import UserError
 
     try:
-        cfg = compose(command, overrides)
+        # `list` takes the same storage settings as a save; the command value is unused.
+        cfg = compose("save" if command == "list" else command, overrides)
         if command == "list":
             return list_checkpoints(cfg)
         if "RANK" in os.environ and "DCP_FSDP_CONFIG" not in os.environ:
