@@ -171,6 +171,10 @@ class EmbeddedS3:
                     f"see {self.workdir / 'weed.out'}:\n{self.tail_log()}")
             try:
                 client.head_bucket(Bucket=self.bucket)
+                # SeaweedFS allocates its volumes on the first write to a bucket (~1 s).
+                # Do that here, so the first timed save measures I/O, not server set-up.
+                client.put_object(Bucket=self.bucket, Key=".dcp-fsdp-warm-up", Body=b"0" * 1024)
+                client.delete_object(Bucket=self.bucket, Key=".dcp-fsdp-warm-up")
                 return
             except botocore.exceptions.ClientError as error:
                 last_error = error

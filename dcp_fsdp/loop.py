@@ -165,6 +165,7 @@ class CheckpointLoop:
         else:
             storage_io = self.backend.reader(suffix)
             timeline = instrument_reader(storage_io)
+        self.backend.warm_up(storage_io)
 
         barrier_start = time.monotonic()
         dist.barrier()
