@@ -106,6 +106,8 @@ class BenchmarkConfig:
     backend: Backend = Backend.auto
     seed: int = 0
     collective_timeout_s: float = 600.0
+    # A save or load taking longer than this fails the run (a stalled server never hangs it).
+    op_timeout_s: float = 3600.0
 
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[^/]+)(?:/(?P<prefix>.*))?$")
@@ -135,6 +137,8 @@ def validate(cfg: BenchmarkConfig) -> None:
         raise UserError(f"iterations={cfg.iterations}: must be 1 or more")
     if cfg.nproc < 1:
         raise UserError(f"nproc={cfg.nproc}: must be 1 or more")
+    if cfg.op_timeout_s <= 0:
+        raise UserError(f"op_timeout_s={cfg.op_timeout_s}: must be positive (seconds)")
     if cfg.delay_s < 0:
         raise UserError(f"delay_s={cfg.delay_s}: must be 0 or more")
     if cfg.command == Command.load and not cfg.suffix:

@@ -9,6 +9,7 @@ when a rank fails, on Ctrl-C, or at the end.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -101,6 +102,7 @@ def _run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str]) -> int:
                         "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                         "MASTER_PORT": str(master_port), CONFIG_ENV: config_path,
                         RUN_ID_ENV: run_id, PREFLIGHT_DONE_ENV: "1",
+                        records.ARGV_ENV: json.dumps(records.command_line()),
                         # Each rank uses its share of the cores, as torchrun would arrange.
                         "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS",
                                                    str(max(1, (os.cpu_count() or 1) // cfg.nproc)))}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import threading
 import time
 from typing import Any, Callable
 
@@ -95,11 +96,31 @@ def rank0_decides(ctx: RankContext, decide: Callable[[], Any]) -> Any:
     return outcome[1]
 
 
+class Watchdog:
+    """Calls `on_timeout(message)` from a timer thread if the block runs too long.
+
+    A stalled S3 request blocks inside native code, where no Python exception can
+    reach it; the callback ends the process instead (after recording the failure).
+    """
+
+    def __init__(self, timeout_s: float, on_timeout: Callable[[str], None], message: str) -> None:
+        self.timer = threading.Timer(timeout_s, on_timeout, args=(message,))
+        self.timer.daemon = True
+
+    def __enter__(self) -> "Watchdog":
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.timer.cancel()
+
+
 class CheckpointLoop:
     def __init__(self, cfg: BenchmarkConfig, ctx: RankContext, backend: Backend,
                  sharded: ShardedModel, state_dict: dict[str, Any],
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None], on_timeout: Callable[[str], None]) -> None:
         self.cfg = cfg
+        self.on_timeout = on_timeout
         self.ctx = ctx
         self.backend = backend
         self.sharded = sharded
@@ -171,10 +192,14 @@ class CheckpointLoop:
         dist.barrier()
         begin_mono = time.monotonic()
         begin_wall = time.time()
-        if op == "save":
-            dcp.save(self.state_dict, storage_writer=storage_io)
-        else:
-            dcp.load(self.state_dict, storage_reader=storage_io)
+        with Watchdog(self.cfg.op_timeout_s, self.on_timeout,
+                      f"{op} iteration {iteration} (suffix {suffix}) did not finish within "
+                      f"op_timeout_s={self.cfg.op_timeout_s:g}; the storage stalled or is "
+                      "too slow: raise op_timeout_s or check the endpoint"):
+            if op == "save":
+                dcp.save(self.state_dict, storage_writer=storage_io)
+            else:
+                dcp.load(self.state_dict, storage_reader=storage_io)
         end_mono = time.monotonic()
         end_wall = time.time()
         return self._sample(op, iteration, suffix, timeline, barrier_start, begin_mono,

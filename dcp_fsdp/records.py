@@ -96,5 +96,10 @@ def read_records(paths: Iterable[Path]) -> tuple[list[dict[str, Any]], list[dict
     return runs, samples
 
 
+ARGV_ENV = "DCP_FSDP_ARGV"  # the user's command line, passed by the launcher to its ranks
+
+
 def command_line() -> list[str]:
+    if os.environ.get(ARGV_ENV):
+        return json.loads(os.environ[ARGV_ENV])
     return [Path(sys.argv[0]).name] + sys.argv[1:]

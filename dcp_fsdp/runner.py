@@ -89,6 +89,14 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> int:
                            "started_at": started_at, "config": config_dict(cfg)}
     init: dict[str, Any] = {}
     status, error_line, exit_code = "ok", None, EXIT_OK
+
+    def write_record(status: str, error_line: str | None, samples, init_rows):
+        run.update(status=status, error=error_line, finished_at=records.utc_now(),
+                   suffixes=list(loop.suffixes) if loop is not None else [],
+                   init=init_rows, versions=records.versions(),
+                   slurm=records.slurm_environment())
+        return records.write_records(records.record_path(cfg.results_dir, run["run_id"]),
+                                     run, list(samples))
     try:
         t0 = time.monotonic()
         ctx = init_distributed(cfg.backend, cfg.collective_timeout_s)
@@ -131,8 +139,17 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> int:
                   f"storage={backend.location('')}", flush=True)
         init["init_s"] = time.monotonic() - process_start_mono
 
+        def on_timeout(message: str) -> None:
+            # From the watchdog thread, while the main thread is stuck in native code:
+            # record the failure (rank 0), say it once, and end the process.
+            print(f"dcp-fsdp: error: rank {ctx.rank}: {message}", file=sys.stderr, flush=True)
+            if ctx.is_coordinator:
+                write_record("failed", message, loop.samples if loop else [], [init])
+            os._exit(EXIT_FAILED)
+
         loop = CheckpointLoop(cfg, ctx, backend, sharded, state_dict,
-                              log=lambda message: log(f"[dcp-fsdp] {message}"))
+                              log=lambda message: log(f"[dcp-fsdp] {message}"),
+                              on_timeout=on_timeout)
         loop.run()
     except (KeyboardInterrupt, Terminated) as error:
         status, exit_code = "interrupted", EXIT_INTERRUPTED
@@ -161,12 +178,7 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> int:
         init_rows = [row for _, row in gathered]
     is_coordinator = ctx.is_coordinator if ctx is not None else os.environ.get("RANK", "0") == "0"
     if is_coordinator and run.get("run_id"):
-        run.update(status=status, error=error_line, finished_at=records.utc_now(),
-                   suffixes=loop.suffixes if loop is not None else [],
-                   init=init_rows, versions=records.versions(),
-                   slurm=records.slurm_environment())
-        path = records.write_records(records.record_path(cfg.results_dir, run["run_id"]),
-                                     run, samples)
+        path = write_record(status, error_line, samples, init_rows)
         if status == "ok":
             print_summary(run, samples)
         print(f"[dcp-fsdp] record: {path}", flush=True)
