@@ -20,7 +20,7 @@ PROCESS_START_MONO = time.monotonic()
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 RUN_COMMANDS = ("save", "load", "save-and-load")
-USAGE = """usage: dcp-fsdp COMMAND [-m] [key=value ...]
+USAGE = """usage: dcp-fsdp COMMAND [-m] [--config FILE] [key=value ...]
 
 commands:
   save            save checkpoints (iterations=N), print their suffixes
@@ -55,6 +55,71 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
         else:
             choices.append([override.input_line])
     return [list(combination) for combination in itertools.product(*choices)]
+
+
+def expand_config_files(args: list[str]) -> list[str]:
+    """`--config FILE` (YAML of settings) becomes overrides placed before the others.
+
+    The file holds the same keys as the command line, nested or dotted, e.g.
+    `{model: L7b, iterations: 5, storage: {uri: s3://my-bucket/ckpt}}`; the
+    command line wins where both set a key.
+    """
+    from dcp_fsdp.errors import UserError
+
+    expanded: list[str] = []
+    from_files: list[str] = []
+    position = 0
+    while position < len(args):
+        arg = args[position]
+        if arg == "--config" or arg.startswith("--config="):
+            if arg == "--config":
+                if position + 1 >= len(args):
+                    raise UserError("--config: give a YAML file, e.g. --config my-run.yaml")
+                path, position = args[position + 1], position + 2
+            else:
+                path, position = arg.split("=", 1)[1], position + 1
+            from_files.extend(_config_file_overrides(path))
+            continue
+        expanded.append(arg)
+        position += 1
+    return from_files + expanded
+
+
+def _config_file_overrides(path: str) -> list[str]:
+    import yaml
+
+    from dcp_fsdp.errors import UserError
+
+    try:
+        with open(path) as source:
+            content = yaml.safe_load(source)
+    except OSError as error:
+        raise UserError(f"--config {path}: cannot read it ({error.strerror or error}); "
+                        "check the path and its permissions") from None
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        raise UserError(f"--config {path}: not valid YAML{line}; fix the file") from None
+    if content is None:
+        return []
+    if not isinstance(content, dict):
+        raise UserError(f"--config {path}: expected a mapping of settings (key: value), "
+                        f"found {type(content).__name__}")
+
+    def flatten(node: dict, prefix: str = "") -> list[str]:
+        overrides = []
+        for key, value in node.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, dict):
+                overrides.extend(flatten(value, f"{name}."))
+            elif isinstance(value, list):
+                overrides.append(f"{name}=[{','.join(str(v) for v in value)}]")
+            elif value is None:
+                overrides.append(f"{name}=null")
+            else:
+                overrides.append(f"{name}={str(value).lower() if isinstance(value, bool) else value}")
+        return overrides
+    return flatten(content)
 
 
 def compose(command: str, overrides: list[str]):
@@ -171,10 +236,14 @@ def main(argv: list[str] | None = None) -> int:
                      f"{', '.join((*RUN_COMMANDS, 'list'))} (dcp-fsdp --help)")
     multirun = any(arg in ("-m", "--multirun") for arg in rest)
     overrides = [arg for arg in rest if arg not in ("-m", "--multirun")]
-    if not multirun:
-        return run_command(command, overrides)
     from dcp_fsdp.errors import UserError
 
+    try:
+        overrides = expand_config_files(overrides)
+    except UserError as error:
+        return _fail(str(error))
+    if not multirun:
+        return run_command(command, overrides)
     try:
         jobs = expand_sweeps(overrides)
     except Exception as error:  # Hydra's parser raises its own exception types

@@ -101,6 +101,7 @@ class BenchmarkConfig:
     suffix: Optional[str] = None
     delay_s: float = 0.0  # save-and-load: pause between phases, never inside a timer
     verify: bool = True  # save-and-load: bit-exact comparison of loaded tensors
+    integrity: bool = True  # store CRC-32 per tensor shard at save; verify at every load
     results_dir: str = "results"
     nproc: int = 1  # ranks to launch on this machine when not under torchrun
     backend: Backend = Backend.auto

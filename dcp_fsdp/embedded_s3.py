@@ -94,8 +94,12 @@ class EmbeddedS3:
     """Context manager: a SeaweedFS S3 server on 127.0.0.1, stopped on exit."""
 
     def __init__(self, bucket: str = "dcp-fsdp", memory_limit_mib: int = 512,
-                 start_timeout_s: float = 60.0, host: str = LOOPBACK) -> None:
+                 start_timeout_s: float = 60.0, host: str = LOOPBACK,
+                 access_key_id: str | None = None, secret_access_key: str | None = None) -> None:
         self.bucket = bucket
+        # Fresh keys per start unless a test needs known ones.
+        self.access_key_id = access_key_id or "DCPFSDP" + secrets.token_hex(8).upper()
+        self.secret_access_key = secret_access_key or secrets.token_urlsafe(30)
         self.memory_limit_mib = memory_limit_mib
         self.start_timeout_s = start_timeout_s
         self.host = host
@@ -109,8 +113,7 @@ class EmbeddedS3:
         (self.workdir / "data").mkdir()
         (self.workdir / "logs").mkdir()
         ports = self.ports = dict(zip(_PORT_NAMES, free_ports(len(_PORT_NAMES), self.host)))
-        access_key_id = "DCPFSDP" + secrets.token_hex(8).upper()
-        secret_access_key = secrets.token_urlsafe(30)
+        access_key_id, secret_access_key = self.access_key_id, self.secret_access_key
         args = [
             weed_binary(), f"-logdir={self.workdir / 'logs'}", "mini",
             f"-dir={self.workdir / 'data'}", f"-ip={self.host}", f"-ip.bind={self.host}",

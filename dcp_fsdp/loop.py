@@ -21,8 +21,9 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_state_dict, set_model_state_dict,
                                                      set_state_dict)
 
+from dcp_fsdp import integrity
 from dcp_fsdp.config import BenchmarkConfig, CheckpointState, Command
-from dcp_fsdp.distributed import RankContext, broadcast_object
+from dcp_fsdp.distributed import RankContext, all_gather_object, broadcast_object
 from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.instrument import HookTimeline, instrument_reader, instrument_writer
 from dcp_fsdp.model import ShardedModel, local_tensor
@@ -128,6 +129,9 @@ class CheckpointLoop:
         self.log = log
         self.samples: list[Sample] = []
         self.suffixes: list[str] = []
+        # Per suffix loaded: {"checked": bool, "reason": why not} (recorded on the run line).
+        self.integrity: dict[str, dict[str, Any]] = {}
+        self._expected_checksums: dict[str, dict[str, int] | None] = {}
         self.host = socket.gethostname()
 
     # -- suffixes ------------------------------------------------------------------------
@@ -245,6 +249,52 @@ class CheckpointLoop:
                 f"save-and-load iteration {iteration}: {count.item()} tensor shard(s) differ "
                 f"after load (e.g. {mismatched[0] if mismatched else 'on another rank'})")
 
+    # -- integrity (checksums stored with each checkpoint) ---------------------------------
+    def _store_checksums(self, suffix: str) -> None:
+        if not self.cfg.integrity:
+            return
+        sums = integrity.shard_checksums(flat_tensors(self.state_dict))
+        self.backend.put_small(suffix, integrity.object_name(self.ctx.rank),
+                               integrity.encode(self.ctx.rank, self.ctx.world_size, sums))
+
+    def _load_expected_checksums(self, suffix: str) -> None:
+        """Read this rank's checksums for `suffix` (once, untimed); agree on checking or not."""
+        if suffix in self._expected_checksums:
+            return
+        expected, reason = None, None
+        if not self.cfg.integrity:
+            reason = "integrity=false"
+        else:
+            stored = integrity.decode(self.backend.get_small(suffix,
+                                                             integrity.object_name(self.ctx.rank)))
+            if stored is None:
+                reason = "no checksums stored with this checkpoint"
+            elif stored["world_size"] != self.ctx.world_size:
+                reason = (f"saved with world_size={stored['world_size']}, loaded with "
+                          f"{self.ctx.world_size}: shards differ")
+            else:
+                expected = stored["checksums"]
+        reasons = all_gather_object(reason)
+        reason = next((r for r in reasons if r), None)
+        self._expected_checksums[suffix] = None if reason else expected
+        self.integrity[suffix] = {"checked": reason is None, "reason": reason}
+        if reason and self.cfg.integrity:
+            self.log(f"integrity check of suffix={suffix} skipped: {reason}")
+
+    def _verify_checksums(self, suffix: str, iteration: int) -> None:
+        expected = self._expected_checksums.get(suffix)
+        if expected is None:
+            return
+        bad = integrity.mismatches(flat_tensors(self.state_dict), expected)
+        reports = all_gather_object(bad[:1])
+        total = sum(len(r) for r in reports)
+        if total:
+            rank, keys = next((rank, keys) for rank, keys in enumerate(reports) if keys)
+            raise BenchmarkFailure(
+                f"integrity: load iteration {iteration} of suffix={suffix} read data that does "
+                f"not match the checksums recorded at save (tensor '{keys[0]}', rank {rank}'s "
+                "shard): the checkpoint's objects are corrupt")
+
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> list[Sample]:
         command = self.cfg.command
@@ -253,6 +303,7 @@ class CheckpointLoop:
                 suffix = self._choose_save_suffix(iteration)
                 self.samples.append(self._timed("save", iteration, suffix))
                 self.suffixes.append(suffix)
+                self._store_checksums(suffix)
                 self._write_manifest(suffix)
                 self.log(f"saved suffix={suffix} at {self.backend.location(suffix)} "
                          f"(iteration {iteration}/{self.cfg.iterations})")
@@ -263,14 +314,18 @@ class CheckpointLoop:
                     self.suffixes.append(suffix)
             if command == Command.save_and_load:
                 self._pause()
+                self._load_expected_checksums(suffix)
                 snapshot = self._snapshot_and_clear() if self.cfg.verify else None
                 self.samples.append(self._timed("load", iteration, suffix))
+                self._verify_checksums(suffix, iteration)
                 if snapshot is not None:
                     self._verify(snapshot, iteration)
                     del snapshot
                 apply_state_dict(self.sharded, self.state_dict)
             elif command == Command.load:
+                self._load_expected_checksums(suffix)
                 self.samples.append(self._timed("load", iteration, suffix))
+                self._verify_checksums(suffix, iteration)
                 apply_state_dict(self.sharded, self.state_dict)
             if iteration < self.cfg.iterations:
                 self._pause()
@@ -289,5 +344,6 @@ class CheckpointLoop:
 
         manifest = {"model": self.cfg.model.preset, "model.dtype": self.cfg.model.dtype.value,
                     "state": self.cfg.state.value, "world_size": self.ctx.world_size,
-                    "param_count": self.sharded.param_count}
+                    "param_count": self.sharded.param_count,
+                    "integrity": integrity.ALGORITHM if self.cfg.integrity else None}
         self.backend.put_small(suffix, "dcp_fsdp.json", json.dumps(manifest).encode())

@@ -93,6 +93,7 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> int:
     def write_record(status: str, error_line: str | None, samples, init_rows):
         run.update(status=status, error=error_line, finished_at=records.utc_now(),
                    suffixes=list(loop.suffixes) if loop is not None else [],
+                   integrity=dict(loop.integrity) if loop is not None else {},
                    init=init_rows, versions=records.versions(),
                    slurm=records.slurm_environment())
         return records.write_records(records.record_path(cfg.results_dir, run["run_id"]),

@@ -318,7 +318,9 @@ class FsBackend:
         return (self.root / suffix / METADATA_NAME).exists()
 
     def put_small(self, suffix: str, name: str, data: bytes) -> None:
-        (self.root / suffix / name).write_bytes(data)
+        path = self.root / suffix / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
 
     def get_small(self, suffix: str, name: str) -> bytes | None:
         path = self.root / suffix / name
