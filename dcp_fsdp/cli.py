@@ -27,6 +27,7 @@ commands:
   load            load the checkpoint named by suffix=...
   save-and-load   N x (save, load, bit-exact check): the stress loop
   list            list checkpoint suffixes under storage.uri / storage.path
+  wait            hold an allocation doing nothing: duration=2m (batch/waitbatch.sh)
 
 examples:
   dcp-fsdp save-and-load nproc=2
@@ -231,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if args else 2
     command, rest = args[0], args[1:]
+    if command == "wait":  # no Hydra, no torch: see dcp_fsdp/wait.py
+        from dcp_fsdp.wait import main as wait_main
+        return wait_main(rest)
     if command not in (*RUN_COMMANDS, "list"):
         return _fail(f"unknown command '{command}'; choose one of "
                      f"{', '.join((*RUN_COMMANDS, 'list'))} (dcp-fsdp --help)")

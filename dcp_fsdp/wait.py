@@ -1,0 +1,169 @@
+"""`dcp-fsdp wait duration=2m`: hold a Slurm allocation (or a terminal) doing nothing.
+
+The keep-alive of `batch/waitbatch.sh`: it sleeps for the given duration using
+next to no CPU (one wake-up per heartbeat), prints a heartbeat line, and on
+SIGTERM (scancel, the job's time limit) or SIGINT says so and exits 0 at once.
+It imports nothing heavy (no torch, no Hydra), so it starts in well under a second.
+
+The duration always carries its unit, so minutes and hours cannot be confused:
+`duration=90s`, `duration=2m`, `duration=1h30m`, `duration=1.5h`, `duration=2d`,
+or a unit in the name: `duration_s=90`, `duration_min=2`, `duration_h=1.5`.
+`duration=forever` waits until it is signalled.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import socket
+import sys
+import time
+
+DEFAULT_DURATION = "2m"
+DEFAULT_HEARTBEAT = "1m"
+_UNIT_SECONDS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
+# A unit in the name: duration_s=90, duration_min=2, duration_h=1.5 (and heartbeat_*).
+_NAMED_UNIT = re.compile(r"^(duration|heartbeat)_(s|sec|m|min|h|hr|d)$")
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(sec|min|hr|s|m|h|d)")
+
+USAGE = """usage: dcp-fsdp wait [duration=2m] [heartbeat=1m]
+
+Hold the allocation for `duration` with next to no CPU, print a heartbeat every
+`heartbeat`, exit 0 when the time is up or on SIGTERM/SIGINT (scancel).
+  duration   with a unit: 90s, 2m, 1h30m, 1.5h, 2d, or forever (until signalled);
+             or the unit in the name: duration_s=90, duration_min=2, duration_h=1.5
+  heartbeat  same units (default 1m); 0 turns heartbeats off"""
+
+
+class WaitUsageError(ValueError):
+    pass
+
+
+def parse_duration(text: str, setting: str = "duration") -> float:
+    """Seconds from '90s', '2m', '1h30m', '1.5h', '2d', 'forever' (math.inf). A unit is required."""
+    value = text.strip().lower()
+    if value in ("forever", "inf", "infinity"):
+        return math.inf
+    compact = value.replace(" ", "")
+    if compact == "0":
+        return 0.0
+    parts = _PART.findall(compact)
+    if not parts or "".join(number + unit for number, unit in parts) != compact:
+        if re.fullmatch(r"\d+(?:\.\d*)?", compact):
+            raise WaitUsageError(
+                f"{setting}={text}: give a unit, e.g. {setting}={compact}m (minutes), "
+                f"{compact}h (hours) or {compact}s (seconds), or {setting}_min={compact}")
+        raise WaitUsageError(f"{setting}={text}: not a duration; write e.g. 90s, 2m, 1h30m, 1.5h "
+                             "or forever")
+    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+
+
+def parse_args(args: list[str]) -> tuple[float, float]:
+    """(duration_s, heartbeat_s) from key=value arguments."""
+    found = {"duration": parse_duration(DEFAULT_DURATION),
+             "heartbeat": parse_duration(DEFAULT_HEARTBEAT)}
+    for arg in args:
+        key, equals, value = arg.partition("=")
+        key = key.lstrip("+")
+        if not equals or not value:
+            raise WaitUsageError(f"'{arg}': write settings as key=value, e.g. duration=2m")
+        named = _NAMED_UNIT.match(key)
+        if named:
+            name, unit = named.groups()
+            try:
+                number = float(value)
+            except ValueError:
+                raise WaitUsageError(f"{key}={value}: give a plain number, e.g. {key}=2 "
+                                     "(the unit is in the name)") from None
+            if number < 0 or not math.isfinite(number):
+                raise WaitUsageError(f"{key}={value}: must be 0 or more")
+            found[name] = number * _UNIT_SECONDS[unit]
+        elif key in found:
+            found[key] = parse_duration(value, key)
+        else:
+            raise WaitUsageError(f"{key}: unknown setting for wait; use duration=... and "
+                                 "heartbeat=... (dcp-fsdp wait --help)")
+    return found["duration"], found["heartbeat"]
+
+
+def format_seconds(seconds: float) -> str:
+    if math.isinf(seconds):
+        return "forever"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+class _Signalled(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_signalled(signum, frame):
+    raise _Signalled(signum)
+
+
+def wait(duration_s: float, heartbeat_s: float, out=None) -> int:
+    """Sleep for duration_s (math.inf: until signalled); 0 on completion or on SIGTERM/SIGINT."""
+    out = out or sys.stdout
+    where = f"host={socket.gethostname()} pid={os.getpid()}"
+    task = os.environ.get("SLURM_PROCID")
+    if os.environ.get("SLURM_JOB_ID"):
+        where += f" job={os.environ['SLURM_JOB_ID']}" + (f" task={task}" if task else "")
+
+    def say(message: str) -> None:
+        print(f"[dcp-fsdp] wait: {where}: {message}", file=out, flush=True)
+
+    previous = {sig: signal.signal(sig, _raise_signalled) for sig in (signal.SIGTERM, signal.SIGINT)}
+    started = time.monotonic()
+    deadline = started + duration_s
+    try:
+        say(("holding until signalled" if math.isinf(duration_s)
+             else f"holding for {format_seconds(duration_s)}")
+            + (f", heartbeat every {format_seconds(heartbeat_s)}" if heartbeat_s > 0 else ""))
+        next_beat = started + heartbeat_s if heartbeat_s > 0 else math.inf
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                say(f"done after {format_seconds(now - started)}")
+                return 0
+            if now >= next_beat:
+                left = "until signalled" if math.isinf(deadline) else \
+                    f"{format_seconds(deadline - now)} left"
+                say(f"alive, {format_seconds(now - started)} elapsed, {left}")
+                while next_beat <= now:
+                    next_beat += heartbeat_s
+            # One wake-up per heartbeat (or at the deadline); a signal interrupts the sleep.
+            wake = min(deadline, next_beat)
+            time.sleep(3600.0 if math.isinf(wake) else max(0.0, wake - time.monotonic()))
+    except _Signalled as signalled:
+        name = signal.Signals(signalled.signum).name
+        say(f"{name} after {format_seconds(time.monotonic() - started)}: exiting cleanly")
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def main(args: list[str]) -> int:
+    if any(arg in ("-h", "--help", "help") for arg in args):
+        print(USAGE)
+        return 0
+    try:
+        duration_s, heartbeat_s = parse_args(args)
+    except WaitUsageError as error:
+        print(f"dcp-fsdp: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    return wait(duration_s, heartbeat_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
