@@ -193,9 +193,18 @@ class S3Backend:
         import botocore.exceptions as bx
 
         try:
-            self.boto_client().head_bucket(Bucket=self.bucket)
+            response = self.boto_client().head_bucket(Bucket=self.bucket)
         except (bx.BotoCoreError, bx.ClientError) as error:
             raise self._explain(error) from None
+        # AWS names the bucket's region; the CRT client signs for storage.region and would
+        # fail on every request (after retries) if they differ. S3-compatible servers often
+        # report a nominal region that does not matter, so only AWS endpoints are checked.
+        actual = response.get("BucketRegion") or response.get("ResponseMetadata", {}).get(
+            "HTTPHeaders", {}).get("x-amz-bucket-region")
+        on_aws = self.endpoint is None or "amazonaws.com" in self.endpoint
+        if actual and on_aws and actual != self.region:
+            raise UserError(f"storage.region={self.region}: bucket '{self.bucket}' is in "
+                            f"{actual}; set storage.region={actual}")
 
     def list_checkpoints(self) -> list[CheckpointInfo]:
         import botocore.exceptions as bx

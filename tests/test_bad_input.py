@@ -127,3 +127,32 @@ def test_fs_path_not_writable(tmp_path):
 def test_embedded_server_has_nothing_to_load(tmp_path):
     result = run_cli(["load", "suffix=abc", f"results_dir={tmp_path}"])
     assert_refused(result, "storage.uri is not set")
+
+
+def test_config_file_that_cannot_be_read(tmp_path):
+    result = run_cli(["save", "--config", str(tmp_path / "missing.yaml")])
+    assert_refused(result, "--config", "missing.yaml", "cannot read")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: [tiny_llama\n")
+    result = run_cli(["save", "--config", str(broken)])
+    assert_refused(result, "--config", "not valid YAML")
+
+
+def test_config_file_settings_apply_and_command_line_wins(tmp_path):
+    from dcp_fsdp.cli import compose, expand_config_files
+
+    config = tmp_path / "run.yaml"
+    config.write_text("model: tiny_gpt2\niterations: 2\nstorage:\n  part_size_mib: 16\n")
+    cfg = compose("save", expand_config_files(["--config", str(config), "iterations=3"]))
+    assert (cfg.model.preset, cfg.iterations, cfg.storage.part_size_mib) == ("tiny_gpt2", 3, 16)
+
+
+def test_world_size_that_does_not_divide_the_shards_still_works(s3, s3_uri, tmp_path):
+    """FSDP2 pads uneven shards: 3 ranks over dims of 256, 688 and 8192 save and load
+    bit-exactly, so this input needs no error."""
+    result = run_cli(["save-and-load", *s3_args(s3, s3_uri), "nproc=3", f"results_dir={tmp_path}"],
+                     env=s3_env(s3))
+    assert result.returncode == 0, result.stderr
+    run, samples = read_run(tmp_path)
+    assert run["world_size"] == 3 and run["status"] == "ok"
+    assert sorted({s["rank"] for s in samples}) == [0, 1, 2]
