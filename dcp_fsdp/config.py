@@ -88,7 +88,7 @@ class StorageConfig:
     # fs: a directory (local disk, NFS, Lustre)
     path: Optional[str] = None
     # Fail fast on a dead endpoint: seconds the pre-flight check waits to connect.
-    connect_timeout_s: float = 5.0
+    connect_timeout_s: float = 3.0
 
 
 @dataclasses.dataclass
