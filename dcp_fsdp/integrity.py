@@ -1,7 +1,7 @@
-"""Checksums of every tensor shard a save wrote, verified by later loads.
+"""Digests of every tensor shard a save wrote, verified by later loads.
 
 DCP stores raw tensor bytes with no checksum, so a corrupted object loads
-silently. At save, each rank computes a CRC-32 of each of its local shards and
+silently. At save, each rank computes a SHA-256 of each of its local shards and
 stores them next to the checkpoint (`<suffix>/dcp_fsdp.checksums/rank-<r>.json`);
 any later load with the same world size verifies every shard it read and names
 the first tensor that differs. All of it happens outside the timed region.
@@ -9,35 +9,38 @@ the first tensor that differs. All of it happens outside the timed region.
 
 from __future__ import annotations
 
+import hashlib
 import json
-import zlib
 from typing import Any
 
 import torch
 
 from dcp_fsdp.model import local_tensor
 
-ALGORITHM = "crc32"
+# SHA-256 (hardware-accelerated on current CPUs, ~1.3 GB/s here): equal digests mean equal
+# bytes for all practical purposes, so the same digests serve save-and-load's bit-exact check
+# without holding a second copy of the model in memory.
+ALGORITHM = "sha256"
 
 
 def object_name(rank: int) -> str:
     return f"dcp_fsdp.checksums/rank-{rank:05d}.json"
 
 
-def tensor_crc32(tensor: torch.Tensor) -> int:
+def tensor_digest(tensor: torch.Tensor) -> str:
     data = local_tensor(tensor).detach()
     if data.device.type != "cpu":
         data = data.cpu()
     data = data.contiguous().reshape(-1).view(torch.uint8)
-    return zlib.crc32(data.numpy())
+    return hashlib.sha256(data.numpy()).hexdigest()
 
 
-def shard_checksums(flat: dict[str, torch.Tensor]) -> dict[str, int]:
-    """CRC-32 of this rank's local shard of every tensor (keys as DCP names them)."""
-    return {key: tensor_crc32(tensor) for key, tensor in flat.items()}
+def shard_checksums(flat: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Digest of this rank's local shard of every tensor (keys as DCP names them)."""
+    return {key: tensor_digest(tensor) for key, tensor in flat.items()}
 
 
-def encode(rank: int, world_size: int, checksums: dict[str, int]) -> bytes:
+def encode(rank: int, world_size: int, checksums: dict[str, str]) -> bytes:
     return json.dumps({"algorithm": ALGORITHM, "rank": rank, "world_size": world_size,
                        "checksums": checksums}).encode()
 
@@ -52,7 +55,7 @@ def decode(data: bytes | None) -> dict[str, Any] | None:
     return parsed if parsed.get("algorithm") == ALGORITHM else None
 
 
-def mismatches(flat: dict[str, torch.Tensor], expected: dict[str, int]) -> list[str]:
-    """Keys whose loaded local shard differs from the checksum recorded at save."""
+def mismatches(flat: dict[str, torch.Tensor], expected: dict[str, str]) -> list[str]:
+    """Keys whose loaded local shard differs from the digest recorded at save."""
     return [key for key, tensor in flat.items()
-            if key in expected and tensor_crc32(tensor) != expected[key]]
+            if key in expected and tensor_digest(tensor) != expected[key]]
