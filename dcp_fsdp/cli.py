@@ -28,12 +28,14 @@ commands:
   save-and-load   N x (save, load, bit-exact check): the stress loop
   list            list checkpoint suffixes under storage.uri / storage.path
   wait            hold an allocation doing nothing: duration=2m (batch/waitbatch.sh)
+  report          tables and plots over records: report [PATHS] [--format md|csv] [--plot DIR]
 
 examples:
   dcp-fsdp save-and-load nproc=2
   dcp-fsdp save model=L7b storage.uri=s3://my-bucket/ckpt storage.region=us-east-2 iterations=5
   torchrun --nproc-per-node 8 -m dcp_fsdp save model=L13b storage.uri=s3://my-bucket/ckpt
   dcp-fsdp save -m model=tiny_llama,tiny_gpt2 nproc=2
+  dcp-fsdp report results/ --format md --plot plots/
 
 settings: see conf/config.yaml and dcp_fsdp/config.py (README: "Settings")."""
 
@@ -235,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     if command == "wait":  # no Hydra, no torch: see dcp_fsdp/wait.py
         from dcp_fsdp.wait import main as wait_main
         return wait_main(rest)
+    if command == "report":  # no Hydra, no torch: its own argparse (dcp-fsdp report --help)
+        from dcp_fsdp.report import main as report_main
+        return report_main(rest)
     if command not in (*RUN_COMMANDS, "list"):
         return _fail(f"unknown command '{command}'; choose one of "
                      f"{', '.join((*RUN_COMMANDS, 'list'))} (dcp-fsdp --help)")

@@ -100,8 +100,8 @@ class BenchmarkConfig:
     iterations: int = 1
     suffix: Optional[str] = None
     delay_s: float = 0.0  # save-and-load: pause between phases, never inside a timer
-    verify: bool = True  # save-and-load: bit-exact comparison of loaded tensors
-    integrity: bool = True  # store CRC-32 per tensor shard at save; verify at every load
+    verify: bool = True  # save-and-load: compare every loaded shard with what was saved
+    integrity: bool = True  # store a SHA-256 per tensor shard at save; verify at every load
     results_dir: str = "results"
     nproc: int = 1  # ranks to launch on this machine when not under torchrun
     backend: Backend = Backend.auto
@@ -109,6 +109,8 @@ class BenchmarkConfig:
     collective_timeout_s: float = 600.0
     # A save or load taking longer than this fails the run (a stalled server never hangs it).
     op_timeout_s: float = 3600.0
+    # Keep the connector's raw per-request log of each rank in <results_dir>/<run_id>.requests/
+    keep_request_log: bool = False
 
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[^/]+)(?:/(?P<prefix>.*))?$")

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_state_dict, set_model_state_dict,
                                                      set_state_dict)
 
-from dcp_fsdp import integrity
+from dcp_fsdp import integrity, s3_requests
 from dcp_fsdp.config import BenchmarkConfig, CheckpointState, Command
 from dcp_fsdp.distributed import RankContext, all_gather_object, broadcast_object
 from dcp_fsdp.errors import BenchmarkFailure, UserError
@@ -51,6 +51,8 @@ class Sample:
     commit_s: float | None  # data I/O end -> return (save: results gather + .metadata write)
     metadata_s: float | None  # load: reading .metadata (part of plan_s)
     finish_s: float | None  # save, coordinator: writing .metadata
+    # S3 requests this rank made inside the timed region (dcp_fsdp.s3_requests.summarize)
+    requests: dict[str, Any] | None = None
 
 
 def make_state_dict(sharded: ShardedModel) -> dict[str, Any]:
@@ -223,39 +225,37 @@ class CheckpointLoop:
             commit_s=None if io_span is None else end_mono - io_span[1],
             metadata_s=timeline.duration_s("read_metadata"),
             finish_s=timeline.duration_s("finish"),
+            requests=s3_requests.window(begin_wall, end_wall,
+                                        timeline.uploaded_bytes if op == "save" else None),
         )
 
     # -- verification (save-and-load) ----------------------------------------------------
-    def _snapshot_and_clear(self) -> dict[str, torch.Tensor]:
-        """Copies of what was saved; then zero the live tensors so a no-op load is caught.
-
-        All copies are taken before anything is zeroed: tied weights (GPT-2's wte and
-        lm_head) are one tensor under two keys.
-        """
-        tensors = {key: local_tensor(t) for key, t in flat_tensors(self.state_dict).items()}
-        snapshot = {key: local.detach().clone() for key, local in tensors.items()}
+    def _clear(self) -> None:
+        """Zero every live tensor before a verified load, so a load that reads nothing fails."""
         with torch.no_grad():
-            for local in tensors.values():
-                local.zero_()
-        return snapshot
+            for tensor in flat_tensors(self.state_dict).values():
+                local_tensor(tensor).zero_()
 
-    def _verify(self, snapshot: dict[str, torch.Tensor], iteration: int) -> None:
-        mismatched = [key for key, tensor in flat_tensors(self.state_dict).items()
-                      if not torch.equal(local_tensor(tensor), snapshot[key])]
-        count = torch.tensor([len(mismatched)], dtype=torch.int64, device=self.ctx.device)
-        dist.all_reduce(count)
-        if count.item():
-            raise BenchmarkFailure(
-                f"save-and-load iteration {iteration}: {count.item()} tensor shard(s) differ "
-                f"after load (e.g. {mismatched[0] if mismatched else 'on another rank'})")
+    def _verify_against(self, expected: dict[str, str], what: str) -> None:
+        """Every rank compares its shards' digests; all ranks raise together on a mismatch."""
+        bad = integrity.mismatches(flat_tensors(self.state_dict), expected)
+        reports = all_gather_object(bad[:1])
+        if any(reports):
+            rank, keys = next((rank, keys) for rank, keys in enumerate(reports) if keys)
+            raise BenchmarkFailure(f"{what} (tensor '{keys[0]}', rank {rank}'s shard)")
 
     # -- integrity (checksums stored with each checkpoint) ---------------------------------
-    def _store_checksums(self, suffix: str) -> None:
-        if not self.cfg.integrity:
-            return
+    def _digest_saved(self, suffix: str) -> dict[str, str] | None:
+        """Digests of what was just saved: stored with the checkpoint and/or kept for the
+        save-and-load check (digests, not a copy: no second model in memory)."""
+        keep = self.cfg.command == Command.save_and_load and self.cfg.verify
+        if not (self.cfg.integrity or keep):
+            return None
         sums = integrity.shard_checksums(flat_tensors(self.state_dict))
-        self.backend.put_small(suffix, integrity.object_name(self.ctx.rank),
-                               integrity.encode(self.ctx.rank, self.ctx.world_size, sums))
+        if self.cfg.integrity:
+            self.backend.put_small(suffix, integrity.object_name(self.ctx.rank),
+                                   integrity.encode(self.ctx.rank, self.ctx.world_size, sums))
+        return sums if keep else None
 
     def _load_expected_checksums(self, suffix: str) -> None:
         """Read this rank's checksums for `suffix` (once, untimed); agree on checking or not."""
@@ -283,17 +283,11 @@ class CheckpointLoop:
 
     def _verify_checksums(self, suffix: str, iteration: int) -> None:
         expected = self._expected_checksums.get(suffix)
-        if expected is None:
-            return
-        bad = integrity.mismatches(flat_tensors(self.state_dict), expected)
-        reports = all_gather_object(bad[:1])
-        total = sum(len(r) for r in reports)
-        if total:
-            rank, keys = next((rank, keys) for rank, keys in enumerate(reports) if keys)
-            raise BenchmarkFailure(
-                f"integrity: load iteration {iteration} of suffix={suffix} read data that does "
-                f"not match the checksums recorded at save (tensor '{keys[0]}', rank {rank}'s "
-                "shard): the checkpoint's objects are corrupt")
+        if expected is not None:
+            self._verify_against(
+                expected, f"integrity: load iteration {iteration} of suffix={suffix} read data "
+                "that does not match the checksums recorded at save: the checkpoint's objects "
+                "are corrupt")
 
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> list[Sample]:
@@ -303,7 +297,7 @@ class CheckpointLoop:
                 suffix = self._choose_save_suffix(iteration)
                 self.samples.append(self._timed("save", iteration, suffix))
                 self.suffixes.append(suffix)
-                self._store_checksums(suffix)
+                saved_digests = self._digest_saved(suffix)
                 self._write_manifest(suffix)
                 self.log(f"saved suffix={suffix} at {self.backend.location(suffix)} "
                          f"(iteration {iteration}/{self.cfg.iterations})")
@@ -314,13 +308,17 @@ class CheckpointLoop:
                     self.suffixes.append(suffix)
             if command == Command.save_and_load:
                 self._pause()
-                self._load_expected_checksums(suffix)
-                snapshot = self._snapshot_and_clear() if self.cfg.verify else None
+                if saved_digests is not None:
+                    self._clear()
                 self.samples.append(self._timed("load", iteration, suffix))
-                self._verify_checksums(suffix, iteration)
-                if snapshot is not None:
-                    self._verify(snapshot, iteration)
-                    del snapshot
+                if saved_digests is not None:
+                    self._verify_against(
+                        saved_digests, f"save-and-load iteration {iteration}: data loaded from "
+                        f"suffix={suffix} differs from what was saved")
+                    self.integrity[suffix] = {"checked": True, "reason": None}
+                else:
+                    self.integrity[suffix] = {"checked": False,
+                                              "reason": "verify=false and integrity=false"}
                 apply_state_dict(self.sharded, self.state_dict)
             elif command == Command.load:
                 self._load_expected_checksums(suffix)

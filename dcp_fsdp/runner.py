@@ -8,6 +8,7 @@ initialisation: measured, recorded apart, never inside a timed region.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import sys
 import time
@@ -35,17 +36,41 @@ def _on_sigterm(signum, frame):
     raise Terminated()
 
 
+# The connector's errors once its CRT client has used up storage.max_attempts, and the fix.
+_S3_HINTS = (
+    (("Request throttled",),
+     "S3 throttled every attempt (HTTP 503 SlowDown): retries exhausted; raise "
+     "storage.max_attempts or lower the request rate, e.g. fewer ranks or threads"),
+    (("AWS_IO_SOCKET_CLOSED", "AWS_ERROR_HTTP_CONNECTION_CLOSED", "AWS_IO_SOCKET_TIMEOUT",
+      "AWS_IO_SOCKET_CONNECTION_REFUSED"),
+     "the connection to S3 failed on every attempt: retries exhausted; check the endpoint "
+     "and the network, or raise storage.max_attempts"),
+)
+
+
 def root_cause(error: BaseException) -> str:
-    """One line: for DCP's CheckpointException, the failing rank and its innermost error."""
+    """One line: for DCP's CheckpointException, the failing ranks and their innermost errors
+    (ranks with the same error named together), plus a hint for S3 retries exhausted."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     if isinstance(error, CheckpointException):
-        parts = []
+        ranks_by_text: dict[str, list[int]] = {}
         for rank, wrapped in sorted(error.failures.items()):
             exc = wrapped[0] if isinstance(wrapped, tuple) else wrapped
-            parts.append(f"rank {rank}: {_innermost(exc)}")
-        return "; ".join(parts[:2]) + (f" (+{len(parts) - 2} more ranks)" if len(parts) > 2 else "")
-    return _innermost(error)
+            ranks_by_text.setdefault(_innermost(exc), []).append(rank)
+        parts = [f"{_ranks(ranks)}: {text}" for text, ranks in ranks_by_text.items()]
+        line = "; ".join(parts[:2]) + (f" (+{len(parts) - 2} more errors)" if len(parts) > 2 else "")
+    else:
+        line = _innermost(error)
+    hint = next((hint for needles, hint in _S3_HINTS if any(n in line for n in needles)), None)
+    return f"{line} ({hint})" if hint else line
+
+
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    shown = ", ".join(str(rank) for rank in ranks[:4])
+    return f"ranks {shown}" + (f" and {len(ranks) - 4} more" if len(ranks) > 4 else "")
 
 
 def _innermost(error: BaseException) -> str:
@@ -75,7 +100,12 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", message=".*torch.distributed.*")
 
-    from dcp_fsdp import records
+    from dcp_fsdp import records, s3_requests
+    from dcp_fsdp.config import StorageKind
+
+    # Before anything creates an S3 client: the connector reads its log settings once.
+    request_log = (s3_requests.enable(os.environ.get("RANK", "0"), cfg.keep_request_log)
+                   if cfg.storage.kind == StorageKind.s3 else None)
     from dcp_fsdp.distributed import broadcast_object, init_distributed, shutdown
     from dcp_fsdp.llama_model_config import PRESETS
     from dcp_fsdp.loop import CheckpointLoop, make_state_dict, rank0_decides, state_bytes
@@ -167,6 +197,14 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> int:
     if exit_code == EXIT_USER_ERROR and (ctx is None or ctx.is_coordinator):
         print(f"dcp-fsdp: error: {error_line}", file=sys.stderr, flush=True)
 
+    if request_log is not None:
+        init["untimed_requests"] = request_log.finish()
+        kept = request_log.close(cfg.results_dir, run.get("run_id"),
+                                 ctx.rank if ctx else os.environ.get("RANK", "0"))
+        if kept:
+            run["request_log_dir"] = str(kept.parent)
+    # Peak resident memory of this rank (Linux reports KiB): what a node must hold per rank.
+    init["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     samples = loop.samples if loop is not None else []
     init_rows = [{"rank": ctx.rank if ctx else int(os.environ.get("RANK", 0)), **init}]
     if status == "ok":
@@ -179,6 +217,12 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> int:
         init_rows = [row for _, row in gathered]
     is_coordinator = ctx.is_coordinator if ctx is not None else os.environ.get("RANK", "0") == "0"
     if is_coordinator and run.get("run_id"):
+        if request_log is not None:
+            # requests made outside every timed region, all ranks (per rank: just the count)
+            untimed = [row.pop("untimed_requests", None) for row in init_rows]
+            run["untimed_requests"] = s3_requests.merge_summaries(untimed)
+            for row, summary in zip(init_rows, untimed):
+                row["untimed_request_count"] = summary["count"] if summary else None
         path = write_record(status, error_line, samples, init_rows)
         if status == "ok":
             print_summary(run, samples)
