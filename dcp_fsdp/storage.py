@@ -192,10 +192,25 @@ class S3Backend:
         """Fail in seconds (not after the CRT's retries) on bad bucket, keys or endpoint."""
         import botocore.exceptions as bx
 
+        client = self.boto_client()
+        # boto3 follows a 301 to the bucket's region by itself (and an S3-compatible server
+        # may then accept it), but the CRT client signs for storage.region and would fail
+        # every request: any redirect seen on the way is a region mismatch.
+        redirected_to: list[str] = []
+
+        def on_response(response_dict=None, **_):
+            if response_dict and response_dict.get("status_code") == 301:
+                redirected_to.append(response_dict.get("headers", {}).get(
+                    "x-amz-bucket-region", "another region"))
+
+        client.meta.events.register("response-received.s3.HeadBucket", on_response)
         try:
-            response = self.boto_client().head_bucket(Bucket=self.bucket)
+            response = client.head_bucket(Bucket=self.bucket)
         except (bx.BotoCoreError, bx.ClientError) as error:
             raise self._explain(error) from None
+        if redirected_to and redirected_to[0] != self.region:
+            raise UserError(f"storage.region={self.region}: bucket '{self.bucket}' is in "
+                            f"{redirected_to[0]}; set storage.region={redirected_to[0]}")
         # AWS names the bucket's region; the CRT client signs for storage.region and would
         # fail on every request (after retries) if they differ. S3-compatible servers often
         # report a nominal region that does not matter, so only AWS endpoints are checked.

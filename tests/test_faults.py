@@ -248,6 +248,24 @@ def test_save_and_load_absorb_503s_and_resets(s3, s3_uri, tmp_path):
         assert sum(w.get("failed", 0) for w in windows) >= injected_503
 
 
+def test_region_that_does_not_match_the_bucket_fails_in_seconds(s3, s3_uri, tmp_path):
+    """The bucket "lives" in eu-west-2 (the proxy answers like AWS); the user says us-east-1.
+    The pre-flight names the setting and the right value, before any rank starts work."""
+    with FaultProxy(s3.endpoint_url, bucket_region="eu-west-2") as proxy:
+        started = time.monotonic()
+        result = run_cli(["save", f"storage.uri={s3_uri}", f"storage.endpoint={proxy.url}",
+                          "storage.region=us-east-1", "nproc=2", f"results_dir={tmp_path}"],
+                         env=s3_env(s3), timeout_s=TIMEOUT_S)
+        elapsed_s = time.monotonic() - started
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert error_lines(result) == [
+        f"dcp-fsdp: error: storage.region=us-east-1: bucket '{s3.bucket}' is in eu-west-2; "
+        "set storage.region=eu-west-2"], result.stderr
+    assert elapsed_s < 15
+    assert proxy.counts["redirect"].get("HeadBucket", 0) >= 1
+    assert not list(tmp_path.glob("*.jsonl")) or read_run(tmp_path)[0]["status"] != "ok"
+
+
 @pytest.mark.parametrize("fault, attempts, cause", [
     ("503", 2, "503 SlowDown"),
     ("reset", 1, "connection to S3 failed"),
