@@ -27,3 +27,17 @@ test: setup
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
+
+# A local Slurm test cluster: 2 emulated nodes (network namespaces), munge and a SeaweedFS
+# S3 server on a bridge the script creates (root; installs slurm-wlm and munge when missing).
+# Then: sbatch --nodes 2 batch/savebatch.sh (README: "Slurm").
+.PHONY: slurm-up slurm-down slurm-status
+slurm-up: setup
+	@mkdir -p logs
+	scripts/slurm/localcluster.sh up
+
+slurm-down:
+	scripts/slurm/localcluster.sh down
+
+slurm-status:
+	scripts/slurm/localcluster.sh status

@@ -20,8 +20,11 @@ from typing import Any, Iterable
 from urllib.parse import urlsplit, urlunsplit
 
 SCHEMA_VERSION = 1
-SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NUM_NODES", "SLURM_JOB_NODELIST",
-                   "SLURM_NTASKS_PER_NODE", "SLURM_CLUSTER_NAME", "SLURM_JOB_PARTITION")
+# Job id, node count, node list and tasks per node (SLURM_NTASKS_PER_NODE is set only when
+# --ntasks-per-node was given; SLURM_TASKS_PER_NODE always is, e.g. "1(x8)").
+SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NUM_NODES", "SLURM_NNODES",
+                   "SLURM_JOB_NODELIST", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+                   "SLURM_CLUSTER_NAME", "SLURM_JOB_PARTITION")
 
 
 def new_run_id(command: str) -> str:

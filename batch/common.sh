@@ -1,0 +1,126 @@
+# Sourced by batch/*.sh (not a job script): settings, the torchrun command line, and one
+# srun task per node. Everything here can be set from the environment of `sbatch`
+# (sbatch passes its environment to the job); each script's header lists what it reads.
+#
+# Common settings (environment; default in brackets):
+#   PYTHON          interpreter with dcp_fsdp and torch installed
+#                   [<repo>/.venv/bin/python when present, else python3 on PATH]
+#   URI             storage.uri, s3://bucket/prefix     [library: none; required for S3 runs]
+#   REGION          storage.region                      [library: AWS_REGION, else us-east-1]
+#   MODEL           model preset: tiny_llama, L7b, ...  [library: tiny_llama]
+#   ITERATIONS      iterations                          [library: 1]
+#   RESULTS_DIR     results_dir, records (JSONL) land here [library: results/ in the job's cwd]
+#   OVERRIDES       more Hydra overrides, space-separated, e.g. "storage.thread_count=4 state=full"
+#   NPROC_PER_NODE  ranks per node                      [GPUs per node, 1 without GPUs]
+#   RDZV_PORT       c10d rendezvous port on the first node [29500 + job id % 2500]
+#   SRUN_ARGS       extra srun options, space-separated [none]
+# Arguments given to the script (`sbatch batch/savebatch.sh model=L13b iterations=10`) are
+# Hydra overrides placed after those from the environment, so they win.
+# Credentials and endpoints: the standard AWS variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+# AWS_SESSION_TOKEN, AWS_PROFILE, AWS_ENDPOINT_URL, AWS_REGION) or the instance role.
+
+BATCH_STARTED=$SECONDS
+
+batch_fail() {  # one clear line on stderr (the job's log), then exit 2
+    echo "$BATCH_NAME: error: $*" >&2
+    exit 2
+}
+
+# $1 = script name (savebatch, ...). Checks that we are inside a Slurm job, picks PYTHON.
+batch_init() {
+    BATCH_NAME=$1
+    [[ -n ${SLURM_JOB_ID:-} && -n ${SLURM_JOB_NODELIST:-} ]] ||
+        batch_fail "not inside a Slurm job; submit it: sbatch --nodes 2 batch/$BATCH_NAME.sh"
+    local repo
+    repo=$(cd "$BATCH_DIR/.." && pwd)
+    if [[ -z ${PYTHON:-} ]]; then
+        if [[ -x $repo/.venv/bin/python ]]; then
+            PYTHON=$repo/.venv/bin/python
+        else
+            PYTHON=$(command -v python3 || command -v python || true)
+        fi
+    fi
+    [[ -n $PYTHON && -x $(command -v "$PYTHON" 2>/dev/null) ]] ||
+        batch_fail "PYTHON=${PYTHON:-}: no Python interpreter found; set PYTHON to one with dcp_fsdp installed"
+    NODES=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
+    echo "[$BATCH_NAME] job $SLURM_JOB_ID ($SLURM_JOB_NAME): $NODES node(s) $SLURM_JOB_NODELIST," \
+         "batch host $(hostname), python $PYTHON, started $(date -u +%FT%TZ)"
+}
+
+# Hydra overrides from the environment, then OVERRIDES, then the script's arguments ("$@"):
+# fills the array SETTINGS.
+collect_overrides() {
+    SETTINGS=()
+    [[ -n ${URI:-} ]] && SETTINGS+=("storage.uri=$URI")
+    [[ -n ${REGION:-} ]] && SETTINGS+=("storage.region=$REGION")
+    [[ -n ${MODEL:-} ]] && SETTINGS+=("model=$MODEL")
+    [[ -n ${ITERATIONS:-} ]] && SETTINGS+=("iterations=$ITERATIONS")
+    [[ -n ${SUFFIX:-} ]] && SETTINGS+=("suffix=$SUFFIX")
+    [[ -n ${RESULTS_DIR:-} ]] && SETTINGS+=("results_dir=$RESULTS_DIR")
+    local extra
+    # shellcheck disable=SC2206  # OVERRIDES is a space-separated list by design
+    extra=(${OVERRIDES:-})
+    SETTINGS+=("${extra[@]}" "$@")
+    return 0
+}
+
+gpus_per_node() {
+    if [[ -n ${SLURM_GPUS_ON_NODE:-} ]]; then
+        echo "$SLURM_GPUS_ON_NODE"
+        return
+    fi
+    local count=0
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        count=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    fi
+    if ((count > 0)); then echo "$count"; else echo 1; fi
+}
+
+# srun one task per node running "$@"; SIGTERM/SIGINT to this script (scancel, the time
+# limit) go to the step, and the script still logs how the step ended. Returns its status.
+run_per_node() {
+    local srun_args pid rc=0
+    # shellcheck disable=SC2206
+    srun_args=(${SRUN_ARGS:-})
+    echo "[$BATCH_NAME] srun on $NODES node(s): $*"
+    srun --nodes "$NODES" --ntasks "$NODES" --ntasks-per-node 1 --kill-on-bad-exit=1 \
+        "${srun_args[@]}" "$@" &
+    pid=$!
+    trap 'echo "[$BATCH_NAME] SIGTERM: passing it to the job step"; kill -TERM "$pid" 2>/dev/null || true' TERM
+    trap 'echo "[$BATCH_NAME] SIGINT: stopping the job step"; kill -TERM "$pid" 2>/dev/null || true' INT
+    wait "$pid" || rc=$?
+    while kill -0 "$pid" 2>/dev/null; do  # a trapped signal interrupted wait
+        rc=0
+        wait "$pid" || rc=$?
+    done
+    trap - TERM INT
+    return "$rc"
+}
+
+# torchrun on every node: --nnodes = the job's node count, c10d rendezvous on the first node.
+# $1 = dcp-fsdp command; the rest are its Hydra overrides.
+run_torchrun() {
+    local first port nproc
+    first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+    [[ -n $first ]] || batch_fail "cannot list the hosts of $SLURM_JOB_NODELIST (scontrol show hostnames)"
+    port=${RDZV_PORT:-$((29500 + SLURM_JOB_ID % 2500))}
+    nproc=${NPROC_PER_NODE:-$(gpus_per_node)}
+    run_per_node "$PYTHON" -m torch.distributed.run \
+        --nnodes "$NODES" --nproc-per-node "$nproc" \
+        --rdzv-backend c10d --rdzv-endpoint "$first:$port" --rdzv-id "$SLURM_JOB_ID" \
+        -m dcp_fsdp "$@"
+}
+
+# The last line of every job's log: how it ended (exit status and wall time).
+batch_finish() {  # $1 = exit status
+    echo "[$BATCH_NAME] job $SLURM_JOB_ID on $NODES node(s): exit $1 after $((SECONDS - BATCH_STARTED)) s"
+    exit "$1"
+}
+
+# This job's log file (what #SBATCH --output opened), when stdout is a file.
+job_log() {
+    local path
+    path=$(readlink -f "/proc/$$/fd/1" 2>/dev/null || true)
+    [[ -f $path ]] && echo "$path"
+    return 0
+}
