@@ -15,7 +15,9 @@
 #   * munged (as user munge) on its own socket and key, slurmctld on SUBNET.1 in this
 #     namespace, one slurmd per node namespace (proctrack/linuxproc, task/none, no cgroups).
 #   * A SeaweedFS S3 server (the project's embedded one) bound to SUBNET.1 so every node can
-#     reach it; its endpoint and keys go to $DIR/env with URI, MODEL=tiny_llama and SLURM_CONF.
+#     reach it; its endpoint, keys and a URI go to $DIR/env (with SLURM_CONF). A TaskProlog
+#     gives them to every job that brings no S3 settings of its own (no URI, AWS_ENDPOINT_URL
+#     or AWS_ACCESS_KEY_ID), so `sbatch --nodes 2 batch/savebatch.sh` needs no settings here.
 #
 # All state, configuration and logs live under DIR (default /var/tmp/dcp-fsdp-slurm).
 # The one file written outside it: /etc/slurm/slurm.conf, a symlink to DIR/etc/slurm.conf,
@@ -92,8 +94,19 @@ ensure_packages() {
     if ((${#missing[@]})); then
         command -v apt-get >/dev/null || die "missing ${missing[*]}; install them (Debian/Ubuntu: apt-get install ${missing[*]})"
         say "installing ${missing[*]} with apt-get"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+        # Keep the packages' own services (a system munged, slurmctld, slurmd) from starting:
+        # this cluster runs its own, and 'down' must leave nothing running.
+        local policy=/usr/sbin/policy-rc.d made_policy=0
+        if [[ ! -e $policy ]]; then
+            printf '#!/bin/sh\n# localcluster.sh: no service starts during apt-get install\nexit 101\n' >"$policy"
+            chmod 0755 "$policy"
+            made_policy=1
+        fi
+        local status=0
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            "${missing[@]}" >/dev/null || status=$?
+        ((made_policy)) && rm -f "$policy"
+        ((status == 0)) || die "apt-get install ${missing[*]} failed (exit $status)"
     fi
     id munge >/dev/null 2>&1 || die "user munge is missing (it comes with the munge package)"
     [[ -x $PYTHON ]] || die "PYTHON=$PYTHON: no interpreter there; run 'make setup' first or set PYTHON"
@@ -304,7 +317,6 @@ write_env() {
         {
             echo "# Source this file for the local test cluster: . $ENV_FILE"
             echo "export SLURM_CONF=$CONF"
-            echo "export MODEL=tiny_llama"
             [[ -s $DIR/s3.env ]] && cat "$DIR/s3.env"
         } >"$ENV_FILE"
     )
@@ -347,8 +359,8 @@ EOF
     say "up in $((SECONDS - started)) s: $NODES nodes (node1..node$NODES on $SUBNET.11..), controller $(ctld_addr):$CTLD_PORT, state in $DIR"
     [[ $WITH_S3 == 1 ]] && say "S3 (SeaweedFS) at $(grep AWS_ENDPOINT_URL "$ENV_FILE" | cut -d= -f2), URI $(grep '^export URI=' "$ENV_FILE" | cut -d= -f2)"
     echo
-    echo "Next:  . $ENV_FILE      # SLURM_CONF, URI, MODEL=tiny_llama and the S3 endpoint and keys"
-    echo "       sbatch --nodes 2 batch/savebatch.sh"
+    echo "Next:  mkdir -p logs && sbatch --nodes 2 batch/savebatch.sh   # jobs get the S3 settings"
+    echo "       . $ENV_FILE   # optional: SLURM_CONF, URI and the S3 endpoint and keys in this shell"
 }
 
 pids_mentioning() {  # pids whose command line has an argument containing $1 (no spaces in it)
