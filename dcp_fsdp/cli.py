@@ -197,7 +197,9 @@ def run_command(command: str, overrides: list[str]) -> int:
                     "storage.uri is not set: under torchrun the embedded S3 server is not "
                     "started; set storage.uri=s3://bucket/prefix (and storage.endpoint or "
                     "AWS_ENDPOINT_URL for S3-compatible servers), or run without torchrun")
-            return run_rank(cfg, PROCESS_START_MONO)
+            from dcp_fsdp.distributed import end_process
+
+            end_process(run_rank(cfg, PROCESS_START_MONO))
         from dcp_fsdp.launcher import launch_local
 
         return launch_local(cfg)

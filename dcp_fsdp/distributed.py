@@ -6,7 +6,8 @@ import dataclasses
 import datetime
 import os
 import socket
-from typing import Any
+import sys
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -79,6 +80,30 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return holder[0]
 
 
-def shutdown() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown(aligned: bool) -> None:
+    """Tear the process group down. `aligned`: every rank got here (the run succeeded),
+    so a barrier first keeps one rank from closing its connections while a peer is still
+    using them (gloo across hosts then aborts the peer). After a failure a barrier could
+    wait on a dead rank, so there is none."""
+    if not dist.is_initialized():
+        return
+    if aligned:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def end_process(exit_code: int) -> NoReturn:
+    """End a rank's process now, skipping interpreter teardown. The native libraries'
+    threads (gloo, the CRT S3 client) are still about at exit, and their destructors
+    can abort a process that has already succeeded ("terminate called without an
+    active exception", exit 134), which would turn a good run into a failed job.
+    Everything we keep is written and flushed by then."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(exit_code)

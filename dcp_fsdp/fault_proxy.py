@@ -53,7 +53,9 @@ GetObjectRanged, the requests that move checkpoint bytes through the connector's
 client (which retries them ``max_attempts`` times). dcp-fsdp's control-plane calls
 (boto3: HeadBucket, ListObjectsV2, small PutObject/GetObject, 2 attempts) are left
 alone, so a test fails only where it means to. ``targets=None`` (CLI: ``--targets
-all``) faults every request.
+all``) faults every request. ``key_pattern`` (CLI: ``--key-pattern``), a regular
+expression searched in the request's ``/bucket/key`` path, narrows the targets to some
+objects, e.g. one rank's data file or DCP's ``.metadata``.
 
 Randomness is seeded and drawn per request type: the n-th request of a type gets the
 same decision in every run with the same seed, however requests of different types
@@ -351,7 +353,8 @@ class FaultProxy:
     def __init__(self, upstream: str, *, error_503_rate: float = 0.0, reset_rate: float = 0.0,
                  latency_s: float = 0.0, stall_rate: float = 0.0, stall_s: float = 30.0,
                  seed: int = 0, targets: Iterable[str] | None = DATA_PLANE,
-                 bucket_region: str | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+                 key_pattern: str | None = None, bucket_region: str | None = None,
+                 host: str = "127.0.0.1", port: int = 0) -> None:
         parsed = urllib.parse.urlsplit(upstream)
         if parsed.scheme != "http" or not parsed.hostname or not parsed.port:
             raise ValueError(f"upstream={upstream!r}: expected http://HOST:PORT (no TLS)")
@@ -363,6 +366,9 @@ class FaultProxy:
         self.stall_s = stall_s
         self.seed = seed
         self.targets = None if targets is None else frozenset(targets)
+        # Only requests whose path (/bucket/key, unquoted, no query) matches are targeted,
+        # e.g. r"__1_\d+\.distcp$" (rank 1's data file) or r"/\.metadata$" (DCP's commit).
+        self.key_pattern = None if key_pattern is None else re.compile(key_pattern)
         self.bucket_region = bucket_region
         self.host, self.port = host, port
         if error_503_rate + reset_rate + stall_rate > 1.0 + 1e-9:
@@ -442,8 +448,16 @@ class FaultProxy:
         self.stop()
 
     # -- decisions -----------------------------------------------------------------------
-    def _decide(self, rtype: str) -> str | None:
+    def _targeted(self, rtype: str, target: str) -> bool:
         if self.targets is not None and rtype not in self.targets:
+            return False
+        if self.key_pattern is not None:
+            path = urllib.parse.unquote(urllib.parse.urlsplit(target).path)
+            return self.key_pattern.search(path) is not None
+        return True
+
+    def _decide(self, rtype: str, target: str) -> str | None:
+        if not self._targeted(rtype, target):
             return None
         with self._lock:
             rng = self._rngs.get(rtype)
@@ -566,7 +580,7 @@ class FaultProxy:
                     keep_alive=not client_close))
                 return not client_close
 
-        fault = self._decide(rtype)
+        fault = self._decide(rtype, target)
         if fault == "503":
             self._count("503", rtype, method, target)
             consume_body()
@@ -588,7 +602,7 @@ class FaultProxy:
             self._count("stall", rtype, method, target)
             if self._stopping.wait(self.stall_s):
                 return False
-        if self.latency_s > 0 and (self.targets is None or rtype in self.targets):
+        if self.latency_s > 0 and self._targeted(rtype, target):
             self._count("latency", rtype, method, target)
             if self._stopping.wait(self.latency_s):
                 return False
@@ -686,6 +700,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default=",".join(DATA_PLANE),
                         help="request types to fault, comma-separated, or 'all' "
                              f"(default: {','.join(DATA_PLANE)})")
+    parser.add_argument("--key-pattern", default=None,
+                        help="fault only requests whose /bucket/key path matches this regex")
     parser.add_argument("--bucket-region", default=None,
                         help="answer requests signed for any other region with 301 "
                              "PermanentRedirect + x-amz-bucket-region")
@@ -695,7 +711,8 @@ def main(argv: list[str] | None = None) -> int:
         proxy = FaultProxy(args.upstream, error_503_rate=args.error_rate,
                            reset_rate=args.reset_rate, latency_s=args.latency_s,
                            stall_rate=args.stall_rate, stall_s=args.stall_s, seed=args.seed,
-                           targets=targets, bucket_region=args.bucket_region, host=args.host,
+                           targets=targets, key_pattern=args.key_pattern,
+                           bucket_region=args.bucket_region, host=args.host,
                            port=args.port)
     except ValueError as error:
         parser.error(str(error))

@@ -105,4 +105,7 @@ ARGV_ENV = "DCP_FSDP_ARGV"  # the user's command line, passed by the launcher to
 def command_line() -> list[str]:
     if os.environ.get(ARGV_ENV):
         return json.loads(os.environ[ARGV_ENV])
-    return [Path(sys.argv[0]).name] + sys.argv[1:]
+    program = Path(sys.argv[0]).name
+    if program == "__main__.py":  # `python -m dcp_fsdp` or `torchrun ... -m dcp_fsdp`
+        program = "python -m dcp_fsdp"
+    return [program] + sys.argv[1:]

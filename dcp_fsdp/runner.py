@@ -231,7 +231,7 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> int:
             print(f"[dcp-fsdp] SUFFIXES={','.join(loop.suffixes)}", flush=True)
     if status != "interrupted":
         try:
-            shutdown()
+            shutdown(aligned=status == "ok")
         except BaseException:
             pass
     return exit_code

@@ -1,7 +1,6 @@
 """Entry point of a rank started by the local launcher (config passed as a file)."""
 
 import os
-import sys
 import time
 
 PROCESS_START_MONO = time.monotonic()
@@ -20,4 +19,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from dcp_fsdp.distributed import end_process
+
+    end_process(main())

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 import boto3
@@ -18,6 +19,7 @@ import pytest
 
 from conftest import REPO, clean_env, read_run, run_cli, s3_args, s3_env
 from dcp_fsdp.embedded_s3 import EmbeddedS3
+from dcp_fsdp.fault_proxy import FaultProxy
 
 
 def s3_client(s3):
@@ -80,41 +82,52 @@ def worker_pids(parent_pid):
     return pids
 
 
-def test_a_save_killed_part_way_is_never_loadable(s3, s3_uri, tmp_path):
-    client = s3_client(s3)
-    bucket, prefix = s3_uri[len("s3://"):].split("/", 1)
-    command = [sys.executable, "-m", "dcp_fsdp", "save", *s3_args(s3, s3_uri), "nproc=2",
-               "iterations=30", "state=model_and_optimizer", f"results_dir={tmp_path}"]
-    process = subprocess.Popen(command, env=clean_env(s3_env(s3)), cwd=REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed_suffix = None
-    deadline = time.monotonic() + 120
-    try:
-        # Wait for a checkpoint with data objects but no .metadata yet: a save in flight.
-        while killed_suffix is None and time.monotonic() < deadline and process.poll() is None:
-            keys = keys_under(client, bucket, f"{prefix}/")
-            by_suffix: dict[str, list[str]] = {}
-            for key in keys:
-                by_suffix.setdefault(key[len(prefix) + 1:].split("/")[0], []).append(key)
-            for suffix, names in by_suffix.items():
-                if any(n.endswith(".distcp") for n in names) and not any(
-                        n.endswith("/.metadata") for n in names):
-                    ranks = worker_pids(process.pid)
-                    if 1 in ranks:
-                        os.kill(ranks[1], signal.SIGKILL)
-                        killed_suffix = suffix
-                    break
-            time.sleep(0.005)
-        assert killed_suffix, "never saw a save in flight"
-        process.wait(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
+# Writes of one object, whichever way the connector sends it (PutObject, multipart, or
+# CopyObject: DCP writes .metadata.tmp and then copies it to .metadata, its commit).
+# Reads (e.g. the HEAD .metadata before a save) are never held.
+OBJECT_WRITES = ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload",
+                 "CopyObject")
+
+
+@pytest.mark.parametrize("held_object, moment", [
+    (r"__1_\d+\.distcp$", "rank 1 writing its data, rank 0 done with its own"),
+    (r"/\.metadata$", "every data object and .metadata.tmp written, the copy to .metadata in flight"),
+], ids=["mid-data", "at-commit"])
+def test_a_save_killed_part_way_is_never_loadable(s3, s3_uri, tmp_path, held_object, moment):
+    """SIGKILL rank 1 at a moment made certain by holding one object's write at a proxy:
+    the save can neither finish before the kill nor race it."""
+    with FaultProxy(s3.endpoint_url, stall_rate=1.0, stall_s=600, targets=OBJECT_WRITES,
+                    key_pattern=held_object) as proxy:
+        command = [sys.executable, "-m", "dcp_fsdp", "save", f"storage.uri={s3_uri}",
+                   f"storage.endpoint={proxy.url}", "nproc=2", f"results_dir={tmp_path}"]
+        process = subprocess.Popen(command, env=clean_env(s3_env(s3)), cwd=REPO,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not proxy.events and time.monotonic() < deadline and process.poll() is None:
+                time.sleep(0.05)
+            assert proxy.events, f"the save never reached the moment: {moment}"
+            held_path = urllib.parse.unquote(urllib.parse.urlsplit(proxy.events[0].target).path)
+            ranks = worker_pids(process.pid)
+            assert 1 in ranks, ranks
+            os.kill(ranks[1], signal.SIGKILL)
+            process.wait(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     assert process.returncode != 0
     run, _ = read_run(tmp_path)
     assert run["status"] == "failed"
     assert not worker_pids(process.pid)
 
+    bucket, prefix = s3_uri[len("s3://"):].split("/", 1)
+    killed_suffix = held_path.split(f"/{bucket}/{prefix}/", 1)[1].split("/")[0]
+    keys = keys_under(s3_client(s3), bucket, f"{prefix}/{killed_suffix}/")
+    assert not any(k.endswith("/.metadata") for k in keys), keys
+    if "metadata" in held_object:  # all data landed: only the commit is missing
+        assert sum(k.endswith(".distcp") for k in keys) == 2, keys
+        assert any(k.endswith("/.metadata.tmp") for k in keys), keys
     listing = run_cli(["list", *s3_args(s3, s3_uri)], env=s3_env(s3))
     assert listing.returncode == 0, listing.stderr
     line = next(l for l in listing.stdout.splitlines() if killed_suffix in l)
