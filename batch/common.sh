@@ -111,9 +111,11 @@ run_torchrun() {
         -m dcp_fsdp "$@"
 }
 
-# The last line of every job's log: how it ended (exit status and wall time).
-batch_finish() {  # $1 = exit status
+# The end of every job's log: how it ended (exit status and wall time), then $2 if given
+# (savebatch: the SUFFIXES= line, kept last so `tail -1` finds it).
+batch_finish() {  # $1 = exit status, $2 = optional last line
     echo "[$BATCH_NAME] job $SLURM_JOB_ID on $NODES node(s): exit $1 after $((SECONDS - BATCH_STARTED)) s"
+    [[ -z ${2:-} ]] || echo "$2"
     exit "$1"
 }
 

@@ -42,6 +42,4 @@ suffixes=
 if [[ -n $suffixes ]]; then
     echo "[savebatch] load with: SUFFIX=${suffixes##*,} sbatch --nodes $NODES batch/loadbatch.sh"
 fi
-echo "[savebatch] job $SLURM_JOB_ID on $NODES node(s): exit $rc after $((SECONDS - BATCH_STARTED)) s"
-echo "SUFFIXES=${suffixes}"
-exit "$rc"
+batch_finish "$rc" "SUFFIXES=${suffixes}"

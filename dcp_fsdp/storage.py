@@ -193,33 +193,33 @@ class S3Backend:
         import botocore.exceptions as bx
 
         client = self.boto_client()
-        # boto3 follows a 301 to the bucket's region by itself (and an S3-compatible server
-        # may then accept it), but the CRT client signs for storage.region and would fail
-        # every request: any redirect seen on the way is a region mismatch.
-        redirected_to: list[str] = []
+        # The CRT client signs for storage.region and would fail every request (after its
+        # retries) in another region. boto3 follows a 301 to the bucket's region by itself
+        # (and an S3-compatible server may then accept it), so a redirect seen on the way
+        # is a mismatch on any endpoint.
+        redirects: list[str | None] = []
 
         def on_response(response_dict=None, **_):
             if response_dict and response_dict.get("status_code") == 301:
-                redirected_to.append(response_dict.get("headers", {}).get(
-                    "x-amz-bucket-region", "another region"))
+                redirects.append(response_dict.get("headers", {}).get("x-amz-bucket-region"))
 
         client.meta.events.register("response-received.s3.HeadBucket", on_response)
         try:
             response = client.head_bucket(Bucket=self.bucket)
         except (bx.BotoCoreError, bx.ClientError) as error:
             raise self._explain(error) from None
-        if redirected_to and redirected_to[0] != self.region:
+        bucket_region = redirects[0] if redirects else None
+        if not redirects and (self.endpoint is None or "amazonaws.com" in self.endpoint):
+            # AWS names the bucket's region; S3-compatible servers often report a nominal
+            # one that does not matter, so only AWS endpoints are checked without a redirect.
+            bucket_region = response.get("BucketRegion") or response.get(
+                "ResponseMetadata", {}).get("HTTPHeaders", {}).get("x-amz-bucket-region")
+        if bucket_region and bucket_region != self.region:
             raise UserError(f"storage.region={self.region}: bucket '{self.bucket}' is in "
-                            f"{redirected_to[0]}; set storage.region={redirected_to[0]}")
-        # AWS names the bucket's region; the CRT client signs for storage.region and would
-        # fail on every request (after retries) if they differ. S3-compatible servers often
-        # report a nominal region that does not matter, so only AWS endpoints are checked.
-        actual = response.get("BucketRegion") or response.get("ResponseMetadata", {}).get(
-            "HTTPHeaders", {}).get("x-amz-bucket-region")
-        on_aws = self.endpoint is None or "amazonaws.com" in self.endpoint
-        if actual and on_aws and actual != self.region:
+                            f"{bucket_region}; set storage.region={bucket_region}")
+        if redirects and bucket_region is None:
             raise UserError(f"storage.region={self.region}: bucket '{self.bucket}' is in "
-                            f"{actual}; set storage.region={actual}")
+                            "another region; set storage.region to the bucket's region")
 
     def list_checkpoints(self) -> list[CheckpointInfo]:
         import botocore.exceptions as bx

@@ -135,18 +135,31 @@ pid_alive() {  # $1 = pid file, $2 = expected command name
         [[ $(</proc/"$pid"/comm) == "$2"* ]]
 }
 
-stop_pid_file() {  # $1 = pid file, $2 = expected command name, $3 = label
-    local pid tries
-    pid_alive "$1" "$2" || { rm -f "$1"; return 0; }
-    pid=$(<"$1")
-    kill -TERM "$pid" 2>/dev/null || true
-    for tries in $(seq 100); do
-        [[ -e /proc/$pid ]] || break
+# TERM the processes that "$@" lists (a command printing pids), wait up to $2 s for them
+# to go, then KILL what is left. $1 = label for the log.
+stop_listed() {
+    local label=$1 wait_s=$2 pids tries
+    shift 2
+    pids=$("$@")
+    [[ -n $pids ]] || return 0
+    kill -TERM $pids 2>/dev/null || true
+    for tries in $(seq $((wait_s * 5))); do
+        pids=$("$@")
+        [[ -z $pids ]] && return 0
         sleep 0.2
     done
-    if [[ -e /proc/$pid ]]; then
-        say "$3 (pid $pid) did not stop on SIGTERM; killing it"
-        kill -KILL "$pid" 2>/dev/null || true
+    say "$label did not stop on SIGTERM: killing $(echo $pids)"
+    kill -KILL $pids 2>/dev/null || true
+}
+
+pid_if_running() { [[ -e /proc/$1 ]] && echo "$1"; return 0; }
+ns_pids() { ip netns pids "$1" 2>/dev/null || true; }
+
+stop_pid_file() {  # $1 = pid file, $2 = expected command name, $3 = label
+    if pid_alive "$1" "$2"; then
+        local pid
+        pid=$(<"$1")
+        stop_listed "$3 (pid $pid)" 20 pid_if_running "$pid"
     fi
     rm -f "$1"
 }
@@ -373,18 +386,12 @@ pids_mentioning() {  # pids whose command line has an argument containing $1 (no
         grep -vxE "$$|$BASHPID" || true
 }
 
-kill_mentioning() {  # $1 = marker, $2 = label: TERM, wait up to 5 s, then KILL
-    local pids tries
+kill_mentioning() {  # $1 = marker, $2 = label
+    local pids
     pids=$(pids_mentioning "$1")
     [[ -n $pids ]] || return 0
     say "stopping leftover $2: $(echo $pids)"
-    kill -TERM $pids 2>/dev/null || true
-    for tries in $(seq 25); do
-        pids=$(pids_mentioning "$1")
-        [[ -z $pids ]] && return 0
-        sleep 0.2
-    done
-    kill -KILL $pids 2>/dev/null || true
+    stop_listed "$2" 5 pids_mentioning "$1"
 }
 
 cmd_down() {
@@ -395,18 +402,9 @@ cmd_down() {
     # A server left behind by a killed s3server.py (its files live under S3_TMP).
     kill_mentioning "$S3_TMP/" "S3 server processes"
     # Everything started in a node namespace: slurmd, slurmstepd, the jobs' processes.
-    local ns pids tries
+    local ns
     for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$NAME-n[0-9]+$" || true); do
-        pids=$(ip netns pids "$ns" 2>/dev/null || true)
-        if [[ -n $pids ]]; then
-            kill -TERM $pids 2>/dev/null || true
-            for tries in $(seq 50); do
-                pids=$(ip netns pids "$ns" 2>/dev/null || true)
-                [[ -z $pids ]] && break
-                sleep 0.2
-            done
-            [[ -z $pids ]] || kill -KILL $pids 2>/dev/null || true
-        fi
+        stop_listed "processes in $ns" 10 ns_pids "$ns"
         ip netns del "$ns"
     done
     stop_pid_file "$DIR/run/slurmctld.pid" slurmctld slurmctld
