@@ -120,6 +120,7 @@ def test_a_save_killed_part_way_is_never_loadable(s3, s3_uri, tmp_path, held_obj
     run, _ = read_run(tmp_path)
     assert run["status"] == "failed"
     assert not worker_pids(process.pid)
+    assert not [pid for pid in ranks.values() if Path(f"/proc/{pid}").exists()], ranks
 
     bucket, prefix = s3_uri[len("s3://"):].split("/", 1)
     killed_suffix = held_path.split(f"/{bucket}/{prefix}/", 1)[1].split("/")[0]
