@@ -3,8 +3,8 @@
 Runs `dcp-fsdp save-and-load` (embedded SeaweedFS unless storage settings are given)
 and prints the figures from its record. Targets are checked, not asserted in unit tests:
 
-  python benchmarks/checkpoint_throughput.py model=GPT-4B model.dtype=bf16 nproc=2
-  python benchmarks/checkpoint_throughput.py model=L7b model.dtype=bf16 nproc=2 verify=true \
+  .venv/bin/python -m benchmarks.checkpoint_throughput model=GPT-4B model.dtype=bf16 nproc=2
+  .venv/bin/python -m benchmarks.checkpoint_throughput model=L7b model.dtype=bf16 nproc=2 verify=true \
       --max-rank-rss-gib 11   # L7b in bf16 fits two CPU ranks on a 24 GiB machine
 
 Exit status 1 when a given target is missed.

@@ -16,8 +16,8 @@ the faults the proxy injected per kind and request type, and what the connector'
 own request log recorded (throttled attempts, retries), when the records carry it. Every run must succeed: a fault the
 run did not absorb fails the benchmark.
 
-    .venv/bin/python benchmarks/fault_tolerance.py                  # defaults below
-    .venv/bin/python benchmarks/fault_tolerance.py --iterations 5 --error-rate 0.2 --json out.json
+    .venv/bin/python -m benchmarks.fault_tolerance                  # defaults below
+    .venv/bin/python -m benchmarks.fault_tolerance --iterations 5 --error-rate 0.2 --json out.json
 """
 
 from __future__ import annotations
@@ -32,12 +32,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from dcp_fsdp.analysis.metrics import per_operation, samples_frame
+from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
+from tests.kit.fault_proxy import DATA_PLANE, FaultProxy
 
-from dcp_fsdp.embedded_s3 import EmbeddedS3  # noqa: E402
-from dcp_fsdp.fault_proxy import DATA_PLANE, FaultProxy  # noqa: E402
-from dcp_fsdp.metrics import per_operation, samples_frame  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 SCRUBBED = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_ACCESS_KEY_ID",
             "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION")

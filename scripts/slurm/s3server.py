@@ -17,9 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from dcp_fsdp.embedded_s3 import EmbeddedS3  # noqa: E402
+from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 
 
 def main() -> int:

@@ -1,0 +1,170 @@
+"""The report's PNG plots (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dcp_fsdp.analysis.groups import OP_ORDER, mean_or_nan
+from dcp_fsdp.analysis.metrics import MIB, latency_histogram
+from dcp_fsdp.analysis.render import key_cell
+from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_quantile
+
+MAX_PLOT_GROUPS = 6  # rows of the per-rank figure
+
+
+def _series_label(row: pd.Series, keys: list[str]) -> str:
+    """e.g. "save · nodes=2 · thread_count=4" (settings by their last name part)."""
+    parts = []
+    for key in keys:
+        value = key_cell(row[key])
+        if key in ("op", "model", "storage"):
+            parts.append(value or "?")
+        else:
+            parts.append(f"{key.rsplit('.', 1)[-1]}={value or '?'}")
+    return " · ".join(parts)
+
+
+def plot(result: dict[str, Any], directory: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    ops = result["operations"]
+    samples = result["samples"]
+    keys = result["group_keys"]
+    if ops.empty:
+        return written
+    series_keys = [k for k in keys if k not in ("nodes", "ranks")]
+    varying = [k for k in series_keys if ops[k].astype(str).nunique() > 1 or k == "op"]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+    # 1. aggregate MiB/s vs node count (and vs ranks), one line per operation / setting
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+    for index, (label_key, group) in enumerate(ops.groupby(varying, sort=True)):
+        label = _series_label(group.iloc[0], varying)
+        color = colors[index % len(colors)]
+        for axis, x in zip(axes, ("nodes", "ranks")):
+            xs = group[x].astype(float)
+            axis.scatter(xs, group["aggregate_mib_s"], color=color, alpha=0.35, s=18)
+            per_x = group.assign(_x=xs).groupby("_x").apply(
+                lambda g: g["bytes"].sum() / MIB / g["span_s"].sum(), include_groups=False)
+            axis.plot(per_x.index, per_x.values, marker="o", color=color, label=label)
+    for axis, x, title in zip(axes, ("nodes", "ranks"), ("node count", "ranks (world size)")):
+        axis.set_xlabel(title)
+        values = sorted(ops[x].astype(float).unique())
+        axis.set_xticks(values)
+        axis.set_xlim(min(values) - 0.5, max(values) + 0.5)
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("aggregate MiB/s (total bytes / first begin to last end)")
+    axes[0].set_ylim(bottom=0)
+    axes[1].legend(fontsize=8, loc="best")
+    fig.suptitle("Checkpoint throughput: line = group aggregate, dots = single operations")
+    fig.tight_layout()
+    path = directory / "throughput_vs_nodes.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+
+    # 2. per-rank durations and where they went: rows = groups, columns = operations
+    op_names = sorted(dict.fromkeys(samples["op"]), key=lambda op: OP_ORDER.get(op, 9))
+    other = [k for k in keys if k != "op" and samples[k].astype(str).nunique() > 1]
+    groups = list(samples.groupby(other, sort=True)) if other else [(None, samples)]
+    shown = groups[:MAX_PLOT_GROUPS]
+    fig, axes = plt.subplots(len(shown), len(op_names), squeeze=False,
+                             figsize=(6.2 * len(op_names), 3.6 * len(shown) + 0.6))
+    phase_colors = {"plan": "#9ecae1", "io": "#3182bd", "commit": "#fd8d3c"}
+    for row, (_, group) in enumerate(shown):
+        label = _series_label(group.iloc[0], other) if other else ""
+        for column, op in enumerate(op_names):
+            axis = axes[row][column]
+            op_samples = group[group["op"] == op]
+            if op_samples.empty:
+                axis.set_visible(False)
+                continue
+            per_rank = op_samples.groupby("rank").agg(
+                plan=("plan_s", lambda v: mean_or_nan(v.astype(float))),
+                io=("io_s", lambda v: mean_or_nan(v.astype(float))),
+                commit=("commit_s", lambda v: mean_or_nan(v.astype(float))),
+                duration=("duration_s", "mean"))
+            ranks = per_rank.index.to_numpy()
+            if per_rank[["plan", "io", "commit"]].notna().all(axis=None):
+                bottom = 0.0
+                for phase in ("plan", "io", "commit"):
+                    axis.bar(ranks, per_rank[phase], bottom=bottom, width=0.7,
+                             color=phase_colors[phase], label=f"{phase} (mean)")
+                    bottom = bottom + per_rank[phase]
+            else:  # older records: no phase breakdown
+                axis.bar(ranks, per_rank["duration"], width=0.7, color="#bdbdbd",
+                         label="duration (mean)")
+            axis.scatter(op_samples["rank"], op_samples["duration_s"], color="black", s=14,
+                         zorder=3, label="each iteration")
+            axis.set_ylim(0, float(op_samples["duration_s"].max()) * 1.15)
+            step = max(1, len(ranks) // 16)
+            axis.set_xticks(ranks[::step])
+            axis.set_xlabel("rank")
+            axis.set_ylabel("seconds")
+            axis.set_title(f"{op}{' · ' + label if label else ''}", fontsize=10)
+            axis.grid(alpha=0.3, axis="y")
+    handles = {}
+    for axis in axes.flat:
+        for handle, name in zip(*axis.get_legend_handles_labels()):
+            handles.setdefault(name, handle)
+    title = "Per-rank duration (dots: each iteration) and its DCP phases (bars: mean)"
+    if len(groups) > MAX_PLOT_GROUPS:
+        title += f"; first {MAX_PLOT_GROUPS} of {len(groups)} groups"
+    fig.suptitle(title)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles),
+               fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.05 if len(shown) == 1 else 0.03, 1, 1))
+    path = directory / "rank_durations.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+
+    # 3. request latency distribution: CDF per request type, one panel per operation
+    if samples["requests"].map(lambda r: isinstance(r, dict)).any():
+        fig, axes = plt.subplots(1, len(op_names), figsize=(6 * len(op_names), 4.6),
+                                 squeeze=False)
+        for axis, op in zip(axes[0], op_names):
+            requests = samples.loc[samples["op"] == op, "requests"]
+            kinds: dict[str, int] = {}
+            for summary in requests:
+                for kind, entry in ((summary or {}).get("by_type") or {}).items() \
+                        if isinstance(summary, dict) else []:
+                    kinds[kind] = kinds.get(kind, 0) + (entry.get("count") or 0)
+            for index, kind in enumerate(sorted(kinds, key=lambda k: -kinds[k])):
+                hist = latency_histogram(requests, kinds=[kind])
+                items = sorted((int(i), n) for i, n in hist.items())
+                total = sum(n for _, n in items)
+                xs, ys, seen = [], [], 0
+                for bucket, n in items:
+                    low, high = bucket_bounds_ms(bucket)
+                    xs += [low, high]
+                    ys += [seen / total, (seen + n) / total]
+                    seen += n
+                p50, p99 = hist_quantile(hist, 0.5), hist_quantile(hist, 0.99)
+                axis.plot(xs, ys, color=colors[index % len(colors)],
+                          label=f"{kind} (n={total}, p50 {p50:.1f} ms, p99 {p99:.1f} ms)")
+            axis.set_xscale("log")
+            # decade labels only: minor labels overlap on a narrow span
+            axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            axis.set_xlabel("request latency ms (log scale)")
+            axis.set_ylabel("fraction of requests at or below")
+            axis.set_ylim(0, 1.02)
+            axis.axhline(0.5, color="grey", linewidth=0.6, linestyle=":")
+            axis.axhline(0.99, color="grey", linewidth=0.6, linestyle=":")
+            axis.set_title(f"{op}: S3 request latency by type (all groups)")
+            axis.grid(alpha=0.3, which="both")
+            axis.legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        path = directory / "request_latency.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

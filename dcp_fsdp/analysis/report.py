@@ -1,0 +1,76 @@
+"""`dcp-fsdp report [PATH ...]`: tables and plots over many runs' records.
+
+Reads record files (JSON Lines, one per run: a run line, then one line per rank
+per save/load), and groups the saves and loads by node count, world size, model,
+operation, storage backend and every setting that differs between the runs.
+Failed and interrupted runs are left out of every figure, but counted per group
+and listed under the tables. Records from older versions that lack a field
+report it empty.
+
+Output: the terminal (default), Markdown (--format md) or CSV (--format csv, or
+--csv FILE besides another format); PNG plots with --plot DIR.
+Metric definitions: the README's "Metrics".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dcp_fsdp.analysis.groups import build
+from dcp_fsdp.analysis.plots import plot
+from dcp_fsdp.analysis.render import render, wide_csv
+from dcp_fsdp.analysis.sources import read_records, record_files
+
+RUN_DEFAULT_PATHS = ["results"]
+
+__all__ = ["build", "plot", "render", "wide_csv", "read_records", "record_files", "main"]
+
+
+def parser() -> argparse.ArgumentParser:
+    arguments = argparse.ArgumentParser(
+        prog="dcp-fsdp report",
+        description="Tables (and plots) over run records, grouped by node count, world size, "
+                    "model, operation, storage and every setting that differs between runs.")
+    arguments.add_argument("paths", nargs="*", default=RUN_DEFAULT_PATHS,
+                           help="record files, directories (searched recursively) or globs "
+                                "(default: results)")
+    arguments.add_argument("--format", choices=("table", "md", "csv"), default="table",
+                           help="table: terminal; md: Markdown; csv: the wide group table")
+    arguments.add_argument("--csv", metavar="FILE", help="also write the wide group table as CSV")
+    arguments.add_argument("--plot", metavar="DIR", help="write PNG plots into DIR")
+    return arguments
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        files = record_files(args.paths)
+    except FileNotFoundError as error:
+        print(f"dcp-fsdp: error: report: {error}", file=sys.stderr)
+        return 2
+    if not files:
+        print(f"dcp-fsdp: error: report: no record files (*.jsonl) under {' '.join(args.paths)}",
+              file=sys.stderr)
+        return 2
+    runs, samples, warnings = read_records(files)
+    if not runs:
+        print("dcp-fsdp: error: report: no dcp-fsdp records among "
+              f"{len(files)} file(s)", file=sys.stderr)
+        for warning in warnings:
+            print(f"note: {warning}", file=sys.stderr)
+        return 2
+    result = build(runs, samples)
+    if args.format == "csv":
+        sys.stdout.write(wide_csv(result).to_csv(index=False))
+    else:
+        sys.stdout.write(render(result, args.format, warnings))
+    if args.csv:
+        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+        wide_csv(result).to_csv(args.csv, index=False)
+        print(f"csv: {args.csv}", file=sys.stderr if args.format == "csv" else sys.stdout)
+    if args.plot:
+        for path in plot(result, Path(args.plot)):
+            print(f"plot: {path}", file=sys.stderr if args.format == "csv" else sys.stdout)
+    return 0

@@ -1,0 +1,148 @@
+"""From the command line to a validated `BenchmarkConfig`.
+
+Configuration is composed with Hydra's compose API from `conf/` (next to this file)
+onto the structured config in `schema.py`; `-m`/`--multirun` sweeps
+(`iterations=1,3 model=tiny_llama,tiny_gpt2`) are expanded with Hydra's own override
+parser; `--config FILE` holds the same settings as YAML.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+from dcp_fsdp.errors import UserError
+
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+
+
+def expand_sweeps(overrides: list[str]) -> list[list[str]]:
+    """Hydra multirun semantics: the cartesian product of every swept override."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    choices = []
+    for override in parsed:
+        if override.is_sweep_override():
+            key = override.get_key_element()
+            choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+        else:
+            choices.append([override.input_line])
+    return [list(combination) for combination in itertools.product(*choices)]
+
+
+def expand_config_files(args: list[str]) -> list[str]:
+    """`--config FILE` (YAML of settings) becomes overrides placed before the others.
+
+    The file holds the same keys as the command line, nested or dotted, e.g.
+    `{model: L7b, iterations: 5, storage: {uri: s3://my-bucket/ckpt}}`; the
+    command line wins where both set a key.
+    """
+    expanded: list[str] = []
+    from_files: list[str] = []
+    position = 0
+    while position < len(args):
+        arg = args[position]
+        if arg == "--config" or arg.startswith("--config="):
+            if arg == "--config":
+                if position + 1 >= len(args):
+                    raise UserError("--config: give a YAML file, e.g. --config my-run.yaml")
+                path, position = args[position + 1], position + 2
+            else:
+                path, position = arg.split("=", 1)[1], position + 1
+            from_files.extend(_config_file_overrides(path))
+            continue
+        expanded.append(arg)
+        position += 1
+    return from_files + expanded
+
+
+def _config_file_overrides(path: str) -> list[str]:
+    import yaml
+
+    try:
+        with open(path) as source:
+            content = yaml.safe_load(source)
+    except OSError as error:
+        raise UserError(f"--config {path}: cannot read it ({error.strerror or error}); "
+                        "check the path and its permissions") from None
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        raise UserError(f"--config {path}: not valid YAML{line}; fix the file") from None
+    if content is None:
+        return []
+    if not isinstance(content, dict):
+        raise UserError(f"--config {path}: expected a mapping of settings (key: value), "
+                        f"found {type(content).__name__}")
+
+    def flatten(node: dict, prefix: str = "") -> list[str]:
+        overrides = []
+        for key, value in node.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, dict):
+                overrides.extend(flatten(value, f"{name}."))
+            elif isinstance(value, list):
+                overrides.append(f"{name}=[{','.join(str(v) for v in value)}]")
+            elif value is None:
+                overrides.append(f"{name}=null")
+            else:
+                overrides.append(f"{name}={str(value).lower() if isinstance(value, bool) else value}")
+        return overrides
+    return flatten(content)
+
+
+def compose(command: str, overrides: list[str]):
+    """The validated BenchmarkConfig for a command and overrides, or UserError."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from dcp_fsdp.config.schema import BenchmarkConfig
+    from dcp_fsdp.config.validate import validate
+
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+~") == "model" and value:
+            presets = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+            if value not in presets:
+                raise UserError(f"model={value}: unknown preset; choose one of {', '.join(presets)}")
+        if key.lstrip("+~") == "storage" and value not in ("s3", "fs"):
+            raise UserError(f"storage={value}: unknown storage; choose s3 or fs")
+        if key == "command":
+            raise UserError("command is set by the subcommand (save, load, save-and-load)")
+
+    ConfigStore.instance().store(name="base_config", node=BenchmarkConfig)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            composed = hydra_compose(config_name="config",
+                                     overrides=[f"command={command.replace('-', '_')}", *overrides])
+        cfg = OmegaConf.to_object(composed)
+    except (HydraException, OmegaConfBaseException, ValueError) as error:
+        raise UserError(one_line(error)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    validate(cfg)
+    return cfg
+
+
+def one_line(error: BaseException) -> str:
+    """Hydra/OmegaConf errors as one line that names the setting and the fix."""
+    cause = error.__cause__ or error
+    text = " ".join(str(cause).split())
+    key_match = re.search(r"full_key: (\S+)", text)
+    key = key_match.group(1) if key_match else None
+    text = text.split(" full_key:")[0]
+    if "not in '" in text or "is not in struct" in text:
+        name = key or text
+        return (f"{name}: unknown setting; check the spelling against the README's Settings "
+                "(or conf/config.yaml)")
+    if key:
+        return f"{key}: {text}"
+    return f"{' '.join(str(error).split())} (see the README's Settings)"

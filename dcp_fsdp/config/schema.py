@@ -1,0 +1,170 @@
+"""The one structured configuration of a run: every setting, its type, default and meaning.
+
+Hydra composes `conf/config.yaml` (model and storage groups) onto these dataclasses, so
+an unknown key or a value of the wrong type fails at composition. Each field's `help`
+is the only description of a setting: `dcp-fsdp COMMAND --help` prints it, and a test
+checks the README's settings table against it. `validate.py` checks what types cannot
+express, before any rank starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+MIB = 2**20
+
+
+def setting(default: Any, help: str) -> Any:  # noqa: A002 - the field's meaning
+    """A dataclass field with its user-facing description."""
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default),
+                                 metadata={"help": help})
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+class Command(str, enum.Enum):
+    save = "save"
+    load = "load"
+    save_and_load = "save-and-load"
+
+
+class Dtype(str, enum.Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+class CheckpointState(str, enum.Enum):
+    model = "model"  # model weights only
+    model_and_optimizer = "model_and_optimizer"  # weights + AdamW state (~3x bytes)
+
+
+class StorageKind(str, enum.Enum):
+    s3 = "s3"
+    fs = "fs"
+
+
+class PrefixStrategy(str, enum.Enum):
+    default = "default"  # __{rank}_ file prefixes in one folder
+    binary = "binary"
+    hex = "hex"
+    round_robin = "round_robin"
+
+
+class ReaderKind(str, enum.Enum):
+    dcp_optimized = "dcp_optimized"
+    sequential = "sequential"
+    range_based = "range_based"
+
+
+class Backend(str, enum.Enum):
+    auto = "auto"  # nccl when CUDA is present, else gloo
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    preset: str = setting(MISSING, "model shape (group `model=`): L7b, L13b, L30b, L65b, L70b, "
+                                   "GPT-4B, tiny_llama, tiny_gpt2")
+    dtype: Dtype = setting(Dtype.fp32, "parameter dtype: fp32 or bf16")
+
+
+@dataclasses.dataclass
+class StorageConfig:
+    kind: StorageKind = setting(StorageKind.s3, "s3 (s3torchconnector) or fs (DCP's "
+                                "FileSystemWriter: the baseline); choose with `storage=s3|fs`")
+    uri: Optional[str] = setting(None, "s3: s3://bucket/prefix; unset (and no endpoint): the "
+                                       "embedded SeaweedFS server on 127.0.0.1")
+    region: Optional[str] = setting(None, "s3: bucket region; default AWS_REGION, "
+                                          "AWS_DEFAULT_REGION, else us-east-1")
+    endpoint: Optional[str] = setting(None, "s3: http(s)://host:port of an S3-compatible "
+                                            "server; default AWS_ENDPOINT_URL")
+    part_size_mib: int = setting(8, "s3: multipart part size, MiB (5..5120)")
+    throughput_target_gbps: float = setting(10.0, "s3: CRT client throughput target, Gbit/s")
+    max_attempts: int = setting(10, "s3: attempts per request before the CRT client gives up")
+    force_path_style: Optional[bool] = setting(None, "s3: path-style addressing; default true "
+                                                     "when an endpoint is set")
+    thread_count: int = setting(1, "writer threads per rank (s3 and fs)")
+    prefix_strategy: PrefixStrategy = setting(PrefixStrategy.default,
+                                              "s3: object key prefixes: default (__{rank}_), "
+                                              "binary, hex, round_robin")
+    prefix_count: Optional[int] = setting(None, "s3: binary / hex: number of distinct prefixes")
+    round_robin_prefixes: list[str] = setting([], "s3: round_robin: the prefixes, e.g. [a,b,c]")
+    reader: ReaderKind = setting(ReaderKind.dcp_optimized,
+                                 "s3: load reader: dcp_optimized, sequential, range_based")
+    path: Optional[str] = setting(None, "fs: checkpoint directory (local disk, NFS, Lustre)")
+    connect_timeout_s: float = setting(3.0, "s3: seconds the pre-flight check waits to connect")
+
+
+@dataclasses.dataclass
+class BenchmarkConfig:
+    command: Command = setting(Command.save, "set by the subcommand; not a setting to give")
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    storage: StorageConfig = dataclasses.field(default_factory=StorageConfig)
+    state: CheckpointState = setting(CheckpointState.model,
+                                     "what is checkpointed: model, or model_and_optimizer "
+                                     "(adds AdamW moments, ~3x bytes)")
+    iterations: int = setting(1, "saves (and loads) per run")
+    suffix: Optional[str] = setting(None, "checkpoint name under the uri/path; load: required; "
+                                          "save: default a fresh time-stamped one")
+    delay_s: float = setting(0.0, "pause between phases, never inside a timer")
+    verify: bool = setting(True, "save-and-load: compare every loaded shard with what was saved")
+    integrity: bool = setting(True, "store a SHA-256 per tensor shard at save; verify at every "
+                                    "load")
+    results_dir: str = setting("results", "where the run's record (JSON Lines) is written")
+    nproc: int = setting(1, "ranks to launch on this machine (ignored under torchrun)")
+    backend: Backend = setting(Backend.auto, "process group: auto (nccl with CUDA, else gloo), "
+                                             "gloo, nccl")
+    seed: int = setting(0, "seed of the random weights")
+    collective_timeout_s: float = setting(600.0, "process-group timeout, seconds")
+    op_timeout_s: float = setting(3600.0, "a save or load taking longer fails the run (a stalled "
+                                          "server never hangs it)")
+    keep_request_log: bool = setting(False, "keep each rank's raw connector request log in "
+                                            "<results_dir>/<run_id>.requests/")
+
+
+def iter_settings(node: type = BenchmarkConfig, prefix: str = ""):
+    """(dotted name, type name, default, help) for every user setting, in schema order."""
+    for field in dataclasses.fields(node):
+        name = f"{prefix}{field.name}"
+        if dataclasses.is_dataclass(field.type if isinstance(field.type, type) else None):
+            yield from iter_settings(field.type, f"{name}.")
+            continue
+        nested = {"model": ModelConfig, "storage": StorageConfig}.get(field.name) if not prefix else None
+        if nested is not None:
+            yield from iter_settings(nested, f"{name}.")
+            continue
+        if field.name == "command":
+            continue
+        default = (field.default_factory() if field.default_factory is not dataclasses.MISSING
+                   else field.default)
+        yield name, _type_name(field.type), default, field.metadata.get("help", "")
+
+
+def _type_name(annotation: Any) -> str:
+    text = str(annotation)
+    for name, enum_type in (("Dtype", Dtype), ("CheckpointState", CheckpointState),
+                            ("StorageKind", StorageKind), ("PrefixStrategy", PrefixStrategy),
+                            ("ReaderKind", ReaderKind), ("Backend", Backend)):
+        if name in text:
+            return "|".join(member.value for member in enum_type)
+    return (text.replace("Optional[", "").replace("]", "").replace("list[str", "list")
+            .replace("typing.", ""))
+
+
+def format_default(value: Any) -> str:
+    if value is MISSING or value == "???":
+        return "(required)"
+    if isinstance(value, enum.Enum):
+        return value.value
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ",".join(str(v) for v in value) + "]"
+    return str(value)

@@ -1,0 +1,52 @@
+"""`dcp-fsdp --help` and `dcp-fsdp COMMAND --help`, rendered from the schema (the one place
+settings are described)."""
+
+from __future__ import annotations
+
+from dcp_fsdp.config.schema import format_default, iter_settings
+
+COMMANDS = {
+    "save": "save checkpoints (iterations=N), print their suffixes",
+    "load": "load the checkpoint named by suffix=...",
+    "save-and-load": "N x (save, load, bit-exact check): the stress loop",
+    "list": "list checkpoint suffixes under storage.uri / storage.path",
+    "wait": "hold an allocation doing nothing: duration=2m (batch/waitbatch.sh)",
+    "report": "tables and plots over records: report [PATHS] [--format md|csv] [--plot DIR]",
+}
+RUN_COMMANDS = ("save", "load", "save-and-load")
+SETTINGS_COMMANDS = (*RUN_COMMANDS, "list")
+
+EXAMPLES = """examples:
+  dcp-fsdp save-and-load nproc=2
+  dcp-fsdp save model=L7b storage.uri=s3://my-bucket/ckpt storage.region=us-east-2 iterations=5
+  torchrun --nproc-per-node 8 -m dcp_fsdp save model=L13b storage.uri=s3://my-bucket/ckpt
+  dcp-fsdp save -m model=tiny_llama,tiny_gpt2 nproc=2
+  dcp-fsdp report results/ --format md --plot plots/"""
+
+
+def usage() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = ["usage: dcp-fsdp COMMAND [-m] [--config FILE] [key=value ...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {text}" for name, text in COMMANDS.items()]
+    lines += ["", EXAMPLES, "",
+              "settings: dcp-fsdp COMMAND --help lists every setting with its type, default "
+              "and meaning", "version: dcp-fsdp --version"]
+    return "\n".join(lines)
+
+
+def settings_rows() -> list[tuple[str, str, str, str]]:
+    """(setting, type, default, meaning) for every user setting, schema order."""
+    return [(name, type_name, format_default(default), text)
+            for name, type_name, default, text in iter_settings()]
+
+
+def command_help(command: str) -> str:
+    from tabulate import tabulate
+
+    header = [f"usage: dcp-fsdp {command} [-m] [--config FILE] [key=value ...]",
+              f"  {COMMANDS[command]}", "",
+              "settings (key=value; groups: model=PRESET, storage=s3|fs):"]
+    table = tabulate([list(row) for row in settings_rows()],
+                     headers=["setting", "type", "default", "meaning"], tablefmt="simple",
+                     maxcolwidths=[None, 24, 14, 60], disable_numparse=True)
+    return "\n".join(header) + "\n" + table

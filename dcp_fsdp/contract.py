@@ -1,0 +1,25 @@
+"""What processes of one run agree on: every DCP_FSDP_* environment variable and exit code.
+
+The launcher (parent) sets these for its ranks; ranks, batch scripts and tests read
+them. Nothing else lives here, so any module may import it without pulling in
+another module's machinery.
+"""
+
+from __future__ import annotations
+
+# -- environment variables ---------------------------------------------------------------
+CONFIG_ENV = "DCP_FSDP_CONFIG"  # launcher -> rank: path of the resolved config (YAML)
+RUN_ID_ENV = "DCP_FSDP_RUN_ID"  # launcher -> rank: the run id every rank records under
+PREFLIGHT_DONE_ENV = "DCP_FSDP_PREFLIGHT_DONE"  # launcher -> rank: storage already checked
+EMBEDDED_ENV = "DCP_FSDP_EMBEDDED_S3"  # launcher -> rank: the embedded SeaweedFS is in use
+ARGV_ENV = "DCP_FSDP_ARGV"  # launcher -> rank: the user's command line (JSON list)
+DEBUG_ENV = "DCP_FSDP_DEBUG"  # user: print tracebacks of failures as well as the one line
+
+# Every variable above, for documentation and checks.
+ALL_ENV = (CONFIG_ENV, RUN_ID_ENV, PREFLIGHT_DONE_ENV, EMBEDDED_ENV, ARGV_ENV, DEBUG_ENV)
+
+# -- exit codes --------------------------------------------------------------------------
+EXIT_OK = 0
+EXIT_FAILED = 1  # a save or load failed (storage, timeout, corruption)
+EXIT_USER_ERROR = 2  # bad input: the message names the setting and the fix
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM: the record says "interrupted"

@@ -1,0 +1,59 @@
+"""The tool's one logger: progress lines, warnings and errors, with one prefix each.
+
+Lines keep the forms users and scripts already read: `[dcp-fsdp] ...` on stdout for
+progress, `dcp-fsdp: warning: ...` and `dcp-fsdp: error: ...` on stderr. Machine-readable
+lines (`SUFFIXES=...`) are printed by their owners as plain `[dcp-fsdp] KEY=value`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+_LOGGER_NAME = "dcp_fsdp"
+
+
+class _Format(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.levelno >= logging.ERROR:
+            return f"dcp-fsdp: error: {message}"
+        if record.levelno >= logging.WARNING:
+            return f"dcp-fsdp: warning: {message}"
+        return f"[dcp-fsdp] {message}"
+
+
+class _StreamByLevel(logging.Handler):
+    """Info to stdout, warnings and errors to stderr; looked up at emit time, so a
+    redirected sys.stdout (tests, capture) is honoured; flushed every line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
+        try:
+            stream.write(self.format(record) + "\n")
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def get() -> logging.Logger:
+    logger = logging.getLogger(_LOGGER_NAME)
+    if not logger.handlers:
+        handler = _StreamByLevel()
+        handler.setFormatter(_Format())
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger
+
+
+def info(message: str) -> None:
+    get().info(message)
+
+
+def warning(message: str) -> None:
+    get().warning(message)
+
+
+def error(message: str) -> None:
+    get().error(message)

@@ -1,0 +1,25 @@
+"""Entry point of a rank started by the local launcher (config passed as a file):
+`python -m dcp_fsdp.rank`."""
+
+import os
+import time
+
+PROCESS_START_MONO = time.monotonic()
+
+
+def main() -> int:
+    from omegaconf import OmegaConf
+
+    from dcp_fsdp.config.schema import BenchmarkConfig
+    from dcp_fsdp.contract import CONFIG_ENV
+    from dcp_fsdp.rank.session import run_rank
+
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(BenchmarkConfig),
+                                              OmegaConf.load(os.environ[CONFIG_ENV])))
+    return run_rank(cfg, PROCESS_START_MONO)
+
+
+if __name__ == "__main__":
+    from dcp_fsdp.rank.distributed import end_process
+
+    end_process(main())

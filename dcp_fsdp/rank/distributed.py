@@ -1,0 +1,124 @@
+"""Process group and device for one rank, from torchrun's env:// variables."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import socket
+import sys
+from typing import Any, Callable, NoReturn
+
+import torch
+import torch.distributed as dist
+
+from dcp_fsdp.config.schema import Backend
+from dcp_fsdp.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class RankContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    backend: str
+    device: torch.device
+    hostnames: tuple[str, ...]  # per rank, in rank order
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def node_count(self) -> int:
+        return len(set(self.hostnames))
+
+
+def choose_backend(setting: Backend) -> str:
+    if setting == Backend.auto:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return setting.value
+
+
+def init_distributed(backend_setting: Backend, timeout_s: float) -> RankContext:
+    """Join the process group torchrun (or our launcher) described in the environment."""
+    backend = choose_backend(backend_setting)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend, init_method="env://",
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if backend == "nccl" else None,
+        )
+    hostnames = all_gather_object(socket.gethostname())
+    return RankContext(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local_rank,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
+        backend=backend,
+        device=device,
+        hostnames=tuple(hostnames),
+    )
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank `src`'s object on every rank."""
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=src)
+    return holder[0]
+
+
+def rank0_decides(ctx: "RankContext", decide: Callable[[], Any]) -> Any:
+    """Run `decide` on rank 0; every rank gets its result, or raises its UserError."""
+    outcome: tuple[str, Any] = ("ok", None)
+    if ctx.is_coordinator:
+        try:
+            outcome = ("ok", decide())
+        except UserError as error:
+            outcome = ("error", str(error))
+    outcome = broadcast_object(outcome)
+    if outcome[0] == "error":
+        raise UserError(outcome[1])
+    return outcome[1]
+
+
+def shutdown(aligned: bool) -> None:
+    """Tear the process group down. `aligned`: every rank got here (the run succeeded),
+    so a barrier first keeps one rank from closing its connections while a peer is still
+    using them (gloo across hosts then aborts the peer). After a failure a barrier could
+    wait on a dead rank, so there is none."""
+    if not dist.is_initialized():
+        return
+    if aligned:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def end_process(exit_code: int) -> NoReturn:
+    """End a rank's process now, skipping interpreter teardown. The native libraries'
+    threads (gloo, the CRT S3 client) are still about at exit, and their destructors
+    can abort a process that has already succeeded ("terminate called without an
+    active exception", exit 134), which would turn a good run into a failed job.
+    Everything we keep is written and flushed by then."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(exit_code)

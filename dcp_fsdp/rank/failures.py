@@ -1,0 +1,56 @@
+"""A failed save or load, as one line: the root cause, the ranks it hit, and the fix."""
+
+from __future__ import annotations
+
+from dcp_fsdp.errors import BenchmarkFailure, UserError
+
+
+# The connector's errors once its CRT client has used up storage.max_attempts, and the fix.
+_S3_HINTS = (
+    (("Request throttled",),
+     "S3 throttled every attempt (HTTP 503 SlowDown): retries exhausted; raise "
+     "storage.max_attempts or lower the request rate, e.g. fewer ranks or threads"),
+    (("AWS_IO_SOCKET_CLOSED", "AWS_ERROR_HTTP_CONNECTION_CLOSED", "AWS_IO_SOCKET_TIMEOUT",
+      "AWS_IO_SOCKET_CONNECTION_REFUSED"),
+     "the connection to S3 failed on every attempt: retries exhausted; check the endpoint "
+     "and the network, or raise storage.max_attempts"),
+)
+
+
+def root_cause(error: BaseException) -> str:
+    """One line: for DCP's CheckpointException, the failing ranks and their innermost errors
+    (ranks with the same error named together), plus a hint for S3 retries exhausted."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(error, CheckpointException):
+        ranks_by_text: dict[str, list[int]] = {}
+        for rank, wrapped in sorted(error.failures.items()):
+            exc = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+            ranks_by_text.setdefault(_innermost(exc), []).append(rank)
+        parts = [f"{_ranks(ranks)}: {text}" for text, ranks in ranks_by_text.items()]
+        line = "; ".join(parts[:2]) + (f" (+{len(parts) - 2} more errors)" if len(parts) > 2 else "")
+    else:
+        line = _innermost(error)
+    hint = next((hint for needles, hint in _S3_HINTS if any(n in line for n in needles)), None)
+    return f"{line} ({hint})" if hint else line
+
+
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    shown = ", ".join(str(rank) for rank in ranks[:4])
+    return f"ranks {shown}" + (f" and {len(ranks) - 4} more" if len(ranks) > 4 else "")
+
+
+def _innermost(error: BaseException) -> str:
+    while error.__cause__ is not None:
+        error = error.__cause__
+    text = " ".join(str(error).split()) or repr(error)
+    return f"{type(error).__name__}: {text[:400]}"
+
+
+def collective_error(error: BaseException) -> bool:
+    """Errors every rank raises together (only rank 0 needs to print them)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return isinstance(error, (UserError, BenchmarkFailure, CheckpointException))

@@ -1,0 +1,236 @@
+"""One rank's run, as a session with named phases: join, build, loop, gather, record.
+
+Runs identically under torchrun (env:// rendezvous, any number of nodes) and under our
+local launcher. Everything before the loop's first barrier is initialisation: measured
+(`InitRow`), recorded apart, never inside a timed region. Every way a run can end
+(success, bad input, failure, Ctrl-C / SIGTERM, the op watchdog) goes through `finish`.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import time
+import traceback
+import warnings
+
+from dcp_fsdp import contract, log
+from dcp_fsdp.config.schema import BenchmarkConfig, Command, StorageKind
+from dcp_fsdp.errors import UserError
+from dcp_fsdp.telemetry import records
+from dcp_fsdp.telemetry.records import InitRow, RunRecord
+
+
+class Terminated(BaseException):
+    """SIGTERM (scancel, torchrun stopping the group): end like Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+class RankSession:
+    def __init__(self, cfg: BenchmarkConfig, process_start_mono: float) -> None:
+        self.cfg = cfg
+        self.process_start_mono = process_start_mono
+        self.ctx = None  # RankContext once joined
+        self.loop = None  # CheckpointLoop once built
+        self.store = None
+        self.request_log = None
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.init = InitRow(rank=self.rank)
+        self.run = RunRecord(run_id="", command=cfg.command.value, argv=records.command_line(),
+                             started_at=records.utc_now(),
+                             config=records.config_for_record(cfg))
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self.ctx.is_coordinator if self.ctx is not None else self.rank == 0
+
+    def say(self, message: str) -> None:
+        """A progress line, printed once (by rank 0)."""
+        if self.is_coordinator:
+            log.info(message)
+
+    # -- phases ----------------------------------------------------------------------
+    def start_telemetry(self) -> None:
+        """Before anything creates an S3 client: the connector reads its log settings once."""
+        if self.cfg.storage.kind != StorageKind.s3:
+            return
+        from dcp_fsdp.telemetry.request_log import open_for_rank
+
+        self.request_log = open_for_rank(self.rank, self.cfg.keep_request_log)
+        if self.request_log is not None:
+            os.environ.update(self.request_log.environment())
+
+    def join(self) -> None:
+        from dcp_fsdp.rank.distributed import broadcast_object, init_distributed
+
+        t0 = time.monotonic()
+        self.ctx = init_distributed(self.cfg.backend, self.cfg.collective_timeout_s)
+        self.rank = self.ctx.rank
+        self.init.rank = self.rank
+        self.init.pg_init_s = time.monotonic() - t0
+        self.run.run_id = broadcast_object(os.environ.get(contract.RUN_ID_ENV)
+                                           or records.new_run_id(self.cfg.command.value))
+
+    def open_store(self) -> None:
+        from dcp_fsdp.rank.distributed import rank0_decides
+        from dcp_fsdp.storage import layout, make_store
+
+        self.store = make_store(self.cfg.storage)
+        os.environ.update(getattr(self.store, "connector_environment", dict)())
+
+        def preflight() -> None:
+            if os.environ.get(contract.PREFLIGHT_DONE_ENV) != "1":
+                self.store.preflight()
+                if self.cfg.command == Command.load:
+                    layout.check_loadable(self.store, self.cfg.suffix)
+        rank0_decides(self.ctx, preflight)
+
+    def build(self):
+        from dcp_fsdp.models.build import build_sharded_model
+        from dcp_fsdp.models.presets import PRESETS
+        from dcp_fsdp.rank.state import make_state_dict, state_bytes
+
+        cfg, ctx = self.cfg, self.ctx
+        t0 = time.monotonic()
+        sharded = build_sharded_model(cfg.model.preset, cfg.model.dtype, cfg.state, ctx.device,
+                                      ctx.world_size, cfg.seed)
+        self.init.build_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        state_dict = make_state_dict(sharded)
+        self.init.state_dict_s = time.monotonic() - t0
+        run = self.run
+        run.model = {"preset": cfg.model.preset, "family": PRESETS[cfg.model.preset].family,
+                     "dtype": cfg.model.dtype.value, "state": cfg.state.value,
+                     "param_count": sharded.param_count, "param_bytes": sharded.param_bytes,
+                     "state_bytes": state_bytes(state_dict)}
+        run.world_size, run.node_count = ctx.world_size, ctx.node_count
+        run.nproc_per_node, run.hostnames = ctx.local_world_size, list(ctx.hostnames)
+        run.backend, run.device = ctx.backend, str(ctx.device)
+        run.storage = {**self.store.describe(),
+                       "embedded": os.environ.get(contract.EMBEDDED_ENV) == "1"}
+        model = run.model
+        self.say(f"run {run.run_id}: {cfg.command.value} model={model['preset']} "
+                 f"({model['param_count'] / 1e9:.3f} B params, {model['dtype']}, "
+                 f"{model['state']}, {model['state_bytes'] / 2**20:.1f} MiB) "
+                 f"world_size={ctx.world_size} nodes={ctx.node_count} backend={ctx.backend} "
+                 f"storage={self.store.location('')}")
+        self.init.init_s = time.monotonic() - self.process_start_mono
+        return sharded, state_dict
+
+    def run_loop(self, sharded, state_dict) -> None:
+        from dcp_fsdp.rank.loop import CheckpointLoop
+
+        self.loop = CheckpointLoop(self.cfg, self.ctx, self.store, sharded, state_dict,
+                                   request_log=self.request_log, say=self.say,
+                                   on_timeout=self.on_timeout)
+        self.loop.run()
+
+    def on_timeout(self, message: str) -> None:
+        """From the watchdog thread, while the main thread is stuck in native code: record
+        the failure (rank 0), say it once, and end the process."""
+        log.error(f"rank {self.rank}: {message}")
+        if self.is_coordinator:
+            self.write_record("failed", message, self.samples(), [self.init])
+        os._exit(contract.EXIT_FAILED)
+
+    def samples(self) -> list:
+        return list(self.loop.samples) if self.loop is not None else []
+
+    def gather(self, status: str) -> tuple[list, list[InitRow]]:
+        """Every rank's samples and init rows, when every rank got here. After a failure
+        ranks may be out of step, so rank 0 records only what it saw rather than risk a hang."""
+        samples, init_rows = self.samples(), [self.init]
+        if status != "ok":
+            return samples, init_rows
+        from dcp_fsdp.rank.distributed import all_gather_object
+
+        gathered = all_gather_object((samples, self.init, self._untimed))
+        self._untimed_all = [untimed for _, _, untimed in gathered]
+        return ([s for rank_samples, _, _ in gathered for s in rank_samples],
+                [row for _, row, _ in gathered])
+
+    def write_record(self, status: str, error_line: str | None, samples, init_rows):
+        run = self.run
+        run.status, run.error, run.finished_at = status, error_line, records.utc_now()
+        run.suffixes = list(self.loop.suffixes) if self.loop is not None else []
+        run.integrity = dict(self.loop.integrity) if self.loop is not None else {}
+        run.init, run.versions = list(init_rows), records.versions()
+        run.slurm = records.slurm_environment()
+        return records.write_records(records.record_path(self.cfg.results_dir, run.run_id),
+                                     run, samples)
+
+    # -- the one way out -----------------------------------------------------------------
+    def finish(self, status: str, error_line: str | None) -> None:
+        from dcp_fsdp.telemetry.summaries import merge_summaries
+
+        self._untimed = None
+        self._untimed_all = None
+        if self.request_log is not None:
+            self._untimed = self.request_log.finish()
+            kept = self.request_log.close(self.cfg.results_dir, self.run.run_id or None,
+                                          self.rank)
+            if kept:
+                self.run.request_log_dir = str(kept.parent)
+        # Peak resident memory of this rank (Linux reports KiB): what a node must hold per rank.
+        self.init.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        samples, init_rows = self.gather(status)
+        if not (self.is_coordinator and self.run.run_id):
+            return
+        if self.request_log is not None:
+            # requests made outside every timed region, all ranks (per rank: just the count)
+            untimed = self._untimed_all if self._untimed_all is not None else [self._untimed]
+            self.run.untimed_requests = merge_summaries(untimed)
+            for row, summary in zip(init_rows, untimed):
+                row.untimed_request_count = summary["count"] if summary else None
+        path = self.write_record(status, error_line, samples, init_rows)
+        if status == "ok":
+            from dcp_fsdp.analysis.run_summary import print_run_summary
+
+            print_run_summary(self.run, samples)
+        log.info(f"record: {path}")
+        if self.loop is not None and self.loop.suffixes and self.cfg.command != Command.load:
+            log.info(f"SUFFIXES={','.join(self.loop.suffixes)}")
+
+
+def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> int:
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=".*torch.distributed.*")
+    from dcp_fsdp.rank.failures import collective_error, root_cause
+
+    session = RankSession(cfg, process_start_mono)
+    status, error_line, exit_code = "ok", None, contract.EXIT_OK
+    try:
+        session.start_telemetry()
+        session.join()
+        session.open_store()
+        sharded, state_dict = session.build()
+        session.run_loop(sharded, state_dict)
+    except (KeyboardInterrupt, Terminated) as error:
+        status, exit_code = "interrupted", contract.EXIT_INTERRUPTED
+        error_line = "interrupted by " + ("SIGTERM" if isinstance(error, Terminated) else "SIGINT")
+    except UserError as error:
+        status, error_line, exit_code = "failed", str(error), contract.EXIT_USER_ERROR
+        if session.is_coordinator:
+            log.error(error_line)
+    except BaseException as error:  # DCP's CheckpointException is a BaseException
+        status, error_line, exit_code = "failed", root_cause(error), contract.EXIT_FAILED
+        if os.environ.get(contract.DEBUG_ENV):
+            traceback.print_exc()
+        if session.ctx is None or not collective_error(error) or session.is_coordinator:
+            prefix = (f"rank {session.rank}: "
+                      if session.ctx is not None and not collective_error(error) else "")
+            log.error(f"{prefix}{error_line}")
+    session.finish(status, error_line)
+    if status != "interrupted":
+        from dcp_fsdp.rank.distributed import shutdown
+
+        try:
+            shutdown(aligned=status == "ok")
+        except BaseException:
+            pass
+    return exit_code

@@ -1,0 +1,84 @@
+"""The file-system store: DCP's own FileSystemWriter/Reader on a directory."""
+
+from __future__ import annotations
+
+import datetime
+import secrets
+from pathlib import Path
+from typing import Any
+
+from dcp_fsdp.config.schema import StorageConfig
+from dcp_fsdp.errors import UserError
+from dcp_fsdp.storage.layout import METADATA_NAME, CheckpointInfo
+
+
+class FsStore:
+    """DCP's FileSystemWriter/Reader on a directory: the baseline."""
+
+    kind = "fs"
+
+    def __init__(self, storage: StorageConfig) -> None:
+        assert storage.path is not None
+        self.config = storage
+        self.root = Path(storage.path).expanduser().absolute()
+
+    def location(self, suffix: str) -> str:
+        return str(self.root / suffix)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "fs", "path": str(self.root)}
+
+    def writer(self, suffix: str):
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        return FileSystemWriter(self.location(suffix), thread_count=self.config.thread_count,
+                                overwrite=False)
+
+    def warm_up(self, storage_io) -> None:
+        """Nothing to set up for a file system."""
+
+    def reader(self, suffix: str):
+        from torch.distributed.checkpoint import FileSystemReader
+
+        return FileSystemReader(self.location(suffix))
+
+    def preflight(self) -> None:
+        probe = self.root / f".dcp-fsdp-probe-{secrets.token_hex(4)}"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"probe")
+            probe.unlink()
+        except OSError as error:
+            raise UserError(f"storage.path={self.root}: not writable ({error.strerror or error}); "
+                            "choose a directory you can write to") from None
+
+    def list_checkpoints(self) -> list[CheckpointInfo]:
+        if not self.root.is_dir():
+            return []
+        found = []
+        for entry in sorted(self.root.iterdir()):
+            if not entry.is_dir():
+                continue
+            files = [f for f in entry.rglob("*") if f.is_file()]
+            newest = max((f.stat().st_mtime for f in files), default=entry.stat().st_mtime)
+            found.append(CheckpointInfo(
+                entry.name, (entry / METADATA_NAME).exists(), sum(f.stat().st_size for f in files),
+                len(files),
+                datetime.datetime.fromtimestamp(newest, datetime.timezone.utc).isoformat()))
+        return found
+
+    def has_objects(self, suffix: str) -> bool:
+        path = self.root / suffix
+        return path.exists() and any(path.iterdir())
+
+    def is_complete(self, suffix: str) -> bool:
+        return (self.root / suffix / METADATA_NAME).exists()
+
+    def put_small(self, suffix: str, name: str, data: bytes) -> None:
+        path = self.root / suffix / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+    def get_small(self, suffix: str, name: str) -> bytes | None:
+        path = self.root / suffix / name
+        return path.read_bytes() if path.exists() else None

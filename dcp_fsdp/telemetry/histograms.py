@@ -1,0 +1,66 @@
+"""Latency histograms: log-spaced buckets (20 per decade), mergeable across ranks, runs
+and iterations, stored in records as {bucket index: count}."""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Iterable
+
+HIST_BUCKETS_PER_DECADE = 20  # bucket edges 10**(i/20) ms: values within +-6 % of the edge midpoint
+HIST_MIN_MS = 1e-3
+QUANTILES = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
+
+
+def hist_bucket(value_ms: float) -> int:
+    value_ms = max(value_ms, HIST_MIN_MS)
+    return math.floor(math.log10(value_ms) * HIST_BUCKETS_PER_DECADE + 1e-9)
+
+
+def bucket_bounds_ms(index: int) -> tuple[float, float]:
+    return (10 ** (index / HIST_BUCKETS_PER_DECADE), 10 ** ((index + 1) / HIST_BUCKETS_PER_DECADE))
+
+
+def histogram(values_ms: Iterable[float]) -> dict[str, int]:
+    counts = collections.Counter(hist_bucket(v) for v in values_ms)
+    return {str(index): counts[index] for index in sorted(counts)}
+
+
+def hist_merge(histograms: Iterable[dict[str, int] | None]) -> dict[str, int]:
+    total: collections.Counter = collections.Counter()
+    for hist in histograms:
+        for index, count in (hist or {}).items():
+            total[int(index)] += int(count)
+    return {str(index): total[index] for index in sorted(total)}
+
+
+def hist_quantile(hist: dict[str, int], q: float) -> float | None:
+    """Approximate quantile (ms): the geometric middle of the bucket holding it."""
+    items = sorted((int(index), count) for index, count in hist.items() if count)
+    total = sum(count for _, count in items)
+    if not total:
+        return None
+    rank = q * (total - 1)
+    seen = 0
+    for index, count in items:
+        seen += count
+        if seen > rank:
+            low, high = bucket_bounds_ms(index)
+            return math.sqrt(low * high)
+    low, high = bucket_bounds_ms(items[-1][0])
+    return math.sqrt(low * high)
+
+
+def percentiles_ms(values_s: list[float]) -> dict[str, float] | None:
+    if not values_s:
+        return None
+    ordered = sorted(v * 1e3 for v in values_s)
+    found = {}
+    for name, q in QUANTILES.items():
+        # linear interpolation between closest ranks (numpy's default)
+        position = q * (len(ordered) - 1)
+        low = math.floor(position)
+        high = min(low + 1, len(ordered) - 1)
+        found[name] = round(ordered[low] + (ordered[high] - ordered[low]) * (position - low), 4)
+    found["max"] = round(ordered[-1], 4)
+    return found

@@ -1,0 +1,229 @@
+"""Result records: one JSON Lines file per run, everything needed to recompute a table.
+
+Line 1 is the run (`"record": "run"`): configuration, model, cluster, status.
+Every further line is one rank's measurement of one save or load
+(`"record": "sample"`). See the README's "Record format" section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import secrets
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable
+from urllib.parse import urlsplit, urlunsplit
+
+from dcp_fsdp.contract import ARGV_ENV
+
+# Bumped whenever a field is added, renamed or changes meaning; readers accept every
+# earlier version (missing fields read as their defaults). 1: the first format.
+SCHEMA_VERSION = 1
+# Job id, node count, node list and tasks per node (SLURM_NTASKS_PER_NODE is set only when
+# --ntasks-per-node was given; SLURM_TASKS_PER_NODE always is, e.g. "1(x8)").
+SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NUM_NODES", "SLURM_NNODES",
+                   "SLURM_JOB_NODELIST", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+                   "SLURM_CLUSTER_NAME", "SLURM_JOB_PARTITION")
+
+
+def new_run_id(command: str) -> str:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{command}-{secrets.token_hex(3)}"
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for package in ("dcp_fsdp", "torch", "s3torchconnector", "transformers", "boto3"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def slurm_environment() -> dict[str, str] | None:
+    found = {name.lower().removeprefix("slurm_"): os.environ[name]
+             for name in SLURM_VARIABLES if name in os.environ}
+    return found or None
+
+
+def redact_url(url: str | None) -> str | None:
+    """Drop any user:password@ from a URL before it is written anywhere."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host = f"{host}:{parts.port}"
+        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return url
+
+
+def config_for_record(cfg) -> dict[str, Any]:
+    """The resolved settings as plain data, with any credentials in URLs removed."""
+    from omegaconf import OmegaConf
+
+    resolved = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    resolved["storage"]["endpoint"] = redact_url(resolved["storage"]["endpoint"])
+    return resolved
+
+
+def record_path(results_dir: str, run_id: str) -> Path:
+    return Path(results_dir) / f"{run_id}.jsonl"
+
+
+# -- the typed records ---------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Sample:
+    """One rank's measurement of one save or load (a `"record": "sample"` line)."""
+
+    op: str  # "save" | "load"
+    iteration: int  # 1-based
+    suffix: str
+    rank: int
+    host: str
+    begin_wall_s: float  # time.time() just after the aligning barrier
+    end_wall_s: float
+    begin_mono_s: float  # time.monotonic(), same instants (comparable within a host)
+    end_mono_s: float
+    duration_s: float
+    bytes: int  # tensor bytes this rank wrote or read
+    barrier_wait_s: float  # time in the aligning barrier before the timer started
+    plan_s: float | None = None  # start -> data I/O begins (local + global plan, collective)
+    io_s: float | None = None  # write_data / read_data
+    commit_s: float | None = None  # data I/O end -> return (save: results gather + .metadata)
+    metadata_s: float | None = None  # load: reading .metadata (part of plan_s)
+    finish_s: float | None = None  # save, coordinator: writing .metadata
+    # S3 requests this rank made inside the timed region (telemetry.summaries.summarize)
+    requests: dict[str, Any] | None = None
+    run_id: str | None = None  # set when read back from a record file
+
+
+@dataclasses.dataclass
+class InitRow:
+    """One rank's untimed set-up: never part of any figure."""
+
+    rank: int
+    pg_init_s: float | None = None  # joining the process group
+    build_s: float | None = None  # meta build, fully_shard, materialise and fill the shards
+    state_dict_s: float | None = None  # the sharded state dict DCP saves
+    init_s: float | None = None  # process start -> ready for the first timed operation
+    peak_rss_bytes: int | None = None  # peak resident memory of the rank process
+    untimed_request_count: int | None = None  # S3 requests outside every timed region
+
+
+@dataclasses.dataclass
+class RunRecord:
+    """The first line of a record file (`"record": "run"`): what ran, where, and how it ended."""
+
+    run_id: str
+    command: str
+    status: str = "unknown"  # ok | failed | interrupted
+    error: str | None = None
+    argv: list[str] = dataclasses.field(default_factory=list)
+    started_at: str | None = None
+    finished_at: str | None = None
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    model: dict[str, Any] | None = None  # preset, family, dtype, state, param_count, ...
+    world_size: int | None = None
+    node_count: int | None = None
+    nproc_per_node: int | None = None
+    hostnames: list[str] = dataclasses.field(default_factory=list)
+    backend: str | None = None
+    device: str | None = None
+    storage: dict[str, Any] | None = None
+    suffixes: list[str] = dataclasses.field(default_factory=list)
+    integrity: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    init: list[InitRow] = dataclasses.field(default_factory=list)
+    versions: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    slurm: dict[str, str] | None = None
+    untimed_requests: dict[str, Any] | None = None
+    request_log_dir: str | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {"record": "run", **dataclasses.asdict(self)}
+
+
+def _from_dict(cls, row: dict[str, Any]):
+    """A dataclass from a record line: unknown keys (newer writers) are dropped, missing
+    ones (older writers) take their defaults."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{key: value for key, value in row.items() if key in names})
+
+
+def run_from_json(row: dict[str, Any]) -> RunRecord:
+    run = _from_dict(RunRecord, {**row, "schema_version": row.get("schema_version", 0)})
+    run.init = [_from_dict(InitRow, r) if isinstance(r, dict) else r for r in (run.init or [])]
+    return run
+
+
+def sample_from_json(row: dict[str, Any]) -> Sample:
+    return _from_dict(Sample, row)
+
+
+def write_records(path: Path, run: RunRecord, samples: Iterable[Sample]) -> Path:
+    """Write the run line and sample lines atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".jsonl.tmp")
+    with open(tmp, "w") as out:
+        out.write(json.dumps(run.to_json()) + "\n")
+        for sample in samples:
+            row = {key: value for key, value in dataclasses.asdict(sample).items()
+                   if key != "run_id"}
+            out.write(json.dumps({"record": "sample", "run_id": run.run_id, **row}) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+@dataclasses.dataclass
+class RecordFile:
+    path: Path
+    runs: list[RunRecord]
+    samples: list[Sample]
+    bad_lines: int = 0
+
+
+def read_record_file(path: Path) -> RecordFile:
+    """A record file's run(s) and samples; lines that are not JSON objects are counted."""
+    runs, samples, bad = [], [], 0
+    with open(path, errors="replace") as source:
+        for line in source:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                bad += 1
+                continue
+            if not isinstance(row, dict):
+                bad += 1
+            elif row.get("record") == "run":
+                runs.append(run_from_json(row))
+            elif row.get("record") == "sample":
+                try:
+                    samples.append(sample_from_json(row))
+                except TypeError:  # a sample line missing required fields
+                    bad += 1
+    return RecordFile(Path(path), runs, samples, bad)
+
+
+def command_line() -> list[str]:
+    if os.environ.get(ARGV_ENV):
+        return json.loads(os.environ[ARGV_ENV])
+    program = Path(sys.argv[0]).name
+    if program == "__main__.py":  # `python -m dcp_fsdp` or `torchrun ... -m dcp_fsdp`
+        program = "python -m dcp_fsdp"
+    return [program] + sys.argv[1:]

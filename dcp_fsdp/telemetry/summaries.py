@@ -1,0 +1,109 @@
+"""Figures for one window of requests (one rank's save or load, or everything untimed),
+and their sums across ranks. Definitions: `request_log.py` and the README."""
+
+from __future__ import annotations
+
+import collections
+from typing import TYPE_CHECKING, Any, Iterable
+
+from dcp_fsdp.telemetry.histograms import histogram, hist_merge, percentiles_ms
+
+if TYPE_CHECKING:
+    from dcp_fsdp.telemetry.request_log import Request
+
+
+def summarize(requests: list["Request"], seconds: float | None = None,
+              bytes_up: int | None = None,
+              control_plane: list["Request"] | None = None) -> dict[str, Any]:
+    """Figures for one window (one rank's save or load, or everything untimed).
+
+    `seconds`: the window's length, for req_per_s. `bytes_up`: bytes this rank wrote
+    into objects (the connector's log does not give upload sizes).
+    """
+    count = len(requests)
+    failed = sum(r.outcome == "failed" for r in requests)
+    status = collections.Counter("none" if r.status is None else str(r.status) for r in requests)
+    by_type: dict[str, dict[str, Any]] = {}
+    for kind in sorted({r.kind for r in requests}):
+        rows = [r for r in requests if r.kind == kind]
+        durations = [r.duration_s for r in rows if r.duration_s is not None]
+        entry: dict[str, Any] = {
+            "count": len(rows),
+            "failed": sum(r.outcome == "failed" for r in rows),
+            "misses": sum(r.outcome == "miss" for r in rows),
+            "throttled": sum(r.throttled for r in rows),
+            "retries": sum(r.retried for r in rows),
+            "status": dict(sorted(collections.Counter(
+                "none" if r.status is None else str(r.status) for r in rows).items())),
+            "latency_ms": percentiles_ms(durations),
+            "latency_hist": histogram(d * 1e3 for d in durations),
+        }
+        sizes = [r.nbytes for r in rows if r.nbytes is not None]
+        if sizes:
+            entry["bytes"] = sum(sizes)
+        by_type[kind] = entry
+    durations = [r.duration_s for r in requests if r.duration_s is not None]
+    ttfbs = [r.ttfb_s for r in requests if r.ttfb_s is not None]
+    summary: dict[str, Any] = {
+        "count": count,
+        "ok": sum(r.outcome == "ok" for r in requests),
+        "failed": failed,
+        "misses": sum(r.outcome == "miss" for r in requests),
+        "throttled": sum(r.throttled for r in requests),
+        "retries": sum(r.retried for r in requests),
+        "canceled": sum(r.outcome == "canceled" for r in requests),
+        "success_ratio": round((count - failed) / count, 6) if count else None,
+        "seconds": seconds,
+        "req_per_s": round(count / seconds, 3) if count and seconds else None,
+        "bytes_down": sum(r.nbytes or 0 for r in requests if r.kind == "GetObject"),
+        "bytes_up": bytes_up,
+        "status": dict(sorted(status.items())),
+        "latency_ms": percentiles_ms(durations),
+        "ttfb_ms": percentiles_ms(ttfbs),
+        "ttfb_hist": histogram(t * 1e3 for t in ttfbs),
+        "by_type": by_type,
+    }
+    if control_plane:
+        summary["control_plane"] = control_plane_counts(control_plane)
+    return summary
+
+
+def control_plane_counts(calls: list["Request"]) -> dict[str, dict[str, int]]:
+    """{"HeadBucket": {"200": 1}, ...}: boto3 calls per operation and HTTP status."""
+    found: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for call in calls:
+        found[call.kind]["none" if call.status is None else str(call.status)] += 1
+    return {kind: dict(sorted(counts.items())) for kind, counts in sorted(found.items())}
+
+
+def merge_summaries(summaries: Iterable[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Add up counts of several summaries (e.g. every rank's untimed requests)."""
+    summaries = [s for s in summaries if s]
+    if not summaries:
+        return None
+    merged: dict[str, Any] = {key: sum(s.get(key) or 0 for s in summaries)
+                              for key in ("count", "ok", "failed", "misses", "throttled",
+                                          "retries", "canceled", "bytes_down")}
+    merged["success_ratio"] = (round((merged["count"] - merged["failed"]) / merged["count"], 6)
+                               if merged["count"] else None)
+    status: collections.Counter = collections.Counter()
+    by_type: dict[str, dict[str, Any]] = {}
+    control: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for summary in summaries:
+        status.update(summary.get("status") or {})
+        for kind, entry in (summary.get("by_type") or {}).items():
+            into = by_type.setdefault(kind, {"count": 0, "failed": 0, "misses": 0,
+                                             "throttled": 0, "retries": 0, "status": {},
+                                             "latency_hist": {}})
+            for key in ("count", "failed", "misses", "throttled", "retries"):
+                into[key] += entry.get(key) or 0
+            into["status"] = dict(sorted((collections.Counter(into["status"])
+                                          + collections.Counter(entry.get("status") or {})).items()))
+            into["latency_hist"] = hist_merge([into["latency_hist"], entry.get("latency_hist")])
+        for kind, counts in (summary.get("control_plane") or {}).items():
+            control[kind].update(counts)
+    merged["status"] = dict(sorted(status.items()))
+    merged["by_type"] = dict(sorted(by_type.items()))
+    if control:
+        merged["control_plane"] = {k: dict(sorted(v.items())) for k, v in sorted(control.items())}
+    return merged

@@ -1,0 +1,158 @@
+"""Bad input: one line naming the setting and the fix, non-zero exit, in seconds,
+and never a record that claims success."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.kit.cli import read_run, run_cli, s3_args, s3_env
+
+
+def assert_refused(result, *fragments, within_s=15.0):
+    assert result.returncode != 0, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("dcp-fsdp: error:")]
+    assert len(errors) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    assert "Traceback" not in result.stderr
+    assert result.elapsed_s < within_s, f"took {result.elapsed_s:.1f} s"
+
+
+def assert_no_success_record(results_dir):
+    for path in results_dir.glob("*.jsonl"):
+        run = json.loads(path.read_text().splitlines()[0])
+        assert run["status"] != "ok"
+
+
+@pytest.fixture(scope="module")
+def saved(s3_server, tmp_path_factory):
+    """One tiny_llama checkpoint to load against."""
+    s3 = s3_server.endpoint
+    uri = f"s3://{s3.bucket}/bad-input"
+    results = tmp_path_factory.mktemp("saved")
+    result = run_cli(["save", *s3_args(s3, uri), "nproc=2", f"results_dir={results}"],
+                     env=s3_env(s3))
+    assert result.returncode == 0, result.stderr
+    run, _ = read_run(results)
+    return uri, run["suffixes"][0]
+
+
+def test_unknown_preset(tmp_path):
+    result = run_cli(["save", "model=L8b", f"results_dir={tmp_path}"])
+    assert_refused(result, "model=L8b", "choose one of", "L7b")
+    assert not list(tmp_path.iterdir())
+
+
+def test_malformed_uri(tmp_path):
+    result = run_cli(["save", "storage.uri=my-bucket/ckpt", f"results_dir={tmp_path}"])
+    assert_refused(result, "storage.uri=my-bucket/ckpt", "s3://bucket/prefix")
+
+
+def test_missing_bucket(s3, tmp_path):
+    result = run_cli(["save", *s3_args(s3, "s3://no-such-bucket/x"), "nproc=2",
+                      f"results_dir={tmp_path}"], env=s3_env(s3))
+    assert_refused(result, "no-such-bucket", "does not exist")
+    assert_no_success_record(tmp_path)
+
+
+def test_unreachable_endpoint_fails_fast(s3, tmp_path):
+    from dcp_fsdp.launch.embedded_s3 import free_ports
+
+    (port,) = free_ports(1)  # nothing listens there
+    result = run_cli(["save", "storage.uri=s3://bench/x", f"storage.endpoint=http://127.0.0.1:{port}",
+                      "nproc=2", f"results_dir={tmp_path}"], env=s3_env(s3))
+    assert_refused(result, "storage.endpoint=", "cannot connect", within_s=10)
+
+
+def test_unreachable_endpoint_under_torchrun_fails_fast(s3, tmp_path):
+    from dcp_fsdp.launch.embedded_s3 import free_ports
+
+    (port,) = free_ports(1)
+    result = run_cli(["save", "storage.uri=s3://bench/x", f"storage.endpoint=http://127.0.0.1:{port}",
+                      f"results_dir={tmp_path}"], env=s3_env(s3), torchrun_nproc=2)
+    assert result.returncode != 0
+    assert "cannot connect" in result.stderr
+    assert result.elapsed_s < 30  # torchrun start-up included; never the CRT's 50 s retries
+    assert_no_success_record(tmp_path)
+
+
+def test_wrong_credentials(s3, s3_uri, tmp_path):
+    env = {**s3_env(s3), "AWS_SECRET_ACCESS_KEY": "not-the-secret"}
+    result = run_cli(["save", *s3_args(s3, s3_uri), "nproc=2", f"results_dir={tmp_path}"], env=env)
+    assert_refused(result, "refused the credentials", "AWS_SECRET_ACCESS_KEY")
+    assert "not-the-secret" not in result.stdout + result.stderr
+
+
+def test_load_without_suffix(s3, s3_uri, tmp_path):
+    result = run_cli(["load", *s3_args(s3, s3_uri), f"results_dir={tmp_path}"], env=s3_env(s3))
+    assert_refused(result, "suffix is not set")
+
+
+def test_suffix_with_no_checkpoint_lists_the_existing_ones(s3, saved, tmp_path):
+    uri, suffix = saved
+    result = run_cli(["load", *s3_args(s3, uri), "suffix=2020-01-01-00-00-dead", "nproc=2",
+                      f"results_dir={tmp_path}"], env=s3_env(s3))
+    assert_refused(result, "suffix=2020-01-01-00-00-dead", "does not exist", suffix)
+
+
+def test_loading_a_checkpoint_of_another_preset(s3, saved, tmp_path):
+    uri, suffix = saved
+    result = run_cli(["load", *s3_args(s3, uri), f"suffix={suffix}", "model=tiny_gpt2", "nproc=2",
+                      f"results_dir={tmp_path}"], env=s3_env(s3))
+    assert_refused(result, f"suffix={suffix}", "does not match model=tiny_gpt2",
+                   "model=tiny_llama", within_s=60)
+    assert_no_success_record(tmp_path)
+
+
+def test_existing_suffix_is_never_overwritten(s3, saved, tmp_path):
+    uri, suffix = saved
+    result = run_cli(["save", *s3_args(s3, uri), f"suffix={suffix}", "nproc=2",
+                      f"results_dir={tmp_path}"], env=s3_env(s3))
+    assert_refused(result, f"suffix={suffix}", "already exists", within_s=60)
+    assert_no_success_record(tmp_path)
+
+
+def test_fs_path_not_writable(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result = run_cli(["save", "storage=fs", f"storage.path={blocker / 'ckpt'}",
+                      f"results_dir={tmp_path / 'results'}"])
+    assert_refused(result, "storage.path=", "not writable")
+    assert not (tmp_path / "results").exists()
+
+
+def test_embedded_server_has_nothing_to_load(tmp_path):
+    result = run_cli(["load", "suffix=abc", f"results_dir={tmp_path}"])
+    assert_refused(result, "storage.uri is not set")
+
+
+def test_config_file_that_cannot_be_read(tmp_path):
+    result = run_cli(["save", "--config", str(tmp_path / "missing.yaml")])
+    assert_refused(result, "--config", "missing.yaml", "cannot read")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: [tiny_llama\n")
+    result = run_cli(["save", "--config", str(broken)])
+    assert_refused(result, "--config", "not valid YAML")
+
+
+def test_config_file_settings_apply_and_command_line_wins(tmp_path):
+    from dcp_fsdp.config.compose import compose, expand_config_files
+
+    config = tmp_path / "run.yaml"
+    config.write_text("model: tiny_gpt2\niterations: 2\nstorage:\n  part_size_mib: 16\n")
+    cfg = compose("save", expand_config_files(["--config", str(config), "iterations=3"]))
+    assert (cfg.model.preset, cfg.iterations, cfg.storage.part_size_mib) == ("tiny_gpt2", 3, 16)
+
+
+def test_world_size_that_does_not_divide_the_shards_still_works(s3, s3_uri, tmp_path):
+    """FSDP2 pads uneven shards: 3 ranks over dims of 256, 688 and 8192 save and load
+    bit-exactly, so this input needs no error."""
+    result = run_cli(["save-and-load", *s3_args(s3, s3_uri), "nproc=3", f"results_dir={tmp_path}"],
+                     env=s3_env(s3))
+    assert result.returncode == 0, result.stderr
+    run, samples = read_run(tmp_path)
+    assert run["world_size"] == 3 and run["status"] == "ok"
+    assert sorted({s["rank"] for s in samples}) == [0, 1, 2]

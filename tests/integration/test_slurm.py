@@ -1,0 +1,276 @@
+"""The batch scripts on a real Slurm cluster: two emulated nodes on this machine.
+
+`scripts/slurm/localcluster.sh up` (the `make slurm-up` cluster, with its own state
+directory, interface prefix, subnet and ports, so a developer's cluster can stay up) runs
+slurmctld, one slurmd per network namespace ("node1", "node2", each with its own hostname
+and address on a bridge the script creates), munged, and a SeaweedFS S3 server on the
+bridge address. Then, as a user would: savebatch at 1 and 2 nodes, loadbatch with each
+printed suffix, the stress batch with 2 iterations at 2 and 1 nodes, loadbatch without a
+suffix (fails at once), and waitbatch cancelled with scancel; then the exit states, logs
+and records. The cluster is torn down even when something fails, and nothing may be left
+running.
+
+Needs root (network namespaces, munge, slurmd) and installs slurm-wlm and munge with
+apt-get when missing. It is never skipped silently: without root, or when the cluster
+cannot start, it fails; set DCP_FSDP_SKIP_SLURM=1 to skip it on purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.kit.cli import REPO, clean_env
+
+CLUSTER = REPO / "scripts" / "slurm" / "localcluster.sh"
+BATCH = REPO / "batch"
+JOB_TIMEOUT_S = 240
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+         "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+
+pytestmark = pytest.mark.skipif(os.environ.get("DCP_FSDP_SKIP_SLURM") == "1",
+                                reason="DCP_FSDP_SKIP_SLURM=1")
+
+
+@dataclass
+class Cluster:
+    state_dir: Path
+    env: dict[str, str]  # for sbatch/scontrol here and for the jobs: SLURM_CONF, URI, keys
+    logs: Path
+    results: Path
+    work: Path
+
+    def slurm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run(list(args), env=self.env, capture_output=True, text=True,
+                                timeout=60)
+        if check and result.returncode != 0:
+            pytest.fail(f"{shlex.join(args)} exited {result.returncode}:\n"
+                        f"{result.stdout}{result.stderr}\n{self.diagnostics()}")
+        return result
+
+    def submit(self, script: str, nodes: int, *overrides: str, **settings: str) -> str:
+        """sbatch a batch/ script as a user would (settings in the environment); its job id."""
+        env = {**self.env, **settings}
+        args = ["sbatch", "--parsable", "--nodes", str(nodes), "--chdir", str(self.work),
+                "--output", f"{self.logs}/%x-%j.out", str(BATCH / script), *overrides]
+        result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            pytest.fail(f"{shlex.join(args)} exited {result.returncode}:\n{result.stderr}\n"
+                        f"{self.diagnostics()}")
+        return result.stdout.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        out = self.slurm("scontrol", "show", "job", "-o", job_id).stdout
+        return dict(re.findall(r"(\w+)=(\S*)", out))
+
+    def wait(self, *job_ids: str, timeout_s: float = JOB_TIMEOUT_S) -> dict[str, dict[str, str]]:
+        """Poll until every job has ended; {job id: scontrol fields}."""
+        deadline = time.monotonic() + timeout_s
+        ended: dict[str, dict[str, str]] = {}
+        while True:
+            for job_id in job_ids:
+                if job_id not in ended:
+                    info = self.job(job_id)
+                    if info.get("JobState") in ENDED:
+                        ended[job_id] = info
+            if len(ended) == len(job_ids):
+                return ended
+            if time.monotonic() > deadline:
+                pending = [j for j in job_ids if j not in ended]
+                pytest.fail(f"jobs {pending} still running after {timeout_s} s\n"
+                            + "\n".join(self.log(j) for j in pending) + self.diagnostics())
+            time.sleep(0.5)
+
+    def log(self, job_id: str) -> str:
+        found = list(self.logs.glob(f"*-{job_id}.out"))
+        return found[0].read_text(errors="replace") if found else f"(no log for job {job_id})"
+
+    def diagnostics(self) -> str:
+        parts = []
+        for path in sorted((self.state_dir / "log").glob("*.log")):
+            lines = path.read_text(errors="replace").splitlines()[-15:]
+            parts.append(f"--- {path.name}\n" + "\n".join(lines))
+        return "\n".join(parts)
+
+
+def mentioning(marker: str) -> list[int]:
+    """Processes (not this one) whose command line mentions marker."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                if marker.encode() in (proc / "cmdline").read_bytes():
+                    pids.append(int(proc.name))
+            except OSError:
+                pass
+    return pids
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    found = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("export "):
+            key, _, value = line[len("export "):].partition("=")
+            found[key] = shlex.split(value)[0] if value else ""
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Cluster:
+    if os.geteuid() != 0:
+        pytest.fail("the Slurm test needs root (network namespaces, munge, slurmd): run it as "
+                    "root, or set DCP_FSDP_SKIP_SLURM=1 to skip it on purpose")
+    # Not under pytest's tmp dir: munged (user munge) must reach its key and socket.
+    state_dir = Path(tempfile.mkdtemp(prefix="dcp-fsdp-slurm-test-", dir="/var/tmp"))
+    state_dir.chmod(0o755)
+    control_env = {
+        **os.environ, "DCP_SLURM_DIR": str(state_dir), "DCP_SLURM_NAME": f"dcpt{os.getpid() % 10000}",
+        "DCP_SLURM_NODES": "2", "DCP_SLURM_SUBNET": "auto", "DCP_SLURM_LINK_ETC": "0",
+        "DCP_SLURM_CTLD_PORT": "6937", "DCP_SLURM_SLURMD_PORT": "6938", "PYTHON": sys.executable,
+    }
+    work = tmp_path_factory.mktemp("slurm")
+    try:
+        up = subprocess.run([str(CLUSTER), "up"], env=control_env, capture_output=True,
+                            text=True, timeout=600)
+        if up.returncode != 0:
+            pytest.fail(f"the local Slurm cluster did not start (exit {up.returncode}):\n"
+                        f"{up.stdout}{up.stderr}\n(DCP_FSDP_SKIP_SLURM=1 skips this test)")
+        job_env = clean_env({**read_env_file(state_dir / "env"), "PYTHON": sys.executable,
+                             "NPROC_PER_NODE": "1", "MODEL": "tiny_llama",
+                             "RESULTS_DIR": str(work / "results")})
+        (work / "logs").mkdir()
+        yield Cluster(state_dir, job_env, work / "logs", work / "results", work)
+    finally:
+        down = subprocess.run([str(CLUSTER), "down"], env=control_env, capture_output=True,
+                              text=True, timeout=300)
+        leftovers = mentioning(str(state_dir))
+        for pid in leftovers:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(state_dir, ignore_errors=True)
+        assert down.returncode == 0, f"localcluster.sh down failed:\n{down.stdout}{down.stderr}"
+        assert not leftovers, f"processes left running after down: {leftovers}"
+        name = control_env["DCP_SLURM_NAME"]
+        netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        assert f"{name}-" not in netns + links, "namespaces or interfaces left after down"
+
+
+def runs_by_job(results: Path) -> dict[str, dict]:
+    """{slurm job id: (run line, samples)} from the records in results/."""
+    found = {}
+    for path in results.glob("*.jsonl"):
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        run = lines[0]
+        job_id = (run.get("slurm") or {}).get("job_id")
+        found[job_id] = {"run": run, "samples": [s for s in lines[1:] if s["record"] == "sample"]}
+    return found
+
+
+def op_bytes(samples: list[dict], op: str) -> dict[str, int]:
+    """{suffix: bytes moved over all ranks} for one op."""
+    total: dict[str, int] = {}
+    for sample in samples:
+        if sample["op"] == op:
+            total[sample["suffix"]] = total.get(sample["suffix"], 0) + sample["bytes"]
+    return total
+
+
+def test_batch_scripts_on_two_emulated_nodes(cluster: Cluster):
+    started = time.monotonic()
+    # Saves, and the stress job at both node counts (the nodes are exclusive: they queue).
+    save = {n: cluster.submit("savebatch.sh", n) for n in (1, 2)}
+    stress = {n: cluster.submit("batch.sh", n, ITERATIONS="2") for n in (2, 1)}
+    no_suffix = cluster.submit("loadbatch.sh", 1)
+    ended = cluster.wait(*save.values())
+    suffix = {}
+    for n, job_id in save.items():
+        log = cluster.log(job_id)
+        assert ended[job_id]["JobState"] == "COMPLETED", log
+        assert ended[job_id]["ExitCode"] == "0:0", log
+        last = log.rstrip().splitlines()[-1]
+        assert re.fullmatch(r"SUFFIXES=[A-Za-z0-9._-]+", last), f"last line: {last!r}\n{log}"
+        suffix[n] = last.split("=", 1)[1]
+        assert f"saved suffix={suffix[n]}" in log
+        first = "node1" if n == 2 else ended[job_id]["NodeList"]  # a 1-node job may get node2
+        assert (f"--nnodes {n} --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {first}:"
+                f"{29500 + int(job_id) % 2500} --rdzv-id {job_id}") in log, log
+    assert suffix[1] != suffix[2]
+
+    # Load each with the printed suffix: one from the environment, one as an argument.
+    load = {1: cluster.submit("loadbatch.sh", 1, SUFFIX=suffix[1]),
+            2: cluster.submit("loadbatch.sh", 2, f"suffix={suffix[2]}")}
+    ended.update(cluster.wait(*load.values(), *stress.values(), no_suffix))
+    for job_id in [*load.values(), *stress.values()]:
+        log = cluster.log(job_id)
+        assert ended[job_id]["JobState"] == "COMPLETED", log
+        assert ended[job_id]["ExitCode"] == "0:0", log
+        assert re.search(r"job \d+ on \d node\(s\): exit 0 after \d+ s\s*$", log), log
+
+    # loadbatch without a suffix: fails at once with one clear line.
+    log = cluster.log(no_suffix)
+    assert ended[no_suffix]["JobState"] == "FAILED" and ended[no_suffix]["ExitCode"] == "2:0", log
+    assert log.strip().splitlines() == [
+        "loadbatch: error: no checkpoint suffix given: SUFFIX=<from savebatch's log "
+        "(SUFFIXES=...)> sbatch batch/loadbatch.sh, or pass suffix=..."], log
+    assert ended[no_suffix]["RunTime"] in ("00:00:00", "00:00:01"), ended[no_suffix]
+
+    # The keep-alive waiter on both nodes, cancelled once both are holding.
+    waiter = cluster.submit("waitbatch.sh", 2, DURATION="5m", HEARTBEAT="1s")
+    deadline = time.monotonic() + 60
+    while cluster.log(waiter).count(": alive, ") < 2:
+        assert time.monotonic() < deadline, cluster.log(waiter) + cluster.diagnostics()
+        time.sleep(0.3)
+    cancelled_at = time.monotonic()
+    cluster.slurm("scancel", waiter)
+    info = cluster.wait(waiter, timeout_s=60)[waiter]
+    assert time.monotonic() - cancelled_at < 15, "the waiter did not stop promptly"
+    log = cluster.log(waiter)
+    assert info["JobState"] == "CANCELLED", log
+    for host in ("node1", "node2"):
+        assert re.search(rf"wait: host={host} .*: SIGTERM after \S+: exiting cleanly", log), log
+    assert re.search(r"\[waitbatch\] job \d+ on 2 node\(s\): exit 0 after \d+ s\s*$", log), log
+
+    # Records: one run line per job, with the job id, node count, node list, tasks per node.
+    runs = runs_by_job(cluster.results)
+    for n in (1, 2):
+        for job_id, command in ((save[n], "save"), (load[n], "load"), (stress[n], "save-and-load")):
+            assert job_id in runs, f"no record for job {job_id}: {sorted(runs)}"
+            run = runs[job_id]["run"]
+            assert run["status"] == "ok" and run["command"] == command, run
+            assert run["node_count"] == n and run["world_size"] == n, run
+            nodelist = ended[job_id]["NodeList"]
+            assert run["hostnames"] == (["node1", "node2"] if n == 2 else [nodelist]), run
+            assert run["slurm"]["job_id"] == job_id
+            assert run["slurm"]["job_num_nodes"] == str(n), run["slurm"]
+            assert run["slurm"]["job_nodelist"] == nodelist == ("node[1-2]" if n == 2 else nodelist)
+            assert run["slurm"]["ntasks_per_node"] == "1"
+            assert run["config"]["model"]["preset"] == "tiny_llama"
+    assert {runs[j]["run"]["node_count"] for j in runs if j} >= {1, 2}
+    saved = {n: op_bytes(runs[save[n]]["samples"], "save") for n in (1, 2)}
+    loaded = {n: op_bytes(runs[load[n]]["samples"], "load") for n in (1, 2)}
+    for n in (1, 2):
+        assert list(saved[n]) == [suffix[n]] and loaded[n] == saved[n], (saved, loaded)
+        stress_run = runs[stress[n]]
+        assert len(stress_run["run"]["suffixes"]) == 2
+        stress_saves = op_bytes(stress_run["samples"], "save")
+        assert op_bytes(stress_run["samples"], "load") == stress_saves
+        assert set(stress_saves.values()) == {saved[n][suffix[n]]}
+    # The same model at either node count (shard files and metadata differ by a few KiB).
+    assert abs(saved[1][suffix[1]] - saved[2][suffix[2]]) < 0.01 * saved[1][suffix[1]]
+    print(f"\nSlurm batch jobs: {time.monotonic() - started:.0f} s; run times: "
+          + ", ".join(f"{ended[j]['JobName']}@{ended[j]['NumNodes']}={ended[j]['RunTime']}"
+                      for j in [*save.values(), *load.values(), *stress.values()]))
