@@ -60,6 +60,17 @@ class ReaderKind(str, enum.Enum):
     range_based = "range_based"
 
 
+# sync: dcp.save, the rank is blocked until the checkpoint is committed; async:
+# dcp.async_save, blocked while staging, upload in the background. (Functional form:
+# `async` is a keyword, and OmegaConf matches enum members by name.)
+SaveMode = enum.Enum("SaveMode", {"sync": "sync", "async": "async"}, type=str)
+
+
+class AsyncCheckpointer(str, enum.Enum):
+    thread = "thread"
+    process = "process"
+
+
 class Backend(str, enum.Enum):
     auto = "auto"  # nccl when CUDA is present, else gloo
     gloo = "gloo"
@@ -101,6 +112,29 @@ class StorageConfig:
 
 
 @dataclasses.dataclass
+class AsyncSaveConfig:
+    """dcp.async_save's options (torch's StagingOptions and checkpointer type)."""
+
+    checkpointer: AsyncCheckpointer = setting(AsyncCheckpointer.thread,
+                                              "async: upload in a thread or a separate process")
+    pinned_memory: bool = setting(True, "async: stage into pinned host memory (CUDA only)")
+    shared_memory: bool = setting(True, "async: stage into shared memory (process checkpointer)")
+    async_staging: bool = setting(True, "async: stage in a background thread (blocked time "
+                                        "shrinks to scheduling the copy)")
+    non_blocking_copy: bool = setting(True, "async: non-blocking device-to-host copies")
+
+
+@dataclasses.dataclass
+class TuneConfig:
+    """`dcp-fsdp tune`: the search for the best connector settings."""
+
+    budget_s: float = setting(600.0, "tune: wall-clock budget for the whole search, seconds")
+    trials: Optional[int] = setting(None, "tune: stop after this many trials (whichever of "
+                                          "budget_s and trials comes first)")
+    repeats: int = setting(3, "tune: measurements of each finalist, to separate it from noise")
+
+
+@dataclasses.dataclass
 class BenchmarkConfig:
     command: Command = setting(Command.save, "set by the subcommand; not a setting to give")
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -125,6 +159,19 @@ class BenchmarkConfig:
                                           "server never hangs it)")
     keep_request_log: bool = setting(False, "keep each rank's raw connector request log in "
                                             "<results_dir>/<run_id>.requests/")
+    request_stats: bool = setting(True, "s3: per-request statistics from the connector's log "
+                                        "(false: the log is off)")
+    save_mode: SaveMode = setting(SaveMode.sync, "sync (dcp.save) or async (dcp.async_save: "
+                                                 "blocked_s vs persisted_s)")
+    async_save: AsyncSaveConfig = dataclasses.field(default_factory=AsyncSaveConfig)
+    train_step_s: float = setting(0.0, "async: length of a simulated training step (matmuls on "
+                                       "the rank's device) run while the upload proceeds; 0: off")
+    ceiling: bool = setting(False, "after the DCP operations, move the same bytes raw (PUT then "
+                                   "GET, same client settings): the storage's ceiling")
+    progress: bool = setting(True, "rank 0 prints a heartbeat every progress_interval_s during "
+                                   "a save or load")
+    progress_interval_s: float = setting(10.0, "seconds between progress heartbeats")
+    tune: TuneConfig = dataclasses.field(default_factory=TuneConfig)
 
 
 def iter_settings(node: type = BenchmarkConfig, prefix: str = ""):
@@ -134,7 +181,8 @@ def iter_settings(node: type = BenchmarkConfig, prefix: str = ""):
         if dataclasses.is_dataclass(field.type if isinstance(field.type, type) else None):
             yield from iter_settings(field.type, f"{name}.")
             continue
-        nested = {"model": ModelConfig, "storage": StorageConfig}.get(field.name) if not prefix else None
+        nested = {"model": ModelConfig, "storage": StorageConfig, "async_save": AsyncSaveConfig,
+                  "tune": TuneConfig}.get(field.name) if not prefix else None
         if nested is not None:
             yield from iter_settings(nested, f"{name}.")
             continue
@@ -149,7 +197,8 @@ def _type_name(annotation: Any) -> str:
     text = str(annotation)
     for name, enum_type in (("Dtype", Dtype), ("CheckpointState", CheckpointState),
                             ("StorageKind", StorageKind), ("PrefixStrategy", PrefixStrategy),
-                            ("ReaderKind", ReaderKind), ("Backend", Backend)):
+                            ("ReaderKind", ReaderKind), ("Backend", Backend),
+                            ("SaveMode", SaveMode), ("AsyncCheckpointer", AsyncCheckpointer)):
         if name in text:
             return "|".join(member.value for member in enum_type)
     return (text.replace("Optional[", "").replace("]", "").replace("list[str", "list")

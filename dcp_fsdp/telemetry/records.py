@@ -23,7 +23,9 @@ from dcp_fsdp.contract import ARGV_ENV
 
 # Bumped whenever a field is added, renamed or changes meaning; readers accept every
 # earlier version (missing fields read as their defaults). 1: the first format.
-SCHEMA_VERSION = 1
+# 2: samples may be op raw_put / raw_get (the ceiling); async save, memory, load-time
+# breakdown and read-amplification fields; run.gpus.
+SCHEMA_VERSION = 2
 # Job id, node count, node list and tasks per node (SLURM_NTASKS_PER_NODE is set only when
 # --ntasks-per-node was given; SLURM_TASKS_PER_NODE always is, e.g. "1(x8)").
 SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NUM_NODES", "SLURM_NNODES",
@@ -107,6 +109,21 @@ class Sample:
     finish_s: float | None = None  # save, coordinator: writing .metadata
     # S3 requests this rank made inside the timed region (telemetry.summaries.summarize)
     requests: dict[str, Any] | None = None
+    # -- schema 2 -------------------------------------------------------------------------
+    save_mode: str | None = None  # save: "sync" | "async"
+    blocked_s: float | None = None  # save: call -> control back to the training loop
+    staged_s: float | None = None  # async save: until the staging copy is done
+    persisted_s: float | None = None  # save: call -> upload and .metadata commit done
+    previous_wait_s: float | None = None  # async: waiting for the previous upload to finish
+    train_steps: int | None = None  # async + train_step_s: steps run while uploading
+    train_step_slowdown: float | None = None  # mean step time with upload / without - 1
+    fetched_bytes: int | None = None  # load: bytes read from storage (>= bytes if amplified)
+    io_wait_s: float | None = None  # load: waiting for bytes from storage (inside io_s)
+    copy_s: float | None = None  # load: copying into tensors (host-to-device included)
+    stage_s: float | None = None  # save: staging / serialising (inside io_s)
+    upload_s: float | None = None  # save: uploading (inside io_s)
+    peak_rss_bytes: int | None = None  # resident memory high-water mark during this op
+    cuda_max_allocated_bytes: int | None = None  # CUDA: torch.cuda.max_memory_allocated
     run_id: str | None = None  # set when read back from a record file
 
 
@@ -142,6 +159,7 @@ class RunRecord:
     hostnames: list[str] = dataclasses.field(default_factory=list)
     backend: str | None = None
     device: str | None = None
+    gpus: dict[str, Any] | None = None  # CUDA: {"model": name, "count": per node}
     storage: dict[str, Any] | None = None
     suffixes: list[str] = dataclasses.field(default_factory=list)
     integrity: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
