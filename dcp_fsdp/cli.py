@@ -94,12 +94,16 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # Hydra's parser raises its own exception types
         return _fail(f"cannot parse overrides: {one_line(error)}")
     from dcp_fsdp import log
+    from dcp_fsdp.contract import EXIT_INTERRUPTED
 
     worst = 0
     for number, job in enumerate(jobs):
         log.info(f"multirun job {number + 1}/{len(jobs)}: {' '.join(job)}")
         code = run_command(command, job)
         worst = worst or code
+        if code == EXIT_INTERRUPTED:  # an interrupt ends the sweep, not just this job
+            log.info(f"multirun: interrupted at job {number + 1}/{len(jobs)}; later jobs not run")
+            break
     return worst
 
 

@@ -25,6 +25,15 @@ from dcp_fsdp.launch.embedded_s3 import free_ports
 from dcp_fsdp.launch.preflight import preflight, storage_environment
 from dcp_fsdp.telemetry import records
 FAILURE_GRACE_S = 10.0  # after one rank fails, how long the others get to fail on their own
+INTERRUPT_GRACE_S = 8.0  # after an interrupt, how long ranks get to record it and exit
+
+
+class _LauncherTerminated(KeyboardInterrupt):
+    """SIGTERM to the launcher: handled like Ctrl-C, passed on to the ranks as SIGTERM."""
+
+
+def _raise_interrupt(signum, frame):
+    raise _LauncherTerminated()
 
 
 def launch_local(cfg: BenchmarkConfig) -> int:
@@ -41,6 +50,9 @@ def _run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str]) -> int:
         config_path = f.name
     (master_port,) = free_ports(1)
     processes: list[subprocess.Popen] = []
+    # SIGTERM to the launcher (kill, scancel of a batch step) ends the run like Ctrl-C.
+    previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous_sigint = signal.getsignal(signal.SIGINT)
     try:
         for rank in range(cfg.nproc):
             rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank),
@@ -55,12 +67,23 @@ def _run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str]) -> int:
             processes.append(subprocess.Popen([sys.executable, "-m", "dcp_fsdp.rank"],
                                               env=rank_env))
         exit_code = _wait(processes)
-    except KeyboardInterrupt:
-        # Ctrl-C reached the ranks too (same process group): let them record it, then stop.
-        _stop(processes, grace_s=FAILURE_GRACE_S)
+    except KeyboardInterrupt as interrupt:
+        # A Ctrl-C in the terminal reaches the ranks too (same process group), but a signal
+        # sent to the launcher alone does not: pass it on (ranks ignore a second one), let
+        # them record `interrupted`, then stop any that linger.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        forwarded = (signal.SIGTERM if isinstance(interrupt, _LauncherTerminated)
+                     else signal.SIGINT)
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(forwarded)
+        _stop(processes, grace_s=INTERRUPT_GRACE_S)
         exit_code = contract.EXIT_INTERRUPTED
     finally:
         _stop(processes, grace_s=0)
+        signal.signal(signal.SIGTERM, previous_sigterm)
+        signal.signal(signal.SIGINT, previous_sigint)
         Path(config_path).unlink(missing_ok=True)
     if exit_code != 0 and not records.record_path(cfg.results_dir, run_id).exists():
         _write_failure_record(cfg, run_id, exit_code, processes)

@@ -60,7 +60,10 @@ class CheckpointLoop:
         self.state_dict = state_dict
         self.request_log = request_log  # telemetry.request_log.RequestLog, or None
         self.log = say
-        self.samples: list[Sample] = []
+        self.samples: list[Sample] = []  # this rank's
+        # Every rank's samples of each finished operation, shared right after it (untimed):
+        # a run cut short by an interrupt or a failure still records whole operations.
+        self.shared_samples: list[Sample] = []
         self.suffixes: list[str] = []
         # Per suffix loaded: {"checked": bool, "reason": why not} (recorded on the run line).
         self.integrity: dict[str, dict[str, Any]] = {}
@@ -148,6 +151,11 @@ class CheckpointLoop:
                 begin_wall, end_wall, timeline.uploaded_bytes if op == "save" else None)),
         )
 
+    def keep(self, sample: Sample) -> None:
+        """Record one finished operation of this rank, and share it with rank 0's record."""
+        self.samples.append(sample)
+        self.shared_samples.extend(all_gather_object(sample))
+
     # -- verification (save-and-load) ----------------------------------------------------
     def _clear(self) -> None:
         """Zero every live tensor before a verified load, so a load that reads nothing fails."""
@@ -214,7 +222,7 @@ class CheckpointLoop:
         for iteration in range(1, self.cfg.iterations + 1):
             if command in (Command.save, Command.save_and_load):
                 suffix = self._choose_save_suffix(iteration)
-                self.samples.append(self._timed("save", iteration, suffix))
+                self.keep(self._timed("save", iteration, suffix))
                 self.suffixes.append(suffix)
                 saved_digests = self._digest_saved(suffix)
                 self._write_manifest(suffix)
@@ -229,7 +237,7 @@ class CheckpointLoop:
                 self._pause()
                 if saved_digests is not None:
                     self._clear()
-                self.samples.append(self._timed("load", iteration, suffix))
+                self.keep(self._timed("load", iteration, suffix))
                 if saved_digests is not None:
                     self._verify_against(
                         saved_digests, f"save-and-load iteration {iteration}: data loaded from "
@@ -241,7 +249,7 @@ class CheckpointLoop:
                 apply_state_dict(self.sharded, self.state_dict)
             elif command == Command.load:
                 self._load_expected_checksums(suffix)
-                self.samples.append(self._timed("load", iteration, suffix))
+                self.keep(self._timed("load", iteration, suffix))
                 self._verify_checksums(suffix, iteration)
                 apply_state_dict(self.sharded, self.state_dict)
             if iteration < self.cfg.iterations:

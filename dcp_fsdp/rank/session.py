@@ -26,8 +26,42 @@ class Terminated(BaseException):
     """SIGTERM (scancel, torchrun stopping the group): end like Ctrl-C."""
 
 
-def _on_sigterm(signum, frame):
-    raise Terminated()
+class InterruptGuard:
+    """SIGINT / SIGTERM end the run as `interrupted`, whatever code they land in.
+
+    The first signal raises (KeyboardInterrupt / Terminated) so the rank leaves the
+    operation it is in; DCP may catch that and re-raise it wrapped in a
+    CheckpointException, so the signal is also remembered here. Later signals (the
+    terminal's Ctrl-C and the launcher's forwarded one both arrive) are only noted:
+    they must not cut the record being written.
+    """
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.signal_name is not None:
+            return
+        self.signal_name = signal.Signals(signum).name
+        raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
+
+def _caused_by_interrupt(error: BaseException) -> bool:
+    """KeyboardInterrupt / Terminated, possibly wrapped by DCP on some rank."""
+    if isinstance(error, (KeyboardInterrupt, Terminated)):
+        return True
+    failures = getattr(error, "failures", None)  # DCP's CheckpointException
+    if isinstance(failures, dict):
+        for wrapped in failures.values():
+            inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+            if isinstance(inner, BaseException) and _caused_by_interrupt(inner):
+                return True
+    cause = error.__cause__ or error.__context__
+    return cause is not None and cause is not error and _caused_by_interrupt(cause)
 
 
 class RankSession:
@@ -138,20 +172,19 @@ class RankSession:
         os._exit(contract.EXIT_FAILED)
 
     def samples(self) -> list:
-        return list(self.loop.samples) if self.loop is not None else []
+        """Every rank's samples of the operations that finished on all of them."""
+        return list(self.loop.shared_samples) if self.loop is not None else []
 
-    def gather(self, status: str) -> tuple[list, list[InitRow]]:
-        """Every rank's samples and init rows, when every rank got here. After a failure
-        ranks may be out of step, so rank 0 records only what it saw rather than risk a hang."""
-        samples, init_rows = self.samples(), [self.init]
+    def gather(self, status: str) -> list[InitRow]:
+        """Every rank's init row, when every rank got here. After a failure ranks may be
+        out of step, so rank 0 records only its own rather than risk a hang."""
         if status != "ok":
-            return samples, init_rows
+            return [self.init]
         from dcp_fsdp.rank.distributed import all_gather_object
 
-        gathered = all_gather_object((samples, self.init, self._untimed))
-        self._untimed_all = [untimed for _, _, untimed in gathered]
-        return ([s for rank_samples, _, _ in gathered for s in rank_samples],
-                [row for _, row, _ in gathered])
+        gathered = all_gather_object((self.init, self._untimed))
+        self._untimed_all = [untimed for _, untimed in gathered]
+        return [row for row, _ in gathered]
 
     def write_record(self, status: str, error_line: str | None, samples, init_rows):
         run = self.run
@@ -177,7 +210,8 @@ class RankSession:
                 self.run.request_log_dir = str(kept.parent)
         # Peak resident memory of this rank (Linux reports KiB): what a node must hold per rank.
         self.init.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        samples, init_rows = self.gather(status)
+        init_rows = self.gather(status)
+        samples = self.samples()
         if not (self.is_coordinator and self.run.run_id):
             return
         if self.request_log is not None:
@@ -197,11 +231,10 @@ class RankSession:
 
 
 def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> int:
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    guard = InterruptGuard()
+    guard.install()
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", message=".*torch.distributed.*")
-    from dcp_fsdp.rank.failures import collective_error, root_cause
-
     session = RankSession(cfg, process_start_mono)
     status, error_line, exit_code = "ok", None, contract.EXIT_OK
     try:
@@ -210,21 +243,8 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> int:
         session.open_store()
         sharded, state_dict = session.build()
         session.run_loop(sharded, state_dict)
-    except (KeyboardInterrupt, Terminated) as error:
-        status, exit_code = "interrupted", contract.EXIT_INTERRUPTED
-        error_line = "interrupted by " + ("SIGTERM" if isinstance(error, Terminated) else "SIGINT")
-    except UserError as error:
-        status, error_line, exit_code = "failed", str(error), contract.EXIT_USER_ERROR
-        if session.is_coordinator:
-            log.error(error_line)
-    except BaseException as error:  # DCP's CheckpointException is a BaseException
-        status, error_line, exit_code = "failed", root_cause(error), contract.EXIT_FAILED
-        if os.environ.get(contract.DEBUG_ENV):
-            traceback.print_exc()
-        if session.ctx is None or not collective_error(error) or session.is_coordinator:
-            prefix = (f"rank {session.rank}: "
-                      if session.ctx is not None and not collective_error(error) else "")
-            log.error(f"{prefix}{error_line}")
+    except BaseException as error:
+        status, error_line, exit_code = _outcome(error, guard, session)
     session.finish(status, error_line)
     if status != "interrupted":
         from dcp_fsdp.rank.distributed import shutdown
@@ -234,3 +254,26 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> int:
         except BaseException:
             pass
     return exit_code
+
+
+def _outcome(error: BaseException, guard: InterruptGuard,
+             session: RankSession) -> tuple[str, str, int]:
+    """(status, one-line error, exit code) of a run that raised; says it once."""
+    from dcp_fsdp.rank.failures import collective_error, root_cause
+
+    if guard.signal_name is not None or _caused_by_interrupt(error):
+        name = guard.signal_name or ("SIGTERM" if isinstance(error, Terminated) else "SIGINT")
+        return "interrupted", f"interrupted by {name}", contract.EXIT_INTERRUPTED
+    if isinstance(error, UserError):
+        if session.is_coordinator:
+            log.error(str(error))
+        return "failed", str(error), contract.EXIT_USER_ERROR
+    # anything else, DCP's CheckpointException (a BaseException) included
+    error_line = root_cause(error)
+    if os.environ.get(contract.DEBUG_ENV):
+        traceback.print_exception(error)
+    if session.ctx is None or not collective_error(error) or session.is_coordinator:
+        prefix = (f"rank {session.rank}: "
+                  if session.ctx is not None and not collective_error(error) else "")
+        log.error(f"{prefix}{error_line}")
+    return "failed", error_line, contract.EXIT_FAILED
