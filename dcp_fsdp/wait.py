@@ -21,6 +21,8 @@ import socket
 import sys
 import time
 
+from dcp_fsdp import log
+
 DEFAULT_DURATION = "2m"
 DEFAULT_HEARTBEAT = "1m"
 _UNIT_SECONDS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
@@ -160,7 +162,7 @@ def main(args: list[str]) -> int:
     try:
         duration_s, heartbeat_s = parse_args(args)
     except WaitUsageError as error:
-        print(f"dcp-fsdp: error: {error}", file=sys.stderr, flush=True)
+        log.error(str(error))
         return 2
     return wait(duration_s, heartbeat_s)
 

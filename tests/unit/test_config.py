@@ -1,6 +1,5 @@
 """Configuration: composition, validation, presets, sweeps (no ranks, no S3)."""
 
-from pathlib import Path
 
 import pytest
 

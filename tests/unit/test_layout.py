@@ -1,0 +1,93 @@
+"""The checkpoint layout and suffix policy (storage/layout.py), on the file-system store
+(a real directory) and against the CheckpointStore contract."""
+
+from __future__ import annotations
+
+import datetime
+import re
+
+import pytest
+
+from dcp_fsdp.config.schema import StorageConfig, StorageKind
+from dcp_fsdp.errors import UserError
+from dcp_fsdp.storage import layout, make_store
+from dcp_fsdp.storage.base import CheckpointStore
+from dcp_fsdp.storage.fs import FsStore
+from dcp_fsdp.storage.s3 import S3Store
+
+
+@pytest.fixture
+def store(tmp_path) -> FsStore:
+    return make_store(StorageConfig(kind=StorageKind.fs, path=str(tmp_path / "ckpt")))
+
+
+def test_both_stores_implement_the_contract(tmp_path):
+    fs = make_store(StorageConfig(kind=StorageKind.fs, path=str(tmp_path)))
+    s3 = make_store(StorageConfig(uri="s3://my-bucket/some/prefix/", region="eu-west-1"))
+    assert isinstance(fs, CheckpointStore) and isinstance(s3, CheckpointStore)
+    assert isinstance(s3, S3Store) and s3.location("x") == "s3://my-bucket/some/prefix/x"
+    assert s3.target.key("sfx", layout.MANIFEST_NAME) == "some/prefix/sfx/dcp_fsdp.json"
+    assert s3.describe()["region"] == "eu-west-1"
+
+
+def test_s3_store_leaves_the_environment_alone(monkeypatch):
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    store = make_store(StorageConfig(uri="s3://b-1/p", endpoint="http://127.0.0.1:9"))
+    import os
+
+    assert "AWS_ENDPOINT_URL" not in os.environ  # the rank applies it, not the constructor
+    assert store.connector_environment() == {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    assert store.force_path_style is True
+
+
+def test_new_suffix_sorts_by_time_and_is_valid():
+    early = layout.new_suffix(datetime.datetime(2026, 1, 2, 3, 4))
+    late = layout.new_suffix(datetime.datetime(2026, 1, 2, 3, 5))
+    assert re.fullmatch(r"2026-01-02-03-04-[0-9a-f]{4}", early)
+    assert early[:16] < late[:16]
+    layout.check_suffix(early)
+
+
+@pytest.mark.parametrize("bad", ["-x", "a b", "a/b", "", "..", "x;rm"])
+def test_bad_suffixes_are_refused_with_the_rule(bad):
+    with pytest.raises(UserError, match="suffix=.*letters, digits"):
+        layout.check_suffix(bad)
+
+
+def test_configured_suffix_gets_iteration_numbers_and_never_overwrites(store):
+    assert layout.save_suffix(store, "mine", 1, 1, []) == "mine"
+    assert layout.save_suffix(store, "mine", 3, 2, []) == "mine-2"
+    store.put_small("mine-2", "x", b"1")
+    with pytest.raises(UserError, match="suffix=mine-2: a checkpoint already exists"):
+        layout.save_suffix(store, "mine", 3, 2, [])
+
+
+def test_fresh_suffixes_avoid_used_and_existing_ones(store, monkeypatch):
+    names = iter(["taken", "used", "free"])
+    monkeypatch.setattr(layout, "new_suffix", lambda now=None: next(names))
+    store.put_small("taken", "x", b"1")
+    assert layout.save_suffix(store, None, 5, 1, ["used"]) == "free"
+
+
+def test_a_checkpoint_is_loadable_only_with_its_metadata(store):
+    store.put_small("done", "__0_0.distcp", b"data")
+    store.put_small("done", layout.METADATA_NAME, b"meta")
+    store.put_small("half", "__0_0.distcp", b"data")
+    layout.check_loadable(store, "done")
+    with pytest.raises(UserError, match=r"suffix=half: checkpoint is incomplete .*complete "
+                                        r"checkpoints there: done"):
+        layout.check_loadable(store, "half")
+    with pytest.raises(UserError, match="suffix=nope: checkpoint does not exist"):
+        layout.check_loadable(store, "nope")
+    listed = {c.suffix: c for c in store.list_checkpoints()}
+    assert listed["done"].complete and not listed["half"].complete
+    assert listed["done"].object_count == 2 and listed["done"].size_bytes == 8
+
+
+def test_manifest_round_trip_and_garbage(store):
+    store.put_small("s", layout.MANIFEST_NAME, layout.encode_manifest({"model": "tiny_llama"}))
+    assert layout.read_manifest(store, "s") == {"model": "tiny_llama"}
+    store.put_small("t", layout.MANIFEST_NAME, b"not json")
+    assert layout.read_manifest(store, "t") is None
+    assert layout.read_manifest(store, "missing") is None
+    assert layout.checksum_object_name(3) == "dcp_fsdp.checksums/rank-00003.json"
