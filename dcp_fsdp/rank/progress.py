@@ -1,0 +1,52 @@
+"""A heartbeat during long saves and loads: rank 0 says how far it has got.
+
+Every `progress_interval_s`, while an operation is still running, rank 0 prints bytes
+moved so far (its own shard: counted where the writer/reader streams move them), its
+MiB/s and the elapsed time. It runs in a daemon thread that only reads a counter, so
+the timed operation pays nothing but a wake-up every few seconds (measured: README,
+"What the harness costs").
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+MIB = 2**20
+
+
+class Heartbeat:
+    def __init__(self, what: str, bytes_so_far: Callable[[], int], expected_bytes: int | None,
+                 interval_s: float, say: Callable[[str], None]) -> None:
+        self.what = what
+        self.bytes_so_far = bytes_so_far
+        self.expected_bytes = expected_bytes
+        self.interval_s = interval_s
+        self.say = say
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.beats = 0
+
+    def line(self, elapsed_s: float) -> str:
+        moved = self.bytes_so_far()
+        of = f" of {self.expected_bytes / MIB:.1f}" if self.expected_bytes else ""
+        rate = moved / MIB / elapsed_s if elapsed_s > 0 else 0.0
+        return (f"{self.what}: still running, rank 0 moved {moved / MIB:.1f}{of} MiB"
+                f" in {elapsed_s:.0f} s ({rate:.1f} MiB/s)")
+
+    def _run(self, started: float) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.beats += 1
+            self.say(self.line(time.monotonic() - started))
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread = threading.Thread(target=self._run, args=(time.monotonic(),),
+                                        name="dcp-fsdp-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1)
