@@ -27,3 +27,21 @@ def s3(s3_server) -> S3Endpoint:
 def s3_uri(s3) -> str:
     """A fresh prefix in the session's bucket for one test."""
     return f"s3://{s3.bucket}/t-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def moto_s3():
+    """moto's S3 (server mode, in this process) with bucket `bench`: a second S3
+    implementation for tests/integration/test_moto.py. Same S3Endpoint as `s3`."""
+    from tests.kit.moto_server import MotoS3
+
+    server = MotoS3(bucket="bench")
+    endpoint = server.start()
+    yield endpoint
+    server.stop()
+
+
+@pytest.fixture
+def moto_uri(moto_s3) -> str:
+    """A fresh prefix in moto's bucket for one test."""
+    return f"s3://{moto_s3.bucket}/t-{uuid.uuid4().hex[:8]}"
