@@ -63,12 +63,14 @@ class S3ControlPlane:
                 actual = headers.get("x-amz-bucket-region", "another region")
                 return UserError(f"storage.region={self.target.region}: bucket '{self.target.bucket}' is in "
                                  f"{actual}; set storage.region={actual}")
+            # A HEAD answer has no body: its "code" is just the status again.
+            answer = f"HTTP {status}" if code in ("", str(status)) else f"HTTP {status} {code}"
             if code in ("403", "AccessDenied", "SignatureDoesNotMatch", "InvalidAccessKeyId",
                         "InvalidToken", "ExpiredToken"):
-                return UserError(f"{where}: S3 refused the credentials (HTTP {status} {code}); "
+                return UserError(f"{where}: S3 refused the credentials ({answer}); "
                                  "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_PROFILE "
                                  "and the bucket policy")
-            return UserError(f"{where}: S3 answered HTTP {status} {code}")
+            return UserError(f"{where}: S3 answered {answer}")
         if isinstance(error, bx.BotoCoreError):
             return UserError(f"{where}: {type(error).__name__}: {error}")
         raise error
