@@ -105,7 +105,8 @@ def run_sweep(command: str, jobs: list[list[str]]) -> int:
         try:
             configs.append(prepare(command, job))
         except UserError as error:
-            return _fail(f"multirun job {number + 1}/{len(jobs)} ({' '.join(job)}): {error}")
+            swept = [arg for arg in job if not all(arg in other for other in jobs)]
+            return _fail(f"multirun job {number + 1}/{len(jobs)} ({' '.join(swept)}): {error}")
     worst = 0
     for number, (job, cfg) in enumerate(zip(jobs, configs)):
         log.info(f"multirun job {number + 1}/{len(jobs)}: {' '.join(job)}")
