@@ -10,7 +10,7 @@
 #   MODEL           model preset: tiny_llama, L7b, ...  [library: tiny_llama]
 #   ITERATIONS      iterations                          [library: 1]
 #   RESULTS_DIR     results_dir, records (JSONL) land here [library: results/ in the job's cwd]
-#   OVERRIDES       more Hydra overrides, space-separated, e.g. "storage.thread_count=4 state=full"
+#   OVERRIDES       more Hydra overrides, space-separated, e.g. "storage.thread_count=4 state=model_and_optimizer"
 #   NPROC_PER_NODE  ranks per node                      [GPUs per node, 1 without GPUs]
 #   RDZV_PORT       c10d rendezvous port on the first node [29500 + job id % 2500]
 #   SRUN_ARGS       extra srun options, space-separated [none]

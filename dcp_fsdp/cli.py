@@ -21,36 +21,106 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
-def run_command(command: str, overrides: list[str]) -> int:
+def under_torchrun() -> bool:
+    from dcp_fsdp.contract import CONFIG_ENV
+
+    return "RANK" in os.environ and CONFIG_ENV not in os.environ
+
+
+def prepare(command: str, overrides: list[str]):
+    """The validated config of one job, after every check that needs no rank: bad input
+    fails here, before anything starts (for a sweep: before its first job starts)."""
     from dcp_fsdp.config.compose import compose
-    from dcp_fsdp.contract import CONFIG_ENV, EXIT_INTERRUPTED
+
+    # `list` takes the same storage settings as a save; the command value is unused.
+    cfg = compose("save" if command == "list" else command, overrides)
+    if command != "list" and not under_torchrun():
+        from dcp_fsdp.launch.checks import check_launch
+
+        check_launch(cfg)
+    return cfg
+
+
+def execute(command: str, cfg) -> int:
+    if command == "list":
+        from dcp_fsdp.launch.listing import list_checkpoints
+
+        return list_checkpoints(cfg)
+    if under_torchrun():
+        check_torchrun_rank(cfg)  # before torch is imported: bad input fails in a second
+        from dcp_fsdp.rank.distributed import end_process
+        from dcp_fsdp.rank.session import run_rank
+
+        end_process(run_rank(cfg, PROCESS_START_MONO))
+    from dcp_fsdp.launch.local import launch_local
+
+    return launch_local(cfg)
+
+
+def check_torchrun_rank(cfg) -> None:
+    """A rank under torchrun, before it joins the group: what the launcher would have
+    checked (results_dir on rank 0, the one that writes the record)."""
+    from dcp_fsdp.errors import UserError
+    from dcp_fsdp.launch import checks
+    from dcp_fsdp.launch.preflight import needs_embedded_server
+
+    ranks_here = checks.check_torchrun_environment()
+    checks.check_environment(cfg)
+    if needs_embedded_server(cfg):
+        raise UserError(
+            "storage.uri is not set: under torchrun the embedded S3 server is not "
+            "started; set storage.uri=s3://bucket/prefix (and storage.endpoint or "
+            "AWS_ENDPOINT_URL for S3-compatible servers), or run without torchrun")
+    if os.environ["RANK"].strip() == "0":
+        checks.check_results_dir(cfg.results_dir)
+
+    def torch_device_count() -> int:
+        import torch
+
+        return torch.cuda.device_count()
+    checks.check_devices(cfg.backend, ranks_here, torch_device_count)
+
+
+def run_command(command: str, overrides: list[str]) -> int:
+    from dcp_fsdp.contract import EXIT_INTERRUPTED
     from dcp_fsdp.errors import UserError
 
     try:
-        # `list` takes the same storage settings as a save; the command value is unused.
-        cfg = compose("save" if command == "list" else command, overrides)
-        if command == "list":
-            from dcp_fsdp.launch.listing import list_checkpoints
-
-            return list_checkpoints(cfg)
-        if "RANK" in os.environ and CONFIG_ENV not in os.environ:
-            from dcp_fsdp.launch.preflight import needs_embedded_server
-            from dcp_fsdp.rank.distributed import end_process
-            from dcp_fsdp.rank.session import run_rank
-
-            if needs_embedded_server(cfg):
-                raise UserError(
-                    "storage.uri is not set: under torchrun the embedded S3 server is not "
-                    "started; set storage.uri=s3://bucket/prefix (and storage.endpoint or "
-                    "AWS_ENDPOINT_URL for S3-compatible servers), or run without torchrun")
-            end_process(run_rank(cfg, PROCESS_START_MONO))
-        from dcp_fsdp.launch.local import launch_local
-
-        return launch_local(cfg)
+        return execute(command, prepare(command, overrides))
     except UserError as error:
         return _fail(str(error))
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_INTERRUPTED)
+
+
+def run_sweep(command: str, jobs: list[list[str]]) -> int:
+    """Every job composed and checked first: a bad value in the last job fails before the
+    first one runs."""
+    from dcp_fsdp import log
+    from dcp_fsdp.contract import EXIT_INTERRUPTED
+    from dcp_fsdp.errors import UserError
+
+    configs = []
+    for number, job in enumerate(jobs):
+        try:
+            configs.append(prepare(command, job))
+        except UserError as error:
+            swept = [arg for arg in job if not all(arg in other for other in jobs)]
+            return _fail(f"multirun job {number + 1}/{len(jobs)} ({' '.join(swept)}): {error}")
+    worst = 0
+    for number, (job, cfg) in enumerate(zip(jobs, configs)):
+        log.info(f"multirun job {number + 1}/{len(jobs)}: {' '.join(job)}")
+        try:
+            code = execute(command, cfg)
+        except UserError as error:
+            code = _fail(str(error))
+        except KeyboardInterrupt:
+            return _fail("interrupted", EXIT_INTERRUPTED)
+        worst = worst or code
+        if code == EXIT_INTERRUPTED:  # an interrupt ends the sweep, not just this job
+            log.info(f"multirun: interrupted at job {number + 1}/{len(jobs)}; later jobs not run")
+            break
+    return worst
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,8 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         from dcp_fsdp.analysis.report import main as report_main
         return report_main(rest)
     if command not in helptext.SETTINGS_COMMANDS:
-        return _fail(f"unknown command '{command}'; choose one of "
-                     f"{', '.join(helptext.SETTINGS_COMMANDS)} (dcp-fsdp --help)")
+        import difflib
+
+        close = difflib.get_close_matches(command, list(helptext.COMMANDS), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return _fail(f"unknown command '{command}'; {hint}choose one of "
+                     f"{', '.join(helptext.COMMANDS)} (dcp-fsdp --help)")
     if any(arg in ("-h", "--help") for arg in rest):
         print(helptext.command_help(command))
         return 0
@@ -87,24 +161,18 @@ def main(argv: list[str] | None = None) -> int:
         overrides = expand_config_files(overrides)
     except UserError as error:
         return _fail(str(error))
+    for arg in overrides:
+        if arg.startswith("-"):
+            name = arg.lstrip("-").split("=", 1)[0]
+            return _fail(f"'{arg}': settings are written key=value without dashes, e.g. "
+                         f"{name}=VALUE (dcp-fsdp {command} --help lists them)")
     if not multirun:
         return run_command(command, overrides)
     try:
         jobs = expand_sweeps(overrides)
     except Exception as error:  # Hydra's parser raises its own exception types
         return _fail(f"cannot parse overrides: {one_line(error)}")
-    from dcp_fsdp import log
-    from dcp_fsdp.contract import EXIT_INTERRUPTED
-
-    worst = 0
-    for number, job in enumerate(jobs):
-        log.info(f"multirun job {number + 1}/{len(jobs)}: {' '.join(job)}")
-        code = run_command(command, job)
-        worst = worst or code
-        if code == EXIT_INTERRUPTED:  # an interrupt ends the sweep, not just this job
-            log.info(f"multirun: interrupted at job {number + 1}/{len(jobs)}; later jobs not run")
-            break
-    return worst
+    return run_sweep(command, jobs)
 
 
 if __name__ == "__main__":

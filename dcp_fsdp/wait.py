@@ -25,6 +25,8 @@ from dcp_fsdp import log
 
 DEFAULT_DURATION = "2m"
 DEFAULT_HEARTBEAT = "1m"
+MIN_HEARTBEAT_S = 1.0
+MAX_DURATION_S = 366 * 86400.0  # beyond a year: a typo, or `forever`
 _UNIT_SECONDS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
 # A unit in the name: duration_s=90, duration_min=2, duration_h=1.5 (and heartbeat_*).
 _NAMED_UNIT = re.compile(r"^(duration|heartbeat)_(s|sec|m|min|h|hr|d)$")
@@ -87,6 +89,12 @@ def parse_args(args: list[str]) -> tuple[float, float]:
         else:
             raise WaitUsageError(f"{key}: unknown setting for wait; use duration=... and "
                                  "heartbeat=... (dcp-fsdp wait --help)")
+    if 0 < found["heartbeat"] < MIN_HEARTBEAT_S:
+        raise WaitUsageError(f"heartbeat={found['heartbeat']:g}s: too often (a line per "
+                             f"heartbeat); give {MIN_HEARTBEAT_S:g}s or more, or 0 for none")
+    if math.isfinite(found["duration"]) and found["duration"] > MAX_DURATION_S:
+        raise WaitUsageError(f"duration={format_seconds(found['duration'])}: more than a year; "
+                             "use duration=forever to wait until signalled")
     return found["duration"], found["heartbeat"]
 
 

@@ -28,8 +28,14 @@ RUN_DEFAULT_PATHS = ["results"]
 __all__ = ["build", "plot", "render", "wide_csv", "read_records", "record_files", "main"]
 
 
+class _Arguments(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, like every other bad input
+        print(f"dcp-fsdp: error: report: {message} (dcp-fsdp report --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def parser() -> argparse.ArgumentParser:
-    arguments = argparse.ArgumentParser(
+    arguments = _Arguments(
         prog="dcp-fsdp report",
         description="Tables (and plots) over run records, grouped by node count, world size, "
                     "model, operation, storage and every setting that differs between runs.")
@@ -43,8 +49,36 @@ def parser() -> argparse.ArgumentParser:
     return arguments
 
 
+def output_problem(args: argparse.Namespace) -> str | None:
+    """Where --plot and --csv would write, checked before any record is read."""
+    from dcp_fsdp.launch.checks import writable_dir_problem
+
+    if args.plot is not None:
+        problem = writable_dir_problem(args.plot) if args.plot.strip() else "empty"
+        if problem:
+            return f"--plot {args.plot}: {problem}; give a directory for the PNG files"
+    if args.csv is not None:
+        target = Path(args.csv)
+        problem = ("empty" if not args.csv.strip() else "it is a directory" if target.is_dir()
+                   else _in_dir(target.parent, writable_dir_problem(target.parent)))
+        if problem:
+            return f"--csv {args.csv}: {problem}; give a file path you can write, e.g. groups.csv"
+    return None
+
+
+def _in_dir(directory: Path, problem: str | None) -> str | None:
+    return f"its directory {directory}: {problem}" if problem else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as stop:
+        return int(stop.code or 0)
+    problem = output_problem(args)
+    if problem:
+        print(f"dcp-fsdp: error: report: {problem}", file=sys.stderr)
+        return 2
     try:
         files = record_files(args.paths)
     except FileNotFoundError as error:

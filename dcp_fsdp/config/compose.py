@@ -12,6 +12,7 @@ import itertools
 import re
 from pathlib import Path
 
+from dcp_fsdp.config.validate import check_setting_name, check_storage_settings
 from dcp_fsdp.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
@@ -106,17 +107,7 @@ def compose(command: str, overrides: list[str]):
     from dcp_fsdp.config.schema import BenchmarkConfig
     from dcp_fsdp.config.validate import validate
 
-    for override in overrides:
-        key, _, value = override.partition("=")
-        if key.lstrip("+~") == "model" and value:
-            presets = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
-            if value not in presets:
-                raise UserError(f"model={value}: unknown preset; choose one of {', '.join(presets)}")
-        if key.lstrip("+~") == "storage" and value not in ("s3", "fs"):
-            raise UserError(f"storage={value}: unknown storage; choose s3 or fs")
-        if key == "command":
-            raise UserError("command is set by the subcommand (save, load, save-and-load)")
-
+    given = check_overrides(overrides)
     ConfigStore.instance().store(name="base_config", node=BenchmarkConfig)
     GlobalHydra.instance().clear()
     try:
@@ -129,7 +120,44 @@ def compose(command: str, overrides: list[str]):
     finally:
         GlobalHydra.instance().clear()
     validate(cfg)
+    check_storage_settings(cfg, given)
     return cfg
+
+
+def check_overrides(overrides: list[str]) -> set[str]:
+    """The setting names the overrides give, after refusing any that names no setting (a
+    `+key=value` of a misspelt key would otherwise be added and ignored: the run goes on
+    with the default)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as error:  # Hydra's parser raises its own exception types
+        raise UserError(f"cannot parse overrides: {one_line(error)}") from None
+    given = set()
+    for override in parsed:
+        if override.is_sweep_override():
+            raise UserError(f"{override.input_line}: several values need -m (multirun): "
+                            "add -m to run one job per value, or give one value")
+        key, value = override.key_or_group, override.value() if not override.is_delete() else None
+        check_setting_name(override.get_key_element(), key, override.package)
+        if key == "model" and value is not None:
+            presets = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+            if value not in presets:
+                raise UserError(f"model={value}: unknown preset; choose one of {', '.join(presets)}")
+        if key == "storage" and value is not None and value not in ("s3", "fs"):
+            raise UserError(f"storage={value}: unknown storage; choose s3 or fs")
+        given.add(key)
+    return given
+
+
+_FIXES = (  # OmegaConf's words for a wrong type, and what to write instead
+    ("converted to Integer", "give a whole number"),
+    ("converted to Float", "give a number"),
+    ("is not a valid bool", "give true or false"),
+    ("is not a ListConfig", "give a list, e.g. 'KEY=[a,b]'"),
+    ("expected one of", "choose one of those"),
+)
 
 
 def one_line(error: BaseException) -> str:
@@ -143,6 +171,7 @@ def one_line(error: BaseException) -> str:
         name = key or text
         return (f"{name}: unknown setting; check the spelling against the README's Settings "
                 "(or conf/config.yaml)")
+    fix = next((fix for words, fix in _FIXES if words in text), None)
     if key:
-        return f"{key}: {text}"
+        return f"{key}: {text.rstrip('.')}" + (f"; {fix.replace('KEY', key)}" if fix else "")
     return f"{' '.join(str(error).split())} (see the README's Settings)"

@@ -96,19 +96,24 @@ class StorageConfig:
                                             "server; default AWS_ENDPOINT_URL")
     part_size_mib: int = setting(8, "s3: multipart part size, MiB (5..5120)")
     throughput_target_gbps: float = setting(10.0, "s3: CRT client throughput target, Gbit/s")
-    max_attempts: int = setting(10, "s3: attempts per request before the CRT client gives up")
+    max_attempts: int = setting(10, "s3: attempts per request before the CRT client "
+                                         "gives up, 1..100")
     force_path_style: Optional[bool] = setting(None, "s3: path-style addressing; default true "
                                                      "when an endpoint is set")
-    thread_count: int = setting(1, "writer threads per rank (s3 and fs)")
+    thread_count: int = setting(1, "writer threads per rank, 1..256 (s3 and fs)")
     prefix_strategy: PrefixStrategy = setting(PrefixStrategy.default,
                                               "s3: object key prefixes: default (__{rank}_), "
                                               "binary, hex, round_robin")
-    prefix_count: Optional[int] = setting(None, "s3: binary / hex: number of distinct prefixes")
-    round_robin_prefixes: list[str] = setting([], "s3: round_robin: the prefixes, e.g. [a,b,c]")
+    prefix_count: Optional[int] = setting(None, "s3: prefix_strategy=binary or hex only: number of "
+                                                "distinct prefixes (null: the connector's)")
+    round_robin_prefixes: list[str] = setting([], "s3: prefix_strategy=round_robin only: the "
+                                                     "prefixes, e.g. [a,b,c]")
     reader: ReaderKind = setting(ReaderKind.dcp_optimized,
                                  "s3: load reader: dcp_optimized, sequential, range_based")
-    path: Optional[str] = setting(None, "fs: checkpoint directory (local disk, NFS, Lustre)")
-    connect_timeout_s: float = setting(3.0, "s3: seconds the pre-flight check waits to connect")
+    path: Optional[str] = setting(None, "fs: checkpoint directory (local disk, NFS, Lustre); "
+                                        "needs storage=fs")
+    connect_timeout_s: float = setting(3.0, "s3: seconds the pre-flight check waits to "
+                                                    "connect (0..600]")
 
 
 @dataclasses.dataclass
@@ -142,19 +147,24 @@ class BenchmarkConfig:
     state: CheckpointState = setting(CheckpointState.model,
                                      "what is checkpointed: model, or model_and_optimizer "
                                      "(adds AdamW moments, ~3x bytes)")
-    iterations: int = setting(1, "saves (and loads) per run")
+    iterations: int = setting(1, "saves (and loads) per run, 1..1000000")
     suffix: Optional[str] = setting(None, "checkpoint name under the uri/path; load: required; "
                                           "save: default a fresh time-stamped one")
-    delay_s: float = setting(0.0, "pause between phases, never inside a timer")
+    delay_s: float = setting(0.0, "pause between phases, never inside a timer, "
+                                      "seconds (0..86400)")
     verify: bool = setting(True, "save-and-load: compare every loaded shard with what was saved")
     integrity: bool = setting(True, "store a SHA-256 per tensor shard at save; verify at every "
                                     "load")
-    results_dir: str = setting("results", "where the run's record (JSON Lines) is written")
-    nproc: int = setting(1, "ranks to launch on this machine (ignored under torchrun)")
+    results_dir: str = setting("results", "where the run's record (JSON Lines) is "
+                                           "written; checked writable before any rank starts; "
+                                           "if writing fails at the end: $TMPDIR/dcp-fsdp-results/")
+    nproc: int = setting(1, "ranks to launch on this machine (ignored under "
+                                  "torchrun); at most 4 per CPU core, and with CUDA (nccl) "
+                                  "one per visible device")
     backend: Backend = setting(Backend.auto, "process group: auto (nccl with CUDA, else gloo), "
                                              "gloo, nccl")
-    seed: int = setting(0, "seed of the random weights")
-    collective_timeout_s: float = setting(600.0, "process-group timeout, seconds")
+    seed: int = setting(0, "seed of the random weights, 0..2^32-1")
+    collective_timeout_s: float = setting(600.0, "process-group timeout, seconds (0..604800]")
     op_timeout_s: float = setting(3600.0, "a save or load taking longer fails the run (a stalled "
                                           "server never hangs it)")
     keep_request_log: bool = setting(False, "keep each rank's raw connector request log in "
@@ -165,12 +175,13 @@ class BenchmarkConfig:
                                                  "blocked_s vs persisted_s)")
     async_save: AsyncSaveConfig = dataclasses.field(default_factory=AsyncSaveConfig)
     train_step_s: float = setting(0.0, "async: length of a simulated training step (matmuls on "
-                                       "the rank's device) run while the upload proceeds; 0: off")
+                                       "the rank's device) run while the upload proceeds; 0: off; "
+                                       "needs save_mode=async")
     ceiling: bool = setting(False, "after the DCP operations, move the same bytes raw (PUT then "
                                    "GET, same client settings): the storage's ceiling")
     progress: bool = setting(True, "rank 0 prints a heartbeat every progress_interval_s during "
                                    "a save or load")
-    progress_interval_s: float = setting(10.0, "seconds between progress heartbeats")
+    progress_interval_s: float = setting(10.0, "seconds between progress heartbeats (> 0)")
     tune: TuneConfig = dataclasses.field(default_factory=TuneConfig)
 
 

@@ -3,6 +3,8 @@ settings are described)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dcp_fsdp.config.schema import format_default, iter_settings
 
 COMMANDS = {
@@ -36,8 +38,21 @@ def usage() -> str:
 
 def settings_rows() -> list[tuple[str, str, str, str]]:
     """(setting, type, default, meaning) for every user setting, schema order."""
-    return [(name, type_name, format_default(default), text)
+    return [(name, type_name, format_default(effective_default(name, default)), text)
             for name, type_name, default, text in iter_settings()]
+
+
+def effective_default(name: str, default):
+    """A group's member (model.preset) has no schema default: conf/config.yaml's defaults
+    list chooses it (model: tiny_llama)."""
+    if format_default(default) != "(required)":
+        return default
+    import yaml
+
+    with open(Path(__file__).resolve().parent / "conf" / "config.yaml") as source:
+        choices = {key: value for entry in yaml.safe_load(source)["defaults"]
+                   if isinstance(entry, dict) for key, value in entry.items()}
+    return choices.get(name.split(".")[0], default)
 
 
 def command_help(command: str) -> str:
@@ -50,3 +65,15 @@ def command_help(command: str) -> str:
                      headers=["setting", "type", "default", "meaning"], tablefmt="simple",
                      maxcolwidths=[None, 24, 14, 60], disable_numparse=True)
     return "\n".join(header) + "\n" + table
+
+
+def markdown_table() -> str:
+    """The README's Settings table, from the schema (tests/unit/test_settings_doc.py checks
+    the README against the schema): `python -c "from dcp_fsdp.config.usage import
+    markdown_table; print(markdown_table())"`."""
+    lines = ["| setting | type | default | meaning |", "|---|---|---|---|"]
+    bar = "\\|"  # a | inside a cell
+    for name, type_name, default, text in settings_rows():
+        lines.append(f"| `{name}` | {type_name.replace('|', bar)} | `{default}` | "
+                     f"{text.replace('|', bar)} |")
+    return "\n".join(lines)

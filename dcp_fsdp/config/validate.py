@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
+import difflib
+import functools
+import math
 import re
 
-from dcp_fsdp.config.schema import BenchmarkConfig, Command, PrefixStrategy, StorageKind
+from dcp_fsdp.config.schema import (BenchmarkConfig, Command, PrefixStrategy, SaveMode,
+                                    StorageKind, iter_settings)
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.models.presets import PRESETS
 from dcp_fsdp.storage import layout
 
 S3_MIN_PART_SIZE_MIB = 5  # S3 rejects multipart parts below 5 MiB (except the last)
 S3_MAX_PART_SIZE_MIB = 5 * 1024
+
+MAX_ITERATIONS = 1_000_000
+MAX_THREAD_COUNT = 256  # writer threads per rank: more only adds files and contention
+MAX_ATTEMPTS = 100  # the CRT client retries with back-off: more would hang on a dead server
+MAX_SEED = 2**32 - 1
+MAX_TIMEOUT_S = 7 * 86400.0  # a week: beyond that a typo, and timers overflow
+MAX_DELAY_S = 86400.0
+
+# Group names and nested nodes that may be given on their own (`model=L7b`, `storage=fs`).
+GROUPS = ("model", "storage")
+NODES = ("async_save", "tune")
+# storage.* settings only one storage kind uses; the rest (kind, thread_count) both use.
+FS_ONLY = frozenset({"storage.path"})
+S3_ONLY = frozenset({"storage.uri", "storage.region", "storage.endpoint", "storage.part_size_mib",
+                     "storage.throughput_target_gbps", "storage.max_attempts",
+                     "storage.force_path_style", "storage.prefix_strategy", "storage.prefix_count",
+                     "storage.round_robin_prefixes", "storage.reader",
+                     "storage.connect_timeout_s"})
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[^/]+)(?:/(?P<prefix>.*))?$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -29,19 +51,100 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, prefix
 
 
+@functools.cache
+def setting_names() -> tuple[str, ...]:
+    return tuple(name for name, _, _, _ in iter_settings())
+
+
+def check_setting_name(written: str, key: str, package: str | None = None) -> None:
+    """`key` (as written: `written`, with any +, ++ or ~) names a setting, or UserError
+    naming it and the closest real setting."""
+    if package:
+        raise UserError(f"{written}@{package}: package overrides (@) are not supported; "
+                        f"write {key}=VALUE")
+    if key in setting_names() or key in NODES:
+        if written.startswith("+") and not written.startswith("++"):
+            raise UserError(f"{written}: {key} is a setting already; write {key}=VALUE "
+                            "(without +)")
+        return
+    if key in GROUPS:
+        if written.startswith("~"):
+            raise UserError(f"{written}: {key} cannot be removed; choose another, e.g. "
+                            + ("model=L7b" if key == "model" else "storage=fs"))
+        return
+    raise UserError(f"{written}: unknown setting{_suggestion(key)} "
+                    "(dcp-fsdp save --help lists every setting)")
+
+
+def _suggestion(key: str) -> str:
+    names = [*setting_names(), *GROUPS]
+    last = [name for name in names if name.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]
+    close = last or difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def check_storage_settings(cfg: BenchmarkConfig, given: set[str]) -> None:
+    """A storage setting given for the other storage kind would be ignored: refuse it."""
+    kind = cfg.storage.kind
+    for name in sorted(given):
+        if kind == StorageKind.s3 and name in FS_ONLY:
+            raise UserError(f"{name} is used only with storage=fs, and this run uses storage=s3 "
+                            "(it would save to S3): add storage=fs")
+        if kind == StorageKind.fs and name in S3_ONLY:
+            raise UserError(f"{name} is used only with storage=s3, and this run uses storage=fs: "
+                            f"remove {name}, or use storage=s3")
+
+
+def _value(cfg: BenchmarkConfig, name: str):
+    return functools.reduce(getattr, name.split("."), cfg)
+
+
+def _check_numbers(cfg: BenchmarkConfig) -> None:
+    for name in setting_names():
+        value = _value(cfg, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"{name}={value}: give a finite number")
+    ranges = (  # (setting, lowest, highest, whether the lowest is allowed)
+        ("iterations", 1, MAX_ITERATIONS, True), ("nproc", 1, None, True),
+        ("seed", 0, MAX_SEED, True), ("delay_s", 0, MAX_DELAY_S, True),
+        ("op_timeout_s", 0, MAX_TIMEOUT_S, False),
+        ("collective_timeout_s", 0, MAX_TIMEOUT_S, False),
+        ("train_step_s", 0, 3600.0, True), ("progress_interval_s", 0, MAX_DELAY_S, False),
+        ("tune.budget_s", 0, MAX_TIMEOUT_S, False), ("tune.repeats", 1, 1000, True),
+        ("tune.trials", 1, 100_000, True),
+        ("storage.max_attempts", 1, MAX_ATTEMPTS, True),
+        ("storage.thread_count", 1, MAX_THREAD_COUNT, True),
+        ("storage.throughput_target_gbps", 0, None, False),
+        ("storage.connect_timeout_s", 0, 600.0, False),
+        ("storage.prefix_count", 1, None, True),
+    )
+    for name, lowest, highest, lowest_ok in ranges:
+        value = _value(cfg, name)
+        if value is None:
+            continue
+        too_low = value < lowest if lowest_ok else value <= lowest
+        if too_low or (highest is not None and value > highest):
+            low = f"{lowest} or more" if lowest_ok else f"more than {lowest}"
+            span = low + (f", at most {_number(highest)}" if highest is not None else "")
+            raise UserError(f"{name}={_number(value)}: must be {span}")
+
+
+def _number(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def validate(cfg: BenchmarkConfig) -> None:
     """Checks beyond types. Raises UserError naming the setting and the fix."""
     if cfg.model.preset not in PRESETS:
         raise UserError(f"model={cfg.model.preset}: unknown preset; choose one of "
                         + ", ".join(PRESETS))
-    if cfg.iterations < 1:
-        raise UserError(f"iterations={cfg.iterations}: must be 1 or more")
-    if cfg.nproc < 1:
-        raise UserError(f"nproc={cfg.nproc}: must be 1 or more")
-    if cfg.op_timeout_s <= 0:
-        raise UserError(f"op_timeout_s={cfg.op_timeout_s}: must be positive (seconds)")
-    if cfg.delay_s < 0:
-        raise UserError(f"delay_s={cfg.delay_s}: must be 0 or more")
+    _check_numbers(cfg)
+    if not cfg.results_dir.strip():
+        raise UserError("results_dir is empty: give the directory for the record, e.g. "
+                        "results_dir=results")
+    if cfg.train_step_s > 0 and cfg.save_mode != SaveMode["async"]:
+        raise UserError(f"train_step_s={cfg.train_step_s:g}: training steps run only while an "
+                        "async save uploads; add save_mode=async (or drop train_step_s)")
     if cfg.command == Command.load and not cfg.suffix:
         raise UserError("suffix is not set: `load` needs the suffix a save printed, e.g. "
                         "suffix=2026-11-22-13-45-ab12 (`dcp-fsdp list` shows them)")
@@ -58,18 +161,36 @@ def validate(cfg: BenchmarkConfig) -> None:
     elif storage.endpoint:
         raise UserError(f"storage.uri is not set but storage.endpoint={storage.endpoint} is: "
                         "give the bucket too, e.g. storage.uri=s3://my-bucket/checkpoints")
-    if storage.endpoint is not None and not re.match(r"^https?://[^/\s]+/?$", storage.endpoint):
-        raise UserError(f"storage.endpoint={storage.endpoint}: write it as http(s)://host:port")
+    if storage.endpoint is not None:
+        check_endpoint(storage.endpoint, "storage.endpoint")
+    if storage.region is not None:
+        check_region(storage.region, "storage.region")
     if not S3_MIN_PART_SIZE_MIB <= storage.part_size_mib <= S3_MAX_PART_SIZE_MIB:
         raise UserError(f"storage.part_size_mib={storage.part_size_mib}: S3 multipart parts must "
                         f"be {S3_MIN_PART_SIZE_MIB}..{S3_MAX_PART_SIZE_MIB} MiB")
-    if storage.max_attempts < 1:
-        raise UserError(f"storage.max_attempts={storage.max_attempts}: must be 1 or more")
-    if storage.thread_count < 1:
-        raise UserError(f"storage.thread_count={storage.thread_count}: must be 1 or more")
-    if storage.throughput_target_gbps <= 0:
-        raise UserError(f"storage.throughput_target_gbps={storage.throughput_target_gbps}: "
-                        "must be positive")
     if storage.prefix_strategy == PrefixStrategy.round_robin and not storage.round_robin_prefixes:
         raise UserError("storage.round_robin_prefixes is empty: prefix_strategy=round_robin needs "
                         "a list, e.g. 'storage.round_robin_prefixes=[a,b,c]'")
+    if storage.prefix_count is not None and storage.prefix_strategy not in (
+            PrefixStrategy.binary, PrefixStrategy.hex):
+        raise UserError(f"storage.prefix_count={storage.prefix_count} is used only with "
+                        "storage.prefix_strategy=binary or hex (it is "
+                        f"{storage.prefix_strategy.value}): add one, or drop prefix_count")
+    if storage.round_robin_prefixes and storage.prefix_strategy != PrefixStrategy.round_robin:
+        raise UserError("storage.round_robin_prefixes is used only with "
+                        "storage.prefix_strategy=round_robin: add it, or drop the prefixes")
+    for prefix in storage.round_robin_prefixes:
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", str(prefix)):
+            raise UserError(f"storage.round_robin_prefixes: '{prefix}' is not a key prefix; use "
+                            "letters, digits, '.', '_' and '-', e.g. [a,b,c]")
+
+
+def check_endpoint(endpoint: str, name: str) -> None:
+    """`name` is the setting or environment variable the endpoint came from."""
+    if not re.match(r"^https?://[^/\s]+/?$", endpoint):
+        raise UserError(f"{name}={endpoint}: write it as http(s)://host:port")
+
+
+def check_region(region: str, name: str) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", region):
+        raise UserError(f"{name}={region!r}: not a region name; give one like us-east-1")

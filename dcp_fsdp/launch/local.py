@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import BenchmarkConfig
+from dcp_fsdp.launch.checks import check_launch, record_written, write_record
 from dcp_fsdp.launch.embedded_s3 import free_ports
 from dcp_fsdp.launch.preflight import preflight, storage_environment
 from dcp_fsdp.telemetry import records
@@ -37,6 +38,7 @@ def _raise_interrupt(signum, frame):
 
 
 def launch_local(cfg: BenchmarkConfig) -> int:
+    check_launch(cfg)  # results_dir, cores, CUDA devices, environment: before anything starts
     run_id = records.new_run_id(cfg.command.value)
     with storage_environment(cfg) as (cfg, server_env):
         env = {**os.environ, **server_env}
@@ -85,7 +87,7 @@ def _run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str]) -> int:
         signal.signal(signal.SIGTERM, previous_sigterm)
         signal.signal(signal.SIGINT, previous_sigint)
         Path(config_path).unlink(missing_ok=True)
-    if exit_code != 0 and not records.record_path(cfg.results_dir, run_id).exists():
+    if exit_code != 0 and not record_written(cfg.results_dir, run_id):
         _write_failure_record(cfg, run_id, exit_code, processes)
     return exit_code
 
@@ -130,5 +132,5 @@ def _write_failure_record(cfg: BenchmarkConfig, run_id: str, exit_code: int,
         error=f"rank exit codes {codes}", finished_at=records.utc_now(),
         config=records.config_for_record(cfg), world_size=cfg.nproc,
         versions=records.versions(), slurm=records.slurm_environment())
-    path = records.write_records(records.record_path(cfg.results_dir, run_id), run, [])
+    path = write_record(cfg.results_dir, run, [])
     log.info(f"record: {path} ({status})")

@@ -193,8 +193,9 @@ class RankSession:
         run.integrity = dict(self.loop.integrity) if self.loop is not None else {}
         run.init, run.versions = list(init_rows), records.versions()
         run.slurm = records.slurm_environment()
-        return records.write_records(records.record_path(self.cfg.results_dir, run.run_id),
-                                     run, samples)
+        from dcp_fsdp.launch.checks import write_record  # falls back if results_dir fails
+
+        return write_record(self.cfg.results_dir, run, samples)
 
     # -- the one way out -----------------------------------------------------------------
     def finish(self, status: str, error_line: str | None) -> None:

@@ -156,3 +156,112 @@ def test_world_size_that_does_not_divide_the_shards_still_works(s3, s3_uri, tmp_
     run, samples = read_run(tmp_path)
     assert run["world_size"] == 3 and run["status"] == "ok"
     assert sorted({s["rank"] for s in samples}) == [0, 1, 2]
+
+
+# -- found by a new user's trial: each refused before any rank starts ------------------------
+
+@pytest.mark.parametrize("args, fragments", [
+    (["+iteration=3"], ["+iteration: unknown setting", "did you mean iterations?"]),
+    (["+foo=1"], ["+foo: unknown setting"]),
+    (["storage.path=/tmp/dcp-fsdp-ckpt"], ["storage.path is used only with storage=fs",
+                                           "add storage=fs"]),
+    (["storage=fs", "storage.path=/tmp/x", "storage.uri=s3://bucket/x"],
+     ["storage.uri is used only with storage=s3"]),
+    (["train_step_s=1"], ["train_step_s=1", "add save_mode=async"]),
+    (["iterations=1,2"], ["several values need -m"]),
+    (["--nproc", "2"], ["'--nproc'", "nproc=VALUE"]),
+])
+def test_settings_that_would_be_ignored(tmp_path, args, fragments):
+    result = run_cli(["save", *args, f"results_dir={tmp_path}"])
+    assert_refused(result, *fragments, within_s=10)
+    assert not list(tmp_path.iterdir())
+
+
+def test_results_dir_that_cannot_be_written_is_refused_before_any_rank(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for results_dir, words in ((blocker, "it is a file"), (blocker / "sub", "is a file"),
+                               ("/proc/dcp-fsdp-results", "cannot write in /proc")):
+        result = run_cli(["save", "nproc=2", f"results_dir={results_dir}"])
+        assert_refused(result, f"results_dir={results_dir}", words, within_s=10)
+        assert "[dcp-fsdp] no S3 configured" not in result.stdout  # no server, no ranks
+
+
+def test_results_dir_under_torchrun_is_checked_by_rank_0_before_it_joins(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    result = run_cli(["save", "storage.uri=s3://bench/x", "storage.endpoint=http://127.0.0.1:9",
+                      f"results_dir={blocker}"], torchrun_nproc=2)
+    assert result.returncode != 0
+    assert f"dcp-fsdp: error: results_dir={blocker}: it is a file" in result.stderr
+    assert "cannot connect" not in result.stderr  # refused before the storage pre-flight
+    assert result.elapsed_s < 30  # torchrun start-up included
+
+
+def test_multirun_checks_every_job_before_the_first_starts(tmp_path):
+    result = run_cli(["save", "-m", "iterations=1,abc", f"results_dir={tmp_path}"])
+    assert_refused(result, "multirun job 2/2 (iterations=abc)", "give a whole number",
+                   within_s=10)
+    assert "multirun job 1/2" not in result.stdout
+    assert not list(tmp_path.iterdir())
+
+
+def test_nccl_without_cuda_is_refused_by_the_launcher(tmp_path):
+    import torch
+
+    if torch.cuda.device_count():
+        pytest.skip("this machine has CUDA devices")
+    result = run_cli(["save", "backend=nccl", f"results_dir={tmp_path}"])
+    assert_refused(result, "backend=nccl needs CUDA devices", "backend=gloo", within_s=10)
+
+
+def test_more_ranks_than_cuda_devices_is_refused_by_the_launcher(tmp_path):
+    import torch
+
+    count = torch.cuda.device_count()
+    if not count:
+        pytest.skip("no CUDA device here")
+    result = run_cli(["save", f"nproc={count + 1}", f"results_dir={tmp_path}"])
+    assert_refused(result, f"nproc={count + 1}: only {count} CUDA device(s)", within_s=20)
+
+
+def test_more_ranks_than_cores_is_refused(tmp_path):
+    nproc = len(os.sched_getaffinity(0)) * 4 + 1
+    result = run_cli(["save", f"nproc={nproc}", f"results_dir={tmp_path}"])
+    assert_refused(result, f"nproc={nproc}: this machine has", within_s=10)
+
+
+@pytest.mark.parametrize("env, fragments", [
+    ({"OMP_NUM_THREADS": "abc"}, ["OMP_NUM_THREADS='abc'", "positive whole number"]),
+    ({"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}, ["storage.uri is not set but AWS_ENDPOINT_URL"]),
+    ({"AWS_ENDPOINT_URL": "localhost:9000"}, ["AWS_ENDPOINT_URL=localhost:9000", "http(s)://"]),
+    ({"RANK": "0"}, ["RANK is set but WORLD_SIZE is not", "torchrun"]),
+])
+def test_environment_variables_that_make_no_sense(tmp_path, env, fragments):
+    result = run_cli(["save", f"results_dir={tmp_path}"], env=env)
+    assert_refused(result, *fragments, within_s=10)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["/no/such/dir"], ["/no/such/dir"]),
+    (["--format", "xml"], ["invalid choice: 'xml'"]),
+    (["--plot", "PLOTFILE"], ["--plot", "it is a file, not a directory"]),
+    (["--csv", "PLOTFILE/x.csv"], ["--csv", "is a file, not a directory"]),
+    (["--csv", "TMP"], ["--csv", "it is a directory"]),
+])
+def test_report_arguments(tmp_path, args, fragments):
+    (tmp_path / "plots").write_text("a file where a directory should be")
+    args = [arg.replace("PLOTFILE", str(tmp_path / "plots")).replace("TMP", str(tmp_path))
+            for arg in args]
+    result = run_cli(["report", str(tmp_path), *args])
+    assert_refused(result, *fragments, within_s=10)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["heartbeat=0.001s"], ["heartbeat=0.001s: too often"]),
+    (["duration=99999d"], ["more than a year", "duration=forever"]),
+    (["duration=-1m"], ["duration=-1m: not a duration"]),
+    (["duration=5"], ["give a unit"]),
+])
+def test_wait_arguments(args, fragments):
+    assert_refused(run_cli(["wait", *args]), *fragments, within_s=5)

@@ -79,3 +79,110 @@ def test_multirun_sweeps_expand_like_hydra():
     jobs = expand_sweeps(["model=tiny_llama,tiny_gpt2", "iterations=1,2", "nproc=2"])
     assert len(jobs) == 4
     assert ["model=tiny_gpt2", "iterations=2", "nproc=2"] in jobs
+
+
+# -- settings that would be ignored (a new user's trial) ------------------------------------
+
+@pytest.mark.parametrize("overrides, fragments", [
+    (["+iteration=3"], ["+iteration: unknown setting", "did you mean iterations?"]),
+    (["+foo=1"], ["+foo: unknown setting"]),
+    (["++foo=1"], ["++foo: unknown setting"]),
+    (["~foo"], ["~foo: unknown setting"]),
+    (["iteratons=3"], ["iteratons: unknown setting", "did you mean iterations?"]),
+    (["uri=s3://bucket/x"], ["uri: unknown setting", "did you mean storage.uri?"]),
+    (["storage.paht=/x"], ["storage.paht: unknown setting", "did you mean storage.path?"]),
+    (["+iterations=3"], ["+iterations: iterations is a setting already", "iterations=VALUE"]),
+    (["~model"], ["~model: model cannot be removed"]),
+    (["model@x=L7b"], ["package overrides (@) are not supported"]),
+    (["iterations=1,2"], ["iterations=1,2: several values need -m"]),
+    (["storage.path=/tmp/ckpt"], ["storage.path is used only with storage=fs", "add storage=fs"]),
+    (["storage=fs", "storage.path=/x", "storage.uri=s3://bucket/x"],
+     ["storage.uri is used only with storage=s3", "remove storage.uri"]),
+    (["storage=fs", "storage.path=/x", "storage.endpoint=http://h:9000"],
+     ["storage.endpoint is used only with storage=s3"]),
+    (["storage=fs", "storage.path=/x", "storage.part_size_mib=16"],
+     ["storage.part_size_mib is used only with storage=s3"]),
+    (["storage=fs", "storage.path=/x", "storage.region=us-east-2"],
+     ["storage.region is used only with storage=s3"]),
+])
+def test_settings_that_would_be_ignored_are_refused(overrides, fragments):
+    with pytest.raises(UserError) as error:
+        compose("save", overrides)
+    text = str(error.value)
+    assert "\n" not in text
+    for fragment in fragments:
+        assert fragment in text, text
+
+
+def test_settings_both_storages_use_are_accepted_and_force_add_and_delete_work():
+    assert compose("save", ["storage=fs", "storage.path=/x", "storage.thread_count=4"]
+                   ).storage.thread_count == 4
+    assert compose("save", ["++iterations=3"]).iterations == 3
+    assert compose("save", ["iterations=3", "~iterations"]).iterations == 1
+
+
+def test_every_storage_setting_is_classified_by_the_kind_that_uses_it():
+    from dcp_fsdp.config.schema import iter_settings
+    from dcp_fsdp.config.validate import FS_ONLY, S3_ONLY
+
+    for name, _, _, text in iter_settings():
+        if not name.startswith("storage.") or name in ("storage.kind", "storage.thread_count"):
+            continue
+        expected = S3_ONLY if text.startswith("s3:") else FS_ONLY
+        assert name in expected and text.startswith(("s3:", "fs:")), name
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["iterations=1.5"], "iterations: Value '1.5'"),
+    (["iterations=99999999999"], "iterations=99999999999: must be 1 or more, at most 1000000"),
+    (["verify=maybe"], "give true or false"),
+    (["storage.round_robin_prefixes=a"], "give a list"),
+    (["results_dir="], "results_dir is empty"),
+    (["delay_s=-1"], "delay_s=-1: must be 0 or more"),
+    (["delay_s=nan"], "delay_s=nan: give a finite number"),
+    (["op_timeout_s=inf"], "op_timeout_s=inf: give a finite number"),
+    (["op_timeout_s=0"], "op_timeout_s=0: must be more than 0"),
+    (["collective_timeout_s=0"], "collective_timeout_s=0: must be more than 0"),
+    (["collective_timeout_s=-5"], "collective_timeout_s=-5"),
+    (["collective_timeout_s=1e12"], "collective_timeout_s=1e+12: must be more than 0, at most"),
+    (["seed=-1"], "seed=-1: must be 0 or more"),
+    (["progress_interval_s=0"], "progress_interval_s=0: must be more than 0"),
+    (["progress_interval_s=-1"], "progress_interval_s=-1"),
+    (["tune.budget_s=0"], "tune.budget_s=0: must be more than 0"),
+    (["tune.budget_s=-60"], "tune.budget_s=-60"),
+    (["tune.repeats=0"], "tune.repeats=0: must be 1 or more"),
+    (["tune.trials=0"], "tune.trials=0: must be 1 or more"),
+    (["train_step_s=-1"], "train_step_s=-1: must be 0 or more"),
+    (["train_step_s=0.5"], "train_step_s=0.5: training steps run only while an async save"),
+    (["storage.thread_count=0"], "storage.thread_count=0: must be 1 or more"),
+    (["storage.thread_count=100000"], "storage.thread_count=100000: must be 1 or more, at most"),
+    (["storage.max_attempts=0"], "storage.max_attempts=0"),
+    (["storage.max_attempts=1000000"], "storage.max_attempts=1000000"),
+    (["storage.throughput_target_gbps=0"], "storage.throughput_target_gbps=0"),
+    (["storage.connect_timeout_s=0"], "storage.connect_timeout_s=0"),
+    (["storage.part_size_mib=100000"], "storage.part_size_mib=100000"),
+    (["storage.prefix_count=4"], "storage.prefix_count=4 is used only with "
+                                 "storage.prefix_strategy=binary or hex"),
+    (["storage.prefix_strategy=hex", "storage.prefix_count=0"], "storage.prefix_count=0"),
+    (["storage.round_robin_prefixes=[a,b]"], "used only with storage.prefix_strategy=round_robin"),
+    (["storage.prefix_strategy=round_robin", "storage.round_robin_prefixes=[a,b/c]"],
+     "'b/c' is not a key prefix"),
+    (["storage.uri=s3://bucket/x", "storage.region=us east"], "storage.region='us east'"),
+    (["storage.uri=s3://bucket/x", "storage.region="], "storage.region=''"),
+    (["storage.uri=s3://bucket/x", "storage.endpoint="], "storage.endpoint=: write it as"),
+    (["storage.uri="], "storage.uri=: not an S3 URI"),
+    (["backend=mpi"], "backend: Invalid value 'mpi'"),
+    (["save_mode=later"], "save_mode"),
+    (["state=full"], "state: Invalid value 'full', expected one of [model, model_and_optimizer]"),
+])
+def test_wrong_values_fail_with_one_line_naming_the_setting(overrides, message):
+    with pytest.raises(UserError) as error:
+        compose("save", overrides)
+    text = str(error.value)
+    assert message in text and "\n" not in text, text
+
+
+def test_async_save_options_with_sync_saves_are_fine():
+    cfg = compose("save", ["async_save.checkpointer=process", "async_save.pinned_memory=false"])
+    assert cfg.async_save.pinned_memory is False
+    assert compose("save", ["save_mode=async", "train_step_s=0.5"]).train_step_s == 0.5

@@ -1,0 +1,219 @@
+"""Checks of the machine and environment a run needs, before any rank starts.
+
+The settings themselves are checked by `config/validate.py`; here: can the record be
+written (results_dir), are there the cores and CUDA devices the ranks will claim, and do
+the environment variables we read make sense. Each failure is one UserError line naming
+the setting or variable and the fix. No torch import here: the launcher stays light
+(CUDA devices are counted in a subprocess, and only when the backend may use them).
+
+And, should the record still not be writable at the end of a run, `write_record`
+puts it in a fallback directory rather than lose the measurement.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from dcp_fsdp import contract, log
+from dcp_fsdp.config.schema import Backend, BenchmarkConfig, StorageKind
+from dcp_fsdp.config.validate import check_endpoint, check_region
+from dcp_fsdp.errors import UserError
+
+RANKS_PER_CORE = 4  # more ranks than this per core only measures the scheduler
+CONNECTOR_LOG_ENV = ("S3_TORCH_CONNECTOR_DEBUG_LOGS", "S3_TORCH_CONNECTOR_LOGS_DIR_PATH")
+
+
+# -- results_dir -----------------------------------------------------------------------------
+
+def writable_dir_problem(path: str | Path) -> str | None:
+    """Why a directory could not be created or written at `path` (None: it can).
+
+    Creates nothing that stays: a probe file in the nearest existing ancestor is removed
+    at once (permission bits alone would mislead for root, ACLs, read-only mounts)."""
+    target = Path(path).expanduser()
+    if target.exists() and not target.is_dir():
+        return "it is a file, not a directory"
+    ancestor = target
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{ancestor} is a file, not a directory"
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".dcp-fsdp-probe-", dir=ancestor)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        return f"cannot write in {ancestor} ({error.strerror or error})"
+    return None
+
+
+def check_results_dir(results_dir: str) -> None:
+    problem = writable_dir_problem(results_dir)
+    if problem:
+        raise UserError(f"results_dir={results_dir}: {problem}; choose a directory you can "
+                        "write to, e.g. results_dir=$HOME/dcp-fsdp-results")
+
+
+def fallback_results_dir() -> Path:
+    return Path(tempfile.gettempdir()) / "dcp-fsdp-results"
+
+
+def record_written(results_dir: str, run_id: str) -> bool:
+    from dcp_fsdp.telemetry.records import record_path
+
+    return any(record_path(str(where), run_id).exists()
+               for where in (results_dir, fallback_results_dir()))
+
+
+def write_record(results_dir: str, run, samples) -> Path:
+    """The record under results_dir; if that fails (the directory went away, the disk
+    filled), under the fallback directory, said in a warning: a run's measurement is
+    never lost to a path problem."""
+    from dcp_fsdp.telemetry.records import record_path, write_records
+
+    try:
+        return write_records(record_path(results_dir, run.run_id), run, samples)
+    except OSError as error:
+        path = write_records(record_path(str(fallback_results_dir()), run.run_id), run, samples)
+        log.warning(f"results_dir={results_dir}: cannot write the record "
+                    f"({error.strerror or error}); it is at {path} instead")
+        return path
+
+
+# -- cores and devices -----------------------------------------------------------------------
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _cuda_driver_present() -> bool:
+    return any(os.path.exists(path) for path in ("/dev/nvidiactl", "/dev/nvidia0",
+                                                 "/proc/driver/nvidia/version"))
+
+
+@functools.cache
+def cuda_device_count() -> int:
+    """CUDA devices this process could use; 0 without a driver (answered at once), else
+    counted by torch in a subprocess (the launcher itself never imports torch)."""
+    if not _cuda_driver_present():
+        return 0
+    try:
+        answer = subprocess.run([sys.executable, "-c",
+                                 "import torch; print(torch.cuda.device_count())"],
+                                capture_output=True, text=True, timeout=120)
+        return int(answer.stdout.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return 0
+
+
+def check_devices(backend: Backend, ranks_here: int, device_count) -> None:
+    """`ranks_here` ranks on this machine, one CUDA device each under nccl.
+    `device_count` is called only when the backend may use CUDA."""
+    if backend == Backend.gloo:
+        return
+    count = device_count()
+    if backend == Backend.nccl and count == 0:
+        raise UserError("backend=nccl needs CUDA devices, and none is visible here (check "
+                        "CUDA_VISIBLE_DEVICES and the driver); use backend=gloo or backend=auto")
+    if count and ranks_here > count:
+        raise UserError(f"nproc={ranks_here}: only {count} CUDA device(s) visible here and "
+                        f"backend={backend.value} gives each rank its own; use nproc={count} or "
+                        "fewer, or backend=gloo for CPU ranks")
+
+
+def check_nproc(nproc: int) -> None:
+    cores = usable_cores()
+    if nproc > cores * RANKS_PER_CORE:
+        raise UserError(f"nproc={nproc}: this machine has {cores} usable CPU core(s); use at most "
+                        f"nproc={cores * RANKS_PER_CORE} ({RANKS_PER_CORE} per core), or more "
+                        "machines (torchrun, Slurm)")
+
+
+# -- environment variables -------------------------------------------------------------------
+
+def _positive_int(name: str, example: str) -> None:
+    value = os.environ.get(name)
+    if value is not None and not re.fullmatch(r"\s*[1-9]\d*\s*", value):
+        raise UserError(f"{name}={value!r}: must be a positive whole number; unset it or "
+                        f"export {name}={example}")
+
+
+def check_environment(cfg: BenchmarkConfig) -> None:
+    """The environment variables we read, in the launcher and in every torchrun rank."""
+    _positive_int("OMP_NUM_THREADS", "4")
+    if cfg.storage.kind == StorageKind.s3:
+        for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+            value = os.environ.get(name)
+            if value is not None and cfg.storage.endpoint is None:
+                check_endpoint(value, name)
+                if cfg.storage.uri is None:
+                    raise UserError(f"storage.uri is not set but {name} is: give the bucket "
+                                    "too, e.g. storage.uri=s3://my-bucket/checkpoints (or "
+                                    f"unset {name} for the embedded server)")
+                break  # the first one set is the one used
+        for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+            value = os.environ.get(name)
+            if value is not None and cfg.storage.region is None:
+                check_region(value, name)
+                break
+        if cfg.request_stats:
+            for name in CONNECTOR_LOG_ENV:
+                if name in os.environ:
+                    raise UserError(f"{name} is set, but request_stats=true sets the "
+                                    f"connector's log itself: unset {name}, or add "
+                                    "request_stats=false to keep your own log")
+    if contract.CONFIG_ENV in os.environ:
+        raise UserError(f"{contract.CONFIG_ENV} is set: it is for ranks that dcp-fsdp starts "
+                        f"itself; unset {contract.CONFIG_ENV}")
+
+
+def check_torchrun_environment() -> int:
+    """Under torchrun (RANK is set): the variables env:// rendezvous reads. Returns the
+    number of ranks on this machine (LOCAL_WORLD_SIZE)."""
+    for name in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(name):
+            raise UserError(f"RANK is set but {name} is not: start the ranks with torchrun "
+                            "(which sets both), or unset RANK to let dcp-fsdp launch nproc ranks")
+    numbers = {}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+        value = os.environ.get(name, "0" if name == "LOCAL_RANK" else os.environ["WORLD_SIZE"])
+        if not re.fullmatch(r"\d+", value.strip()):
+            raise UserError(f"{name}={value!r}: must be a whole number (torchrun sets it)")
+        numbers[name] = int(value)
+    if not numbers["RANK"] < numbers["WORLD_SIZE"] or numbers["WORLD_SIZE"] < 1:
+        raise UserError(f"RANK={numbers['RANK']} WORLD_SIZE={numbers['WORLD_SIZE']}: RANK must "
+                        "be below WORLD_SIZE (start the ranks with torchrun)")
+    if not 0 < numbers["MASTER_PORT"] < 65536:
+        raise UserError(f"MASTER_PORT={numbers['MASTER_PORT']}: must be a port, 1..65535")
+    run_id = os.environ.get(contract.RUN_ID_ENV)
+    if run_id is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", run_id):
+        raise UserError(f"{contract.RUN_ID_ENV}={run_id!r}: a run id is a file name: use "
+                        "letters, digits, '.', '_' and '-'")
+    argv = os.environ.get(contract.ARGV_ENV)
+    if argv:
+        try:
+            if not isinstance(json.loads(argv), list):
+                raise ValueError
+        except ValueError:
+            raise UserError(f"{contract.ARGV_ENV} is not a JSON list: it is set by dcp-fsdp's "
+                            f"launcher; unset {contract.ARGV_ENV}") from None
+    return numbers["LOCAL_WORLD_SIZE"]
+
+
+def check_launch(cfg: BenchmarkConfig) -> None:
+    """Everything the local launcher checks before storage and ranks (about a millisecond
+    without a CUDA driver; a torch import in a subprocess with one)."""
+    check_environment(cfg)
+    check_results_dir(cfg.results_dir)
+    check_nproc(cfg.nproc)
+    check_devices(cfg.backend, cfg.nproc, cuda_device_count)

@@ -1,0 +1,230 @@
+"""Machine and environment checks of the launcher (launch/checks.py), the record's fallback
+location, and the CLI's help, version and argument handling: no ranks, no server."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import pytest
+
+from dcp_fsdp import cli
+from dcp_fsdp.config.compose import compose
+from dcp_fsdp.config.schema import Backend, iter_settings
+from dcp_fsdp.config.usage import settings_rows
+from dcp_fsdp.errors import UserError
+from dcp_fsdp.launch import checks
+
+ROOT = os.geteuid() == 0  # root writes into read-only directories
+
+
+@pytest.fixture
+def fallback_tmp(tmp_path, monkeypatch):
+    """$TMPDIR for this test: the fallback record location lies under it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    return tmp_path / "tmp" / "dcp-fsdp-results"
+
+
+# -- results_dir ---------------------------------------------------------------------------
+
+def test_results_dir_that_is_a_file_or_under_a_file_is_refused(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for path, words in ((blocker, "it is a file"), (blocker / "sub" / "dir", "a-file is a file")):
+        with pytest.raises(UserError) as error:
+            checks.check_results_dir(str(path))
+        assert f"results_dir={path}" in str(error.value) and words in str(error.value)
+        assert "choose a directory you can write to" in str(error.value)
+
+
+@pytest.mark.skipif(ROOT, reason="root writes into read-only directories")
+def test_read_only_results_dir_is_refused(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        with pytest.raises(UserError, match="cannot write in"):
+            checks.check_results_dir(str(locked / "results"))
+    finally:
+        locked.chmod(0o755)
+
+
+def test_results_dir_that_can_be_made_passes_and_is_not_created(tmp_path):
+    checks.check_results_dir(str(tmp_path / "new" / "results"))
+    assert not (tmp_path / "new").exists()
+    assert list(tmp_path.iterdir()) == []  # the probe file is gone
+
+
+def test_rank_record_falls_back_when_results_dir_cannot_be_written(tmp_path, fallback_tmp,
+                                                                   capsys):
+    from dcp_fsdp.rank.session import RankSession
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    cfg = compose("save", [f"results_dir={blocker / 'results'}"])
+    session = RankSession(cfg, 0.0)
+    session.run.run_id = "20260101-000000-save-abcdef"
+    path = session.write_record("ok", None, [], [session.init])
+    assert path.parent == fallback_tmp and path.exists()
+    assert json.loads(path.read_text().splitlines()[0])["run_id"] == session.run.run_id
+    warning = capsys.readouterr().err
+    assert f"results_dir={blocker / 'results'}" in warning and str(path) in warning
+
+
+def test_launcher_failure_record_falls_back_too(tmp_path, fallback_tmp):
+    from dcp_fsdp.launch import local
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    cfg = compose("save", [f"results_dir={blocker}"])
+    local._write_failure_record(cfg, "20260101-000000-save-fedcba", 1, [])
+    assert checks.record_written(cfg.results_dir, "20260101-000000-save-fedcba")
+    assert (fallback_tmp / "20260101-000000-save-fedcba.jsonl").exists()
+
+
+# -- cores and devices ---------------------------------------------------------------------
+
+def test_nproc_beyond_the_cores_is_refused():
+    limit = checks.usable_cores() * checks.RANKS_PER_CORE
+    checks.check_nproc(limit)
+    with pytest.raises(UserError, match=f"nproc={limit + 1}: this machine has"):
+        checks.check_nproc(limit + 1)
+
+
+def _never_called():
+    raise AssertionError("gloo needs no device count")
+
+
+@pytest.mark.parametrize("backend, ranks, devices, message", [
+    (Backend.gloo, 64, _never_called, None),
+    (Backend.auto, 4, lambda: 0, None),  # auto without CUDA: gloo
+    (Backend.auto, 2, lambda: 2, None),
+    (Backend.nccl, 1, lambda: 0, "backend=nccl needs CUDA devices, and none is visible"),
+    (Backend.nccl, 2, lambda: 1, "nproc=2: only 1 CUDA device(s) visible here and backend=nccl"),
+    (Backend.auto, 8, lambda: 4, "nproc=8: only 4 CUDA device(s) visible here and backend=auto"),
+])
+def test_devices_for_the_backend(backend, ranks, devices, message):
+    if message is None:
+        checks.check_devices(backend, ranks, devices)
+        return
+    with pytest.raises(UserError) as error:
+        checks.check_devices(backend, ranks, devices)
+    assert message in str(error.value)
+
+
+def test_the_device_count_of_this_machine_matches_torch():
+    import torch
+
+    checks.cuda_device_count.cache_clear()
+    assert checks.cuda_device_count() == torch.cuda.device_count()
+
+
+# -- environment variables -----------------------------------------------------------------
+
+@pytest.mark.parametrize("env, overrides, message", [
+    ({"OMP_NUM_THREADS": "abc"}, [], "OMP_NUM_THREADS='abc': must be a positive whole number"),
+    ({"OMP_NUM_THREADS": "0"}, [], "OMP_NUM_THREADS='0'"),
+    ({"OMP_NUM_THREADS": "-2"}, [], "OMP_NUM_THREADS='-2'"),
+    ({"AWS_ENDPOINT_URL": "localhost:9000"}, ["storage.uri=s3://bucket/x"],
+     "AWS_ENDPOINT_URL=localhost:9000: write it as http(s)://host:port"),
+    ({"AWS_ENDPOINT_URL_S3": "nonsense"}, ["storage.uri=s3://bucket/x"], "AWS_ENDPOINT_URL_S3="),
+    ({"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}, [],
+     "storage.uri is not set but AWS_ENDPOINT_URL is"),
+    ({"AWS_REGION": "us east 1"}, ["storage.uri=s3://bucket/x"], "AWS_REGION='us east 1'"),
+    ({"AWS_DEFAULT_REGION": ""}, ["storage.uri=s3://bucket/x"], "AWS_DEFAULT_REGION=''"),
+    ({"S3_TORCH_CONNECTOR_DEBUG_LOGS": "debug"}, [],
+     "S3_TORCH_CONNECTOR_DEBUG_LOGS is set, but request_stats=true"),
+    ({"DCP_FSDP_CONFIG": "/tmp/x.yaml"}, [], "DCP_FSDP_CONFIG is set"),
+])
+def test_environment_variables_we_read(monkeypatch, env, overrides, message):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    cfg = compose("save", overrides)
+    with pytest.raises(UserError) as error:
+        checks.check_environment(cfg)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_environment_that_is_fine(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    monkeypatch.setenv("S3_TORCH_CONNECTOR_DEBUG_LOGS", "debug")  # request_stats=false: theirs
+    checks.check_environment(compose("save", ["storage.uri=s3://bucket/x", "request_stats=false"]))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "nonsense")  # storage=fs does not read it
+    checks.check_environment(compose("save", ["storage=fs", "storage.path=/x"]))
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"RANK": "0"}, "RANK is set but WORLD_SIZE is not"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "1"}, "MASTER_ADDR is not"),
+    ({"RANK": "x", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "RANK='x'"),
+    ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"},
+     "RANK must be below WORLD_SIZE"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "h", "MASTER_PORT": "70000"},
+     "MASTER_PORT=70000"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1",
+      "LOCAL_RANK": "-1"}, "LOCAL_RANK='-1'"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1",
+      "DCP_FSDP_RUN_ID": "../x"}, "DCP_FSDP_RUN_ID='../x'"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1",
+      "DCP_FSDP_ARGV": "{"}, "DCP_FSDP_ARGV is not a JSON list"),
+])
+def test_torchrun_variables(monkeypatch, env, message):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT", "DCP_FSDP_RUN_ID", "DCP_FSDP_ARGV"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError) as error:
+        checks.check_torchrun_environment()
+    assert message in str(error.value)
+
+
+def test_torchrun_local_world_size_is_the_ranks_here(monkeypatch):
+    for name, value in {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
+                        "MASTER_ADDR": "h", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    assert checks.check_torchrun_environment() == 4
+
+
+# -- help, version, arguments --------------------------------------------------------------
+
+def test_version(capsys):
+    from dcp_fsdp import __version__
+
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"dcp-fsdp {__version__}"
+
+
+@pytest.mark.parametrize("command", ["save", "load", "save-and-load", "list"])
+def test_command_help_lists_every_setting_with_its_default(command, capsys):
+    assert cli.main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: dcp-fsdp {command}")
+    rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    for name, _, default, _ in settings_rows():  # defaults as config.yaml makes them
+        assert name in rows, name
+        assert default in rows[name].split(), (name, rows[name])
+    assert len(settings_rows()) == len(list(iter_settings()))
+
+
+def test_unknown_command_suggests_the_closest(capsys):
+    assert cli.main(["sav"]) == 2
+    assert "did you mean save?" in capsys.readouterr().err
+
+
+def test_dashed_setting_names_are_refused(capsys):
+    assert cli.main(["save", "--nproc", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "'--nproc': settings are written key=value" in err and "nproc=VALUE" in err
+
+
+def test_a_sweep_is_checked_whole_before_its_first_job_runs(tmp_path, capsys):
+    code = cli.main(["save", "-m", "iterations=1,abc", f"results_dir={tmp_path}"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "multirun job 2/2 (iterations=abc)" in captured.err
+    assert "multirun job 1/2" not in captured.out  # nothing ran
+    assert list(tmp_path.iterdir()) == []
