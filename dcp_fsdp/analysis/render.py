@@ -75,11 +75,21 @@ def _width(text: str) -> int:
     return max((len(line) for line in text.splitlines()), default=0)
 
 
-def _tabulate(headers: list[str], columns: list[list[str]], tablefmt: str) -> str:
-    from tabulate import tabulate
+def _tabulate(headers: list[str], columns: list[list[str]], tablefmt: str,
+              padding: int | None = None) -> str:
+    """`padding`: tabulate's extra spaces around each header (its default: 2); the compact
+    view asks for none, the two spaces between columns keep them apart."""
+    import tabulate as tabulate_module
 
     rows = [list(row) for row in zip(*columns)] if columns else []
-    return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+    saved = tabulate_module.MIN_PADDING
+    if padding is not None:
+        tabulate_module.MIN_PADDING = padding
+    try:
+        return tabulate_module.tabulate(rows, headers=headers, tablefmt=tablefmt,
+                                        disable_numparse=True)
+    finally:
+        tabulate_module.MIN_PADDING = saved
 
 
 def full_table(frame: pd.DataFrame, keys: list[str], columns: list[Column], tablefmt: str
@@ -109,7 +119,7 @@ def compact_table(frame: pd.DataFrame, keys: list[str], columns: list[Column], w
     dropped: list[str] = []
     while True:
         text = _tabulate(key_headers + [c.header for c, _ in shown],
-                         key_cells + [cells for _, cells in shown], "simple")
+                         key_cells + [cells for _, cells in shown], "simple", padding=0)
         if _width(text) <= width or not shown:
             return text, dropped
         # the least important column goes first; of equals, the rightmost
@@ -177,7 +187,7 @@ def render(result: dict[str, Any], fmt: str, warnings: list[str], width: int | N
     if compact:
         renamed = {k: h for k, h in _key_headers([k for k in keys if "." in k]).items()}
         if renamed:
-            wrapped("Settings: " + ", ".join(f"{h} = {k}" for k, h in renamed.items()) + ".")
+            wrapped("Settings: " + ", ".join(f"{h}={k}" for k, h in renamed.items()) + ".")
             out.append("")
     if result["throughput"].empty:
         out.append("no successful save or load to report.")
@@ -196,7 +206,8 @@ def render(result: dict[str, Any], fmt: str, warnings: list[str], width: int | N
         wrapped(f"Left out of every figure: {len(not_ok)} run(s) that did not finish or whose "
                 "record is not whole:" + ("\n" if fmt == "md" else ""))
         for _, run in not_ok.iterrows():
-            error = " ".join(str(run["error"] or "").split())[:200]
+            error = run["error"] if isinstance(run["error"], str) else ""
+            error = " ".join(error.split())[:200]
             wrapped(f"{run['run_id']} ({run['command']}, {run['status']})"
                     f"{': ' + error if error else ''}", "- " if fmt == "md" else "  ")
         out.append("")
