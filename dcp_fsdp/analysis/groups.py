@@ -143,6 +143,8 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
         return result
     frame = samples_frame(ok_samples)
     attributes = run_rows[["run_id", *[k for k in group_keys if k != "op"]]]
+    # a setting named like a sample field (save_mode): the run's setting groups
+    frame = frame.drop(columns=[k for k in attributes if k != "run_id" and k in frame])
     frame = frame.merge(attributes, on="run_id", how="left")
     for key in group_keys:
         frame[key] = frame[key].astype(object).where(frame[key].notna(), "")
