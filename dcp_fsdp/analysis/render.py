@@ -183,12 +183,11 @@ def render(result: dict[str, Any], fmt: str, warnings: list[str], width: int | N
             + " (left out of every figure)." + ("\n" if fmt == "md" else ""))
     if shared:
         wrapped("All groups: " + ", ".join(shared) + ".")
+    renamed = _key_headers([k for k in keys if "." in k]) if compact else {}
+    if renamed:
+        wrapped("Settings: " + ", ".join(f"{h}={k}" for k, h in renamed.items()) + ".")
+    if shared or renamed:
         out.append("")
-    if compact:
-        renamed = {k: h for k, h in _key_headers([k for k in keys if "." in k]).items()}
-        if renamed:
-            wrapped("Settings: " + ", ".join(f"{h}={k}" for k, h in renamed.items()) + ".")
-            out.append("")
     if result["throughput"].empty:
         out.append("no successful save or load to report.")
     else:
