@@ -9,6 +9,10 @@ MiB = 2**20 bytes. For one operation (save or load) of one iteration:
   req_per_s         = requests / span_s
   failed, throttled, retries, misses: see dcp_fsdp.telemetry.request_log
   latency p50/p99   = over every request of the operation (merged log-bucket histograms)
+  blocked_span_s    = max(begin_wall_s + blocked_s) - min(begin_wall_s)    (async saves)
+  persisted_span_s  = max(begin_wall_s + persisted_s) - min(begin_wall_s)
+  efficiency        = aggregate_mib_s / the ceiling's aggregate MiB/s (raw_put for save,
+                      raw_get for load; total raw bytes / MiB / total raw spans)
 """
 
 from __future__ import annotations
@@ -24,6 +28,14 @@ MIB = 2**20
 GIB = 2**30
 OPERATION_KEYS = ["run_id", "op", "iteration"]
 # flat sample columns taken from each sample's `requests` summary
+# the raw storage ceiling measured in the same run, per DCP operation
+CEILING_OPS = {"save": "raw_put", "load": "raw_get"}
+# sample fields that older records (or hand-made samples) may lack; NaN when absent
+OPTIONAL_COLUMNS = ("plan_s", "io_s", "commit_s", "metadata_s", "finish_s", "barrier_wait_s",
+                    "requests", "save_mode", "blocked_s", "staged_s", "persisted_s",
+                    "previous_wait_s", "train_steps", "train_step_slowdown", "fetched_bytes",
+                    "io_wait_s", "copy_s", "stage_s", "upload_s", "peak_rss_bytes",
+                    "cuda_max_allocated_bytes")
 REQUEST_COLUMNS = {"req_count": "count", "req_failed": "failed", "req_throttled": "throttled",
                    "req_retries": "retries", "req_misses": "misses",
                    "req_bytes_down": "bytes_down", "req_bytes_up": "bytes_up"}
@@ -40,6 +52,9 @@ def samples_frame(samples: Iterable[dict[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame(list(samples))
     if frame.empty:
         return frame
+    for column in OPTIONAL_COLUMNS:
+        if column not in frame:
+            frame[column] = None
     frame["rank_mib_s"] = frame["bytes"] / MIB / frame["duration_s"]
     requests = frame["requests"] if "requests" in frame else pd.Series([None] * len(frame),
                                                                       index=frame.index)
@@ -71,11 +86,31 @@ def _sum_or_nan(series: pd.Series) -> float:
     return series.sum(min_count=1)
 
 
+def _complete_sum(series: pd.Series) -> float:
+    """Sum over ranks, NaN unless every rank has the figure (a partial sum would mislead)."""
+    series = pd.to_numeric(series, errors="coerce")
+    return float(series.sum()) if len(series) and series.notna().all() else math.nan
+
+
+def _complete_max(series: pd.Series) -> float:
+    series = pd.to_numeric(series, errors="coerce")
+    return float(series.max()) if len(series) and series.notna().all() else math.nan
+
+
+def _max_or_nan(series: pd.Series) -> float:
+    series = pd.to_numeric(series, errors="coerce").dropna()
+    return float(series.max()) if len(series) else math.nan
+
+
 def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, op, iteration): totals over ranks and the spread across them."""
-    for column in REQUEST_COLUMNS:
+    for column in (*REQUEST_COLUMNS, *OPTIONAL_COLUMNS):
         if column not in samples:
             samples = samples.assign(**{column: math.nan})
+    begin = samples["begin_wall_s"].astype(float)
+    samples = samples.assign(
+        _blocked_end=begin + pd.to_numeric(samples["blocked_s"], errors="coerce"),
+        _persisted_end=begin + pd.to_numeric(samples["persisted_s"], errors="coerce"))
     grouped = samples.groupby(OPERATION_KEYS, sort=False)
     frame = grouped.agg(
         suffix=("suffix", "first"),
@@ -91,8 +126,15 @@ def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
         rank_mib_s_median=("rank_mib_s", "median"),
         rank_mib_s_max=("rank_mib_s", "max"),
         barrier_wait_s_max=("barrier_wait_s", "max"),
+        blocked_end=("_blocked_end", _complete_max),
+        persisted_end=("_persisted_end", _complete_max),
+        fetched_bytes=("fetched_bytes", _complete_sum),
+        peak_rss_bytes=("peak_rss_bytes", _max_or_nan),
+        cuda_max_allocated_bytes=("cuda_max_allocated_bytes", _max_or_nan),
         **{column: (column, _sum_or_nan) for column in REQUEST_COLUMNS},
     ).reset_index()
+    frame["blocked_span_s"] = frame.pop("blocked_end") - frame["first_begin_wall_s"]
+    frame["persisted_span_s"] = frame.pop("persisted_end") - frame["first_begin_wall_s"]
     frame["span_s"] = frame["last_end_wall_s"] - frame["first_begin_wall_s"]
     frame["aggregate_mib_s"] = frame["bytes"] / MIB / frame["span_s"]
     frame["end_skew_s"] = frame["last_end_wall_s"] - frame["first_end_wall_s"]
@@ -115,8 +157,26 @@ def _fmt(value: float, spec: str = ".1f") -> str:
     return "" if pd.isna(value) else format(value, spec)
 
 
+def aggregate_mib_s(ops: pd.DataFrame) -> float:
+    """Total bytes / MiB / total spans of some operations (NaN when none)."""
+    span_s = ops["span_s"].sum()
+    return float(ops["bytes"].sum() / MIB / span_s) if len(ops) and span_s else math.nan
+
+
+def ceilings_mib_s(ops: pd.DataFrame) -> dict[str, float]:
+    """{"save": raw_put aggregate MiB/s, "load": raw_get ...} for the ceilings present."""
+    found = {}
+    for op, raw in CEILING_OPS.items():
+        raw_ops = ops[ops["op"] == raw]
+        if len(raw_ops):
+            found[op] = aggregate_mib_s(raw_ops)
+    return found
+
+
 def run_table(samples: Iterable[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
-    """The end-of-run table: one row per op and iteration, then a summary per op."""
+    """The end-of-run table: one row per op and iteration, then a summary per op.
+    With a ceiling measured (raw_put / raw_get samples), an efficiency column follows the
+    aggregate: the save's (load's) aggregate MiB/s / the run's raw_put (raw_get) one."""
     frame = samples_frame(samples)
     headers = ["op", "iter", "suffix", "MiB", "span s", "aggregate MiB/s",
                "rank s min/med/max", "rank MiB/s min/med/max",
@@ -124,7 +184,15 @@ def run_table(samples: Iterable[dict[str, Any]]) -> tuple[list[str], list[list[A
     if frame.empty:
         return headers, []
     ops = per_operation(frame)
+    ceilings = ceilings_mib_s(ops)
+    if ceilings:
+        headers.insert(6, "efficiency")
     rows: list[list[Any]] = []
+
+    def efficiency_cells(op: str, aggregate: float) -> list[str]:
+        if not ceilings:
+            return []
+        return [_fmt(aggregate / ceilings[op], ".2f") if op in ceilings else ""]
 
     def request_cells(count, span_s, failed, throttled, p50, p99) -> list[str]:
         if pd.isna(count):
@@ -136,6 +204,7 @@ def run_table(samples: Iterable[dict[str, Any]]) -> tuple[list[str], list[list[A
     for _, row in ops.iterrows():
         rows.append([row["op"], row["iteration"], row["suffix"], f"{row['bytes'] / MIB:.1f}",
                      f"{row['span_s']:.3f}", f"{row['aggregate_mib_s']:.1f}",
+                     *efficiency_cells(row["op"], row["aggregate_mib_s"]),
                      f"{row['rank_s_min']:.3f}/{row['rank_s_median']:.3f}/{row['rank_s_max']:.3f}",
                      f"{row['rank_mib_s_min']:.1f}/{row['rank_mib_s_median']:.1f}/"
                      f"{row['rank_mib_s_max']:.1f}",
@@ -152,6 +221,7 @@ def run_table(samples: Iterable[dict[str, Any]]) -> tuple[list[str], list[list[A
                      f"{group['span_s'].median():.3f} med",
                      f"{group['aggregate_mib_s'].min():.1f}/{group['aggregate_mib_s'].median():.1f}"
                      f"/{group['aggregate_mib_s'].max():.1f}",
+                     *efficiency_cells(op, aggregate_mib_s(group)),
                      f"{op_samples['duration_s'].min():.3f}/{op_samples['duration_s'].median():.3f}/"
                      f"{op_samples['duration_s'].max():.3f}",
                      f"{op_samples['rank_mib_s'].min():.1f}/{op_samples['rank_mib_s'].median():.1f}/"

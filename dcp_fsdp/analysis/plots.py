@@ -128,10 +128,13 @@ def plot(result: dict[str, Any], directory: Path) -> list[Path]:
     written.append(path)
 
     # 3. request latency distribution: CDF per request type, one panel per operation
-    if samples["requests"].map(lambda r: isinstance(r, dict)).any():
-        fig, axes = plt.subplots(1, len(op_names), figsize=(6 * len(op_names), 4.6),
+    # (only operations with request statistics: the raw ceiling's have none)
+    has_requests = samples["requests"].map(lambda r: isinstance(r, dict))
+    request_ops = [op for op in op_names if has_requests[samples["op"] == op].any()]
+    if request_ops:
+        fig, axes = plt.subplots(1, len(request_ops), figsize=(6 * len(request_ops), 4.6),
                                  squeeze=False)
-        for axis, op in zip(axes[0], op_names):
+        for axis, op in zip(axes[0], request_ops):
             requests = samples.loc[samples["op"] == op, "requests"]
             kinds: dict[str, int] = {}
             for summary in requests:

@@ -1,57 +1,40 @@
-"""The report's tables as text: terminal, Markdown, or the wide CSV."""
+"""The report's tables as text: terminal, Markdown, or the wide CSV.
+
+The terminal view (`--format table`) fits a width: the group keys that differ between
+groups first (the ones all groups share go in one line above the tables), a compact set of
+columns, columns empty in every row left out, long names shortened, and, when still too
+wide, the least important columns dropped (said under the table). `--wide` (the same as
+`--columns all`) and `--format md` show every column; the CSV has every figure.
+"""
 
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any
 
 import pandas as pd
+
+from dcp_fsdp.analysis import columns as cols
+from dcp_fsdp.analysis.columns import Column
+
+DEFAULT_WIDTH = 100  # when the output is not a terminal
+KEY_CELL_MAX = 18  # characters of a group key's value in the compact view
+KEY_HEADER_MAX = 14
+# the storage labels' short forms in the compact view
+STORAGE_SHORT = {"s3 (embedded SeaweedFS)": "s3 embedded"}
 
 
 def _cell(value: Any, spec: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
+    if spec == "s":
+        return str(value)
     if spec == "int":
         return f"{int(round(value))}"
     if spec == "%":
         return f"{100 * value:.2f}"
     return format(value, spec)
-
-
-# (column name or names joined by "/" in one cell, header, format)
-THROUGHPUT_COLUMNS = [
-    ("runs", "runs", "int"), ("iterations", "iters", "int"), ("checkpoint_gib", "GiB", ".3f"),
-    ("duration_mean_s", "dur mean s", ".3f"), ("duration_p50_s", "dur p50 s", ".3f"),
-    ("duration_p90_s", "dur p90 s", ".3f"), ("aggregate_mib_s", "agg MiB/s", ".1f"),
-    ("mib_s_per_node", "MiB/s/node", ".1f"),
-    (("rank_s_min", "rank_s_median", "rank_s_max"), "rank s min/med/max", ".3f"),
-    ("requests_per_op", "req/op", ".1f"), ("req_per_s", "req/s", ".1f"),
-    ("failures", "failures", "int"), ("throttles", "throttles", "int"),
-    (("latency_p50_ms", "latency_p99_ms"), "lat p50/p99 ms", ".1f"),
-    ("failed_runs", "failed runs", "int"),
-]
-REQUEST_COLUMNS = [
-    ("requests_per_op", "req/op", ".1f"), ("req_per_s", "req/s", ".1f"),
-    ("success_ratio", "success %", "%"), ("failures", "failures", "int"),
-    ("throttles", "throttles", "int"), ("retries", "retries", "int"),
-    ("misses", "misses", "int"), ("latency_p50_ms", "lat p50 ms", ".2f"),
-    ("latency_p99_ms", "lat p99 ms", ".2f"), ("ttfb_p50_ms", "ttfb p50 ms", ".2f"),
-    ("untimed_per_run", "untimed req/run", ".1f"),
-]
-PHASE_COLUMNS = [
-    ("plan_s", "plan s", ".3f"), ("io_s", "io s", ".3f"), ("commit_s", "commit s", ".3f"),
-    ("metadata_s", "metadata read s", ".3f"), ("finish_s", "metadata write s", ".3f"),
-    (("barrier_wait_mean_s", "barrier_wait_max_s"), "barrier wait mean/max s", ".3f"),
-    (("end_skew_mean_s", "end_skew_max_s"), "end skew mean/max s", ".3f"),
-    ("slowest_rank", "slowest rank", "int"), ("slowest_lag_s", "slowest - median s", ".3f"),
-]
-TYPE_COLUMNS = [
-    ("request_type", "request type", "s"), ("requests_per_op", "req/op", ".1f"),
-    ("mib_per_op", "MiB/op", ".1f"), ("failures", "failures", "int"),
-    ("misses", "misses", "int"), ("throttles", "throttles", "int"), ("retries", "retries", "int"),
-    ("latency_p50_ms", "lat p50 ms", ".2f"), ("latency_p99_ms", "lat p99 ms", ".2f"),
-    ("latency_max_ms", "lat max ms (<=)", ".1f"),
-]
 
 
 def key_cell(value: Any) -> str:
@@ -62,63 +45,173 @@ def key_cell(value: Any) -> str:
     return str(value)
 
 
-def _table(frame: pd.DataFrame, keys: list[str], columns) -> tuple[list[str], list[list[str]]]:
-    headers = list(keys) + [header for _, header, _ in columns]
-    rows = []
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "~"
+
+
+def _column_cells(frame: pd.DataFrame, column: Column) -> list[str]:
+    cells = []
     for _, row in frame.iterrows():
-        cells = [key_cell(row[k]) for k in keys]
-        for names, _, spec in columns:
-            if isinstance(names, tuple):
-                parts = [_cell(row.get(name), spec) for name in names]
-                cells.append("/".join(parts) if any(parts) else "")
-            else:
-                cells.append(_cell(row.get(names), spec))
-        rows.append(cells)
-    return headers, rows
+        if isinstance(column.names, tuple):
+            parts = [_cell(row.get(name), column.spec) for name in column.names]
+            cells.append("/".join(parts) if any(parts) else "")
+        else:
+            cells.append(_cell(row.get(column.names), column.spec))
+    return cells
 
 
-def render(result: dict[str, Any], fmt: str, warnings: list[str]) -> str:
-    from tabulate import tabulate
+def _key_headers(keys: list[str]) -> dict[str, str]:
+    """Settings by their last name part (two parts where that is ambiguous), shortened."""
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    headers = {}
+    for key, short in zip(keys, last):
+        if last.count(short) > 1:
+            short = ".".join(key.split(".")[-2:])
+        headers[key] = _shorten(short, KEY_HEADER_MAX)
+    return headers
 
-    keys = result["group_keys"]
-    tablefmt = "github" if fmt == "md" else "simple"
+
+def _width(text: str) -> int:
+    return max((len(line) for line in text.splitlines()), default=0)
+
+
+def _tabulate(headers: list[str], columns: list[list[str]], tablefmt: str,
+              padding: int | None = None) -> str:
+    """`padding`: tabulate's extra spaces around each header (its default: 2); the compact
+    view asks for none, the two spaces between columns keep them apart."""
+    import tabulate as tabulate_module
+
+    rows = [list(row) for row in zip(*columns)] if columns else []
+    saved = tabulate_module.MIN_PADDING
+    if padding is not None:
+        tabulate_module.MIN_PADDING = padding
+    try:
+        return tabulate_module.tabulate(rows, headers=headers, tablefmt=tablefmt,
+                                        disable_numparse=True)
+    finally:
+        tabulate_module.MIN_PADDING = saved
+
+
+def full_table(frame: pd.DataFrame, keys: list[str], columns: list[Column], tablefmt: str
+               ) -> str:
+    """Every key and every column (--wide, Markdown)."""
+    headers = list(keys) + [c.header for c in columns]
+    cells = [[key_cell(v) for v in frame[k]] for k in keys]
+    cells += [_column_cells(frame, c) for c in columns]
+    return _tabulate(headers, cells, tablefmt)
+
+
+def compact_table(frame: pd.DataFrame, keys: list[str], columns: list[Column], width: int
+                  ) -> tuple[str, list[str]]:
+    """The terminal view of one table within `width` characters; and the headers dropped
+    to fit (columns empty in every row are not counted: they have nothing to show)."""
+    headers = _key_headers(keys)
+    key_headers = [headers[k] for k in keys]
+    key_cells = [[_shorten(STORAGE_SHORT.get(key_cell(v), key_cell(v)), KEY_CELL_MAX)
+                  for v in frame[k]] for k in keys]
+    shown = []
+    for column in columns:
+        if column.compact is None:
+            continue
+        cells = _column_cells(frame, column)
+        if any(cells):
+            shown.append((column, cells))
+    dropped: list[str] = []
+    while True:
+        text = _tabulate(key_headers + [c.header for c, _ in shown],
+                         key_cells + [cells for _, cells in shown], "simple", padding=0)
+        if _width(text) <= width or not shown:
+            return text, dropped
+        # the least important column goes first; of equals, the rightmost
+        worst = max(range(len(shown)), key=lambda i: (shown[i][0].compact, i))
+        dropped.append(shown.pop(worst)[0].header)
+
+
+def _differing_keys(result: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(group keys that differ between the groups, "key=value" of those all groups share)."""
+    table = result["throughput"]
+    differ, shared = [], []
+    for key in result["group_keys"]:
+        values = sorted({key_cell(v) for v in table[key]})
+        if key == "op" or len(values) > 1:
+            differ.append(key)
+        else:
+            shared.append(f"{key}={values[0] if values else ''}")
+    return differ, shared
+
+
+def render(result: dict[str, Any], fmt: str, warnings: list[str], width: int | None = None,
+           wide: bool = False) -> str:
+    """fmt "table" (the terminal; compact to `width` unless `wide`) or "md"."""
+    width = width or DEFAULT_WIDTH
+    compact = fmt == "table" and not wide
     out: list[str] = []
+
+    def wrapped(text: str, indent: str = "") -> None:
+        if fmt == "table":
+            out.extend(textwrap.wrap(text, width, subsequent_indent=indent + "    ",
+                                     initial_indent=indent, break_on_hyphens=False))
+        else:
+            out.append(indent + text)
 
     def heading(text: str) -> None:
         out.append(f"### {text}\n" if fmt == "md" else f"{text}\n{'-' * len(text)}")
 
-    def table(frame, table_keys, columns) -> None:
-        headers, rows = _table(frame, table_keys, columns)
-        out.append(tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True))
+    keys = result["group_keys"]
+    if compact and not result["throughput"].empty:
+        keys, shared = _differing_keys(result)
+    else:
+        shared = []
+
+    def table(frame: pd.DataFrame, columns: list[Column]) -> None:
+        if not compact:
+            out.append(full_table(frame, keys, columns, "github" if fmt == "md" else "simple"))
+        else:
+            text, dropped = compact_table(frame, keys, columns, width)
+            out.append(text)
+            if dropped:
+                wrapped(f"(to fit {width} columns, left out: {', '.join(dropped)}; "
+                        "--wide shows every column)")
         out.append("")
 
     runs = result["runs"]
     ok = int((runs["status"] == "ok").sum()) if len(runs) else 0
-    out.append(f"{len(runs)} run(s) read: {ok} ok, {len(runs) - ok} failed or interrupted "
-               "(left out of every figure)." + ("\n" if fmt == "md" else ""))
+    incomplete = int((runs["status"] == "incomplete").sum()) if len(runs) else 0
+    failed = len(runs) - ok - incomplete
+    wrapped(f"{len(runs)} run(s) read: {ok} ok, {failed} failed or interrupted"
+            + (f", {incomplete} incomplete record(s)" if incomplete else "")
+            + " (left out of every figure)." + ("\n" if fmt == "md" else ""))
+    if shared:
+        wrapped("All groups: " + ", ".join(shared) + ".")
+    renamed = _key_headers([k for k in keys if "." in k]) if compact else {}
+    if renamed:
+        wrapped("Settings: " + ", ".join(f"{h}={k}" for k, h in renamed.items()) + ".")
+    if shared or renamed:
+        out.append("")
     if result["throughput"].empty:
         out.append("no successful save or load to report.")
     else:
         heading("Throughput (one row per group)")
-        table(result["throughput"], keys, THROUGHPUT_COLUMNS)
+        table(result["throughput"], cols.THROUGHPUT)
         heading("S3 requests in the timed regions (all ranks)")
-        table(result["throughput"], keys, REQUEST_COLUMNS)
-        heading("DCP phases and coordination (mean per rank and operation)")
-        table(result["phases"], keys, PHASE_COLUMNS)
+        table(result["throughput"], cols.REQUESTS)
+        heading("DCP phases, memory and coordination (mean per rank and operation)")
+        table(result["phases"], cols.PHASES)
         if not result["types"].empty:
             heading("S3 requests by type (timed regions, all ranks)")
-            table(result["types"], keys, TYPE_COLUMNS)
+            table(result["types"], cols.TYPES)
     not_ok = result["not_ok"]
     if len(not_ok):
-        out.append(f"Left out of every figure: {len(not_ok)} run(s) that did not finish:"
-                   + ("\n" if fmt == "md" else ""))
+        wrapped(f"Left out of every figure: {len(not_ok)} run(s) that did not finish or whose "
+                "record is not whole:" + ("\n" if fmt == "md" else ""))
         for _, run in not_ok.iterrows():
-            error = " ".join(str(run["error"] or "").split())[:160]
-            out.append(f"{'- ' if fmt == 'md' else '  '}{run['run_id']} ({run['command']}, "
-                       f"{run['status']}){': ' + error if error else ''}")
+            error = run["error"] if isinstance(run["error"], str) else ""
+            error = " ".join(error.split())[:200]
+            wrapped(f"{run['run_id']} ({run['command']}, {run['status']})"
+                    f"{': ' + error if error else ''}", "- " if fmt == "md" else "  ")
         out.append("")
     for warning in warnings:
-        out.append(f"note: {warning}")
+        wrapped(f"note: {warning}")
     return "\n".join(out).rstrip() + "\n"
 
 

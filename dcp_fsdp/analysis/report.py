@@ -7,20 +7,24 @@ Failed and interrupted runs are left out of every figure, but counted per group
 and listed under the tables. Records from older versions that lack a field
 report it empty.
 
-Output: the terminal (default), Markdown (--format md) or CSV (--format csv, or
---csv FILE besides another format); PNG plots with --plot DIR.
+Output: the terminal (default; fits the terminal's width, 100 columns when not a
+terminal: a compact set of columns, `--wide` for all), Markdown (--format md, every
+column) or CSV (--format csv, or --csv FILE besides another format; every figure);
+PNG plots with --plot DIR. Runs whose record is not whole (cut off, a rank's sample
+missing) are left out like failed ones, with the reason.
 Metric definitions: the README's "Metrics".
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
 from dcp_fsdp.analysis.groups import build
 from dcp_fsdp.analysis.plots import plot
-from dcp_fsdp.analysis.render import render, wide_csv
+from dcp_fsdp.analysis.render import DEFAULT_WIDTH, render, wide_csv
 from dcp_fsdp.analysis.sources import read_records, record_files
 
 RUN_DEFAULT_PATHS = ["results"]
@@ -44,6 +48,10 @@ def parser() -> argparse.ArgumentParser:
                                 "(default: results)")
     arguments.add_argument("--format", choices=("table", "md", "csv"), default="table",
                            help="table: terminal; md: Markdown; csv: the wide group table")
+    arguments.add_argument("--columns", choices=("compact", "all"), default="compact",
+                           help="table: compact (fits the terminal width) or all columns")
+    arguments.add_argument("--wide", action="store_const", const="all", dest="columns",
+                           help="the same as --columns all")
     arguments.add_argument("--csv", metavar="FILE", help="also write the wide group table as CSV")
     arguments.add_argument("--plot", metavar="DIR", help="write PNG plots into DIR")
     return arguments
@@ -99,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.format == "csv":
         sys.stdout.write(wide_csv(result).to_csv(index=False))
     else:
-        sys.stdout.write(render(result, args.format, warnings))
+        width = shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+        sys.stdout.write(render(result, args.format, warnings, width=width,
+                                wide=args.columns == "all"))
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         wide_csv(result).to_csv(args.csv, index=False)

@@ -34,7 +34,8 @@ def record_files(paths: Iterable[str]) -> list[Path]:
 
 def read_records(files: Iterable[Path]) -> tuple[list[dict], list[dict], list[str]]:
     """(runs, samples, warnings) as plain rows for the tables. Bad lines and files without
-    a run line are skipped, and said so."""
+    a run line are skipped, and said so; each run row carries `unreadable_lines`, its file's
+    count, so that a cut-off record is left out of the figures (analysis.completeness)."""
     runs: list[dict] = []
     samples: list[dict] = []
     warnings: list[str] = []
@@ -45,7 +46,8 @@ def read_records(files: Iterable[Path]) -> tuple[list[dict], list[dict], list[st
         if not parsed.runs:
             warnings.append(f"{path}: no run line; not a dcp-fsdp record, skipped")
             continue
-        runs.extend(run.to_json() for run in parsed.runs)
+        runs.extend({**run.to_json(), "record_file": str(path),
+                     "unreadable_lines": parsed.bad_lines} for run in parsed.runs)
         samples.extend({"record": "sample", **dataclasses.asdict(sample)}
                        for sample in parsed.samples)
     return runs, samples, warnings

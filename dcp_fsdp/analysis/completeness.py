@@ -1,0 +1,74 @@
+"""Whether a run's record is whole: a cut-off or damaged record never enters a figure.
+
+A run that says "ok" is left out of every figure (and listed, with the reason) when:
+- its record file has unreadable lines (a sample line cut off or damaged: that rank's
+  measurement is lost, so the operation's bytes and span would be wrong);
+- some operation (op, iteration) lacks a rank of 0..world_size-1, or has a rank outside it;
+- the run line has no world_size and the ranks differ between operations;
+- (records of schema 2 on) a save, load or save-and-load lacks an iteration of 1..iterations
+  of an operation it must have made, or has no samples at all.
+Older records (schema 1) are not held to the iteration count: some wrote fewer lines.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+# the operations each command times, once per iteration
+COMMAND_OPS = {"save": ("save",), "load": ("load",), "save-and-load": ("save", "load")}
+
+
+def _ranks_text(ranks: set[int]) -> str:
+    return ", ".join(str(r) for r in sorted(ranks))
+
+
+def incomplete_reason(run: dict[str, Any], samples: list[dict[str, Any]]) -> str | None:
+    """Why an ok run's record is not whole, or None when it is."""
+    unreadable = run.get("unreadable_lines") or 0
+    if unreadable:
+        return (f"{unreadable} unreadable line(s) in its record file: cut off or damaged, "
+                "a rank's sample is lost")
+    ranks_per_op: dict[tuple[str, int], set[int]] = defaultdict(set)
+    for sample in samples:
+        ranks_per_op[(str(sample.get("op")), int(sample.get("iteration") or 0))].add(
+            int(sample.get("rank")))
+    world_size = run.get("world_size")
+    if isinstance(world_size, int) and world_size > 0:
+        expected = set(range(world_size))
+        for (op, iteration), ranks in sorted(ranks_per_op.items()):
+            if ranks - expected:
+                return (f"{op} iteration {iteration}: rank(s) {_ranks_text(ranks - expected)} "
+                        f"outside world_size {world_size}")
+            if expected - ranks:
+                return (f"{op} iteration {iteration}: no sample of rank(s) "
+                        f"{_ranks_text(expected - ranks)} (world_size {world_size})")
+    elif len({frozenset(ranks) for ranks in ranks_per_op.values()}) > 1:
+        return "world_size unknown and the ranks differ between operations"
+    if int(run.get("schema_version") or 0) >= 2:
+        command = run.get("command")
+        iterations = (run.get("config") or {}).get("iterations")
+        if command in COMMAND_OPS and isinstance(iterations, int) and iterations > 0:
+            for op in COMMAND_OPS[command]:
+                present = {i for o, i in ranks_per_op if o == op}
+                missing = set(range(1, iterations + 1)) - present
+                if missing:
+                    return (f"no {op} sample of iteration(s) {_ranks_text(missing)} "
+                            f"(iterations={iterations})")
+    return None
+
+
+def incomplete_runs(runs: list[dict[str, Any]], samples: list[dict[str, Any]]
+                    ) -> dict[str, str]:
+    """{run_id: reason} for the runs with status ok whose record is not whole."""
+    per_run: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for sample in samples:
+        per_run[sample.get("run_id")].append(sample)
+    found = {}
+    for run in runs:
+        if run.get("status") != "ok":
+            continue
+        reason = incomplete_reason(run, per_run.get(run.get("run_id"), []))
+        if reason:
+            found[run.get("run_id")] = reason
+    return found

@@ -1,0 +1,216 @@
+"""One group's rows of the report's tables (raw numbers; definitions in the README's
+"Report" and "Metrics"). A group = the operations of one op under one set of group keys."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from dcp_fsdp.analysis.metrics import CEILING_OPS, GIB, MIB, aggregate_mib_s, latency_histogram
+from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_merge, hist_quantile
+
+# save, then its ceiling; load, then its ceiling; anything else after
+OP_ORDER = {"save": 0, "raw_put": 1, "load": 2, "raw_get": 3}
+# phase columns: (table column, sample field), each a mean per rank and operation
+PHASE_MEANS = [("plan_s", "plan_s"), ("io_s", "io_s"), ("commit_s", "commit_s"),
+               ("metadata_s", "metadata_s"), ("finish_s", "finish_s"),
+               ("io_wait_s", "io_wait_s"), ("copy_s", "copy_s"), ("stage_s", "stage_s"),
+               ("upload_s", "upload_s"), ("blocked_s", "blocked_s"), ("staged_s", "staged_s"),
+               ("persisted_s", "persisted_s"), ("previous_wait_s", "previous_wait_s"),
+               ("train_steps", "train_steps"), ("train_step_slowdown", "train_step_slowdown")]
+# kinds of request that carry a rank's uploaded bytes (summaries only know bytes_up in all)
+UPLOAD_KINDS = ("UploadPart", "PutObject")
+
+
+def q(series: pd.Series, quantile: float) -> float:
+    series = series.dropna()
+    return float(series.quantile(quantile)) if len(series) else math.nan
+
+
+def total(series: pd.Series) -> float:
+    return series.sum(min_count=1)
+
+
+def mean_or_nan(series: pd.Series) -> float:
+    series = pd.to_numeric(series, errors="coerce").dropna()
+    return float(series.mean()) if len(series) else math.nan
+
+
+def max_or_nan(series: pd.Series) -> float:
+    series = pd.to_numeric(series, errors="coerce").dropna()
+    return float(series.max()) if len(series) else math.nan
+
+
+def nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def _span_mib_s(group_ops: pd.DataFrame, span: str) -> float:
+    """Bytes / MiB / the sum of another span (blocked, persisted) over the operations with it."""
+    have = group_ops[group_ops[span].notna()]
+    return float(have["bytes"].sum() / MIB / have[span].sum()) if len(have) and \
+        have[span].sum() else math.nan
+
+
+def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
+                   group_samples: pd.DataFrame, untimed: pd.Series, failed_runs: float
+                   ) -> dict[str, Any]:
+    nodes = labels["nodes"]
+    span_total = group_ops["span_s"].sum()
+    aggregate = aggregate_mib_s(group_ops)
+    count = total(group_ops["req_count"])
+    failed = total(group_ops["req_failed"])
+    hist = latency_histogram(group_samples["requests"])
+    ttfb = hist_merge(r.get("ttfb_hist") for r in group_samples["requests"]
+                      if isinstance(r, dict))
+    fetched = group_ops[group_ops["fetched_bytes"].notna()]
+    return {
+        **labels,
+        "runs": group_ops["run_id"].nunique(),
+        "iterations": len(group_ops),
+        "checkpoint_gib": group_ops["bytes"].mean() / GIB,
+        "duration_mean_s": group_ops["span_s"].mean(),
+        "duration_p50_s": q(group_ops["span_s"], 0.5),
+        "duration_p90_s": q(group_ops["span_s"], 0.9),
+        "aggregate_mib_s": aggregate,
+        "efficiency": math.nan,  # filled once every group is known (add_efficiency)
+        "mib_s_per_node": aggregate / nodes if nodes else math.nan,
+        "blocked_mib_s": _span_mib_s(group_ops, "blocked_span_s"),
+        "persisted_mib_s": _span_mib_s(group_ops, "persisted_span_s"),
+        "fetched_ratio": (fetched["fetched_bytes"].sum() / fetched["bytes"].sum()
+                          if len(fetched) and fetched["bytes"].sum() else math.nan),
+        "rank_s_min": group_samples["duration_s"].min(),
+        "rank_s_median": group_samples["duration_s"].median(),
+        "rank_s_max": group_samples["duration_s"].max(),
+        "requests_per_op": count / len(group_ops) if not pd.isna(count) else math.nan,
+        "req_per_s": count / span_total if span_total and not pd.isna(count) else math.nan,
+        "success_ratio": (count - failed) / count if count else math.nan,
+        "failures": failed,
+        "throttles": total(group_ops["req_throttled"]),
+        "retries": total(group_ops["req_retries"]),
+        "misses": total(group_ops["req_misses"]),
+        "latency_p50_ms": nan(hist_quantile(hist, 0.5)),
+        "latency_p99_ms": nan(hist_quantile(hist, 0.99)),
+        "ttfb_p50_ms": nan(hist_quantile(ttfb, 0.5)),
+        "untimed_per_run": mean_or_nan(untimed),
+        "failed_runs": failed_runs,
+    }
+
+
+def add_efficiency(throughput: pd.DataFrame, group_keys: list[str]) -> pd.DataFrame:
+    """save rows: aggregate / the raw_put aggregate of the same group keys; load: raw_get."""
+    if throughput.empty:
+        return throughput
+    others = [k for k in group_keys if k != "op"]
+    ceiling = {(row["op"], *(row[k] for k in others)): row["aggregate_mib_s"]
+               for _, row in throughput.iterrows() if row["op"] in CEILING_OPS.values()}
+    values = []
+    for _, row in throughput.iterrows():
+        raw = ceiling.get((CEILING_OPS.get(row["op"]), *(row[k] for k in others)))
+        values.append(row["aggregate_mib_s"] / raw if raw else math.nan)
+    return throughput.assign(efficiency=values)
+
+
+def _slowest_rank(group_samples: pd.DataFrame) -> tuple[Any, float]:
+    """The rank slowest most often, and how much longer the slowest rank took than the median."""
+    if group_samples.empty:
+        return None, math.nan
+    slowest = []
+    lags = []
+    for _, op in group_samples.groupby(["run_id", "op", "iteration"]):
+        worst = op.loc[op["duration_s"].idxmax()]
+        slowest.append(int(worst["rank"]))
+        lags.append(float(op["duration_s"].max() - op["duration_s"].median()))
+    mode = pd.Series(slowest).mode()
+    return (int(mode.iloc[0]) if len(mode) else None), float(pd.Series(lags).mean())
+
+
+def phase_row(labels: dict[str, Any], group_samples: pd.DataFrame, group_ops: pd.DataFrame
+              ) -> dict[str, Any]:
+    slowest, lag = _slowest_rank(group_samples)
+    return {
+        **labels,
+        **{column: mean_or_nan(group_samples[field]) for column, field in PHASE_MEANS},
+        "barrier_wait_mean_s": mean_or_nan(group_samples["barrier_wait_s"]),
+        "barrier_wait_max_s": max_or_nan(group_samples["barrier_wait_s"]),
+        "end_skew_mean_s": group_ops["end_skew_s"].mean(),
+        "end_skew_max_s": group_ops["end_skew_s"].max(),
+        "slowest_rank": slowest,
+        "slowest_lag_s": lag,
+        "peak_rss_gib": max_or_nan(group_ops["peak_rss_bytes"]) / GIB,
+        "cuda_max_allocated_gib": max_or_nan(group_ops["cuda_max_allocated_bytes"]) / GIB,
+    }
+
+
+def _request_bytes(summary: dict[str, Any]) -> dict[str, int]:
+    """Bytes per request type of one sample: the per-request sizes where the log has them
+    (GETs), else the rank's bytes_up on its upload requests (UploadPart when it made any,
+    else PutObject): the connector's log gives no upload sizes."""
+    by_type = summary.get("by_type") or {}
+    found = {kind: entry["bytes"] for kind, entry in by_type.items()
+             if entry.get("bytes") is not None}
+    bytes_up = summary.get("bytes_up")
+    if bytes_up is not None and not any(kind in found for kind in UPLOAD_KINDS):
+        kind = next((k for k in UPLOAD_KINDS if k in by_type), None)
+        if kind:
+            found[kind] = bytes_up
+    return found
+
+
+def type_rows(labels: dict[str, Any], group_samples: pd.DataFrame, operations: int
+              ) -> list[dict[str, Any]]:
+    per_kind: dict[str, dict[str, Any]] = {}
+    for summary in group_samples["requests"]:
+        if not isinstance(summary, dict):
+            continue
+        sizes = _request_bytes(summary)
+        for kind, entry in (summary.get("by_type") or {}).items():
+            into = per_kind.setdefault(kind, {"count": 0, "failed": 0, "misses": 0,
+                                              "throttled": 0, "retries": 0, "bytes": None,
+                                              "hists": []})
+            for key in ("count", "failed", "misses", "throttled", "retries"):
+                into[key] += entry.get(key) or 0
+            if kind in sizes:
+                into["bytes"] = (into["bytes"] or 0) + sizes[kind]
+            into["hists"].append(entry.get("latency_hist"))
+    rows = []
+    for kind, into in sorted(per_kind.items(), key=lambda item: -item[1]["count"]):
+        hist = hist_merge(into["hists"])
+        rows.append({**labels, "request_type": kind, "requests_per_op": into["count"] / operations,
+                     "failures": into["failed"], "misses": into["misses"],
+                     "throttles": into["throttled"], "retries": into["retries"],
+                     "mib_per_op": (into["bytes"] / MIB / operations
+                                    if into["bytes"] is not None else math.nan),
+                     "latency_p50_ms": nan(hist_quantile(hist, 0.5)),
+                     "latency_p99_ms": nan(hist_quantile(hist, 0.99)),
+                     "latency_max_ms": nan(_hist_max(hist))})
+    return rows
+
+
+def _hist_max(hist: dict[str, int]) -> float | None:
+    indices = [int(i) for i, n in hist.items() if n]
+    return bucket_bounds_ms(max(indices))[1] if indices else None
+
+
+def ordered(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Rows by node count, ranks, model, then save, raw_put, load, raw_get (stable for the
+    rest)."""
+    if frame.empty:
+        return frame
+    order = frame.assign(_op=frame["op"].map(OP_ORDER).fillna(9))
+    sort_keys = ["nodes", "ranks", "model", "_op", *[k for k in keys if k not in
+                                                     ("nodes", "ranks", "model", "op")]]
+    order = order.sort_values(sort_keys, kind="stable", key=lambda c: c.map(_sortable))
+    return order.drop(columns="_op").reset_index(drop=True)
+
+
+def _sortable(value: Any) -> Any:
+    """Numbers before text, numerically; blanks last."""
+    if value == "" or value is None:
+        return (2, "")
+    try:
+        return (0, float(value))
+    except (TypeError, ValueError):
+        return (1, str(value))
