@@ -135,7 +135,8 @@ def _chunks(seed: int, key: str, dtype: torch.dtype, device: torch.device, globa
 
 def fill(local: torch.Tensor, seed: int, key: str, global_shape, global_offset) -> None:
     """Write tensor `key`'s values into `local`, the block at `global_offset` of the whole."""
-    target = local if local.is_contiguous() else torch.empty_like(local)
+    target = local if local.is_contiguous() else torch.empty(local.shape, dtype=local.dtype,
+                                                             device=local.device)
     flat = target.view(-1).view(_INT_VIEW[local.element_size()])
     for start, high, low in _chunks(seed, key, local.dtype, local.device, global_shape,
                                     local.shape, global_offset):
