@@ -141,8 +141,8 @@ class CheckpointLoop:
             end_mono_s=end_mono, duration_s=end_mono - begin_mono,
             # save: bytes this rank wrote; load: bytes of its shards (what it loaded), and
             # fetched_bytes what it read from storage for them (read amplification)
-            bytes=timeline.io_bytes if op == "save" else verify.local_bytes(self.state_dict),
-            fetched_bytes=None if op == "save" else timeline.io_bytes,
+            bytes=verify.local_bytes(self.state_dict) if op == "load" else timeline.io_bytes,
+            fetched_bytes=timeline.io_bytes if op == "load" else None,
             barrier_wait_s=begin_mono - barrier_start,
             plan_s=None if io_span is None else io_span[0] - begin_mono,
             io_s=None if io_span is None else io_span[1] - io_span[0],
