@@ -151,16 +151,18 @@ class BenchmarkConfig:
     suffix: Optional[str] = setting(None, "checkpoint name under the uri/path; load: required; "
                                           "save: default a fresh time-stamped one")
     delay_s: float = setting(0.0, "pause between phases, never inside a timer, "
-                                      "seconds (0..86400)")
-    verify: bool = setting(True, "save-and-load: compare every loaded shard with what was saved")
-    integrity: bool = setting(True, "store a SHA-256 per tensor shard at save; verify at every "
-                                    "load")
+                                  "seconds (0..86400)")
+    verify: bool = setting(True, "save-and-load: compare every loaded shard, bit for bit, with "
+                                 "what was saved")
+    integrity: bool = setting(True, "load: recompute the values every loaded shard must hold "
+                                    "(from the manifest's seed, any world size) and compare "
+                                    "them bit for bit")
     results_dir: str = setting("results", "where the run's record (JSON Lines) is "
-                                           "written; checked writable before any rank starts; "
-                                           "if writing fails at the end: $TMPDIR/dcp-fsdp-results/")
+                                          "written; checked writable before any rank starts; "
+                                          "if writing fails at the end: $TMPDIR/dcp-fsdp-results/")
     nproc: int = setting(1, "ranks to launch on this machine (ignored under "
-                                  "torchrun); at most 4 per CPU core, and with CUDA (nccl) "
-                                  "one per visible device")
+                            "torchrun); at most 4 per CPU core, and with CUDA (nccl) "
+                            "one per visible device")
     backend: Backend = setting(Backend.auto, "process group: auto (nccl with CUDA, else gloo), "
                                              "gloo, nccl")
     seed: int = setting(0, "seed of the random weights, 0..2^32-1")

@@ -2,20 +2,28 @@
 
 The model is created on the meta device (no memory), each decoder block and
 then the root are wrapped with `fully_shard`, and only then are this rank's
-shards materialised (`to_empty`) and filled with random values. Peak memory
-per rank is therefore about (parameters / world size).
+shards materialised (`to_empty`) and filled, on the rank's device and in the
+target dtype, with values that are a pure function of (seed, tensor name, global
+element index) (models/values.py): any rank can recompute what any shard of a
+checkpoint holds, at any world size. Peak memory per rank is therefore about
+(parameters / world size).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from dcp_fsdp.config.schema import CheckpointState, Dtype
+from dcp_fsdp.models import values
 from dcp_fsdp.models.presets import PRESETS, hf_config
 
 TORCH_DTYPES = {Dtype.fp32: torch.float32, Dtype.bf16: torch.bfloat16}
@@ -58,12 +66,11 @@ def build_sharded_model(preset: str, dtype: Dtype, state: CheckpointState,
     fully_shard(model, mesh=mesh)
 
     model.to_empty(device=device)
-    _randomise_local_shards(model, seed)
-
     optimizer = None
     if state == CheckpointState.model_and_optimizer:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        _populate_optimizer_state(model, optimizer, seed)
+        _create_optimizer_state(optimizer)
+    fill_state(dcp_state_dict(model, optimizer), seed)
     return ShardedModel(model, optimizer, param_count, param_bytes)
 
 
@@ -71,30 +78,56 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def _randomise_local_shards(model: torch.nn.Module, seed: int) -> None:
-    """Random values in this rank's shards only (no rank builds the full tensor)."""
-    generator = torch.Generator(device="cpu")
-    generator.manual_seed(seed * 1_000_003 + torch.distributed.get_rank())
+def shard_of(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
+    """(this rank's local shard, the whole tensor's shape, the shard's offset in it)."""
+    if isinstance(tensor, DTensor):
+        _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh,
+                                                          tensor.placements)
+        return tensor.to_local(), tuple(tensor.shape), tuple(offset)
+    return tensor, tuple(tensor.shape), (0,) * tensor.dim()
+
+
+def dcp_state_dict(model: torch.nn.Module,
+                   optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    """What DCP saves, as rank.state.make_state_dict builds it: its flattened keys name the
+    values (so a load at any world size knows what every shard must hold)."""
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def unique_shards(state_dict: dict[str, Any]):
+    """(key, local, global shape, offset) per tensor of a DCP state dict, in key order, each
+    storage once: a tied weight (GPT-2's lm_head and wte) holds the values of its first key."""
+    flat, _ = flatten_state_dict(state_dict)
+    seen = set()
+    for key in sorted(flat):
+        tensor = flat[key]
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        local, global_shape, offset = shard_of(tensor)
+        identity = (local.data_ptr(), local.numel(), local.dtype)
+        if local.numel() == 0 or identity in seen:
+            continue
+        seen.add(identity)
+        yield key, local, global_shape, offset
+
+
+def fill_state(state_dict: dict[str, Any], seed: int) -> None:
+    """Every local shard gets its values (models.values): on its device, in its dtype."""
     with torch.no_grad():
-        for tensor in list(model.parameters()) + list(model.buffers()):
-            local = local_tensor(tensor)
-            values = torch.randn(local.shape, generator=generator, dtype=torch.float32) * 0.02
-            local.copy_(values.to(local.dtype))
+        for key, local, global_shape, offset in unique_shards(state_dict):
+            values.fill(local, seed, key, global_shape, offset)
 
 
-def _populate_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                              seed: int) -> None:
-    """One AdamW step on random gradients, so moments hold real, non-zero values."""
-    generator = torch.Generator(device="cpu")
-    generator.manual_seed(seed * 7_919 + torch.distributed.get_rank() + 1)
-    for param in model.parameters():
-        local = local_tensor(param)
-        grad = (torch.randn(local.shape, generator=generator) * 1e-3).to(local.dtype)
-        grad = grad.to(local.device)
-        if isinstance(param, DTensor):
-            param.grad = DTensor.from_local(grad, param.device_mesh, param.placements,
-                                            shape=param.shape, stride=param.stride())
-        else:
-            param.grad = grad
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+def _create_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """AdamW's state as its first step would create it (step, exp_avg, exp_avg_sq), left for
+    fill_state to set: no gradients and no optimizer step (a full pass over the model)."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            optimizer.state[param] = {
+                "step": torch.tensor(0.0, dtype=torch.float32),
+                "exp_avg": torch.empty_like(param, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.empty_like(param, memory_format=torch.preserve_format),
+            }

@@ -19,8 +19,9 @@ import torch.distributed.checkpoint as dcp
 
 from dcp_fsdp.config.schema import BenchmarkConfig, Command
 from dcp_fsdp.errors import BenchmarkFailure, UserError
+from dcp_fsdp.models import values
 from dcp_fsdp.models.build import ShardedModel, local_tensor
-from dcp_fsdp.rank import digests
+from dcp_fsdp.rank import verify
 from dcp_fsdp.rank.distributed import RankContext, all_gather_object, rank0_decides
 from dcp_fsdp.rank.hooks import HookTimeline, instrument_reader, instrument_writer
 from dcp_fsdp.rank.state import apply_state_dict, flat_tensors
@@ -67,7 +68,7 @@ class CheckpointLoop:
         self.suffixes: list[str] = []
         # Per suffix loaded: {"checked": bool, "reason": why not} (recorded on the run line).
         self.integrity: dict[str, dict[str, Any]] = {}
-        self._expected_checksums: dict[str, dict[str, int] | None] = {}
+        self._expected_checksums: dict[str, int | None] = {}  # suffix -> seed to check with
         self.host = socket.gethostname()
 
     # -- suffixes ------------------------------------------------------------------------
@@ -140,7 +141,11 @@ class CheckpointLoop:
         return Sample(
             op=op, iteration=iteration, suffix=suffix, rank=self.ctx.rank, host=self.host,
             begin_wall_s=begin_wall, end_wall_s=end_wall, begin_mono_s=begin_mono,
-            end_mono_s=end_mono, duration_s=end_mono - begin_mono, bytes=timeline.io_bytes,
+            end_mono_s=end_mono, duration_s=end_mono - begin_mono,
+            # save: bytes this rank wrote; load: bytes of its shards (what it loaded), and
+            # fetched_bytes what it read from storage for them (read amplification)
+            bytes=verify.local_bytes(self.state_dict) if op == "load" else timeline.io_bytes,
+            fetched_bytes=timeline.io_bytes if op == "load" else None,
             barrier_wait_s=begin_mono - barrier_start,
             plan_s=None if io_span is None else io_span[0] - begin_mono,
             io_s=None if io_span is None else io_span[1] - io_span[0],
@@ -156,65 +161,46 @@ class CheckpointLoop:
         self.samples.append(sample)
         self.shared_samples.extend(all_gather_object(sample))
 
-    # -- verification (save-and-load) ----------------------------------------------------
+    # -- verification (untimed; rank/verify.py) -----------------------------------------
     def _clear(self) -> None:
-        """Zero every live tensor before a verified load, so a load that reads nothing fails."""
+        """Zero every live tensor before a verified load: the model already holds the values
+        a load must bring, so without this a load that read nothing would pass."""
         with torch.no_grad():
             for tensor in flat_tensors(self.state_dict).values():
                 local_tensor(tensor).zero_()
 
-    def _verify_against(self, expected: dict[str, str], what: str) -> None:
-        """Every rank compares its shards' digests; all ranks raise together on a mismatch."""
-        bad = digests.mismatches(flat_tensors(self.state_dict), expected)
-        reports = all_gather_object(bad[:1])
-        if any(reports):
-            rank, keys = next((rank, keys) for rank, keys in enumerate(reports) if keys)
-            raise BenchmarkFailure(f"{what} (tensor '{keys[0]}', rank {rank}'s shard)")
-
-    # -- integrity (checksums stored with each checkpoint) ---------------------------------
-    def _digest_saved(self, suffix: str) -> dict[str, str] | None:
-        """Digests of what was just saved: stored with the checkpoint and/or kept for the
-        save-and-load check (digests, not a copy: no second model in memory)."""
-        keep = self.cfg.command == Command.save_and_load and self.cfg.verify
-        if not (self.cfg.integrity or keep):
-            return None
-        sums = digests.shard_checksums(flat_tensors(self.state_dict))
-        if self.cfg.integrity:
-            self.store.put_small(suffix, layout.checksum_object_name(self.ctx.rank),
-                                   digests.encode(self.ctx.rank, self.ctx.world_size, sums))
-        return sums if keep else None
+    def _verify_against(self, seed: int, what: str) -> None:
+        """Every rank recomputes its shards' values and compares them bit for bit; all ranks
+        raise together on a mismatch, naming the first one."""
+        reports = all_gather_object(verify.first_mismatch(self.state_dict, seed))
+        for rank, report in enumerate(reports):
+            if report:
+                key, index = report
+                raise BenchmarkFailure(f"{what} (tensor '{key}' element {index}, rank {rank}'s "
+                                       "shard)")
 
     def _load_expected_checksums(self, suffix: str) -> None:
-        """Read this rank's checksums for `suffix` (once, untimed); agree on checking or not."""
+        """Once per suffix, untimed: the seed its values were made with (its manifest), or why
+        it cannot be checked. Every rank gets the same answer from rank 0."""
         if suffix in self._expected_checksums:
             return
-        expected, reason = None, None
-        if not self.cfg.integrity:
-            reason = "integrity=false"
+        if self.cfg.integrity:
+            seed, reason = rank0_decides(self.ctx, lambda: verify.checkable_seed(
+                layout.read_manifest(self.store, suffix)))
         else:
-            stored = digests.decode(self.store.get_small(suffix,
-                                                             layout.checksum_object_name(self.ctx.rank)))
-            if stored is None:
-                reason = "no checksums stored with this checkpoint"
-            elif stored["world_size"] != self.ctx.world_size:
-                reason = (f"saved with world_size={stored['world_size']}, loaded with "
-                          f"{self.ctx.world_size}: shards differ")
-            else:
-                expected = stored["checksums"]
-        reasons = all_gather_object(reason)
-        reason = next((r for r in reasons if r), None)
-        self._expected_checksums[suffix] = None if reason else expected
+            seed, reason = None, "integrity=false"
+        self._expected_checksums[suffix] = seed
         self.integrity[suffix] = {"checked": reason is None, "reason": reason}
         if reason and self.cfg.integrity:
             self.log(f"integrity check of suffix={suffix} skipped: {reason}")
 
     def _verify_checksums(self, suffix: str, iteration: int) -> None:
-        expected = self._expected_checksums.get(suffix)
-        if expected is not None:
+        seed = self._expected_checksums.get(suffix)
+        if seed is not None:
             self._verify_against(
-                expected, f"integrity: load iteration {iteration} of suffix={suffix} read data "
-                "that does not match the checksums recorded at save: the checkpoint's objects "
-                "are corrupt")
+                seed, f"integrity: load iteration {iteration} of suffix={suffix} read data "
+                "that differs from the values it was saved with: the checkpoint's objects are "
+                "corrupt")
 
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> list[Sample]:
@@ -224,7 +210,6 @@ class CheckpointLoop:
                 suffix = self._choose_save_suffix(iteration)
                 self.keep(self._timed("save", iteration, suffix))
                 self.suffixes.append(suffix)
-                saved_digests = self._digest_saved(suffix)
                 self._write_manifest(suffix)
                 self.log(f"saved suffix={suffix} at {self.store.location(suffix)} "
                          f"(iteration {iteration}/{self.cfg.iterations})")
@@ -235,20 +220,21 @@ class CheckpointLoop:
                     self.suffixes.append(suffix)
             if command == Command.save_and_load:
                 self._pause()
-                if saved_digests is not None:
+                if self.cfg.verify:
                     self._clear()
                 self.keep(self._timed("load", iteration, suffix))
-                if saved_digests is not None:
+                if self.cfg.verify:
                     self._verify_against(
-                        saved_digests, f"save-and-load iteration {iteration}: data loaded from "
+                        self.cfg.seed, f"save-and-load iteration {iteration}: data loaded from "
                         f"suffix={suffix} differs from what was saved")
                     self.integrity[suffix] = {"checked": True, "reason": None}
                 else:
-                    self.integrity[suffix] = {"checked": False,
-                                              "reason": "verify=false and integrity=false"}
+                    self.integrity[suffix] = {"checked": False, "reason": "verify=false"}
                 apply_state_dict(self.sharded, self.state_dict)
             elif command == Command.load:
                 self._load_expected_checksums(suffix)
+                if self._expected_checksums[suffix] is not None:
+                    self._clear()
                 self.keep(self._timed("load", iteration, suffix))
                 self._verify_checksums(suffix, iteration)
                 apply_state_dict(self.sharded, self.state_dict)
@@ -268,5 +254,6 @@ class CheckpointLoop:
         manifest = {"model": self.cfg.model.preset, "model.dtype": self.cfg.model.dtype.value,
                     "state": self.cfg.state.value, "world_size": self.ctx.world_size,
                     "param_count": self.sharded.param_count,
-                    "integrity": digests.ALGORITHM if self.cfg.integrity else None}
+                    # what a load needs to recompute every value (rank/verify.py)
+                    "values": values.GENERATOR, "seed": self.cfg.seed}
         self.store.put_small(suffix, layout.MANIFEST_NAME, layout.encode_manifest(manifest))

@@ -2,8 +2,9 @@
 
 A checkpoint is `<root>/<suffix>/`: DCP's data objects, `.metadata` (written last by
 DCP: its presence is the commit point, so a checkpoint without it is incomplete and
-never loadable), our manifest `dcp_fsdp.json` (what was saved, written after the
-commit) and `dcp_fsdp.checksums/rank-NNNNN.json` (per-shard digests).
+never loadable), and our manifest `dcp_fsdp.json` (what was saved: model, dtype, state,
+world size, and the seed and version of the value function every load verifies against;
+written after the commit).
 
 Suffixes: a save without `suffix=` gets a fresh `YYYY-MM-DD-HH-MM-xxxx` (sorts by time;
 the random tail keeps parallel runs apart); `suffix=NAME` with iterations > 1 becomes
@@ -23,7 +24,6 @@ from dcp_fsdp.errors import UserError
 
 METADATA_NAME = ".metadata"
 MANIFEST_NAME = "dcp_fsdp.json"
-CHECKSUMS_DIR = "dcp_fsdp.checksums"
 
 _SUFFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -35,10 +35,6 @@ class CheckpointInfo:
     size_bytes: int
     object_count: int
     modified: str  # ISO 8601, UTC, of the newest object
-
-
-def checksum_object_name(rank: int) -> str:
-    return f"{CHECKSUMS_DIR}/rank-{rank:05d}.json"
 
 
 # -- suffixes ------------------------------------------------------------------------------

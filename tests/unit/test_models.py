@@ -41,3 +41,45 @@ def test_llama_shapes_match_the_reference_table():
 def test_tiny_presets_are_tens_of_mb(preset):
     fp32_mib = meta_param_count(preset) * 4 / 2**20
     assert 5 < fp32_mib < 100
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A gloo group of one (this process): enough for fully_shard and DTensors."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("preset, dtype", [("tiny_llama", "bf16"), ("tiny_gpt2", "fp32")])
+def test_built_shards_hold_their_values_in_the_target_dtype_on_the_device(one_rank_group,
+                                                                          preset, dtype):
+    from dcp_fsdp.config.schema import CheckpointState, Dtype
+    from dcp_fsdp.models.build import TORCH_DTYPES, build_sharded_model, local_tensor
+    from dcp_fsdp.rank import verify
+    from dcp_fsdp.rank.state import flat_tensors, make_state_dict
+
+    sharded = build_sharded_model(preset, Dtype(dtype), CheckpointState.model_and_optimizer,
+                                  torch.device("cpu"), 1, seed=7)
+    state_dict = make_state_dict(sharded)
+    flat = flat_tensors(state_dict)
+    for key, tensor in flat.items():
+        local = local_tensor(tensor)
+        assert local.device.type == "cpu"
+        want = torch.float32 if key.endswith(".step") else TORCH_DTYPES[Dtype(dtype)]
+        assert local.dtype == want, key
+    # the AdamW state exists without an optimizer step (no gradients were made)
+    assert any(key.endswith(".exp_avg_sq") for key in flat)
+    assert all(param.grad is None for param in sharded.model.parameters())
+    # the keys the builder filled by are the keys a load verifies by
+    assert verify.first_mismatch(state_dict, seed=7) is None
+    assert verify.first_mismatch(state_dict, seed=8) is not None
+    assert verify.local_bytes(state_dict) == sum(t.numel() * t.element_size()
+                                                 for t in flat.values())

@@ -1,0 +1,199 @@
+"""The checkpoint's values: a pure function of (seed, tensor name, global element index).
+
+Every element's bits are `HIGH[(g + kh) mod P_HIGH] | LOW[(g + kl) mod P_LOW]`, where g is
+the element's flat index in the whole (unsharded) tensor, kh/kl are offsets hashed from the
+seed and the tensor's name, HIGH holds sign and exponent fields (magnitudes in
+[2**-9, 2**-5), like a 0.02-scale init; no sign for tensors that must be non-negative) and LOW
+holds random mantissas. The two tables are hashed from the seed; their lengths are coprime
+primes, so the sequence repeats only after P_HIGH * P_LOW (~1.1e12) elements and different
+tensors sit at independent places in it: the data does not dedupe or compress like a
+repeating pattern would.
+
+Why this shape: any rank can compute what its shard holds at any world size (it only needs
+the shard's global offsets), so a load is verified bit-exactly against recomputed values,
+with no stored digests and no second copy of the model; and both filling and checking run at
+memory speed (contiguous table slices, one OR per chunk, then memcmp / torch.equal), on the
+rank's own device, in the tensor's own dtype.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+# Recorded in each checkpoint's manifest: a load recomputes values only from a generator it knows.
+GENERATOR = "dcp_fsdp.values/1"
+P_HIGH, P_LOW = 1_048_583, 1_048_589  # distinct primes: period P_HIGH * P_LOW
+# Elements per fill/check step: the largest a table slice allows (tables are padded by one
+# chunk, and a chunk may wrap the table at most once). Measured on one loaded CPU core: 2**20
+# checks at ~6 GB/s, 2**18 at ~4.5 GB/s (per-op overhead); a GPU wants large launches too.
+CHUNK = 1 << 20
+assert CHUNK <= min(P_HIGH, P_LOW)
+_EXPONENTS = (-9, -8, -7, -6)  # binades of the magnitudes: [2**-9, 2**-5)
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser (uint64 arithmetic wraps in numpy: well defined)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _hash_stream(seed: int, stream: str, count: int) -> np.ndarray:
+    salt = int.from_bytes(hashlib.blake2b(f"{GENERATOR}|{seed}|{stream}".encode(),
+                                          digest_size=8).digest(), "little")
+    return _mix64(np.arange(count, dtype=np.uint64) + np.uint64(salt))
+
+
+def _layout(dtype: torch.dtype) -> tuple[int, int, int]:
+    """(bits, mantissa bits, exponent bias) of a floating dtype."""
+    if not dtype.is_floating_point or torch.finfo(dtype).bits not in (16, 32, 64):
+        raise ValueError(f"no value layout for {dtype}")
+    info = torch.finfo(dtype)
+    mantissa = round(-math.log2(info.eps))
+    exponent_bits = info.bits - 1 - mantissa
+    return info.bits, mantissa, (1 << (exponent_bits - 1)) - 1
+
+
+@functools.lru_cache(maxsize=16)
+def _tables(seed: int, dtype: torch.dtype, device: torch.device):
+    """(HIGH signed, HIGH non-negative, LOW) as integer tensors on `device`, padded by CHUNK."""
+    bits, mantissa, bias = _layout(dtype)
+    unsigned = np.dtype(f"uint{bits}")
+    high_rand = _hash_stream(seed, "high", P_HIGH)
+    exponent = (bias + np.array(_EXPONENTS, dtype=np.int64)[high_rand & np.uint64(3)]
+                ).astype(np.uint64)
+    sign = (high_rand >> np.uint64(63)) << np.uint64(bits - 1)
+    high_pos = exponent << np.uint64(mantissa)
+    low = _hash_stream(seed, "low", P_LOW) & np.uint64((1 << mantissa) - 1)
+    view = _INT_VIEW[bits // 8]
+
+    def padded(table: np.ndarray) -> torch.Tensor:
+        table = np.concatenate([table, table[:CHUNK]]).astype(unsigned).view(f"int{bits}")
+        return torch.from_numpy(table).view(view).to(device)
+
+    return padded(high_pos | sign), padded(high_pos), padded(low)
+
+
+def tensor_offsets(seed: int, key: str) -> tuple[int, int]:
+    """Where tensor `key` starts in the HIGH and LOW sequences."""
+    digest = hashlib.blake2b(f"{GENERATOR}|{seed}|{key}".encode(), digest_size=16).digest()
+    return (int.from_bytes(digest[:8], "little") % P_HIGH,
+            int.from_bytes(digest[8:], "little") % P_LOW)
+
+
+def non_negative(key: str) -> bool:
+    """Tensors whose meaning requires >= 0: AdamW's second moment and step count."""
+    return key.endswith(("exp_avg_sq", "max_exp_avg_sq", ".step"))
+
+
+def runs(global_shape, local_shape, global_offset) -> Iterator[tuple[int, int, int]]:
+    """(local flat start, global flat start, length) of the contiguous runs of a block shard."""
+    global_shape, local_shape = tuple(global_shape), tuple(local_shape)
+    if math.prod(local_shape) == 0:
+        return
+    ndim = len(global_shape)
+    # Trailing dims held whole: together with the last partial dim they form one run.
+    first_whole = ndim
+    while first_whole > 0 and local_shape[first_whole - 1] == global_shape[first_whole - 1]:
+        first_whole -= 1
+    if first_whole == 0:
+        yield 0, 0, math.prod(local_shape)
+        return
+    strides = [math.prod(global_shape[d + 1:]) for d in range(ndim)]
+    partial = first_whole - 1
+    length = local_shape[partial] * strides[partial]
+    base = global_offset[partial] * strides[partial]
+    local_start = 0
+    for outer in np.ndindex(*local_shape[:partial]):
+        start = base + sum((global_offset[d] + i) * strides[d] for d, i in enumerate(outer))
+        yield local_start, start, length
+        local_start += length
+
+
+def _chunks(seed: int, key: str, dtype: torch.dtype, device: torch.device, global_shape,
+            local_shape, global_offset):
+    """(local flat start, HIGH slice, LOW slice) per chunk of the shard, in order."""
+    high, high_pos, low = _tables(seed, dtype, device)
+    if non_negative(key):
+        high = high_pos
+    kh, kl = tensor_offsets(seed, key)
+    for local_start, global_start, length in runs(global_shape, local_shape, global_offset):
+        for pos in range(0, length, CHUNK):
+            n = min(CHUNK, length - pos)
+            g = global_start + pos
+            h, l = (g + kh) % P_HIGH, (g + kl) % P_LOW
+            yield local_start + pos, high[h:h + n], low[l:l + n]
+
+
+def fill(local: torch.Tensor, seed: int, key: str, global_shape, global_offset) -> None:
+    """Write tensor `key`'s values into `local`, the block at `global_offset` of the whole."""
+    target = local if local.is_contiguous() else torch.empty(local.shape, dtype=local.dtype,
+                                                             device=local.device)
+    flat = target.view(-1).view(_INT_VIEW[local.element_size()])
+    for start, high, low in _chunks(seed, key, local.dtype, local.device, global_shape,
+                                    local.shape, global_offset):
+        torch.bitwise_or(high, low, out=flat[start:start + high.numel()])
+    if target is not local:
+        local.copy_(target)
+
+
+def expected(seed: int, key: str, dtype: torch.dtype, global_shape, local_shape=None,
+             global_offset=None, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The values a shard must hold (a new tensor): for tests and error reports."""
+    local_shape = tuple(global_shape) if local_shape is None else tuple(local_shape)
+    global_offset = (0,) * len(local_shape) if global_offset is None else global_offset
+    out = torch.empty(local_shape, dtype=dtype, device=device)
+    fill(out, seed, key, global_shape, global_offset)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _memcmp():
+    try:
+        memcmp = ctypes.CDLL(None).memcmp
+    except (OSError, AttributeError):
+        return None
+    memcmp.restype = ctypes.c_int
+    memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return memcmp
+
+
+@functools.lru_cache(maxsize=8)
+def _scratch(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One chunk of expected values, reused: a fresh one per tensor would page-fault anew."""
+    return torch.empty(CHUNK, dtype=dtype, device=device)
+
+
+def first_mismatch(local: torch.Tensor, seed: int, key: str, global_shape,
+                   global_offset) -> tuple[int, ...] | None:
+    """Global index of the first element of `local` that differs from its value, or None.
+
+    Compares bits (NaN-safe, -0.0 != 0.0): recompute a chunk, then memcmp it (CPU; torch.equal
+    is ~3x slower there) or torch.equal it (on the device) against the shard.
+    """
+    data = local if local.is_contiguous() else local.contiguous()
+    flat = data.view(-1).view(_INT_VIEW[local.element_size()])
+    memcmp = _memcmp() if local.device.type == "cpu" else None
+    buffer = _scratch(flat.dtype, local.device)
+    for start, high, low in _chunks(seed, key, local.dtype, local.device, global_shape,
+                                    local.shape, global_offset):
+        n = high.numel()
+        want = torch.bitwise_or(high, low, out=buffer[:n])
+        got = flat[start:start + n]
+        if memcmp is not None:
+            same = memcmp(got.data_ptr(), want.data_ptr(), n * flat.element_size()) == 0
+        else:
+            same = torch.equal(got, want)
+        if not same:
+            local_index = start + int((got != want).nonzero()[0])
+            local_pos = np.unravel_index(local_index, tuple(local.shape)) if local.dim() else ()
+            return tuple(int(o) + int(i) for o, i in zip(global_offset, local_pos))
+    return None
