@@ -57,11 +57,14 @@ class AsyncTiming:
 
 
 def staging_options(config: AsyncSaveConfig, accelerator: bool) -> StagingOptions:
-    """torch's StagingOptions; pinned memory and non-blocking copies only with an
+    """torch's StagingOptions. Pinned memory and non-blocking copies only with an
     accelerator (pinned host memory helps device-to-host copies alone, and torch refuses
-    non-blocking copies without one)."""
+    non-blocking copies without one); shared memory only for the process checkpointer (it
+    hands the staged copy to the daemon without pickling the bytes; a thread needs none, and
+    a container's small /dev/shm would fail a large model)."""
+    process = config.checkpointer == AsyncCheckpointer.process
     return StagingOptions(use_pinned_memory=config.pinned_memory and accelerator,
-                          use_shared_memory=config.shared_memory,
+                          use_shared_memory=config.shared_memory and process,
                           use_async_staging=config.async_staging,
                           use_non_blocking_copy=config.non_blocking_copy and accelerator)
 

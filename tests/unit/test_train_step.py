@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import torch
 
-from dcp_fsdp.config.schema import AsyncSaveConfig
+from dcp_fsdp.config.schema import AsyncCheckpointer, AsyncSaveConfig
 from dcp_fsdp.rank import train_step
 from dcp_fsdp.rank.async_save import rank_bytes, staging_options
 from dcp_fsdp.rank.hooks import BusyClock, _time_stream
@@ -47,7 +47,7 @@ def test_run_until_stops_between_steps():
 
 
 def test_staging_options_without_an_accelerator_turn_pinned_and_non_blocking_off():
-    config = AsyncSaveConfig()
+    config = AsyncSaveConfig(checkpointer=AsyncCheckpointer.process)
     cpu = staging_options(config, accelerator=False)
     assert not cpu.use_pinned_memory and not cpu.use_non_blocking_copy
     assert cpu.use_shared_memory == config.shared_memory
@@ -55,6 +55,13 @@ def test_staging_options_without_an_accelerator_turn_pinned_and_non_blocking_off
     gpu = staging_options(config, accelerator=True)
     assert gpu.use_pinned_memory == config.pinned_memory
     assert gpu.use_non_blocking_copy == config.non_blocking_copy
+
+
+def test_shared_memory_only_for_the_process_checkpointer():
+    thread = AsyncSaveConfig(checkpointer=AsyncCheckpointer.thread, shared_memory=True)
+    assert not staging_options(thread, accelerator=False).use_shared_memory
+    process = AsyncSaveConfig(checkpointer=AsyncCheckpointer.process, shared_memory=False)
+    assert not staging_options(process, accelerator=False).use_shared_memory
 
 
 def test_rank_bytes_from_checkpoint_metadata():
