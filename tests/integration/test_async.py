@@ -20,7 +20,7 @@ import boto3
 import pytest
 
 from tests.kit.cli import REPO, clean_env, read_run, run_cli, s3_args, s3_env
-from tests.kit.fault_proxy import FaultProxy
+from tests.kit.fault_proxy import DATA_PLANE, FaultProxy
 
 TRAIN_STEP_S = 0.05
 
@@ -125,6 +125,26 @@ def test_sync_save_records_blocked_equal_to_persisted_and_the_breakdowns(s3, s3_
         assert abs(s["stage_s"] + s["upload_s"] - s["io_s"]) < 1e-6
     check_load_breakdown([s for s in samples if s["op"] == "load"])
     check_memory(run, samples)
+
+
+def test_async_save_absorbs_503s_and_resets_like_sync(s3, s3_uri, tmp_path):
+    """The upload runs in the background; S3 faults are still retried by the connector and
+    the checkpoint still verifies (seeded faults, as in test_faults)."""
+    with FaultProxy(s3.endpoint_url, error_503_rate=0.10, reset_rate=0.02, seed=5,
+                    targets=DATA_PLANE) as proxy:
+        result = run_cli(["save-and-load", f"storage.uri={s3_uri}",
+                          f"storage.endpoint={proxy.url}", "model=tiny_llama", "nproc=2",
+                          "iterations=2", "save_mode=async", f"results_dir={tmp_path}"],
+                         env=s3_env(s3))
+    assert_ok(result)
+    assert proxy.counts["503"].get("UploadPart", 0) >= 1, proxy.counts
+    run, samples = read_run(tmp_path)
+    assert run["status"] == "ok" and all(e["checked"] for e in run["integrity"].values())
+    saves = [s for s in samples if s["op"] == "save"]
+    assert len(saves) == 4 and all(s["blocked_s"] <= s["persisted_s"] for s in saves)
+    windows = [s["requests"] for s in saves]
+    if all(windows):  # the retried uploads are inside the saves' windows (call -> persisted)
+        assert sum(w.get("throttled", 0) for w in windows) >= 1
 
 
 # -- a rank killed mid-upload ------------------------------------------------------------
