@@ -122,11 +122,14 @@ class AsyncSaveConfig:
 
     checkpointer: AsyncCheckpointer = setting(AsyncCheckpointer.thread,
                                               "async: upload in a thread or a separate process")
-    pinned_memory: bool = setting(True, "async: stage into pinned host memory (CUDA only)")
-    shared_memory: bool = setting(True, "async: stage into shared memory (process checkpointer)")
+    pinned_memory: bool = setting(True, "async: stage into pinned host memory (CUDA only: "
+                                        "ignored, i.e. off, without a GPU)")
+    shared_memory: bool = setting(True, "async: stage into shared memory (process checkpointer "
+                                        "only: ignored with checkpointer=thread)")
     async_staging: bool = setting(True, "async: stage in a background thread (blocked time "
                                         "shrinks to scheduling the copy)")
-    non_blocking_copy: bool = setting(True, "async: non-blocking device-to-host copies")
+    non_blocking_copy: bool = setting(True, "async: non-blocking device-to-host copies (CUDA "
+                                            "only: ignored, i.e. off, without a GPU)")
 
 
 @dataclasses.dataclass

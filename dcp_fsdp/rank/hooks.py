@@ -20,6 +20,18 @@ Phases, per rank (monotonic clock; see loop.CheckpointLoop._sample):
 
 The writer's file-system `create_stream` is wrapped too, to count the bytes of every
 object this rank uploads (the connector's request log gives no upload sizes).
+
+Inside io_s (per rank; `BusyClock`: wall time with at least one call in progress, so
+writer/reader threads > 1 never count an instant twice, and io_s - busy >= 0):
+  save: upload_s = inside the object streams' write() and close() (the connector's
+                   PutObject / multipart stream: blocked on the upload, or on the page cache
+                   for fs); stage_s = io_s - upload_s (resolving, copying and serialising
+                   tensors: torch.save into the stream)
+  load: io_wait_s = inside the object streams' read() / readinto() (waiting for bytes from
+                    storage); copy_s = io_s - io_wait_s (deserialising and copying into the
+                    live tensors, host-to-device included)
+Two perf_counter reads and one uncontended lock per call (calls carry whole tensors or
+buffer-sized chunks): nothing per byte.
 """
 
 from __future__ import annotations
@@ -32,6 +44,71 @@ import time
 from typing import Any
 
 
+class BusyClock:
+    """Wall time during which at least one timed call was in progress (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active = 0
+        self._since = 0.0
+        self._total = 0.0
+
+    def enter(self) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            if self._active == 0:
+                self._since = now
+            self._active += 1
+
+    def exit(self) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            self._active -= 1
+            if self._active == 0:
+                self._total += now - self._since
+
+    def total_s(self) -> float:
+        """Closed intervals only: read it when no call is in progress."""
+        with self._lock:
+            return self._total
+
+    def wrap(self, method):
+        def timed(*args, **kwargs):
+            self.enter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.exit()
+        return timed
+
+
+class _TimedStream:
+    """A stand-in for a stream whose methods cannot be replaced (built-in file objects):
+    the timed methods are its own, everything else goes to the stream."""
+
+    def __init__(self, stream, timed: dict) -> None:
+        self._stream = stream
+        self.__dict__.update(timed)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def __iter__(self):
+        return iter(self._stream)
+
+
+def _time_stream(stream, clock: BusyClock, names: tuple[str, ...]):
+    """`stream` with `names` timed by `clock`: the same object where its attributes can be
+    set (the connector's S3Writer / S3Reader), else a thin stand-in."""
+    timed = {name: clock.wrap(getattr(stream, name)) for name in names if hasattr(stream, name)}
+    try:
+        for name, method in timed.items():
+            setattr(stream, name, method)
+        return stream
+    except (AttributeError, TypeError):
+        return _TimedStream(stream, timed)
+
+
 @dataclasses.dataclass
 class HookTimeline:
     """Monotonic start/end of each hook call (seconds), and bytes written or read."""
@@ -40,6 +117,10 @@ class HookTimeline:
     io_bytes: int = 0
     # object path -> bytes written through the writer's streams (data files and .metadata)
     object_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    # time inside the object streams' data calls (see the module docstring)
+    stream_clock: BusyClock = dataclasses.field(default_factory=BusyClock)
+    # stream_clock's total over the data-I/O hook (write_data / read_data), seconds
+    stream_io_s: float | None = None
 
     def duration_s(self, hook: str) -> float | None:
         span = self.spans.get(hook)
@@ -67,7 +148,8 @@ def _timed(timeline: HookTimeline, name: str, method):
 
 
 def _count_uploads(writer, timeline: HookTimeline) -> None:
-    """Wrap this writer's fs.create_stream: bytes of each object it writes ("wb")."""
+    """Wrap this writer's fs.create_stream: bytes of each object it writes ("wb"), and the
+    time spent inside its write() and close() calls."""
     fs = getattr(writer, "fs", None)
     create_stream = getattr(fs, "create_stream", None)
     if create_stream is None:
@@ -77,6 +159,8 @@ def _count_uploads(writer, timeline: HookTimeline) -> None:
     @contextlib.contextmanager
     def counting_create_stream(path, mode):
         with create_stream(path, mode) as stream:
+            if "w" in mode:
+                stream = _time_stream(stream, timeline.stream_clock, ("write", "close"))
             yield stream
             if "w" in mode:
                 try:
@@ -89,6 +173,23 @@ def _count_uploads(writer, timeline: HookTimeline) -> None:
     fs.create_stream = counting_create_stream
 
 
+def _time_reads(reader, timeline: HookTimeline) -> None:
+    """Wrap this reader's fs.create_stream: time inside each object stream's read calls."""
+    fs = getattr(reader, "fs", None)
+    create_stream = getattr(fs, "create_stream", None)
+    if create_stream is None:
+        return
+
+    @contextlib.contextmanager
+    def timed_create_stream(path, mode):
+        with create_stream(path, mode) as stream:
+            if "r" in mode:
+                stream = _time_stream(stream, timeline.stream_clock, ("read", "readinto"))
+            yield stream
+
+    fs.create_stream = timed_create_stream
+
+
 def instrument_writer(writer) -> HookTimeline:
     timeline = HookTimeline()
     for hook in ("prepare_local_plan", "prepare_global_plan", "finish"):
@@ -99,6 +200,7 @@ def instrument_writer(writer) -> HookTimeline:
     @functools.wraps(write_data)
     def timed_write_data(plan, planner):
         start = time.monotonic()
+        busy_before = timeline.stream_clock.total_s()
         try:
             future = write_data(plan, planner)
             future.wait()  # DCP waits right after this call anyway; we time the I/O itself
@@ -106,6 +208,7 @@ def instrument_writer(writer) -> HookTimeline:
                 getattr(result.storage_data, "length", 0) or 0 for result in future.value())
             return future
         finally:
+            timeline.stream_io_s = timeline.stream_clock.total_s() - busy_before
             timeline.record("write_data", start, time.monotonic())
 
     writer.write_data = timed_write_data
@@ -116,11 +219,13 @@ def instrument_reader(reader) -> HookTimeline:
     timeline = HookTimeline()
     for hook in ("read_metadata", "prepare_local_plan", "prepare_global_plan"):
         setattr(reader, hook, _timed(timeline, hook, getattr(reader, hook)))
+    _time_reads(reader, timeline)
     read_data = reader.read_data
 
     @functools.wraps(read_data)
     def timed_read_data(plan, planner):
         start = time.monotonic()
+        busy_before = timeline.stream_clock.total_s()
         storage_data: dict[Any, Any] = getattr(reader, "storage_data", {}) or {}
         indices = {item.storage_index for item in plan.items}
         timeline.io_bytes = sum(getattr(storage_data.get(index), "length", 0) or 0
@@ -130,6 +235,7 @@ def instrument_reader(reader) -> HookTimeline:
             future.wait()
             return future
         finally:
+            timeline.stream_io_s = timeline.stream_clock.total_s() - busy_before
             timeline.record("read_data", start, time.monotonic())
 
     reader.read_data = timed_read_data

@@ -24,6 +24,7 @@ from dcp_fsdp.models.build import ShardedModel, local_tensor
 from dcp_fsdp.rank import verify
 from dcp_fsdp.rank.distributed import RankContext, all_gather_object, rank0_decides
 from dcp_fsdp.rank.hooks import HookTimeline, instrument_reader, instrument_writer
+from dcp_fsdp.rank.memory import PeakMemory
 from dcp_fsdp.rank.state import apply_state_dict, flat_tensors
 from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.base import CheckpointStore
@@ -109,35 +110,82 @@ class CheckpointLoop:
 
     # -- one timed operation -------------------------------------------------------------
     def _timed(self, op: str, iteration: int, suffix: str) -> Sample:
+        # Created on first use (per rank, untimed): the async saver and the memory marks.
+        saver = None
+        if op == "save" and self.cfg.save_mode.value == "async":
+            saver = getattr(self, "_async_saver", None)
+            if saver is None:
+                from dcp_fsdp.rank.async_save import AsyncSaver
+
+                saver = self._async_saver = AsyncSaver(
+                    self.cfg.async_save, self.ctx.device, self.cfg.train_step_s, self.ctx.rank)
+        memory = getattr(self, "_memory", None)
+        if memory is None:
+            memory = self._memory = PeakMemory(self.ctx.device, self.log)
         if op == "save":
             storage_io = self.store.writer(suffix)
-            timeline = instrument_writer(storage_io)
+            # The process checkpointer pickles the writer into its daemon: no hook wrappers
+            # there (and a client built here would not be the one that uploads).
+            pickled = saver is not None and saver.pickles_writer
+            timeline = HookTimeline() if pickled else instrument_writer(storage_io)
         else:
+            pickled = False
             storage_io = self.store.reader(suffix)
             timeline = instrument_reader(storage_io)
-        self.store.warm_up(storage_io)
+        if not pickled:
+            self.store.warm_up(storage_io)
+        baseline_s: list[float] = []
+        if saver is not None:
+            saver.prepare()  # collective, first save only
+            baseline_s = saver.baseline()
 
+        memory.begin()
         barrier_start = time.monotonic()
         dist.barrier()
         begin_mono = time.monotonic()
         begin_wall = time.time()
+        timing = None
         with Watchdog(self.cfg.op_timeout_s, self.on_timeout,
                       f"{op} iteration {iteration} (suffix {suffix}) did not finish within "
                       f"op_timeout_s={self.cfg.op_timeout_s:g}; the storage stalled or is "
                       "too slow: raise op_timeout_s or check the endpoint"):
-            if op == "save":
+            if saver is not None:
+                timing = saver.save(self.state_dict, storage_io, begin_mono, baseline_s)
+            elif op == "save":
                 dcp.save(self.state_dict, storage_writer=storage_io)
             else:
                 dcp.load(self.state_dict, storage_reader=storage_io)
-        end_mono = time.monotonic()
-        end_wall = time.time()
-        return self._sample(op, iteration, suffix, timeline, barrier_start, begin_mono,
-                            begin_wall, end_mono, end_wall)
+        end_mono = time.monotonic() if timing is None else timing.end_mono
+        end_wall = begin_wall + (end_mono - begin_mono)
+        peak_rss, cuda_peak = memory.end()
+        sample = self._sample(op, iteration, suffix, timeline, barrier_start, begin_mono,
+                              begin_wall, end_mono, end_wall)
+        sample.peak_rss_bytes, sample.cuda_max_allocated_bytes = peak_rss, cuda_peak
+        if op == "save":
+            sample.save_mode = self.cfg.save_mode.value
+            if timing is None:  # sync: control comes back when the checkpoint is committed
+                sample.blocked_s = sample.persisted_s = sample.duration_s
+            else:
+                sample.blocked_s, sample.staged_s = timing.blocked_s, timing.staged_s
+                sample.persisted_s = timing.persisted_s
+                sample.previous_wait_s = timing.previous_wait_s
+                sample.train_steps = timing.train_steps
+                sample.train_step_slowdown = timing.train_step_slowdown
+                if pickled and timing.bytes_written is not None:
+                    sample.bytes = timing.bytes_written
+        return sample
 
     def _sample(self, op, iteration, suffix, timeline: HookTimeline, barrier_start, begin_mono,
                 begin_wall, end_mono, end_wall) -> Sample:
+        """duration_s: until the op is done (async save: persisted, so throughput figures
+        compare with sync; what training pays is blocked_s)."""
         io_hook = "write_data" if op == "save" else "read_data"
         io_span = timeline.spans.get(io_hook)
+        io_s = None if io_span is None else io_span[1] - io_span[0]
+        busy_s = timeline.stream_io_s
+        if io_s is not None and busy_s is not None:
+            busy_s = min(busy_s, io_s)  # the two clocks differ by microseconds at most
+        split = io_s is not None and busy_s is not None
         return Sample(
             op=op, iteration=iteration, suffix=suffix, rank=self.ctx.rank, host=self.host,
             begin_wall_s=begin_wall, end_wall_s=end_wall, begin_mono_s=begin_mono,
@@ -148,12 +196,16 @@ class CheckpointLoop:
             fetched_bytes=timeline.io_bytes if op == "load" else None,
             barrier_wait_s=begin_mono - barrier_start,
             plan_s=None if io_span is None else io_span[0] - begin_mono,
-            io_s=None if io_span is None else io_span[1] - io_span[0],
+            io_s=io_s,
             commit_s=None if io_span is None else end_mono - io_span[1],
             metadata_s=timeline.duration_s("read_metadata"),
             finish_s=timeline.duration_s("finish"),
             requests=(None if self.request_log is None else self.request_log.window(
                 begin_wall, end_wall, timeline.uploaded_bytes if op == "save" else None)),
+            upload_s=busy_s if split and op == "save" else None,
+            stage_s=io_s - busy_s if split and op == "save" else None,
+            io_wait_s=busy_s if split and op == "load" else None,
+            copy_s=io_s - busy_s if split and op == "load" else None,
         )
 
     def keep(self, sample: Sample) -> None:

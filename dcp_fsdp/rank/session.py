@@ -144,6 +144,7 @@ class RankSession:
         run.world_size, run.node_count = ctx.world_size, ctx.node_count
         run.nproc_per_node, run.hostnames = ctx.local_world_size, list(ctx.hostnames)
         run.backend, run.device = ctx.backend, str(ctx.device)
+        run.gpus = gpus()
         run.storage = {**self.store.describe(),
                        "embedded": os.environ.get(contract.EMBEDDED_ENV) == "1"}
         model = run.model
@@ -229,6 +230,15 @@ class RankSession:
         log.info(f"record: {path}")
         if self.loop is not None and self.loop.suffixes and self.cfg.command != Command.load:
             log.info(f"SUFFIXES={','.join(self.loop.suffixes)}")
+
+
+def gpus() -> dict | None:
+    """The GPU model and count of this node, when CUDA is available."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return {"model": torch.cuda.get_device_name(), "count": torch.cuda.device_count()}
 
 
 def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> int:

@@ -1,0 +1,90 @@
+"""Memory high-water marks of one timed operation (per rank): resident memory and CUDA.
+
+Resident memory: Linux keeps the process's peak RSS (VmHWM in /proc/self/status) and
+resets it to the current RSS when "5" is written to /proc/self/clear_refs (Linux 4.0+).
+Reset right before an operation and read right after, VmHWM is that operation's peak.
+Without a reset (older kernels, no /proc) the only figure is the process's lifetime peak
+(ru_maxrss): still recorded, with a warning that it is not per operation.
+
+CUDA: torch.cuda.reset_peak_memory_stats before, max_memory_allocated after (the caching
+allocator's peak of live tensors on the rank's device, not what the driver reserved).
+"""
+
+from __future__ import annotations
+
+import re
+import resource
+from typing import Callable
+
+STATUS_PATH = "/proc/self/status"
+CLEAR_REFS_PATH = "/proc/self/clear_refs"
+RESET_HWM = "5"  # clear_refs: reset the peak RSS to the current RSS (see proc(5))
+
+_FIELD = re.compile(r"^(Vm\w+|Rss\w+):\s+(\d+)\s*kB\s*$", re.MULTILINE)
+
+
+def parse_status(text: str) -> dict[str, int]:
+    """The `Vm*` / `Rss*` lines of /proc/<pid>/status, in bytes (the kernel writes kB = KiB)."""
+    return {name: int(value) * 1024 for name, value in _FIELD.findall(text)}
+
+
+def read_status(path: str = STATUS_PATH) -> dict[str, int]:
+    """This process's memory lines, or {} where there is no /proc."""
+    try:
+        with open(path) as status:
+            return parse_status(status.read())
+    except OSError:
+        return {}
+
+
+def reset_peak_rss(path: str = CLEAR_REFS_PATH) -> bool:
+    """Reset VmHWM to the current RSS; False where the kernel does not allow it."""
+    try:
+        with open(path, "w") as clear_refs:
+            clear_refs.write(RESET_HWM)
+        return True
+    except OSError:
+        return False
+
+
+def lifetime_peak_rss_bytes() -> int:
+    """ru_maxrss: the process's peak since it started (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class PeakMemory:
+    """`begin()` right before an operation, `end()` right after: (peak_rss_bytes, cuda bytes).
+
+    Both calls are cheap (one small /proc write or read; CUDA counters are host-side), so
+    they may sit next to a timer without disturbing it.
+    """
+
+    def __init__(self, device=None, warn: Callable[[str], None] | None = None) -> None:
+        self.cuda = getattr(device, "type", None) == "cuda"
+        self.device = device
+        self.warn = warn
+        self.per_op = True
+        self._warned = False
+
+    def begin(self) -> None:
+        if not reset_peak_rss():
+            self.per_op = False
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def end(self) -> tuple[int | None, int | None]:
+        peak = read_status().get("VmHWM") if self.per_op else None
+        if peak is None:
+            peak = lifetime_peak_rss_bytes()
+            if self.warn is not None and not self._warned:
+                self._warned = True
+                self.warn("peak_rss_bytes is the process's lifetime peak (ru_maxrss): this "
+                          "kernel cannot reset VmHWM per operation (/proc/self/clear_refs)")
+        cuda_peak = None
+        if self.cuda:
+            import torch
+
+            cuda_peak = int(torch.cuda.max_memory_allocated(self.device))
+        return peak, cuda_peak

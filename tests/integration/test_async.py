@@ -1,0 +1,237 @@
+"""save_mode=async end to end: real 2-rank gloo runs of tiny_llama against SeaweedFS.
+
+An async save is timed twice (blocked_s: what the training loop pays; persisted_s: until
+.metadata is committed), is complete only once committed (its loads verify), measures the
+training it slows (train_step_s), and a rank killed mid-upload leaves nothing loadable,
+whichever checkpointer uploads (thread, or the process daemon, which dies with its rank).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+import boto3
+import pytest
+
+from tests.kit.cli import REPO, clean_env, read_run, run_cli, s3_args, s3_env
+from tests.kit.fault_proxy import DATA_PLANE, FaultProxy
+
+TRAIN_STEP_S = 0.05
+
+
+def assert_ok(result):
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+
+
+def shard_bytes(run) -> float:
+    """One rank's share of the checkpointed state (tiny_llama: evenly sharded)."""
+    return run["model"]["state_bytes"] / run["world_size"]
+
+
+def check_memory(run, samples):
+    for s in samples:
+        # The rank holds at least its shards during any operation (and, async, a staged copy).
+        assert s["peak_rss_bytes"] > shard_bytes(run), s
+        assert s["cuda_max_allocated_bytes"] is None  # CPU ranks
+    assert run["gpus"] is None
+
+
+def check_load_breakdown(samples):
+    for s in samples:
+        assert s["op"] == "load"
+        assert s["io_wait_s"] > 0 and s["copy_s"] >= 0
+        assert abs(s["io_wait_s"] + s["copy_s"] - s["io_s"]) < 1e-6
+        assert s["stage_s"] is None and s["upload_s"] is None
+
+
+def listed(s3, s3_uri, suffix) -> str:
+    listing = run_cli(["list", *s3_args(s3, s3_uri)], env=s3_env(s3))
+    assert_ok(listing)
+    return next(line for line in listing.stdout.splitlines() if suffix in line)
+
+
+@pytest.mark.parametrize("checkpointer", ["thread", "process"])
+def test_async_save_and_load(s3, s3_uri, tmp_path, checkpointer):
+    result = run_cli(["save-and-load", *s3_args(s3, s3_uri), "model=tiny_llama", "nproc=2",
+                      "iterations=2", "save_mode=async", f"async_save.checkpointer={checkpointer}",
+                      f"train_step_s={TRAIN_STEP_S}", f"results_dir={tmp_path}"], env=s3_env(s3))
+    assert_ok(result)
+    run, samples = read_run(tmp_path)
+    assert run["status"] == "ok"
+    assert run["config"]["save_mode"] == "async"
+    assert len(run["suffixes"]) == 2
+    # Loads of every async checkpoint verified against what was saved.
+    assert run["integrity"] == {s: {"checked": True, "reason": None} for s in run["suffixes"]}
+    saves = [s for s in samples if s["op"] == "save"]
+    loads = [s for s in samples if s["op"] == "load"]
+    assert len(saves) == len(loads) == 4
+    for s in saves:
+        assert s["save_mode"] == "async"
+        assert 0 <= s["blocked_s"] <= s["persisted_s"], s
+        assert s["duration_s"] == pytest.approx(s["persisted_s"], abs=1e-6)
+        # async_staging (the default) reports staging apart; the upload needs it done
+        assert 0 <= s["staged_s"] <= s["persisted_s"], s
+        assert s["previous_wait_s"] >= 0
+        assert s["train_steps"] > 0, s
+        assert s["train_step_slowdown"] > -1, s  # a ratio of step times, minus 1
+        load = next(l for l in loads if (l["rank"], l["iteration"]) == (s["rank"], s["iteration"]))
+        assert s["bytes"] == load["bytes"] > 0  # what a rank wrote, it reads back
+        if checkpointer == "thread":
+            assert s["upload_s"] > 0 and s["stage_s"] >= 0
+            assert abs(s["stage_s"] + s["upload_s"] - s["io_s"]) < 1e-6
+            assert s["plan_s"] >= 0 and s["commit_s"] >= 0
+        else:  # the writer goes to the daemon pickled: no hooks timed there
+            assert s["io_s"] is None and s["upload_s"] is None
+    check_load_breakdown(loads)
+    check_memory(run, samples)
+    for suffix in run["suffixes"]:
+        assert "INCOMPLETE" not in listed(s3, s3_uri, suffix)
+
+
+def test_async_checkpoint_loads_in_another_run_with_integrity(s3, s3_uri, tmp_path):
+    save = run_cli(["save", *s3_args(s3, s3_uri), "model=tiny_llama", "nproc=2",
+                    "save_mode=async", f"results_dir={tmp_path / 's'}"], env=s3_env(s3))
+    assert_ok(save)
+    run, saves = read_run(tmp_path / "s")
+    suffix = run["suffixes"][0]
+    assert all(s["blocked_s"] <= s["persisted_s"] for s in saves)
+    load = run_cli(["load", *s3_args(s3, s3_uri), "model=tiny_llama", "nproc=2",
+                    f"suffix={suffix}", f"results_dir={tmp_path / 'l'}"], env=s3_env(s3))
+    assert_ok(load)
+    run, loads = read_run(tmp_path / "l")
+    # Checksums are written after the commit, and a separate load checks them.
+    assert run["integrity"] == {suffix: {"checked": True, "reason": None}}
+    check_load_breakdown(loads)
+    check_memory(run, loads)
+
+
+def test_sync_save_records_blocked_equal_to_persisted_and_the_breakdowns(s3, s3_uri, tmp_path):
+    result = run_cli(["save-and-load", *s3_args(s3, s3_uri), "model=tiny_llama", "nproc=2",
+                      f"results_dir={tmp_path}"], env=s3_env(s3))
+    assert_ok(result)
+    run, samples = read_run(tmp_path)
+    saves = [s for s in samples if s["op"] == "save"]
+    for s in saves:
+        assert s["save_mode"] == "sync" and s["previous_wait_s"] is None
+        assert s["blocked_s"] == s["persisted_s"] == s["duration_s"]
+        assert s["train_steps"] is None and s["train_step_slowdown"] is None
+        assert s["upload_s"] > 0 and s["stage_s"] >= 0
+        assert abs(s["stage_s"] + s["upload_s"] - s["io_s"]) < 1e-6
+    check_load_breakdown([s for s in samples if s["op"] == "load"])
+    check_memory(run, samples)
+
+
+def test_async_save_absorbs_503s_and_resets_like_sync(s3, s3_uri, tmp_path):
+    """The upload runs in the background; S3 faults are still retried by the connector and
+    the checkpoint still verifies (seeded faults, as in test_faults)."""
+    with FaultProxy(s3.endpoint_url, error_503_rate=0.10, reset_rate=0.02, seed=5,
+                    targets=DATA_PLANE) as proxy:
+        result = run_cli(["save-and-load", f"storage.uri={s3_uri}",
+                          f"storage.endpoint={proxy.url}", "model=tiny_llama", "nproc=2",
+                          "iterations=2", "save_mode=async", f"results_dir={tmp_path}"],
+                         env=s3_env(s3))
+    assert_ok(result)
+    assert proxy.counts["503"].get("UploadPart", 0) >= 1, proxy.counts
+    run, samples = read_run(tmp_path)
+    assert run["status"] == "ok" and all(e["checked"] for e in run["integrity"].values())
+    saves = [s for s in samples if s["op"] == "save"]
+    assert len(saves) == 4 and all(s["blocked_s"] <= s["persisted_s"] for s in saves)
+    windows = [s["requests"] for s in saves]
+    if all(windows):  # the retried uploads are inside the saves' windows (call -> persisted)
+        assert sum(w.get("throttled", 0) for w in windows) >= 1
+
+
+# -- a rank killed mid-upload ------------------------------------------------------------
+
+# Every request that writes an object (see test_reliability.OBJECT_WRITES).
+OBJECT_WRITES = ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload",
+                 "CopyObject")
+
+
+def children(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in found.stdout.split()]
+
+
+def rank_pids(launcher_pid: int) -> dict[int, int]:
+    pids = {}
+    for pid in children(launcher_pid):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for entry in environ:
+            if entry.startswith(b"RANK="):
+                pids[int(entry[5:])] = pid
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("checkpointer, held_object", [
+    ("thread", r"__1_\d+\.distcp$"),  # rank 1 uploading its data
+    ("process", r"/\.metadata$"),  # all data written, the commit in flight
+], ids=["thread-mid-data", "process-at-commit"])
+def test_async_save_killed_mid_upload_is_never_loadable(s3, s3_uri, tmp_path, checkpointer,
+                                                        held_object):
+    with FaultProxy(s3.endpoint_url, stall_rate=1.0, stall_s=600, targets=OBJECT_WRITES,
+                    key_pattern=held_object) as proxy:
+        command = [sys.executable, "-m", "dcp_fsdp", "save", f"storage.uri={s3_uri}",
+                   f"storage.endpoint={proxy.url}", "model=tiny_llama", "nproc=2",
+                   "save_mode=async", f"async_save.checkpointer={checkpointer}",
+                   f"results_dir={tmp_path}"]
+        process = subprocess.Popen(command, env=clean_env(s3_env(s3)), cwd=REPO,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 180
+            while not proxy.events and time.monotonic() < deadline and process.poll() is None:
+                time.sleep(0.05)
+            assert proxy.events, "the async save never reached the held object"
+            held_path = urllib.parse.unquote(urllib.parse.urlsplit(proxy.events[0].target).path)
+            ranks = rank_pids(process.pid)
+            assert 1 in ranks, ranks
+            # The process checkpointer's daemons: children of the ranks.
+            daemons = [pid for rank in ranks.values() for pid in children(rank)]
+            if checkpointer == "process":
+                assert daemons, "no checkpoint daemon found under the ranks"
+            os.kill(ranks[1], signal.SIGKILL)
+            process.wait(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert process.returncode != 0
+    run, _ = read_run(tmp_path)
+    # Rank 0 waits on its upload in Python, so the launcher's SIGTERM (a peer died) reaches it
+    # and it records "interrupted by SIGTERM"; stuck in native code it is killed ("failed").
+    assert run["status"] in ("failed", "interrupted"), run
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in [*ranks.values(), *daemons]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in [*ranks.values(), *daemons] if alive(pid)], (ranks, daemons)
+
+    bucket, prefix = s3_uri[len("s3://"):].split("/", 1)
+    killed_suffix = held_path.split(f"/{bucket}/{prefix}/", 1)[1].split("/")[0]
+    client = boto3.client("s3", endpoint_url=s3.endpoint_url, region_name="us-east-1",
+                          aws_access_key_id=s3.access_key_id,
+                          aws_secret_access_key=s3.secret_access_key)
+    listing = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{killed_suffix}/")
+    keys = [obj["Key"] for obj in listing.get("Contents", [])]
+    assert not any(k.endswith("/.metadata") for k in keys), keys
+    assert "INCOMPLETE" in listed(s3, s3_uri, killed_suffix)
+    load = run_cli(["load", *s3_args(s3, s3_uri), "model=tiny_llama", f"suffix={killed_suffix}",
+                    "nproc=2", f"results_dir={tmp_path / 'load'}"], env=s3_env(s3))
+    assert load.returncode != 0
+    assert f"suffix={killed_suffix}" in load.stderr and "incomplete" in load.stderr

@@ -1,0 +1,136 @@
+"""The simulated training step (async interference), the async save helpers, and the
+busy-time clock behind stage/upload and io_wait/copy."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from types import SimpleNamespace
+
+import torch
+
+from dcp_fsdp.config.schema import AsyncCheckpointer, AsyncSaveConfig
+from dcp_fsdp.rank import train_step
+from dcp_fsdp.rank.async_save import rank_bytes, staging_options
+from dcp_fsdp.rank.hooks import BusyClock, _time_stream
+
+
+def test_matmuls_for_a_step():
+    assert train_step.matmuls_for(0.05, 0.01) == 5
+    assert train_step.matmuls_for(0.05, 0.2) == 1  # never zero work
+    assert train_step.matmuls_for(0.05, 0.0) == 1
+
+
+def test_slowdown_is_relative_to_the_baseline_mean():
+    assert abs(train_step.slowdown([0.3, 0.3], [0.1, 0.2, 0.3]) - 0.5) < 1e-12  # 0.3/0.2 - 1
+    assert abs(train_step.slowdown([0.2], [0.2]) - 0.0) < 1e-12
+    assert train_step.slowdown([], [0.1]) is None
+    assert train_step.slowdown([0.1], []) is None
+
+
+def test_calibrated_step_runs_fixed_work_of_about_the_asked_length():
+    step = train_step.TrainStep(torch.device("cpu"), 0.02)
+    step.calibrate()
+    assert step.matmuls >= 1
+    times = step.baseline()
+    assert len(times) == train_step.BASELINE_STEPS and all(t > 0 for t in times)
+    # Loose: the machine is shared; the point is "tens of milliseconds", not seconds.
+    assert min(times) < 0.02 * 20
+
+
+def test_run_until_stops_between_steps():
+    step = train_step.TrainStep(torch.device("cpu"), 0.005)
+    step.calibrate()
+    calls = iter([False, False, True])
+    assert len(step.run_until(lambda: next(calls))) == 2
+
+
+def test_staging_options_without_an_accelerator_turn_pinned_and_non_blocking_off():
+    config = AsyncSaveConfig(checkpointer=AsyncCheckpointer.process)
+    cpu = staging_options(config, accelerator=False)
+    assert not cpu.use_pinned_memory and not cpu.use_non_blocking_copy
+    assert cpu.use_shared_memory == config.shared_memory
+    assert cpu.use_async_staging == config.async_staging
+    gpu = staging_options(config, accelerator=True)
+    assert gpu.use_pinned_memory == config.pinned_memory
+    assert gpu.use_non_blocking_copy == config.non_blocking_copy
+
+
+def test_shared_memory_only_for_the_process_checkpointer():
+    thread = AsyncSaveConfig(checkpointer=AsyncCheckpointer.thread, shared_memory=True)
+    assert not staging_options(thread, accelerator=False).use_shared_memory
+    process = AsyncSaveConfig(checkpointer=AsyncCheckpointer.process, shared_memory=False)
+    assert not staging_options(process, accelerator=False).use_shared_memory
+
+
+def test_rank_bytes_from_checkpoint_metadata():
+    info = lambda path, length: SimpleNamespace(relative_path=path, length=length)  # noqa: E731
+    metadata = SimpleNamespace(storage_data={
+        1: info("__0_0.distcp", 100), 2: info("__0_0.distcp", 50),
+        3: info("ab12/__1_0.distcp", 70), 4: info("__10_0.distcp", 5)})
+    assert rank_bytes(metadata, 0) == 150
+    assert rank_bytes(metadata, 1) == 70
+    assert rank_bytes(metadata, 10) == 5
+    assert rank_bytes(SimpleNamespace(storage_data={}), 0) is None
+
+
+def test_busy_clock_counts_overlapping_calls_once():
+    clock = BusyClock()
+    barrier = threading.Barrier(4)  # 3 threads and this one
+
+    def busy():
+        barrier.wait()
+        clock.enter()
+        time.sleep(0.05)
+        clock.exit()
+
+    threads = [threading.Thread(target=busy) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    start = time.perf_counter()
+    barrier.wait()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    assert 0.04 < clock.total_s() <= wall + 0.01  # not 3 x 0.05
+
+
+def test_time_stream_on_python_and_builtin_streams(tmp_path):
+    class Writer(io.RawIOBase):
+        def writable(self):
+            return True
+
+        def write(self, data):
+            time.sleep(0.01)
+            return len(data)
+
+    clock = BusyClock()
+    stream = Writer()
+    assert _time_stream(stream, clock, ("write", "close")) is stream  # same object
+    stream.write(b"x")
+    assert clock.total_s() >= 0.01
+
+    clock = BusyClock()
+    with open(tmp_path / "f", "wb") as raw:  # a built-in file object
+        wrapped = _time_stream(raw, clock, ("write",))
+        assert wrapped.write(b"abc") == 3 and wrapped.tell() == 3
+        wrapped.fileno()
+    assert (tmp_path / "f").read_bytes() == b"abc"
+    assert clock.total_s() > 0
+
+    class Fixed:  # methods that cannot be replaced: a stand-in takes the calls
+        __slots__ = ()
+
+        def write(self, data):
+            return len(data)
+
+        def tell(self):
+            return 7
+
+    clock = BusyClock()
+    fixed = Fixed()
+    wrapped = _time_stream(fixed, clock, ("write",))
+    assert wrapped is not fixed
+    assert wrapped.write(b"ab") == 2 and wrapped.tell() == 7
+    assert clock.total_s() > 0
