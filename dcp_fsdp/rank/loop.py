@@ -172,7 +172,7 @@ class CheckpointLoop:
                 sample.train_steps = timing.train_steps
                 sample.train_step_slowdown = timing.train_step_slowdown
                 if pickled and timing.bytes_written is not None:
-                    sample.bytes = timing.bytes_written
+                    sample.written_bytes = timing.bytes_written
         return sample
 
     def _sample(self, op, iteration, suffix, timeline: HookTimeline, barrier_start, begin_mono,
@@ -190,9 +190,11 @@ class CheckpointLoop:
             op=op, iteration=iteration, suffix=suffix, rank=self.ctx.rank, host=self.host,
             begin_wall_s=begin_wall, end_wall_s=end_wall, begin_mono_s=begin_mono,
             end_mono_s=end_mono, duration_s=end_mono - begin_mono,
-            # save: bytes this rank wrote; load: bytes of its shards (what it loaded), and
-            # fetched_bytes what it read from storage for them (read amplification)
-            bytes=verify.local_bytes(self.state_dict) if op == "load" else timeline.io_bytes,
+            # bytes: checkpoint bytes, what this rank's shards hold (every throughput divides
+            # these); written_bytes / fetched_bytes: what it moved to / from storage (tensor
+            # data as stored; fetched > bytes is read amplification)
+            bytes=verify.local_bytes(self.state_dict),
+            written_bytes=timeline.io_bytes if op == "save" else None,
             fetched_bytes=timeline.io_bytes if op == "load" else None,
             barrier_wait_s=begin_mono - barrier_start,
             plan_s=None if io_span is None else io_span[0] - begin_mono,

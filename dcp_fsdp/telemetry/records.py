@@ -100,7 +100,7 @@ class Sample:
     begin_mono_s: float  # time.monotonic(), same instants (comparable within a host)
     end_mono_s: float
     duration_s: float
-    bytes: int  # tensor bytes this rank wrote or read
+    bytes: int  # checkpoint bytes: what this rank's shards hold (saved or loaded)
     barrier_wait_s: float  # time in the aligning barrier before the timer started
     plan_s: float | None = None  # start -> data I/O begins (local + global plan, collective)
     io_s: float | None = None  # write_data / read_data
@@ -118,6 +118,7 @@ class Sample:
     train_steps: int | None = None  # async + train_step_s: steps run while uploading
     train_step_slowdown: float | None = None  # mean step time with upload / without - 1
     fetched_bytes: int | None = None  # load: bytes read from storage (>= bytes if amplified)
+    written_bytes: int | None = None  # save: tensor bytes written to storage by this rank
     io_wait_s: float | None = None  # load: waiting for bytes from storage (inside io_s)
     copy_s: float | None = None  # load: copying into tensors (host-to-device included)
     stage_s: float | None = None  # save: staging / serialising (inside io_s)
