@@ -97,10 +97,33 @@ class _TimedStream:
         return iter(self._stream)
 
 
-def _time_stream(stream, clock: BusyClock, names: tuple[str, ...]):
-    """`stream` with `names` timed by `clock`: the same object where its attributes can be
-    set (the connector's S3Writer / S3Reader), else a thin stand-in."""
-    timed = {name: clock.wrap(getattr(stream, name)) for name in names if hasattr(stream, name)}
+class ByteCounter:
+    """Bytes through the object streams so far: what the progress heartbeat reads while an
+    operation runs. One int addition per call (a racy read is fine for a progress line)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def wrap(self, name: str, method):
+        def counted(*args, **kwargs):
+            result = method(*args, **kwargs)
+            if name == "write" and args and hasattr(args[0], "__len__"):
+                self.total += len(args[0])
+            elif name == "readinto" and isinstance(result, int):
+                self.total += result
+            elif name == "read" and isinstance(result, (bytes, bytearray, memoryview)):
+                self.total += len(result)
+            return result
+        return counted
+
+
+def _time_stream(stream, clock: BusyClock, names: tuple[str, ...],
+                 counter: ByteCounter | None = None):
+    """`stream` with `names` timed by `clock` (and counted): the same object where its
+    attributes can be set (the connector's S3Writer / S3Reader), else a thin stand-in."""
+    timed = {name: clock.wrap(getattr(stream, name) if counter is None
+                              else counter.wrap(name, getattr(stream, name)))
+             for name in names if hasattr(stream, name)}
     try:
         for name, method in timed.items():
             setattr(stream, name, method)
@@ -121,6 +144,8 @@ class HookTimeline:
     stream_clock: BusyClock = dataclasses.field(default_factory=BusyClock)
     # stream_clock's total over the data-I/O hook (write_data / read_data), seconds
     stream_io_s: float | None = None
+    # bytes through the object streams so far (progress lines only; figures use io_bytes)
+    moved: ByteCounter = dataclasses.field(default_factory=ByteCounter)
 
     def duration_s(self, hook: str) -> float | None:
         span = self.spans.get(hook)
@@ -160,7 +185,8 @@ def _count_uploads(writer, timeline: HookTimeline) -> None:
     def counting_create_stream(path, mode):
         with create_stream(path, mode) as stream:
             if "w" in mode:
-                stream = _time_stream(stream, timeline.stream_clock, ("write", "close"))
+                stream = _time_stream(stream, timeline.stream_clock, ("write", "close"),
+                                      timeline.moved)
             yield stream
             if "w" in mode:
                 try:
@@ -184,7 +210,8 @@ def _time_reads(reader, timeline: HookTimeline) -> None:
     def timed_create_stream(path, mode):
         with create_stream(path, mode) as stream:
             if "r" in mode:
-                stream = _time_stream(stream, timeline.stream_clock, ("read", "readinto"))
+                stream = _time_stream(stream, timeline.stream_clock, ("read", "readinto"),
+                                      timeline.moved)
             yield stream
 
     fs.create_stream = timed_create_stream

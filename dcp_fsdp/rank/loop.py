@@ -8,6 +8,7 @@ delay all happen outside the timers.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -25,6 +26,7 @@ from dcp_fsdp.rank import verify
 from dcp_fsdp.rank.distributed import RankContext, all_gather_object, rank0_decides
 from dcp_fsdp.rank.hooks import HookTimeline, instrument_reader, instrument_writer
 from dcp_fsdp.rank.memory import PeakMemory
+from dcp_fsdp.rank.progress import Heartbeat
 from dcp_fsdp.rank.state import apply_state_dict, flat_tensors
 from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.base import CheckpointStore
@@ -148,7 +150,8 @@ class CheckpointLoop:
         with Watchdog(self.cfg.op_timeout_s, self.on_timeout,
                       f"{op} iteration {iteration} (suffix {suffix}) did not finish within "
                       f"op_timeout_s={self.cfg.op_timeout_s:g}; the storage stalled or is "
-                      "too slow: raise op_timeout_s or check the endpoint"):
+                      "too slow: raise op_timeout_s or check the endpoint"), \
+                self._heartbeat(op, iteration, None if pickled else timeline):
             if saver is not None:
                 timing = saver.save(self.state_dict, storage_io, begin_mono, baseline_s)
             elif op == "save":
@@ -209,6 +212,15 @@ class CheckpointLoop:
             io_wait_s=busy_s if split and op == "load" else None,
             copy_s=io_s - busy_s if split and op == "load" else None,
         )
+
+    def _heartbeat(self, op: str, iteration: int, timeline: HookTimeline | None):
+        """Rank 0's progress lines during the operation (progress=true), else nothing."""
+        if not (self.cfg.progress and self.ctx.is_coordinator):
+            return contextlib.nullcontext()
+        moved = None if timeline is None else (lambda: timeline.moved.total)
+        expected = verify.local_bytes(self.state_dict)
+        return Heartbeat(f"{op} iteration {iteration}", moved, expected,
+                         self.cfg.progress_interval_s, self.log)
 
     def keep(self, sample: Sample) -> None:
         """Record one finished operation of this rank, and share it with rank 0's record."""

@@ -17,7 +17,8 @@ MIB = 2**20
 
 
 class Heartbeat:
-    def __init__(self, what: str, bytes_so_far: Callable[[], int], expected_bytes: int | None,
+    def __init__(self, what: str, bytes_so_far: Callable[[], int] | None,
+                 expected_bytes: int | None,
                  interval_s: float, say: Callable[[str], None]) -> None:
         self.what = what
         self.bytes_so_far = bytes_so_far
@@ -29,11 +30,13 @@ class Heartbeat:
         self.beats = 0
 
     def line(self, elapsed_s: float) -> str:
+        if self.bytes_so_far is None:  # bytes move in another process (process checkpointer)
+            return f"{self.what}: still running after {elapsed_s:.1f} s"
         moved = self.bytes_so_far()
         of = f" of {self.expected_bytes / MIB:.1f}" if self.expected_bytes else ""
         rate = moved / MIB / elapsed_s if elapsed_s > 0 else 0.0
         return (f"{self.what}: still running, rank 0 moved {moved / MIB:.1f}{of} MiB"
-                f" in {elapsed_s:.0f} s ({rate:.1f} MiB/s)")
+                f" in {elapsed_s:.1f} s ({rate:.1f} MiB/s)")
 
     def _run(self, started: float) -> None:
         while not self._stop.wait(self.interval_s):

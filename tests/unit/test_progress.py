@@ -23,5 +23,5 @@ def test_heartbeat_beats_while_running_and_stops_after():
 
 def test_line_without_an_expected_total():
     beat = Heartbeat("load iteration 1", lambda: 3 * MIB, None, 10, lambda _: None)
-    assert beat.line(2.0) == ("load iteration 1: still running, rank 0 moved 3.0 MiB in 2 s "
+    assert beat.line(2.0) == ("load iteration 1: still running, rank 0 moved 3.0 MiB in 2.0 s "
                               "(1.5 MiB/s)")
