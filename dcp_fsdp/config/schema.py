@@ -30,6 +30,7 @@ class Command(str, enum.Enum):
     save = "save"
     load = "load"
     save_and_load = "save-and-load"
+    ceiling = "ceiling"  # the raw PUT/GET rounds alone (rank/ceiling.py), no DCP
 
 
 class Dtype(str, enum.Enum):
