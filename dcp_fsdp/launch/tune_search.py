@@ -8,13 +8,14 @@ score (higher is better: the run's save + load MiB/s) and its wall time. The sea
      first), every value of it with the others held; a value replaces the current one
      only when it beats it by more than `margin` (one noisy measurement must not move
      the search);
-  3. the finalists (the best few settings, the defaults always among them) measured again,
-     in turns, until each has `repeats` measurements; ranked by their median.
+  3. the finalists (the descent's winner and the next best, the defaults always among
+     them) measured again, in turns (fewest measurements first), until each has `repeats`
+     measurements; ranked by their median.
 
 Budget: a trial starts only if the time spent plus the estimated cost of this trial (the
 larger of the median and the latest trial wall time) fits in `budget_s`; the search phase
-also leaves room for the finals' repeats. `max_trials` caps the count (defaults and
-repeats included). The only overrun is one trial running longer than its estimate.
+stops at 60 % of the budget (and of `max_trials`, which counts every run, defaults and
+repeats included), leaving the rest for the finals' repeats. The only overrun is one trial running longer than its estimate.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import time
 from typing import Any, Callable
 
 Settings = dict[str, Any]
+SEARCH_SHARE = 0.6  # of the budget and of tune.trials, for the search; the rest: the finals
 
 
 def settings_key(settings: Settings) -> tuple:
@@ -93,11 +95,11 @@ class Budget:
             return 0.0
         return max(statistics.median(self.walls), self.walls[-1])
 
-    def why_not(self, reserve_trials: int = 0) -> str | None:
-        """None if one more trial (plus `reserve_trials` more after it) fits."""
-        if self.max_trials is not None and len(self.walls) + 1 + reserve_trials > self.max_trials:
+    def why_not(self, share: float = 1.0) -> str | None:
+        """None if one more trial fits in `share` of the budget (and of the trial count)."""
+        if self.max_trials is not None and len(self.walls) + 1 > max(1, int(self.max_trials * share)):
             return f"tune.trials={self.max_trials} reached"
-        if self.elapsed_s() + self.estimate_s() * (1 + reserve_trials) > self.budget_s:
+        if self.elapsed_s() + self.estimate_s() > self.budget_s * share:
             return f"tune.budget_s={self.budget_s:g} would be exceeded"
         return None
 
@@ -129,14 +131,19 @@ class Search:
         return [t.score for t in self.trials
                 if settings_key(t.settings) == key and t.score is not None]
 
+    def _attempts(self, settings: Settings) -> int:
+        key = settings_key(settings)
+        return sum(settings_key(t.settings) == key for t in self.trials)
+
     def _best_score(self, settings: Settings) -> float | None:
         scores = self._scores(settings)
         return statistics.median(scores) if scores else None
 
-    def _finals_reserve(self) -> int:
-        """Repeats the finals will need (the defaults already have one measurement)."""
-        count = min(self.finalists, 1 + sum(len(v) - 1 for v in self.space.values()))
-        return max(0, count * self.repeats - count)
+    @property
+    def search_share(self) -> float:
+        """The part of the budget (and trial count) the search may use: the rest is left
+        for the finals' repeats, when there are any."""
+        return 1.0 if self.repeats == 1 else SEARCH_SHARE
 
     # -- the phases ------------------------------------------------------------------------
     def run(self) -> SearchResult:
@@ -160,7 +167,7 @@ class Search:
                 candidate = {**best, name: value}
                 if settings_key(candidate) in tried:
                     continue
-                stopped = self.budget.why_not(self._finals_reserve())
+                stopped = self.budget.why_not(self.search_share)
                 if stopped:
                     break
                 tried.add(settings_key(candidate))
@@ -195,15 +202,17 @@ class Search:
             return stopped
         finalists = self._final_list = self._finalist_settings()
         while True:
-            short = [s for s in finalists if len(self._scores(s)) < self.repeats]
+            # the defaults and the winner first (the gain is measured between them), then
+            # any third; within each, the one with the fewest measurements
+            # (attempts, not successes: a setting that fails is not retried for ever)
+            short = [(index >= 2, self._attempts(s), index) for index, s in enumerate(finalists)
+                     if self._attempts(s) < self.repeats]
             if not short:
                 return stopped
             why = self.budget.why_not()
             if why:
                 return stopped or why
-            # fewest measurements first; among those the better one (it decides the winner)
-            settings = min(short, key=lambda s: (len(self._scores(s)), -(self._best_score(s) or 0)))
-            self._run(settings, "repeat")
+            self._run(finalists[min(short)[2]], "repeat")
 
     def _ranking(self) -> list[Ranked]:
         groups: dict[tuple, Ranked] = {}
