@@ -49,13 +49,15 @@ import torch
 import torch.distributed as dist
 
 from dcp_fsdp.config.schema import MIB, StorageKind
-from dcp_fsdp.rank.distributed import rank0_decides
+from dcp_fsdp.errors import BenchmarkFailure
+from dcp_fsdp.rank.distributed import all_gather_object, rank0_decides
+from dcp_fsdp.storage import layout
 
 if TYPE_CHECKING:
     from dcp_fsdp.rank.loop import CheckpointLoop
     from dcp_fsdp.telemetry.records import Sample
 
-ROOT_CEILING_DIR = "_dcp_fsdp.ceiling"  # when the S3 uri is a bare bucket
+ROOT_CEILING_DIR = layout.CEILING_ROOT  # when the S3 uri is a bare bucket
 DATA_OBJECT_SUFFIX = ".distcp"
 
 
@@ -283,8 +285,6 @@ class Ceiling:
     def run(self) -> list["Sample"]:
         objects, suffix = self.objects()
         total = sum(o.size_bytes for o in objects)
-        from dcp_fsdp.rank.distributed import all_gather_object
-
         counts = all_gather_object((len(objects), total))
         self.loop.log(f"ceiling: {sum(c for c, _ in counts)} objects, "
                       f"{sum(b for _, b in counts) / MIB:.1f} MiB in all, mirroring "
@@ -319,10 +319,18 @@ class Ceiling:
                       f"ceiling {op} iteration {iteration} did not finish within "
                       f"op_timeout_s={self.cfg.op_timeout_s:g}; the storage stalled or is too "
                       "slow: raise op_timeout_s or check the endpoint"):
-            # list(): re-raises the first failure of any stream
-            list(pool.map(lambda obj: move(client, iteration, obj), objects))
+            failure = None
+            try:  # list(): re-raises the first failure of any stream
+                list(pool.map(lambda obj: move(client, iteration, obj), objects))
+            except Exception as error:  # every rank learns of it below, none hangs
+                failure = f"{type(error).__name__}: {error}"
         end_mono = time.monotonic()
         end_wall = time.time()
+        failures = all_gather_object(failure)
+        if any(failures):
+            rank = next(r for r, f in enumerate(failures) if f)
+            raise BenchmarkFailure(f"ceiling {op} iteration {iteration} failed on rank {rank}: "
+                                   f"{failures[rank]}")
         request_log = self.loop.request_log
         duration = end_mono - begin_mono
         return Sample(
