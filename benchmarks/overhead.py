@@ -6,7 +6,7 @@ On one SeaweedFS server (started here, on 127.0.0.1) and the same settings, alte
   tool        dcp-fsdp save-and-load (request_stats=true, the default)
   tool-nostats  dcp-fsdp save-and-load request_stats=false
 Each launch's figure per op is the awslabs peer's: whole model bytes / the slowest rank's
-seconds inside dcp.save (dcp.load). Printed: every launch, then per op the ratios
+seconds inside dcp.save (dcp.load); with --iterations N, the quickest of its N. Printed: every launch, then per op the ratios
 tool seconds / bare seconds of each round, min / median / max. 1.00 = no cost.
 
   python -m benchmarks.overhead --model L660m --dtype bf16 --alternations 5
@@ -40,12 +40,13 @@ def run_bare(args, uri: str, env, log) -> dict[str, float]:
         out = Path(tmp) / "bare.json"
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         f"--nproc-per-node={args.nproc}", "-m", "benchmarks.bare_dcp",
-                        args.model, args.dtype, uri, str(out)],
+                        args.model, args.dtype, uri, str(out), str(args.iterations)],
                        cwd=REPO, env=env, stdout=log, stderr=log, check=True)
         result = json.loads(out.read_text())
+    # per iteration the slowest rank; per launch the quickest iteration (see --iterations)
     return {"model_bytes": result["model_bytes"],
-            "save_s": max(r["save_s"] for r in result["ranks"]),
-            "load_s": max(r["load_s"] for r in result["ranks"])}
+            **{f"{op}_s": min(max(r[f"{op}_s"][i] for r in result["ranks"])
+                              for i in range(args.iterations)) for op in ("save", "load")}}
 
 
 def run_tool(args, uri: str, endpoint: str, stats: bool, env, log) -> dict[str, float]:
@@ -53,15 +54,17 @@ def run_tool(args, uri: str, endpoint: str, stats: bool, env, log) -> dict[str, 
         subprocess.run([sys.executable, "-m", "dcp_fsdp", "save-and-load",
                         f"model={args.model}", f"model.dtype={args.dtype}", f"nproc={args.nproc}",
                         f"storage.uri={uri}", f"storage.endpoint={endpoint}",
-                        f"request_stats={str(stats).lower()}", f"results_dir={results}"],
+                        f"request_stats={str(stats).lower()}", f"iterations={args.iterations}",
+                        f"results_dir={results}"],
                        cwd=REPO, env=env, stdout=log, stderr=log, check=True)
         (record,) = Path(results).glob("*.jsonl")
         lines = [json.loads(line) for line in record.read_text().splitlines()]
     run = lines[0]
     samples = [line for line in lines[1:] if line["record"] == "sample"]
     return {"model_bytes": run["model"]["state_bytes"],
-            "save_s": max(s["duration_s"] for s in samples if s["op"] == "save"),
-            "load_s": max(s["duration_s"] for s in samples if s["op"] == "load")}
+            **{f"{op}_s": min(max(s["duration_s"] for s in samples
+                                  if s["op"] == op and s["iteration"] == i)
+                              for i in range(1, args.iterations + 1)) for op in ("save", "load")}}
 
 
 def delete_prefix(client, bucket: str, prefix: str) -> None:
@@ -82,6 +85,9 @@ def main() -> int:
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--alternations", type=int, default=5)
+    parser.add_argument("--iterations", type=int, default=1,
+                        help="saves/loads per launch; a launch's figure is its quickest "
+                             "(interference from other processes only ever adds time)")
     parser.add_argument("--log", default="overhead.log", help="the launches' own output")
     args = parser.parse_args()
 
