@@ -27,11 +27,11 @@ def run_command(command: str, overrides: list[str]) -> int:
     from dcp_fsdp.errors import UserError
 
     try:
-        # `list` takes the same storage settings as a save; the command value is unused.
         if command == "tune":  # a parent that launches trial runs (launch/tune.py)
             from dcp_fsdp.launch.tune import tune
 
             return tune(overrides, PROCESS_START_MONO)
+        # `list` takes the same storage settings as a save; the command value is unused.
         cfg = compose("save" if command == "list" else command, overrides)
         if command == "list":
             from dcp_fsdp.launch.listing import list_checkpoints
