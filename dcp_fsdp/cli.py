@@ -86,6 +86,10 @@ def run_command(command: str, overrides: list[str]) -> int:
     from dcp_fsdp.errors import UserError
 
     try:
+        if command == "tune":  # a parent that launches trial runs (launch/tune.py)
+            from dcp_fsdp.launch.tune import tune
+
+            return tune(overrides, PROCESS_START_MONO)
         return execute(command, prepare(command, overrides))
     except UserError as error:
         return _fail(str(error))
@@ -157,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
 
     multirun = any(arg in ("-m", "--multirun") for arg in rest)
     overrides = [arg for arg in rest if arg not in ("-m", "--multirun")]
+    if multirun and command == "tune":
+        return _fail("-m: tune runs its own search over the connector settings; drop -m "
+                     "(and give the fixed settings, e.g. model=L7b nproc=8)")
     try:
         overrides = expand_config_files(overrides)
     except UserError as error:

@@ -30,6 +30,7 @@ class Command(str, enum.Enum):
     save = "save"
     load = "load"
     save_and_load = "save-and-load"
+    ceiling = "ceiling"  # the raw PUT/GET rounds alone (rank/ceiling.py), no DCP
 
 
 class Dtype(str, enum.Enum):
@@ -80,7 +81,7 @@ class Backend(str, enum.Enum):
 @dataclasses.dataclass
 class ModelConfig:
     preset: str = setting(MISSING, "model shape (group `model=`): L7b, L13b, L30b, L65b, L70b, "
-                                   "GPT-4B, tiny_llama, tiny_gpt2")
+                                   "GPT-4B, L660m, tiny_llama, tiny_gpt2")
     dtype: Dtype = setting(Dtype.fp32, "parameter dtype: fp32 or bf16")
 
 

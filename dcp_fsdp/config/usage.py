@@ -11,18 +11,22 @@ COMMANDS = {
     "save": "save checkpoints (iterations=N), print their suffixes",
     "load": "load the checkpoint named by suffix=...",
     "save-and-load": "N x (save, load, bit-exact check): the stress loop",
+    "ceiling": "the storage's raw PUT/GET ceiling for this model's shards, no DCP",
+    "tune": "search connector settings within tune.budget_s; prints the best as overrides",
     "list": "list checkpoint suffixes under storage.uri / storage.path",
     "wait": "hold an allocation doing nothing: duration=2m (batch/waitbatch.sh)",
     "report": "tables and plots over records: report [PATHS] [--format md|csv] [--plot DIR]",
 }
-RUN_COMMANDS = ("save", "load", "save-and-load")
-SETTINGS_COMMANDS = (*RUN_COMMANDS, "list")
+RUN_COMMANDS = ("save", "load", "save-and-load", "ceiling")
+SETTINGS_COMMANDS = (*RUN_COMMANDS, "tune", "list")
 
 EXAMPLES = """examples:
   dcp-fsdp save-and-load nproc=2
   dcp-fsdp save model=L7b storage.uri=s3://my-bucket/ckpt storage.region=us-east-2 iterations=5
   torchrun --nproc-per-node 8 -m dcp_fsdp save model=L13b storage.uri=s3://my-bucket/ckpt
   dcp-fsdp save -m model=tiny_llama,tiny_gpt2 nproc=2
+  dcp-fsdp save-and-load ceiling=true nproc=2     # DCP vs the raw storage, same bytes
+  dcp-fsdp tune nproc=2 tune.budget_s=600         # best connector settings, as overrides
   dcp-fsdp report results/ --format md --plot plots/"""
 
 

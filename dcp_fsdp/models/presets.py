@@ -45,6 +45,9 @@ PRESETS: dict[str, ModelShape] = {
     "L65b": _llama(8192, 22016, 80, 64, 64),
     "L70b": _llama(8192, 28672, 80, 64, 8),
     "GPT-4B": _gpt2(2560, 32, 32),
+    # 0.66 B params, Llama-shaped (L7b's vocabulary, half its width, 9 layers): 1.23 GiB in
+    # bf16, the smallest checkpoint of at least 1 GiB, for benchmarks on small machines.
+    "L660m": _llama(2048, 5504, 9, 16, 16),
     # Tiny presets (tens of MB) for tests and the demo.
     "tiny_llama": _llama(256, 688, 4, 4, 4, vocab_size=8192, max_positions=512),
     "tiny_gpt2": _gpt2(256, 4, 4, vocab_size=8192, n_positions=512),

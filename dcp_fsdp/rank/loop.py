@@ -271,7 +271,9 @@ class CheckpointLoop:
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> list[Sample]:
         command = self.cfg.command
-        for iteration in range(1, self.cfg.iterations + 1):
+        # `dcp-fsdp ceiling`: no DCP operation, only the raw rounds at the end
+        dcp_iterations = 0 if command == Command.ceiling else self.cfg.iterations
+        for iteration in range(1, dcp_iterations + 1):
             if command in (Command.save, Command.save_and_load):
                 suffix = self._choose_save_suffix(iteration)
                 self.keep(self._timed("save", iteration, suffix))
@@ -306,6 +308,11 @@ class CheckpointLoop:
                 apply_state_dict(self.sharded, self.state_dict)
             if iteration < self.cfg.iterations:
                 self._pause()
+        if self.cfg.ceiling or command == Command.ceiling:
+            from dcp_fsdp.rank.ceiling import run_ceiling
+
+            self._pause()
+            self.samples.extend(run_ceiling(self))
         dist.barrier()
         return self.samples
 

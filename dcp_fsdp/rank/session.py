@@ -90,8 +90,8 @@ class RankSession:
     # -- phases ----------------------------------------------------------------------
     def start_telemetry(self) -> None:
         """Before anything creates an S3 client: the connector reads its log settings once."""
-        if self.cfg.storage.kind != StorageKind.s3:
-            return
+        if self.cfg.storage.kind != StorageKind.s3 or not self.cfg.request_stats:
+            return  # request_stats=false: the connector logs nothing; samples' requests: None
         from dcp_fsdp.telemetry.request_log import open_for_rank
 
         self.request_log = open_for_rank(self.rank, self.cfg.keep_request_log)

@@ -24,6 +24,10 @@ from dcp_fsdp.errors import UserError
 
 METADATA_NAME = ".metadata"
 MANIFEST_NAME = "dcp_fsdp.json"
+# The raw ceiling's objects (rank/ceiling.py) go beside the checkpoints' prefix, in
+# `<prefix>.ceiling/`; under a bare bucket, in this folder: no suffix can take its name
+# (suffixes start with a letter or digit) and `list` skips it.
+CEILING_ROOT = "_dcp_fsdp.ceiling"
 
 _SUFFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 

@@ -11,7 +11,7 @@ import datetime
 from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.storage.layout import METADATA_NAME, CheckpointInfo
+from dcp_fsdp.storage.layout import CEILING_ROOT, METADATA_NAME, CheckpointInfo
 
 if TYPE_CHECKING:
     from dcp_fsdp.storage.s3 import S3Target
@@ -122,6 +122,8 @@ class S3ControlPlane:
                     if "/" not in rest:
                         continue
                     suffix, name = rest.split("/", 1)
+                    if suffix == CEILING_ROOT:  # the raw ceiling's, never a checkpoint
+                        continue
                     entry = found.setdefault(suffix, {"size": 0, "count": 0, "modified": None,
                                                       "complete": False})
                     entry["size"] += obj["Size"]

@@ -1,0 +1,100 @@
+"""A bare rank: barrier + dcp.save / dcp.load of the same FSDP state dict, nothing else.
+
+The comparison point of `benchmarks/overhead.py` (the awslabs peer's method: whole model
+bytes / the rank's bare dcp.save time). No hooks, no request log, no watchdog, no byte
+counting: s3torchconnector's S3StorageWriter/Reader (or DCP's FileSystemWriter/Reader)
+built directly. The model is built by dcp_fsdp's own builder (untimed) so the state dict
+is the very one the tool saves, and the connector's client is built before the barrier,
+as the tool does, so both time only the save and the load.
+
+Run under torchrun (it is started by benchmarks/overhead.py):
+  torchrun --standalone --nproc-per-node 2 -m benchmarks.bare_dcp MODEL DTYPE URI OUT.json [ITERATIONS]
+Storage settings: the defaults of `dcp-fsdp` (part 8 MiB, 10 Gbit/s, 10 attempts, 1 thread,
+dcp_optimized reader); the endpoint from AWS_ENDPOINT_URL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def main() -> int:
+    preset, dtype_name, uri, out = sys.argv[1:5]
+    iterations = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from dcp_fsdp.config.schema import CheckpointState, Dtype
+    from dcp_fsdp.models.build import build_sharded_model
+    from dcp_fsdp.rank.state import make_state_dict, state_bytes
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    sharded = build_sharded_model(preset, Dtype(dtype_name), CheckpointState.model,
+                                  __import__("torch").device("cpu"), dist.get_world_size(), 0)
+    state_dict = make_state_dict(sharded)
+    model_bytes = state_bytes(state_dict)
+
+    if uri.startswith("s3://"):
+        from s3torchconnector import S3ClientConfig, S3ReaderConstructor
+        from s3torchconnector.dcp import S3StorageReader, S3StorageWriter
+
+        region = os.environ.get("AWS_REGION", "us-east-1")
+        config = S3ClientConfig(throughput_target_gbps=10.0, part_size=8 * 2**20,
+                                force_path_style=True, max_attempts=10)
+        def writer_factory(path):
+            return S3StorageWriter(region=region, path=path, s3client_config=config,
+                                   thread_count=1, overwrite=False)
+
+        def reader_factory(path):
+            return S3StorageReader(region=region, path=path, s3client_config=config,
+                                   reader_constructor=S3ReaderConstructor.dcp_optimized())
+    else:
+        from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+
+        def writer_factory(path):
+            return FileSystemWriter(path, thread_count=1, overwrite=False)
+
+        def reader_factory(path):
+            return FileSystemReader(path)
+
+    def writer_path(iteration: int) -> str:
+        return uri if iteration == 0 else f"{uri}-{iteration + 1}"
+
+    writer = writer_factory(uri)
+
+    def warm(storage_io) -> None:
+        client = getattr(getattr(storage_io, "fs", None), "_client", None)
+        if client is not None and hasattr(client, "_client"):
+            client._client  # noqa: B018 - builds the native client, as the tool's warm_up
+
+    save_s, load_s = [], []
+    for iteration in range(iterations):
+        if iteration:  # a new checkpoint per save, as the tool's iterations
+            writer = writer_factory(f"{uri}-{iteration + 1}")
+        warm(writer)
+        dist.barrier()
+        begin = time.monotonic()
+        dcp.save(state_dict, storage_writer=writer)
+        save_s.append(time.monotonic() - begin)
+        reader = reader_factory(writer_path(iteration))
+        warm(reader)
+        dist.barrier()
+        begin = time.monotonic()
+        dcp.load(state_dict, storage_reader=reader)
+        load_s.append(time.monotonic() - begin)
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, {"rank": rank, "save_s": save_s, "load_s": load_s})
+    if rank == 0:
+        with open(out, "w") as sink:
+            json.dump({"model_bytes": model_bytes, "ranks": gathered}, sink)
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)  # as the tool's ranks: skip native teardown (CRT threads)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The raw ceiling (rank/ceiling.py) and request_stats=false: real 2-rank runs on SeaweedFS."""
+
+from __future__ import annotations
+
+import posixpath
+
+import boto3
+import botocore.config
+
+from tests.kit.cli import read_run, run_cli, s3_args, s3_env
+
+OBJECT_STARTS = ("CreateMultipartUpload", "PutObject")  # one per object written
+
+
+def assert_ok(result):
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+
+
+def boto(s3):
+    return boto3.client("s3", endpoint_url=s3.endpoint_url, region_name=s3.region,
+                        aws_access_key_id=s3.access_key_id,
+                        aws_secret_access_key=s3.secret_access_key,
+                        config=botocore.config.Config(s3={"addressing_style": "path"}))
+
+
+def all_keys(client, bucket: str, prefix: str = "") -> dict[str, int]:
+    found = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        found.update({o["Key"]: o["Size"] for o in page.get("Contents", [])})
+    return found
+
+
+def objects_started(sample) -> int:
+    by_type = sample["requests"]["by_type"]
+    return sum(by_type.get(kind, {}).get("count", 0) for kind in OBJECT_STARTS)
+
+
+def test_ceiling_moves_each_ranks_saved_objects_raw_and_removes_them(s3, s3_uri, tmp_path):
+    result = run_cli(["save-and-load", *s3_args(s3, s3_uri), "nproc=2", "ceiling=true",
+                      "storage.thread_count=2", f"results_dir={tmp_path}"], env=s3_env(s3))
+    assert_ok(result)
+    run, samples = read_run(tmp_path)
+    assert run["status"] == "ok"
+    (suffix,) = run["suffixes"]
+    prefix = s3_uri.split("/", 3)[3]
+    client = boto(s3)
+    checkpoint = all_keys(client, s3.bucket, f"{prefix}/{suffix}/")
+    for rank in (0, 1):
+        mine = {k: v for k, v in checkpoint.items()
+                if posixpath.basename(k).startswith(f"__{rank}_") and k.endswith(".distcp")}
+        assert len(mine) == 2  # thread_count=2: two objects per rank
+        by_op = {s["op"]: s for s in samples if s["rank"] == rank}
+        assert set(by_op) == {"save", "load", "raw_put", "raw_get"}
+        # the same bytes as the rank's save, in as many objects
+        assert by_op["raw_put"]["bytes"] == by_op["save"]["bytes"] == sum(mine.values())
+        assert by_op["raw_get"]["bytes"] == by_op["save"]["bytes"]
+        assert objects_started(by_op["raw_put"]) == len(mine)
+        assert by_op["raw_get"]["requests"]["bytes_down"] == sum(mine.values())
+        for op in ("raw_put", "raw_get"):
+            sample = by_op[op]
+            assert sample["suffix"] == suffix and sample["iteration"] == 1
+            assert 0 < sample["duration_s"] == sample["io_s"]
+            assert sample["begin_wall_s"] < sample["end_wall_s"]
+            assert sample["begin_wall_s"] >= by_op["load"]["end_wall_s"]  # after the DCP ops
+    # Nothing of the ceiling is left, and it never lay inside the checkpoints' prefix.
+    leftovers = [k for k in all_keys(client, s3.bucket) if ".ceiling/" in k]
+    assert leftovers == []
+    assert all(k.startswith(f"{prefix}/{suffix}/") for k in all_keys(client, s3.bucket,
+                                                                        f"{prefix}/"))
+    listing = run_cli(["list", *s3_args(s3, s3_uri)], env=s3_env(s3))
+    assert_ok(listing)
+    assert suffix in listing.stdout and "ceiling" not in listing.stdout
+
+
+def test_ceiling_command_alone_moves_the_planned_shards(s3, s3_uri, tmp_path):
+    result = run_cli(["ceiling", *s3_args(s3, s3_uri), "nproc=2", "iterations=2",
+                      f"results_dir={tmp_path}"], env=s3_env(s3))
+    assert_ok(result)
+    run, samples = read_run(tmp_path)
+    assert run["status"] == "ok" and run["command"] == "ceiling" and run["suffixes"] == []
+    assert sorted((s["op"], s["iteration"], s["rank"]) for s in samples) == sorted(
+        (op, i, r) for op in ("raw_put", "raw_get") for i in (1, 2) for r in (0, 1))
+    state_bytes = run["model"]["state_bytes"]
+    for op in ("raw_put", "raw_get"):
+        for iteration in (1, 2):
+            total = sum(s["bytes"] for s in samples if s["op"] == op and s["iteration"] == iteration)
+            # tensor bytes plus torch.save's framing, as a DCP save of the shards writes
+            assert state_bytes < total < state_bytes * 1.01
+    assert all(objects_started(s) == 1 for s in samples if s["op"] == "raw_put")
+    prefix = s3_uri.split("/", 3)[3]
+    assert all_keys(boto(s3), s3.bucket, prefix) == {}  # no checkpoint, no leftover
+    assert "ceiling: 2 objects" in result.stdout
+
+
+def test_request_stats_false_records_no_requests(s3, s3_uri, tmp_path):
+    result = run_cli(["save-and-load", *s3_args(s3, s3_uri), "nproc=2", "ceiling=true",
+                      "request_stats=false", f"results_dir={tmp_path}"], env=s3_env(s3))
+    assert_ok(result)
+    run, samples = read_run(tmp_path)
+    assert run["status"] == "ok" and run["untimed_requests"] is None
+    assert {s["op"] for s in samples} == {"save", "load", "raw_put", "raw_get"}
+    assert all(s["requests"] is None for s in samples)
+    assert all(row["untimed_request_count"] is None for row in run["init"])
+    # the run table still prints (blank request columns)
+    assert "raw_put" in result.stdout and "raw_get" in result.stdout
+
+
+def test_fs_ceiling_writes_files_beside_the_checkpoints_and_removes_them(tmp_path):
+    root = tmp_path / "ckpt"
+    result = run_cli(["save-and-load", "storage=fs", f"storage.path={root}", "nproc=2",
+                      "ceiling=true", f"results_dir={tmp_path / 'results'}"])
+    assert_ok(result)
+    run, samples = read_run(tmp_path / "results")
+    (suffix,) = run["suffixes"]
+    for rank in (0, 1):
+        by_op = {s["op"]: s for s in samples if s["rank"] == rank}
+        files = sorted((root / suffix).glob(f"__{rank}_*.distcp"))
+        assert by_op["raw_put"]["bytes"] == by_op["raw_get"]["bytes"] == by_op["save"]["bytes"] \
+            == sum(f.stat().st_size for f in files)
+        assert by_op["raw_put"]["requests"] is None
+    assert not (tmp_path / "ckpt.ceiling").exists()
+    assert sorted(p.name for p in root.iterdir()) == [suffix]
