@@ -312,7 +312,8 @@ class CheckpointLoop:
             from dcp_fsdp.rank.ceiling import run_ceiling
 
             self._pause()
-            self.samples.extend(run_ceiling(self))
+            for sample in run_ceiling(self):
+                self.keep(sample)
         dist.barrier()
         return self.samples
 
