@@ -52,8 +52,9 @@ def test_ceiling_moves_each_ranks_saved_objects_raw_and_removes_them(s3, s3_uri,
         by_op = {s["op"]: s for s in samples if s["rank"] == rank}
         assert set(by_op) == {"save", "load", "raw_put", "raw_get"}
         # the same bytes as the rank's save, in as many objects
-        assert by_op["raw_put"]["bytes"] == by_op["save"]["bytes"] == sum(mine.values())
-        assert by_op["raw_get"]["bytes"] == by_op["save"]["bytes"]
+        # (a save's `bytes` are checkpoint bytes; what it stored is `written_bytes`)
+        assert by_op["raw_put"]["bytes"] == by_op["save"]["written_bytes"] == sum(mine.values())
+        assert by_op["raw_get"]["bytes"] == by_op["save"]["written_bytes"]
         assert objects_started(by_op["raw_put"]) == len(mine)
         assert by_op["raw_get"]["requests"]["bytes_down"] == sum(mine.values())
         for op in ("raw_put", "raw_get"):
@@ -115,8 +116,8 @@ def test_fs_ceiling_writes_files_beside_the_checkpoints_and_removes_them(tmp_pat
     for rank in (0, 1):
         by_op = {s["op"]: s for s in samples if s["rank"] == rank}
         files = sorted((root / suffix).glob(f"__{rank}_*.distcp"))
-        assert by_op["raw_put"]["bytes"] == by_op["raw_get"]["bytes"] == by_op["save"]["bytes"] \
-            == sum(f.stat().st_size for f in files)
+        assert by_op["raw_put"]["bytes"] == by_op["raw_get"]["bytes"] \
+            == by_op["save"]["written_bytes"] == sum(f.stat().st_size for f in files)
         assert by_op["raw_put"]["requests"] is None
     assert not (tmp_path / "ckpt.ceiling").exists()
     assert sorted(p.name for p in root.iterdir()) == [suffix]
