@@ -14,6 +14,12 @@ def main() -> int:
     from dcp_fsdp.contract import CONFIG_ENV
     from dcp_fsdp.rank.session import run_rank
 
+    if not os.environ.get(CONFIG_ENV):
+        from dcp_fsdp import log
+
+        log.error(f"{CONFIG_ENV} is not set: `python -m dcp_fsdp.rank` is started by the "
+                  "launcher; run `dcp-fsdp COMMAND ...` (or torchrun -m dcp_fsdp) instead")
+        return 2
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(BenchmarkConfig),
                                               OmegaConf.load(os.environ[CONFIG_ENV])))
     return run_rank(cfg, PROCESS_START_MONO)
