@@ -18,6 +18,11 @@ DEBUG_ENV = "DCP_FSDP_DEBUG"  # user: print tracebacks of failures as well as th
 # Every variable above, for documentation and checks.
 ALL_ENV = (CONFIG_ENV, RUN_ID_ENV, PREFLIGHT_DONE_ENV, EMBEDDED_ENV, ARGV_ENV, DEBUG_ENV)
 
+# -- signals -----------------------------------------------------------------------------
+# launcher -> surviving ranks after another rank failed: end as "failed", not "interrupted"
+# (SIGTERM / SIGINT mean a user or the scheduler stopped the run).
+PEER_FAILED_SIGNAL_NAME = "SIGUSR1"
+
 # -- exit codes --------------------------------------------------------------------------
 EXIT_OK = 0
 EXIT_FAILED = 1  # a save or load failed (storage, timeout, corruption)

@@ -101,7 +101,12 @@ def _wait(processes: list[subprocess.Popen]) -> int:
         if failed_at is None and any(code not in (None, 0) for code in codes):
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > FAILURE_GRACE_S:
-            # The survivors are stuck in a collective with a dead peer.
+            # The survivors are stuck in a collective with a dead peer: tell them why (they
+            # record "failed"), then stop any that cannot get out of native code.
+            peer_failed = getattr(signal, contract.PEER_FAILED_SIGNAL_NAME)
+            for process in processes:
+                if process.poll() is None:
+                    process.send_signal(peer_failed)
             _stop(processes, grace_s=5)
             return next(code for code in codes if code not in (None, 0))
         time.sleep(0.1)

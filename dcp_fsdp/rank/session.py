@@ -26,6 +26,10 @@ class Terminated(BaseException):
     """SIGTERM (scancel, torchrun stopping the group): end like Ctrl-C."""
 
 
+class PeerFailed(BaseException):
+    """The launcher stopped this rank because another rank had failed."""
+
+
 class InterruptGuard:
     """SIGINT / SIGTERM end the run as `interrupted`, whatever code they land in.
 
@@ -42,11 +46,14 @@ class InterruptGuard:
     def install(self) -> None:
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(getattr(signal, contract.PEER_FAILED_SIGNAL_NAME), self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:
         if self.signal_name is not None:
             return
         self.signal_name = signal.Signals(signum).name
+        if self.signal_name == contract.PEER_FAILED_SIGNAL_NAME:
+            raise PeerFailed()
         raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
 
 
@@ -272,6 +279,9 @@ def _outcome(error: BaseException, guard: InterruptGuard,
     """(status, one-line error, exit code) of a run that raised; says it once."""
     from dcp_fsdp.rank.failures import collective_error, root_cause
 
+    if guard.signal_name == contract.PEER_FAILED_SIGNAL_NAME or isinstance(error, PeerFailed):
+        line = "stopped by the launcher after another rank failed (a rank died or raised first)"
+        return "failed", line, contract.EXIT_FAILED
     if guard.signal_name is not None or _caused_by_interrupt(error):
         name = guard.signal_name or ("SIGTERM" if isinstance(error, Terminated) else "SIGINT")
         return "interrupted", f"interrupted by {name}", contract.EXIT_INTERRUPTED
