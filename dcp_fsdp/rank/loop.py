@@ -141,6 +141,8 @@ class CheckpointLoop:
             saver.prepare()  # collective, first save only
             baseline_s = saver.baseline()
 
+        # Built before the barrier: its expected-bytes sum walks the state dict.
+        heartbeat = self._heartbeat(op, iteration, None if pickled else timeline)
         memory.begin()
         barrier_start = time.monotonic()
         dist.barrier()
@@ -151,7 +153,7 @@ class CheckpointLoop:
                       f"{op} iteration {iteration} (suffix {suffix}) did not finish within "
                       f"op_timeout_s={self.cfg.op_timeout_s:g}; the storage stalled or is "
                       "too slow: raise op_timeout_s or check the endpoint"), \
-                self._heartbeat(op, iteration, None if pickled else timeline):
+                heartbeat:
             if saver is not None:
                 timing = saver.save(self.state_dict, storage_io, begin_mono, baseline_s)
             elif op == "save":
