@@ -1,6 +1,6 @@
-"""Settings are documented once, in config/schema.py: the README's Settings table must list
+"""Settings are documented once, in config/schema.py: docs/settings.md's table must list
 exactly the schema's settings with the same defaults, and every `setting=value` example in
-the README and the batch scripts must name a real setting (with a valid choice for enums)."""
+the README, docs/ and the batch scripts must name a real setting (with a valid choice for enums)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from dcp_fsdp.config.usage import markdown_table, settings_rows
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+SETTINGS_DOC = REPO / "docs" / "settings.md"
 
 
 def readme_settings_table() -> dict[str, str]:
-    """{setting: default} from the first table under the README's '## Settings'."""
-    text = README.read_text()
-    section = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    """{setting: default} from the first table of docs/settings.md."""
+    section = SETTINGS_DOC.read_text()
     lines = [line for line in section.splitlines() if line.startswith("|")]
     header = [cell.strip() for cell in lines[0].strip("|").split(" | ")]
     assert "setting" in header and "default" in header, header
@@ -24,7 +24,7 @@ def readme_settings_table() -> dict[str, str]:
     for line in lines[2:]:
         cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
         name = cells[header.index("setting")].strip("`")
-        assert name not in rows, f"{name} is in the README's Settings table twice"
+        assert name not in rows, f"{name} is in docs/settings.md's table twice"
         rows[name] = cells[header.index("default")].strip("`")
     return rows
 
@@ -34,17 +34,17 @@ def test_readme_settings_table_matches_the_schema():
     schema = {name: default for name, _, default, _ in settings_rows()}
     missing = sorted(set(schema) - set(documented))
     extra = sorted(set(documented) - set(schema))
-    assert not missing, f"settings missing from the README's table: {missing}"
-    assert not extra, f"README's table lists settings the schema lacks: {extra}"
+    assert not missing, f"settings missing from docs/settings.md: {missing}"
+    assert not extra, f"docs/settings.md lists settings the schema lacks: {extra}"
     wrong = {name: (documented[name], schema[name]) for name in schema
              if documented[name] != schema[name]}
-    assert not wrong, f"README default != schema default (readme, schema): {wrong}"
+    assert not wrong, f"docs/settings.md default != schema default (doc, schema): {wrong}"
 
 
 def test_readme_settings_table_is_the_generated_one():
     """Type and meaning too: the table is markdown_table()'s output, verbatim."""
-    assert markdown_table() in README.read_text(), (
-        "regenerate the README's Settings table: python -c \"from dcp_fsdp.config.usage "
+    assert markdown_table() in SETTINGS_DOC.read_text(), (
+        "regenerate docs/settings.md's table: python -c \"from dcp_fsdp.config.usage "
         "import markdown_table; print(markdown_table())\"")
 
 
@@ -52,12 +52,12 @@ def test_examples_in_the_readme_and_batch_scripts_use_valid_choices():
     """e.g. `state=full` (not a choice: model, model_and_optimizer) once drifted in."""
     choices = {name: type_name.split("|") for name, type_name, _, _ in settings_rows()
                if "|" in type_name}
-    sources = [README, *sorted((REPO / "batch").glob("*.sh"))]
+    sources = [README, *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "batch").glob("*.sh"))]
     bad = []
     for path in sources:
         text = path.read_text()
-        if path == README:  # the bad-input table shows wrong values on purpose
-            text = re.sub(r"### Bad input.*?\n## ", "", text, flags=re.S)
+        if path.name == "reliability.md":  # the bad-input table shows wrong values on purpose
+            text = re.sub(r"### Bad input.*?(\n## |\Z)", "", text, flags=re.S)
         for name, value in re.findall(r"(?<![\w.$])([a-z_]+(?:\.[a-z_]+)*)=([A-Za-z0-9_.-]+)",
                                       text):
             valid = choices.get(name)
