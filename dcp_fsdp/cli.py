@@ -3,6 +3,11 @@
 Parse the command, compose and validate the settings (`config/`), then either run as
 one rank (under torchrun: RANK is set) or launch `nproc` ranks on this machine
 (`launch/`). `report` and `wait` need neither Hydra nor torch.
+
+Every rank process starts here, under any launcher (the local launcher's ranks too:
+`python -m dcp_fsdp COMMAND` with the composed settings in a file), and ends in
+`end_rank`: the top layer prints the end-of-run summary from the record the rank
+returns, so the rank layer never imports `analysis`.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import NoReturn
 
 PROCESS_START_MONO = time.monotonic()
 
@@ -48,13 +54,45 @@ def execute(command: str, cfg) -> int:
         return list_checkpoints(cfg)
     if under_torchrun():
         check_torchrun_rank(cfg)  # before torch is imported: bad input fails in a second
-        from dcp_fsdp.rank.distributed import end_process
         from dcp_fsdp.rank.session import run_rank
 
-        end_process(run_rank(cfg, PROCESS_START_MONO))
+        end_rank(run_rank(cfg, PROCESS_START_MONO))
     from dcp_fsdp.launch.local import launch_local
 
     return launch_local(cfg)
+
+
+def launched_rank() -> NoReturn:
+    """A rank started by the local launcher: its settings were composed and checked by the
+    launcher and come as a file (CONFIG_ENV)."""
+    from omegaconf import OmegaConf
+
+    from dcp_fsdp.config.schema import BenchmarkConfig
+    from dcp_fsdp.contract import CONFIG_ENV
+    from dcp_fsdp.rank.session import run_rank
+
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(BenchmarkConfig),
+                                              OmegaConf.load(os.environ[CONFIG_ENV])))
+    end_rank(run_rank(cfg, PROCESS_START_MONO))
+
+
+def end_rank(result) -> NoReturn:
+    """The end of a rank's process (a `rank.session.RankResult`): on the rank that wrote
+    the record, the run's table, where the record is and the suffixes a save made (the
+    batch scripts read the SUFFIXES= line); then the exit code."""
+    from dcp_fsdp import log
+    from dcp_fsdp.rank.distributed import end_process
+
+    run = result.run
+    if run is not None:
+        if run.status == "ok":
+            from dcp_fsdp.analysis.run_summary import print_run_summary
+
+            print_run_summary(run, result.samples)
+        log.info(f"record: {result.record_path}")
+        if run.suffixes and run.command != "load":
+            log.info(f"SUFFIXES={','.join(run.suffixes)}")
+    end_process(result.exit_code)
 
 
 def check_torchrun_rank(cfg) -> None:
@@ -65,6 +103,7 @@ def check_torchrun_rank(cfg) -> None:
     from dcp_fsdp.launch.preflight import needs_embedded_server
 
     ranks_here = checks.check_torchrun_environment()
+    checks.check_model(cfg)
     checks.check_environment(cfg)
     if needs_embedded_server(cfg):
         raise UserError(
@@ -129,7 +168,10 @@ def run_sweep(command: str, jobs: list[list[str]]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from dcp_fsdp.config import usage as helptext
+    from dcp_fsdp.contract import CONFIG_ENV
 
+    if os.environ.get(CONFIG_ENV) and "RANK" in os.environ:
+        launched_rank()  # a rank of the local launcher (launch/local.py)
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(helptext.usage())

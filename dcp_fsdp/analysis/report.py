@@ -59,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
 
 def output_problem(args: argparse.Namespace) -> str | None:
     """Where --plot and --csv would write, checked before any record is read."""
-    from dcp_fsdp.launch.checks import writable_dir_problem
+    from dcp_fsdp.telemetry.results_dir import writable_dir_problem
 
     if args.plot is not None:
         problem = writable_dir_problem(args.plot) if args.plot.strip() else "empty"

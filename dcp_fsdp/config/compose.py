@@ -1,7 +1,7 @@
 """From the command line to a validated `BenchmarkConfig`.
 
-Configuration is composed with Hydra's compose API from `conf/` (next to this file)
-onto the structured config in `schema.py`; `-m`/`--multirun` sweeps
+Configuration is composed with Hydra's compose API from `conf/` (the repository's
+top-level config directory; a wheel ships it as `dcp_fsdp/conf`) onto the structured config in `schema.py`; `-m`/`--multirun` sweeps
 (`iterations=1,3 model=tiny_llama,tiny_gpt2`) are expanded with Hydra's own override
 parser; `--config FILE` holds the same settings as YAML.
 """
@@ -12,10 +12,25 @@ import itertools
 import re
 from pathlib import Path
 
-from dcp_fsdp.config.validate import check_setting_name, check_storage_settings
+from dcp_fsdp.config.validate import (check_setting_name, check_storage_settings,
+                                      model_config_names)
 from dcp_fsdp.errors import UserError
 
-CONF_DIR = Path(__file__).resolve().parent / "conf"
+
+
+def _conf_dir() -> Path:
+    """The Hydra config directory users edit: the top-level `conf/` of a source tree (an
+    editable install reads it in place), or its copy inside an installed wheel (setuptools
+    maps `conf/` to the package data `dcp_fsdp/conf`, see pyproject.toml)."""
+    package = Path(__file__).resolve().parent.parent
+    for where in (package / "conf", package.parent / "conf"):
+        if (where / "config.yaml").is_file():
+            return where
+    raise UserError(f"no Hydra config directory (conf/config.yaml) under {package} or "
+                       f"{package.parent}: the installation is incomplete; reinstall dcp_fsdp")
+
+
+CONF_DIR = _conf_dir()
 
 
 def expand_sweeps(overrides: list[str]) -> list[list[str]]:
@@ -119,7 +134,7 @@ def compose(command: str, overrides: list[str]):
         raise UserError(one_line(error)) from None
     finally:
         GlobalHydra.instance().clear()
-    validate(cfg)
+    validate(cfg, CONF_DIR)
     check_storage_settings(cfg, given)
     return cfg
 
@@ -142,7 +157,7 @@ def check_overrides(overrides: list[str]) -> set[str]:
         key, value = override.key_or_group, override.value() if not override.is_delete() else None
         check_setting_name(override.get_key_element(), key, override.package)
         if key == "model" and value is not None:
-            presets = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+            presets = model_config_names(CONF_DIR)
             if value not in presets:
                 raise UserError(f"model={value}: unknown preset; choose one of {', '.join(presets)}")
         if key == "storage" and value is not None and value not in ("s3", "fs"):

@@ -3,8 +3,6 @@ settings are described)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from dcp_fsdp.config.schema import format_default, iter_settings
 
 COMMANDS = {
@@ -53,7 +51,9 @@ def effective_default(name: str, default):
         return default
     import yaml
 
-    with open(Path(__file__).resolve().parent / "conf" / "config.yaml") as source:
+    from dcp_fsdp.config.compose import CONF_DIR
+
+    with open(CONF_DIR / "config.yaml") as source:
         choices = {key: value for entry in yaml.safe_load(source)["defaults"]
                    if isinstance(entry, dict) for key, value in entry.items()}
     return choices.get(name.split(".")[0], default)

@@ -6,12 +6,11 @@ import difflib
 import functools
 import math
 import re
+from pathlib import Path
 
 from dcp_fsdp.config.schema import (BenchmarkConfig, Command, PrefixStrategy, SaveMode,
                                     StorageKind, iter_settings)
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.models.presets import PRESETS
-from dcp_fsdp.storage import layout
 
 S3_MIN_PART_SIZE_MIB = 5  # S3 rejects multipart parts below 5 MiB (except the last)
 S3_MAX_PART_SIZE_MIB = 5 * 1024
@@ -36,6 +35,22 @@ S3_ONLY = frozenset({"storage.uri", "storage.region", "storage.endpoint", "stora
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[^/]+)(?:/(?P<prefix>.*))?$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+# A checkpoint's suffix: starts with a letter or digit, so no suffix can take the name of
+# the raw ceiling's folder (storage/layout.py owns what a suffix means in storage).
+_SUFFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def check_suffix(suffix: str) -> None:
+    if not _SUFFIX.match(suffix):
+        raise UserError(f"suffix={suffix}: use letters, digits, '.', '_' and '-' only")
+
+
+def model_config_names(conf_dir: Path) -> list[str]:
+    """The presets `model=` can name: one conf/model/<name>.yaml each (a unit test holds
+    them equal to models/presets.py; the launch checks the preset against the shapes)."""
+    return sorted(path.stem for path in (conf_dir / "model").glob("*.yaml"))
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -133,11 +148,12 @@ def _number(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def validate(cfg: BenchmarkConfig) -> None:
+def validate(cfg: BenchmarkConfig, conf_dir: Path) -> None:
     """Checks beyond types. Raises UserError naming the setting and the fix."""
-    if cfg.model.preset not in PRESETS:
+    presets = model_config_names(conf_dir)
+    if cfg.model.preset not in presets:
         raise UserError(f"model={cfg.model.preset}: unknown preset; choose one of "
-                        + ", ".join(PRESETS))
+                        + ", ".join(presets))
     _check_numbers(cfg)
     if not cfg.results_dir.strip():
         raise UserError("results_dir is empty: give the directory for the record, e.g. "
@@ -149,7 +165,7 @@ def validate(cfg: BenchmarkConfig) -> None:
         raise UserError("suffix is not set: `load` needs the suffix a save printed, e.g. "
                         "suffix=2026-11-22-13-45-ab12 (`dcp-fsdp list` shows them)")
     if cfg.suffix is not None:
-        layout.check_suffix(cfg.suffix)
+        check_suffix(cfg.suffix)
     storage = cfg.storage
     if storage.kind == StorageKind.fs:
         if not storage.path:

@@ -18,13 +18,14 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import Backend, BenchmarkConfig, StorageKind
 from dcp_fsdp.config.validate import check_endpoint, check_region
 from dcp_fsdp.errors import UserError
+# where records go (and their fallback), shared with the ranks and `report`:
+from dcp_fsdp.telemetry.results_dir import (fallback_results_dir, record_written,  # noqa: F401
+                                            writable_dir_problem, write_record)
 
 RANKS_PER_CORE = 4  # more ranks than this per core only measures the scheduler
 CONNECTOR_LOG_ENV = ("S3_TORCH_CONNECTOR_DEBUG_LOGS", "S3_TORCH_CONNECTOR_LOGS_DIR_PATH")
@@ -32,59 +33,11 @@ CONNECTOR_LOG_ENV = ("S3_TORCH_CONNECTOR_DEBUG_LOGS", "S3_TORCH_CONNECTOR_LOGS_D
 
 # -- results_dir -----------------------------------------------------------------------------
 
-def writable_dir_problem(path: str | Path) -> str | None:
-    """Why a directory could not be created or written at `path` (None: it can).
-
-    Creates nothing that stays: a probe file in the nearest existing ancestor is removed
-    at once (permission bits alone would mislead for root, ACLs, read-only mounts)."""
-    target = Path(path).expanduser()
-    if target.exists() and not target.is_dir():
-        return "it is a file, not a directory"
-    ancestor = target
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        return f"{ancestor} is a file, not a directory"
-    try:
-        handle, probe = tempfile.mkstemp(prefix=".dcp-fsdp-probe-", dir=ancestor)
-        os.close(handle)
-        os.unlink(probe)
-    except OSError as error:
-        return f"cannot write in {ancestor} ({error.strerror or error})"
-    return None
-
-
 def check_results_dir(results_dir: str) -> None:
     problem = writable_dir_problem(results_dir)
     if problem:
         raise UserError(f"results_dir={results_dir}: {problem}; choose a directory you can "
                         "write to, e.g. results_dir=$HOME/dcp-fsdp-results")
-
-
-def fallback_results_dir() -> Path:
-    return Path(tempfile.gettempdir()) / "dcp-fsdp-results"
-
-
-def record_written(results_dir: str, run_id: str) -> bool:
-    from dcp_fsdp.telemetry.records import record_path
-
-    return any(record_path(str(where), run_id).exists()
-               for where in (results_dir, fallback_results_dir()))
-
-
-def write_record(results_dir: str, run, samples) -> Path:
-    """The record under results_dir; if that fails (the directory went away, the disk
-    filled), under the fallback directory, said in a warning: a run's measurement is
-    never lost to a path problem."""
-    from dcp_fsdp.telemetry.records import record_path, write_records
-
-    try:
-        return write_records(record_path(results_dir, run.run_id), run, samples)
-    except OSError as error:
-        path = write_records(record_path(str(fallback_results_dir()), run.run_id), run, samples)
-        log.warning(f"results_dir={results_dir}: cannot write the record "
-                    f"({error.strerror or error}); it is at {path} instead")
-        return path
 
 
 # -- cores and devices -----------------------------------------------------------------------
@@ -210,9 +163,19 @@ def check_torchrun_environment() -> int:
     return numbers["LOCAL_WORLD_SIZE"]
 
 
+def check_model(cfg: BenchmarkConfig) -> None:
+    """The preset names a shape (a conf/model/*.yaml of the user's own may name any)."""
+    from dcp_fsdp.models.presets import PRESETS  # shapes only: no torch, no transformers
+
+    if cfg.model.preset not in PRESETS:
+        raise UserError(f"model.preset={cfg.model.preset}: no such model shape; choose one of "
+                        f"{', '.join(PRESETS)} (dcp_fsdp/models/llama_model_config.py)")
+
+
 def check_launch(cfg: BenchmarkConfig) -> None:
     """Everything the local launcher checks before storage and ranks (about a millisecond
     without a CUDA driver; a torch import in a subprocess with one)."""
+    check_model(cfg)
     check_environment(cfg)
     check_results_dir(cfg.results_dir)
     check_nproc(cfg.nproc)

@@ -66,7 +66,9 @@ def _run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str]) -> int:
                         # Each rank uses its share of the cores, as torchrun would arrange.
                         "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS",
                                                    str(max(1, (os.cpu_count() or 1) // cfg.nproc)))}
-            processes.append(subprocess.Popen([sys.executable, "-m", "dcp_fsdp.rank"],
+            # the same entry point as under torchrun (cli.py); the settings come as a file
+            processes.append(subprocess.Popen([sys.executable, "-m", "dcp_fsdp",
+                                               cfg.command.value],
                                               env=rank_env))
         exit_code = _wait(processes)
     except KeyboardInterrupt as interrupt:

@@ -164,18 +164,7 @@ class Driver:
         try:
             store = make_store(cfg.storage)
             for suffix in suffixes:
-                if cfg.storage.kind == StorageKind.fs:
-                    import shutil
-
-                    shutil.rmtree(store.location(suffix), ignore_errors=True)
-                    continue
-                client = store.boto_client()
-                prefix = store.target.key(suffix) + "/"
-                for page in client.get_paginator("list_objects_v2").paginate(
-                        Bucket=store.bucket, Prefix=prefix):
-                    keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-                    if keys:
-                        client.delete_objects(Bucket=store.bucket, Delete={"Objects": keys})
+                store.delete(suffix)
         except Exception as error:  # a leftover checkpoint is no reason to stop tuning
             log.warning(f"tune: could not delete trial checkpoints {suffixes}: {error}")
 
@@ -188,11 +177,7 @@ def _warm_storage(cfg: BenchmarkConfig) -> None:
         return
     from dcp_fsdp.storage import make_store
 
-    store = make_store(cfg.storage)
-    key = store.target.key(f"_dcp_fsdp.tune-warm-{os.getpid()}")
-    client = store.boto_client()
-    client.put_object(Bucket=store.bucket, Key=key, Body=b"warm")
-    client.delete_object(Bucket=store.bucket, Key=key)
+    make_store(cfg.storage).probe()
 
 
 def tune(overrides: list[str], started_mono: float) -> int:

@@ -8,9 +8,10 @@ way as `dcp.save` / `dcp.load`. What DCP does beyond moving bytes (planning, the
 collectives, serialisation, the commit) is absent, so DCP MiB/s / ceiling MiB/s is the
 efficiency of the checkpoint path.
 
-  s3: s3torchconnector's own client (`S3Client`, the native Mountpoint CRT client DCP's
-      S3StorageWriter/Reader use), built from `S3Store._client_config()`: same part
-      size, throughput target, max attempts, path style, endpoint. A fresh client per
+The bytes move through the store's raw area (`CheckpointStore.raw_area`, storage/raw.py):
+  s3: s3torchconnector's own client (the native Mountpoint CRT client DCP's
+      S3StorageWriter/Reader use), built from the same client settings: part size,
+      throughput target, max attempts, path style, endpoint. A fresh client per
       operation, built before the barrier, like the writer/reader DCP gets each time.
       PUT: `put_object` streams, written in part-size chunks of one preallocated buffer.
       GET: the native object stream, read to its end (bytes discarded).
@@ -26,11 +27,9 @@ each tensor counts its bytes plus torch.save's framing, measured on a one-elemen
 of the same dtype and rank (a few hundred bytes per tensor; the sizes are within 0.1 %
 of a real save's for the presets).
 
-Where: never inside a checkpoint, and never where `list` looks: s3
-`<uri>.ceiling/<token>/<iteration>/` (a sibling of the checkpoints' prefix;
-`s3://bucket/_dcp_fsdp.ceiling/...` when the uri has no prefix, a name no suffix can
-take and `list` skips), fs `<path>.ceiling/<token>/<iteration>/`. Each rank removes its
-objects after each round (untimed); the directories go with them.
+Where: never inside a checkpoint, and never where `list` looks: the store's raw area
+`<root>.ceiling/<token>/`, one folder per iteration (storage/raw.py says where exactly).
+Each rank removes its objects after each round (untimed); the directories go with them.
 """
 
 from __future__ import annotations
@@ -42,22 +41,20 @@ import os
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 import torch.distributed as dist
 
-from dcp_fsdp.config.schema import MIB, StorageKind
+from dcp_fsdp.config.schema import MIB
 from dcp_fsdp.errors import BenchmarkFailure
 from dcp_fsdp.rank.distributed import all_gather_object, rank0_decides
-from dcp_fsdp.storage import layout
+from dcp_fsdp.rank.watchdog import Watchdog
+from dcp_fsdp.storage.base import CheckpointStore
 
 if TYPE_CHECKING:
-    from dcp_fsdp.rank.loop import CheckpointLoop
     from dcp_fsdp.telemetry.records import Sample
 
-ROOT_CEILING_DIR = layout.CEILING_ROOT  # when the S3 uri is a bare bucket
 DATA_OBJECT_SUFFIX = ".distcp"
 
 
@@ -131,16 +128,6 @@ def planned_objects(state_dict: dict[str, Any], rank: int, thread_count: int,
     return objects
 
 
-# -- where ----------------------------------------------------------------------------------
-
-def s3_ceiling_prefix(prefix: str, token: str) -> str:
-    return f"{prefix}.ceiling/{token}" if prefix else f"{ROOT_CEILING_DIR}/{token}"
-
-
-def fs_ceiling_dir(root: Path, token: str) -> Path:
-    return root.parent / f"{root.name}.ceiling" / token
-
-
 # -- moving bytes ---------------------------------------------------------------------------
 
 def _chunks(size: int, chunk: int) -> Iterable[int]:
@@ -148,120 +135,55 @@ def _chunks(size: int, chunk: int) -> Iterable[int]:
     return [chunk] * full + ([rest] if rest else [])
 
 
-class S3Mover:
-    """PUT/GET/DELETE through s3torchconnector's S3Client (the native CRT client)."""
+class Mover:
+    """This rank's raw objects, one folder per iteration, in the store's raw area."""
 
-    def __init__(self, store, token: str) -> None:
-        self.store = store
-        self.bucket = store.target.bucket
-        self.base = s3_ceiling_prefix(store.target.prefix, token)
-        self.chunk_bytes = store.config.part_size_mib * MIB
+    def __init__(self, store: CheckpointStore, token: str, chunk_bytes: int) -> None:
+        self.area = store.raw_area(token)
+        self.chunk_bytes = chunk_bytes
         # Random bytes: no storage layer can compress or deduplicate them away.
-        self.payload = os.urandom(self.chunk_bytes)
+        self.payload = os.urandom(chunk_bytes)
         self._tails: dict[int, bytes] = {}
 
-    def key(self, iteration: int, obj: RawObject) -> str:
-        return f"{self.base}/{iteration}/{obj.name}"
+    @staticmethod
+    def name(iteration: int, obj: RawObject) -> str:
+        return f"{iteration}/{obj.name}"
 
     def new_client(self):
-        """A client built now (outside the timer), as S3Store.warm_up does for DCP's."""
-        from s3torchconnector._s3client import S3Client
+        """A client built now (outside the timer), as the store's warm_up does for DCP's."""
+        return self.area.open()
 
-        client = S3Client(self.store.region, s3client_config=self.store._client_config())
-        client._client  # noqa: B018 - property access builds the native client
-        return client
-
-    def prepare(self, objects: list[RawObject]) -> None:
+    def prepare(self, iteration: int, objects: list[RawObject]) -> None:
+        """Untimed: the tails' bytes cut once, the iteration's folders made."""
         for obj in objects:
             rest = obj.size_bytes % self.chunk_bytes
             if rest and rest not in self._tails:
                 self._tails[rest] = self.payload[:rest]
+        self.area.prepare(self.name(iteration, obj) for obj in objects)
 
     def put(self, client, iteration: int, obj: RawObject) -> None:
-        writer = client.put_object(self.bucket, self.key(iteration, obj))
-        for length in _chunks(obj.size_bytes, self.chunk_bytes):
-            writer.write(self.payload if length == self.chunk_bytes else self._tails[length])
-        writer.close()
+        self.area.put(client, self.name(iteration, obj),
+                      (self.payload if length == self.chunk_bytes else self._tails[length]
+                       for length in _chunks(obj.size_bytes, self.chunk_bytes)))
 
     def get(self, client, iteration: int, obj: RawObject) -> int:
-        received = 0
-        for chunk in client._client.get_object(self.bucket, self.key(iteration, obj)):
-            received += len(chunk)
-        return received
+        return self.area.get(client, self.name(iteration, obj))
 
     def remove(self, client, iteration: int, objects: list[RawObject]) -> None:
-        for obj in objects:
-            client.delete_object(self.bucket, self.key(iteration, obj))
-
-
-class FsMover:
-    """Plain file writes (fsync'd, as DCP's FileSystemWriter does) and reads."""
-
-    def __init__(self, store, token: str) -> None:
-        self.base = fs_ceiling_dir(store.root, token)
-        self.chunk_bytes = store.config.part_size_mib * MIB
-        self.payload = memoryview(os.urandom(self.chunk_bytes))
-
-    def path(self, iteration: int, obj: RawObject) -> Path:
-        return self.base / str(iteration) / obj.name
-
-    def new_client(self):
-        return None
-
-    def prepare(self, objects: list[RawObject]) -> None:
-        pass
-
-    def make_dirs(self, iteration: int, objects: list[RawObject]) -> None:
-        for obj in objects:
-            self.path(iteration, obj).parent.mkdir(parents=True, exist_ok=True)
-
-    def put(self, client, iteration: int, obj: RawObject) -> None:
-        fd = os.open(self.path(iteration, obj), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            for length in _chunks(obj.size_bytes, self.chunk_bytes):
-                view = self.payload[:length]
-                while view:
-                    view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def get(self, client, iteration: int, obj: RawObject) -> int:
-        buffer = bytearray(self.chunk_bytes)
-        received = 0
-        with open(self.path(iteration, obj), "rb", buffering=0) as source:
-            while count := source.readinto(buffer):
-                received += count
-        return received
-
-    def remove(self, client, iteration: int, objects: list[RawObject]) -> None:
-        """Unlink this rank's files, then every directory up to <path>.ceiling that is now
-        empty (the last rank to get here removes them; no barrier, so a failed round
-        cleans up too)."""
-        top = self.base.parent
-        for obj in objects:
-            path = self.path(iteration, obj)
-            path.unlink(missing_ok=True)
-            directory = path.parent
-            while directory != top.parent:
-                try:
-                    directory.rmdir()
-                except OSError:  # not empty (another rank's files) or already gone
-                    break
-                directory = directory.parent
+        self.area.delete(client, [self.name(iteration, obj) for obj in objects])
 
 
 # -- the timed rounds -----------------------------------------------------------------------
 
 class Ceiling:
-    def __init__(self, loop: "CheckpointLoop") -> None:
+    def __init__(self, loop: Any) -> None:
+        """`loop`: the CheckpointLoop (rank/loop.py) whose store and state this mirrors;
+        not imported here, as loop.py imports this module."""
         self.loop = loop
         self.cfg = loop.cfg
         self.rank = loop.ctx.rank
-        store = loop.store
         token = rank0_decides(loop.ctx, lambda: secrets.token_hex(4))
-        self.mover = (S3Mover(store, token) if store.kind == StorageKind.s3.value
-                      else FsMover(store, token))
+        self.mover = Mover(loop.store, token, self.cfg.storage.part_size_mib * MIB)
         self.token = token
 
     def objects(self) -> tuple[list[RawObject], str]:
@@ -275,12 +197,8 @@ class Ceiling:
                 reader.reset(loop.store.location(suffix))
                 return sizes_from_metadata(reader.read_metadata())
             return objects_of_rank(rank0_decides(loop.ctx, read_sizes), self.rank), suffix
-        if loop.store.kind == StorageKind.s3.value:
-            name_prefix = loop.store._prefix_strategy()(self.rank)
-        else:
-            name_prefix = rank_prefix(self.rank)
         return planned_objects(loop.state_dict, self.rank, self.cfg.storage.thread_count,
-                               name_prefix), "ceiling"
+                               loop.store.data_object_prefix(self.rank)), "ceiling"
 
     def run(self) -> list["Sample"]:
         objects, suffix = self.objects()
@@ -290,13 +208,11 @@ class Ceiling:
                       f"{sum(b for _, b in counts) / MIB:.1f} MiB in all, mirroring "
                       f"{'suffix=' + suffix if suffix != 'ceiling' else 'the planned save'}; "
                       f"raw PUT then GET, {self.cfg.storage.thread_count} stream(s) per rank")
-        self.mover.prepare(objects)
         samples = []
         threads = max(1, self.cfg.storage.thread_count)
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ceiling") as pool:
             for iteration in range(1, self.cfg.iterations + 1):
-                if isinstance(self.mover, FsMover):
-                    self.mover.make_dirs(iteration, objects)
+                self.mover.prepare(iteration, objects)
                 try:
                     samples.append(self._timed("raw_put", iteration, suffix, objects, total,
                                                pool, self.mover.put))
@@ -307,7 +223,6 @@ class Ceiling:
         return samples
 
     def _timed(self, op, iteration, suffix, objects, total, pool, move) -> "Sample":
-        from dcp_fsdp.rank.loop import Watchdog
         from dcp_fsdp.telemetry.records import Sample
 
         client = self.mover.new_client()
@@ -346,5 +261,5 @@ class Ceiling:
         self.mover.remove(self.mover.new_client(), iteration, objects)
 
 
-def run_ceiling(loop: "CheckpointLoop") -> list["Sample"]:
+def run_ceiling(loop: Any) -> list["Sample"]:
     return Ceiling(loop).run()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
 import time
 from typing import Any, Callable
 
@@ -28,28 +27,10 @@ from dcp_fsdp.rank.hooks import HookTimeline, instrument_reader, instrument_writ
 from dcp_fsdp.rank.memory import PeakMemory
 from dcp_fsdp.rank.progress import Heartbeat
 from dcp_fsdp.rank.state import apply_state_dict, flat_tensors
+from dcp_fsdp.rank.watchdog import Watchdog
 from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.base import CheckpointStore
 from dcp_fsdp.telemetry.records import Sample
-
-
-class Watchdog:
-    """Calls `on_timeout(message)` from a timer thread if the block runs too long.
-
-    A stalled S3 request blocks inside native code, where no Python exception can
-    reach it; the callback ends the process instead (after recording the failure).
-    """
-
-    def __init__(self, timeout_s: float, on_timeout: Callable[[str], None], message: str) -> None:
-        self.timer = threading.Timer(timeout_s, on_timeout, args=(message,))
-        self.timer.daemon = True
-
-    def __enter__(self) -> "Watchdog":
-        self.timer.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.timer.cancel()
 
 
 class CheckpointLoop:

@@ -8,6 +8,7 @@ local launcher. Everything before the loop's first barrier is initialisation: me
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import signal
@@ -19,7 +20,18 @@ from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import BenchmarkConfig, Command, StorageKind
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.telemetry import records
-from dcp_fsdp.telemetry.records import InitRow, RunRecord
+from dcp_fsdp.telemetry.records import InitRow, RunRecord, Sample
+
+
+@dataclasses.dataclass
+class RankResult:
+    """How a rank's run ended, for the entry point that started it (`cli.end_rank` prints
+    the end-of-run summary from it: the top layer, under any launcher)."""
+
+    exit_code: int
+    run: RunRecord | None = None  # the record, on the rank that wrote it (rank 0)
+    samples: list[Sample] = dataclasses.field(default_factory=list)
+    record_path: str | None = None
 
 
 class Terminated(BaseException):
@@ -81,6 +93,7 @@ class RankSession:
         self.request_log = None
         self.rank = int(os.environ.get("RANK", "0"))
         self.init = InitRow(rank=self.rank)
+        self.record_path: str | None = None  # once rank 0 wrote the record
         self.run = RunRecord(run_id="", command=cfg.command.value, argv=records.command_line(),
                              started_at=records.utc_now(),
                              config=records.config_for_record(cfg))
@@ -201,7 +214,7 @@ class RankSession:
         run.integrity = dict(self.loop.integrity) if self.loop is not None else {}
         run.init, run.versions = list(init_rows), records.versions()
         run.slurm = records.slurm_environment()
-        from dcp_fsdp.launch.checks import write_record  # falls back if results_dir fails
+        from dcp_fsdp.telemetry.results_dir import write_record  # falls back if it fails
 
         return write_record(self.cfg.results_dir, run, samples)
 
@@ -229,14 +242,7 @@ class RankSession:
             self.run.untimed_requests = merge_summaries(untimed)
             for row, summary in zip(init_rows, untimed):
                 row.untimed_request_count = summary["count"] if summary else None
-        path = self.write_record(status, error_line, samples, init_rows)
-        if status == "ok":
-            from dcp_fsdp.analysis.run_summary import print_run_summary
-
-            print_run_summary(self.run, samples)
-        log.info(f"record: {path}")
-        if self.loop is not None and self.loop.suffixes and self.cfg.command != Command.load:
-            log.info(f"SUFFIXES={','.join(self.loop.suffixes)}")
+        self.record_path = str(self.write_record(status, error_line, samples, init_rows))
 
 
 def gpus() -> dict | None:
@@ -248,7 +254,7 @@ def gpus() -> dict | None:
     return {"model": torch.cuda.get_device_name(), "count": torch.cuda.device_count()}
 
 
-def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> int:
+def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:
     guard = InterruptGuard()
     guard.install()
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -271,7 +277,9 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> int:
             shutdown(aligned=status == "ok")
         except BaseException:
             pass
-    return exit_code
+    if session.record_path is None:
+        return RankResult(exit_code)
+    return RankResult(exit_code, session.run, session.samples(), session.record_path)
 
 
 def _outcome(error: BaseException, guard: InterruptGuard,

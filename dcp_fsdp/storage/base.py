@@ -4,13 +4,41 @@ Modelled on torchtitan's `CheckpointStorage`: one Protocol, implemented by the S
 (s3torchconnector's DCP writer/reader; boto3 for the control plane) and the file-system
 store (DCP's own FileSystemWriter/Reader, the baseline). Layout and suffix policy are
 not here: `layout.py` owns them, in terms of this contract.
+
+Nothing outside `storage/` reaches into a store: the raw ceiling (`rank/ceiling.py`) and
+the tuner (`launch/tune.py`) use only what is declared here (`data_object_prefix`,
+`raw_area`, `delete`, `probe`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Iterable, Protocol, runtime_checkable
 
 from dcp_fsdp.storage.layout import CheckpointInfo
+
+
+class RawArea(Protocol):
+    """Objects moved raw (no DCP), by the client DCP's writer and reader use, in an area
+    beside the checkpoints: never inside one, never seen by `list`. Names are relative to
+    the area and may hold '/' (folders). A `client` comes from `open()`; the file system's
+    is None."""
+
+    location: str  # the area's URI / path, for messages
+
+    def open(self) -> Any:
+        """A client built now, so that no timed operation pays its set-up."""
+
+    def prepare(self, names: Iterable[str]) -> None:
+        """Create what must exist before the objects are written (folders); untimed."""
+
+    def put(self, client: Any, name: str, chunks: Iterable[bytes | memoryview]) -> None:
+        """Write one object from its chunks, durably (fs: fsync'd, as DCP's writer does)."""
+
+    def get(self, client: Any, name: str) -> int:
+        """Read one object to its end, discarding the bytes; the number read."""
+
+    def delete(self, client: Any, names: Iterable[str]) -> None:
+        """Remove these objects; the area's folders go when nothing is left in them."""
 
 
 @runtime_checkable
@@ -48,3 +76,18 @@ class CheckpointStore(Protocol):
     def put_small(self, suffix: str, name: str, data: bytes) -> None: ...
 
     def get_small(self, suffix: str, name: str) -> bytes | None: ...
+
+    def delete(self, suffix: str) -> None:
+        """Remove checkpoint `suffix`, every object of it; nothing when it does not exist."""
+
+    def probe(self) -> None:
+        """Write and remove one small object (untimed): a fresh server's one-time set-up
+        (SeaweedFS grows its volumes on a bucket's first write) is paid here."""
+
+    # -- raw objects, beside the checkpoints (the raw ceiling) ----------------------------
+    def data_object_prefix(self, rank: int) -> str:
+        """How DCP's writer for this store begins the names of `rank`'s data objects
+        (its folders under the prefix strategy, then `__<rank>_`)."""
+
+    def raw_area(self, token: str) -> RawArea:
+        """An area for raw objects beside the checkpoints, `<root>.ceiling/<token>`."""

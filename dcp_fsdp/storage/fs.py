@@ -7,9 +7,10 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from dcp_fsdp.config.schema import StorageConfig
+from dcp_fsdp.config.schema import MIB, StorageConfig
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.layout import METADATA_NAME, CheckpointInfo
+from dcp_fsdp.storage.raw import FsRawArea, fs_ceiling_dir
 
 
 class FsStore:
@@ -82,3 +83,20 @@ class FsStore:
     def get_small(self, suffix: str, name: str) -> bytes | None:
         path = self.root / suffix / name
         return path.read_bytes() if path.exists() else None
+
+    def delete(self, suffix: str) -> None:
+        import shutil
+
+        shutil.rmtree(self.root / suffix, ignore_errors=True)
+
+    def probe(self) -> None:
+        """A file written and removed: what preflight does (a file system has no
+        first-write set-up worth a separate step)."""
+        self.preflight()
+
+    # -- raw objects (the raw ceiling), see raw.py --------------------------------------
+    def data_object_prefix(self, rank: int) -> str:
+        return f"__{rank}_"  # FileSystemWriter: __<rank>_<n>.distcp, no folders
+
+    def raw_area(self, token: str) -> FsRawArea:
+        return FsRawArea(fs_ceiling_dir(self.root, token), self.config.part_size_mib * MIB)

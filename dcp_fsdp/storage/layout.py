@@ -16,11 +16,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import re
 import secrets
 from typing import Any
 
+from dcp_fsdp.config.validate import check_suffix  # the setting's syntax: a config check
 from dcp_fsdp.errors import UserError
+
+__all__ = ["CEILING_ROOT", "MANIFEST_NAME", "METADATA_NAME", "CheckpointInfo", "check_loadable",
+           "check_suffix", "encode_manifest", "new_suffix", "read_manifest", "save_suffix"]
 
 METADATA_NAME = ".metadata"
 MANIFEST_NAME = "dcp_fsdp.json"
@@ -28,8 +31,6 @@ MANIFEST_NAME = "dcp_fsdp.json"
 # `<prefix>.ceiling/`; under a bare bucket, in this folder: no suffix can take its name
 # (suffixes start with a letter or digit) and `list` skips it.
 CEILING_ROOT = "_dcp_fsdp.ceiling"
-
-_SUFFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,11 +43,6 @@ class CheckpointInfo:
 
 
 # -- suffixes ------------------------------------------------------------------------------
-
-def check_suffix(suffix: str) -> None:
-    if not _SUFFIX.match(suffix):
-        raise UserError(f"suffix={suffix}: use letters, digits, '.', '_' and '-' only")
-
 
 def new_suffix(now: datetime.datetime | None = None) -> str:
     """e.g. 2026-11-22-13-45-ab12: sorts by time, random tail keeps parallel runs apart."""

@@ -8,50 +8,17 @@ builds a writer or reader; this module never writes the environment itself.
 
 from __future__ import annotations
 
-import dataclasses
 import os
+import secrets
 from typing import Any
 
 from dcp_fsdp.config.schema import MIB, PrefixStrategy, ReaderKind, StorageConfig
-from dcp_fsdp.config.validate import parse_s3_uri
 from dcp_fsdp.storage.layout import CheckpointInfo
+from dcp_fsdp.storage.raw import S3RawArea, s3_ceiling_prefix
 from dcp_fsdp.storage.s3_control import S3ControlPlane
+from dcp_fsdp.storage.s3_target import S3Target, resolve_endpoint, resolve_region
 
-
-def resolve_region(storage: StorageConfig) -> str:
-    return (storage.region or os.environ.get("AWS_REGION")
-            or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")
-
-
-def resolve_endpoint(storage: StorageConfig) -> str | None:
-    return storage.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
-        "AWS_ENDPOINT_URL") or None
-
-
-@dataclasses.dataclass(frozen=True)
-class S3Target:
-    """Where the checkpoints go, resolved from the settings and the AWS environment."""
-
-    uri: str  # s3://bucket/prefix, no trailing slash
-    bucket: str
-    prefix: str
-    region: str
-    endpoint: str | None
-    force_path_style: bool
-
-    @classmethod
-    def from_config(cls, storage: StorageConfig) -> "S3Target":
-        assert storage.uri is not None
-        bucket, prefix = parse_s3_uri(storage.uri)
-        endpoint = resolve_endpoint(storage)
-        return cls(uri=storage.uri.rstrip("/"), bucket=bucket, prefix=prefix,
-                   region=resolve_region(storage), endpoint=endpoint,
-                   force_path_style=(storage.force_path_style
-                                     if storage.force_path_style is not None
-                                     else endpoint is not None))
-
-    def key(self, suffix: str, name: str = "") -> str:
-        return "/".join(p for p in (self.prefix, suffix, name) if p)
+__all__ = ["S3Store", "S3Target", "resolve_endpoint", "resolve_region"]
 
 
 class S3Store:
@@ -155,5 +122,19 @@ class S3Store:
     def get_small(self, suffix: str, name: str) -> bytes | None:
         return self.control.get_small(suffix, name)
 
-    def boto_client(self):
-        return self.control.client()
+    def delete(self, suffix: str) -> None:
+        self.control.delete_prefix(self.target.key(suffix) + "/")
+
+    def probe(self) -> None:
+        # beside the checkpoints (no '/' after the prefix: `list` never sees it)
+        name = f"_dcp_fsdp.probe-{os.getpid()}-{secrets.token_hex(2)}"
+        self.control.put_key(self.target.key(name), b"probe")
+        self.control.delete_key(self.target.key(name))
+
+    # -- raw objects (the raw ceiling), see raw.py --------------------------------------
+    def data_object_prefix(self, rank: int) -> str:
+        return self._prefix_strategy()(rank)
+
+    def raw_area(self, token: str) -> S3RawArea:
+        return S3RawArea(self.bucket, s3_ceiling_prefix(self.prefix, token), self.region,
+                         self._client_config)

@@ -8,17 +8,15 @@ error, where the CRT client would retry a dead endpoint for tens of seconds.
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.layout import CEILING_ROOT, METADATA_NAME, CheckpointInfo
-
-if TYPE_CHECKING:
-    from dcp_fsdp.storage.s3 import S3Target
+from dcp_fsdp.storage.s3_target import S3Target
 
 
 class S3ControlPlane:
-    def __init__(self, target: "S3Target", connect_timeout_s: float) -> None:
+    def __init__(self, target: S3Target, connect_timeout_s: float) -> None:
         self.target = target
         self.connect_timeout_s = connect_timeout_s
         self._boto_client = None
@@ -167,3 +165,18 @@ class S3ControlPlane:
             return response["Body"].read()
         except bx.ClientError:
             return None
+
+    def put_key(self, key: str, data: bytes) -> None:
+        self.client().put_object(Bucket=self.target.bucket, Key=key, Body=data)
+
+    def delete_key(self, key: str) -> None:
+        self.client().delete_object(Bucket=self.target.bucket, Key=key)
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Every object whose key begins with `prefix` (1000 per request, S3's limit)."""
+        client = self.client()
+        for page in client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.target.bucket, Prefix=prefix):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=self.target.bucket, Delete={"Objects": keys})

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 def install_control_plane_hook(record_call: Callable[[Any], None]) -> None:
     """Count every boto3 S3 attempt (per attempt, with its status) made in this process."""
-    from dcp_fsdp.telemetry.request_log import Request
+    from dcp_fsdp.telemetry.request import Request
 
     try:
         import boto3

@@ -37,7 +37,6 @@ connector's requests. Summaries of windows: `summaries.py`.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import re
 import shutil
@@ -50,13 +49,12 @@ from typing import Any, Iterable
 from dcp_fsdp import log
 from dcp_fsdp.telemetry import summaries
 from dcp_fsdp.telemetry.control_plane import install_control_plane_hook
+from dcp_fsdp.telemetry.request import THROTTLE_STATUSES, Request  # noqa: F401 - re-exported
 
 DEBUG_LOGS_ENV = "S3_TORCH_CONNECTOR_DEBUG_LOGS"
 LOGS_DIR_ENV = "S3_TORCH_CONNECTOR_LOGS_DIR_PATH"
 LOG_FILTER = "debug,awscrt=off"  # the connector's request lines; none of the CRT's own
 NATIVE_MODULE = "s3torchconnectorclient._mountpoint_s3_client"
-
-THROTTLE_STATUSES = (429, 503)
 
 # The connector logs some requests as request_type=Default; its span names what they were.
 _DEFAULT_BY_SPAN = {"delete_object": "DeleteObject", "list_objects": "ListObjectsV2",
@@ -76,26 +74,6 @@ _DURATION = re.compile(r"\bduration=([\d.]+)(ns|µs|us|ms|s)\b")
 _TTFB = re.compile(r"\bttfb=Some\(([\d.]+)(ns|µs|us|ms|s)\)")
 _KEY = re.compile(r'\b(?:destination_)?key="((?:[^"\\]|\\.)*)"')
 _UNIT_S = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
-
-
-@dataclasses.dataclass(slots=True)
-class Request:
-    """One HTTP attempt the connector made (or a control-plane call, kind prefixed)."""
-
-    end_wall_s: float  # when it ended (log timestamp), epoch seconds
-    kind: str  # CreateMultipartUpload, UploadPart, GetObject, HeadObject, DeleteObject, ...
-    outcome: str  # ok | miss | failed | canceled
-    status: int | None  # HTTP status; None when no response arrived
-    duration_s: float | None
-    ttfb_s: float | None = None
-    nbytes: int | None = None  # GetObject: bytes in the requested range
-    retryable: bool = False
-    retried: bool = False
-    key: str | None = None
-
-    @property
-    def throttled(self) -> bool:
-        return self.outcome == "failed" and self.status in THROTTLE_STATUSES
 
 
 def _seconds(value: str, unit: str) -> float:

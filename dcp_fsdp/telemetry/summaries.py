@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from dcp_fsdp.telemetry.histograms import histogram, hist_merge, percentiles_ms
 
 if TYPE_CHECKING:
-    from dcp_fsdp.telemetry.request_log import Request
+    from dcp_fsdp.telemetry.request import Request
 
 
 def summarize(requests: list["Request"], seconds: float | None = None,

@@ -1,9 +1,12 @@
-"""The house rules the tree promises: no test equipment in the wheel, small modules,
-and no import cycles between the package's modules (top-level imports)."""
+"""The house rules the tree promises: no test equipment in the wheel, the top-level conf/
+inside it, small modules, the layers (import-linter's contracts in pyproject.toml) and no
+import cycles between the package's modules: every import counts, function-level and
+TYPE_CHECKING ones included."""
 
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 import zipfile
@@ -20,9 +23,11 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _top_level_imports(path: Path) -> set[str]:
+def _imports(path: Path) -> set[str]:
+    """Every module an import statement anywhere in the file names (in functions and
+    under TYPE_CHECKING too: a cycle through a lazy import is still a cycle)."""
     found = set()
-    for node in ast.parse(path.read_text()).body:  # module level only: lazy imports are fine
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
@@ -39,7 +44,7 @@ def test_no_module_is_oversized():
 
 def test_no_import_cycles():
     modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-    graph = {name: {m for m in _top_level_imports(path) if m in modules and m != name}
+    graph = {name: {m for m in _imports(path) if m in modules and m != name}
              for name, path in modules.items()}
     state: dict[str, int] = {}
 
@@ -57,7 +62,41 @@ def test_no_import_cycles():
             visit(name, [])
 
 
-def test_the_wheel_holds_only_what_users_run(tmp_path):
+def test_the_cycle_check_sees_function_level_imports():
+    """The graph above and import-linter's both hold imports made inside functions."""
+    assert "dcp_fsdp.launch.local" in _imports(PACKAGE / "cli.py")  # only inside execute()
+    import grimp
+
+    graph = grimp.build_graph("dcp_fsdp")
+    assert graph.direct_import_exists(importer="dcp_fsdp.cli", imported="dcp_fsdp.launch.local")
+
+
+def test_the_layers_hold():
+    """`lint-imports` with the contracts in pyproject.toml: a violation fails `make test`."""
+    result = subprocess.run([str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
+                            cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def _run_python(code: str, cwd: Path, pythonpath: str | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    result = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+COMPOSE_L7B = ("from dcp_fsdp.config.compose import CONF_DIR, compose; "
+               "cfg = compose('save', ['model=L7b', 'storage=fs', 'storage.path=/x']); "
+               "print(CONF_DIR, cfg.model.preset)")
+
+
+def test_the_wheel_holds_only_what_users_run_and_conf(tmp_path):
+    """`pip wheel .` (and so `pip install .`) carries the top-level conf/ as dcp_fsdp/conf,
+    every package of the tree, and no test equipment; installed, it composes from there."""
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
                     "--no-build-isolation", "-w", str(tmp_path), str(REPO)], check=True,
                    capture_output=True)
@@ -65,5 +104,21 @@ def test_the_wheel_holds_only_what_users_run(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert not [n for n in names if "fault_proxy" in n or "seaweed_counters" in n
                 or n.startswith("tests/")]
-    assert "dcp_fsdp/config/conf/config.yaml" in names  # Hydra's defaults ship with it
-    assert "dcp_fsdp/storage/base.py" in names
+    conf = {str(p.relative_to(REPO)) for p in (REPO / "conf").rglob("*.yaml")}
+    assert {"conf/config.yaml", "conf/model/L7b.yaml", "conf/model/GPT-4B.yaml"} <= conf
+    assert {f"dcp_fsdp/{name}" for name in conf} <= set(names)  # Hydra's configs ship with it
+    sources = {str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py")}
+    assert sources <= set(names), "a package is missing from pyproject's packages list"
+    # installed from the wheel (what `pip install .` does), run from elsewhere
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--target", str(target), str(wheel)], check=True, capture_output=True)
+    conf_dir, preset = _run_python(COMPOSE_L7B, cwd=tmp_path, pythonpath=str(target)).split()
+    assert (Path(conf_dir), preset) == (target / "dcp_fsdp" / "conf", "L7b")
+
+
+def test_the_editable_install_composes_from_the_top_level_conf(tmp_path):
+    """`pip install -e .` (this venv): configs come from the repository's conf/, in place."""
+    assert not (PACKAGE / "conf").exists()  # one config directory in the tree: conf/
+    conf_dir, preset = _run_python(COMPOSE_L7B, cwd=tmp_path).split()
+    assert (Path(conf_dir), preset) == (REPO / "conf", "L7b")

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import torch.distributed.checkpoint as dcp
 
+from dcp_fsdp.config.schema import StorageConfig, StorageKind
 from dcp_fsdp.rank import ceiling
+from dcp_fsdp.storage import make_store
 from dcp_fsdp.storage.layout import CEILING_ROOT
+from dcp_fsdp.storage.raw import fs_ceiling_dir, s3_ceiling_prefix
 
 
 def test_object_sizes_come_from_the_checkpoint_metadata(tmp_path):
@@ -47,9 +49,13 @@ def test_a_rank_owns_only_its_own_data_objects():
 
 
 def test_the_ceiling_never_lies_inside_the_checkpoints_prefix():
-    assert ceiling.s3_ceiling_prefix("runs/ckpt", "ab12") == "runs/ckpt.ceiling/ab12"
-    assert ceiling.s3_ceiling_prefix("", "ab12") == f"{CEILING_ROOT}/ab12"
-    assert ceiling.fs_ceiling_dir(Path("/data/ckpt"), "ab12") == Path("/data/ckpt.ceiling/ab12")
+    assert s3_ceiling_prefix("runs/ckpt", "ab12") == "runs/ckpt.ceiling/ab12"
+    assert s3_ceiling_prefix("", "ab12") == f"{CEILING_ROOT}/ab12"
+    assert fs_ceiling_dir(Path("/data/ckpt"), "ab12") == Path("/data/ckpt.ceiling/ab12")
+    s3 = make_store(StorageConfig(kind=StorageKind.s3, uri="s3://bucket/runs/ckpt"))
+    assert s3.raw_area("ab12").location == "s3://bucket/runs/ckpt.ceiling/ab12"
+    fs = make_store(StorageConfig(kind=StorageKind.fs, path="/data/ckpt"))
+    assert fs.raw_area("ab12").location == "/data/ckpt.ceiling/ab12"
 
 
 def test_framing_is_what_torch_save_adds():
@@ -60,13 +66,16 @@ def test_framing_is_what_torch_save_adds():
 
 
 def test_fs_mover_round_trip_and_cleanup(tmp_path):
-    store = SimpleNamespace(root=tmp_path / "ckpt", config=SimpleNamespace(part_size_mib=1))
-    mover = ceiling.FsMover(store, "tok")
+    """Through the store protocol only (raw_area): what the ceiling uses on every store."""
+    store = make_store(StorageConfig(kind=StorageKind.fs, path=str(tmp_path / "ckpt"),
+                                     part_size_mib=1))
+    mover = ceiling.Mover(store, "tok", chunk_bytes=2**20)
     objects = [ceiling.RawObject("__0_0.distcp", 2**20 * 2 + 5), ceiling.RawObject("__0_1.distcp", 0)]
-    mover.make_dirs(1, objects)
+    mover.prepare(1, objects)
+    client = mover.new_client()
     for obj in objects:
-        mover.put(None, 1, obj)
-        assert mover.path(1, obj).stat().st_size == obj.size_bytes
-        assert mover.get(None, 1, obj) == obj.size_bytes
-    mover.remove(None, 1, objects)
+        mover.put(client, 1, obj)
+        assert (tmp_path / "ckpt.ceiling" / "tok" / "1" / obj.name).stat().st_size == obj.size_bytes
+        assert mover.get(client, 1, obj) == obj.size_bytes
+    mover.remove(client, 1, objects)
     assert not (tmp_path / "ckpt.ceiling").exists()

@@ -1,5 +1,7 @@
 """Model presets: true parameter counts, built on the meta device (no memory)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -35,6 +37,23 @@ def test_llama_shapes_match_the_reference_table():
                                                                            heads, kv)
         assert config.vocab_size == 50432 and config.max_position_embeddings == 4096
         assert config.tie_word_embeddings is False and config.use_cache is False
+
+
+def test_presets_are_the_shapes_of_llama_model_config():
+    """One source of shapes (the card: models built "from llama_model_config"); every model
+    yaml's `# Shape:` comment names that module and its own shape."""
+    from dcp_fsdp.models import llama_model_config as shapes
+    from tests.kit.cli import REPO
+
+    assert PRESETS == {**shapes.LLAMA_SHAPES, **shapes.GPT_SHAPES}
+    assert all(PRESETS[name] is shape for name, shape in shapes.LLAMA_SHAPES.items())
+    assert {"L7b", "L13b", "L30b", "L65b", "L70b", "L660m", "tiny_llama"} <= set(shapes.LLAMA_SHAPES)
+    assert {"GPT-4B", "tiny_gpt2"} <= set(shapes.GPT_SHAPES)
+    module = Path(shapes.__file__).resolve().relative_to(REPO)
+    for yaml in sorted((REPO / "conf" / "model").glob("*.yaml")):
+        first = yaml.read_text().splitlines()[0]
+        assert first == f"# Shape: {module} {yaml.stem}", yaml
+        assert (REPO / module).is_file() and yaml.stem in PRESETS
 
 
 @pytest.mark.parametrize("preset", ["tiny_llama", "tiny_gpt2"])

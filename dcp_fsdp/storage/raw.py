@@ -1,0 +1,123 @@
+"""Raw objects beside the checkpoints (`base.RawArea`): what the raw ceiling moves with the
+client DCP's writer and reader use, and where.
+
+Where: never inside a checkpoint, and never where `list` looks: s3
+`<uri>.ceiling/<token>/` (a sibling of the checkpoints' prefix;
+`s3://bucket/_dcp_fsdp.ceiling/<token>/` when the uri has no prefix, a name no suffix can
+take and `list` skips), fs `<path>.ceiling/<token>/`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from dcp_fsdp.storage.layout import CEILING_ROOT
+
+
+def s3_ceiling_prefix(prefix: str, token: str) -> str:
+    return f"{prefix}.ceiling/{token}" if prefix else f"{CEILING_ROOT}/{token}"
+
+
+def fs_ceiling_dir(root: Path, token: str) -> Path:
+    return root.parent / f"{root.name}.ceiling" / token
+
+
+class S3RawArea:
+    """PUT/GET/DELETE through s3torchconnector's S3Client: the native (CRT) client DCP's
+    S3StorageWriter/Reader use, built from the same S3ClientConfig (part size, throughput
+    target, max attempts, path style; endpoint from AWS_ENDPOINT_URL)."""
+
+    def __init__(self, bucket: str, base_key: str, region: str,
+                 client_config: Callable[[], Any]) -> None:
+        self.bucket, self.base_key, self.region = bucket, base_key, region
+        self._client_config = client_config
+        self.location = f"s3://{bucket}/{base_key}"
+
+    def _key(self, name: str) -> str:
+        return f"{self.base_key}/{name}"
+
+    def open(self):
+        """A fresh client with its native client built (as S3Store.warm_up does for DCP's):
+        the connector builds it lazily, on the first request, otherwise."""
+        from s3torchconnector._s3client import S3Client
+
+        client = S3Client(self.region, s3client_config=self._client_config())
+        client._client  # noqa: B018 - property access builds the native client
+        return client
+
+    def prepare(self, names: Iterable[str]) -> None:
+        """Nothing: S3 has no folders to create."""
+
+    def put(self, client, name: str, chunks: Iterable[bytes | memoryview]) -> None:
+        writer = client.put_object(self.bucket, self._key(name))
+        for chunk in chunks:
+            writer.write(chunk)
+        writer.close()
+
+    def get(self, client, name: str) -> int:
+        # The native object stream, read to its end: no buffering reader in between.
+        received = 0
+        for chunk in client._client.get_object(self.bucket, self._key(name)):
+            received += len(chunk)
+        return received
+
+    def delete(self, client, names: Iterable[str]) -> None:
+        for name in names:
+            client.delete_object(self.bucket, self._key(name))
+
+
+class FsRawArea:
+    """Plain file writes (fsync'd, as DCP's FileSystemWriter does: sync_files=True) and
+    reads into one buffer."""
+
+    def __init__(self, base: Path, read_chunk_bytes: int) -> None:
+        self.base = base
+        self.read_chunk_bytes = read_chunk_bytes
+        self.location = str(base)
+
+    def path(self, name: str) -> Path:
+        return self.base / name
+
+    def open(self) -> None:
+        return None
+
+    def prepare(self, names: Iterable[str]) -> None:
+        for name in names:
+            self.path(name).parent.mkdir(parents=True, exist_ok=True)
+
+    def put(self, client, name: str, chunks: Iterable[bytes | memoryview]) -> None:
+        fd = os.open(self.path(name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def get(self, client, name: str) -> int:
+        buffer = bytearray(self.read_chunk_bytes)
+        received = 0
+        with open(self.path(name), "rb", buffering=0) as source:
+            while count := source.readinto(buffer):
+                received += count
+        return received
+
+    def delete(self, client, names: Iterable[str]) -> None:
+        """Unlink these files, then every folder up to `<path>.ceiling` that is now empty
+        (the last rank to get here removes them; no barrier, so a failed round cleans up
+        too)."""
+        top = self.base.parent
+        for name in names:
+            path = self.path(name)
+            path.unlink(missing_ok=True)
+            directory = path.parent
+            while directory != top.parent:
+                try:
+                    directory.rmdir()
+                except OSError:  # not empty (another rank's files) or already gone
+                    break
+                directory = directory.parent

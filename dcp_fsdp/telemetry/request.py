@@ -1,0 +1,30 @@
+"""One request, as the request log (`request_log.py`) parses it from the connector's log
+and the control-plane hook (`control_plane.py`) records it from boto3; `summaries.py`
+turns lists of them into a record's figures. A module of its own so that those three
+import it and not each other."""
+
+from __future__ import annotations
+
+import dataclasses
+
+THROTTLE_STATUSES = (429, 503)
+
+
+@dataclasses.dataclass(slots=True)
+class Request:
+    """One HTTP attempt the connector made (or a control-plane call, kind prefixed)."""
+
+    end_wall_s: float  # when it ended (log timestamp), epoch seconds
+    kind: str  # CreateMultipartUpload, UploadPart, GetObject, HeadObject, DeleteObject, ...
+    outcome: str  # ok | miss | failed | canceled
+    status: int | None  # HTTP status; None when no response arrived
+    duration_s: float | None
+    ttfb_s: float | None = None
+    nbytes: int | None = None  # GetObject: bytes in the requested range
+    retryable: bool = False
+    retried: bool = False
+    key: str | None = None
+
+    @property
+    def throttled(self) -> bool:
+        return self.outcome == "failed" and self.status in THROTTLE_STATUSES
