@@ -198,6 +198,11 @@ def _group_name(labels: dict[str, Any], keys: list[str]) -> str:
     return ", ".join(shown)
 
 
+def _hours(seconds: float) -> str:
+    hours = seconds / 3600
+    return f"{hours:,.0f}" if hours >= 100 else f"{hours:.3g}"
+
+
 def _minutes(seconds: float) -> str:
     return "" if seconds is None or math.isnan(seconds) else f"{seconds / 60:.1f}"
 
@@ -215,74 +220,107 @@ def _dollars(value: float | None) -> str:
     return f"${value:.3g}" if value < 1 else f"${value:,.2f}"
 
 
+@dataclasses.dataclass
+class Dollars:
+    save: costs.RequestCharge
+    load: costs.RequestCharge | None
+    month: float  # one checkpoint stored for a month
+    day: dict[str, float] | None  # at the chosen interval, K kept
+
+
+def dollars(p: Plan, prices: costs.Prices, keep: int) -> Dollars | None:
+    """None for a file system: no dollars rather than zero."""
+    g = p.inputs
+    if not costs.is_priced(g.labels["storage"]):
+        return None
+    save = costs.request_charge(g.save_counts, prices)
+    load = costs.request_charge(g.load_counts, prices) if g.load_counts else None
+    month = costs.storage_dollars_per_month(g.stored_bytes, prices)
+    interval = p.user_interval_s or p.daly_s
+    day = None
+    if interval and not math.isnan(interval):
+        day = costs.dollars_per_day(interval, p.mtbf_s, save.dollars,
+                                    load.dollars if load else None, month, keep)
+    return Dollars(save, load, month, day)
+
+
+def _block(number: int, p: Plan, cost: Dollars | None, keys: list[str], keep: int,
+           interval_minutes: float | None) -> list[str]:
+    g = p.inputs
+    load = "no load in these records" if g.load_s is None else f"load {g.load_s:.2f} s"
+    startup = "start-up unknown" if g.startup_s is None else f"start-up {g.startup_s:.1f} s"
+    lines = [f"#{number} {_group_name(g.labels, keys)}, {g.save_mode}",
+             f"  C = {g.checkpoint_s:.3f} s ({g.cost_is}); R = {g.restart_s:.2f} s ({load} + "
+             f"{startup})" + (f"; L = {g.lag_s:.3f} s (upload after the stall)"
+                              if g.save_mode == "async" else ""),
+             f"  interval: Young {_minutes(p.young_s)} min, Daly {_minutes(p.daly_s)} min"
+             + (" (raised to the upload time: saves would queue)" if p.raised else "")
+             + f"; training lost there {_share(p.at_daly)}"]
+    if p.at_user is not None:
+        lines.append(f"  at {interval_minutes:g} min: training lost {_share(p.at_user)}")
+    if cost is None:
+        lines.append("  dollars: none (a file system: no request or storage charges)")
+        return lines
+    lines.append(f"  dollars: save {_dollars(cost.save.dollars)} ({cost.save.put_class:.0f} "
+                 f"PUT-class + {cost.save.get_class:.0f} GET-class requests)"
+                 + ("" if cost.load is None else
+                    f", load {_dollars(cost.load.dollars)} ({cost.load.get_class:.0f} "
+                    f"GET-class + {cost.load.put_class:.0f} PUT-class)")
+                 + f"; {g.stored_bytes / GIB:.3f} GiB stored: {_dollars(cost.month)} per "
+                 "checkpoint-month")
+    if cost.day is not None:
+        at = f"{interval_minutes:g} min" if interval_minutes else "the Daly interval"
+        lines.append(f"  per day at {at}, {keep} kept: {_dollars(cost.day['total'])} (saves "
+                     f"{_dollars(cost.day['saves'])}, restarts {_dollars(cost.day['restarts'])}"
+                     f", storage {_dollars(cost.day['storage'])})")
+    return lines
+
+
 def render(result: dict[str, Any], runs: list[dict[str, Any]], node_mtbf_hours: float,
            nodes: int | None, interval_minutes: float | None, keep: int,
            prices: costs.Prices, fmt: str = "table") -> str:
-    """The interval and dollars sections of `report` (one per save group), with their inputs."""
+    """The interval and dollars section of `report`: a side-by-side table of the save groups
+    (sync and async next to each other), then each group's inputs and figures."""
     from tabulate import tabulate
 
-    tablefmt = "github" if fmt == "md" else "simple"
-    groups = gather(result, runs)
     heading = "## " if fmt == "md" else ""
+    groups = gather(result, runs)
     if not groups:
         return (f"\n{heading}Checkpoint interval: no save in these records (a save, and "
                 "ideally a load, are needed)\n")
     plans = [plan(g, node_mtbf_hours, nodes, interval_minutes) for g in groups]
+    costs_of = [dollars(p, prices, keep) for p in plans]
     keys = result["group_keys"]
-    lines = [f"\n{heading}Checkpoint interval and training time lost",
-             f"inputs: node MTBF {node_mtbf_hours:g} h; nodes "
-             + ", ".join(sorted({f"{p.nodes}" + ("" if nodes else " (the run's)")
-                                 for p in plans}))
-             + "; job MTBF M = node MTBF / nodes = "
-             + ", ".join(sorted({f"{p.mtbf_s / 3600:.3g} h" for p in plans}))
-             + (f"; your interval {interval_minutes:g} min" if interval_minutes else ""),
-             "C = checkpoint cost to training, R = restart (load + start-up), L = async upload "
-             "lag; lost ~ C/tau + (tau/2 + L)/M + R/M (docs/decisions.md)", ""]
-    headers = ["group", "mode", "C s", "C is", "R s (load + start-up)", "L s",
-               "Young min", "Daly min", "lost at Daly"]
+    node_counts = sorted({p.nodes for p in plans})
+    lines = [f"\n{heading}Checkpoint interval, training time lost, dollars",
+             f"inputs: node MTBF {node_mtbf_hours:g} h (--node-mtbf-hours); "
+             + ", ".join(f"{n} nodes: job MTBF M = {_hours(job_mtbf_s(node_mtbf_hours, n))} h"
+                         for n in node_counts)
+             + ("" if nodes else " (the run's node count; --nodes for the job's)")
+             + (f"; your interval {interval_minutes:g} min" if interval_minutes else "")
+             + f"; {keep} checkpoint(s) kept (--keep)",
+             f"prices: {prices.describe()}",
+             "C: what a checkpoint costs training; R: restart (load + start-up); L: async "
+             "upload lag; training lost ~ C/tau + (tau/2 + L)/M + R/M", ""]
+    headers = ["#", "mode", "C s", "R s", "Daly min", "lost at Daly"]
     if interval_minutes:
         headers.append(f"lost at {interval_minutes:g} min")
+    headers += ["$ per save", "$ per day"]
     rows = []
-    for p in plans:
-        g = p.inputs
-        restart = (f"{g.restart_s:.2f} ({'' if g.load_s is None else f'{g.load_s:.2f}'} + "
-                   f"{'' if g.startup_s is None else f'{g.startup_s:.1f}'})")
-        if g.load_s is None:
-            restart += " no load measured"
-        row = [_group_name(g.labels, keys), g.save_mode, f"{g.checkpoint_s:.3f}", g.cost_is,
-               restart, f"{g.lag_s:.3f}", _minutes(p.young_s),
-               _minutes(p.daly_s) + (" (= upload time)" if p.raised else ""), _share(p.at_daly)]
+    for number, (p, cost) in enumerate(zip(plans, costs_of), 1):
+        row = [f"#{number}", p.inputs.save_mode, f"{p.inputs.checkpoint_s:.3f}",
+               f"{p.inputs.restart_s:.2f}", _minutes(p.daly_s),
+               "" if p.at_daly is None else f"{p.at_daly.total:.2%}"]
         if interval_minutes:
-            row.append(_share(p.at_user))
+            row.append("" if p.at_user is None else f"{p.at_user.total:.2%}")
+        row += ["no dollars (fs)" if cost is None else _dollars(cost.save.dollars),
+                "" if cost is None or cost.day is None else _dollars(cost.day["total"])]
         rows.append(row)
-    lines.append(tabulate(rows, headers=headers, tablefmt=tablefmt))
-    lines += ["", f"{heading}Dollars per checkpoint",
-              f"prices: {prices.describe()}; {keep} checkpoint(s) kept (--keep); per day at "
-              + ("your interval" if interval_minutes else "the Daly interval")
-              + "; request counts per operation, all ranks, as this run made them", ""]
-    headers = ["group", "mode", "save PUT/GET req", "$ per save", "load GET req", "$ per load",
-               "GiB stored", "$ per checkpoint-month", "$ per day"]
-    rows = []
-    for p in plans:
-        g = p.inputs
-        name = _group_name(g.labels, keys)
-        if not costs.is_priced(g.labels["storage"]):
-            rows.append([name, g.save_mode, "no dollars: a file system", "", "", "", "", "", ""])
-            continue
-        save = costs.request_charge(g.save_counts, prices)
-        load = costs.request_charge(g.load_counts, prices) if g.load_counts else None
-        month = costs.storage_dollars_per_month(g.stored_bytes, prices)
-        interval = p.user_interval_s or p.daly_s
-        day = costs.dollars_per_day(interval, p.mtbf_s, save.dollars,
-                                    load.dollars if load else None, month, keep) \
-            if interval and not math.isnan(interval) else None
-        rows.append([name, g.save_mode, f"{save.put_class:.0f}/{save.get_class:.0f}",
-                     _dollars(save.dollars),
-                     "" if load is None else f"{load.get_class + load.put_class:.0f}",
-                     "" if load is None else _dollars(load.dollars),
-                     f"{g.stored_bytes / GIB:.3f}", _dollars(month),
-                     "" if day is None else _dollars(day["total"])])
-    lines.append(tabulate(rows, headers=headers, tablefmt=tablefmt))
+    lines.append(tabulate(rows, headers=headers, tablefmt="github" if fmt == "md" else "simple",
+                          disable_numparse=True))
+    lines.append("")
+    for number, (p, cost) in enumerate(zip(plans, costs_of), 1):
+        lines += _block(number, p, cost, keys, keep, interval_minutes)
     if any(str(p.inputs.labels["storage"]).startswith("s3 (embedded") for p in plans):
         lines.append("(an embedded SeaweedFS run is priced as if its requests went to S3)")
     return "\n".join(lines) + "\n"

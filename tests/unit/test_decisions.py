@@ -84,7 +84,7 @@ def test_report_prints_interval_share_and_dollars_with_inputs(tmp_path, capsys):
                         "--interval-minutes", "30", "--keep", "2"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "node MTBF 6000 h; nodes 512; job MTBF M = node MTBF / nodes = 11.7 h" in out
+    assert "node MTBF 6000 h (--node-mtbf-hours); 512 nodes: job MTBF M = 11.7 h" in out
     # C (sync) = the save's span over its ranks; R = the load's span + the slowest init
     saves = [s for s in samples if s["op"] == "save"]
     loads = [s for s in samples if s["op"] == "load"]
@@ -113,8 +113,10 @@ def test_a_file_system_shows_no_dollars(tmp_path, capsys):
                  settings={"storage.kind": "fs"}, sample=lambda s: {**s, "requests": None})
     assert report.main([str(fs), "--node-mtbf-hours", "6000"]) == 0
     out = capsys.readouterr().out
-    assert "no dollars: a file system" in out and "$" not in out.split("Dollars")[1]
-    assert "nodes 1 (the run's)" in out
+    assert "dollars: none (a file system: no request or storage charges)" in out
+    row = next(line for line in out.splitlines() if line.startswith("#1 "))
+    assert "no dollars (fs)" in row and "$" not in row
+    assert "1 nodes: job MTBF M = 6,000 h (the run's node count" in out
 
 
 @pytest.mark.parametrize("argv, message", [
