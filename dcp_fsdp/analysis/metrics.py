@@ -10,6 +10,8 @@ MiB = 2**20 bytes. For one operation (save or load) of one iteration:
   failed, throttled, retries, misses: see dcp_fsdp.telemetry.request_log
   latency p50/p99   = over every request of the operation (merged log-bucket histograms)
   blocked_span_s    = max(begin_wall_s + blocked_s) - min(begin_wall_s)    (async saves)
+  stall_span_s      = max(begin_wall_s + stall_s) - min(begin_wall_s): until every rank may
+                      update weights again (sync: the save; async: call + staging)
   persisted_span_s  = max(begin_wall_s + persisted_s) - min(begin_wall_s)
   efficiency        = aggregate_mib_s / the ceiling's aggregate MiB/s (raw_put for save,
                       raw_get for load; total raw bytes / MiB / total raw spans)
@@ -35,7 +37,8 @@ OPTIONAL_COLUMNS = ("plan_s", "io_s", "commit_s", "metadata_s", "finish_s", "bar
                     "requests", "save_mode", "blocked_s", "staged_s", "persisted_s",
                     "previous_wait_s", "train_steps", "train_step_slowdown", "fetched_bytes",
                     "io_wait_s", "copy_s", "stage_s", "upload_s", "peak_rss_bytes",
-                    "cuda_max_allocated_bytes")
+                    "cuda_max_allocated_bytes", "stall_s", "interval_s", "train_lost_s",
+                    "train_lost_share")
 REQUEST_COLUMNS = {"req_count": "count", "req_failed": "failed", "req_throttled": "throttled",
                    "req_retries": "retries", "req_misses": "misses",
                    "req_bytes_down": "bytes_down", "req_bytes_up": "bytes_up"}
@@ -110,7 +113,8 @@ def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
     begin = samples["begin_wall_s"].astype(float)
     samples = samples.assign(
         _blocked_end=begin + pd.to_numeric(samples["blocked_s"], errors="coerce"),
-        _persisted_end=begin + pd.to_numeric(samples["persisted_s"], errors="coerce"))
+        _persisted_end=begin + pd.to_numeric(samples["persisted_s"], errors="coerce"),
+        _stall_end=begin + pd.to_numeric(samples["stall_s"], errors="coerce"))
     grouped = samples.groupby(OPERATION_KEYS, sort=False)
     frame = grouped.agg(
         suffix=("suffix", "first"),
@@ -128,6 +132,7 @@ def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
         barrier_wait_s_max=("barrier_wait_s", "max"),
         blocked_end=("_blocked_end", _complete_max),
         persisted_end=("_persisted_end", _complete_max),
+        stall_end=("_stall_end", _complete_max),
         fetched_bytes=("fetched_bytes", _complete_sum),
         peak_rss_bytes=("peak_rss_bytes", _max_or_nan),
         cuda_max_allocated_bytes=("cuda_max_allocated_bytes", _max_or_nan),
@@ -135,6 +140,7 @@ def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
     ).reset_index()
     frame["blocked_span_s"] = frame.pop("blocked_end") - frame["first_begin_wall_s"]
     frame["persisted_span_s"] = frame.pop("persisted_end") - frame["first_begin_wall_s"]
+    frame["stall_span_s"] = frame.pop("stall_end") - frame["first_begin_wall_s"]
     frame["span_s"] = frame["last_end_wall_s"] - frame["first_begin_wall_s"]
     frame["aggregate_mib_s"] = frame["bytes"] / MIB / frame["span_s"]
     frame["end_skew_s"] = frame["last_end_wall_s"] - frame["first_end_wall_s"]

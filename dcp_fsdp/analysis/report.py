@@ -18,6 +18,7 @@ Metric definitions: the README's "Metrics".
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -54,7 +55,51 @@ def parser() -> argparse.ArgumentParser:
                            help="the same as --columns all")
     arguments.add_argument("--csv", metavar="FILE", help="also write the wide group table as CSV")
     arguments.add_argument("--plot", metavar="DIR", help="write PNG plots into DIR")
+    decide = arguments.add_argument_group(
+        "decisions", "how often to checkpoint, the training time it costs, and dollars, from "
+                     "the records' own figures (docs/decisions.md)")
+    decide.add_argument("--node-mtbf-hours", type=float, metavar="H",
+                        help="mean time between failures of one node, hours (e.g. 6000)")
+    decide.add_argument("--nodes", type=int, metavar="N",
+                        help="nodes of the training job (default: each run's node count)")
+    decide.add_argument("--interval-minutes", type=float, metavar="X",
+                        help="also price and cost a checkpoint every X minutes")
+    decide.add_argument("--keep", type=int, default=1, metavar="K",
+                        help="checkpoints kept in storage (default 1)")
+    decide.add_argument("--prices", metavar="FILE",
+                        help="prices YAML (default: S3 Standard us-east-1 list prices, "
+                             "conf/prices/s3-standard-us-east-1.yaml)")
     return arguments
+
+
+def decision_problem(args: argparse.Namespace):
+    """(problem, prices): the decision options checked, and the prices loaded, before any
+    record is read."""
+    hours = args.node_mtbf_hours
+    if hours is None:
+        given = [name for name, value in (("--nodes", args.nodes),
+                                          ("--interval-minutes", args.interval_minutes),
+                                          ("--prices", args.prices)) if value is not None]
+        if args.keep != 1:
+            given.append("--keep")
+        if given:
+            return (f"{', '.join(given)} needs --node-mtbf-hours H (one node's mean time "
+                    "between failures, e.g. --node-mtbf-hours 6000)"), None
+        return None, None
+    for name, value, lowest in (("--node-mtbf-hours", hours, 0.0),
+                                ("--interval-minutes", args.interval_minutes, 0.0)):
+        if value is not None and not (math.isfinite(value) and value > lowest):
+            unit = "hours" if name == "--node-mtbf-hours" else "minutes"
+            return f"{name} {value:g}: give a number of {unit} above 0", None
+    for name, value in (("--nodes", args.nodes), ("--keep", args.keep)):
+        if value is not None and value < 1:
+            return f"{name} {value}: give 1 or more", None
+    from dcp_fsdp.analysis.costs import PricesError, load_prices
+
+    try:
+        return None, load_prices(args.prices)
+    except PricesError as error:
+        return str(error), None
 
 
 def output_problem(args: argparse.Namespace) -> str | None:
@@ -84,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as stop:
         return int(stop.code or 0)
     problem = output_problem(args)
+    if not problem:
+        problem, prices = decision_problem(args)
     if problem:
         print(f"dcp-fsdp: error: report: {problem}", file=sys.stderr)
         return 2
@@ -110,6 +157,16 @@ def main(argv: list[str] | None = None) -> int:
         width = shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
         sys.stdout.write(render(result, args.format, warnings, width=width,
                                 wide=args.columns == "all"))
+        from dcp_fsdp.analysis import decisions, scaling
+
+        sys.stdout.write(scaling.render(result, args.format))
+        if args.node_mtbf_hours is not None:
+            sys.stdout.write(decisions.render(result, runs, args.node_mtbf_hours, args.nodes,
+                                              args.interval_minutes, args.keep, prices,
+                                              args.format))
+            if args.nodes:
+                for line in scaling.prefix_warnings(result, runs, args.nodes, prices):
+                    print(f"warning: {line}")
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         wide_csv(result).to_csv(args.csv, index=False)

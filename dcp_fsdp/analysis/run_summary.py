@@ -29,22 +29,27 @@ def print_run_summary(run: RunRecord, samples: list[Sample]) -> None:
 
 
 def async_lines(samples: list[Sample]) -> list[str]:
-    """Async saves: how long training was blocked and how long until the save was durable,
-    and the state bytes over each (the same spans as the report's MiB/s blocked/persisted)."""
-    from dcp_fsdp.analysis.metrics import MIB
-
+    """Async saves: what training paid (seconds it could not update weights: the call and the
+    staging; with steps between saves, the training time lost and its share of the interval)
+    and how long until the save was durable. Spans: first rank begin to last rank end."""
     lines = []
     saves = [s for s in samples if s.op == "save" and s.save_mode == "async"]
     for iteration in sorted({s.iteration for s in saves}):
         ranks = [s for s in saves if s.iteration == iteration]
-        if any(s.blocked_s is None or s.persisted_s is None for s in ranks):
+        if any(s.stall_s is None or s.persisted_s is None for s in ranks):
             continue
         begin = min(s.begin_wall_s for s in ranks)
-        blocked = max(s.begin_wall_s + s.blocked_s for s in ranks) - begin
+        stall = max(s.begin_wall_s + s.stall_s for s in ranks) - begin
         persisted = max(s.begin_wall_s + s.persisted_s for s in ranks) - begin
-        mib = sum(s.bytes for s in ranks) / MIB
-        lines.append(f"async save {iteration}: blocked {blocked:.3f} s "
-                     f"({mib / blocked if blocked else float('nan'):.1f} MiB/s), persisted "
-                     f"{persisted:.3f} s ({mib / persisted if persisted else float('nan'):.1f} "
-                     "MiB/s), first rank begin to last rank end of each")
+        line = f"async save {iteration}: training stalled {stall:.3f} s"
+        waits = [s.previous_wait_s for s in ranks if s.previous_wait_s is not None]
+        if waits and max(waits) > 0:
+            line += f" (of which {max(waits):.3f} s waiting for the previous upload)"
+        lost = [s for s in ranks if s.train_lost_s is not None and s.interval_s]
+        if lost:
+            lost_s = max(s.train_lost_s for s in lost)
+            share = max(s.train_lost_share for s in lost)
+            line += (f", training lost {lost_s:.3f} s = {share:.1%} of a "
+                     f"{max(s.interval_s for s in lost):.3f} s interval")
+        lines.append(line + f"; persisted {persisted:.3f} s")
     return lines

@@ -19,7 +19,9 @@ PHASE_MEANS = [("plan_s", "plan_s"), ("io_s", "io_s"), ("commit_s", "commit_s"),
                ("io_wait_s", "io_wait_s"), ("copy_s", "copy_s"), ("stage_s", "stage_s"),
                ("upload_s", "upload_s"), ("blocked_s", "blocked_s"), ("staged_s", "staged_s"),
                ("persisted_s", "persisted_s"), ("previous_wait_s", "previous_wait_s"),
-               ("train_steps", "train_steps"), ("train_step_slowdown", "train_step_slowdown")]
+               ("train_steps", "train_steps"), ("train_step_slowdown", "train_step_slowdown"),
+               ("stall_s", "stall_s"), ("train_lost_s", "train_lost_s"),
+               ("train_lost_share", "train_lost_share")]
 # kinds of request that carry a rank's uploaded bytes (summaries only know bytes_up in all)
 UPLOAD_KINDS = ("UploadPart", "PutObject")
 
@@ -77,7 +79,10 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
         "aggregate_mib_s": aggregate,
         "efficiency": math.nan,  # filled once every group is known (add_efficiency)
         "mib_s_per_node": aggregate / nodes if nodes else math.nan,
-        "blocked_mib_s": _span_mib_s(group_ops, "blocked_span_s"),
+        # what training pays per save: seconds it may not update weights, and the share of
+        # the training interval lost (async with steps between saves)
+        "stall_mean_s": mean_or_nan(group_ops["stall_span_s"]),
+        "train_lost_share": mean_or_nan(group_samples["train_lost_share"]),
         "persisted_mib_s": _span_mib_s(group_ops, "persisted_span_s"),
         "fetched_ratio": (fetched["fetched_bytes"].sum() / fetched["bytes"].sum()
                           if len(fetched) and fetched["bytes"].sum() else math.nan),

@@ -131,6 +131,11 @@ class AsyncSaveConfig:
                                         "shrinks to scheduling the copy)")
     non_blocking_copy: bool = setting(True, "async: non-blocking device-to-host copies (CUDA "
                                             "only: ignored, i.e. off, without a GPU)")
+    steps_between_saves: int = setting(0, "async + train_step_s: training steps between saves; "
+                                          "the loop trains on while the upload runs and the "
+                                          "next save waits only for an upload still in flight "
+                                          "(previous_wait_s); 0: each save trains until its "
+                                          "own upload is done")
 
 
 @dataclasses.dataclass

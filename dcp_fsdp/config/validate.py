@@ -126,7 +126,7 @@ def _check_numbers(cfg: BenchmarkConfig) -> None:
         ("collective_timeout_s", 0, MAX_TIMEOUT_S, False),
         ("train_step_s", 0, 3600.0, True), ("progress_interval_s", 0, MAX_DELAY_S, False),
         ("tune.budget_s", 0, MAX_TIMEOUT_S, False), ("tune.repeats", 1, 1000, True),
-        ("tune.trials", 1, 100_000, True),
+        ("tune.trials", 1, 100_000, True), ("async_save.steps_between_saves", 0, 1_000_000, True),
         ("storage.max_attempts", 1, MAX_ATTEMPTS, True),
         ("storage.thread_count", 1, MAX_THREAD_COUNT, True),
         ("storage.throughput_target_gbps", 0, None, False),
@@ -161,6 +161,10 @@ def validate(cfg: BenchmarkConfig, conf_dir: Path) -> None:
     if cfg.train_step_s > 0 and cfg.save_mode != SaveMode["async"]:
         raise UserError(f"train_step_s={cfg.train_step_s:g}: training steps run only while an "
                         "async save uploads; add save_mode=async (or drop train_step_s)")
+    if cfg.async_save.steps_between_saves > 0 and cfg.train_step_s <= 0:
+        raise UserError(f"async_save.steps_between_saves={cfg.async_save.steps_between_saves}: "
+                        "the steps between saves need a step length; add train_step_s=0.05 "
+                        "(and save_mode=async), or drop steps_between_saves")
     if cfg.command == Command.load and not cfg.suffix:
         raise UserError("suffix is not set: `load` needs the suffix a save printed, e.g. "
                         "suffix=2026-11-22-13-45-ab12 (`dcp-fsdp list` shows them)")

@@ -6,12 +6,22 @@ One save, per rank (monotonic clock, from the call after the aligning barrier):
                    scheduling it with async_staging, plus previous_wait_s)
   staged_s         until the staged copy is complete, when torch reports it separately
                    (async_staging: AsyncSaveResponse.staging_completion)
+  stall_s          until the loop may update weights again: the call and the staging (an
+                   optimizer step must not change what is being copied), previous_wait_s
+                   included; never below blocked_s or staged_s
   persisted_s      until the upload future is done: every object written and the coordinator's
                    .metadata committed. Only then is the checkpoint loadable, so the loop waits
                    for it before the manifest, the checksums or a load.
 
-With train_step_s > 0 a simulated training step (train_step.py) runs back to back while the
-upload proceeds: train_steps, and train_step_slowdown against a baseline taken just before.
+With train_step_s > 0 a simulated training step (train_step.py) runs back to back after the
+call; its first step waits for staging before its update. Without a cadence the steps run
+until the upload is done (each save waits for its own upload). With
+async_save.steps_between_saves=K the loop runs K steps and moves on to the next save with the
+upload still in flight, as a training loop does: the next save waits for it only if it is
+not done yet (previous_wait_s). Then, per save:
+  interval_s        the call until the K steps are done (the save's training interval)
+  train_lost_s      interval_s - steps x the baseline step time: training time the save cost
+  train_lost_share  train_lost_s / interval_s
 
 The upload runs DCP's collectives on a gloo group of its own, created once (untimed), so the
 training loop's group is never used from two threads at once (and nccl-only default groups,
@@ -50,10 +60,19 @@ class AsyncTiming:
     staged_s: float | None
     persisted_s: float
     previous_wait_s: float
-    end_mono: float  # persisted
+    end_mono: float | None  # persisted (None while the upload is in flight)
     train_steps: int | None = None
     train_step_slowdown: float | None = None
     bytes_written: int | None = None  # this rank's data bytes, from the returned Metadata
+    stall_s: float | None = None
+    interval_s: float | None = None
+    train_lost_s: float | None = None
+    train_lost_share: float | None = None
+    # In flight (cadence): the upload, its completion marks, and the previous upload's end.
+    begin_mono: float = 0.0
+    upload: Future | None = dataclasses.field(default=None, repr=False)
+    marks: dict = dataclasses.field(default_factory=dict, repr=False)
+    previous_end_mono: float | None = None
 
 
 def staging_options(config: AsyncSaveConfig, accelerator: bool) -> StagingOptions:
@@ -112,7 +131,10 @@ class AsyncSaver:
         self.stager: DefaultStager | None = None
         self.group = None
         self.train_step = TrainStep(device, train_step_s) if train_step_s > 0 else None
-        self._pending: Future | None = None
+        # Steps between saves (a cadence: the upload outlives the save call), or 0.
+        self.cadence = config.steps_between_saves if self.train_step is not None else 0
+        self._pending: AsyncTiming | None = None  # the last save, until its upload is waited for
+        self._baseline_s: list[float] | None = None
 
     @property
     def pickles_writer(self) -> bool:
@@ -137,23 +159,44 @@ class AsyncSaver:
             self.train_step.calibrate()
 
     def baseline(self) -> list[float]:
-        """Right before a save (untimed): step times with no checkpoint in flight."""
-        return self.train_step.baseline() if self.train_step is not None else []
+        """Right before a save (untimed): step times with no checkpoint in flight. With a
+        cadence the previous upload may still run here, so the first save's baseline holds."""
+        if self.train_step is None:
+            return []
+        if self.cadence and self._baseline_s is not None:
+            return self._baseline_s
+        self._baseline_s = self.train_step.baseline()
+        return self._baseline_s
 
-    def wait_previous(self) -> float:
-        if self._pending is None:
-            return 0.0
+    def wait_previous(self) -> tuple[float, float | None]:
+        """Wait for the previous save's upload (raises if it failed): (seconds waited, when
+        it ended)."""
+        previous, self._pending = self._pending, None
+        if previous is None or previous.upload is None:
+            return 0.0, None
         start = time.monotonic()
-        try:
-            self._pending.result()
-        finally:
+        previous.upload.result()
+        return time.monotonic() - start, previous.marks.get("persisted", time.monotonic())
+
+    def finish(self, timing: AsyncTiming) -> AsyncTiming:
+        """Wait for `timing`'s upload (if no later save did already) and fill its persisted
+        figures."""
+        metadata = timing.upload.result()  # a failed upload raises here, as dcp.save would
+        if self._pending is timing:
             self._pending = None
-        return time.monotonic() - start
+        persisted = timing.marks.get("persisted", time.monotonic())
+        timing.persisted_s = persisted - timing.begin_mono
+        timing.end_mono = persisted
+        timing.bytes_written = rank_bytes(metadata, self.rank)
+        timing.upload = None
+        return timing
 
     def save(self, state_dict: dict, writer: Any, begin_mono: float,
              baseline_s: list[float]) -> AsyncTiming:
-        """One async save from `begin_mono` (just after the barrier) until it is persisted."""
-        previous_wait_s = self.wait_previous()
+        """One async save from `begin_mono` (just after the barrier). Without a cadence it
+        returns once persisted; with one, after the steps between saves, the upload maybe
+        still in flight (end_mono None: `finish` completes it)."""
+        previous_wait_s, previous_end = self.wait_previous()
         response = dcp.async_save(
             state_dict, storage_writer=writer, process_group=self.group,
             async_checkpointer_type=(AsyncCheckpointerType.PROCESS if self.process
@@ -165,23 +208,46 @@ class AsyncSaver:
         def mark(name: str) -> Callable[[Future], None]:
             return lambda _future: marks.setdefault(name, time.monotonic())
 
+        staging = None
         if isinstance(response, AsyncSaveResponse):
-            response.staging_completion.add_done_callback(mark("staged"))
+            staging = response.staging_completion
+            staging.add_done_callback(mark("staged"))
             upload = response.upload_completion
         else:
             upload = response
         upload.add_done_callback(mark("persisted"))
-        self._pending = upload
-        steps = self.train_step.run_until(upload.done) if self.train_step is not None else None
-        metadata = upload.result()  # a failed upload raises here, as dcp.save would
-        self._pending = None
-        persisted = marks.get("persisted", time.monotonic())
+        timing = AsyncTiming(blocked_s=blocked_end - begin_mono, staged_s=None, persisted_s=0.0,
+                             previous_wait_s=previous_wait_s, end_mono=None,
+                             begin_mono=begin_mono, upload=upload, marks=marks,
+                             previous_end_mono=previous_end)
+        self._pending = timing
+
+        def staging_done() -> None:  # what an optimizer step must wait for before updating
+            if staging is not None:
+                staging.result()
+                marks.setdefault("staged", time.monotonic())  # its callback may not have run yet
+
+        steps = None
+        if self.train_step is None:
+            staging_done()  # no training to overlap: the next update would wait right here
+        elif self.cadence:
+            steps = self.train_step.run(self.cadence, staging_done)
+        else:
+            steps = self.train_step.run_until(upload.done, staging_done)
+        staging_done()  # (done already when a step ran)
+        steps_end = time.monotonic()
         staged = marks.get("staged")
-        return AsyncTiming(
-            blocked_s=blocked_end - begin_mono,
-            staged_s=None if staged is None else staged - begin_mono,
-            persisted_s=persisted - begin_mono, previous_wait_s=previous_wait_s,
-            end_mono=persisted,
-            train_steps=None if steps is None else len(steps),
-            train_step_slowdown=None if steps is None else slowdown(steps, baseline_s),
-            bytes_written=rank_bytes(metadata, self.rank))
+        timing.staged_s = None if staged is None else staged - begin_mono
+        timing.stall_s = max(blocked_end, staged or blocked_end) - begin_mono
+        if steps is not None:
+            timing.train_steps = len(steps)
+            timing.train_step_slowdown = slowdown(steps, baseline_s)
+            timing.interval_s = (steps_end if steps else max(blocked_end, staged or 0.0)) \
+                - begin_mono
+            if baseline_s and timing.interval_s > 0:
+                baseline_step_s = sum(baseline_s) / len(baseline_s)
+                timing.train_lost_s = timing.interval_s - len(steps) * baseline_step_s
+                timing.train_lost_share = timing.train_lost_s / timing.interval_s
+        if self.cadence:
+            return timing
+        return self.finish(timing)

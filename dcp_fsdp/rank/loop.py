@@ -92,7 +92,9 @@ class CheckpointLoop:
         rank0_decides(self.ctx, decide)
 
     # -- one timed operation -------------------------------------------------------------
-    def _timed(self, op: str, iteration: int, suffix: str) -> Sample:
+    def _timed(self, op: str, iteration: int, suffix: str) -> Sample | Callable[[], Sample]:
+        """The operation's sample, or (an async save with a cadence, its upload in flight)
+        a function that waits for the upload and returns it."""
         # Created on first use (per rank, untimed): the async saver and the memory marks.
         saver = None
         if op == "save" and self.cfg.save_mode.value == "async":
@@ -130,39 +132,55 @@ class CheckpointLoop:
         begin_mono = time.monotonic()
         begin_wall = time.time()
         timing = None
-        with Watchdog(self.cfg.op_timeout_s, self.on_timeout,
-                      f"{op} iteration {iteration} (suffix {suffix}) did not finish within "
-                      f"op_timeout_s={self.cfg.op_timeout_s:g}; the storage stalled or is "
-                      "too slow: raise op_timeout_s or check the endpoint"), \
-                heartbeat:
+        message = (f"{op} iteration {iteration} (suffix {suffix}) did not finish within "
+                   f"op_timeout_s={self.cfg.op_timeout_s:g}; the storage stalled or is "
+                   "too slow: raise op_timeout_s or check the endpoint")
+        with Watchdog(self.cfg.op_timeout_s, self.on_timeout, message), heartbeat:
             if saver is not None:
                 timing = saver.save(self.state_dict, storage_io, begin_mono, baseline_s)
             elif op == "save":
                 dcp.save(self.state_dict, storage_writer=storage_io)
             else:
                 dcp.load(self.state_dict, storage_reader=storage_io)
-        end_mono = time.monotonic() if timing is None else timing.end_mono
-        end_wall = begin_wall + (end_mono - begin_mono)
         peak_rss, cuda_peak = memory.end()
-        sample = self._sample(op, iteration, suffix, timeline, barrier_start, begin_mono,
-                              begin_wall, end_mono, end_wall)
-        sample.peak_rss_bytes, sample.cuda_max_allocated_bytes = peak_rss, cuda_peak
-        if op == "save":
-            sample.save_mode = self.cfg.save_mode.value
-            if timing is None:  # sync: control comes back when the checkpoint is committed
-                sample.blocked_s = sample.persisted_s = sample.duration_s
-            else:
-                sample.blocked_s, sample.staged_s = timing.blocked_s, timing.staged_s
-                sample.persisted_s = timing.persisted_s
-                sample.previous_wait_s = timing.previous_wait_s
-                sample.train_steps = timing.train_steps
-                sample.train_step_slowdown = timing.train_step_slowdown
-                if pickled and timing.bytes_written is not None:
-                    sample.written_bytes = timing.bytes_written
-        return sample
+
+        def finish() -> Sample:
+            if timing is not None and timing.end_mono is None:  # upload still in flight
+                with Watchdog(self.cfg.op_timeout_s, self.on_timeout, message):
+                    saver.finish(timing)
+            end_mono = time.monotonic() if timing is None else timing.end_mono
+            end_wall = begin_wall + (end_mono - begin_mono)
+            # A cadence overlaps saves: this one's requests start after the previous upload's.
+            window_wall = begin_wall
+            if timing is not None and timing.previous_end_mono is not None:
+                window_wall += max(0.0, timing.previous_end_mono - begin_mono)
+            sample = self._sample(op, iteration, suffix, timeline, barrier_start, begin_mono,
+                                  begin_wall, end_mono, end_wall, window_wall)
+            sample.peak_rss_bytes, sample.cuda_max_allocated_bytes = peak_rss, cuda_peak
+            if op == "save":
+                sample.save_mode = self.cfg.save_mode.value
+                if timing is None:  # sync: control comes back when the checkpoint is committed
+                    sample.blocked_s = sample.persisted_s = sample.duration_s
+                    sample.stall_s = sample.duration_s
+                else:
+                    sample.blocked_s, sample.staged_s = timing.blocked_s, timing.staged_s
+                    sample.persisted_s = timing.persisted_s
+                    sample.previous_wait_s = timing.previous_wait_s
+                    sample.train_steps = timing.train_steps
+                    sample.train_step_slowdown = timing.train_step_slowdown
+                    sample.stall_s, sample.interval_s = timing.stall_s, timing.interval_s
+                    sample.train_lost_s = timing.train_lost_s
+                    sample.train_lost_share = timing.train_lost_share
+                    if pickled and timing.bytes_written is not None:
+                        sample.written_bytes = timing.bytes_written
+            return sample
+
+        if timing is not None and timing.end_mono is None:
+            return finish  # the loop completes it once the upload is waited for
+        return finish()
 
     def _sample(self, op, iteration, suffix, timeline: HookTimeline, barrier_start, begin_mono,
-                begin_wall, end_mono, end_wall) -> Sample:
+                begin_wall, end_mono, end_wall, window_wall=None) -> Sample:
         """duration_s: until the op is done (async save: persisted, so throughput figures
         compare with sync; what training pays is blocked_s)."""
         io_hook = "write_data" if op == "save" else "read_data"
@@ -189,7 +207,7 @@ class CheckpointLoop:
             metadata_s=timeline.duration_s("read_metadata"),
             finish_s=timeline.duration_s("finish"),
             requests=(None if self.request_log is None else self.request_log.window(
-                begin_wall, end_wall, timeline.uploaded_bytes if op == "save" else None)),
+                begin_wall if window_wall is None else window_wall, end_wall, timeline.uploaded_bytes if op == "save" else None)),
             upload_s=busy_s if split and op == "save" else None,
             stage_s=io_s - busy_s if split and op == "save" else None,
             io_wait_s=busy_s if split and op == "load" else None,
@@ -259,11 +277,14 @@ class CheckpointLoop:
         for iteration in range(1, dcp_iterations + 1):
             if command in (Command.save, Command.save_and_load):
                 suffix = self._choose_save_suffix(iteration)
-                self.keep(self._timed("save", iteration, suffix))
+                done = self._timed("save", iteration, suffix)
                 self.suffixes.append(suffix)
-                self._write_manifest(suffix)
-                self.log(f"saved suffix={suffix} at {self.store.location(suffix)} "
-                         f"(iteration {iteration}/{self.cfg.iterations})")
+                self._complete_pending()  # the previous save (this one waited for its upload)
+                self._pending_save = (done, suffix, iteration)
+                # A load needs the checkpoint committed; the last save's upload ends the run.
+                if not callable(done) or command == Command.save_and_load or \
+                        iteration == self.cfg.iterations:
+                    self._complete_pending()
             else:
                 suffix = self.cfg.suffix
                 if iteration == 1:
@@ -299,6 +320,17 @@ class CheckpointLoop:
                 self.keep(sample)
         dist.barrier()
         return self.samples
+
+    def _complete_pending(self) -> None:
+        """Record the last save once its upload is done: its sample, manifest and log line."""
+        pending, self._pending_save = getattr(self, "_pending_save", None), None
+        if pending is None:
+            return
+        done, suffix, iteration = pending
+        self.keep(done() if callable(done) else done)
+        self._write_manifest(suffix)
+        self.log(f"saved suffix={suffix} at {self.store.location(suffix)} "
+                 f"(iteration {iteration}/{self.cfg.iterations})")
 
     def _pause(self) -> None:
         if self.cfg.delay_s > 0:

@@ -10,6 +10,11 @@ give the baseline; during the upload the same steps are timed again:
 
 The work is fixed (same matrices, same count of matmuls), so a slower step means the
 device or host was busy with the checkpoint, not that the step changed.
+
+A step respects staging as a real optimizer must: its forward/backward (the matmuls) may run
+while the state is being staged, but its weight update may not start until the staged copy
+is complete (else the checkpoint would hold half-updated weights). `step(before_update)`
+waits on `before_update()` between the two, and `stall_wait_s` says how long it waited.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class TrainStep:
         self.step_s = step_s
         self.matmuls = 1
         self._a = self._b = None
+        self.stall_wait_s = 0.0  # the last step's wait before its update (staging)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -78,21 +84,40 @@ class TrainStep:
         self._a, self._b = a, b
         self.matmuls = matmuls_for(self.step_s, matmul_s)
 
-    def step(self) -> float:
-        """One step; its duration (device work included: synchronised on CUDA)."""
+    def step(self, before_update: Callable[[], object] | None = None) -> float:
+        """One step; its duration (device work included: synchronised on CUDA). With
+        `before_update`, it is called (it blocks until staging is done) after the
+        forward/backward and before the update; the time it took is in `stall_wait_s`."""
         start = time.perf_counter()
+        self.stall_wait_s = 0.0
         for _ in range(self.matmuls):
             torch.mm(self._a, self._b)
         self._sync()
+        if before_update is not None:
+            waited = time.perf_counter()
+            before_update()
+            self.stall_wait_s = time.perf_counter() - waited
         return time.perf_counter() - start
 
     def baseline(self, steps: int = BASELINE_STEPS) -> list[float]:
         return [self.step() for _ in range(steps)]
 
-    def run_until(self, done: Callable[[], bool]) -> list[float]:
-        """Steps, back to back, until `done()` (checked between steps): their durations."""
+    def run_until(self, done: Callable[[], bool],
+                  before_update: Callable[[], object] | None = None) -> list[float]:
+        """Steps, back to back, until `done()` (checked between steps): their durations.
+        The first step waits on `before_update` before its update (staging)."""
         times = []
         while not done():
-            times.append(self.step())
+            times.append(self.step(before_update))
+            before_update = None
+        return times
+
+    def run(self, count: int, before_update: Callable[[], object] | None = None) -> list[float]:
+        """`count` steps back to back (the training between two saves), whatever the upload
+        does; the first waits on `before_update` before its update (staging)."""
+        times = []
+        for _ in range(count):
+            times.append(self.step(before_update))
+            before_update = None
         return times
 

@@ -25,7 +25,9 @@ from dcp_fsdp.contract import ARGV_ENV
 # earlier version (missing fields read as their defaults). 1: the first format.
 # 2: samples may be op raw_put / raw_get (the ceiling); async save, memory, load-time
 # breakdown and read-amplification fields; run.gpus.
-SCHEMA_VERSION = 2
+# 3: save samples carry stall_s; async saves with training steps interval_s, train_lost_s,
+# train_lost_share (and previous_wait_s is real with async_save.steps_between_saves).
+SCHEMA_VERSION = 3
 # Job id, node count, node list and tasks per node (SLURM_NTASKS_PER_NODE is set only when
 # --ntasks-per-node was given; SLURM_TASKS_PER_NODE always is, e.g. "1(x8)").
 SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NUM_NODES", "SLURM_NNODES",
@@ -125,6 +127,13 @@ class Sample:
     upload_s: float | None = None  # save: uploading (inside io_s)
     peak_rss_bytes: int | None = None  # resident memory high-water mark during this op
     cuda_max_allocated_bytes: int | None = None  # CUDA: torch.cuda.max_memory_allocated
+    # -- schema 3 -------------------------------------------------------------------------
+    # save: call -> the training loop may update weights again (sync: the whole save; async:
+    # the call and the staging, previous_wait_s included); >= blocked_s, >= staged_s
+    stall_s: float | None = None
+    interval_s: float | None = None  # async + train_step_s: call -> the following steps done
+    train_lost_s: float | None = None  # interval_s - steps x baseline step: training lost
+    train_lost_share: float | None = None  # train_lost_s / interval_s
     run_id: str | None = None  # set when read back from a record file
 
 

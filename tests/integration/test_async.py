@@ -50,6 +50,53 @@ def check_load_breakdown(samples):
         assert s["stage_s"] is None and s["upload_s"] is None
 
 
+def check_stall(s):
+    """The loop may update weights only once the call returned and the staging is done: a
+    stall below either, or past the commit, must not happen."""
+    assert s["stall_s"] >= s["staged_s"] >= 0, s
+    assert s["stall_s"] >= s["blocked_s"] >= s["previous_wait_s"], s
+    assert s["stall_s"] <= s["persisted_s"], s
+
+
+def check_training_lost(s):
+    """interval = the call + the steps (the first one waits for staging before its update);
+    lost = interval - steps x baseline step, where baseline = mean step / (1 + slowdown): the
+    recorded figures must agree with each other."""
+    assert s["interval_s"] >= s["stall_s"], s
+    steps_s = s["interval_s"] - s["blocked_s"]
+    baseline_total_s = steps_s / (1 + s["train_step_slowdown"])
+    assert s["train_lost_s"] == pytest.approx(s["interval_s"] - baseline_total_s, abs=0.01), s
+    assert s["train_lost_share"] == pytest.approx(s["train_lost_s"] / s["interval_s"]), s
+
+
+def test_async_cadence_overlaps_the_next_save_with_the_upload(s3, s3_uri, tmp_path):
+    """One short step between saves: the loop reaches the next save while the previous
+    upload is still running, and waits for it there (previous_wait_s), as a training loop
+    with a checkpoint interval shorter than the upload does."""
+    result = run_cli(["save", *s3_args(s3, s3_uri), "model=tiny_llama", "nproc=2",
+                      "iterations=3", "save_mode=async", "train_step_s=0.02",
+                      "async_save.steps_between_saves=1", f"results_dir={tmp_path}"],
+                     env=s3_env(s3))
+    assert_ok(result)
+    run, saves = read_run(tmp_path)
+    assert run["status"] == "ok" and len(run["suffixes"]) == 3 and len(saves) == 6
+    for s in saves:
+        check_stall(s)
+        check_training_lost(s)
+        assert s["train_steps"] == 1, s
+        if s["iteration"] == 1:
+            assert s["previous_wait_s"] == 0, s
+        else:  # the previous upload outlasted one 20 ms step
+            assert s["previous_wait_s"] > 0, s
+            assert s["train_lost_share"] > 0.5, s
+        # The upload outlives the save's interval, and the record says when it ended.
+        assert s["persisted_s"] > s["interval_s"], s
+    for suffix in run["suffixes"]:
+        assert "INCOMPLETE" not in listed(s3, s3_uri, suffix)
+    assert "training stalled" in result.stdout and "waiting for the previous upload" in \
+        result.stdout
+
+
 def listed(s3, s3_uri, suffix) -> str:
     listing = run_cli(["list", *s3_args(s3, s3_uri)], env=s3_env(s3))
     assert_ok(listing)
@@ -77,9 +124,12 @@ def test_async_save_and_load(s3, s3_uri, tmp_path, checkpointer):
         assert s["duration_s"] == pytest.approx(s["persisted_s"], abs=1e-6)
         # async_staging (the default) reports staging apart; the upload needs it done
         assert 0 <= s["staged_s"] <= s["persisted_s"], s
-        assert s["previous_wait_s"] >= 0
+        check_stall(s)
+        # No cadence: each save trains until its own upload is done, so none is in flight
+        # when the next begins.
+        assert s["previous_wait_s"] == 0, s
         assert s["train_steps"] > 0, s
-        assert s["train_step_slowdown"] > -1, s  # a ratio of step times, minus 1
+        check_training_lost(s)
         load = next(l for l in loads if (l["rank"], l["iteration"]) == (s["rank"], s["iteration"]))
         assert s["bytes"] == load["bytes"] > 0  # what a rank wrote, it reads back
         if checkpointer == "thread":
@@ -119,7 +169,7 @@ def test_sync_save_records_blocked_equal_to_persisted_and_the_breakdowns(s3, s3_
     saves = [s for s in samples if s["op"] == "save"]
     for s in saves:
         assert s["save_mode"] == "sync" and s["previous_wait_s"] is None
-        assert s["blocked_s"] == s["persisted_s"] == s["duration_s"]
+        assert s["blocked_s"] == s["persisted_s"] == s["duration_s"] == s["stall_s"]
         assert s["train_steps"] is None and s["train_step_slowdown"] is None
         assert s["upload_s"] > 0 and s["stage_s"] >= 0
         assert abs(s["stage_s"] + s["upload_s"] - s["io_s"]) < 1e-6

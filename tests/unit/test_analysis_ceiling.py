@@ -84,12 +84,14 @@ def test_end_of_run_table_gains_efficiency_with_a_ceiling(tmp_path):
 
 def async_save(sample: dict) -> dict:
     """The real sample as an async save would have reported it: blocked for a fifth of the
-    time, persisted at the end; loads with read amplification and a wait/copy split."""
+    time, stalled (call + staging) for a quarter, a tenth of a 2 s training interval lost,
+    persisted at the end; loads with read amplification and a wait/copy split."""
     sample["peak_rss_bytes"] = (1 + sample["rank"]) * GIB // 2
     if sample["op"] == "save":
         sample.update(save_mode="async", blocked_s=sample["duration_s"] / 5,
                       staged_s=sample["duration_s"] / 5, persisted_s=sample["duration_s"],
-                      stage_s=0.01, upload_s=sample["io_s"] - 0.01)
+                      stall_s=sample["duration_s"] / 4, interval_s=2.0, train_lost_s=0.2,
+                      train_lost_share=0.1, stage_s=0.01, upload_s=sample["io_s"] - 0.01)
     else:
         sample.update(fetched_bytes=sample["bytes"] * 3 // 2, io_wait_s=sample["io_s"] * 0.75,
                       copy_s=sample["io_s"] * 0.25)
@@ -99,7 +101,7 @@ def async_save(sample: dict) -> dict:
 def sync_save(sample: dict) -> dict:
     if sample["op"] == "save":
         sample.update(save_mode="sync", blocked_s=sample["duration_s"],
-                      persisted_s=sample["duration_s"])
+                      persisted_s=sample["duration_s"], stall_s=sample["duration_s"])
     return sample
 
 
@@ -115,12 +117,15 @@ def test_async_and_sync_side_by_side_with_memory_and_read_amplification(tmp_path
     saves = [s for s in lines(a)[1:] if s["op"] == "save"]
     begin = min(s["begin_wall_s"] for s in saves)
     mib = sum(s["bytes"] for s in saves) / MIB
-    blocked = max(s["begin_wall_s"] + s["blocked_s"] for s in saves) - begin
+    stall = max(s["begin_wall_s"] + s["stall_s"] for s in saves) - begin
     persisted = max(s["begin_wall_s"] + s["persisted_s"] for s in saves) - begin
     row = table.iloc[0]
-    assert row["blocked_mib_s"] == pytest.approx(mib / blocked)
+    # What training pays is seconds (and a share of its interval), never bytes / a hand-off
+    assert "blocked_mib_s" not in table
+    assert row["stall_mean_s"] == pytest.approx(stall)
+    assert row["train_lost_share"] == pytest.approx(0.1)
     assert row["persisted_mib_s"] == pytest.approx(mib / persisted)
-    assert row["blocked_mib_s"] > row["persisted_mib_s"]
+    assert table.iloc[1]["stall_mean_s"] > 0 and math.isnan(table.iloc[1]["train_lost_share"])
     assert table.iloc[2]["fetched_ratio"] == pytest.approx(1.5, rel=1e-6)
     assert math.isnan(table.iloc[3]["fetched_ratio"])
     phases = result["phases"]
@@ -131,12 +136,14 @@ def test_async_and_sync_side_by_side_with_memory_and_read_amplification(tmp_path
     assert math.isnan(phases.iloc[1]["peak_rss_gib"]) and math.isnan(phases.iloc[1]["stage_s"])
     text = report.render(result, "table", [], width=100)
     assert max(len(line) for line in text.splitlines()) <= 100
-    for header in ("MiB/s blocked", "MiB/s persisted", "fetched/bytes", "blocked s",
+    assert "MiB/s blocked" not in text
+    for header in ("stall s", "train lost %", "MiB/s persisted", "fetched/bytes", "blocked s",
                    "persisted s", "peak RSS GiB", "io wait s", "upload s"):
         assert header in text, header
     assert "CUDA max GiB" not in text  # no value in any row: no column
     (line,) = async_lines(read_record_file(a).samples)
-    assert f"blocked {blocked:.3f} s ({mib / blocked:.1f} MiB/s)" in line
+    assert f"training stalled {stall:.3f} s" in line and "MiB/s" not in line
+    assert "training lost 0.200 s = 10.0% of a 2.000 s interval" in line
 
 
 def test_request_stats_splits_groups_keep_request_log_does_not(tmp_path):

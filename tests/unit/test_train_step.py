@@ -22,6 +22,22 @@ def test_matmuls_for_a_step():
     assert train_step.matmuls_for(0.05, 0.0) == 1
 
 
+def test_a_step_waits_for_staging_before_its_update_and_says_how_long():
+    step = train_step.TrainStep(torch.device("cpu"), 0.01)
+    step.calibrate()
+    staged = threading.Event()
+    threading.Timer(0.2, staged.set).start()
+    order = []
+    times = step.run(3, before_update=lambda: (staged.wait(), order.append("staged")))
+    assert order == ["staged"]  # only the first step after a save waits
+    assert times[0] >= 0.2 and step.stall_wait_s == 0.0  # the last step did not wait
+    assert max(times[1:]) < times[0]
+    first = train_step.TrainStep(torch.device("cpu"), 0.01)
+    first.calibrate()
+    first.step(lambda: time.sleep(0.1))
+    assert first.stall_wait_s >= 0.1
+
+
 def test_slowdown_is_relative_to_the_baseline_mean():
     assert abs(train_step.slowdown([0.3, 0.3], [0.1, 0.2, 0.3]) - 0.5) < 1e-12  # 0.3/0.2 - 1
     assert abs(train_step.slowdown([0.2], [0.2]) - 0.0) < 1e-12

@@ -1,0 +1,128 @@
+"""Dollars of a checkpoint, from a run's own request counts and bytes, and a prices file.
+
+A prices file (YAML; the default is conf/prices/s3-standard-us-east-1.yaml, dated and
+sourced) gives the price of 1,000 PUT-class and 1,000 GET-class requests, of a GB-month
+of storage, and which request types are PUT-class or free (every other type is GET-class,
+as S3 bills "GET, SELECT and all other requests"). From a save's (load's) requests per
+type, summed over its ranks:
+
+  request_dollars      = put_class / 1000 x put_per_1000 + get_class / 1000 x get_per_1000
+  storage_dollars_month = stored bytes / gb_bytes x storage_per_gb_month   (one checkpoint)
+
+and per day at a checkpoint interval tau with K checkpoints kept and a job MTBF M:
+
+  saves_per_day    = 86400 / tau
+  restarts_per_day = 86400 / M           (each restart loads one checkpoint)
+  dollars_per_day  = saves_per_day x save requests $ + restarts_per_day x load requests $
+                     + K x storage_dollars_month x 12 / 365
+
+A file system has no request or storage charges to price here: no dollars, never zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PRICES = (Path(__file__).resolve().parent.parent / "config" / "conf" / "prices"
+                  / "s3-standard-us-east-1.yaml")
+SECONDS_PER_DAY = 86400.0
+MONTHS_PER_DAY = 12 / 365
+_NUMBERS = ("put_per_1000", "get_per_1000", "storage_per_gb_month", "gb_bytes")
+
+
+class PricesError(ValueError):
+    """A prices file that cannot be used: the message names the file and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Prices:
+    name: str
+    source: str
+    checked: str
+    currency: str
+    put_per_1000: float
+    get_per_1000: float
+    storage_per_gb_month: float
+    gb_bytes: float
+    put_class: frozenset[str]
+    free: frozenset[str]
+    path: str = ""
+
+    def describe(self) -> str:
+        return (f"{self.name} ({self.currency}; {self.source}, checked {self.checked}; "
+                f"file {self.path})")
+
+
+def load_prices(path: str | Path | None = None) -> Prices:
+    """The prices in `path` (default: S3 Standard us-east-1); PricesError if unusable."""
+    import yaml
+
+    path = Path(path) if path is not None else DEFAULT_PRICES
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise PricesError(f"--prices {path}: cannot read it ({error.strerror or error}); "
+                          f"give a YAML file like {DEFAULT_PRICES.name}") from None
+    except yaml.YAMLError as error:
+        raise PricesError(f"--prices {path}: not YAML ({str(error).splitlines()[0]}); "
+                          f"copy {DEFAULT_PRICES} and edit it") from None
+    if not isinstance(data, dict):
+        raise PricesError(f"--prices {path}: not a mapping of prices; copy {DEFAULT_PRICES} "
+                          "and edit it")
+    missing = [key for key in (*_NUMBERS, "source", "checked") if key not in data]
+    if missing:
+        raise PricesError(f"--prices {path}: missing {', '.join(missing)}; every price needs "
+                          f"its source and date (see {DEFAULT_PRICES.name})")
+    numbers = {}
+    for key in _NUMBERS:
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value) or value < 0 or (key == "gb_bytes" and value <= 0):
+            raise PricesError(f"--prices {path}: {key}={value!r} must be a number >= 0"
+                              + (" (> 0)" if key == "gb_bytes" else ""))
+        numbers[key] = float(value)
+    return Prices(name=str(data.get("name") or path.stem), source=str(data["source"]),
+                  checked=str(data["checked"]), currency=str(data.get("currency") or "USD"),
+                  put_class=frozenset(map(str, data.get("put_class") or [])),
+                  free=frozenset(map(str, data.get("free") or [])), path=str(path), **numbers)
+
+
+@dataclasses.dataclass
+class RequestCharge:
+    put_class: float  # requests per operation (summed over ranks)
+    get_class: float
+    free: float
+    dollars: float
+
+
+def request_charge(counts: dict[str, float], prices: Prices) -> RequestCharge:
+    """The charge for one operation's requests, `counts` = {request type: count}."""
+    put = sum(n for kind, n in counts.items() if kind in prices.put_class)
+    free = sum(n for kind, n in counts.items() if kind in prices.free)
+    get = sum(counts.values()) - put - free
+    dollars = put / 1000 * prices.put_per_1000 + get / 1000 * prices.get_per_1000
+    return RequestCharge(put, get, free, dollars)
+
+
+def storage_dollars_per_month(stored_bytes: float, prices: Prices) -> float:
+    return stored_bytes / prices.gb_bytes * prices.storage_per_gb_month
+
+
+def dollars_per_day(interval_s: float, job_mtbf_s: float, save_dollars: float,
+                    load_dollars: float | None, checkpoint_month_dollars: float,
+                    keep: int) -> dict[str, float]:
+    """Saves, expected restarts (one load each) and K retained checkpoints, per day."""
+    saves = SECONDS_PER_DAY / interval_s * save_dollars
+    restarts = (SECONDS_PER_DAY / job_mtbf_s * load_dollars) if load_dollars is not None \
+        else math.nan
+    storage = keep * checkpoint_month_dollars * MONTHS_PER_DAY
+    return {"saves": saves, "restarts": restarts, "storage": storage,
+            "total": saves + (0.0 if math.isnan(restarts) else restarts) + storage}
+
+
+def is_priced(storage_label: Any) -> bool:
+    """S3 (AWS or any S3 server: priced as if on the prices file's S3); not a file system."""
+    return str(storage_label).startswith("s3")

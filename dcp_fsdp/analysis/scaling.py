@@ -1,0 +1,150 @@
+"""Scaling across world sizes and node counts, and S3's per-prefix request limits.
+
+The scaling view appears in `report` when the records of one model (same storage, same
+operation, same other settings) span several world sizes or node counts. Per size:
+
+  aggregate MiB/s          the group's (analysis.metrics: all ranks' bytes / the span)
+  MiB/s per rank, per node aggregate / ranks, / nodes
+  scaling efficiency       (aggregate / ranks) / (the smallest size's aggregate / its ranks):
+                           1.0 is linear scaling
+  plan, commit, barrier    mean per-rank plan_s, commit_s and aligning-barrier wait, each as
+                           a share of the operation's mean span: the coordination overhead
+
+Prefix limits: S3 serves at least 3,500 PUT/COPY/POST/DELETE and 5,500 GET/HEAD requests per
+second per partitioned prefix, and answers 503 SlowDown beyond. A run's request rate per node
+(its writes for a save, reads for a load, per second of the operation) multiplied by a target
+node count, divided by the prefixes its strategy spreads keys over (default: one, the
+checkpoint's path; hex/binary: prefix_count; round_robin: the list's length), is compared with
+them; where it passes, the check names the strategy that spreads the load.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from dcp_fsdp.analysis import costs
+
+PUT_LIMIT_PER_S = 3500  # per partitioned prefix (S3 docs: performance guidelines)
+GET_LIMIT_PER_S = 5500
+SIZE_KEYS = ("nodes", "ranks")
+
+
+def scaling_frames(result: dict[str, Any]) -> list[pd.DataFrame]:
+    """One frame per (model, storage, op, other settings) that spans several sizes."""
+    throughput = result["throughput"]
+    if throughput.empty:
+        return []
+    phases = result["phases"]
+    keys = result["group_keys"]
+    same = [k for k in keys if k not in SIZE_KEYS]
+    frames = []
+    for _, rows in throughput[throughput["op"].isin(("save", "load"))].groupby(same, sort=False):
+        if rows[list(SIZE_KEYS)].drop_duplicates().shape[0] < 2:
+            continue
+        rows = rows.sort_values(["ranks", "nodes"])
+        table = []
+        for _, row in rows.iterrows():
+            phase = phases
+            for key in keys:
+                phase = phase[phase[key].astype(str) == str(row[key])]
+            span = row["duration_mean_s"]
+            share = (lambda column: float(phase[column].iloc[0]) / span
+                     if len(phase) and span else math.nan)
+            table.append({
+                **{k: row[k] for k in keys},
+                "aggregate_mib_s": row["aggregate_mib_s"],
+                "mib_s_per_rank": row["aggregate_mib_s"] / row["ranks"],
+                "mib_s_per_node": row["aggregate_mib_s"] / row["nodes"],
+                "plan_share": share("plan_s"), "commit_share": share("commit_s"),
+                "barrier_share": share("barrier_wait_mean_s"),
+            })
+        frame = pd.DataFrame(table)
+        smallest = frame.iloc[0]
+        frame["scaling_efficiency"] = frame["mib_s_per_rank"] / smallest["mib_s_per_rank"]
+        frames.append(frame)
+    return frames
+
+
+def prefixes_of(config: dict[str, Any]) -> tuple[str, int]:
+    """(strategy, how many prefixes it spreads a checkpoint's keys over)."""
+    storage = config.get("storage") or {}
+    strategy = str(storage.get("prefix_strategy") or "default")
+    if strategy in ("hex", "binary"):
+        return strategy, int(storage.get("prefix_count") or 1)
+    if strategy == "round_robin":
+        return strategy, max(1, len(storage.get("round_robin_prefixes") or []))
+    return strategy, 1
+
+
+def prefix_warnings(result: dict[str, Any], runs: list[dict[str, Any]], target_nodes: int,
+                    prices: costs.Prices) -> list[str]:
+    """Per S3 save/load group: the per-prefix request rate at `target_nodes`, when it passes
+    S3's limits."""
+    types, throughput = result["types"], result["throughput"]
+    if throughput.empty or types.empty:
+        return []
+    keys = result["group_keys"]
+    config_of = {r.get("run_id"): r.get("config") or {} for r in runs}
+    operations = result["operations"]
+    warnings = []
+    for _, row in throughput[throughput["op"].isin(("save", "load"))].iterrows():
+        if not costs.is_priced(row["storage"]) or not row["duration_mean_s"]:
+            continue
+        kinds = types
+        ops = operations
+        for key in keys:
+            kinds = kinds[kinds[key].astype(str) == str(row[key])]
+            ops = ops[ops[key].astype(str) == str(row[key])]
+        charge = costs.request_charge(
+            {str(k["request_type"]): float(k["requests_per_op"]) for _, k in kinds.iterrows()},
+            prices)
+        writes = row["op"] == "save"
+        # DELETEs count against the write limit although they are free
+        count = charge.put_class + charge.free if writes else charge.get_class
+        limit = PUT_LIMIT_PER_S if writes else GET_LIMIT_PER_S
+        per_node_s = count / row["duration_mean_s"] / row["nodes"]
+        strategy, prefixes = prefixes_of(config_of.get(ops["run_id"].iloc[0], {})
+                                         if len(ops) else {})
+        per_prefix = per_node_s * target_nodes / prefixes
+        if per_prefix <= limit:
+            continue
+        needed = math.ceil(per_node_s * target_nodes / limit)
+        warnings.append(
+            f"{row['op']} of {row['model']} ({row['ranks']} rank(s)/{row['nodes']} node(s)): "
+            f"{per_node_s:.1f} {'write' if writes else 'read'} requests/s per node x "
+            f"{target_nodes} nodes = {per_prefix:,.0f}/s per prefix with "
+            f"storage.prefix_strategy={strategy} ({prefixes} prefix(es)), over S3's "
+            f"{limit:,}/s per prefix: expect 503 SlowDown; spread the keys with "
+            f"storage.prefix_strategy=hex storage.prefix_count={needed} or more")
+    return warnings
+
+
+def render(result: dict[str, Any], fmt: str = "table") -> str:
+    from tabulate import tabulate
+
+    frames = scaling_frames(result)
+    if not frames:
+        return ""
+    heading = "## " if fmt == "md" else ""
+    out = [f"\n{heading}Scaling across sizes (efficiency: MiB/s per rank against the smallest "
+           "size; plan/commit/barrier: share of the operation's span)"]
+    for frame in frames:
+        first = frame.iloc[0]
+        out.append(f"\n{first['op']} of {first['model']}, {first['storage']}")
+        rows = [[r["nodes"], r["ranks"], f"{r['aggregate_mib_s']:.1f}",
+                 f"{r['mib_s_per_rank']:.1f}", f"{r['mib_s_per_node']:.1f}",
+                 f"{r['scaling_efficiency']:.2f}", _pct(r["plan_share"]),
+                 _pct(r["commit_share"]), _pct(r["barrier_share"])] for _, r in frame.iterrows()]
+        out.append(tabulate(rows, headers=["nodes", "ranks", "agg MiB/s", "MiB/s/rank",
+                                           "MiB/s/node", "efficiency", "plan", "commit",
+                                           "barrier"],
+                            tablefmt="github" if fmt == "md" else "simple",
+                            disable_numparse=True))
+    return "\n".join(out) + "\n"
+
+
+def _pct(value: float) -> str:
+    return "" if value is None or math.isnan(value) else f"{value:.1%}"
