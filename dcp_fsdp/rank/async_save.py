@@ -22,10 +22,8 @@ not leave an uploader behind that could still commit .metadata.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import re
-import signal
 import time
 from concurrent.futures import Future
 from typing import Any, Callable
@@ -33,14 +31,12 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import _async_process_executor as process_executor
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 
 from dcp_fsdp.config.schema import AsyncCheckpointer, AsyncSaveConfig
 from dcp_fsdp.rank.train_step import TrainStep, slowdown
 
-_PR_SET_PDEATHSIG = 1
 _RANK_FILE = re.compile(r"(?:^|/)__(\d+)_\d+\.distcp$")
 
 
@@ -82,24 +78,6 @@ def rank_bytes(metadata: Any, rank: int) -> int | None:
     return total
 
 
-def _die_with_parent() -> None:
-    """In the checkpoint daemon: SIGKILL when the rank that started it dies (Linux)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-class _DaemonInitInfo(process_executor._ProcessGroupInitInfo):
-    """torch's init info for the checkpoint daemon; unpickled first thing in the daemon, so
-    its __setstate__ ties the daemon's life to the rank's before any upload can start."""
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        _die_with_parent()
-
-
 class AsyncSaver:
     """One per rank: the stager, the upload group, the daemon and the step (all untimed)."""
 
@@ -127,12 +105,14 @@ class AsyncSaver:
             return
         self.group = dist.new_group(backend="gloo")
         self.stager = DefaultStager(self.options)
-        if self.process and process_executor._CHECKPOINT_PROCESS is None:
+        if self.process:
             # What async_save would do inside the first timed save: spawn the daemon and
             # join its process group (seconds). Started from the main thread, which lives as
-            # long as the rank (PDEATHSIG follows the creating thread).
-            process_executor._CHECKPOINT_PROCESS = process_executor._AsyncCheckpointProcess(
-                _DaemonInitInfo(self.group))
+            # long as the rank (PDEATHSIG follows the creating thread). The thread
+            # checkpointer never touches the daemon's internals.
+            from dcp_fsdp import compat
+
+            compat.start_checkpoint_daemon(self.group)
         if self.train_step is not None:
             self.train_step.calibrate()
 

@@ -110,14 +110,15 @@ def planned_objects(state_dict: dict[str, Any], rank: int, thread_count: int,
                     name_prefix: str) -> list[RawObject]:
     """The objects this rank's DCP save would write (`dcp-fsdp ceiling` alone)."""
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-    from torch.distributed.checkpoint.filesystem import _split_by_size_and_type
     from torch.distributed.checkpoint.planner import WriteItemType
+
+    from dcp_fsdp.compat import split_by_size_and_type
 
     planner = DefaultSavePlanner()
     planner.set_up_planner(state_dict, storage_meta=None, is_coordinator=rank == 0)
     items = planner.create_local_plan().items
     objects = []
-    for number, bucket in enumerate(_split_by_size_and_type(thread_count, items)):
+    for number, bucket in enumerate(split_by_size_and_type(thread_count, items)):
         size = 0
         for item in bucket:
             if item.type == WriteItemType.BYTE_IO:
@@ -125,7 +126,7 @@ def planned_objects(state_dict: dict[str, Any], rank: int, thread_count: int,
             else:
                 # the local chunk's bytes (tensor_data.size is the global tensor's)
                 dtype, sizes = item.tensor_data.properties.dtype, item.tensor_data.chunk.sizes
-                size += (math.prod(sizes) * torch._utils._element_size(dtype)
+                size += (math.prod(sizes) * dtype.itemsize
                          + torch_save_framing_bytes(dtype, len(sizes)))
         objects.append(RawObject(f"{name_prefix}{number}{DATA_OBJECT_SUFFIX}", size))
     return objects
@@ -165,11 +166,9 @@ class S3Mover:
 
     def new_client(self):
         """A client built now (outside the timer), as S3Store.warm_up does for DCP's."""
-        from s3torchconnector._s3client import S3Client
+        from dcp_fsdp.compat import s3_client
 
-        client = S3Client(self.store.region, s3client_config=self.store._client_config())
-        client._client  # noqa: B018 - property access builds the native client
-        return client
+        return s3_client(self.store.region, self.store._client_config())
 
     def prepare(self, objects: list[RawObject]) -> None:
         for obj in objects:
@@ -185,7 +184,9 @@ class S3Mover:
 
     def get(self, client, iteration: int, obj: RawObject) -> int:
         received = 0
-        for chunk in client._client.get_object(self.bucket, self.key(iteration, obj)):
+        from dcp_fsdp.compat import object_chunks
+
+        for chunk in object_chunks(client, self.bucket, self.key(iteration, obj)):
             received += len(chunk)
         return received
 
