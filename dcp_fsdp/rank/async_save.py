@@ -65,6 +65,23 @@ def staging_options(config: AsyncSaveConfig, accelerator: bool) -> StagingOption
                           use_non_blocking_copy=config.non_blocking_copy and accelerator)
 
 
+def stager_reusable() -> bool:
+    """Whether one DefaultStager can stage twice. torch 2.11's cannot: its _stage() ends by
+    closing its StateDictStager, which clears the deepcopy table built only in __init__, so
+    the second save of a run fails with `KeyError: <class 'type'>` (pytorch/pytorch#183413).
+    Probed on a two-entry state dict (milliseconds, untimed), not by version number."""
+    probe = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                         use_async_staging=False, use_non_blocking_copy=False))
+    try:
+        for _ in range(2):
+            probe.stage({"tensor": torch.zeros(1), "nested": {"step": 1}})
+    except Exception:  # any failure of the second stage: do not reuse
+        return False
+    finally:
+        probe.close()
+    return True
+
+
 def rank_bytes(metadata: Any, rank: int) -> int | None:
     """Bytes of this rank's data files in a checkpoint's Metadata (`__<rank>_<n>.distcp`)."""
     storage = getattr(metadata, "storage_data", None)
@@ -88,6 +105,7 @@ class AsyncSaver:
         self.process = config.checkpointer == AsyncCheckpointer.process
         self.options = staging_options(config, torch.accelerator.is_available())
         self.stager: DefaultStager | None = None
+        self.reuse_stager = True  # False where torch's stager stages once (stager_reusable)
         self.group = None
         self.train_step = TrainStep(device, train_step_s) if train_step_s > 0 else None
         self._pending: Future | None = None
@@ -104,6 +122,7 @@ class AsyncSaver:
         if self.group is not None:
             return
         self.group = dist.new_group(backend="gloo")
+        self.reuse_stager = stager_reusable()
         self.stager = DefaultStager(self.options)
         if self.process:
             # What async_save would do inside the first timed save: spawn the daemon and
@@ -115,6 +134,13 @@ class AsyncSaver:
             compat.start_checkpoint_daemon(self.group)
         if self.train_step is not None:
             self.train_step.calibrate()
+
+    def renew_stager(self) -> None:
+        """A fresh stager for the next save, where torch's cannot stage twice. Called once
+        the save is persisted, so its (small) cost lies outside every timed region; its
+        staging cache would be emptied by torch on that release anyway."""
+        self.stager.close()
+        self.stager = DefaultStager(self.options)
 
     def baseline(self) -> list[float]:
         """Right before a save (untimed): step times with no checkpoint in flight."""
@@ -157,6 +183,8 @@ class AsyncSaver:
         self._pending = None
         persisted = marks.get("persisted", time.monotonic())
         staged = marks.get("staged")
+        if not self.reuse_stager:
+            self.renew_stager()  # after the marks: outside the timed region
         return AsyncTiming(
             blocked_s=blocked_end - begin_mono,
             staged_s=None if staged is None else staged - begin_mono,
