@@ -8,7 +8,10 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test clean
+# The releases `make torch-smoke` runs: the lowest pyproject admits and the newest.
+SMOKE_TORCH ?= 2.11.0 2.15.0
+
+.PHONY: setup demo test clean torch-smoke
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,8 +28,13 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
 
+# Each torch in SMOKE_TORCH, in a venv of its own (.venv-torch-VERSION): sync and async
+# (thread, process) save-and-load, a resharded load and a report (scripts/torch_smoke.sh).
+torch-smoke:
+	@for version in $(SMOKE_TORCH); do scripts/torch_smoke.sh $$version || exit 1; done
+
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-torch-* *.egg-info .pytest_cache
 
 # A local Slurm test cluster: 2 emulated nodes (network namespaces), munge and a SeaweedFS
 # S3 server on a bridge the script creates (root; installs slurm-wlm and munge when missing).

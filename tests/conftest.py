@@ -8,6 +8,33 @@ import pytest
 
 from dcp_fsdp.launch.embedded_s3 import EmbeddedS3, S3Endpoint
 
+# Marked by directory (markers registered in pyproject.toml): `pytest -m unit` is the fast set.
+_DIRECTORY_MARKS = {"unit": "unit", "integration": "integration", "gpu": "gpu"}
+
+
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def pytest_collection_modifyitems(config, items):
+    no_cuda = None
+    for item in items:
+        parts = item.path.parts
+        for directory, mark in _DIRECTORY_MARKS.items():
+            if directory in parts[-3:-1]:
+                item.add_marker(getattr(pytest.mark, mark))
+        if item.path.name == "test_slurm.py":
+            item.add_marker(pytest.mark.slurm)
+        if item.get_closest_marker("gpu") is not None:
+            if no_cuda is None:
+                no_cuda = _cuda_devices() == 0
+            if no_cuda:
+                item.add_marker(pytest.mark.skip(
+                    reason="gpu: no CUDA device here (torch.cuda.is_available() is False); "
+                           "tests/gpu runs wherever CUDA is"))
+
 
 @pytest.fixture(scope="session")
 def s3_server():

@@ -101,8 +101,22 @@ def _positive_int(name: str, example: str) -> None:
                         f"export {name}={example}")
 
 
+def check_torch() -> None:
+    """The installed torch against the tested range (compat.TORCH_MIN..TORCH_MAX_TESTED),
+    from its package metadata (no import): older is refused, newer is warned about."""
+    from dcp_fsdp import compat
+
+    problem = compat.torch_version_problem()
+    if problem and compat.release(compat.installed_version("torch")) < compat.TORCH_MIN:
+        raise UserError(problem)
+    if problem:
+        log.warning(f"{problem}; if a run fails, install a tested release")
+
+
 def check_environment(cfg: BenchmarkConfig) -> None:
-    """The environment variables we read, in the launcher and in every torchrun rank."""
+    """The environment variables we read, in the launcher and in every torchrun rank (and
+    the torch release, which both paths share)."""
+    check_torch()
     _positive_int("OMP_NUM_THREADS", "4")
     if cfg.storage.kind == StorageKind.s3:
         for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):

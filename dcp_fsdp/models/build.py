@@ -15,13 +15,12 @@ import dataclasses
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from dcp_fsdp.compat import flatten_state_dict, local_shape_and_global_offset
 from dcp_fsdp.config.schema import CheckpointState, Dtype
 from dcp_fsdp.models import values
 from dcp_fsdp.models.presets import PRESETS, hf_config
@@ -81,8 +80,7 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
 def shard_of(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
     """(this rank's local shard, the whole tensor's shape, the shard's offset in it)."""
     if isinstance(tensor, DTensor):
-        _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh,
-                                                          tensor.placements)
+        _, offset = local_shape_and_global_offset(tensor)
         return tensor.to_local(), tuple(tensor.shape), tuple(offset)
     return tensor, tuple(tensor.shape), (0,) * tensor.dim()
 

@@ -32,10 +32,8 @@ not leave an uploader behind that could still commit .metadata.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import re
-import signal
 import time
 from concurrent.futures import Future
 from typing import Any, Callable
@@ -43,14 +41,12 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import _async_process_executor as process_executor
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 
 from dcp_fsdp.config.schema import AsyncCheckpointer, AsyncSaveConfig
 from dcp_fsdp.rank.train_step import TrainStep, slowdown
 
-_PR_SET_PDEATHSIG = 1
 _RANK_FILE = re.compile(r"(?:^|/)__(\d+)_\d+\.distcp$")
 
 
@@ -88,6 +84,23 @@ def staging_options(config: AsyncSaveConfig, accelerator: bool) -> StagingOption
                           use_non_blocking_copy=config.non_blocking_copy and accelerator)
 
 
+def stager_reusable() -> bool:
+    """Whether one DefaultStager can stage twice. torch 2.11's cannot: its _stage() ends by
+    closing its StateDictStager, which clears the deepcopy table built only in __init__, so
+    the second save of a run fails with `KeyError: <class 'type'>` (pytorch/pytorch#183413).
+    Probed on a two-entry state dict (milliseconds, untimed), not by version number."""
+    probe = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                         use_async_staging=False, use_non_blocking_copy=False))
+    try:
+        for _ in range(2):
+            probe.stage({"tensor": torch.zeros(1), "nested": {"step": 1}})
+    except Exception:  # any failure of the second stage: do not reuse
+        return False
+    finally:
+        probe.close()
+    return True
+
+
 def rank_bytes(metadata: Any, rank: int) -> int | None:
     """Bytes of this rank's data files in a checkpoint's Metadata (`__<rank>_<n>.distcp`)."""
     storage = getattr(metadata, "storage_data", None)
@@ -101,24 +114,6 @@ def rank_bytes(metadata: Any, rank: int) -> int | None:
     return total
 
 
-def _die_with_parent() -> None:
-    """In the checkpoint daemon: SIGKILL when the rank that started it dies (Linux)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-class _DaemonInitInfo(process_executor._ProcessGroupInitInfo):
-    """torch's init info for the checkpoint daemon; unpickled first thing in the daemon, so
-    its __setstate__ ties the daemon's life to the rank's before any upload can start."""
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        _die_with_parent()
-
-
 class AsyncSaver:
     """One per rank: the stager, the upload group, the daemon and the step (all untimed)."""
 
@@ -129,6 +124,8 @@ class AsyncSaver:
         self.process = config.checkpointer == AsyncCheckpointer.process
         self.options = staging_options(config, torch.accelerator.is_available())
         self.stager: DefaultStager | None = None
+        self.reuse_stager = True  # False where torch's stager stages once (stager_reusable)
+        self._stager_used = False
         self.group = None
         self.train_step = TrainStep(device, train_step_s) if train_step_s > 0 else None
         # Steps between saves (a cadence: the upload outlives the save call), or 0.
@@ -148,15 +145,29 @@ class AsyncSaver:
         if self.group is not None:
             return
         self.group = dist.new_group(backend="gloo")
+        self.reuse_stager = stager_reusable()
         self.stager = DefaultStager(self.options)
-        if self.process and process_executor._CHECKPOINT_PROCESS is None:
+        if self.process:
             # What async_save would do inside the first timed save: spawn the daemon and
             # join its process group (seconds). Started from the main thread, which lives as
-            # long as the rank (PDEATHSIG follows the creating thread).
-            process_executor._CHECKPOINT_PROCESS = process_executor._AsyncCheckpointProcess(
-                _DaemonInitInfo(self.group))
+            # long as the rank (PDEATHSIG follows the creating thread). The thread
+            # checkpointer never touches the daemon's internals.
+            from dcp_fsdp import compat
+
+            compat.start_checkpoint_daemon(self.group)
         if self.train_step is not None:
             self.train_step.calibrate()
+
+    def renew_stager(self) -> None:
+        """A fresh stager for the next save, where torch's cannot stage twice. Called once
+        the previous save is persisted (in `finish`, outside every timed region; with a
+        cadence, in `wait_previous`, where it is part of the wait); its staging cache would
+        be emptied by torch on that release anyway."""
+        if self.reuse_stager or not self._stager_used:
+            return
+        self.stager.close()
+        self.stager = DefaultStager(self.options)
+        self._stager_used = False
 
     def baseline(self) -> list[float]:
         """Right before a save (untimed): step times with no checkpoint in flight. With a
@@ -176,14 +187,16 @@ class AsyncSaver:
             return 0.0, None
         start = time.monotonic()
         previous.upload.result()
+        self.renew_stager()
         return time.monotonic() - start, previous.marks.get("persisted", time.monotonic())
 
     def finish(self, timing: AsyncTiming) -> AsyncTiming:
         """Wait for `timing`'s upload (if no later save did already) and fill its persisted
         figures."""
         metadata = timing.upload.result()  # a failed upload raises here, as dcp.save would
-        if self._pending is timing:
+        if self._pending is timing:  # no later save holds the stager yet
             self._pending = None
+            self.renew_stager()
         persisted = timing.marks.get("persisted", time.monotonic())
         timing.persisted_s = persisted - timing.begin_mono
         timing.end_mono = persisted
@@ -203,6 +216,7 @@ class AsyncSaver:
                                      else AsyncCheckpointerType.THREAD),
             async_stager=self.stager)
         blocked_end = time.monotonic()
+        self._stager_used = True
         marks: dict[str, float] = {}
 
         def mark(name: str) -> Callable[[Future], None]:

@@ -107,14 +107,15 @@ def planned_objects(state_dict: dict[str, Any], rank: int, thread_count: int,
                     name_prefix: str) -> list[RawObject]:
     """The objects this rank's DCP save would write (`dcp-fsdp ceiling` alone)."""
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-    from torch.distributed.checkpoint.filesystem import _split_by_size_and_type
     from torch.distributed.checkpoint.planner import WriteItemType
+
+    from dcp_fsdp.compat import split_by_size_and_type
 
     planner = DefaultSavePlanner()
     planner.set_up_planner(state_dict, storage_meta=None, is_coordinator=rank == 0)
     items = planner.create_local_plan().items
     objects = []
-    for number, bucket in enumerate(_split_by_size_and_type(thread_count, items)):
+    for number, bucket in enumerate(split_by_size_and_type(thread_count, items)):
         size = 0
         for item in bucket:
             if item.type == WriteItemType.BYTE_IO:
@@ -122,7 +123,7 @@ def planned_objects(state_dict: dict[str, Any], rank: int, thread_count: int,
             else:
                 # the local chunk's bytes (tensor_data.size is the global tensor's)
                 dtype, sizes = item.tensor_data.properties.dtype, item.tensor_data.chunk.sizes
-                size += (math.prod(sizes) * torch._utils._element_size(dtype)
+                size += (math.prod(sizes) * dtype.itemsize
                          + torch_save_framing_bytes(dtype, len(sizes)))
         objects.append(RawObject(f"{name_prefix}{number}{DATA_OBJECT_SUFFIX}", size))
     return objects

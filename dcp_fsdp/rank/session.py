@@ -14,7 +14,6 @@ import resource
 import signal
 import time
 import traceback
-import warnings
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import BenchmarkConfig, Command, StorageKind
@@ -257,8 +256,6 @@ def gpus() -> dict | None:
 def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:
     guard = InterruptGuard()
     guard.install()
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", message=".*torch.distributed.*")
     session = RankSession(cfg, process_start_mono)
     status, error_line, exit_code = "ok", None, contract.EXIT_OK
     try:

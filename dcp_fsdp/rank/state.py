@@ -31,7 +31,7 @@ def apply_state_dict(sharded: ShardedModel, state_dict: dict[str, Any]) -> None:
 
 def flat_tensors(state_dict: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Flattened "model.x.weight"-style keys (as DCP names them) to tensors."""
-    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    from dcp_fsdp.compat import flatten_state_dict
 
     flat, _ = flatten_state_dict(state_dict)
     return {key: value for key, value in flat.items() if isinstance(value, torch.Tensor)}

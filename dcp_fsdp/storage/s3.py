@@ -86,9 +86,9 @@ class S3Store:
         event loop, thread pools) inside the timer. Connections are not opened here:
         those are part of the I/O a checkpoint really pays.
         """
-        client = getattr(getattr(storage_io, "fs", None), "_client", None)
-        if client is not None and hasattr(client, "_client"):
-            client._client  # noqa: B018 - property access builds the client
+        from dcp_fsdp.compat import build_native_client
+
+        build_native_client(storage_io)  # warns once when it cannot
 
     def reader(self, suffix: str):
         from s3torchconnector import S3ReaderConstructor

@@ -40,7 +40,6 @@ from __future__ import annotations
 import datetime
 import re
 import shutil
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -54,7 +53,6 @@ from dcp_fsdp.telemetry.request import THROTTLE_STATUSES, Request  # noqa: F401 
 DEBUG_LOGS_ENV = "S3_TORCH_CONNECTOR_DEBUG_LOGS"
 LOGS_DIR_ENV = "S3_TORCH_CONNECTOR_LOGS_DIR_PATH"
 LOG_FILTER = "debug,awscrt=off"  # the connector's request lines; none of the CRT's own
-NATIVE_MODULE = "s3torchconnectorclient._mountpoint_s3_client"
 
 # The connector logs some requests as request_type=Default; its span names what they were.
 _DEFAULT_BY_SPAN = {"delete_object": "DeleteObject", "list_objects": "ListObjectsV2",
@@ -274,7 +272,9 @@ def open_for_rank(rank: int | str, keep_raw: bool = False) -> RequestLog | None:
     imported: call this at rank start, apply `log.environment()` to os.environ, and
     only then import s3torchconnector.
     """
-    if NATIVE_MODULE in sys.modules:
+    from dcp_fsdp.compat import connector_native_loaded
+
+    if connector_native_loaded():
         log.warning(f"rank {rank}: s3torchconnector was imported before the request log "
                     "could be enabled; S3 request statistics are not recorded")
         return None

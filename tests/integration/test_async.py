@@ -193,8 +193,9 @@ def test_async_save_absorbs_503s_and_resets_like_sync(s3, s3_uri, tmp_path):
     saves = [s for s in samples if s["op"] == "save"]
     assert len(saves) == 4 and all(s["blocked_s"] <= s["persisted_s"] for s in saves)
     windows = [s["requests"] for s in saves]
-    if all(windows):  # the retried uploads are inside the saves' windows (call -> persisted)
-        assert sum(w.get("throttled", 0) for w in windows) >= 1
+    assert all(isinstance(w, dict) for w in windows), windows  # request_stats is on by default
+    # the retried uploads are inside the saves' windows (call -> persisted)
+    assert sum(w.get("throttled", 0) for w in windows) >= 1
 
 
 # -- a rank killed mid-upload ------------------------------------------------------------

@@ -119,7 +119,6 @@ def test_a_save_killed_part_way_is_never_loadable(s3, s3_uri, tmp_path, held_obj
     assert process.returncode != 0
     run, _ = read_run(tmp_path)
     assert run["status"] == "failed"
-    assert not worker_pids(process.pid)
     assert not [pid for pid in ranks.values() if Path(f"/proc/{pid}").exists()], ranks
 
     bucket, prefix = s3_uri[len("s3://"):].split("/", 1)

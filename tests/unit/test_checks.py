@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import tempfile
 
 import pytest
@@ -39,16 +40,32 @@ def test_results_dir_that_is_a_file_or_under_a_file_is_refused(tmp_path):
         assert "choose a directory you can write to" in str(error.value)
 
 
-@pytest.mark.skipif(ROOT, reason="root writes into read-only directories")
-def test_read_only_results_dir_is_refused(tmp_path):
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory nobody can write in, root included: a read-only bind mount of it onto
+    itself under root (permission bits do not stop root), mode 0555 otherwise."""
     locked = tmp_path / "locked"
     locked.mkdir()
-    locked.chmod(0o555)
-    try:
-        with pytest.raises(UserError, match="cannot write in"):
-            checks.check_results_dir(str(locked / "results"))
-    finally:
+    if not ROOT:
+        locked.chmod(0o555)
+        yield locked
         locked.chmod(0o755)
+        return
+    mount = subprocess.run(["mount", "--bind", str(locked), str(locked)], capture_output=True,
+                           text=True)
+    if mount.returncode:
+        pytest.skip(f"root, and a read-only bind mount is not allowed here: {mount.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(locked)], check=True)
+        yield locked
+    finally:
+        subprocess.run(["umount", str(locked)], check=True)
+
+
+def test_read_only_results_dir_is_refused(read_only_dir):
+    with pytest.raises(UserError, match=f"cannot write in {read_only_dir}"):
+        checks.check_results_dir(str(read_only_dir / "results"))
+    assert list(read_only_dir.iterdir()) == []
 
 
 def test_results_dir_that_can_be_made_passes_and_is_not_created(tmp_path):

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from dcp_fsdp import compat
 from dcp_fsdp.telemetry import request_log
 from dcp_fsdp.telemetry.histograms import hist_merge, hist_quantile, histogram
 from dcp_fsdp.telemetry.request_log import RequestLog, parse_lines
@@ -186,7 +187,7 @@ def test_server_metrics_parse_and_mapping():
 def test_enable_refuses_after_the_connector_was_imported(monkeypatch, capsys):
     import sys
 
-    monkeypatch.setitem(sys.modules, request_log.NATIVE_MODULE, object())
+    monkeypatch.setitem(sys.modules, compat.CONNECTOR_NATIVE_MODULE, object())
     assert request_log.open_for_rank(3) is None
     assert "request statistics are not recorded" in capsys.readouterr().err
 

@@ -1,0 +1,206 @@
+"""Every private torch or s3torchconnector internal the tool uses, and only here.
+
+A release may rename or drop any of them without notice. Each use below checks that the
+internal is there and, when it is not, raises MissingInternal with one line naming what
+is missing, the installed version and a way out, instead of an AttributeError deep in a
+rank (or, worse, a silent no-op). tests/unit/test_compat.py fails when a module outside
+this one reaches a private torch or connector name.
+
+Importing this module imports neither torch nor the connector: the light launcher uses
+the version checks, and the checkpoint daemon unpickles `_in_daemon` from here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.metadata
+import signal
+import sys
+from typing import Any, Iterable
+
+from dcp_fsdp import log
+
+# The torch releases this tool is tested on (pyproject's range; `make torch-smoke` runs the
+# lowest and the newest, the pinned CPU build runs the full suite).
+TORCH_MIN = (2, 11)
+TORCH_MAX_TESTED = (2, 15)
+CONNECTOR_MINOR = (1, 5)
+
+_PR_SET_PDEATHSIG = 1
+_warned: set[str] = set()
+
+
+class MissingInternal(RuntimeError):
+    """A private internal this tool relies on is not in the installed release."""
+
+
+def installed_version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as '2.11.0+cu130' or '2.15.0'."""
+    parts = version.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def torch_version_problem() -> str | None:
+    """Why the installed torch is outside the tested range (None: inside). No torch import."""
+    version = installed_version("torch")
+    found = release(version)
+    low, high = ".".join(map(str, TORCH_MIN)), ".".join(map(str, TORCH_MAX_TESTED))
+    if found < TORCH_MIN:
+        return (f"torch {version} is older than {low}, the oldest release this tool is tested "
+                f"on; install torch>={low},<{TORCH_MAX_TESTED[0]}.{TORCH_MAX_TESTED[1] + 1}")
+    if found > TORCH_MAX_TESTED:
+        return f"torch {version} is newer than {high}, the newest release this tool is tested on"
+    return None
+
+
+def _missing(what: str, package: str, way_out: str) -> MissingInternal:
+    distribution = "torch" if package == "torch" else "s3torchconnector"
+    return MissingInternal(f"{what} is not in {package} {installed_version(distribution)} "
+                           f"(this tool is tested on torch {TORCH_MIN[0]}.{TORCH_MIN[1]} to "
+                           f"{TORCH_MAX_TESTED[0]}.{TORCH_MAX_TESTED[1]}); {way_out}")
+
+
+def _internal(module: str, name: str, package: str, way_out: str) -> Any:
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        raise _missing(f"{module}.{name}", package, way_out) from None
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message)
+
+
+# -- torch: state dicts and DTensor shards --------------------------------------------------
+
+_TORCH_RANGE = "install a torch release in the tested range"
+
+
+def flatten_state_dict(state_dict: dict) -> tuple[dict, dict]:
+    """DCP's own flattening ("model.x.weight" keys), so keys match what DCP writes."""
+    flatten = _internal("torch.distributed.checkpoint._nested_dict", "flatten_state_dict",
+                        "torch", _TORCH_RANGE)
+    return flatten(state_dict)
+
+
+def local_shape_and_global_offset(tensor: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """This rank's shard of a DTensor: its shape and its offset in the global tensor, as
+    DCP computes them when it writes the shard (uneven shards included)."""
+    compute = _internal("torch.distributed.tensor._utils", "compute_local_shape_and_global_offset",
+                        "torch", _TORCH_RANGE)
+    return compute(tensor.shape, tensor.device_mesh, tensor.placements)
+
+
+def split_by_size_and_type(bins: int, items: list) -> list[list]:
+    """How DCP's FileSystemWriter bins a rank's write items into thread_count files."""
+    split = _internal("torch.distributed.checkpoint.filesystem", "_split_by_size_and_type",
+                      "torch", "use dcp-fsdp save (ceiling needs DCP's own file binning)")
+    return split(bins, items)
+
+
+# -- torch: the process checkpointer's daemon -----------------------------------------------
+
+_PROCESS_WAY_OUT = "use async_save.checkpointer=thread"
+_EXECUTOR = "torch.distributed.checkpoint._async_process_executor"
+
+
+def _die_with_parent() -> None:
+    """In the checkpoint daemon: SIGKILL when the rank that started it dies (Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _in_daemon(info: Any) -> Any:
+    """Unpickled first thing in the daemon (see _DiesWithRank): ties its life to the
+    rank's before any upload can start, then hands torch its own init info."""
+    _die_with_parent()
+    return info
+
+
+class _DiesWithRank:
+    """torch's init info, pickled so that unpickling it in the daemon runs `_in_daemon`.
+    A wrapper, not a subclass of torch's private class: nothing private is touched when
+    this module is imported, and the daemon receives torch's own object."""
+
+    def __init__(self, info: Any) -> None:
+        self.info = info
+
+    def __reduce__(self) -> tuple:
+        return _in_daemon, (self.info,)
+
+
+def start_checkpoint_daemon(group: Any) -> None:
+    """Start the process checkpointer's daemon now (untimed; dcp.async_save would do it
+    inside the first timed save), joined to `group` and killed with its rank: a killed
+    rank must not leave an uploader behind that could still commit .metadata."""
+    executor = importlib.import_module(_EXECUTOR)
+    names = ("_CHECKPOINT_PROCESS", "_AsyncCheckpointProcess", "_ProcessGroupInitInfo")
+    if not all(hasattr(executor, name) for name in names):
+        raise _missing(f"{_EXECUTOR}.{'/'.join(names)}", "torch", _PROCESS_WAY_OUT)
+    if executor._CHECKPOINT_PROCESS is None:
+        info = _DiesWithRank(executor._ProcessGroupInitInfo(group))
+        executor._CHECKPOINT_PROCESS = executor._AsyncCheckpointProcess(info)
+
+
+# -- s3torchconnector: its native (CRT) client ----------------------------------------------
+
+_CLIENT_WARNING = ("s3torchconnector {version}: its S3 client could not be built before the "
+                   "timer starts ({why}); client set-up (~1 s) is inside the first timed "
+                   "save or load of each rank")
+
+
+def build_native_client(storage_io: Any) -> bool:
+    """Build the connector's lazily created native client of a DCP writer or reader now.
+    False (warned once per process) when this connector release hides it elsewhere."""
+    client = getattr(getattr(storage_io, "fs", None), "_client", None)
+    if client is None or not hasattr(type(client), "_client"):
+        _warn_once("client", _CLIENT_WARNING.format(
+            version=installed_version("s3torchconnector"),
+            why="no fs._client._client on its storage writer/reader"))
+        return False
+    client._client  # noqa: B018 - property access builds the client
+    return True
+
+
+def s3_client(region: str, client_config: Any) -> Any:
+    """The connector's S3Client (not exported by the package), native client built now."""
+    client_class = _internal("s3torchconnector._s3client", "S3Client", "s3torchconnector",
+                             "install s3torchconnector[dcp]~=1.5.0")
+    client = client_class(region, s3client_config=client_config)
+    if not hasattr(type(client), "_client"):
+        raise _missing("s3torchconnector S3Client._client", "s3torchconnector",
+                       "install s3torchconnector[dcp]~=1.5.0")
+    client._client  # noqa: B018 - property access builds the native client
+    return client
+
+
+def object_chunks(client: Any, bucket: str, key: str) -> Iterable[bytes]:
+    """An object's bytes as the native client streams them (no reader buffering): what
+    the ceiling's raw GET measures."""
+    return client._client.get_object(bucket, key)
+
+
+# The connector's native module: it configures its request logger once, when first imported.
+CONNECTOR_NATIVE_MODULE = "s3torchconnectorclient._mountpoint_s3_client"
+
+
+def connector_native_loaded() -> bool:
+    """Whether the connector's native module is imported already (too late then to turn
+    its per-request log on for this process)."""
+    return CONNECTOR_NATIVE_MODULE in sys.modules

@@ -1,0 +1,108 @@
+"""The smoke run on one torch release (scripts/torch_smoke.sh builds its venv): sync,
+async thread and async process save-and-load, a resharded load (saved by 1 rank, loaded
+by 2, on one SeaweedFS) and a report. Any failure, or a traceback, fails it.
+
+Run with the venv's python from the repository root: python scripts/torch_smoke.py
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dcp_fsdp.launch.embedded_s3 import EmbeddedS3  # noqa: E402
+
+TINY = ["model=tiny_llama", "nproc=2", "iterations=2"]
+RUNS = {
+    "sync": ["save-and-load", *TINY],
+    "async-thread": ["save-and-load", *TINY, "save_mode=async",
+                     "async_save.checkpointer=thread"],
+    "async-process": ["save-and-load", *TINY, "save_mode=async",
+                      "async_save.checkpointer=process"],
+}
+
+
+def dcp_fsdp(args: list[str], env: dict[str, str] | None = None) -> tuple[str, float]:
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "dcp_fsdp", *args], capture_output=True,
+                            text=True, cwd=REPO, env=env, stdin=subprocess.DEVNULL, timeout=600)
+    elapsed_s = time.monotonic() - started
+    if result.returncode or "Traceback" in result.stderr:
+        sys.stderr.write(result.stdout[-4000:] + result.stderr[-8000:])
+        raise SystemExit(f"torch-smoke: FAILED: dcp-fsdp {' '.join(args)} "
+                         f"(exit {result.returncode})")
+    return result.stdout, elapsed_s
+
+
+def record(results_dir: Path) -> tuple[dict, list[dict]]:
+    (path,) = results_dir.glob("*.jsonl")
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return lines[0], lines[1:]
+
+
+def check(results_dir: Path, name: str) -> dict:
+    run, samples = record(results_dir)
+    if run["status"] != "ok" or not run["integrity"] or not all(
+            entry["checked"] for entry in run["integrity"].values()):
+        raise SystemExit(f"torch-smoke: FAILED: {name}: status {run['status']}, "
+                         f"integrity {run['integrity']}")
+    if not samples:
+        raise SystemExit(f"torch-smoke: FAILED: {name}: no samples recorded")
+    return run
+
+
+def main() -> int:
+    import os
+
+    import torch
+
+    work = Path(tempfile.mkdtemp(prefix="dcp-fsdp-smoke-"))
+    lines = []
+    try:
+        for name, args in RUNS.items():
+            _, elapsed_s = dcp_fsdp([*args, f"results_dir={work / name}"])
+            check(work / name, name)
+            lines.append((name, elapsed_s))
+
+        server = EmbeddedS3(bucket="smoke")
+        server.start()
+        try:
+            s3 = server.endpoint
+            env = {**os.environ, "AWS_ACCESS_KEY_ID": s3.access_key_id,
+                   "AWS_SECRET_ACCESS_KEY": s3.secret_access_key}
+            where = [f"storage.uri=s3://{s3.bucket}/smoke", f"storage.endpoint={s3.endpoint_url}",
+                     "model=tiny_llama"]
+            _, save_s = dcp_fsdp(["save", *where, "nproc=1", f"results_dir={work / 'save-1'}"],
+                                 env)
+            suffix = check(work / "save-1", "save nproc=1")["suffixes"][0]
+            _, load_s = dcp_fsdp(["load", *where, "nproc=2", f"suffix={suffix}",
+                                  f"results_dir={work / 'load-2'}"], env)
+            run = check(work / "load-2", "resharded load")
+            if run["world_size"] != 2:
+                raise SystemExit(f"torch-smoke: FAILED: resharded load ran {run['world_size']} ranks")
+            lines.append(("reshard save nproc=1 + load nproc=2", save_s + load_s))
+        finally:
+            server.stop()
+
+        report, elapsed_s = dcp_fsdp(["report", *(str(p) for p in sorted(work.iterdir()))])
+        if "save" not in report:
+            raise SystemExit("torch-smoke: FAILED: the report shows no save")
+        lines.append(("report", elapsed_s))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for name, elapsed_s in lines:
+        print(f"torch-smoke: torch {torch.__version__}: {name}: ok in {elapsed_s:.1f} s")
+    print(f"torch-smoke: torch {torch.__version__}: passed")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

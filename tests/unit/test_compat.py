@@ -1,0 +1,215 @@
+"""compat.py holds every private torch / s3torchconnector internal: an AST scan of the
+package finds none elsewhere, and each internal fails with one line when it is missing."""
+
+from __future__ import annotations
+
+import ast
+import pickle
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from dcp_fsdp import compat
+from tests.kit.cli import REPO
+
+PACKAGE = REPO / "dcp_fsdp"
+FOREIGN = ("torch", "s3torchconnector", "s3torchconnectorclient")
+PRIVATE_PATH = re.compile(r"^(?:%s)(?:\.\w+)*\._[A-Za-z]\w*" % "|".join(FOREIGN))
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _foreign(module: str | None) -> bool:
+    return bool(module) and module.split(".")[0] in FOREIGN
+
+
+def _chain(node: ast.AST) -> tuple[ast.AST, list[str]]:
+    """x.a.b -> (x, ["a", "b"])."""
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    return node, names[::-1]
+
+
+def _own_private_names() -> set[str]:
+    """Every _name the package defines itself (functions, classes, attributes, variables):
+    reaching one of those is the package's own business."""
+    own = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                own.add(node.attr)
+            elif isinstance(node, ast.arg):
+                own.add(node.arg)
+    return {name for name in own if name.startswith("_")}
+
+
+# Private names of the standard library the package may use: documented there.
+STDLIB_PRIVATE = {"_exit", "_asdict", "_replace", "_fields", "_make", "_name_", "_value_",
+                  "_missing_"}
+
+
+def private_uses(source: str, own: set[str]) -> list[str]:
+    """Private torch/connector names a module reaches: imports of private modules or names,
+    attribute chains from a torch/connector name, dotted strings naming private modules, and
+    private attributes the package does not define (a connector object's `_client`)."""
+    found = []
+    bound: set[str] = set()  # local names of foreign modules and objects
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if _foreign(alias.name):
+                    bound.add((alias.asname or alias.name).split(".")[0])
+                    if any(_private(part) for part in alias.name.split(".")):
+                        found.append(f"line {node.lineno}: import {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and _foreign(node.module):
+            for alias in node.names:
+                bound.add(alias.asname or alias.name)
+                path = f"{node.module}.{alias.name}"
+                if any(_private(part) for part in path.split(".")):
+                    found.append(f"line {node.lineno}: from {node.module} import {alias.name}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if PRIVATE_PATH.match(node.value):
+                found.append(f"line {node.lineno}: {node.value!r}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) > 1
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+              and _private(node.args[1].value) and node.args[1].value not in own):
+            found.append(f"line {node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not _private(node.attr):
+            continue
+        root, names = _chain(node)
+        if isinstance(root, ast.Name) and root.id in bound:
+            found.append(f"line {node.lineno}: {root.id}.{'.'.join(names)}")
+        elif (node.attr not in own and node.attr not in STDLIB_PRIVATE
+              and not (isinstance(root, ast.Name) and root.id in ("self", "cls"))):
+            found.append(f"line {node.lineno}: .{node.attr}")
+    return sorted(set(found))
+
+
+def test_no_module_but_compat_reaches_a_private_torch_or_connector_name():
+    own = _own_private_names()
+    offenders = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "compat.py" and path.parent == PACKAGE:
+            continue
+        uses = private_uses(path.read_text(), own)
+        if uses:
+            offenders[str(path.relative_to(REPO))] = uses
+    assert offenders == {}, "put these behind a function in dcp_fsdp/compat.py"
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("from torch.distributed.checkpoint._nested_dict import flatten_state_dict",
+     "from torch.distributed.checkpoint._nested_dict"),
+    ("from torch.distributed.checkpoint.filesystem import _split_by_size_and_type",
+     "import _split_by_size_and_type"),
+    ("from torch.distributed.checkpoint import _async_process_executor as p",
+     "import _async_process_executor"),
+    ("import torch._utils", "import torch._utils"),
+    ("import torch\nsize = torch._utils._element_size(dtype)", "torch._utils._element_size"),
+    ("import torch.distributed as dist\ndist._world", "dist._world"),
+    ("def f(storage_io):\n    storage_io.fs._client._client", "._client"),
+    ("NAME = 's3torchconnectorclient._mountpoint_s3_client'", "_mountpoint_s3_client"),
+    ("client = getattr(storage_io.fs, '_client', None)", "'_client'"),
+])
+def test_the_scan_finds_each_kind_of_private_use(source, expected):
+    uses = private_uses(source, own=set())
+    assert any(expected in use for use in uses), uses
+
+
+def test_the_scan_passes_public_and_own_names():
+    source = ("import os\nimport torch\nfrom torch.distributed.checkpoint import FileSystemWriter\n"
+              "class A:\n    def __init__(self):\n        self._x = 1\n"
+              "    def f(self, other):\n        return other._x + torch.float32.itemsize\n"
+              "os._exit(0)\n")
+    assert private_uses(source, own={"_x"}) == []
+
+
+def test_importing_compat_imports_neither_torch_nor_the_connector():
+    code = ("import sys, dcp_fsdp.compat as c; c.torch_version_problem(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 's3torchconnector', 's3torchconnectorclient')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=REPO, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+# -- each internal: there on the tested torch, one line when it is not --------------------
+
+def test_the_internals_work_on_the_installed_torch():
+    import torch
+
+    flat, _ = compat.flatten_state_dict({"model": {"w": torch.ones(2)}, "step": 3})
+    assert set(flat) == {"model.w", "step"}
+    assert compat.split_by_size_and_type(1, ["a", "b"]) == [["a", "b"]]
+
+
+def test_a_missing_internal_names_it_the_version_and_a_way_out(monkeypatch):
+    import torch.distributed.checkpoint.filesystem as filesystem
+
+    monkeypatch.delattr(filesystem, "_split_by_size_and_type")
+    with pytest.raises(compat.MissingInternal) as error:
+        compat.split_by_size_and_type(2, [])
+    message = str(error.value)
+    assert "torch.distributed.checkpoint.filesystem._split_by_size_and_type" in message
+    assert f"torch {compat.installed_version('torch')}" in message
+    assert "\n" not in message
+
+
+def test_a_missing_daemon_internal_points_to_the_thread_checkpointer(monkeypatch):
+    import torch.distributed.checkpoint._async_process_executor as executor
+
+    monkeypatch.delattr(executor, "_ProcessGroupInitInfo")
+    with pytest.raises(compat.MissingInternal, match="use async_save.checkpointer=thread"):
+        compat.start_checkpoint_daemon(None)
+
+
+def test_the_daemon_init_info_unpickles_as_torchs_own_after_the_death_signal(monkeypatch):
+    calls = []
+    monkeypatch.setattr(compat, "_die_with_parent", lambda: calls.append("prctl"))
+    info = types.SimpleNamespace(global_rank=1, world_size=2)
+    restored = pickle.loads(pickle.dumps(compat._DiesWithRank(info)))
+    assert calls == ["prctl"]
+    assert type(restored) is types.SimpleNamespace and restored.global_rank == 1
+
+
+def test_warm_up_without_the_client_warns_once(capsys):
+    compat._warned.discard("client")
+    for _ in range(2):
+        assert compat.build_native_client(object()) is False
+    err = capsys.readouterr().err
+    assert err.count("client set-up (~1 s) is inside the first timed save") == 1
+    assert f"s3torchconnector {compat.installed_version('s3torchconnector')}" in err
+
+
+@pytest.mark.parametrize("version, refused", [("2.6.0", True), ("2.10.1+cu128", True),
+                                              ("2.11.0", False), ("2.15.0+cu132", False),
+                                              ("2.16.0", False)])
+def test_torch_outside_the_tested_range_is_refused_or_warned(monkeypatch, capsys, version,
+                                                             refused):
+    from dcp_fsdp.errors import UserError
+    from dcp_fsdp.launch import checks
+
+    monkeypatch.setattr(compat, "installed_version",
+                        lambda name: version if name == "torch" else "1.5.0")
+    if refused:
+        with pytest.raises(UserError, match=f"torch {re.escape(version)} is older than 2.11"):
+            checks.check_torch()
+        return
+    checks.check_torch()
+    newer = compat.release(version) > compat.TORCH_MAX_TESTED
+    assert ("newer than 2.15" in capsys.readouterr().err) == newer
