@@ -1,10 +1,17 @@
-"""Entry point of a rank started by the local launcher (config passed as a file):
-`python -m dcp_fsdp.rank`."""
+"""Entry point of a rank started by the local launcher under torch's elastic agent
+(config passed as a file): `python -m dcp_fsdp.rank`."""
 
 import os
+import signal
 import time
 
 PROCESS_START_MONO = time.monotonic()
+
+
+def _quiet_exit(signum, frame):
+    # Ctrl-C / SIGTERM while torch is still importing (the first seconds): end without a
+    # KeyboardInterrupt traceback; the launcher records the run as interrupted.
+    os._exit(130)
 
 
 def main() -> int:
@@ -26,6 +33,11 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, _quiet_exit)
+    signal.signal(signal.SIGTERM, _quiet_exit)
+    from dcp_fsdp.lifeline import die_with_parent
+
+    die_with_parent(signal.SIGTERM)  # the agent killed: this rank ends too
     from dcp_fsdp.rank.distributed import end_process
 
     end_process(main())

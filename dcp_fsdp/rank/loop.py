@@ -69,6 +69,7 @@ class CheckpointLoop:
         # a run cut short by an interrupt or a failure still records whole operations.
         self.shared_samples: list[Sample] = []
         self.suffixes: list[str] = []
+        self.writing_suffix: str | None = None  # a save in progress: incomplete if we stop
         # Per suffix loaded: {"checked": bool, "reason": why not} (recorded on the run line).
         self.integrity: dict[str, dict[str, Any]] = {}
         self._expected_checksums: dict[str, int | None] = {}  # suffix -> seed to check with
@@ -278,9 +279,11 @@ class CheckpointLoop:
         for iteration in range(1, dcp_iterations + 1):
             if command in (Command.save, Command.save_and_load):
                 suffix = self._choose_save_suffix(iteration)
+                self.writing_suffix = suffix
                 self.keep(self._timed("save", iteration, suffix))
                 self.suffixes.append(suffix)
                 self._write_manifest(suffix)
+                self.writing_suffix = None
                 self.log(f"saved suffix={suffix} at {self.store.location(suffix)} "
                          f"(iteration {iteration}/{self.cfg.iterations})")
             else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from dcp_fsdp.storage.layout import CheckpointInfo
+from dcp_fsdp.storage.layout import CheckpointInfo, OpenUpload
 
 
 @runtime_checkable
@@ -48,3 +48,11 @@ class CheckpointStore(Protocol):
     def put_small(self, suffix: str, name: str, data: bytes) -> None: ...
 
     def get_small(self, suffix: str, name: str) -> bytes | None: ...
+
+    # -- what a stopped save leaves (S3 multipart uploads: stored and billed until aborted)
+    def open_uploads(self, suffix: str | None = None) -> list[OpenUpload]:
+        """Uploads started and neither completed nor aborted, under `suffix` (None: all
+        under the store's root). A file system has none."""
+
+    def abort_uploads(self, suffix: str | None = None) -> int:
+        """Abort those uploads; how many were aborted."""

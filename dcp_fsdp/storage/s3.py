@@ -155,5 +155,11 @@ class S3Store:
     def get_small(self, suffix: str, name: str) -> bytes | None:
         return self.control.get_small(suffix, name)
 
+    def open_uploads(self, suffix: str | None = None):
+        return self.control.open_uploads(suffix)
+
+    def abort_uploads(self, suffix: str | None = None) -> int:
+        return self.control.abort_uploads(suffix)
+
     def boto_client(self):
         return self.control.client()
