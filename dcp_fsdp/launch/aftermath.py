@@ -40,23 +40,24 @@ def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
     if outcome.status == "ok":
         return
     path = find_record(cfg.results_dir, run_id)
-    run_line = None
     if path is None:
         run = records.RunRecord(
             run_id=run_id, command=cfg.command.value, argv=records.command_line(),
             status=outcome.status, error=outcome.error, finished_at=records.utc_now(),
             config=records.config_for_record(cfg), world_size=cfg.nproc,
-            versions=records.versions(), slurm=records.slurm_environment())
+            versions=records.versions(), slurm=records.slurm_environment(),
+            incomplete_suffix=outcome.writing_suffix)
         path = write_record(cfg.results_dir, run, [])
         log.info(f"record: {path} ({outcome.status})")
+        rank_wrote = False
     else:
-        run_line = _amend(path, outcome)
+        rank_wrote = True
+    run_line = _amend(path, outcome)
     if outcome.status == "interrupted":
         log.error("interrupted")
-    elif outcome.error and (run_line is None or " was killed by " in outcome.error):
+    elif outcome.error and (not rank_wrote or " was killed by " in outcome.error):
         log.error(outcome.error)  # no rank said it: it was killed, or never got going
-    if run_line is not None:
-        _partial_checkpoints(cfg, run_line, env or {})
+    _partial_checkpoints(cfg, run_line, env or {})
 
 
 def _amend(path: Path, outcome: "RanksOutcome") -> dict:
@@ -64,11 +65,17 @@ def _amend(path: Path, outcome: "RanksOutcome") -> dict:
     the agent after a peer died cannot always tell that from an interrupt."""
     lines = path.read_text().splitlines()
     run_line = json.loads(lines[0])
+    changed = False
     if run_line.get("status") != outcome.status and run_line.get("status") != "ok":
         rank_said = run_line.get("error")
         run_line["status"] = outcome.status
         run_line["error"] = (outcome.error if not rank_said or rank_said == outcome.error
-                             else f"{outcome.error} (rank 0: {rank_said})")
+                             else f"{outcome.error}; the ranks recorded: {rank_said}")
+        changed = True
+    if outcome.writing_suffix and not run_line.get("incomplete_suffix"):
+        run_line["incomplete_suffix"] = outcome.writing_suffix
+        changed = True
+    if changed:
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("\n".join([json.dumps(run_line), *lines[1:]]) + "\n")
         os.replace(tmp, path)

@@ -56,6 +56,7 @@ class RanksOutcome:
     status: str  # ok | failed | interrupted
     error: str | None = None  # one line: the rank that ended first and why
     signal_name: str | None = None  # the signal an interrupt came with
+    writing_suffix: str | None = None  # the suffix a save was writing when the run ended
     failures: dict[str, dict] = field(default_factory=dict)  # torchrun's, per global rank
 
 
@@ -97,8 +98,10 @@ def _run_agent(cfg: BenchmarkConfig, run_id: str, env: dict[str, str], module: s
     config_path = run_dir / "config.yaml"
     OmegaConf.save(OmegaConf.structured(cfg), config_path)
     summary_path = run_dir / "agent.json"
+    writing_path = run_dir / "writing-suffix"
     agent_env = {**env, contract.CONFIG_ENV: str(config_path), contract.RUN_ID_ENV: run_id,
                  contract.PREFLIGHT_DONE_ENV: "1", contract.AGENT_SUMMARY_ENV: str(summary_path),
+                 contract.WRITING_SUFFIX_FILE_ENV: str(writing_path),
                  contract.ARGV_ENV: json.dumps(records.command_line()),
                  "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(RANK_STOP_GRACE_S),
                  # Each rank uses its share of the cores (torchrun would say 1, with a warning).
@@ -126,7 +129,12 @@ def _run_agent(cfg: BenchmarkConfig, run_id: str, env: dict[str, str], module: s
         signal.signal(signal.SIGTERM, previous_sigterm)
         signal.signal(signal.SIGINT, previous_sigint)
     summary = _read_summary(summary_path)
-    return _outcome(agent.returncode if agent is not None else None, summary, interrupted_by)
+    outcome = _outcome(agent.returncode if agent is not None else None, summary, interrupted_by)
+    try:
+        outcome.writing_suffix = writing_path.read_text().strip() or None
+    except OSError:
+        pass
+    return outcome
 
 
 def _agent_lifeline() -> None:

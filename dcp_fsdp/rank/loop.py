@@ -9,6 +9,7 @@ delay all happen outside the timers.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from dcp_fsdp import contract
 from dcp_fsdp.config.schema import BenchmarkConfig, Command
 from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.models import values
@@ -279,11 +281,11 @@ class CheckpointLoop:
         for iteration in range(1, dcp_iterations + 1):
             if command in (Command.save, Command.save_and_load):
                 suffix = self._choose_save_suffix(iteration)
-                self.writing_suffix = suffix
+                self._note_writing(suffix)
                 self.keep(self._timed("save", iteration, suffix))
                 self.suffixes.append(suffix)
                 self._write_manifest(suffix)
-                self.writing_suffix = None
+                self._note_writing(None)
                 self.log(f"saved suffix={suffix} at {self.store.location(suffix)} "
                          f"(iteration {iteration}/{self.cfg.iterations})")
             else:
@@ -321,6 +323,14 @@ class CheckpointLoop:
                 self.keep(sample)
         dist.barrier()
         return self.samples
+
+    def _note_writing(self, suffix: str | None) -> None:
+        """The save in progress (None: none), for the record and the launcher's file."""
+        self.writing_suffix = suffix
+        path = os.environ.get(contract.WRITING_SUFFIX_FILE_ENV)
+        if path and self.ctx.is_coordinator:
+            with open(path, "w") as f:
+                f.write(suffix or "")
 
     def _pause(self) -> None:
         if self.cfg.delay_s > 0:
