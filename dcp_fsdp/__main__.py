@@ -1,5 +1,24 @@
+import os
 import sys
 
-from dcp_fsdp.cli import main
+from dcp_fsdp.contract import CONFIG_ENV
+
+if os.environ.get(CONFIG_ENV) and "RANK" in os.environ:
+    # A rank of the local launcher, started by torch's elastic agent. Before torch is
+    # imported (the first seconds): Ctrl-C / SIGTERM ends it without a KeyboardInterrupt
+    # traceback (the launcher records the run as interrupted; run_rank installs the real
+    # handlers), and it dies with the agent, whatever kills the agent.
+    import signal
+
+    from dcp_fsdp.lifeline import die_with_parent
+
+    def _quiet_exit(signum, frame):
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, _quiet_exit)
+    signal.signal(signal.SIGTERM, _quiet_exit)
+    die_with_parent(signal.SIGTERM)
+
+from dcp_fsdp.cli import main  # noqa: E402
 
 sys.exit(main())

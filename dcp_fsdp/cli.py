@@ -38,9 +38,12 @@ def prepare(command: str, overrides: list[str]):
     fails here, before anything starts (for a sweep: before its first job starts)."""
     from dcp_fsdp.config.compose import compose
 
-    # `list` takes the same storage settings as a save; the command value is unused.
-    cfg = compose("save" if command == "list" else command, overrides)
-    if command != "list" and not under_torchrun():
+    from dcp_fsdp.config.usage import STORAGE_ONLY_COMMANDS
+
+    # `list` and `clean-uploads` take the same storage settings as a save; the command
+    # value is unused.
+    cfg = compose("save" if command in STORAGE_ONLY_COMMANDS else command, overrides)
+    if command not in STORAGE_ONLY_COMMANDS and not under_torchrun():
         from dcp_fsdp.launch.checks import check_launch
 
         check_launch(cfg)
@@ -52,7 +55,16 @@ def execute(command: str, cfg) -> int:
         from dcp_fsdp.launch.listing import list_checkpoints
 
         return list_checkpoints(cfg)
+    if command == "clean-uploads":
+        from dcp_fsdp.launch.listing import clean_uploads
+
+        return clean_uploads(cfg)
     if under_torchrun():
+        import signal
+
+        from dcp_fsdp.lifeline import die_with_parent
+
+        die_with_parent(signal.SIGTERM)  # the agent killed: this rank ends too
         check_torchrun_rank(cfg)  # before torch is imported: bad input fails in a second
         from dcp_fsdp.rank.session import run_rank
 

@@ -14,9 +14,14 @@ PREFLIGHT_DONE_ENV = "DCP_FSDP_PREFLIGHT_DONE"  # launcher -> rank: storage alre
 EMBEDDED_ENV = "DCP_FSDP_EMBEDDED_S3"  # launcher -> rank: the embedded SeaweedFS is in use
 ARGV_ENV = "DCP_FSDP_ARGV"  # launcher -> rank: the user's command line (JSON list)
 DEBUG_ENV = "DCP_FSDP_DEBUG"  # user: print tracebacks of failures as well as the one line
+AGENT_SUMMARY_ENV = "DCP_FSDP_AGENT_SUMMARY"  # launcher -> agent: where to write the outcome
+# launcher -> rank 0: a file where rank 0 notes the suffix a save is writing, so a launcher
+# whose rank 0 was stopped in native code (no record) can still name the partial checkpoint
+WRITING_SUFFIX_FILE_ENV = "DCP_FSDP_WRITING_SUFFIX_FILE"
 
 # Every variable above, for documentation and checks.
-ALL_ENV = (CONFIG_ENV, RUN_ID_ENV, PREFLIGHT_DONE_ENV, EMBEDDED_ENV, ARGV_ENV, DEBUG_ENV)
+ALL_ENV = (CONFIG_ENV, RUN_ID_ENV, PREFLIGHT_DONE_ENV, EMBEDDED_ENV, ARGV_ENV, DEBUG_ENV,
+           AGENT_SUMMARY_ENV, WRITING_SUFFIX_FILE_ENV)
 
 # -- signals -----------------------------------------------------------------------------
 # launcher -> surviving ranks after another rank failed: end as "failed", not "interrupted"

@@ -11,12 +11,14 @@ COMMANDS = {
     "save-and-load": "N x (save, load, bit-exact check): the stress loop",
     "ceiling": "the storage's raw PUT/GET ceiling for this model's shards, no DCP",
     "tune": "search connector settings within tune.budget_s; prints the best as overrides",
-    "list": "list checkpoint suffixes under storage.uri / storage.path",
+    "list": "list checkpoint suffixes under storage.uri / storage.path, and open uploads",
+    "clean-uploads": "abort the multipart uploads stopped saves left open under storage.uri",
     "wait": "hold an allocation doing nothing: duration=2m (batch/waitbatch.sh)",
     "report": "tables and plots over records: report [PATHS] [--format md|csv] [--plot DIR]",
 }
 RUN_COMMANDS = ("save", "load", "save-and-load", "ceiling")
-SETTINGS_COMMANDS = (*RUN_COMMANDS, "tune", "list")
+SETTINGS_COMMANDS = (*RUN_COMMANDS, "tune", "list", "clean-uploads")
+STORAGE_ONLY_COMMANDS = ("list", "clean-uploads")  # settings of a save; no ranks
 
 EXAMPLES = """examples:
   dcp-fsdp save-and-load nproc=2

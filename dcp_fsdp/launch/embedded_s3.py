@@ -18,12 +18,12 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from dcp_fsdp import lifeline
 from dcp_fsdp.errors import UserError
 
 LOOPBACK = "127.0.0.1"
@@ -90,6 +90,10 @@ def weed_binary() -> str:
     )
 
 
+def _die_with_starter() -> None:
+    lifeline.die_with_parent(signal.SIGTERM)
+
+
 class EmbeddedS3:
     """Context manager: a SeaweedFS S3 server on 127.0.0.1, stopped on exit."""
 
@@ -109,10 +113,13 @@ class EmbeddedS3:
         self.ports: dict[str, int] = {}
 
     def start(self) -> S3Endpoint:
-        self.workdir = Path(tempfile.mkdtemp(prefix="dcp-fsdp-s3-"))
+        # Named after this process: if it is killed, the next run removes the directory
+        # and the server's sockets (dcp_fsdp/lifeline.py).
+        self.workdir = lifeline.owned_tempdir("dcp-fsdp-s3-")
         (self.workdir / "data").mkdir()
         (self.workdir / "logs").mkdir()
         ports = self.ports = dict(zip(_PORT_NAMES, free_ports(len(_PORT_NAMES), self.host)))
+        (self.workdir / "ports.txt").write_text(" ".join(str(p) for p in ports.values()))
         access_key_id, secret_access_key = self.access_key_id, self.secret_access_key
         args = [
             weed_binary(), f"-logdir={self.workdir / 'logs'}", "mini",
@@ -135,6 +142,7 @@ class EmbeddedS3:
         self.process = subprocess.Popen(
             args, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             cwd=self.workdir, start_new_session=True,  # Ctrl-C reaches us, and we stop it
+            preexec_fn=_die_with_starter,  # ... and if we are killed, it stops too
         )
         log.close()
         self.endpoint = S3Endpoint(
@@ -218,10 +226,8 @@ class EmbeddedS3:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self.process = None
-        for port in self.ports.values():
-            # gRPC servers leave unix sockets in /tmp named after their port.
-            for leftover in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
-                leftover.unlink(missing_ok=True)
+        # gRPC servers leave unix sockets in /tmp named after their port.
+        lifeline.remove_seaweed_sockets(self.ports.values())
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None

@@ -1,143 +1,204 @@
-"""Run N ranks on this machine without torchrun, with the embedded S3 server if needed.
+"""Run N ranks on this machine under torch's elastic agent (torchrun), with the embedded
+S3 server if needed.
 
-The parent stays light (no torch import): it checks the storage (fast, clear
-failures before any rank starts), starts SeaweedFS when no S3 is configured,
-spawns the ranks with torchrun's environment variables, and stops everything
-when a rank fails, on Ctrl-C, or at the end.
+The parent stays light (no torch import): it checks the storage (fast, clear failures
+before any rank starts), starts SeaweedFS when no S3 is configured, then starts torch's
+elastic agent (`python -m dcp_fsdp.rank.agent`: torchrun's own code, quiet) which starts
+the ranks, exactly as `torchrun --standalone` on a cluster node. When the agent ends,
+the parent reads its outcome (per-rank exit codes and error files), makes sure a record
+says how the run ended, names a partial checkpoint, and aborts the multipart uploads a
+stopped save left open.
+
+Signals: the agent runs in its own session, so a terminal's Ctrl-C reaches only this
+parent, which passes it on once (SIGINT or SIGTERM, as received); the agent stops its
+ranks with the same signal. If this parent is killed outright, Linux's parent-death
+signal stops the agent (and so the ranks) and the embedded server (dcp_fsdp/lifeline.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from dcp_fsdp import contract, log
+from dcp_fsdp import contract, lifeline, log
 from dcp_fsdp.config.schema import BenchmarkConfig
-from dcp_fsdp.launch.checks import check_launch, record_written, write_record
-from dcp_fsdp.launch.embedded_s3 import free_ports
+from dcp_fsdp.launch.checks import check_launch
 from dcp_fsdp.launch.preflight import preflight, storage_environment
 from dcp_fsdp.telemetry import records
-FAILURE_GRACE_S = 10.0  # after one rank fails, how long the others get to fail on their own
-INTERRUPT_GRACE_S = 8.0  # after an interrupt, how long ranks get to record it and exit
+
+# After the agent has been told to stop: how long it gets to stop its ranks (they record
+# `interrupted`) before it is killed. torch's own grace for the ranks is shorter.
+AGENT_STOP_GRACE_S = 45.0
+RANK_STOP_GRACE_S = 20  # TORCH_ELASTIC_SHUTDOWN_TIMEOUT: ranks' time to record and exit
 
 
 class _LauncherTerminated(KeyboardInterrupt):
-    """SIGTERM to the launcher: handled like Ctrl-C, passed on to the ranks as SIGTERM."""
+    """SIGTERM to the launcher: handled like Ctrl-C, passed on to the agent as SIGTERM."""
 
 
 def _raise_interrupt(signum, frame):
     raise _LauncherTerminated()
 
 
+@dataclass
+class RanksOutcome:
+    """How a launch of the ranks ended, as the parent saw it."""
+
+    exit_code: int
+    status: str  # ok | failed | interrupted
+    error: str | None = None  # one line: the rank that ended first and why
+    signal_name: str | None = None  # the signal an interrupt came with
+    writing_suffix: str | None = None  # the suffix a save was writing when the run ended
+    failures: dict[str, dict] = field(default_factory=dict)  # torchrun's, per global rank
+
+
 def launch_local(cfg: BenchmarkConfig) -> int:
+    """`dcp-fsdp COMMAND nproc=N`: checks, storage, the ranks under torchrun; exit code."""
     check_launch(cfg)  # results_dir, cores, CUDA devices, environment: before anything starts
+    lifeline.remove_stale()  # what a killed run could not remove
     run_id = records.new_run_id(cfg.command.value)
     with storage_environment(cfg) as (cfg, server_env):
         env = {**os.environ, **server_env}
         preflight(cfg, server_env)
-        return _run_ranks(cfg, run_id, env)
+        return run_ranks(cfg, run_id, env)
 
 
-def _run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str]) -> int:
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="dcp-fsdp-", delete=False) as f:
-        OmegaConf.save(OmegaConf.structured(cfg), f)
-        config_path = f.name
-    (master_port,) = free_ports(1)
-    processes: list[subprocess.Popen] = []
+def run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str],
+              module: str = "dcp_fsdp") -> int:
+    """Start cfg.nproc ranks (`python -m MODULE`, config in DCP_FSDP_CONFIG: cli.py's
+    launched_rank takes it from there) under torch's elastic agent with `env`, wait for them, and leave a record of how they ended (the
+    public entry for callers that manage storage themselves, e.g. tune). Exit code."""
+    run_dir = lifeline.owned_tempdir("dcp-fsdp-run-")
+    try:
+        outcome = _run_agent(cfg, run_id, env, module, run_dir)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    from dcp_fsdp.launch.aftermath import settle
+
+    settle(cfg, run_id, outcome, env)
+    return outcome.exit_code
+
+
+def _agent_command(cfg: BenchmarkConfig, module: str, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "dcp_fsdp.rank.agent", "--standalone",
+            f"--nproc-per-node={cfg.nproc}", "--max-restarts=0",
+            f"--log-dir={run_dir / 'torchelastic'}", "-m", module]
+
+
+def _run_agent(cfg: BenchmarkConfig, run_id: str, env: dict[str, str], module: str,
+               run_dir: Path) -> RanksOutcome:
+    config_path = run_dir / "config.yaml"
+    OmegaConf.save(OmegaConf.structured(cfg), config_path)
+    summary_path = run_dir / "agent.json"
+    writing_path = run_dir / "writing-suffix"
+    agent_env = {**env, contract.CONFIG_ENV: str(config_path), contract.RUN_ID_ENV: run_id,
+                 contract.PREFLIGHT_DONE_ENV: "1", contract.AGENT_SUMMARY_ENV: str(summary_path),
+                 contract.WRITING_SUFFIX_FILE_ENV: str(writing_path),
+                 contract.ARGV_ENV: json.dumps(records.command_line()),
+                 "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(RANK_STOP_GRACE_S),
+                 # Each rank uses its share of the cores (torchrun would say 1, with a warning).
+                 "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS",
+                                            str(max(1, (os.cpu_count() or 1) // cfg.nproc)))}
     # SIGTERM to the launcher (kill, scancel of a batch step) ends the run like Ctrl-C.
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
     previous_sigint = signal.getsignal(signal.SIGINT)
+    agent = None
+    interrupted_by = None
     try:
-        for rank in range(cfg.nproc):
-            rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank),
-                        "WORLD_SIZE": str(cfg.nproc), "LOCAL_WORLD_SIZE": str(cfg.nproc),
-                        "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": str(master_port), contract.CONFIG_ENV: config_path,
-                        contract.RUN_ID_ENV: run_id, contract.PREFLIGHT_DONE_ENV: "1",
-                        contract.ARGV_ENV: json.dumps(records.command_line()),
-                        # Each rank uses its share of the cores, as torchrun would arrange.
-                        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS",
-                                                   str(max(1, (os.cpu_count() or 1) // cfg.nproc)))}
-            # the same entry point as under torchrun (cli.py); the settings come as a file
-            processes.append(subprocess.Popen([sys.executable, "-m", "dcp_fsdp",
-                                               cfg.command.value],
-                                              env=rank_env))
-        exit_code = _wait(processes)
+        agent = subprocess.Popen(_agent_command(cfg, module, run_dir), env=agent_env,
+                                 start_new_session=True, preexec_fn=_agent_lifeline)
+        agent.wait()
     except KeyboardInterrupt as interrupt:
-        # A Ctrl-C in the terminal reaches the ranks too (same process group), but a signal
-        # sent to the launcher alone does not: pass it on (ranks ignore a second one), let
-        # them record `interrupted`, then stop any that linger.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        forwarded = (signal.SIGTERM if isinstance(interrupt, _LauncherTerminated)
-                     else signal.SIGINT)
-        for process in processes:
-            if process.poll() is None:
-                process.send_signal(forwarded)
-        _stop(processes, grace_s=INTERRUPT_GRACE_S)
-        exit_code = contract.EXIT_INTERRUPTED
+        interrupted_by = (signal.SIGTERM if isinstance(interrupt, _LauncherTerminated)
+                          else signal.SIGINT)
+        if agent is not None:
+            _stop_agent(agent, interrupted_by)
     finally:
-        _stop(processes, grace_s=0)
+        if agent is not None and agent.poll() is None:
+            _stop_agent(agent, signal.SIGTERM)
         signal.signal(signal.SIGTERM, previous_sigterm)
         signal.signal(signal.SIGINT, previous_sigint)
-        Path(config_path).unlink(missing_ok=True)
-    if exit_code != 0 and not record_written(cfg.results_dir, run_id):
-        _write_failure_record(cfg, run_id, exit_code, processes)
-    return exit_code
+    summary = _read_summary(summary_path)
+    outcome = _outcome(agent.returncode if agent is not None else None, summary, interrupted_by)
+    try:
+        outcome.writing_suffix = writing_path.read_text().strip() or None
+    except OSError:
+        pass
+    return outcome
 
 
-def _wait(processes: list[subprocess.Popen]) -> int:
-    failed_at = None
-    while True:
-        codes = [p.poll() for p in processes]
-        if all(code is not None for code in codes):
-            return next((code for code in codes if code != 0), 0)
-        if failed_at is None and any(code not in (None, 0) for code in codes):
-            failed_at = time.monotonic()
-        if failed_at is not None and time.monotonic() - failed_at > FAILURE_GRACE_S:
-            # The survivors are stuck in a collective with a dead peer: tell them why (they
-            # record "failed"), then stop any that cannot get out of native code.
-            peer_failed = getattr(signal, contract.PEER_FAILED_SIGNAL_NAME)
-            for process in processes:
-                if process.poll() is None:
-                    process.send_signal(peer_failed)
-            _stop(processes, grace_s=5)
-            return next(code for code in codes if code not in (None, 0))
-        time.sleep(0.1)
+def _agent_lifeline() -> None:
+    lifeline.die_with_parent(signal.SIGTERM)
 
 
-def _stop(processes: list[subprocess.Popen], grace_s: float) -> None:
-    deadline = time.monotonic() + grace_s
-    while grace_s > 0 and time.monotonic() < deadline and any(p.poll() is None for p in processes):
-        time.sleep(0.1)
-    for process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    for process in processes:
+def _stop_agent(agent: subprocess.Popen, signum: int) -> None:
+    """Tell the agent to stop its ranks with `signum`; kill its whole group if it hangs."""
+    try:
+        agent.send_signal(signum)
+        agent.wait(timeout=AGENT_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
         try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            os.killpg(agent.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        agent.wait()
 
 
-def _write_failure_record(cfg: BenchmarkConfig, run_id: str, exit_code: int,
-                          processes: list[subprocess.Popen]) -> None:
-    """Rank 0 died before writing its record: leave one that says the run failed."""
-    codes = {rank: p.returncode for rank, p in enumerate(processes)}
-    status = "interrupted" if exit_code == contract.EXIT_INTERRUPTED else "failed"
-    run = records.RunRecord(
-        run_id=run_id, command=cfg.command.value, argv=records.command_line(), status=status,
-        error=f"rank exit codes {codes}", finished_at=records.utc_now(),
-        config=records.config_for_record(cfg), world_size=cfg.nproc,
-        versions=records.versions(), slurm=records.slurm_environment())
-    path = write_record(cfg.results_dir, run, [])
-    log.info(f"record: {path} ({status})")
+def _read_summary(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # the agent died before writing it
+
+
+def _outcome(agent_code: int | None, summary: dict, interrupted_by) -> RanksOutcome:
+    if interrupted_by is not None:
+        name = signal.Signals(interrupted_by).name
+        return RanksOutcome(contract.EXIT_INTERRUPTED, "interrupted", f"interrupted by {name}",
+                            name, summary.get("failures", {}))
+    if agent_code == 0:
+        return RanksOutcome(contract.EXIT_OK, "ok")
+    if summary.get("outcome") == "interrupted":  # the agent itself was signalled
+        name = summary.get("signal") or "SIGTERM"
+        return RanksOutcome(contract.EXIT_INTERRUPTED, "interrupted", f"interrupted by {name}",
+                            name, summary.get("failures", {}))
+    failures = summary.get("failures", {})
+    if not failures:
+        why = summary.get("agent_error") or f"torch's elastic agent exited with {agent_code}"
+        return RanksOutcome(contract.EXIT_FAILED, "failed", why)
+    rank, first = first_failure(failures)
+    code = first["exitcode"]
+    if code == contract.EXIT_INTERRUPTED:  # a rank alone was sent SIGINT / SIGTERM
+        return RanksOutcome(code, "interrupted", f"rank {rank}: {first['message']}",
+                            None, failures)
+    if code < 0:
+        line = f"rank {rank} was killed by {first['signal'] or f'signal {-code}'}"
+        return RanksOutcome(contract.EXIT_FAILED, "failed", line, None, failures)
+    message = first["message"]
+    line = (f"rank {rank}: {message.split(': ', 1)[1]}" if message.startswith("failed: ")
+            else f"rank {rank} exited with {code}" + (f": {message}" if message else ""))
+    return RanksOutcome(code if code in (contract.EXIT_FAILED, contract.EXIT_USER_ERROR)
+                        else contract.EXIT_FAILED, "failed", line, None, failures)
+
+
+def first_failure(failures: dict[str, dict]) -> tuple[int, dict]:
+    """The rank that ended first on its own: not one stopped because a peer had ended
+    (their error files say "stopped after"), earliest timestamp, lowest rank."""
+    def stopped(entry: dict) -> bool:
+        return "stopped after rank" in entry.get("message", "") or \
+            "stopped by the launcher" in entry.get("message", "")
+    ordered = sorted(failures.items(),
+                     key=lambda item: (stopped(item[1]), item[1].get("timestamp", 0),
+                                       int(item[0])))
+    rank, entry = ordered[0]
+    return int(rank), entry

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from dcp_fsdp.config.schema import Backend
-from dcp_fsdp.errors import UserError
+from dcp_fsdp.errors import BenchmarkFailure, UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,16 +82,24 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 
 
 def rank0_decides(ctx: "RankContext", decide: Callable[[], Any]) -> Any:
-    """Run `decide` on rank 0; every rank gets its result, or raises its UserError."""
+    """Run `decide` on rank 0; every rank gets its result, or raises its UserError, or
+    (any other exception on rank 0) a BenchmarkFailure with rank 0's error: the other
+    ranks never wait in the broadcast for a rank 0 that has left it."""
     outcome: tuple[str, Any] = ("ok", None)
     if ctx.is_coordinator:
         try:
             outcome = ("ok", decide())
         except UserError as error:
             outcome = ("error", str(error))
+        except Exception as error:
+            from dcp_fsdp.rank.failures import root_cause
+
+            outcome = ("failed", f"rank 0: {root_cause(error)}")
     outcome = broadcast_object(outcome)
     if outcome[0] == "error":
         raise UserError(outcome[1])
+    if outcome[0] == "failed":
+        raise BenchmarkFailure(outcome[1])
     return outcome[1]
 
 

@@ -9,6 +9,7 @@ delay all happen outside the timers.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import time
 from typing import Any, Callable
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from dcp_fsdp import contract
 from dcp_fsdp.config.schema import BenchmarkConfig, Command
 from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.models import values
@@ -50,6 +52,7 @@ class CheckpointLoop:
         # a run cut short by an interrupt or a failure still records whole operations.
         self.shared_samples: list[Sample] = []
         self.suffixes: list[str] = []
+        self.writing_suffix: str | None = None  # a save in progress: incomplete if we stop
         # Per suffix loaded: {"checked": bool, "reason": why not} (recorded on the run line).
         self.integrity: dict[str, dict[str, Any]] = {}
         self._expected_checksums: dict[str, int | None] = {}  # suffix -> seed to check with
@@ -277,6 +280,7 @@ class CheckpointLoop:
         for iteration in range(1, dcp_iterations + 1):
             if command in (Command.save, Command.save_and_load):
                 suffix = self._choose_save_suffix(iteration)
+                self._note_writing(suffix)
                 done = self._timed("save", iteration, suffix)
                 self.suffixes.append(suffix)
                 self._complete_pending()  # the previous save (this one waited for its upload)
@@ -329,8 +333,18 @@ class CheckpointLoop:
         done, suffix, iteration = pending
         self.keep(done() if callable(done) else done)
         self._write_manifest(suffix)
+        if self.writing_suffix == suffix:  # (with a cadence the next save may be under way)
+            self._note_writing(None)
         self.log(f"saved suffix={suffix} at {self.store.location(suffix)} "
                  f"(iteration {iteration}/{self.cfg.iterations})")
+
+    def _note_writing(self, suffix: str | None) -> None:
+        """The save in progress (None: none), for the record and the launcher's file."""
+        self.writing_suffix = suffix
+        path = os.environ.get(contract.WRITING_SUFFIX_FILE_ENV)
+        if path and self.ctx.is_coordinator:
+            with open(path, "w") as f:
+                f.write(suffix or "")
 
     def _pause(self) -> None:
         if self.cfg.delay_s > 0:

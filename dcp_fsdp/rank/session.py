@@ -18,6 +18,7 @@ import traceback
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import BenchmarkConfig, Command, StorageKind
 from dcp_fsdp.errors import UserError
+from dcp_fsdp.rank import peers  # first: it notes this rank's agent at import
 from dcp_fsdp.telemetry import records
 from dcp_fsdp.telemetry.records import InitRow, RunRecord, Sample
 
@@ -53,6 +54,7 @@ class InterruptGuard:
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
+        self.ended_peers: list[int] = []  # ranks of this node gone when a SIGTERM came
 
     def install(self) -> None:
         signal.signal(signal.SIGINT, self._on_signal)
@@ -63,6 +65,12 @@ class InterruptGuard:
         if self.signal_name is not None:
             return
         self.signal_name = signal.Signals(signum).name
+        if signum == signal.SIGTERM:
+            # torch's elastic agent stops the survivors with SIGTERM when a rank ended
+            # first: that run failed, it was not interrupted (dcp_fsdp/rank/peers.py).
+            self.ended_peers = peers.ended_local_peers()
+            if self.ended_peers:
+                self.signal_name = contract.PEER_FAILED_SIGNAL_NAME
         if self.signal_name == contract.PEER_FAILED_SIGNAL_NAME:
             raise PeerFailed()
         raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
@@ -83,8 +91,10 @@ def _caused_by_interrupt(error: BaseException) -> bool:
 
 
 class RankSession:
-    def __init__(self, cfg: BenchmarkConfig, process_start_mono: float) -> None:
+    def __init__(self, cfg: BenchmarkConfig, process_start_mono: float,
+                 guard: InterruptGuard | None = None) -> None:
         self.cfg = cfg
+        self.guard = guard or InterruptGuard()
         self.process_start_mono = process_start_mono
         self.ctx = None  # RankContext once joined
         self.loop = None  # CheckpointLoop once built
@@ -189,6 +199,9 @@ class RankSession:
         log.error(f"rank {self.rank}: {message}")
         if self.is_coordinator:
             self.write_record("failed", message, self.samples(), [self.init])
+        if self.request_log is not None:
+            self.request_log.remove()  # os._exit skips every cleanup
+        write_error_file("failed", message)
         os._exit(contract.EXIT_FAILED)
 
     def samples(self) -> list:
@@ -210,12 +223,24 @@ class RankSession:
         run = self.run
         run.status, run.error, run.finished_at = status, error_line, records.utc_now()
         run.suffixes = list(self.loop.suffixes) if self.loop is not None else []
+        if status != "ok" and self.loop is not None:
+            run.incomplete_suffix = self.loop.writing_suffix
         run.integrity = dict(self.loop.integrity) if self.loop is not None else {}
         run.init, run.versions = list(init_rows), records.versions()
         run.slurm = records.slurm_environment()
         from dcp_fsdp.telemetry.results_dir import write_record  # falls back if it fails
 
         return write_record(self.cfg.results_dir, run, samples)
+
+    def writes_record(self, status: str) -> bool:
+        """Rank 0 writes the record; if rank 0 has ended (killed, crashed), the lowest
+        surviving rank of its node does, so a failure is never left unrecorded."""
+        if self.is_coordinator:
+            return True
+        ended = self.guard.ended_peers
+        if status == "ok" or 0 not in ended:
+            return False
+        return self.rank == min(r for r in range(self.rank + 1) if r not in ended)
 
     # -- the one way out -----------------------------------------------------------------
     def finish(self, status: str, error_line: str | None) -> None:
@@ -233,7 +258,7 @@ class RankSession:
         self.init.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         init_rows = self.gather(status)
         samples = self.samples()
-        if not (self.is_coordinator and self.run.run_id):
+        if not (self.writes_record(status) and self.run.run_id):
             return
         if self.request_log is not None:
             # requests made outside every timed region, all ranks (per rank: just the count)
@@ -256,7 +281,7 @@ def gpus() -> dict | None:
 def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:
     guard = InterruptGuard()
     guard.install()
-    session = RankSession(cfg, process_start_mono)
+    session = RankSession(cfg, process_start_mono, guard)
     status, error_line, exit_code = "ok", None, contract.EXIT_OK
     try:
         session.start_telemetry()
@@ -267,6 +292,8 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:
     except BaseException as error:
         status, error_line, exit_code = _outcome(error, guard, session)
     session.finish(status, error_line)
+    if status != "ok":
+        write_error_file(status, error_line)
     if status != "interrupted":
         from dcp_fsdp.rank.distributed import shutdown
 
@@ -285,7 +312,12 @@ def _outcome(error: BaseException, guard: InterruptGuard,
     from dcp_fsdp.rank.failures import collective_error, root_cause
 
     if guard.signal_name == contract.PEER_FAILED_SIGNAL_NAME or isinstance(error, PeerFailed):
-        line = "stopped by the launcher after another rank failed (a rank died or raised first)"
+        if guard.ended_peers:
+            ended = ", ".join(str(r) for r in guard.ended_peers)
+            line = (f"stopped after rank {ended} ended first (killed, or failed; its own line "
+                    "or the launcher's says why)")
+        else:
+            line = "stopped by the launcher after another rank failed (a rank died or raised first)"
         return "failed", line, contract.EXIT_FAILED
     if guard.signal_name is not None or _caused_by_interrupt(error):
         name = guard.signal_name or ("SIGTERM" if isinstance(error, Terminated) else "SIGINT")
@@ -303,3 +335,19 @@ def _outcome(error: BaseException, guard: InterruptGuard,
                   if session.ctx is not None and not collective_error(error) else "")
         log.error(f"{prefix}{error_line}")
     return "failed", error_line, contract.EXIT_FAILED
+
+
+def write_error_file(status: str, error_line: str | None) -> None:
+    """This rank's outcome where torch's elastic agent reads it (TORCHELASTIC_ERROR_FILE,
+    the file torch's `record()` writes): the launcher names the failing rank and its
+    error, and tells a failed rank from an interrupted one."""
+    import json
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": f"{status}: {error_line}", "timestamp": int(time.time())}, f)
+    except OSError:
+        pass  # the agent then reports the exit code alone

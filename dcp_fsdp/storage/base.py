@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Protocol, runtime_checkable
 
-from dcp_fsdp.storage.layout import CheckpointInfo
+from dcp_fsdp.storage.layout import CheckpointInfo, OpenUpload
 
 
 class RawArea(Protocol):
@@ -91,3 +91,11 @@ class CheckpointStore(Protocol):
 
     def raw_area(self, token: str) -> RawArea:
         """An area for raw objects beside the checkpoints, `<root>.ceiling/<token>`."""
+
+    # -- what a stopped save leaves (S3 multipart uploads: stored and billed until aborted)
+    def open_uploads(self, suffix: str | None = None) -> list[OpenUpload]:
+        """Uploads started and neither completed nor aborted, under `suffix` (None: all
+        under the store's root). A file system has none."""
+
+    def abort_uploads(self, suffix: str | None = None) -> int:
+        """Abort those uploads; how many were aborted."""

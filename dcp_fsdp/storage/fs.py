@@ -80,6 +80,12 @@ class FsStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
 
+    def open_uploads(self, suffix: str | None = None) -> list:
+        return []  # files are written in place: nothing is left open and billed
+
+    def abort_uploads(self, suffix: str | None = None) -> int:
+        return 0
+
     def get_small(self, suffix: str, name: str) -> bytes | None:
         path = self.root / suffix / name
         return path.read_bytes() if path.exists() else None

@@ -42,6 +42,19 @@ class CheckpointInfo:
     modified: str  # ISO 8601, UTC, of the newest object
 
 
+@dataclasses.dataclass(frozen=True)
+class OpenUpload:
+    """A multipart upload neither completed nor aborted: its parts are stored (and, on
+    AWS, billed) until it is aborted."""
+
+    suffix: str  # the checkpoint it belongs to ("" when directly under the root)
+    key: str
+    upload_id: str
+    initiated: str  # ISO 8601, UTC
+    part_count: int
+    size_bytes: int
+
+
 # -- suffixes ------------------------------------------------------------------------------
 
 def new_suffix(now: datetime.datetime | None = None) -> str:

@@ -138,3 +138,10 @@ class S3Store:
     def raw_area(self, token: str) -> S3RawArea:
         return S3RawArea(self.bucket, s3_ceiling_prefix(self.prefix, token), self.region,
                          self._client_config)
+
+    def open_uploads(self, suffix: str | None = None):
+        return self.control.open_uploads(suffix)
+
+    def abort_uploads(self, suffix: str | None = None) -> int:
+        return self.control.abort_uploads(suffix)
+

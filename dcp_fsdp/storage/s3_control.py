@@ -11,7 +11,7 @@ import datetime
 from typing import Any
 
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.storage.layout import CEILING_ROOT, METADATA_NAME, CheckpointInfo
+from dcp_fsdp.storage.layout import CEILING_ROOT, METADATA_NAME, CheckpointInfo, OpenUpload
 from dcp_fsdp.storage.s3_target import S3Target
 
 
@@ -180,3 +180,43 @@ class S3ControlPlane:
             keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
             if keys:
                 client.delete_objects(Bucket=self.target.bucket, Delete={"Objects": keys})
+
+    # -- multipart uploads a stopped save left open -----------------------------------------
+    def open_uploads(self, suffix: str | None = None) -> list[OpenUpload]:
+        import botocore.exceptions as bx
+
+        client = self.client()
+        base = f"{self.target.prefix}/" if self.target.prefix else ""
+        prefix = self.target.key(suffix) + "/" if suffix else base
+        found = []
+        try:
+            for page in client.get_paginator("list_multipart_uploads").paginate(
+                    Bucket=self.target.bucket, Prefix=prefix):
+                for upload in page.get("Uploads", []):
+                    parts = [part for part_page in client.get_paginator("list_parts").paginate(
+                        Bucket=self.target.bucket, Key=upload["Key"],
+                        UploadId=upload["UploadId"]) for part in part_page.get("Parts", [])]
+                    rest = upload["Key"][len(base):]
+                    found.append(OpenUpload(
+                        suffix=rest.split("/", 1)[0] if "/" in rest else "",
+                        key=upload["Key"], upload_id=upload["UploadId"],
+                        initiated=upload["Initiated"].astimezone(
+                            datetime.timezone.utc).isoformat(),
+                        part_count=len(parts), size_bytes=sum(p["Size"] for p in parts)))
+        except (bx.BotoCoreError, bx.ClientError) as error:
+            raise self._explain(error) from None
+        return found
+
+    def abort_uploads(self, suffix: str | None = None) -> int:
+        import botocore.exceptions as bx
+
+        aborted = 0
+        for upload in self.open_uploads(suffix):
+            try:
+                self.client().abort_multipart_upload(Bucket=self.target.bucket, Key=upload.key,
+                                                     UploadId=upload.upload_id)
+                aborted += 1
+            except bx.ClientError as error:  # completed or aborted meanwhile
+                if error.response.get("Error", {}).get("Code") != "NoSuchUpload":
+                    raise self._explain(error) from None
+        return aborted

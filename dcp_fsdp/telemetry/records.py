@@ -172,6 +172,9 @@ class RunRecord:
     gpus: dict[str, Any] | None = None  # CUDA: {"model": name, "count": per node}
     storage: dict[str, Any] | None = None
     suffixes: list[str] = dataclasses.field(default_factory=list)
+    # The suffix a save was writing when the run failed or was interrupted: objects (and
+    # maybe open multipart uploads) left there, no .metadata, never loadable.
+    incomplete_suffix: str | None = None
     integrity: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     init: list[InitRow] = dataclasses.field(default_factory=list)
     versions: dict[str, str | None] = dataclasses.field(default_factory=dict)

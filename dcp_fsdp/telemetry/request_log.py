@@ -40,12 +40,14 @@ from __future__ import annotations
 import datetime
 import re
 import shutil
+import sys
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Iterable
 
 from dcp_fsdp import log
+from dcp_fsdp.lifeline import owned_tempdir
 from dcp_fsdp.telemetry import summaries
 from dcp_fsdp.telemetry.control_plane import install_control_plane_hook
 from dcp_fsdp.telemetry.request import THROTTLE_STATUSES, Request  # noqa: F401 - re-exported
@@ -278,7 +280,9 @@ def open_for_rank(rank: int | str, keep_raw: bool = False) -> RequestLog | None:
         log.warning(f"rank {rank}: s3torchconnector was imported before the request log "
                     "could be enabled; S3 request statistics are not recorded")
         return None
-    directory = Path(tempfile.mkdtemp(prefix=f"dcp-fsdp-requests-r{rank}-"))
+    # Named after this process: a rank killed before close() leaves it, the next run
+    # removes it (dcp_fsdp/lifeline.py).
+    directory = owned_tempdir(f"dcp-fsdp-requests-r{rank}-")
     request_log = RequestLog(directory, keep_raw=keep_raw)
     install_control_plane_hook(request_log.record_control_call)
     return request_log

@@ -19,7 +19,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from tests.kit.cli import REPO, clean_env, read_run, run_cli, s3_args, s3_env
+from tests.kit.cli import (REPO, assert_under_elastic_agent, clean_env, rank_pids, read_run,
+                           run_cli, s3_args, s3_env)
 from tests.kit.fault_proxy import DATA_PLANE, FaultProxy
 
 TRAIN_STEP_S = 0.05
@@ -210,19 +211,6 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in found.stdout.split()]
 
 
-def rank_pids(launcher_pid: int) -> dict[int, int]:
-    pids = {}
-    for pid in children(launcher_pid):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for entry in environ:
-            if entry.startswith(b"RANK="):
-                pids[int(entry[5:])] = pid
-    return pids
-
-
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -253,6 +241,7 @@ def test_async_save_killed_mid_upload_is_never_loadable(s3, s3_uri, tmp_path, ch
             held_path = urllib.parse.unquote(urllib.parse.urlsplit(proxy.events[0].target).path)
             ranks = rank_pids(process.pid)
             assert 1 in ranks, ranks
+            assert_under_elastic_agent(ranks)
             # The process checkpointer's daemons: children of the ranks.
             daemons = [pid for rank in ranks.values() for pid in children(rank)]
             if checkpointer == "process":

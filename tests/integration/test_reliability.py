@@ -17,7 +17,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from tests.kit.cli import REPO, clean_env, read_run, run_cli, s3_args, s3_env
+from tests.kit.cli import (REPO, assert_under_elastic_agent, clean_env, rank_pids, read_run,
+                           run_cli, s3_args, s3_env)
 from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 from tests.kit.fault_proxy import FaultProxy
 
@@ -68,18 +69,8 @@ def test_intact_checkpoint_is_verified_on_load(s3, s3_uri, tmp_path):
     assert run["integrity"] == {suffix: {"checked": True, "reason": None}}
 
 
-def worker_pids(parent_pid):
-    found = subprocess.run(["pgrep", "-P", str(parent_pid)], capture_output=True, text=True)
-    pids = {}
-    for pid in found.stdout.split():
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for entry in environ:
-            if entry.startswith(b"RANK="):
-                pids[int(entry[5:])] = int(pid)
-    return pids
+def worker_pids(launcher_pid):
+    return rank_pids(launcher_pid)
 
 
 # Writes of one object, whichever way the connector sends it (PutObject, multipart, or
@@ -110,6 +101,7 @@ def test_a_save_killed_part_way_is_never_loadable(s3, s3_uri, tmp_path, held_obj
             held_path = urllib.parse.unquote(urllib.parse.urlsplit(proxy.events[0].target).path)
             ranks = worker_pids(process.pid)
             assert 1 in ranks, ranks
+            assert_under_elastic_agent(ranks)
             os.kill(ranks[1], signal.SIGKILL)
             process.wait(timeout=60)
         finally:
@@ -172,6 +164,7 @@ def test_ctrl_c_during_save_stops_ranks_and_embedded_server(tmp_path):
                 break
         ranks = worker_pids(process.pid)
         assert len(ranks) == 2
+        assert_under_elastic_agent(ranks)
         os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         process.wait(timeout=60)
     finally:

@@ -55,3 +55,60 @@ def s3_args(s3: S3Endpoint, uri: str) -> list[str]:
 def s3_env(s3: S3Endpoint) -> dict[str, str]:
     """Credentials only (endpoint given as a setting)."""
     return {"AWS_ACCESS_KEY_ID": s3.access_key_id, "AWS_SECRET_ACCESS_KEY": s3.secret_access_key}
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, their children, ...), from /proc."""
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        listed = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True)
+        for child in (int(p) for p in listed.stdout.split()):
+            found.append(child)
+            frontier.append(child)
+    return found
+
+
+def rank_pids(launcher_pid: int) -> dict[int, int]:
+    """{RANK: pid} of the ranks below a launcher (they run under torch's elastic agent)."""
+    pids = {}
+    for pid in descendants(launcher_pid):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        # The ranks, not a rank's own children (the async process checkpointer's daemon
+        # inherits RANK): a rank's parent has no RANK.
+        if any(entry.startswith(b"RANK=") for entry in environ) and not _has_rank(parent_of(pid)):
+            for entry in environ:
+                if entry.startswith(b"RANK="):
+                    pids[int(entry[5:])] = pid
+    return pids
+
+
+def parent_of(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _has_rank(pid: int) -> bool:
+    try:
+        return any(e.startswith(b"RANK=") for e in Path(f"/proc/{pid}/environ").read_bytes()
+                   .split(b"\0"))
+    except OSError:
+        return False
+
+
+def assert_under_elastic_agent(ranks: dict[int, int]) -> None:
+    """Each rank is a child of torch's elastic agent: one parent for all, running
+    torch.distributed.run's agent, and the ranks carry the variables only that agent sets."""
+    parents = {parent_of(pid) for pid in ranks.values()}
+    assert len(parents) == 1, parents
+    agent_cmdline = Path(f"/proc/{parents.pop()}/cmdline").read_bytes().split(b"\0")
+    assert b"dcp_fsdp.rank.agent" in agent_cmdline or b"torch.distributed.run" in agent_cmdline, \
+        agent_cmdline
+    for pid in ranks.values():
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in environ), pid

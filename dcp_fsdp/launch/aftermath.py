@@ -1,0 +1,125 @@
+"""After the ranks have ended: a record that says how, the one line the user needs, and
+nothing left that is billed.
+
+A rank 0 that was killed or crashed writes no record: the parent writes one from what
+torch's elastic agent reported. A survivor that took the agent's SIGTERM for an
+interrupt is corrected: only the parent knows whether a signal came from outside. A
+save cut short leaves a partial checkpoint (named, with its state) and, on S3, open
+multipart uploads, which are stored and billed until aborted: they are aborted here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dcp_fsdp import contract, log
+from dcp_fsdp.config.schema import BenchmarkConfig
+from dcp_fsdp.launch.checks import fallback_results_dir, write_record
+from dcp_fsdp.telemetry import records
+
+if TYPE_CHECKING:
+    from dcp_fsdp.launch.local import RanksOutcome
+
+
+def find_record(results_dir: str, run_id: str) -> Path | None:
+    for where in (results_dir, str(fallback_results_dir())):
+        path = records.record_path(where, run_id)
+        if path.exists():
+            return path
+    return None
+
+
+def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
+           env: dict[str, str] | None = None) -> None:
+    """Record, say and clean up after a launch of the ranks (nothing to do when it
+    succeeded: rank 0 recorded and printed everything)."""
+    if outcome.status == "ok":
+        return
+    path = find_record(cfg.results_dir, run_id)
+    if path is None:
+        run = records.RunRecord(
+            run_id=run_id, command=cfg.command.value, argv=records.command_line(),
+            status=outcome.status, error=outcome.error, finished_at=records.utc_now(),
+            config=records.config_for_record(cfg), world_size=cfg.nproc,
+            versions=records.versions(), slurm=records.slurm_environment(),
+            incomplete_suffix=outcome.writing_suffix)
+        path = write_record(cfg.results_dir, run, [])
+        log.info(f"record: {path} ({outcome.status})")
+        rank_wrote = False
+    else:
+        rank_wrote = True
+    run_line = _amend(path, outcome)
+    if outcome.status == "interrupted":
+        log.error("interrupted")
+    elif outcome.error and (not rank_wrote or " was killed by " in outcome.error):
+        log.error(outcome.error)  # no rank said it: it was killed, or never got going
+    _partial_checkpoints(cfg, run_line, env or {})
+
+
+def _amend(path: Path, outcome: "RanksOutcome") -> dict:
+    """The run line, its status made the parent's where they differ: a rank stopped by
+    the agent after a peer died cannot always tell that from an interrupt."""
+    lines = path.read_text().splitlines()
+    run_line = json.loads(lines[0])
+    changed = False
+    if run_line.get("status") != outcome.status and run_line.get("status") != "ok":
+        rank_said = run_line.get("error")
+        run_line["status"] = outcome.status
+        run_line["error"] = (outcome.error if not rank_said or rank_said == outcome.error
+                             else f"{outcome.error}; the ranks recorded: {rank_said}")
+        changed = True
+    if outcome.writing_suffix and not run_line.get("incomplete_suffix"):
+        run_line["incomplete_suffix"] = outcome.writing_suffix
+        changed = True
+    if changed:
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("\n".join([json.dumps(run_line), *lines[1:]]) + "\n")
+        os.replace(tmp, path)
+    return run_line
+
+
+def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, str]) -> None:
+    """Name the checkpoint a stopped save left behind, and abort its open uploads."""
+    candidates = [s for s in [run_line.get("incomplete_suffix"), *run_line.get("suffixes", [])]
+                  if s]
+    if not candidates or cfg.command.value == "load":
+        return
+    if os.environ.get(contract.EMBEDDED_ENV) == "1" or env.get(contract.EMBEDDED_ENV) == "1":
+        log.info(f"partial checkpoint suffix={candidates[0]}: on the embedded S3 server, "
+                 "deleted with it at exit")
+        return
+    from dcp_fsdp.storage import make_store
+
+    with _environ({k: v for k, v in env.items() if k.startswith("AWS_")}):
+        try:
+            store = make_store(cfg.storage)
+            for suffix in dict.fromkeys(candidates):
+                if store.is_complete(suffix):
+                    continue
+                aborted = store.abort_uploads(suffix)
+                state = ("incomplete: no .metadata, not loadable; remove it or keep it to "
+                         "inspect" if store.has_objects(suffix) else "nothing committed")
+                uploads = (f"; {aborted} open multipart upload(s) aborted" if aborted else "")
+                log.info(f"partial checkpoint suffix={suffix} at {store.location(suffix)} "
+                         f"({state}{uploads})")
+        except Exception as error:  # cleanup: the run's outcome stands, say what is left
+            log.warning(f"could not check the partial checkpoint ({error}); `dcp-fsdp list` "
+                        "shows it and its open uploads, `dcp-fsdp clean-uploads` aborts them")
+
+
+@contextlib.contextmanager
+def _environ(extra: dict[str, str]):
+    saved = {key: os.environ.get(key) for key in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -1,0 +1,85 @@
+"""Processes die with the process that started them, whatever kills it (even SIGKILL),
+and what a killed run could not remove is removed by the next one.
+
+Linux's PR_SET_PDEATHSIG delivers a signal to a process when its parent ends; it is set
+in the child (after fork, or first thing in a rank), so it holds for the embedded server,
+torch's elastic agent and the agent's ranks. Temporary directories carry an `owner.pid`
+name (`dcp-fsdp-...-p<pid>-...`); `remove_stale()` deletes those whose owner is gone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+_OWNER = re.compile(r"-p(\d+)-")
+# Every temporary directory of ours starts with this (run dirs, the server's data dir,
+# per-rank request logs).
+TEMP_PREFIX = "dcp-fsdp-"
+# SeaweedFS's gRPC servers put unix sockets in /tmp whatever TMPDIR says.
+SEAWEED_SOCKET_DIRS = ("/tmp",)
+
+
+def die_with_parent(signum: int = signal.SIGTERM) -> bool:
+    """Ask Linux to send `signum` to this process when its parent ends. False where the
+    call is not available (not Linux): the process then outlives a killed parent."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    # The parent may have died before the call: then nobody would send the signal.
+    if os.getppid() == 1:
+        os.kill(os.getpid(), signum)
+    return True
+
+
+def owned_tempdir(prefix: str) -> Path:
+    """A fresh directory in $TMPDIR whose name carries this process's pid."""
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}p{os.getpid()}-"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    state = Path(f"/proc/{pid}/stat")
+    try:  # a zombie is gone for our purposes
+        return state.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def remove_stale(tmpdir: str | None = None) -> list[Path]:
+    """Remove our temporary directories whose owner process is gone (a launcher or rank
+    killed before it could clean up), and the SeaweedFS sockets named in them."""
+    removed = []
+    for path in Path(tmpdir or tempfile.gettempdir()).glob(TEMP_PREFIX + "*"):
+        owner = _OWNER.search(path.name[len(TEMP_PREFIX):])
+        if owner is None or _alive(int(owner.group(1))):
+            continue
+        for ports_file in path.glob("**/ports.txt"):
+            remove_seaweed_sockets(int(p) for p in ports_file.read_text().split())
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def remove_seaweed_sockets(ports) -> None:
+    """SeaweedFS leaves `seaweedfs-*-<port>.sock` for its gRPC ports, in /tmp even when
+    TMPDIR points elsewhere."""
+    dirs = {*SEAWEED_SOCKET_DIRS, tempfile.gettempdir()}
+    for port in ports:
+        for where in dirs:
+            for leftover in Path(where).glob(f"seaweedfs-*-{port}.sock"):
+                leftover.unlink(missing_ok=True)

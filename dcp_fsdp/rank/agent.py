@@ -1,0 +1,100 @@
+"""The elastic agent of a local run: torch's torchrun (`torch.distributed.run`), run in
+this process, so the ranks are its children exactly as on a cluster.
+
+`python -m dcp_fsdp.rank.agent TORCHRUN-ARGS` is what `dcp-fsdp COMMAND nproc=N` starts.
+It differs from plain `torchrun` only in what it prints: torchrun ends a failed or
+interrupted run with a Python traceback (ChildFailedError / SignalException); here the
+outcome goes, as JSON, to the file named by DCP_FSDP_AGENT_SUMMARY (per-rank exit codes,
+signals and the messages the ranks left in their TORCHELASTIC_ERROR_FILE), and the
+light parent prints the one line. DCP_FSDP_DEBUG=1 keeps torchrun's own log lines.
+"""
+
+import os
+import signal
+import sys
+
+
+def _quiet_exit(signum, frame):
+    # A signal while torch is still importing (the first seconds): no workers exist yet,
+    # and a KeyboardInterrupt traceback would be all the user sees.
+    os._exit(130)
+
+
+def main(argv: list[str]) -> int:
+    import json
+    import logging
+    import time
+
+    from dcp_fsdp import contract
+    from dcp_fsdp.lifeline import die_with_parent
+
+    die_with_parent(signal.SIGTERM)  # the launcher killed (even by SIGKILL): stop the ranks
+    summary_path = os.environ.get(contract.AGENT_SUMMARY_ENV)
+    debug = bool(os.environ.get(contract.DEBUG_ENV))
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    if not debug:
+        # torchrun's own lines ("failed (exitcode: 1) ...", "Sending process ... closing
+        # signal") repeat what the launcher says in one line.
+        for name in list(logging.root.manager.loggerDict):
+            if name.startswith("torch.distributed"):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
+    summary: dict = {"outcome": "ok", "signal": None, "failures": {}}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    code = 0
+    try:
+        run(parse_args(argv))
+    except ChildFailedError as error:
+        summary["outcome"] = "failed"
+        for rank, failure in error.failures.items():
+            summary["failures"][str(rank)] = {
+                "local_rank": failure.local_rank, "pid": failure.pid,
+                "exitcode": failure.exitcode,
+                "signal": failure.signal_name() if failure.exitcode < 0 else None,
+                "message": _message(failure.message), "timestamp": failure.timestamp}
+        code = 1
+    except SignalException as error:
+        summary["outcome"], summary["signal"] = "interrupted", error.sigval.name
+        code = 130
+    except KeyboardInterrupt as error:  # before the workers started (rendezvous)
+        summary["outcome"] = "interrupted"
+        summary["signal"] = "SIGTERM" if isinstance(error, _Terminated) else "SIGINT"
+        code = 130
+    except Exception as error:  # the agent itself (rendezvous, ports): one line, not a trace
+        summary["outcome"] = "failed"
+        summary["agent_error"] = f"{type(error).__name__}: {' '.join(str(error).split())[:400]}"
+        code = 1
+        if debug:
+            raise
+    summary["finished_at_s"] = time.time()
+    if summary_path:
+        with open(summary_path, "w") as f:
+            json.dump(summary, f)
+    return code
+
+
+class _Terminated(KeyboardInterrupt):
+    pass
+
+
+def _raise_interrupt(signum, frame):
+    raise _Terminated()
+
+
+def _message(message) -> str:
+    """The text of a rank's error file (ours is a string; torch's record() a dict)."""
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    return " ".join(str(message).split())[:1000]
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, _quiet_exit)
+    signal.signal(signal.SIGTERM, _quiet_exit)
+    exit_code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)

@@ -1,0 +1,209 @@
+"""The launch path: ranks under torch's elastic agent, and what every way of ending a run
+leaves behind (records, lines, open multipart uploads, processes, temporary files)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+
+from tests.kit.cli import (REPO, assert_under_elastic_agent, clean_env, descendants, rank_pids,
+                           read_run, run_cli, s3_args, s3_env)
+from tests.kit.fault_proxy import FaultProxy
+
+STOP_DEADLINE_S = 30  # everything gone this long after a kill, on 2 busy cores
+
+
+def s3_client(s3):
+    return boto3.client("s3", endpoint_url=s3.endpoint_url, region_name="us-east-1",
+                        aws_access_key_id=s3.access_key_id,
+                        aws_secret_access_key=s3.secret_access_key)
+
+
+def open_uploads(s3, s3_uri) -> list[dict]:
+    bucket, prefix = s3_uri[len("s3://"):].split("/", 1)
+    found = s3_client(s3).list_multipart_uploads(Bucket=bucket, Prefix=prefix + "/")
+    return found.get("Uploads", [])
+
+
+def start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "dcp_fsdp", *args], env=clean_env(env),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def read_until(process: subprocess.Popen, needle: str, timeout_s: float = 240) -> list[str]:
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if needle in line:
+            return seen
+    os.killpg(process.pid, signal.SIGKILL)
+    raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pids: list[int], timeout_s: float = STOP_DEADLINE_S) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [p for p in pids if alive(p)]
+
+
+def ours(tmpdir: Path) -> list[str]:
+    return sorted(p.name for p in tmpdir.glob("dcp-fsdp-*"))
+
+
+def test_kill_9_of_the_launcher_takes_agent_ranks_and_server_with_it(tmp_path):
+    """Embedded server, 2 ranks: SIGKILL the launcher mid-run. The agent, both ranks and
+    SeaweedFS end within seconds; the run dir and server dir it could not remove are
+    removed by the next run, with the server's sockets in /tmp."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    process = start(["save-and-load", "nproc=2", "iterations=200", "integrity=false",
+                     f"results_dir={tmp_path / 'r'}"], {"TMPDIR": str(tmpdir)})
+    read_until(process, "saved suffix=")
+    ranks = rank_pids(process.pid)
+    assert sorted(ranks) == [0, 1], ranks
+    assert_under_elastic_agent(ranks)
+    below = descendants(process.pid)
+    servers = [p for p in below if b"weed" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert servers, "no embedded SeaweedFS below the launcher"
+    ports = (next(tmpdir.glob("dcp-fsdp-s3-*")) / "ports.txt").read_text().split()
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert wait_gone(below) == [], "still running after the launcher was killed"
+    left = ours(tmpdir)
+    assert any(n.startswith("dcp-fsdp-s3-") for n in left), left  # it could not clean up
+    # The next run (a quick bad-input one is enough: it fails after the sweep) removes them.
+    nxt = run_cli(["save", "storage=fs", f"storage.path={tmp_path / 'ckpt'}", "nproc=1",
+                   "model=tiny_llama", "iterations=1", f"results_dir={tmp_path / 'r2'}"],
+                  env={"TMPDIR": str(tmpdir)})
+    assert nxt.returncode == 0, nxt.stderr
+    assert ours(tmpdir) == []
+    assert not [p for port in ports for p in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
+
+
+OBJECT_WRITES = ("UploadPart",)
+
+
+def test_ctrl_c_during_an_s3_save_aborts_its_uploads_and_names_the_suffix(s3, s3_uri, tmp_path):
+    """Rank 1's data upload is held at a proxy (its multipart upload is open), then Ctrl-C:
+    exit 130, `interrupted`, the partial suffix named, no open upload left, no traceback."""
+    with FaultProxy(s3.endpoint_url, stall_rate=1.0, stall_s=600, targets=OBJECT_WRITES,
+                    key_pattern=r"__1_\d+\.distcp") as proxy:
+        process = start(["save", f"storage.uri={s3_uri}", f"storage.endpoint={proxy.url}",
+                         "nproc=2", f"results_dir={tmp_path}"], s3_env(s3))
+        deadline = time.monotonic() + 240
+        while not proxy.events and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.1)
+        assert proxy.events, "the save never reached rank 1's upload"
+        assert open_uploads(s3, s3_uri), "no multipart upload open at the moment of Ctrl-C"
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            output, _ = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise AssertionError("still running 60 s after Ctrl-C")
+    assert process.returncode == 130, output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    assert "dcp-fsdp: error: interrupted" in output, output
+    run, _ = read_run(tmp_path)
+    assert run["status"] == "interrupted", run
+    suffix = run["incomplete_suffix"]
+    assert suffix and f"partial checkpoint suffix={suffix}" in output, output
+    assert "aborted" in output, output
+    assert open_uploads(s3, s3_uri) == []
+
+
+def test_list_shows_open_uploads_and_clean_uploads_aborts_them(s3, s3_uri, tmp_path):
+    bucket, prefix = s3_uri[len("s3://"):].split("/", 1)
+    client = s3_client(s3)
+    key = f"{prefix}/2026-01-01-00-00-abcd/__0_0.distcp"
+    upload = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=1,
+                       Body=b"x" * (5 * 2**20))
+    listing = run_cli(["list", *s3_args(s3, s3_uri)], env=s3_env(s3))
+    assert listing.returncode == 0, listing.stderr
+    line = next(l for l in listing.stdout.splitlines()[2:] if "2026-01-01-00-00-abcd" in l)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[:3] == ["2026-01-01-00-00-abcd", "1", "1"], listing.stdout  # uploads, parts
+    assert float(cells[3]) == 5.0, listing.stdout  # MiB
+    clean = run_cli(["clean-uploads", *s3_args(s3, s3_uri)], env=s3_env(s3))
+    assert clean.returncode == 0, clean.stderr
+    assert "aborted 1 open multipart upload(s)" in clean.stdout, clean.stdout
+    assert open_uploads(s3, s3_uri) == []
+
+
+def test_ctrl_c_in_the_first_seconds_prints_no_traceback(tmp_path):
+    """Ctrl-C while the ranks still import torch: one `interrupted` line, exit 130, an
+    interrupted record, no KeyboardInterrupt traceback from any rank or the agent."""
+    process = start(["save", "storage=fs", f"storage.path={tmp_path / 'ckpt'}", "nproc=2",
+                     f"results_dir={tmp_path / 'r'}"], {})
+    deadline = time.monotonic() + 60
+    while len(rank_pids(process.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(rank_pids(process.pid)) == 2
+    below = descendants(process.pid)
+    os.killpg(process.pid, signal.SIGINT)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    assert output.count("dcp-fsdp: error: interrupted") == 1, output
+    run, _ = read_run(tmp_path / "r")
+    assert run["status"] == "interrupted", run
+    assert wait_gone(below) == []
+
+
+def test_a_failed_run_leaves_nothing_in_tmpdir(s3, s3_uri, tmp_path):
+    """op_timeout_s=0.01: the watchdog ends the ranks with os._exit; their request-log
+    directories and the run's directory go with them."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    result = run_cli(["save", *s3_args(s3, s3_uri), "nproc=2", "op_timeout_s=0.01",
+                      f"results_dir={tmp_path / 'r'}"], env={**s3_env(s3), "TMPDIR": str(tmpdir)})
+    assert result.returncode == 1, result.stderr
+    assert "op_timeout_s=0.01" in result.stderr
+    assert read_run(tmp_path / "r")[0]["status"] == "failed"
+    assert ours(tmpdir) == []
+
+
+def test_under_plain_torchrun_a_killed_rank_0_still_leaves_a_failed_record(s3, s3_uri, tmp_path):
+    """A user's own torchrun: SIGKILL rank 0 mid-run. Rank 1, stopped by the agent, sees
+    rank 0 gone and records the run as failed (not interrupted), naming rank 0."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node=2", "-m", "dcp_fsdp", "save-and-load", "iterations=200",
+               "integrity=false", *s3_args(s3, s3_uri), f"results_dir={tmp_path}"]
+    process = subprocess.Popen(command, env=clean_env(s3_env(s3)), cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    read_until(process, "saved suffix=")
+    ranks = rank_pids(process.pid)
+    assert sorted(ranks) == [0, 1], ranks
+    assert_under_elastic_agent(ranks)
+    os.kill(ranks[0], signal.SIGKILL)
+    try:
+        process.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise AssertionError("torchrun still running 90 s after rank 0 was killed")
+    run, samples = read_run(tmp_path)
+    assert run["status"] == "failed", run
+    assert "rank 0" in run["error"], run
+    assert ("save", 1) in {(s["op"], s["iteration"]) for s in samples}
