@@ -146,6 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     if command == "report":  # no Hydra, no torch: its own argparse (dcp-fsdp report --help)
         from dcp_fsdp.analysis.report import main as report_main
         return report_main(rest)
+    if command == "s3-server":  # a local S3 that outlives one run: launch/s3_server.py
+        from dcp_fsdp.errors import UserError
+        from dcp_fsdp.launch.s3_server import main as s3_server_main
+
+        try:
+            return s3_server_main(rest)
+        except UserError as error:
+            return _fail(str(error))
+        except KeyboardInterrupt:
+            return _fail("interrupted", 130)
     if command not in helptext.SETTINGS_COMMANDS:
         import difflib
 
@@ -156,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(arg in ("-h", "--help") for arg in rest):
         print(helptext.command_help(command))
         return 0
-    from dcp_fsdp.config.compose import expand_config_files, expand_sweeps, one_line
+    from dcp_fsdp.config.compose import expand_config_files, expand_sweeps, parse_error_line
     from dcp_fsdp.errors import UserError
 
     multirun = any(arg in ("-m", "--multirun") for arg in rest)
@@ -178,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         jobs = expand_sweeps(overrides)
     except Exception as error:  # Hydra's parser raises its own exception types
-        return _fail(f"cannot parse overrides: {one_line(error)}")
+        return _fail(parse_error_line(overrides, error))
     return run_sweep(command, jobs)
 
 

@@ -16,6 +16,7 @@ COMMANDS = {
     "list": "list checkpoint suffixes under storage.uri / storage.path",
     "wait": "hold an allocation doing nothing: duration=2m (batch/waitbatch.sh)",
     "report": "tables and plots over records: report [PATHS] [--format md|csv] [--plot DIR]",
+    "s3-server": "a local S3 server kept up across runs: s3-server start|status|env|stop",
 }
 RUN_COMMANDS = ("save", "load", "save-and-load", "ceiling")
 SETTINGS_COMMANDS = (*RUN_COMMANDS, "tune", "list")

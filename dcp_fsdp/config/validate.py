@@ -150,6 +150,9 @@ def validate(cfg: BenchmarkConfig) -> None:
                         "suffix=2026-11-22-13-45-ab12 (`dcp-fsdp list` shows them)")
     if cfg.suffix is not None:
         layout.check_suffix(cfg.suffix)
+        prefix = parse_s3_uri(cfg.storage.uri)[1] if cfg.storage.uri else ""
+        layout.check_suffix_length(cfg.suffix, cfg.iterations if cfg.command != Command.load
+                                   else 1, cfg.storage.kind.value, prefix)
     storage = cfg.storage
     if storage.kind == StorageKind.fs:
         if not storage.path:

@@ -236,7 +236,13 @@ class RankSession:
             print_run_summary(self.run, samples)
         log.info(f"record: {path}")
         if self.loop is not None and self.loop.suffixes and self.cfg.command != Command.load:
-            log.info(f"SUFFIXES={','.join(self.loop.suffixes)}")
+            if os.environ.get(contract.EMBEDDED_ENV) == "1":
+                # No SUFFIXES= line: a script would try to load what no longer exists.
+                log.info(f"checkpoint {','.join(self.loop.suffixes)} was deleted with the "
+                         "embedded S3 server at exit; to save and then load, keep a server "
+                         "up: dcp-fsdp s3-server start (then export what it prints)")
+            else:
+                log.info(f"SUFFIXES={','.join(self.loop.suffixes)}")
 
 
 def gpus() -> dict | None:

@@ -45,13 +45,48 @@ class CheckpointInfo:
 
 def check_suffix(suffix: str) -> None:
     if not _SUFFIX.match(suffix):
-        raise UserError(f"suffix={suffix}: use letters, digits, '.', '_' and '-' only")
+        raise UserError(f"suffix={suffix}: start with a letter or digit, then use letters, "
+                        "digits, '.', '_' and '-' only, e.g. suffix=run-1")
+
+
+NAME_MAX_BYTES = 255  # a file or directory name on Linux file systems
+KEY_MAX_BYTES = 1024  # an S3 object key
+LONGEST_OBJECT_NAME = 64  # room for DCP's object names under a suffix (__0_0.distcp, ...)
+
+
+def check_suffix_length(suffix: str, iterations: int, kind: str, prefix: str = "") -> None:
+    """A suffix the storage cannot hold fails here, not after every rank built the model."""
+    longest = configured_save_suffixes(suffix, iterations)[-1] if iterations > 1 else suffix
+    size = len(longest.encode())
+    if kind == "fs" and size > NAME_MAX_BYTES:
+        raise UserError(f"suffix={suffix}: {longest!r} is {size} bytes, longer than a file "
+                        f"name may be ({NAME_MAX_BYTES}); use a shorter suffix")
+    limit = KEY_MAX_BYTES - LONGEST_OBJECT_NAME - len(prefix.encode())
+    if kind == "s3" and size > limit:
+        raise UserError(f"suffix={suffix}: {size} bytes; with the prefix and DCP's object "
+                        f"names an S3 key would pass {KEY_MAX_BYTES} bytes: use at most {limit}")
 
 
 def new_suffix(now: datetime.datetime | None = None) -> str:
     """e.g. 2026-11-22-13-45-ab12: sorts by time, random tail keeps parallel runs apart."""
     now = now or datetime.datetime.now()
     return now.strftime("%Y-%m-%d-%H-%M-") + secrets.token_hex(2)
+
+
+def configured_save_suffixes(configured: str, iterations: int) -> list[str]:
+    """The suffixes a save with `suffix=NAME` writes: NAME, or NAME-1 .. NAME-N."""
+    if iterations == 1:
+        return [configured]
+    return [f"{configured}-{iteration}" for iteration in range(1, iterations + 1)]
+
+
+def check_save_suffixes_free(store, configured: str, iterations: int) -> None:
+    """Before any rank starts: a save never overwrites; say so now, not after the build."""
+    for suffix in configured_save_suffixes(configured, iterations)[:100]:
+        if store.has_objects(suffix):
+            raise UserError(f"suffix={suffix}: a checkpoint already exists at "
+                            f"{store.location(suffix)}; choose another suffix or omit it to "
+                            "get a fresh one")
 
 
 def save_suffix(store, configured: str | None, iterations: int, iteration: int,
