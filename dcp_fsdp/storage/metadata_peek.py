@@ -42,12 +42,17 @@ class _Stand:
         self._args = args
 
     def __setstate__(self, state) -> None:
-        if isinstance(state, tuple) and len(state) == 2:  # (dict, slots)
-            for part in state:
+        if isinstance(state, dict):
+            self.__dict__.update(state)
+        elif isinstance(state, tuple) and any(isinstance(part, dict) for part in state):
+            for part in state:  # (dict, slots)
                 if isinstance(part, dict):
                     self.__dict__.update(part)
-        elif isinstance(state, dict):
-            self.__dict__.update(state)
+        elif isinstance(state, tuple):
+            # TensorProperties pickles (dtype, layout, requires_grad, memory format, pin)
+            names = [part for part in state if isinstance(part, str) and part.startswith("torch.")]
+            if names:
+                self.dtype = names[0]
 
 
 class _Size(tuple):
@@ -60,7 +65,7 @@ class _Unpickler(pickle.Unpickler):
             return _Size
         if module == "torch" and not name[:1].isupper():
             return f"torch.{name}"  # torch.bfloat16, torch.strided, torch.contiguous_format
-        if module == "torch" or module.startswith("torch."):
+        if module == "torch" or module.startswith("torch.") or module == "pathlib":
             return type(name, (_Stand,), {})
         if (module, name) in _SAFE_BUILTINS:
             return super().find_class(module, name)
