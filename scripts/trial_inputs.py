@@ -143,8 +143,9 @@ def cases(ctx):  # noqa: C901 - one long list of cases, on purpose
                           ("storage.partsize=8", "part_size_mib"), ("Nproc=2", "nproc")]:
         bad(f"unknown setting {arg}", ["save", arg], fragment)
     # -- Hydra's parser ---------------------------------------------------------------
-    for arg in ["storage.path=/tmp/my dir", "storage.path=/tmp/données", "results_dir=a b",
-                "suffix=a'b", "results_dir=[unclosed", "storage.uri=s3://b/ä ö"]:
+    for arg in ["storage.path=/tmp/données", "storage.path=~/ckpt", "storage.path=/tmp/run(1)",
+                "results_dir=a#b", "suffix=a'b", "results_dir=[unclosed",
+                "storage.uri=s3://b/ä ö", "storage.path=/tmp/a&b", "results_dir=x=y"]:
         bad(f"unquoted {arg!r}", ["save", "storage=fs" if "path" in arg else "nproc=1", arg],
             ["quoted", arg.split("=", 1)[0]])
     # -- model, dtype, state ----------------------------------------------------------

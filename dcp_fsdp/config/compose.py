@@ -175,8 +175,8 @@ def parse_error_line(overrides: list[str], error: BaseException) -> str:
             if not _ or not value:
                 return f"'{override}': cannot parse it; write settings as key=value"
             quote = '"' if "'" in value else "'"
-            return (f"{key}: cannot parse the value {value!r} (spaces, quotes, brackets or "
-                    f"non-ASCII letters must be quoted); write it as {key}={quote}{value}{quote}, "
+            return (f"{key}: cannot parse the value {value!r} (non-ASCII letters and ~ ' ( ) "
+                    f"[ ] {{ }} = # & must be quoted); write it as {key}={quote}{value}{quote}, "
                     f"in the shell: \"{key}={quote}{value}{quote}\"")
     return f"cannot parse overrides: {one_line(error)}"
 

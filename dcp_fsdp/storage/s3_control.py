@@ -152,7 +152,7 @@ class S3ControlPlane:
             return True
         except bx.ClientError as error:
             code = str(error.response.get("Error", {}).get("Code", ""))
-            return not code.isdigit()
+            return bool(code) and not code.isdigit()  # S3 names its errors
         except (bx.BotoCoreError, RecursionError):
             return False
 

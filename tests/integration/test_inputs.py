@@ -127,7 +127,7 @@ def test_a_mistyped_storage_path_is_not_created(tmp_path):
 # -- item 12: messages that misled -------------------------------------------------------------
 
 def test_messages_that_misled(tmp_path):
-    for value in ("/tmp/my dir", "/tmp/données"):
+    for value in ("/tmp/données", "~/ckpt", "/tmp/run(1)"):
         result = run_cli(["save", "storage=fs", f"storage.path={value}"])
         assert_refused(result, "storage.path", "quoted", f"storage.path='{value}'")
     result = run_cli(["save", "storage=fs", f"storage.path={tmp_path}", "suffix=.."])
