@@ -126,3 +126,21 @@ job_log() {
     [[ -f $path ]] && echo "$path"
     return 0
 }
+
+# The command that loads what a save wrote: the last suffix, with the same URI, REGION, MODEL,
+# OVERRIDES and override arguments ("$@" of the save, minus iterations= and suffix=, which
+# mean other things to a load), quoted for the shell. $1 = the save's SUFFIXES (a, b, ...).
+load_command() {
+    local suffixes=$1 arg
+    shift
+    local words=("SUFFIX=${suffixes##*,}")
+    [[ -n ${URI:-} ]] && words+=("URI=$URI")
+    [[ -n ${REGION:-} ]] && words+=("REGION=$REGION")
+    [[ -n ${MODEL:-} ]] && words+=("MODEL=$MODEL")
+    [[ -n ${OVERRIDES:-} ]] && words+=("OVERRIDES=$OVERRIDES")
+    words+=(sbatch --nodes "$NODES" batch/loadbatch.sh)
+    for arg in "$@"; do
+        [[ $arg == iterations=* || $arg == *suffix=* ]] || words+=("$arg")
+    done
+    printf '%q ' "${words[@]}" | sed 's/ $//'
+}

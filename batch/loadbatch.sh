@@ -8,7 +8,8 @@
 # Give the suffix from savebatch's log, and the same node count and ranks per node it had:
 #
 #   mkdir -p logs                      # sbatch does not create the --output directory
-#   SUFFIX=$(grep -o 'SUFFIXES=[^ ]*' logs/savebatch-<jobid>.out | tail -1 | cut -d= -f2 | cut -d, -f1)
+#   SUFFIX=$(grep -o 'SUFFIXES=[^ ]*' logs/savebatch-<jobid>.out | tail -1 | tr , '\n' | tail -1)
+#   (the last suffix, as savebatch's "load with:" line suggests; it prints the whole command)
 #   URI=s3://my-bucket/ckpt SUFFIX=$SUFFIX sbatch --nodes 8 batch/loadbatch.sh model=L7b
 #
 # One srun task per node runs torchrun (--nnodes = the job's node count, c10d rendezvous

@@ -40,6 +40,6 @@ log=$(job_log)
 suffixes=
 [[ -n $log ]] && suffixes=$(grep -ao 'SUFFIXES=[^[:space:]]*' "$log" | tail -n 1 | cut -d= -f2- || true)
 if [[ -n $suffixes ]]; then
-    echo "[savebatch] load with: SUFFIX=${suffixes##*,} sbatch --nodes $NODES batch/loadbatch.sh"
+    echo "[savebatch] load with: $(load_command "$suffixes" "$@")"
 fi
 batch_finish "$rc" "SUFFIXES=${suffixes}"

@@ -92,7 +92,7 @@ def end_rank(result) -> NoReturn:
     """The end of a rank's process (a `rank.session.RankResult`): on the rank that wrote
     the record, the run's table, where the record is and the suffixes a save made (the
     batch scripts read the SUFFIXES= line); then the exit code."""
-    from dcp_fsdp import log
+    from dcp_fsdp import contract, log
     from dcp_fsdp.rank.distributed import end_process
 
     run = result.run
@@ -103,7 +103,13 @@ def end_rank(result) -> NoReturn:
             print_run_summary(run, result.samples)
         log.info(f"record: {result.record_path}")
         if run.suffixes and run.command != "load":
-            log.info(f"SUFFIXES={','.join(run.suffixes)}")
+            if os.environ.get(contract.EMBEDDED_ENV) == "1":
+                # No SUFFIXES= line: a script would try to load what no longer exists.
+                log.info(f"checkpoint {','.join(run.suffixes)} was deleted with the embedded "
+                         "S3 server at exit; to save and then load, keep a server up: "
+                         "dcp-fsdp s3-server start (then export what it prints)")
+            else:
+                log.info(f"SUFFIXES={','.join(run.suffixes)}")
     end_process(result.exit_code)
 
 
@@ -200,6 +206,16 @@ def main(argv: list[str] | None = None) -> int:
     if command == "report":  # no Hydra, no torch: its own argparse (dcp-fsdp report --help)
         from dcp_fsdp.analysis.report import main as report_main
         return report_main(rest)
+    if command == "s3-server":  # a local S3 that outlives one run: launch/s3_server.py
+        from dcp_fsdp.errors import UserError
+        from dcp_fsdp.launch.s3_server import main as s3_server_main
+
+        try:
+            return s3_server_main(rest)
+        except UserError as error:
+            return _fail(str(error))
+        except KeyboardInterrupt:
+            return _fail("interrupted", 130)
     if command not in helptext.SETTINGS_COMMANDS:
         import difflib
 
@@ -210,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(arg in ("-h", "--help") for arg in rest):
         print(helptext.command_help(command))
         return 0
-    from dcp_fsdp.config.compose import expand_config_files, expand_sweeps, one_line
+    from dcp_fsdp.config.compose import expand_config_files, expand_sweeps, parse_error_line
     from dcp_fsdp.errors import UserError
 
     multirun = any(arg in ("-m", "--multirun") for arg in rest)
@@ -232,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         jobs = expand_sweeps(overrides)
     except Exception as error:  # Hydra's parser raises its own exception types
-        return _fail(f"cannot parse overrides: {one_line(error)}")
+        return _fail(parse_error_line(overrides, error))
     return run_sweep(command, jobs)
 
 

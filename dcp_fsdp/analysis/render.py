@@ -127,6 +127,36 @@ def compact_table(frame: pd.DataFrame, keys: list[str], columns: list[Column], w
         dropped.append(shown.pop(worst)[0].header)
 
 
+LEGEND_KEY = "group"  # the compact view's column that stands for many group keys
+KEPT_RANK = 1  # throughput columns of this compact rank or better are never dropped for keys
+
+
+def _legend(frame: pd.DataFrame, keys: list[str], width: int) -> dict[tuple, str] | None:
+    """{group's key values (op left out): "g1", ...} when, with the keys as columns, the
+    throughput table would drop its main figures to fit `width`; else None (keys stay)."""
+    rest = [k for k in keys if k != "op"]
+    if not rest:
+        return None
+    _, dropped = compact_table(frame, keys, cols.THROUGHPUT, width)
+    main = {c.header for c in cols.THROUGHPUT if c.compact is not None and c.compact <= KEPT_RANK}
+    if not main.intersection(dropped):
+        return None
+    ids: dict[tuple, str] = {}
+    for values in frame[rest].itertuples(index=False):
+        ids.setdefault(tuple(key_cell(v) for v in values), f"g{len(ids) + 1}")
+    return ids
+
+
+def _with_legend(frame: pd.DataFrame, keys: list[str], ids: dict[tuple, str]
+                 ) -> tuple[pd.DataFrame, list[str]]:
+    """The frame with one `group` column in place of the keys the legend explains."""
+    rest = [k for k in keys if k != "op"]
+    frame = frame.copy()
+    frame[LEGEND_KEY] = [ids.get(tuple(key_cell(v) for v in values), "?")
+                         for values in frame[rest].itertuples(index=False)]
+    return frame, [k for k in keys if k == "op"] + [LEGEND_KEY]
+
+
 def _differing_keys(result: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(group keys that differ between the groups, "key=value" of those all groups share)."""
     table = result["throughput"]
@@ -158,13 +188,22 @@ def render(result: dict[str, Any], fmt: str, warnings: list[str], width: int | N
         out.append(f"### {text}\n" if fmt == "md" else f"{text}\n{'-' * len(text)}")
 
     keys = result["group_keys"]
+    legend = None
     if compact and not result["throughput"].empty:
         keys, shared = _differing_keys(result)
+        legend = _legend(result["throughput"], keys, width)
     else:
         shared = []
 
     def table(frame: pd.DataFrame, columns: list[Column]) -> None:
-        if not compact:
+        if legend is not None:
+            frame, shown_keys = _with_legend(frame, keys, legend)
+            text, dropped = compact_table(frame, shown_keys, columns, width)
+            out.append(text)
+            if dropped:
+                wrapped(f"(to fit {width} columns, left out: {', '.join(dropped)}; "
+                        "--wide shows every column)")
+        elif not compact:
             out.append(full_table(frame, keys, columns, "github" if fmt == "md" else "simple"))
         else:
             text, dropped = compact_table(frame, keys, columns, width)
@@ -183,7 +222,7 @@ def render(result: dict[str, Any], fmt: str, warnings: list[str], width: int | N
             + " (left out of every figure)." + ("\n" if fmt == "md" else ""))
     if shared:
         wrapped("All groups: " + ", ".join(shared) + ".")
-    renamed = _key_headers([k for k in keys if "." in k]) if compact else {}
+    renamed = _key_headers([k for k in keys if "." in k]) if compact and legend is None else {}
     if renamed:
         wrapped("Settings: " + ", ".join(f"{h}={k}" for k, h in renamed.items()) + ".")
     if shared or renamed:
@@ -200,6 +239,12 @@ def render(result: dict[str, Any], fmt: str, warnings: list[str], width: int | N
         if not result["types"].empty:
             heading("S3 requests by type (timed regions, all ranks)")
             table(result["types"], cols.TYPES)
+    if legend is not None:
+        heading("Groups (the group column above)")
+        rest = [k for k in keys if k != "op"]
+        for values, name in legend.items():
+            wrapped(f"{name}: " + ", ".join(f"{k}={v}" for k, v in zip(rest, values)), "  ")
+        out.append("")
     not_ok = result["not_ok"]
     if len(not_ok):
         wrapped(f"Left out of every figure: {len(not_ok)} run(s) that did not finish or whose "

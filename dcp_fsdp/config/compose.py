@@ -148,7 +148,7 @@ def check_overrides(overrides: list[str]) -> set[str]:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception as error:  # Hydra's parser raises its own exception types
-        raise UserError(f"cannot parse overrides: {one_line(error)}") from None
+        raise UserError(parse_error_line(overrides, error)) from None
     given = set()
     for override in parsed:
         if override.is_sweep_override():
@@ -159,11 +159,41 @@ def check_overrides(overrides: list[str]) -> set[str]:
         if key == "model" and value is not None:
             presets = model_config_names(CONF_DIR)
             if value not in presets:
-                raise UserError(f"model={value}: unknown preset; choose one of {', '.join(presets)}")
+                raise UserError(f"model={value}: unknown preset{_close(str(value), presets)}; "
+                                f"choose one of {', '.join(presets)}")
         if key == "storage" and value is not None and value not in ("s3", "fs"):
             raise UserError(f"storage={value}: unknown storage; choose s3 or fs")
         given.add(key)
     return given
+
+
+def _close(value: str, choices: list[str]) -> str:
+    """'; did you mean X?' for a typo (case first: L7B is L7b), else ''."""
+    import difflib
+
+    same_case = [choice for choice in choices if choice.lower() == value.lower()]
+    close = same_case or difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def parse_error_line(overrides: list[str], error: BaseException) -> str:
+    """Hydra's parser error as one line naming the override it could not read, with the
+    fix for the usual cause: spaces, quotes or non-ASCII letters in an unquoted value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except Exception:  # Hydra's parser raises its own exception types
+            key, _, value = override.partition("=")
+            if not _ or not value:
+                return f"'{override}': cannot parse it; write settings as key=value"
+            quote = '"' if "'" in value else "'"
+            return (f"{key}: cannot parse the value {value!r} (non-ASCII letters and ~ ' ( ) "
+                    f"[ ] {{ }} = # & must be quoted); write it as {key}={quote}{value}{quote}, "
+                    f"in the shell: \"{key}={quote}{value}{quote}\"")
+    return f"cannot parse overrides: {one_line(error)}"
 
 
 _FIXES = (  # OmegaConf's words for a wrong type, and what to write instead

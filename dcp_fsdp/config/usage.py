@@ -15,6 +15,7 @@ COMMANDS = {
     "clean-uploads": "abort the multipart uploads stopped saves left open under storage.uri",
     "wait": "hold an allocation doing nothing: duration=2m (batch/waitbatch.sh)",
     "report": "tables and plots over records: report [PATHS] [--format md|csv] [--plot DIR]",
+    "s3-server": "a local S3 server kept up across runs: s3-server start|status|env|stop",
 }
 RUN_COMMANDS = ("save", "load", "save-and-load", "ceiling")
 SETTINGS_COMMANDS = (*RUN_COMMANDS, "tune", "list", "clean-uploads")

@@ -42,6 +42,25 @@ _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _SUFFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
+NAME_MAX_BYTES = 255  # a file or directory name on Linux file systems
+KEY_MAX_BYTES = 1024  # an S3 object key
+LONGEST_OBJECT_NAME = 64  # room for DCP's object names under a suffix (__0_0.distcp, ...)
+
+
+def check_suffix_length(suffix: str, iterations: int, kind: str, prefix: str = "") -> None:
+    """A suffix the storage cannot hold fails here, not after every rank built the model.
+    A save of several iterations writes NAME-1 .. NAME-N (storage/layout.py)."""
+    longest = f"{suffix}-{iterations}" if iterations > 1 else suffix
+    size = len(longest.encode())
+    if kind == "fs" and size > NAME_MAX_BYTES:
+        raise UserError(f"suffix={suffix}: {longest!r} is {size} bytes, longer than a file "
+                        f"name may be ({NAME_MAX_BYTES}); use a shorter suffix")
+    limit = KEY_MAX_BYTES - LONGEST_OBJECT_NAME - len(prefix.encode())
+    if kind == "s3" and size > limit:
+        raise UserError(f"suffix={suffix}: {size} bytes; with the prefix and DCP's object "
+                        f"names an S3 key would pass {KEY_MAX_BYTES} bytes: use at most {limit}")
+
+
 def check_suffix(suffix: str) -> None:
     if not _SUFFIX.match(suffix):
         raise UserError(f"suffix={suffix}: use letters, digits, '.', '_' and '-' only")
@@ -170,6 +189,9 @@ def validate(cfg: BenchmarkConfig, conf_dir: Path) -> None:
                         "suffix=2026-11-22-13-45-ab12 (`dcp-fsdp list` shows them)")
     if cfg.suffix is not None:
         check_suffix(cfg.suffix)
+        prefix = parse_s3_uri(cfg.storage.uri)[1] if cfg.storage.uri else ""
+        check_suffix_length(cfg.suffix, cfg.iterations if cfg.command != Command.load else 1,
+                            cfg.storage.kind.value, prefix)
     storage = cfg.storage
     if storage.kind == StorageKind.fs:
         if not storage.path:

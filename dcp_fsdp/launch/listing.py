@@ -4,9 +4,9 @@ the multipart uploads left open there; `dcp-fsdp clean-uploads`: abort those upl
 from __future__ import annotations
 
 from dcp_fsdp import log
-from dcp_fsdp.config.schema import BenchmarkConfig
+from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.launch.preflight import needs_embedded_server
+from dcp_fsdp.launch.preflight import check_fs_root, needs_embedded_server
 from dcp_fsdp.storage import make_store
 
 
@@ -14,8 +14,11 @@ def _store(cfg: BenchmarkConfig, command: str):
     if needs_embedded_server(cfg):
         raise UserError(f"storage.uri is not set: give the location to {command}, e.g. "
                         "storage.uri=s3://my-bucket/ckpt (or storage=fs storage.path=DIR)")
+    if cfg.storage.kind == StorageKind.fs:
+        check_fs_root(cfg.storage.path, must_exist=True)  # list reads: it creates nothing
     store = make_store(cfg.storage)
-    store.preflight()
+    if cfg.storage.kind != StorageKind.fs:  # fs: listing needs no write access
+        store.preflight()
     return store
 
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from dcp_fsdp import contract, log
-from dcp_fsdp.config.schema import BenchmarkConfig, Command, StorageKind
+from dcp_fsdp.config.schema import MIB, BenchmarkConfig, Command, StorageKind
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
-from dcp_fsdp.storage import layout, make_store
+from dcp_fsdp.storage import layout, make_store, metadata_peek
 from dcp_fsdp.storage.s3 import resolve_endpoint
 
 EMBEDDED_BUCKET = "dcp-fsdp"
@@ -37,8 +38,8 @@ def storage_environment(cfg: BenchmarkConfig):
     if cfg.command == Command.load:
         # A fresh embedded server is empty: there is nothing to load.
         raise UserError("storage.uri is not set: the embedded S3 server starts empty each run, so "
-                        "there is nothing to load; use save-and-load, or point storage.uri "
-                        "(and storage.endpoint) at the server that holds the checkpoint")
+                        "there is nothing to load; use save-and-load, or keep a server up "
+                        "(dcp-fsdp s3-server start) and point storage.uri at it")
     server = EmbeddedS3(bucket=EMBEDDED_BUCKET)
     log.info("no S3 configured: starting the embedded SeaweedFS server on 127.0.0.1")
     endpoint = server.start()
@@ -52,12 +53,65 @@ def storage_environment(cfg: BenchmarkConfig):
 
 
 def preflight(cfg: BenchmarkConfig, server_env: dict[str, str]) -> None:
-    """The store answers, and (load) the checkpoint is complete; UserError otherwise."""
+    """The store answers, a configured save suffix is free, and (load) the checkpoint is
+    complete and matches the model, dtype and state; UserError otherwise."""
     with _patched_environ(server_env):
+        if cfg.storage.kind == StorageKind.fs:
+            check_fs_root(cfg.storage.path, must_exist=cfg.command == Command.load)
         store = make_store(cfg.storage)
         store.preflight()
         if cfg.command == Command.load:
             layout.check_loadable(store, cfg.suffix)
+            check_compatible(store, cfg)
+        elif cfg.suffix and cfg.command in (Command.save, Command.save_and_load):
+            layout.check_save_suffixes_free(store, cfg.suffix, cfg.iterations)
+
+
+def check_fs_root(path: str, must_exist: bool) -> None:
+    """storage.path: a directory (or, for a save, one that can be made). Never creates it:
+    a mistyped path must not appear on disk because of `list` or `load`."""
+    root = Path(path).expanduser()
+    if root.exists() and not root.is_dir():
+        raise UserError(f"storage.path={path}: is a file, not a directory; give the directory "
+                        "the checkpoints are (or will be) in")
+    if must_exist and not root.exists():
+        raise UserError(f"storage.path={path}: no such directory (nothing was created); check "
+                        "the path (`dcp-fsdp list storage=fs storage.path=DIR` shows checkpoints)")
+
+
+def check_compatible(store, cfg: BenchmarkConfig) -> None:
+    """Before any rank builds the model: the checkpoint's model, dtype and state (from its
+    manifest, else from DCP's .metadata) fit the settings. A model-only load of a
+    model-and-optimizer checkpoint is allowed, and said."""
+    suffix = cfg.suffix
+    manifest = layout.read_manifest(store, suffix) or {}
+    raw = store.get_small(suffix, layout.METADATA_NAME)
+    tensors = metadata_peek.read_tensors(raw) if raw else None
+    parts = metadata_peek.bytes_by_part(tensors) if tensors else {}
+    saved_state = manifest.get("state") or (
+        ("model_and_optimizer" if "optim" in parts else "model") if parts else None)
+    saved = {"model": manifest.get("model"), "model.dtype": manifest.get("model.dtype")
+             or _dtype_of(tensors), "state": saved_state}
+    wanted = {"model": cfg.model.preset, "model.dtype": cfg.model.dtype.value,
+              "state": cfg.state.value}
+    differ = [key for key in wanted if saved[key] is not None and saved[key] != wanted[key]
+              and not (key == "state" and saved[key] == "model_and_optimizer")]
+    if differ:
+        known = " ".join(f"{key}={value}" for key, value in saved.items() if value)
+        asked = " ".join(f"{key}={wanted[key]}" for key in differ)
+        raise UserError(f"suffix={suffix}: checkpoint was saved with {known}, not {asked}; "
+                        f"load it with {known}")
+    if saved_state == "model_and_optimizer" and cfg.state.value == "model":
+        sizes = (f": {parts['model'] / MIB:.1f} of {sum(parts.values()) / MIB:.1f} MiB"
+                 if parts.get("model") else "")
+        log.info(f"suffix={suffix} holds model and optimizer state; state=model loads the "
+                 f"model state only{sizes} (add state=model_and_optimizer for all of it)")
+
+
+def _dtype_of(tensors) -> str | None:
+    """The model's dtype as a setting value, from its parameters' dtype in .metadata."""
+    names = {entry.dtype for key, entry in (tensors or {}).items() if key.startswith("model.")}
+    return {"float32": "fp32", "bfloat16": "bf16"}.get(names.pop()) if len(names) == 1 else None
 
 
 @contextlib.contextmanager

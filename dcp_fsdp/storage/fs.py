@@ -44,9 +44,18 @@ class FsStore:
         return FileSystemReader(self.location(suffix))
 
     def preflight(self) -> None:
-        probe = self.root / f".dcp-fsdp-probe-{secrets.token_hex(4)}"
+        """Writable, or creatable by the first save; creates nothing (a mistyped path
+        must not appear because of a `list` or a `load`)."""
+        if self.root.exists() and not self.root.is_dir():
+            raise UserError(f"storage.path={self.root}: is a file, not a directory; give the "
+                            "directory the checkpoints are (or will be) in")
+        where = self.root
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        probe = where / f".dcp-fsdp-probe-{secrets.token_hex(4)}"
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            if not where.is_dir():
+                raise NotADirectoryError(20, f"{where} is a file")
             probe.write_bytes(b"probe")
             probe.unlink()
         except OSError as error:

@@ -63,6 +63,22 @@ def new_suffix(now: datetime.datetime | None = None) -> str:
     return now.strftime("%Y-%m-%d-%H-%M-") + secrets.token_hex(2)
 
 
+def configured_save_suffixes(configured: str, iterations: int) -> list[str]:
+    """The suffixes a save with `suffix=NAME` writes: NAME, or NAME-1 .. NAME-N."""
+    if iterations == 1:
+        return [configured]
+    return [f"{configured}-{iteration}" for iteration in range(1, iterations + 1)]
+
+
+def check_save_suffixes_free(store, configured: str, iterations: int) -> None:
+    """Before any rank starts: a save never overwrites; say so now, not after the build."""
+    for suffix in configured_save_suffixes(configured, iterations)[:100]:
+        if store.has_objects(suffix):
+            raise UserError(f"suffix={suffix}: a checkpoint already exists at "
+                            f"{store.location(suffix)}; choose another suffix or omit it to "
+                            "get a fresh one")
+
+
 def save_suffix(store, configured: str | None, iterations: int, iteration: int,
                 used: list[str]) -> str:
     """The suffix for save `iteration` (1-based) in `store`; never one that holds objects."""

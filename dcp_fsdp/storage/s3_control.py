@@ -15,6 +15,51 @@ from dcp_fsdp.storage.layout import CEILING_ROOT, METADATA_NAME, CheckpointInfo,
 from dcp_fsdp.storage.s3_target import S3Target
 
 
+def credential_chain_error(error: BaseException) -> UserError | None:
+    """One line for a broken AWS credential chain (profile, shared files), naming the
+    variable or file and the fix; None for other errors."""
+    import os
+
+    import botocore.exceptions as bx
+
+    if isinstance(error, bx.ProfileNotFound):
+        profile = error.kwargs.get("profile") or os.environ.get("AWS_PROFILE")
+        keys = (" (AWS_ACCESS_KEY_ID is set, but a named profile is read first)"
+                if os.environ.get("AWS_ACCESS_KEY_ID") else "")
+        return UserError(f"AWS_PROFILE={profile}: no such profile in "
+                         f"{os.environ.get('AWS_CONFIG_FILE', '~/.aws/config')} or "
+                         f"{os.environ.get('AWS_SHARED_CREDENTIALS_FILE', '~/.aws/credentials')}"
+                         f"{keys}; unset AWS_PROFILE or add the profile")
+    if isinstance(error, bx.ConfigParseError):
+        path = error.kwargs.get("path", "?")
+        variable = next((name for name in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
+                         if os.environ.get(name) and os.path.expanduser(os.environ[name]) == path),
+                        None)
+        named = f"{variable}={path}" if variable else f"AWS file {path}"
+        return UserError(f"{named}: cannot parse it (not INI: '[profile]' then 'key = value' "
+                         f"lines); fix the file" + (f" or unset {variable}" if variable else ""))
+    if isinstance(error, bx.PartialCredentialsError):
+        provider = error.kwargs.get("provider", "?")
+        missing = error.kwargs.get("cred_var", "a key")
+        source = {"shared-credentials-file": os.environ.get(
+                      "AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"),
+                  "config-file": os.environ.get("AWS_CONFIG_FILE", "~/.aws/config"),
+                  "env": "the environment"}.get(provider, provider)
+        return UserError(f"AWS credentials in {source} are incomplete: {missing} is missing; "
+                         "add it next to the key id, or set AWS_ACCESS_KEY_ID and "
+                         "AWS_SECRET_ACCESS_KEY")
+    return None
+
+
+class _NotS3(Exception):
+    """Raised from a response hook: the endpoint's answers are not S3's."""
+
+
+def _first_words(error: BaseException, limit: int = 120) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 class S3ControlPlane:
     def __init__(self, target: S3Target, connect_timeout_s: float) -> None:
         self.target = target
@@ -22,38 +67,60 @@ class S3ControlPlane:
         self._boto_client = None
 
     def client(self):
+        """boto3's client; the AWS credential chain is read here (UserError if broken)."""
         if self._boto_client is None:
             import boto3
             import botocore.config
+            import botocore.exceptions as bx
 
-            self._boto_client = boto3.client(
-                "s3", region_name=self.target.region, endpoint_url=self.target.endpoint,
-                config=botocore.config.Config(
-                    connect_timeout=self.connect_timeout_s, read_timeout=30,
-                    retries={"mode": "standard", "total_max_attempts": 2},
-                    s3={"addressing_style": "path" if self.target.force_path_style else "auto"},
-                ),
-            )
+            try:
+                self._boto_client = self._make_client(boto3, botocore.config)
+            except bx.BotoCoreError as error:
+                raise credential_chain_error(error) or self._explain(error) from None
         return self._boto_client
+
+    def _make_client(self, boto3, botocore_config):
+        # A broken profile or shared file fails here: botocore resolves credentials now.
+        client = boto3.client(
+            "s3", region_name=self.target.region, endpoint_url=self.target.endpoint,
+            config=botocore_config.Config(
+                connect_timeout=self.connect_timeout_s, read_timeout=30,
+                retries={"mode": "standard", "total_max_attempts": 2},
+                s3={"addressing_style": "path" if self.target.force_path_style else "auto"},
+            ),
+        )
+        return client
 
     def _explain(self, error: BaseException) -> UserError:
         """One line for a boto3 failure against this bucket."""
         import botocore.exceptions as bx
 
         where = f"storage.uri={self.target.uri}"
+        chain = credential_chain_error(error)
+        if chain is not None:
+            return chain
+        if isinstance(error, bx.SSLError):
+            endpoint = self.target.endpoint or "AWS S3"
+            plain = (f"; if the server speaks plain HTTP, write "
+                     f"{self.target.endpoint_source}=http://{endpoint.split('://', 1)[-1]}"
+                     if endpoint.startswith("https://") else "")
+            return UserError(f"{self.target.endpoint_source}={endpoint}: TLS handshake failed "
+                             f"({_first_words(error)}){plain}")
         if isinstance(error, bx.NoCredentialsError):
             return UserError(f"{where}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
                              "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or use an instance role")
         if isinstance(error, (bx.EndpointConnectionError, bx.ConnectTimeoutError,
                               bx.ReadTimeoutError)):
             target = self.target.endpoint or f"AWS S3 in {self.target.region}"
-            return UserError(f"storage.endpoint={target}: cannot connect ({type(error).__name__}); "
+            return UserError(f"{self.target.endpoint_source}={target}: cannot connect ({type(error).__name__}); "
                              "check the address and that the server is up")
         if isinstance(error, bx.ClientError):
             response = error.response
             code = str(response.get("Error", {}).get("Code", ""))
             status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+            if code == "404" and not self._is_s3_answer():
+                return self._not_s3(f"HTTP {status} without an S3 error code")
             if code in ("404", "NoSuchBucket"):
                 return UserError(f"{where}: bucket '{self.target.bucket}' does not exist; create it or "
                                  "fix the bucket name")
@@ -73,6 +140,26 @@ class S3ControlPlane:
             return UserError(f"{where}: {type(error).__name__}: {error}")
         raise error
 
+    def _is_s3_answer(self) -> bool:
+        """A HEAD 404 has no body: is it S3's 'no such bucket', or a server that is not S3?
+        A GET of the bucket answers an S3 error code (NoSuchBucket) only from S3."""
+        import botocore.exceptions as bx
+
+        try:
+            self.client().list_objects_v2(Bucket=self.target.bucket, MaxKeys=1)
+            return True
+        except bx.ClientError as error:
+            code = str(error.response.get("Error", {}).get("Code", ""))
+            return bool(code) and not code.isdigit()  # S3 names its errors
+        except (bx.BotoCoreError, RecursionError):
+            return False
+
+    def _not_s3(self, answer: str) -> UserError:
+        endpoint = self.target.endpoint or f"AWS S3 in {self.target.region}"
+        return UserError(f"{self.target.endpoint_source}={endpoint}: answered {answer}: it is "
+                         "not an S3 server; check the address and port (SeaweedFS's S3 "
+                         "port, e.g. http://127.0.0.1:8333)")
+
     def preflight(self) -> None:
         """Fail in seconds (not after the CRT's retries) on bad bucket, keys or endpoint."""
         import botocore.exceptions as bx
@@ -86,11 +173,19 @@ class S3ControlPlane:
 
         def on_response(response_dict=None, **_):
             if response_dict and response_dict.get("status_code") == 301:
-                redirects.append(response_dict.get("headers", {}).get("x-amz-bucket-region"))
+                region = response_dict.get("headers", {}).get("x-amz-bucket-region")
+                if region is None and redirects:
+                    # S3 names the bucket's region on a 301; a server that redirects
+                    # again without one is not S3 (boto3 would follow it until
+                    # RecursionError).
+                    raise _NotS3()
+                redirects.append(region)
 
         client.meta.events.register("response-received.s3.HeadBucket", on_response)
         try:
             response = client.head_bucket(Bucket=self.target.bucket)
+        except (_NotS3, RecursionError):
+            raise self._not_s3("HTTP 301 redirects without an S3 bucket region") from None
         except (bx.BotoCoreError, bx.ClientError) as error:
             raise self._explain(error) from None
         bucket_region = redirects[0] if redirects else None

@@ -8,6 +8,7 @@ import os
 
 from dcp_fsdp.config.schema import StorageConfig
 from dcp_fsdp.config.validate import parse_s3_uri
+from dcp_fsdp.errors import UserError
 
 
 def resolve_region(storage: StorageConfig) -> str:
@@ -20,6 +21,14 @@ def resolve_endpoint(storage: StorageConfig) -> str | None:
         "AWS_ENDPOINT_URL") or None
 
 
+def endpoint_source(storage: StorageConfig) -> str:
+    """The setting or variable the endpoint comes from: what an error message names."""
+    if storage.endpoint:
+        return "storage.endpoint"
+    return next((name for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+                 if os.environ.get(name)), "storage.endpoint")
+
+
 @dataclasses.dataclass(frozen=True)
 class S3Target:
     """Where the checkpoints go, resolved from the settings and the AWS environment."""
@@ -30,17 +39,24 @@ class S3Target:
     region: str
     endpoint: str | None
     force_path_style: bool
+    endpoint_source: str = "storage.endpoint"  # what error messages name
 
     @classmethod
     def from_config(cls, storage: StorageConfig) -> "S3Target":
-        assert storage.uri is not None
-        bucket, prefix = parse_s3_uri(storage.uri)
         endpoint = resolve_endpoint(storage)
+        if storage.uri is None:
+            # Only the embedded server fills it in; with an endpoint set there is none.
+            raise UserError(f"storage.uri is not set but {endpoint_source(storage)}={endpoint} "
+                            "is: give the bucket too, e.g. storage.uri=s3://my-bucket/checkpoints"
+                            + ("" if storage.endpoint else
+                               f" (or unset {endpoint_source(storage)} for the embedded server)"))
+        bucket, prefix = parse_s3_uri(storage.uri)
         return cls(uri=storage.uri.rstrip("/"), bucket=bucket, prefix=prefix,
                    region=resolve_region(storage), endpoint=endpoint,
                    force_path_style=(storage.force_path_style
                                      if storage.force_path_style is not None
-                                     else endpoint is not None))
+                                     else endpoint is not None),
+                   endpoint_source=endpoint_source(storage))
 
     def key(self, suffix: str, name: str = "") -> str:
         return "/".join(p for p in (self.prefix, suffix, name) if p)

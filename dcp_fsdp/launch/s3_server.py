@@ -1,0 +1,233 @@
+"""`dcp-fsdp s3-server start|status|env|stop`: a local S3 that outlives one run.
+
+A run with no S3 configured starts the embedded SeaweedFS and deletes it at exit, so
+its checkpoints cannot be loaded by a later run. This keeps one up instead: `start`
+runs a small daemon (this module's `serve`) that owns the server and writes its
+endpoint and keys to a state file (mode 0600: it holds the secret key); `env` prints
+them as `export` lines; `stop` ends the daemon, which stops SeaweedFS, and removes the
+state directory with the data. Everything lives in one directory,
+$XDG_RUNTIME_DIR/dcp-fsdp-s3 (else ~/.cache/dcp-fsdp-s3): SeaweedFS's sockets and temporary
+files too (the daemon's TMPDIR points there), so nothing is left in /tmp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dcp_fsdp import log
+from dcp_fsdp.errors import UserError
+
+STATE_NAME = "state.json"
+LOG_NAME = "server.log"
+START_TIMEOUT_S = 90.0  # SeaweedFS answers in ~1 s idle; a loaded 2-core machine is slower
+STOP_TIMEOUT_S = 30.0
+USAGE = ("usage: dcp-fsdp s3-server start|status|env|stop [bucket=NAME]\n"
+         "  start   start a local SeaweedFS S3 server that stays up across runs\n"
+         "  status  say whether it is up, and where\n"
+         "  env     print its settings as export lines: eval \"$(dcp-fsdp s3-server env)\"\n"
+         "  stop    stop it and delete its data\n"
+         "state and data: $XDG_RUNTIME_DIR/dcp-fsdp-s3 (else ~/.cache/dcp-fsdp-s3)")
+
+
+def state_dir() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) if runtime and Path(runtime).is_dir() else Path.home() / ".cache"
+    return base / "dcp-fsdp-s3"
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_state(where: Path) -> dict | None:
+    """The running server's state, or None (a stale file, whose daemon died, is removed
+    with whatever it left)."""
+    path = where / STATE_NAME
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if _alive(state.get("daemon_pid")):
+        return state
+    _kill_group(state.get("server_pid"))
+    shutil.rmtree(where, ignore_errors=True)
+    return None
+
+
+def _kill_group(pid: int | None) -> None:
+    if pid and _alive(pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)  # SeaweedFS runs in its own process group
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def exports(state: dict) -> str:
+    variables = {"AWS_ENDPOINT_URL": state["endpoint_url"],
+                 "AWS_ACCESS_KEY_ID": state["access_key_id"],
+                 "AWS_SECRET_ACCESS_KEY": state["secret_access_key"],
+                 "AWS_REGION": state["region"]}
+    return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in variables.items())
+
+
+def _describe(state: dict) -> str:
+    return (f"S3 server up at {state['endpoint_url']} (pid {state['daemon_pid']}, bucket "
+            f"{state['bucket']}, data in {state['workdir']}); stop it with "
+            "`dcp-fsdp s3-server stop`")
+
+
+def _print_usage_of(state: dict) -> None:
+    log.info(_describe(state))
+    print(exports(state))
+    log.info(f"then: dcp-fsdp save storage.uri={state['uri']}   (and load with "
+             f"storage.uri={state['uri']} suffix=... in another run)")
+
+
+def start(where: Path, bucket: str) -> int:
+    state = read_state(where)
+    if state is not None:
+        log.info("already running")
+        _print_usage_of(state)
+        return 0
+    where.mkdir(parents=True, exist_ok=True, mode=0o700)
+    env = {**os.environ, "TMPDIR": str(where)}  # SeaweedFS's sockets go here, not /tmp
+    with open(where / LOG_NAME, "ab") as out:
+        daemon = subprocess.Popen([sys.executable, "-m", "dcp_fsdp.launch.s3_server", "serve",
+                                   str(where), bucket], env=env, stdout=out, stderr=out,
+                                  stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    try:
+        while (state := read_state(where) if (where / STATE_NAME).exists() else None) is None:
+            if daemon.poll() is not None:
+                tail = _tail(where / LOG_NAME)
+                shutil.rmtree(where, ignore_errors=True)
+                raise UserError(f"s3-server: SeaweedFS did not start (exit {daemon.returncode}): "
+                                f"{tail}")
+            if time.monotonic() > deadline:
+                daemon.terminate()
+                daemon.wait()
+                shutil.rmtree(where, ignore_errors=True)
+                raise UserError(f"s3-server: no answer within {START_TIMEOUT_S:g} s; the "
+                                "machine may be overloaded, try again")
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        daemon.terminate()
+        daemon.wait()
+        shutil.rmtree(where, ignore_errors=True)
+        raise
+    _print_usage_of(state)
+    return 0
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1] if lines else "no log"
+
+
+def stop(where: Path) -> int:
+    path = where / STATE_NAME
+    if not path.exists():
+        shutil.rmtree(where, ignore_errors=True)
+        log.info("s3-server: not running")
+        return 0
+    state = read_state(where)
+    if state is None:
+        log.info("s3-server: not running (removed what a stopped server left)")
+        return 0
+    os.kill(state["daemon_pid"], signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while _alive(state["daemon_pid"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _alive(state["daemon_pid"]):
+        os.kill(state["daemon_pid"], signal.SIGKILL)
+    _kill_group(state.get("server_pid"))
+    shutil.rmtree(where, ignore_errors=True)
+    log.info(f"s3-server: stopped the server at {state['endpoint_url']}; its data is deleted")
+    return 0
+
+
+def serve(where: Path, bucket: str) -> int:
+    """The daemon: owns SeaweedFS until SIGTERM/SIGINT, then stops it."""
+    from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server = EmbeddedS3(bucket=bucket)
+    try:
+        endpoint = server.start()
+        state = {"daemon_pid": os.getpid(), "server_pid": server.process.pid,
+                 "endpoint_url": endpoint.endpoint_url, "bucket": endpoint.bucket,
+                 "access_key_id": endpoint.access_key_id,
+                 "secret_access_key": endpoint.secret_access_key, "region": endpoint.region,
+                 "uri": f"s3://{endpoint.bucket}/checkpoints", "workdir": str(server.workdir)}
+        tmp = where / (STATE_NAME + ".tmp")
+        tmp.touch(mode=0o600)
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, where / STATE_NAME)
+        server.process.wait()  # a signal interrupts this
+        print(f"s3-server: SeaweedFS exited:\n{server.tail_log()}", flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        (where / STATE_NAME).unlink(missing_ok=True)
+        server.stop()
+
+
+def main(args: list[str]) -> int:
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0 if args else 2
+    action, rest = args[0], args[1:]
+    bucket = "dcp-fsdp"
+    for arg in rest:
+        if not arg.startswith("bucket=") or action != "start":
+            raise UserError(f"s3-server {action}: unexpected '{arg}'; {USAGE.splitlines()[0]}")
+        bucket = arg.split("=", 1)[1]
+        from dcp_fsdp.config.validate import parse_s3_uri
+
+        parse_s3_uri(f"s3://{bucket}")  # the same bucket-name rules, the same message
+    where = state_dir()
+    if action == "start":
+        return start(where, bucket)
+    if action == "stop":
+        return stop(where)
+    if action in ("status", "env"):
+        state = read_state(where)
+        if state is None:
+            if action == "env":
+                raise UserError("s3-server: not running; start it: dcp-fsdp s3-server start")
+            log.info("s3-server: not running (start it: dcp-fsdp s3-server start)")
+            return 3
+        if action == "env":
+            print(exports(state))
+        else:
+            log.info(_describe(state))
+        return 0
+    raise UserError(f"s3-server {action}: unknown action; {USAGE.splitlines()[0]}")
+
+
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "serve":
+    sys.exit(serve(Path(sys.argv[2]), sys.argv[3]))

@@ -1,0 +1,79 @@
+"""Logic behind issue 17's fixes: .metadata read without torch, the report's group legend,
+and the batch scripts' load command."""
+
+from __future__ import annotations
+
+import subprocess
+
+from dcp_fsdp.analysis import columns, report
+from dcp_fsdp.storage import metadata_peek
+from tests.kit.cli import REPO
+from tests.unit.analysis_kit import variant
+
+
+def test_metadata_is_read_without_torch_classes(tmp_path):
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": {"w": torch.zeros(3, 4, dtype=torch.bfloat16), "b": torch.ones(5)},
+             "optim": {"state": {"w": {"exp_avg": torch.zeros(3, 4)}}, "step": 3}}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path)), no_dist=True)
+    tensors = metadata_peek.read_tensors((tmp_path / ".metadata").read_bytes())
+    assert tensors["model.w"] == metadata_peek.TensorEntry((3, 4), "bfloat16")
+    assert tensors["model.b"] == metadata_peek.TensorEntry((5,), "float32")
+    assert tensors["optim.state.w.exp_avg"].size_bytes == 3 * 4 * 4
+    assert metadata_peek.bytes_by_part(tensors) == {"model": 3 * 4 * 2 + 5 * 4, "optim": 48}
+
+
+def test_a_pickle_with_other_globals_is_not_executed(tmp_path):
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("executed",))
+
+    assert metadata_peek.read_tensors(pickle.dumps(Evil())) is None
+    assert metadata_peek.read_tensors(b"not a pickle") is None
+
+
+def test_many_groups_keep_the_throughput_figures_at_100_columns(tmp_path):
+    """Once the group keys fill the width, they move to a legend; the figures stay."""
+    root = tmp_path / "results"
+    many = {"storage.part_size_mib": 8, "storage.thread_count": 1,
+            "storage.throughput_target_gbps": 10.0, "storage.max_attempts": 10,
+            "storage.prefix_strategy": "default", "storage.reader": "dcp_optimized",
+            "storage.connect_timeout_s": 3.0, "seed": 0}
+    for number in range(6):
+        settings = {name: (value if isinstance(value, str) else value + number)
+                    for name, value in many.items()}
+        settings["storage.prefix_strategy"] = ["default", "binary", "hex"][number % 3]
+        settings["storage.reader"] = ["dcp_optimized", "sequential"][number % 2]
+        variant(root, f"v{number}", settings=settings)
+    runs, samples, _ = report.read_records(report.record_files([str(root)]))
+    result = report.build(runs, samples)
+    text = report.render(result, "table", [], width=100)
+    assert max(len(line) for line in text.splitlines()) <= 100, text
+    header = next(line for line in text.splitlines() if line.startswith("op "))
+    assert "agg MiB/s" in header, text  # the main figure (compact rank 0)
+    dropped = [line for line in text.splitlines() if "left out:" in line]
+    main = [c.header for c in columns.THROUGHPUT if c.compact is not None and c.compact <= 1]
+    assert not any(name in line for line in dropped for name in main), dropped
+    assert header.split()[:2] == ["op", "group"], header
+    legend = text.split("Groups (the group column above)")[1]
+    assert "g1: " in legend and "g6: " in legend and "thread_count" in legend
+
+
+def test_savebatch_prints_a_load_command_that_keeps_the_settings():
+    script = ('source batch/common.sh; NODES=2 URI="s3://b/my ckpt" MODEL=L7b REGION=us-east-2 '
+              'OVERRIDES="state=model_and_optimizer storage.thread_count=4"; '
+              'load_command "a-1,a-2" model=L7b iterations=2 suffix=a storage.part_size_mib=16')
+    line = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    words = subprocess.run(["bash", "-c", f"printf '%s\\n' {line}"], capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    assert words == ["SUFFIX=a-2", "URI=s3://b/my ckpt", "REGION=us-east-2", "MODEL=L7b",
+                     "OVERRIDES=state=model_and_optimizer storage.thread_count=4", "sbatch",
+                     "--nodes", "2", "batch/loadbatch.sh", "model=L7b",
+                     "storage.part_size_mib=16"]
+    header = (REPO / "batch" / "loadbatch.sh").read_text()
+    assert "cut -d, -f1" not in header and "tail -1" in header  # the last suffix, as savebatch
