@@ -71,7 +71,9 @@ def test_slowest_rank_mib_s_is_the_checkpoint_over_the_slowest_rank():
 
 def test_efficiency_is_per_iteration_against_its_own_raw_rows():
     samples = []
-    for iteration, (dcp_s, raw_s) in enumerate(((2.0, 1.0), (4.0, 1.0)), start=1):
+    # the raw rate differs between iterations (2 then 0.5 MiB/s): each iteration is divided
+    # by its own, not by the run's pooled raw rate (0.8 MiB/s)
+    for iteration, (dcp_s, raw_s) in enumerate(((2.0, 1.0), (4.0, 4.0)), start=1):
         base = 100.0 * iteration
         samples += [sample(r, base, base + dcp_s, MIB, iteration=iteration) for r in (0, 1)]
         samples += [sample(r, base + 10, base + 10 + raw_s, MIB, op="raw_put",
@@ -79,8 +81,8 @@ def test_efficiency_is_per_iteration_against_its_own_raw_rows():
     headers, rows = run_table(samples)
     cells = {(r[0], str(r[1])): dict(zip(headers, r)) for r in rows}
     assert cells[("save", "1")]["efficiency"] == "0.50"  # 2 MiB / 2 s over 2 MiB / 1 s
-    assert cells[("save", "2")]["efficiency"] == "0.25"
-    assert cells[("save (all)", "2")]["efficiency"] == f"{(4 / 6) / (4 / 2):.2f}"
+    assert cells[("save", "2")]["efficiency"] == "1.00"  # 0.5 MiB/s over 0.5 MiB/s
+    assert cells[("save (all)", "2")]["efficiency"] == f"{(4 / 6) / (4 / 5):.2f}"
     assert cells[("raw_put", "1")]["efficiency"] == ""
 
 
