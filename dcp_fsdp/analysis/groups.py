@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from dcp_fsdp.analysis.completeness import incomplete_runs
+from dcp_fsdp.analysis.figures import NOISE_HINT, NOISY_SPREAD
 from dcp_fsdp.analysis.metrics import per_operation, samples_frame
 from dcp_fsdp.analysis.tables import (OP_ORDER, mean_or_nan, ordered, phase_row,
                                       throughput_row, type_rows)
@@ -173,6 +174,7 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
     ok_samples = [s for s in samples if s.get("run_id") in ok_ids]
     empty = pd.DataFrame()
     result: dict[str, Any] = {"group_keys": group_keys, "varying": varying, "runs": run_rows,
+                              "notes": [],
                               "throughput": empty, "phases": empty, "types": empty,
                               "samples": empty, "operations": empty}
     not_ok = run_rows[run_rows["status"] != "ok"]
@@ -217,6 +219,12 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
         phases.append(phase_row(labels, group_samples, group_ops))
         types.extend(type_rows(labels, group_samples, len(group_ops)))
     result["throughput"] = ordered(pd.DataFrame(throughput), group_keys)
+    noisy = int(result["throughput"]["spread"].gt(NOISY_SPREAD).sum())
+    if noisy:
+        result["notes"] = [f"{noisy} group(s) marked noisy: their iterations' aggregate MiB/s "
+                           f"differ by more than {100 * NOISY_SPREAD:.0f} % of their median "
+                           f"(spread); {NOISE_HINT}. Differences smaller than the spread are "
+                           "not a result."]
     result["phases"] = ordered(pd.DataFrame(phases), group_keys)
     result["types"] = ordered(pd.DataFrame(types), group_keys)
     return result

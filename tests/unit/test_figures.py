@@ -117,6 +117,8 @@ def test_spread_is_shown_and_a_noisy_group_is_marked_with_a_hint(tmp_path):
     assert save["spread"] == pytest.approx((rates[1] - rates[0]) / ((rates[0] + rates[1]) / 2))
     assert "noisy" in save["note"]
     assert "noisy" in report.render(result, "table", [], width=100)
+    (hint,) = result["notes"]  # `report` prints it under the tables
+    assert "noisy" in hint and "delay_s" in hint and "quieter machine" in hint
 
 
 def amplified(row: dict) -> dict:
