@@ -43,23 +43,19 @@ def main() -> int:
              for line in path.read_text().splitlines()]
     run = next(line for line in lines if line["record"] == "run")
     samples = [line for line in lines if line["record"] == "sample"]
-    figures = {}
-    for op in ("save", "load"):
-        rows = [s for s in samples if s["op"] == op]
-        spans = {}
-        for s in rows:
-            span = spans.setdefault(s["iteration"], [float("inf"), 0.0, 0])
-            span[0] = min(span[0], s["begin_wall_s"])
-            span[1] = max(span[1], s["end_wall_s"])
-            span[2] += s["bytes"]
-        figures[op] = [nbytes / MIB / (end - begin) for begin, end, nbytes in spans.values()]
+    from dcp_fsdp.analysis.figures import summary
+
+    found = summary(samples)  # the report's definitions (analysis/figures.py)
+    figures = {op: found[op]["per_iteration_mib_s"] for op in ("save", "load") if op in found}
     rss = [row.get("peak_rss_bytes") for row in run["init"] if row.get("peak_rss_bytes")]
     model = run["model"]
     print(f"\nmodel {model['preset']} {model['dtype']} {model['state']}: "
           f"{model['param_count'] / 1e9:.3f} B params, {model['state_bytes'] / GIB:.2f} GiB; "
           f"world size {run['world_size']}; wall {wall_s:.0f} s")
     for op, values in figures.items():
-        print(f"{op}: aggregate MiB/s per iteration " + ", ".join(f"{v:.1f}" for v in values))
+        print(f"{op}: aggregate MiB/s {found[op]['aggregate_mib_s']:.1f} (all iterations "
+              f"pooled), slowest-rank MiB/s {found[op]['slowest_rank_mib_s']:.1f}; per "
+              "iteration " + ", ".join(f"{v:.1f}" for v in values))
     if rss:
         print(f"peak RSS per rank: max {max(rss) / GIB:.2f} GiB")
     failed = False

@@ -16,6 +16,8 @@ class Column(NamedTuple):
     names: str | tuple[str, ...]
     header: str
     spec: str  # a format spec, "int", "%" (ratio as percent) or "s" (text)
+    # latency is shown per request type only (TYPES): pooled over types it would mix
+    # UploadParts with HEADs
     compact: int | None
 
 
@@ -27,6 +29,8 @@ THROUGHPUT = [
     Column("duration_p50_s", "dur p50 s", ".3f", 6),
     Column("duration_p90_s", "dur p90 s", ".3f", None),
     Column("aggregate_mib_s", "agg MiB/s", ".1f", 0),
+    Column("slowest_rank_mib_s", "slowest-rank MiB/s", ".1f", 6),
+    Column("spread", "spread %", "%", 3),
     Column("efficiency", "efficiency", ".2f", 1),
     Column("mib_s_per_node", "MiB/s/node", ".1f", 9),
     Column("stall_mean_s", "stall s", ".3f", 1),
@@ -38,8 +42,8 @@ THROUGHPUT = [
     Column("req_per_s", "req/s", ".1f", None),
     Column("failures", "failures", "int", None),
     Column("throttles", "throttles", "int", None),
-    Column(("latency_p50_ms", "latency_p99_ms"), "lat p50/p99 ms", ".1f", None),
     Column("failed_runs", "failed runs", "int", 2),
+    Column("note", "note", "s", 0),
 ]
 REQUESTS = [
     Column("requests_per_op", "req/op", ".1f", 0),
@@ -49,8 +53,6 @@ REQUESTS = [
     Column("throttles", "throttles", "int", 3),
     Column("retries", "retries", "int", 5),
     Column("misses", "misses", "int", 7),
-    Column("latency_p50_ms", "lat p50 ms", ".2f", 2),
-    Column("latency_p99_ms", "lat p99 ms", ".2f", 3),
     Column("ttfb_p50_ms", "ttfb p50 ms", ".2f", 6),
     Column("untimed_per_run", "untimed req/run", ".1f", 8),
 ]

@@ -1,7 +1,9 @@
 """Grouping runs' samples into the report's tables (DataFrames of raw numbers).
 
 Groups: node count, world size, model, operation, storage, and every setting that
-differs between the runs that enter the figures. Failed and interrupted runs, and runs
+differs between the runs that enter the figures, as does the torch or connector version,
+the process-group backend or the device (GPU model) a run used (RUN_ATTRIBUTES). A setting
+that does not apply to an operation (APPLIES_TO) does not split its rows. Failed and interrupted runs, and runs
 whose record is not whole (analysis.completeness), are left out of every figure and
 listed; failed and interrupted ones are also counted per group.
 """
@@ -15,9 +17,10 @@ from typing import Any
 import pandas as pd
 
 from dcp_fsdp.analysis.completeness import incomplete_runs
+from dcp_fsdp.analysis.figures import NOISE_HINT, NOISY_SPREAD
 from dcp_fsdp.analysis.metrics import per_operation, samples_frame
-from dcp_fsdp.analysis.tables import (OP_ORDER, add_efficiency, mean_or_nan, ordered,
-                                      phase_row, throughput_row, type_rows)
+from dcp_fsdp.analysis.tables import (OP_ORDER, mean_or_nan, ordered, phase_row,
+                                      throughput_row, type_rows)
 
 __all__ = ["OP_ORDER", "NOT_SETTINGS", "build", "mean_or_nan", "runs_frame", "storage_label"]
 
@@ -32,6 +35,39 @@ NOT_SETTINGS = {
     "storage.path", "storage.region", "storage.connect_timeout_s", "keep_request_log",
     "progress", "progress_interval_s", "ceiling", "tune.budget_s", "tune.trials",
     "tune.repeats",
+}
+
+
+# Settings that change only some operations: elsewhere they do not split rows (a load's
+# row is not split by the save mode it followed). A name ending in "." covers its group.
+APPLIES_TO = {
+    "save_mode": ("save",), "async_save.": ("save",), "train_step_s": ("save",),
+    "storage.part_size_mib": ("save", "raw_put"), "storage.reader": ("load",),
+}
+
+
+def _applies(key: str, op: str) -> bool:
+    for name, ops in APPLIES_TO.items():
+        if key == name or (name.endswith(".") and key.startswith(name)):
+            return op in ops
+    return True
+
+
+def _device(run: dict[str, Any]) -> str | None:
+    """cpu, cuda, or cuda with its GPU model: runs on different GPUs stay apart."""
+    device = run.get("device")
+    model = (run.get("gpus") or {}).get("model")
+    return f"{device} ({model})" if device and model else device
+
+
+# What a run record says about where and with what it ran: these split groups, like a
+# setting, whenever they differ between the runs (a torch or connector upgrade, gloo vs
+# nccl, CPU vs GPU each change the figures).
+RUN_ATTRIBUTES = {
+    "torch": lambda run: (run.get("versions") or {}).get("torch"),
+    "connector": lambda run: (run.get("versions") or {}).get("s3torchconnector"),
+    "process_group": lambda run: run.get("backend"),
+    "device": _device,
 }
 
 
@@ -87,6 +123,9 @@ def runs_frame(runs: list[dict[str, Any]], incomplete: dict[str, str] | None = N
         config = run.get("config") or {}
         settings: dict[str, Any] = {}
         _flatten("", config, settings)
+        for name, attribute in RUN_ATTRIBUTES.items():
+            if attribute(run) is not None:  # older records: unknown does not split
+                settings[name] = attribute(run)
         settings_per_run.append(settings)
         status = run.get("status") or "unknown"
         reason = incomplete.get(run.get("run_id")) if status == "ok" else None
@@ -135,6 +174,7 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
     ok_samples = [s for s in samples if s.get("run_id") in ok_ids]
     empty = pd.DataFrame()
     result: dict[str, Any] = {"group_keys": group_keys, "varying": varying, "runs": run_rows,
+                              "notes": [],
                               "throughput": empty, "phases": empty, "types": empty,
                               "samples": empty, "operations": empty}
     not_ok = run_rows[run_rows["status"] != "ok"]
@@ -151,6 +191,9 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
     ops = per_operation(frame).drop(columns=["ranks"]).merge(attributes, on="run_id", how="left")
     for key in group_keys:
         ops[key] = ops[key].astype(object).where(ops[key].notna(), "")
+    for key in varying:  # a setting that does not apply to an op: blank, one row
+        frame.loc[[not _applies(key, op) for op in frame["op"]], key] = ""
+        ops.loc[[not _applies(key, op) for op in ops["op"]], key] = ""
     result["samples"], result["operations"] = frame, ops
 
     throughput, phases, types = [], [], []
@@ -166,15 +209,22 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
                                "untimed_requests"].astype(float)
         same_group = failed_runs
         for name in ("nodes", "ranks", "model", "storage", *varying):
+            if not _applies(name, labels["op"]):
+                continue
             same_group = same_group[same_group[name].astype(str) == str(labels[name])]
         commands = COMMANDS_OF_OP.get(labels["op"])
         failed = (len(same_group[same_group["command"].isin(commands)]) if commands
                   else math.nan)
-        throughput.append(throughput_row(labels, group_ops, group_samples, untimed, failed))
+        throughput.append(throughput_row(labels, group_ops, group_samples, untimed, failed, ops))
         phases.append(phase_row(labels, group_samples, group_ops))
         types.extend(type_rows(labels, group_samples, len(group_ops)))
-    result["throughput"] = ordered(add_efficiency(pd.DataFrame(throughput), group_keys),
-                                   group_keys)
+    result["throughput"] = ordered(pd.DataFrame(throughput), group_keys)
+    noisy = int(result["throughput"]["spread"].gt(NOISY_SPREAD).sum())
+    if noisy:
+        result["notes"] = [f"{noisy} group(s) marked noisy: their iterations' aggregate MiB/s "
+                           f"differ by more than {100 * NOISY_SPREAD:.0f} % of their median "
+                           f"(spread); {NOISE_HINT}. Differences smaller than the spread are "
+                           "not a result."]
     result["phases"] = ordered(pd.DataFrame(phases), group_keys)
     result["types"] = ordered(pd.DataFrame(types), group_keys)
     return result

@@ -1,20 +1,20 @@
-"""Figures from raw samples (pandas). Definitions are in the README's "Metrics".
+"""Per-operation rows from raw samples (pandas), and the end-of-run table.
 
-MiB = 2**20 bytes. For one operation (save or load) of one iteration:
-  span_s            = max(end_wall_s) - min(begin_wall_s) over ranks
-  aggregate_mib_s   = sum(bytes) / MiB / span_s
+The headline figures (aggregate and slowest-rank MiB/s, efficiency, spread, read
+amplification) are defined once, in analysis/figures.py. Here, for one operation (save or
+load) of one iteration:
   rank_mib_s        = bytes / MiB / duration_s, per rank
   end_skew_s        = max(end_wall_s) - min(end_wall_s)
-  requests          = S3 requests of all ranks inside their timed regions (HTTP attempts)
+  requests          = S3 requests of all ranks inside their timed regions (HTTP attempts);
+                      empty when a rank's requests are unknown (null: none parsed)
   req_per_s         = requests / span_s
   failed, throttled, retries, misses: see dcp_fsdp.telemetry.request_log
-  latency p50/p99   = over every request of the operation (merged log-bucket histograms)
+  latency p50/p99   = per request type (merged log-bucket histograms); never pooled across
+                      types (an UploadPart and a HEAD differ by orders of magnitude)
   blocked_span_s    = max(begin_wall_s + blocked_s) - min(begin_wall_s)    (async saves)
   stall_span_s      = max(begin_wall_s + stall_s) - min(begin_wall_s): until every rank may
                       update weights again (sync: the save; async: call + staging)
   persisted_span_s  = max(begin_wall_s + persisted_s) - min(begin_wall_s)
-  efficiency        = aggregate_mib_s / the ceiling's aggregate MiB/s (raw_put for save,
-                      raw_get for load; total raw bytes / MiB / total raw spans)
 """
 
 from __future__ import annotations
@@ -24,14 +24,17 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from dcp_fsdp.analysis.figures import (CEILING_OPS, MIB, NOISE_HINT, NOISY_SPREAD,
+                                      add_operation_figures, amplification_note,
+                                      efficiency, efficiency_per_operation, noise_note, pooled,
+                                      read_amplification)
 from dcp_fsdp.telemetry.histograms import hist_merge, hist_quantile
 
-MIB = 2**20
+__all__ = ["CEILING_OPS", "GIB", "MIB", "per_operation", "run_table", "run_figures",
+           "samples_frame"]
+
 GIB = 2**30
 OPERATION_KEYS = ["run_id", "op", "iteration"]
-# flat sample columns taken from each sample's `requests` summary
-# the raw storage ceiling measured in the same run, per DCP operation
-CEILING_OPS = {"save": "raw_put", "load": "raw_get"}
 # sample fields that older records (or hand-made samples) may lack; NaN when absent
 OPTIONAL_COLUMNS = ("plan_s", "io_s", "commit_s", "metadata_s", "finish_s", "barrier_wait_s",
                     "requests", "save_mode", "blocked_s", "staged_s", "persisted_s",
@@ -136,23 +139,37 @@ def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
         fetched_bytes=("fetched_bytes", _complete_sum),
         peak_rss_bytes=("peak_rss_bytes", _max_or_nan),
         cuda_max_allocated_bytes=("cuda_max_allocated_bytes", _max_or_nan),
-        **{column: (column, _sum_or_nan) for column in REQUEST_COLUMNS},
+        **{column: (column, _complete_sum) for column in REQUEST_COLUMNS},
     ).reset_index()
     frame["blocked_span_s"] = frame.pop("blocked_end") - frame["first_begin_wall_s"]
     frame["persisted_span_s"] = frame.pop("persisted_end") - frame["first_begin_wall_s"]
     frame["stall_span_s"] = frame.pop("stall_end") - frame["first_begin_wall_s"]
-    frame["span_s"] = frame["last_end_wall_s"] - frame["first_begin_wall_s"]
-    frame["aggregate_mib_s"] = frame["bytes"] / MIB / frame["span_s"]
+    frame = add_operation_figures(frame)  # span_s, aggregate and slowest-rank MiB/s
     frame["end_skew_s"] = frame["last_end_wall_s"] - frame["first_end_wall_s"]
     frame["req_per_s"] = frame["req_count"] / frame["span_s"]
-    if "requests" in samples:
-        quantiles = [latency_quantiles_ms(group["requests"]) for _, group in grouped]
-        frame["latency_p50_ms"] = [q[0] for q in quantiles]
-        frame["latency_p99_ms"] = [q[1] for q in quantiles]
-    else:
-        frame["latency_p50_ms"] = math.nan
-        frame["latency_p99_ms"] = math.nan
+    frame["latency_by_type"] = ([latency_by_type(group["requests"]) for _, group in grouped]
+                                if "requests" in samples else [{} for _ in range(len(frame))])
     return frame
+
+
+def latency_by_type(requests: Iterable[Any]) -> dict[str, dict[str, float]]:
+    """{request type: {"count", "p50_ms", "p99_ms"}} over samples' `requests`, most frequent
+    type first."""
+    per_kind: dict[str, tuple[int, list]] = {}
+    for summary in requests:
+        if not isinstance(summary, dict):
+            continue
+        for kind, entry in (summary.get("by_type") or {}).items():
+            count, hists = per_kind.setdefault(kind, (0, []))
+            hists.append(entry.get("latency_hist"))
+            per_kind[kind] = (count + (entry.get("count") or 0), hists)
+    found = {}
+    for kind, (count, hists) in sorted(per_kind.items(), key=lambda item: -item[1][0]):
+        hist = hist_merge(hists)
+        found[kind] = {"count": count, **{name: math.nan if (v := hist_quantile(hist, q)) is None
+                                          else v for name, q in (("p50_ms", 0.5),
+                                                                 ("p99_ms", 0.99))}}
+    return found
 
 
 def _int_or_blank(value: float) -> str:
@@ -163,76 +180,89 @@ def _fmt(value: float, spec: str = ".1f") -> str:
     return "" if pd.isna(value) else format(value, spec)
 
 
-def aggregate_mib_s(ops: pd.DataFrame) -> float:
-    """Total bytes / MiB / total spans of some operations (NaN when none)."""
-    span_s = ops["span_s"].sum()
-    return float(ops["bytes"].sum() / MIB / span_s) if len(ops) and span_s else math.nan
+LATENCY_TYPES_SHOWN = 2  # the most frequent request types in the end-of-run table
 
 
-def ceilings_mib_s(ops: pd.DataFrame) -> dict[str, float]:
-    """{"save": raw_put aggregate MiB/s, "load": raw_get ...} for the ceilings present."""
-    found = {}
-    for op, raw in CEILING_OPS.items():
-        raw_ops = ops[ops["op"] == raw]
-        if len(raw_ops):
-            found[op] = aggregate_mib_s(raw_ops)
-    return found
+def _latency_cell(by_type: dict[str, dict[str, float]]) -> str:
+    return ", ".join(f"{kind} {_fmt(v['p50_ms'])}/{_fmt(v['p99_ms'])}"
+                     for kind, v in list(by_type.items())[:LATENCY_TYPES_SHOWN])
 
 
 def run_table(samples: Iterable[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
-    """The end-of-run table: one row per op and iteration, then a summary per op.
-    With a ceiling measured (raw_put / raw_get samples), an efficiency column follows the
-    aggregate: the save's (load's) aggregate MiB/s / the run's raw_put (raw_get) one."""
+    """The end-of-run table (headers, rows); see run_figures."""
+    headers, rows, _ = run_figures(samples)
+    return headers, rows
+
+
+def run_figures(samples: Iterable[dict[str, Any]]
+                ) -> tuple[list[str], list[list[Any]], list[str]]:
+    """The end-of-run table: one row per op and iteration, then a pooled "(all)" row per op
+    with two or more iterations (the same figures as `report`: analysis/figures.py); and the
+    lines to print under it. An efficiency column only when a save or load has raw rows of
+    its own iteration (its ceiling); a note column only when a row has a note (read
+    amplification, a noisy spread)."""
     frame = samples_frame(samples)
-    headers = ["op", "iter", "suffix", "MiB", "span s", "aggregate MiB/s",
-               "rank s min/med/max", "rank MiB/s min/med/max",
-               "requests", "req/s", "failed/throttled", "latency p50/p99 ms"]
+    headers = ["op", "iter", "suffix", "MiB", "span s", "aggregate MiB/s", "slowest-rank MiB/s",
+               "rank s min/med/max", "rank MiB/s min/med/max", "requests", "req/s",
+               "failed/throttled", "latency p50/p99 ms by type"]
     if frame.empty:
-        return headers, []
+        return headers, [], []
     ops = per_operation(frame)
-    ceilings = ceilings_mib_s(ops)
-    if ceilings:
-        headers.insert(6, "efficiency")
+    ops["efficiency"] = efficiency_per_operation(ops)
+    with_efficiency = bool(ops["efficiency"].notna().any())
     rows: list[list[Any]] = []
+    notes: list[str] = []
 
-    def efficiency_cells(op: str, aggregate: float) -> list[str]:
-        if not ceilings:
-            return []
-        return [_fmt(aggregate / ceilings[op], ".2f") if op in ceilings else ""]
-
-    def request_cells(count, span_s, failed, throttled, p50, p99) -> list[str]:
+    def request_cells(count, span_s, failed, throttled, by_type) -> list[str]:
         if pd.isna(count):
             return ["", "", "", ""]
         return [_int_or_blank(count), _fmt(count / span_s if span_s else math.nan),
-                f"{_int_or_blank(failed)}/{_int_or_blank(throttled)}",
-                f"{_fmt(p50)}/{_fmt(p99)}"]
+                f"{_int_or_blank(failed)}/{_int_or_blank(throttled)}", _latency_cell(by_type)]
 
-    for _, row in ops.iterrows():
-        rows.append([row["op"], row["iteration"], row["suffix"], f"{row['bytes'] / MIB:.1f}",
-                     f"{row['span_s']:.3f}", f"{row['aggregate_mib_s']:.1f}",
-                     *efficiency_cells(row["op"], row["aggregate_mib_s"]),
-                     f"{row['rank_s_min']:.3f}/{row['rank_s_median']:.3f}/{row['rank_s_max']:.3f}",
-                     f"{row['rank_mib_s_min']:.1f}/{row['rank_mib_s_median']:.1f}/"
-                     f"{row['rank_mib_s_max']:.1f}",
-                     *request_cells(row["req_count"], row["span_s"], row["req_failed"],
-                                    row["req_throttled"], row["latency_p50_ms"],
-                                    row["latency_p99_ms"])])
+    def row_cells(op, iteration, suffix, figures, eff, rank_s, rank_mib_s, requests, note):
+        return [op, iteration, suffix, f"{figures['bytes'] / MIB:.1f}",
+                f"{figures['span_s']:.3f}", _fmt(figures["aggregate_mib_s"]),
+                *([_fmt(eff, ".2f")] if with_efficiency else []),
+                _fmt(figures["slowest_rank_mib_s"]),
+                "/".join(f"{v:.3f}" for v in rank_s), "/".join(f"{v:.1f}" for v in rank_mib_s),
+                *requests, note]
+
+    for index, row in ops.iterrows():
+        rows.append(row_cells(
+            row["op"], row["iteration"], row["suffix"], row, row["efficiency"],
+            (row["rank_s_min"], row["rank_s_median"], row["rank_s_max"]),
+            (row["rank_mib_s_min"], row["rank_mib_s_median"], row["rank_mib_s_max"]),
+            request_cells(row["req_count"], row["span_s"], row["req_failed"],
+                          row["req_throttled"], row["latency_by_type"]),
+            amplification_note(read_amplification(ops.loc[[index]]))))
+    noisy = False
     for op, group in ops.groupby("op", sort=False):
         if len(group) < 2:
             continue
+        figures = pooled(group)
         op_samples = frame[frame["op"] == op]
-        p50, p99 = (latency_quantiles_ms(op_samples["requests"]) if "requests" in op_samples
-                    else (math.nan, math.nan))
-        rows.append([f"{op} (all)", f"{len(group)}", "", f"{group['bytes'].sum() / MIB:.1f}",
-                     f"{group['span_s'].median():.3f} med",
-                     f"{group['aggregate_mib_s'].min():.1f}/{group['aggregate_mib_s'].median():.1f}"
-                     f"/{group['aggregate_mib_s'].max():.1f}",
-                     *efficiency_cells(op, aggregate_mib_s(group)),
-                     f"{op_samples['duration_s'].min():.3f}/{op_samples['duration_s'].median():.3f}/"
-                     f"{op_samples['duration_s'].max():.3f}",
-                     f"{op_samples['rank_mib_s'].min():.1f}/{op_samples['rank_mib_s'].median():.1f}/"
-                     f"{op_samples['rank_mib_s'].max():.1f}",
-                     *request_cells(_sum_or_nan(group["req_count"]), group["span_s"].sum(),
-                                    _sum_or_nan(group["req_failed"]),
-                                    _sum_or_nan(group["req_throttled"]), p50, p99)])
-    return headers, rows
+        noisy = noisy or bool(noise_note(figures["spread"]))
+        note = ", ".join(n for n in (amplification_note(read_amplification(group)),
+                                     f"spread {100 * figures['spread']:.0f} %"
+                                     + (" NOISY" if noise_note(figures["spread"]) else ""))
+                         if n)
+        durations, rates = op_samples["duration_s"], op_samples["rank_mib_s"]
+        rows.append(row_cells(
+            f"{op} (all)", f"{len(group)}", "", figures, efficiency(group, ops),
+            (durations.min(), durations.median(), durations.max()),
+            (rates.min(), rates.median(), rates.max()),
+            request_cells(_complete_sum(group["req_count"]), figures["span_s"],
+                          _complete_sum(group["req_failed"]),
+                          _complete_sum(group["req_throttled"]),
+                          latency_by_type(op_samples["requests"])), note))
+    if any(row[-1] for row in rows):
+        headers.append("note")
+    else:
+        rows = [row[:-1] for row in rows]
+    if with_efficiency:
+        headers.insert(6, "efficiency")
+    if noisy:
+        notes.append(f"NOISY: the iterations' aggregate MiB/s differ by more than "
+                     f"{100 * NOISY_SPREAD:.0f} % of their median (spread); {NOISE_HINT}.")
+    return headers, rows, notes
+

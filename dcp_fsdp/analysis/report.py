@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: {warning}", file=sys.stderr)
         return 2
     result = build(runs, samples)
+    warnings = [*warnings, *result.get("notes", [])]  # e.g. which groups are too noisy
     if args.format == "csv":
         sys.stdout.write(wide_csv(result).to_csv(index=False))
     else:

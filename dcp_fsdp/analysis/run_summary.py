@@ -10,9 +10,11 @@ from dcp_fsdp.telemetry.records import RunRecord, Sample
 def print_run_summary(run: RunRecord, samples: list[Sample]) -> None:
     from tabulate import tabulate
 
-    from dcp_fsdp.analysis.metrics import run_table
+    from dcp_fsdp.analysis.metrics import run_figures
 
-    headers, rows = run_table({**dataclasses.asdict(s), "run_id": run.run_id} for s in samples)
+    # the same figures as `report` gives for this record (analysis/figures.py)
+    headers, rows, notes = run_figures({**dataclasses.asdict(s), "run_id": run.run_id}
+                                       for s in samples)
     model = run.model or {}
     storage = run.storage or {}
     embedded = " (embedded SeaweedFS)" if storage.get("embedded") else ""
@@ -20,6 +22,8 @@ def print_run_summary(run: RunRecord, samples: list[Sample]) -> None:
           f"on {run.world_size} rank(s) / {run.node_count} node(s), "
           f"storage {storage.get('kind')}{embedded}")
     print(tabulate(rows, headers=headers, tablefmt="github"))
+    for line in notes:
+        print(line)
     for line in async_lines(samples):
         print(line)
     init_s = [row.init_s for row in run.init if row.init_s is not None]

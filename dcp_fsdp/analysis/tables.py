@@ -8,7 +8,9 @@ from typing import Any
 
 import pandas as pd
 
-from dcp_fsdp.analysis.metrics import CEILING_OPS, GIB, MIB, aggregate_mib_s, latency_histogram
+from dcp_fsdp.analysis.figures import (amplification_note, efficiency, noise_note, pooled,
+                                      read_amplification)
+from dcp_fsdp.analysis.metrics import GIB, MIB
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_merge, hist_quantile
 
 # save, then its ceiling; load, then its ceiling; anything else after
@@ -57,17 +59,22 @@ def _span_mib_s(group_ops: pd.DataFrame, span: str) -> float:
 
 
 def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
-                   group_samples: pd.DataFrame, untimed: pd.Series, failed_runs: float
-                   ) -> dict[str, Any]:
+                   group_samples: pd.DataFrame, untimed: pd.Series, failed_runs: float,
+                   all_ops: pd.DataFrame) -> dict[str, Any]:
+    """`all_ops`: every operation of the report (a save's efficiency pairs it with the
+    raw_put of its own run and iteration, in another group)."""
     nodes = labels["nodes"]
-    span_total = group_ops["span_s"].sum()
-    aggregate = aggregate_mib_s(group_ops)
-    count = total(group_ops["req_count"])
-    failed = total(group_ops["req_failed"])
-    hist = latency_histogram(group_samples["requests"])
+    figures = pooled(group_ops)  # the one definition (analysis/figures.py)
+    span_total = figures["span_s"]
+    aggregate = figures["aggregate_mib_s"]
+    # a group with an operation whose requests are unknown (null: none parsed) has no
+    # request figures: a partial count would read as fewer requests, or no failures
+    known = bool(group_ops["req_count"].notna().all())
+    count = total(group_ops["req_count"]) if known else math.nan
+    failed = total(group_ops["req_failed"]) if known else math.nan
     ttfb = hist_merge(r.get("ttfb_hist") for r in group_samples["requests"]
                       if isinstance(r, dict))
-    fetched = group_ops[group_ops["fetched_bytes"].notna()]
+    amplification = read_amplification(group_ops)
     return {
         **labels,
         "runs": group_ops["run_id"].nunique(),
@@ -77,15 +84,18 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
         "duration_p50_s": q(group_ops["span_s"], 0.5),
         "duration_p90_s": q(group_ops["span_s"], 0.9),
         "aggregate_mib_s": aggregate,
-        "efficiency": math.nan,  # filled once every group is known (add_efficiency)
+        "slowest_rank_mib_s": figures["slowest_rank_mib_s"],
+        "spread": figures["spread"],
+        "efficiency": efficiency(group_ops, all_ops),
         "mib_s_per_node": aggregate / nodes if nodes else math.nan,
         # what training pays per save: seconds it may not update weights, and the share of
         # the training interval lost (async with steps between saves)
         "stall_mean_s": mean_or_nan(group_ops["stall_span_s"]),
         "train_lost_share": mean_or_nan(group_samples["train_lost_share"]),
         "persisted_mib_s": _span_mib_s(group_ops, "persisted_span_s"),
-        "fetched_ratio": (fetched["fetched_bytes"].sum() / fetched["bytes"].sum()
-                          if len(fetched) and fetched["bytes"].sum() else math.nan),
+        "fetched_ratio": amplification,
+        "note": ", ".join(n for n in (amplification_note(amplification),
+                                      noise_note(figures["spread"])) if n),
         "rank_s_min": group_samples["duration_s"].min(),
         "rank_s_median": group_samples["duration_s"].median(),
         "rank_s_max": group_samples["duration_s"].max(),
@@ -96,26 +106,10 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
         "throttles": total(group_ops["req_throttled"]),
         "retries": total(group_ops["req_retries"]),
         "misses": total(group_ops["req_misses"]),
-        "latency_p50_ms": nan(hist_quantile(hist, 0.5)),
-        "latency_p99_ms": nan(hist_quantile(hist, 0.99)),
         "ttfb_p50_ms": nan(hist_quantile(ttfb, 0.5)),
         "untimed_per_run": mean_or_nan(untimed),
         "failed_runs": failed_runs,
     }
-
-
-def add_efficiency(throughput: pd.DataFrame, group_keys: list[str]) -> pd.DataFrame:
-    """save rows: aggregate / the raw_put aggregate of the same group keys; load: raw_get."""
-    if throughput.empty:
-        return throughput
-    others = [k for k in group_keys if k != "op"]
-    ceiling = {(row["op"], *(row[k] for k in others)): row["aggregate_mib_s"]
-               for _, row in throughput.iterrows() if row["op"] in CEILING_OPS.values()}
-    values = []
-    for _, row in throughput.iterrows():
-        raw = ceiling.get((CEILING_OPS.get(row["op"]), *(row[k] for k in others)))
-        values.append(row["aggregate_mib_s"] / raw if raw else math.nan)
-    return throughput.assign(efficiency=values)
 
 
 def _slowest_rank(group_samples: pd.DataFrame) -> tuple[Any, float]:

@@ -84,25 +84,22 @@ def _stdout_to(path: Path):
 
 
 def figures_of(record_path: Path) -> dict[str, Any]:
-    """Median over iterations of each op's aggregate MiB/s (all ranks' bytes / span)."""
+    """Each op's pooled aggregate MiB/s (analysis/figures.py: the report's definition), the
+    mean operation's seconds and bytes (their ratio is that figure) and the spread."""
+    from dcp_fsdp.analysis.figures import summary
     from dcp_fsdp.telemetry.records import read_record_file
 
     parsed = read_record_file(record_path)
     run = parsed.runs[0] if parsed.runs else None
-    spans: dict[tuple[str, int], list[float]] = {}
-    for s in parsed.samples:
-        span = spans.setdefault((s.op, s.iteration), [float("inf"), 0.0, 0.0])
-        span[0], span[1] = min(span[0], s.begin_wall_s), max(span[1], s.end_wall_s)
-        span[2] += s.bytes
     figures: dict[str, Any] = {"run_id": run.run_id if run else None,
                                "status": run.status if run else "failed",
                                "suffixes": list(run.suffixes) if run else []}
-    for op in ("save", "load", "raw_put", "raw_get"):
-        rows = [(end - begin, nbytes) for (o, _), (begin, end, nbytes) in spans.items() if o == op]
-        if rows:
-            figures[f"{op}_mib_s"] = statistics.median(b / MIB / s for s, b in rows if s > 0)
-            figures[f"{op}_s"] = statistics.median(s for s, _ in rows)
-            figures[f"{op}_bytes"] = rows[0][1]
+    for op, found in summary(parsed.samples).items():
+        if found["span_s"] > 0:
+            figures[f"{op}_mib_s"] = found["aggregate_mib_s"]
+            figures[f"{op}_s"] = found["mean_span_s"]
+            figures[f"{op}_bytes"] = found["mean_bytes"]
+            figures[f"{op}_spread"] = found["spread"]
     return figures
 
 
@@ -262,7 +259,7 @@ def print_result(result: SearchResult, session_dir: Path, wall_s: float) -> None
             if f"{raw}_mib_s" in ceiling and measured:
                 dcp = statistics.median(f[f"{op}_mib_s"] for f in measured)
                 parts.append(f"{op} {dcp:.1f} of {ceiling[f'{raw}_mib_s']:.1f} MiB/s "
-                             f"({dcp / ceiling[f'{raw}_mib_s'] * 100:.0f} %)")
+                             f"(efficiency {dcp / ceiling[f'{raw}_mib_s']:.2f})")
         if parts:
             print(f"efficiency of the {label} against the ceiling (raw PUT/GET of the same "
                   f"objects with the defaults' client settings): " + "; ".join(parts))

@@ -214,10 +214,14 @@ class Ceiling:
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ceiling") as pool:
             for iteration in range(1, self.cfg.iterations + 1):
                 self.mover.prepare(iteration, objects)
+                # each raw row carries the suffix of its own iteration's DCP operation (the
+                # one it is paired with for efficiency), not the suffix whose sizes it mirrors
+                own = self.loop.suffixes[iteration - 1] \
+                    if len(self.loop.suffixes) >= iteration else suffix
                 try:
-                    samples.append(self._timed("raw_put", iteration, suffix, objects, total,
+                    samples.append(self._timed("raw_put", iteration, own, objects, total,
                                                pool, self.mover.put))
-                    samples.append(self._timed("raw_get", iteration, suffix, objects, total,
+                    samples.append(self._timed("raw_get", iteration, own, objects, total,
                                                pool, self.mover.get))
                 finally:
                     self._remove(iteration, objects)
@@ -255,7 +259,7 @@ class Ceiling:
             end_mono_s=end_mono, duration_s=duration, bytes=total,
             barrier_wait_s=begin_mono - barrier_start, io_s=duration,
             requests=(None if request_log is None else request_log.window(
-                begin_wall, end_wall, total if op == "raw_put" else None)))
+                begin_wall, end_wall, total if op == "raw_put" else None, moved_bytes=total)))
 
     def _remove(self, iteration: int, objects: list[RawObject]) -> None:
         """Untimed: each rank removes its own objects (no collective: also after a failure)."""

@@ -41,7 +41,6 @@ import dataclasses
 import functools
 import threading
 import time
-from typing import Any
 
 
 class BusyClock:
@@ -99,20 +98,36 @@ class _TimedStream:
 
 class ByteCounter:
     """Bytes through the object streams so far: what the progress heartbeat reads while an
-    operation runs. One int addition per call (a racy read is fine for a progress line)."""
+    operation runs, and what a load fetched (its figure: the difference over read_data).
+    Counted at the outermost call only (a reader's read() may call its own readinto(), both
+    wrapped), under a lock (reader threads); one per call, calls carry whole tensors or
+    buffer-sized chunks."""
 
     def __init__(self) -> None:
         self.total = 0
+        self._lock = threading.Lock()
+        self._depth = threading.local()
 
     def wrap(self, name: str, method):
         def counted(*args, **kwargs):
-            result = method(*args, **kwargs)
+            depth = getattr(self._depth, "value", 0)
+            self._depth.value = depth + 1
+            try:
+                result = method(*args, **kwargs)
+            finally:
+                self._depth.value = depth
+            if depth:
+                return result
+            moved = 0
             if name == "write" and args and hasattr(args[0], "__len__"):
-                self.total += len(args[0])
+                moved = len(args[0])
             elif name == "readinto" and isinstance(result, int):
-                self.total += result
+                moved = result
             elif name == "read" and isinstance(result, (bytes, bytearray, memoryview)):
-                self.total += len(result)
+                moved = len(result)
+            if moved:
+                with self._lock:
+                    self.total += moved
             return result
         return counted
 
@@ -144,7 +159,8 @@ class HookTimeline:
     stream_clock: BusyClock = dataclasses.field(default_factory=BusyClock)
     # stream_clock's total over the data-I/O hook (write_data / read_data), seconds
     stream_io_s: float | None = None
-    # bytes through the object streams so far (progress lines only; figures use io_bytes)
+    # bytes through the object streams so far (progress lines; a load's io_bytes is its
+    # difference over read_data)
     moved: ByteCounter = dataclasses.field(default_factory=ByteCounter)
 
     def duration_s(self, hook: str) -> float | None:
@@ -253,15 +269,15 @@ def instrument_reader(reader) -> HookTimeline:
     def timed_read_data(plan, planner):
         start = time.monotonic()
         busy_before = timeline.stream_clock.total_s()
-        storage_data: dict[Any, Any] = getattr(reader, "storage_data", {}) or {}
-        indices = {item.storage_index for item in plan.items}
-        timeline.io_bytes = sum(getattr(storage_data.get(index), "length", 0) or 0
-                                for index in indices)
+        # what the client received through the object streams, not what the plan named:
+        # a resharded load that reads a saved item whole for a part of it fetches more
+        fetched_before = timeline.moved.total
         try:
             future = read_data(plan, planner)
             future.wait()
             return future
         finally:
+            timeline.io_bytes = timeline.moved.total - fetched_before
             timeline.stream_io_s = timeline.stream_clock.total_s() - busy_before
             timeline.record("read_data", start, time.monotonic())
 

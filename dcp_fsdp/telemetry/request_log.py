@@ -182,6 +182,7 @@ class RequestLog:
         self._control: list[Request] = []
         self._control_lock = threading.Lock()
         self.untimed_control: list[Request] = []
+        self._warned_unparsed = False
 
     def _read_new(self) -> None:
         if not self.directory.is_dir():
@@ -214,10 +215,14 @@ class RequestLog:
         return inside
 
     def window(self, begin_wall_s: float, end_wall_s: float,
-               bytes_up: int | None = None) -> dict[str, Any]:
+               bytes_up: int | None = None, moved_bytes: int | None = None
+               ) -> dict[str, Any] | None:
         """Summary of the requests that ended within [begin, end]; earlier ones go untimed.
 
-        Call right after the timed operation, before any further request.
+        Call right after the timed operation, before any further request. `moved_bytes`:
+        what the operation moved; when it moved some and no request was parsed, the log no
+        longer reads as we expect (a connector release reworded it): None (unknown), never
+        a summary of zero requests and zero failures, and one warning per process.
         """
         self._read_new()
         pending, self._pending = self._pending, []
@@ -225,7 +230,25 @@ class RequestLog:
             control, self._control = self._control, []
         timed = self._split(pending, begin_wall_s, end_wall_s, self.untimed)
         timed_control = self._split(control, begin_wall_s, end_wall_s, self.untimed_control)
+        if moved_bytes and not timed:
+            self._warn_unparsed()
+            return None
         return summaries.summarize(timed, end_wall_s - begin_wall_s, bytes_up, timed_control)
+
+    def _warn_unparsed(self) -> None:
+        if self._warned_unparsed:
+            return
+        self._warned_unparsed = True
+        from importlib import metadata
+
+        try:
+            version = metadata.version("s3torchconnector")
+        except metadata.PackageNotFoundError:
+            version = "unknown"
+        log.warning(f"no S3 request was parsed from the log of s3torchconnector {version} "
+                    "for an operation that moved bytes: request statistics are left empty "
+                    "(unknown), not zero; this release may word its request lines "
+                    "differently (telemetry/request_log.py)")
 
     def finish(self) -> dict[str, Any]:
         """Summary of everything outside the timed windows (call at the end of the run)."""

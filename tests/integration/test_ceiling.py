@@ -109,15 +109,21 @@ def test_request_stats_false_records_no_requests(s3, s3_uri, tmp_path):
 def test_fs_ceiling_writes_files_beside_the_checkpoints_and_removes_them(tmp_path):
     root = tmp_path / "ckpt"
     result = run_cli(["save-and-load", "storage=fs", f"storage.path={root}", "nproc=2",
-                      "ceiling=true", f"results_dir={tmp_path / 'results'}"])
+                      "ceiling=true", "iterations=2", f"results_dir={tmp_path / 'results'}"])
     assert_ok(result)
     run, samples = read_run(tmp_path / "results")
-    (suffix,) = run["suffixes"]
+    suffixes = run["suffixes"]
+    assert len(suffixes) == 2
     for rank in (0, 1):
-        by_op = {s["op"]: s for s in samples if s["rank"] == rank}
-        files = sorted((root / suffix).glob(f"__{rank}_*.distcp"))
-        assert by_op["raw_put"]["bytes"] == by_op["raw_get"]["bytes"] \
-            == by_op["save"]["written_bytes"] == sum(f.stat().st_size for f in files)
-        assert by_op["raw_put"]["requests"] is None
+        by_op = {(s["op"], s["iteration"]): s for s in samples if s["rank"] == rank}
+        files = sorted((root / suffixes[-1]).glob(f"__{rank}_*.distcp"))
+        for iteration, suffix in enumerate(suffixes, start=1):
+            # raw rows carry their own iteration's suffix (the DCP rows they pair with)
+            assert by_op[("raw_put", iteration)]["suffix"] == suffix
+            assert by_op[("raw_get", iteration)]["suffix"] == suffix
+            assert by_op[("save", iteration)]["suffix"] == suffix
+        assert by_op[("raw_put", 1)]["bytes"] == by_op[("raw_get", 1)]["bytes"] \
+            == by_op[("save", 2)]["written_bytes"] == sum(f.stat().st_size for f in files)
+        assert by_op[("raw_put", 1)]["requests"] is None
     assert not (tmp_path / "ckpt.ceiling").exists()
-    assert sorted(p.name for p in root.iterdir()) == [suffix]
+    assert sorted(p.name for p in root.iterdir()) == sorted(suffixes)

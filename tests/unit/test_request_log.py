@@ -192,3 +192,22 @@ def test_enable_refuses_after_the_connector_was_imported(monkeypatch, capsys):
     assert "request statistics are not recorded" in capsys.readouterr().err
 
 
+
+
+def test_a_window_that_moved_bytes_without_parsed_requests_is_unknown_not_zero(tmp_path,
+                                                                                capsys):
+    from importlib import metadata
+
+    directory = tmp_path / "rank0"
+    directory.mkdir()
+    # a connector release that words its request lines differently: nothing parses
+    (directory / "s3torchconnectorclient.log.2026-11-22-23").write_text(
+        "\n".join(text.replace("S3 request", "S3 call") for text in REAL_SAVE_LOAD) + "\n")
+    log = RequestLog(directory)
+    assert log.window(1795389267.125, 1795389267.31, bytes_up=1000, moved_bytes=1000) is None
+    assert log.window(1795389267.4, 1795389267.5, moved_bytes=5) is None
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1  # one warning per process, naming the connector's version
+    assert f"s3torchconnector {metadata.version('s3torchconnector')}" in warnings[0]
+    # nothing moved (an empty window): a summary of no requests is the truth
+    assert log.window(1795389268.0, 1795389268.1, moved_bytes=0)["count"] == 0

@@ -1,0 +1,174 @@
+"""The headline figures, one definition each: the end-of-run table, `report`, `tune`,
+efficiency and the benchmarks all compute them here (docs: "Metrics").
+
+MiB = 2**20 bytes. One *operation* = one op (save, load, raw_put, raw_get) of one
+iteration of one run, over all its ranks:
+  span_s              = max(end_wall_s) - min(begin_wall_s)
+  aggregate_mib_s     = sum(bytes) / MiB / span_s
+  slowest_rank_s      = max(duration_s)
+  slowest_rank_mib_s  = sum(bytes) / MiB / slowest_rank_s  (MLPerf-style: the checkpoint over
+                        the slowest rank's own time; >= aggregate, which also counts start skew)
+Several operations (a report group, an end-of-run "(all)" row, a tune trial) are *pooled*:
+every byte over every second, so a slow iteration weighs by its length (a median of
+per-iteration rates would hide it):
+  aggregate_mib_s     = sum(bytes) / MiB / sum(span_s)
+  slowest_rank_mib_s  = sum(bytes) / MiB / sum(slowest_rank_s)
+  spread              = (max - min) / median of the operations' own aggregate_mib_s
+                        (2 or more operations; above NOISY_SPREAD the group is marked noisy)
+  efficiency          = aggregate_mib_s / the aggregate_mib_s of the raw operations
+                        (raw_put for save, raw_get for load) of the same runs and iterations:
+                        per iteration, its own raw rows; pooled over the pairs for a group.
+                        A ratio everywhere (1.0 = the raw rate).
+  read_amplification  = sum(fetched_bytes) / sum(bytes) (loads; shown when above
+                        1 + AMPLIFICATION_SHOWN)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable
+
+import pandas as pd
+
+MIB = 2**20
+# the raw storage ceiling measured in the same run, per DCP operation
+CEILING_OPS = {"save": "raw_put", "load": "raw_get"}
+NOISY_SPREAD = 0.10  # a group whose iterations differ by more is marked, with a hint
+AMPLIFICATION_SHOWN = 0.05  # read amplification below this is not worth a word
+NOISE_HINT = ("more iterations, a delay_s between operations, or a quieter machine "
+              "would narrow it")
+KEYS = ["run_id", "op", "iteration"]
+
+
+def _rows(samples: Iterable[Any]) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(s) if dataclasses.is_dataclass(s) else dict(s) for s in samples]
+
+
+def rate_mib_s(nbytes: Any, seconds: Any) -> Any:
+    """bytes / MiB / seconds; NaN where seconds is 0 or missing (works on Series too)."""
+    if isinstance(seconds, pd.Series):
+        return nbytes / MIB / seconds.where(seconds > 0)
+    return nbytes / MIB / seconds if seconds and seconds > 0 else math.nan
+
+
+def add_operation_figures(ops: pd.DataFrame) -> pd.DataFrame:
+    """Per-operation figures from its totals (bytes, first_begin_wall_s, last_end_wall_s,
+    rank_s_max): span_s, aggregate_mib_s, slowest_rank_s, slowest_rank_mib_s."""
+    span_s = ops["last_end_wall_s"] - ops["first_begin_wall_s"]
+    return ops.assign(span_s=span_s, aggregate_mib_s=rate_mib_s(ops["bytes"], span_s),
+                      slowest_rank_s=ops["rank_s_max"],
+                      slowest_rank_mib_s=rate_mib_s(ops["bytes"], ops["rank_s_max"]))
+
+
+def operations(samples: Iterable[Any] | pd.DataFrame) -> pd.DataFrame:
+    """One row per (run_id, op, iteration) with the per-operation figures (samples: dicts,
+    telemetry Sample records or a frame; a missing run_id counts as one run)."""
+    frame = samples if isinstance(samples, pd.DataFrame) else pd.DataFrame(_rows(samples))
+    if frame.empty:
+        return pd.DataFrame(columns=[*KEYS, "bytes", "span_s", "aggregate_mib_s"])
+    if "run_id" not in frame or frame["run_id"].isna().all():
+        frame = frame.assign(run_id="")
+    ops = frame.groupby(KEYS, sort=False).agg(
+        bytes=("bytes", "sum"), first_begin_wall_s=("begin_wall_s", "min"),
+        last_end_wall_s=("end_wall_s", "max"), rank_s_max=("duration_s", "max"),
+    ).reset_index()
+    return add_operation_figures(ops)
+
+
+def spread(values: Iterable[float]) -> float:
+    """(max - min) / median of per-operation rates; NaN with fewer than two."""
+    series = pd.Series(list(values), dtype=float).dropna()
+    if len(series) < 2 or not series.median():
+        return math.nan
+    return float((series.max() - series.min()) / series.median())
+
+
+def is_noisy(value: float) -> bool:
+    return not pd.isna(value) and value > NOISY_SPREAD
+
+
+def pooled(ops: pd.DataFrame) -> dict[str, float]:
+    """The pooled figures of some operations (of one op): see the module docstring."""
+    if ops.empty:
+        return {"operations": 0, "bytes": math.nan, "span_s": math.nan,
+                "aggregate_mib_s": math.nan, "slowest_rank_mib_s": math.nan,
+                "spread": math.nan}
+    span_s = float(ops["span_s"].sum())
+    slowest_s = float(ops["slowest_rank_s"].sum()) if "slowest_rank_s" in ops else math.nan
+    nbytes = float(ops["bytes"].sum())
+    return {"operations": len(ops), "bytes": nbytes, "span_s": span_s,
+            "aggregate_mib_s": rate_mib_s(nbytes, span_s),
+            "slowest_rank_mib_s": rate_mib_s(nbytes, slowest_s),
+            "spread": spread(ops["aggregate_mib_s"])}
+
+
+def _raw_pairs(ops: pd.DataFrame, all_ops: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The operations of `ops` that have a raw counterpart (same run and iteration) in
+    `all_ops`, and those counterparts."""
+    if ops.empty:
+        return ops, ops
+    op = ops["op"].iloc[0]
+    raw = all_ops[all_ops["op"] == CEILING_OPS.get(op, "")]
+    if raw.empty:
+        return ops.iloc[0:0], raw
+    keys = ["run_id", "iteration"]
+    paired = ops.merge(raw[keys], on=keys, how="inner")
+    raw = raw.merge(ops[keys], on=keys, how="inner")
+    return paired, raw
+
+
+def efficiency(ops: pd.DataFrame, all_ops: pd.DataFrame) -> float:
+    """The pooled aggregate of `ops` (one op) over that of their own raw operations (same
+    run and iteration) in `all_ops`; NaN when none has a raw counterpart."""
+    paired, raw = _raw_pairs(ops, all_ops)
+    if paired.empty or raw.empty:
+        return math.nan
+    raw_mib_s = pooled(raw)["aggregate_mib_s"]
+    return pooled(paired)["aggregate_mib_s"] / raw_mib_s if raw_mib_s else math.nan
+
+
+def efficiency_per_operation(all_ops: pd.DataFrame) -> pd.Series:
+    """Each save (load) operation's aggregate over its own iteration's raw_put (raw_get)."""
+    raw = {(row["run_id"], row["op"], row["iteration"]): row["aggregate_mib_s"]
+           for _, row in all_ops.iterrows() if row["op"] in CEILING_OPS.values()}
+    values = []
+    for _, row in all_ops.iterrows():
+        ceiling = raw.get((row["run_id"], CEILING_OPS.get(row["op"]), row["iteration"]))
+        values.append(row["aggregate_mib_s"] / ceiling if ceiling else math.nan)
+    return pd.Series(values, index=all_ops.index, dtype=float)
+
+
+def read_amplification(ops: pd.DataFrame) -> float:
+    """sum(fetched_bytes) / sum(bytes) over the operations that know what they fetched."""
+    if "fetched_bytes" not in ops:
+        return math.nan
+    known = ops[pd.to_numeric(ops["fetched_bytes"], errors="coerce").notna()]
+    total = float(known["bytes"].sum()) if len(known) else 0.0
+    return float(known["fetched_bytes"].astype(float).sum()) / total if total else math.nan
+
+
+def amplification_note(value: float) -> str:
+    """"reads 2.00x" when a load fetched noticeably more than the checkpoint, else ""."""
+    if pd.isna(value) or value <= 1 + AMPLIFICATION_SHOWN:
+        return ""
+    return f"reads {value:.2f}x"
+
+
+def noise_note(value: float) -> str:
+    return f"noisy {100 * value:.0f}%" if is_noisy(value) else ""
+
+
+def summary(samples: Iterable[Any]) -> dict[str, dict[str, Any]]:
+    """Per op: the pooled figures, the per-iteration aggregates and the mean operation
+    (bytes, span_s: their ratio is the pooled aggregate), for tune and the benchmarks."""
+    ops = operations(samples)
+    found: dict[str, dict[str, Any]] = {}
+    for op, group in ops.groupby("op", sort=False):
+        figures = pooled(group)
+        figures["per_iteration_mib_s"] = [float(v) for v in group["aggregate_mib_s"]]
+        figures["mean_bytes"] = figures["bytes"] / len(group)
+        figures["mean_span_s"] = figures["span_s"] / len(group)
+        figures["efficiency"] = efficiency(group, ops)
+        found[str(op)] = figures
+    return found

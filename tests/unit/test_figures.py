@@ -1,0 +1,228 @@
+"""One definition per figure (analysis/figures.py): the end-of-run table, `report`, tune and
+the benchmarks agree; slowest-rank MiB/s, efficiency per iteration, spread, read
+amplification, request statistics that cannot go quietly to zero, and the report's groups."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+
+from dcp_fsdp.analysis import report
+from dcp_fsdp.analysis.figures import NOISY_SPREAD, summary
+from dcp_fsdp.analysis.metrics import MIB, per_operation, run_figures, run_table, samples_frame
+from dcp_fsdp.launch.tune import figures_of
+from dcp_fsdp.telemetry.records import read_record_file
+from tests.unit.analysis_kit import ONE_ITERATION, TWO_ITERATIONS, lines, variant
+
+
+def build(directory):
+    runs, samples, _ = report.read_records(report.record_files([str(directory)]))
+    return report.build(runs, samples)
+
+
+def sample(rank, begin, end, nbytes, op="save", iteration=1, run_id="r", **extra):
+    return {"run_id": run_id, "op": op, "iteration": iteration, "suffix": f"s{iteration}",
+            "rank": rank, "begin_wall_s": begin, "end_wall_s": end, "duration_s": end - begin,
+            "bytes": nbytes, "barrier_wait_s": 0.0, **extra}
+
+
+def slower_second_iteration(row: dict) -> dict:
+    """Iteration 2 takes three times as long: the median of the iterations' rates and the
+    pooled rate differ."""
+    if row["iteration"] == 2:
+        length = row["end_wall_s"] - row["begin_wall_s"]
+        row["end_wall_s"] = row["begin_wall_s"] + 3 * length
+        row["end_mono_s"] = row["begin_mono_s"] + 3 * length
+        row["duration_s"] = 3 * row["duration_s"]
+    return row
+
+
+def test_one_record_one_figure_in_the_run_table_the_report_and_tune(tmp_path):
+    path = variant(tmp_path, "two", TWO_ITERATIONS, sample=slower_second_iteration)
+    headers, rows = run_table(lines(path)[1:])
+    table = build(tmp_path)["throughput"]
+    tune = figures_of(path)
+    for op in ("save", "load"):
+        (row,) = [r for r in rows if r[0] == f"{op} (all)"]
+        cell = dict(zip(headers, row))["aggregate MiB/s"]
+        reported = table.loc[table["op"] == op, "aggregate_mib_s"].iloc[0]
+        assert cell == f"{reported:.1f}"
+        assert tune[f"{op}_mib_s"] == pytest.approx(reported)
+        assert tune[f"{op}_bytes"] / MIB / tune[f"{op}_s"] == pytest.approx(reported)
+        assert summary(read_record_file(path).samples)[op]["aggregate_mib_s"] == \
+            pytest.approx(reported)
+        # pooled: every byte over every second (not the median of the iterations' rates)
+        ops = [r for r in rows if r[0] == op]
+        spans = sum(float(dict(zip(headers, r))["span s"]) for r in ops)
+        mib = sum(float(dict(zip(headers, r))["MiB"]) for r in ops)
+        assert float(cell) == pytest.approx(mib / spans, rel=0.01)
+
+
+def test_slowest_rank_mib_s_is_the_checkpoint_over_the_slowest_rank():
+    samples = [sample(0, 100.0, 102.0, 100 * MIB), sample(1, 100.5, 104.0, 100 * MIB)]
+    row = per_operation(samples_frame(samples)).iloc[0]
+    assert row["slowest_rank_mib_s"] == pytest.approx(200 / 3.5)
+    assert row["aggregate_mib_s"] == pytest.approx(200 / 4.0)
+    headers, rows = run_table(samples)
+    assert dict(zip(headers, rows[0]))["slowest-rank MiB/s"] == f"{200 / 3.5:.1f}"
+
+
+def test_efficiency_is_per_iteration_against_its_own_raw_rows():
+    samples = []
+    # the raw rate differs between iterations (2 then 0.5 MiB/s): each iteration is divided
+    # by its own, not by the run's pooled raw rate (0.8 MiB/s)
+    for iteration, (dcp_s, raw_s) in enumerate(((2.0, 1.0), (4.0, 4.0)), start=1):
+        base = 100.0 * iteration
+        samples += [sample(r, base, base + dcp_s, MIB, iteration=iteration) for r in (0, 1)]
+        samples += [sample(r, base + 10, base + 10 + raw_s, MIB, op="raw_put",
+                           iteration=iteration) for r in (0, 1)]
+    headers, rows = run_table(samples)
+    cells = {(r[0], str(r[1])): dict(zip(headers, r)) for r in rows}
+    assert cells[("save", "1")]["efficiency"] == "0.50"  # 2 MiB / 2 s over 2 MiB / 1 s
+    assert cells[("save", "2")]["efficiency"] == "1.00"  # 0.5 MiB/s over 0.5 MiB/s
+    assert cells[("save (all)", "2")]["efficiency"] == f"{(4 / 6) / (4 / 5):.2f}"
+    assert cells[("raw_put", "1")]["efficiency"] == ""
+
+
+def test_a_ceiling_alone_has_no_efficiency_column():
+    samples = [sample(r, 0.0, 1.0, MIB, op=op) for op in ("raw_put", "raw_get") for r in (0, 1)]
+    headers, rows = run_table(samples)
+    assert "efficiency" not in headers
+    assert len(rows[0]) == len(headers)
+
+
+def test_spread_is_shown_and_a_noisy_group_is_marked_with_a_hint(tmp_path):
+    samples = [sample(r, 10.0 * i, 10.0 * i + length, MIB, iteration=i)
+               for i, length in ((1, 1.0), (2, 2.0)) for r in (0, 1)]
+    headers, rows, notes = run_figures(samples)
+    (summary_row,) = [dict(zip(headers, r)) for r in rows if r[0] == "save (all)"]
+    spread = (2.0 - 1.0) / 1.5  # (max - min) / median of 2 and 1 MiB/s
+    assert spread > NOISY_SPREAD
+    assert summary_row["note"] == f"spread {100 * spread:.0f} % NOISY"
+    assert any("NOISY" in line and "delay_s" in line and "iterations" in line
+               for line in notes)
+    quiet = [sample(r, 10.0 * i, 10.0 * i + 1.0, MIB, iteration=i) for i in (1, 2)
+             for r in (0, 1)]
+    headers, rows, notes = run_figures(quiet)
+    assert dict(zip(headers, rows[-1]))["note"] == "spread 0 %" and not notes
+
+    path = variant(tmp_path, "noisy", TWO_ITERATIONS, sample=slower_second_iteration)
+    result = build(tmp_path)
+    table = result["throughput"]
+    save = table[table["op"] == "save"].iloc[0]
+    ops = per_operation(samples_frame(lines(path)[1:]))
+    rates = sorted(ops.loc[ops["op"] == "save", "aggregate_mib_s"])
+    assert save["spread"] == pytest.approx((rates[1] - rates[0]) / ((rates[0] + rates[1]) / 2))
+    assert "noisy" in save["note"]
+    assert "noisy" in report.render(result, "table", [], width=100)
+    (hint,) = result["notes"]  # `report` prints it under the tables
+    assert "noisy" in hint and "delay_s" in hint and "quieter machine" in hint
+
+
+def amplified(row: dict) -> dict:
+    if row["op"] == "load":
+        row["fetched_bytes"] = 2 * row["bytes"]
+    return row
+
+
+def test_read_amplification_on_the_loads_own_line(tmp_path):
+    path = variant(tmp_path, "reshard", ONE_ITERATION, sample=amplified)
+    headers, rows = run_table(lines(path)[1:])
+    cells = {r[0]: dict(zip(headers, r)) for r in rows}
+    assert cells["load"]["note"] == "reads 2.00x" and cells["save"]["note"] == ""
+    table = build(tmp_path)["throughput"]
+    assert table.loc[table["op"] == "load", "note"].iloc[0] == "reads 2.00x"
+    assert "note" not in run_table(lines(ONE_ITERATION)[1:])[0]  # nothing to say: no column
+
+
+def test_latency_is_per_request_type_never_pooled(tmp_path):
+    headers, rows = run_table(lines(ONE_ITERATION)[1:])
+    cells = {r[0]: dict(zip(headers, r)) for r in rows}
+    assert cells["save"]["latency p50/p99 ms by type"].startswith("UploadPart ")
+    assert cells["load"]["latency p50/p99 ms by type"].startswith("GetObject ")
+    variant(tmp_path, "one", ONE_ITERATION)
+    result = build(tmp_path)
+    assert "latency_p50_ms" not in result["throughput"]
+    assert set(result["types"]["request_type"]) >= {"UploadPart", "HeadObject", "GetObject"}
+
+
+def unparsed(row: dict) -> dict:
+    if row["op"] == "save" and row["rank"] == 1:
+        row["requests"] = None  # none parsed: unknown
+    return row
+
+
+def test_an_operation_with_unknown_requests_shows_none_not_a_partial_count(tmp_path):
+    path = variant(tmp_path, "unparsed", ONE_ITERATION, sample=unparsed)
+    headers, rows = run_table(lines(path)[1:])
+    cells = {r[0]: dict(zip(headers, r)) for r in rows}
+    assert cells["save"]["requests"] == "" and cells["save"]["failed/throttled"] == ""
+    assert cells["load"]["requests"] != ""
+    table = build(tmp_path)["throughput"]
+    save = table[table["op"] == "save"].iloc[0]
+    assert math.isnan(save["requests_per_op"]) and math.isnan(save["failures"])
+
+
+def test_versions_backend_and_device_split_groups_when_they_differ(tmp_path):
+    variant(tmp_path, "old", ONE_ITERATION)
+    variant(tmp_path, "new", ONE_ITERATION,
+            run={"versions": {"torch": "2.14.0", "s3torchconnector": "1.6.0"}})
+    variant(tmp_path, "gpu", ONE_ITERATION,
+            run={"backend": "nccl", "device": "cuda", "gpus": {"model": "NVIDIA H100", "count": 1}})
+    result = build(tmp_path)
+    assert {"torch", "connector", "process_group", "device"} <= set(result["group_keys"])
+    table = result["throughput"]
+    saves = table[table["op"] == "save"]
+    assert len(saves) == 3 and set(saves["runs"]) == {1}
+    assert "cuda (NVIDIA H100)" in set(saves["device"])
+    # nothing differs: no such columns
+    only = tmp_path / "only"
+    only.mkdir()
+    variant(only, "a", ONE_ITERATION)
+    variant(only, "b", ONE_ITERATION)
+    assert not {"torch", "device"} & set(build(only)["group_keys"])
+
+
+def test_a_save_only_setting_does_not_split_loads(tmp_path):
+    variant(tmp_path, "plain", ONE_ITERATION, settings={"train_step_s": 0.0})
+    variant(tmp_path, "steps", ONE_ITERATION, settings={"train_step_s": 0.5})
+    table = build(tmp_path)["throughput"]
+    assert len(table[table["op"] == "save"]) == 2
+    loads = table[table["op"] == "load"]
+    assert len(loads) == 1 and loads.iloc[0]["runs"] == 2
+    assert loads.iloc[0]["train_step_s"] == ""
+
+
+def test_end_of_run_summary_prints_the_notes(tmp_path, capsys):
+    from dcp_fsdp.analysis.run_summary import print_run_summary
+
+    path = variant(tmp_path, "noisy", TWO_ITERATIONS, sample=slower_second_iteration)
+    parsed = read_record_file(path)
+    print_run_summary(parsed.runs[0], parsed.samples)
+    out = capsys.readouterr().out
+    assert "slowest-rank MiB/s" in out and "NOISY" in out and "quieter machine" in out
+
+
+def test_counted_bytes_once_when_read_calls_its_own_readinto():
+    from dcp_fsdp.rank.hooks import BusyClock, ByteCounter, _time_stream
+
+    class Stream(io.RawIOBase):  # RawIOBase.read() calls self.readinto()
+        def __init__(self, data: bytes) -> None:
+            self.data, self.pos = data, 0
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buf) -> int:
+            n = min(len(buf), len(self.data) - self.pos)
+            buf[:n] = self.data[self.pos:self.pos + n]
+            self.pos += n
+            return n
+
+    counter = ByteCounter()
+    stream = _time_stream(Stream(b"x" * 1000), BusyClock(), ("read", "readinto"), counter)
+    assert len(stream.read(600)) == 600
+    assert stream.readinto(bytearray(300)) == 300
+    assert counter.total == 900
