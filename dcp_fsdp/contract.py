@@ -14,9 +14,11 @@ PREFLIGHT_DONE_ENV = "DCP_FSDP_PREFLIGHT_DONE"  # launcher -> rank: storage alre
 EMBEDDED_ENV = "DCP_FSDP_EMBEDDED_S3"  # launcher -> rank: the embedded SeaweedFS is in use
 ARGV_ENV = "DCP_FSDP_ARGV"  # launcher -> rank: the user's command line (JSON list)
 DEBUG_ENV = "DCP_FSDP_DEBUG"  # user: print tracebacks of failures as well as the one line
+TUNE_ENV = "DCP_FSDP_TUNE"  # tune -> rank: path of the tune session's plan (JSON)
 
 # Every variable above, for documentation and checks.
-ALL_ENV = (CONFIG_ENV, RUN_ID_ENV, PREFLIGHT_DONE_ENV, EMBEDDED_ENV, ARGV_ENV, DEBUG_ENV)
+ALL_ENV = (CONFIG_ENV, RUN_ID_ENV, PREFLIGHT_DONE_ENV, EMBEDDED_ENV, ARGV_ENV, DEBUG_ENV,
+           TUNE_ENV)
 
 # -- signals -----------------------------------------------------------------------------
 # launcher -> surviving ranks after another rank failed: end as "failed", not "interrupted"

@@ -48,3 +48,6 @@ class CheckpointStore(Protocol):
     def put_small(self, suffix: str, name: str, data: bytes) -> None: ...
 
     def get_small(self, suffix: str, name: str) -> bytes | None: ...
+
+    def delete_checkpoint(self, suffix: str) -> None:
+        """Remove every object of checkpoint `suffix` (tune's trial checkpoints)."""

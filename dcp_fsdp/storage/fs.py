@@ -82,3 +82,9 @@ class FsStore:
     def get_small(self, suffix: str, name: str) -> bytes | None:
         path = self.root / suffix / name
         return path.read_bytes() if path.exists() else None
+
+    def delete_checkpoint(self, suffix: str) -> None:
+        import shutil
+
+        if suffix and suffix not in (".", ".."):
+            shutil.rmtree(self.root / suffix, ignore_errors=True)

@@ -155,5 +155,8 @@ class S3Store:
     def get_small(self, suffix: str, name: str) -> bytes | None:
         return self.control.get_small(suffix, name)
 
+    def delete_checkpoint(self, suffix: str) -> None:
+        self.control.delete_checkpoint(suffix)
+
     def boto_client(self):
         return self.control.client()

@@ -167,3 +167,13 @@ class S3ControlPlane:
             return response["Body"].read()
         except bx.ClientError:
             return None
+
+    def delete_checkpoint(self, suffix: str) -> None:
+        """Every object under the suffix, 1,000 keys per request (the S3 limit)."""
+        client = self.client()
+        pages = client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.target.bucket, Prefix=self.target.key(suffix) + "/")
+        for page in pages:
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=self.target.bucket, Delete={"Objects": keys})
