@@ -19,9 +19,11 @@ AGENT_SUMMARY_ENV = "DCP_FSDP_AGENT_SUMMARY"  # launcher -> agent: where to writ
 # whose rank 0 was stopped in native code (no record) can still name the partial checkpoint
 WRITING_SUFFIX_FILE_ENV = "DCP_FSDP_WRITING_SUFFIX_FILE"
 
+TUNE_ENV = "DCP_FSDP_TUNE"  # tune -> rank: path of the tune session's plan (JSON)
+
 # Every variable above, for documentation and checks.
 ALL_ENV = (CONFIG_ENV, RUN_ID_ENV, PREFLIGHT_DONE_ENV, EMBEDDED_ENV, ARGV_ENV, DEBUG_ENV,
-           AGENT_SUMMARY_ENV, WRITING_SUFFIX_FILE_ENV)
+           AGENT_SUMMARY_ENV, WRITING_SUFFIX_FILE_ENV, TUNE_ENV)
 
 # -- signals -----------------------------------------------------------------------------
 # launcher -> surviving ranks after another rank failed: end as "failed", not "interrupted"

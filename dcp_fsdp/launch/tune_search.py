@@ -1,21 +1,28 @@
 """The search behind `dcp-fsdp tune`, apart from how a trial runs (unit-tested with a fake).
 
-A trial measures one setting (a dict of the tuned connector settings) and returns a
-score (higher is better: the run's save + load MiB/s) and its wall time. The search:
+A trial measures one setting (a dict of the tuned settings) and returns a score (higher
+is better: the trial's save + load aggregate MiB/s) and its wall time. The search:
 
   1. the defaults, once (the driver runs this one with ceiling=true);
   2. coordinate descent from the best so far: each setting in turn (the most influential
      first), every value of it with the others held; a value replaces the current one
      only when it beats it by more than `margin` (one noisy measurement must not move
      the search);
-  3. the finalists (the descent's winner and the next best, the defaults always among
-     them) measured again, in turns (fewest measurements first), until each has `repeats`
-     measurements; ranked by their median.
+  3. the finals: the defaults and up to two candidates (the descent's winner, the next
+     best) measured again in rounds, defaults first in each round (D A B D A B ...), so a
+     drift of the machine's speed touches every finalist alike; `repeats` rounds.
+
+The verdict (`SearchResult.recommended`) uses the finals' measurements only: a candidate
+is recommended when every one of its final scores is above every final score of the
+defaults (its worst above the defaults' best), with at least two of each. Otherwise the
+answer is "keep the defaults", with the noise seen: the spread of the defaults' final
+scores, (max - min) / median.
 
 Budget: a trial starts only if the time spent plus the estimated cost of this trial (the
 larger of the median and the latest trial wall time) fits in `budget_s`; the search phase
 stops at 60 % of the budget (and of `max_trials`, which counts every run, defaults and
-repeats included), leaving the rest for the finals' repeats. The only overrun is one trial running longer than its estimate.
+repeats included), leaving the rest for the finals. The only overrun is one trial running
+longer than its estimate.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any, Callable
 
 Settings = dict[str, Any]
 SEARCH_SHARE = 0.6  # of the budget and of tune.trials, for the search; the rest: the finals
+MIN_FINAL_SCORES = 2  # final measurements of the defaults and of a winner, at the least
 
 
 def settings_key(settings: Settings) -> tuple:
@@ -56,26 +64,62 @@ class Ranked:
 @dataclasses.dataclass
 class SearchResult:
     trials: list[Trial]
-    ranking: list[Ranked]  # best first (finalists, then the other settings tried)
+    ranking: list[Ranked]  # finalists first (by their finals' median), then the others
     defaults: Settings
     searched: list[str]  # settings whose every value was tried
     stopped: str | None  # why the search ended early (budget, trials), or None
-
-    @property
-    def best(self) -> Ranked:
-        return self.ranking[0]
+    finalists: list[Settings] = dataclasses.field(default_factory=list)
 
     def of(self, settings: Settings) -> Ranked | None:
         key = settings_key(settings)
         return next((r for r in self.ranking if settings_key(r.settings) == key), None)
 
+    def final_scores(self, settings: Settings) -> list[float]:
+        """The finals' (interleaved) measurements of `settings`: what the verdict uses."""
+        key = settings_key(settings)
+        return [t.score for t in self.trials if t.role == "repeat" and t.score is not None
+                and settings_key(t.settings) == key]
+
+    @property
+    def recommended(self) -> Settings | None:
+        """The candidate whose worst final score beats the defaults' best (two or more of
+        each), the highest median first; None: keep the defaults."""
+        base = self.final_scores(self.defaults)
+        if len(base) < MIN_FINAL_SCORES:
+            return None
+        winners = []
+        for settings in self.finalists:
+            scores = self.final_scores(settings)
+            if (settings_key(settings) != settings_key(self.defaults)
+                    and len(scores) >= MIN_FINAL_SCORES and min(scores) > max(base)):
+                winners.append((statistics.median(scores), settings))
+        return max(winners, key=lambda w: w[0])[1] if winners else None
+
+    @property
+    def best(self) -> Ranked:
+        """What tune recommends: the winner, or the defaults when none beat them beyond
+        the spread."""
+        chosen = self.recommended
+        found = self.of(chosen if chosen is not None else self.defaults)
+        return found if found is not None else Ranked(self.defaults, [], [])
+
+    @property
+    def noise(self) -> float | None:
+        """Spread of the defaults' final scores, (max - min) / median; None below two."""
+        base = self.final_scores(self.defaults)
+        if len(base) < MIN_FINAL_SCORES or statistics.median(base) <= 0:
+            return None
+        return (max(base) - min(base)) / statistics.median(base)
+
     @property
     def gain(self) -> float | None:
-        """Best median / defaults median - 1."""
-        defaults = self.of(self.defaults)
-        if defaults is None or not defaults.scores or defaults.median <= 0:
-            return None
-        return self.best.median / defaults.median - 1
+        """The recommendation's final median / the defaults' final median - 1 (0.0 when the
+        answer is the defaults)."""
+        chosen = self.recommended
+        if chosen is None:
+            return 0.0 if self.final_scores(self.defaults) else None
+        return (statistics.median(self.final_scores(chosen))
+                / statistics.median(self.final_scores(self.defaults)) - 1)
 
 
 class Budget:
@@ -154,7 +198,8 @@ class Search:
                 raise RuntimeError("the defaults failed; fix the run before tuning it")
         searched, stopped = self._descend(stopped)
         stopped = self._finals(stopped)
-        return SearchResult(self.trials, self._ranking(), self.defaults, searched, stopped)
+        return SearchResult(self.trials, self._ranking(), self.defaults, searched, stopped,
+                            list(getattr(self, "_final_list", [])))
 
     def _descend(self, stopped: str | None) -> tuple[list[str], str | None]:
         best = dict(self.defaults)
@@ -201,18 +246,15 @@ class Search:
         if stopped and not self.trials:
             return stopped
         finalists = self._final_list = self._finalist_settings()
-        while True:
-            # the defaults and the winner first (the gain is measured between them), then
-            # any third; within each, the one with the fewest measurements
-            # (attempts, not successes: a setting that fails is not retried for ever)
-            short = [(index >= 2, self._attempts(s), index) for index, s in enumerate(finalists)
-                     if self._attempts(s) < self.repeats]
-            if not short:
-                return stopped
-            why = self.budget.why_not()
-            if why:
-                return stopped or why
-            self._run(finalists[min(short)[2]], "repeat")
+        # Rounds, the defaults first in each (D A B D A B ...): every finalist is measured
+        # next to the defaults, under the same load, `repeats` times.
+        for _ in range(self.repeats):
+            for settings in finalists:
+                why = self.budget.why_not()
+                if why:
+                    return stopped or why
+                self._run(settings, "repeat")
+        return stopped
 
     def _ranking(self) -> list[Ranked]:
         groups: dict[tuple, Ranked] = {}
@@ -223,11 +265,16 @@ class Search:
             if trial.score is not None:
                 group.scores.append(trial.score)
         scored = [g for g in groups.values() if g.scores]
-        # The finalists (measured again) rank first, by median; a setting measured once
-        # in the search, however lucky, only after them.
+        # The finalists (measured again, side by side) rank first, by their finals' median;
+        # a setting measured once in the search, however lucky, only after them.
         final_keys = {settings_key(s) for s in getattr(self, "_final_list", [])}
+
+        def final_median(group: Ranked) -> float:
+            scores = [t.score for t in group.trials if t.role == "repeat" and t.score is not None]
+            return statistics.median(scores) if scores else group.median
+
         finals = sorted((g for g in scored if settings_key(g.settings) in final_keys),
-                        key=lambda g: g.median, reverse=True)
+                        key=final_median, reverse=True)
         others = sorted((g for g in scored if settings_key(g.settings) not in final_keys),
                         key=lambda g: g.median, reverse=True)
         failed = [g for g in groups.values() if not g.scores]

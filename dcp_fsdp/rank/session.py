@@ -187,7 +187,12 @@ class RankSession:
 
     def run_loop(self, sharded, state_dict) -> None:
         from dcp_fsdp.rank.loop import CheckpointLoop
+        from dcp_fsdp.rank.tune_trials import TuneTrials, load_spec
 
+        spec = load_spec()
+        if spec is not None:  # `dcp-fsdp tune`: every trial in this one launch
+            TuneTrials(self, sharded, state_dict, spec).run()
+            return
         self.loop = CheckpointLoop(self.cfg, self.ctx, self.store, sharded, state_dict,
                                    request_log=self.request_log, say=self.say,
                                    on_timeout=self.on_timeout)

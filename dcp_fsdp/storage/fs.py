@@ -102,7 +102,8 @@ class FsStore:
     def delete(self, suffix: str) -> None:
         import shutil
 
-        shutil.rmtree(self.root / suffix, ignore_errors=True)
+        if suffix and suffix not in (".", ".."):  # never the root or its parent
+            shutil.rmtree(self.root / suffix, ignore_errors=True)
 
     def probe(self) -> None:
         """A file written and removed: what preflight does (a file system has no

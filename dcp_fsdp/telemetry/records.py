@@ -181,6 +181,8 @@ class RunRecord:
     slurm: dict[str, str] | None = None
     untimed_requests: dict[str, Any] | None = None
     request_log_dir: str | None = None
+    # `dcp-fsdp tune` trials: {"trial": n, "role": defaults|search|repeat, "settings": {...}}
+    tune: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict[str, Any]:

@@ -1,34 +1,54 @@
-"""`dcp-fsdp tune`: a real search within its budget, and its answer accepted by a run."""
+"""`dcp-fsdp tune`: every trial in one launch, its answer accepted by a run, and stoppable."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 
+import pytest
+
+from tests.integration.test_interrupts import INTERRUPT_DEADLINE_S, _start, _wait_for_line
 from tests.kit.cli import run_cli, s3_args, s3_env
 
-BUDGET_S = 120
+TRIALS = 6
 
 
-def test_tune_stays_in_budget_and_its_override_line_runs(s3, s3_uri, tmp_path):
+def _records(results):
+    (session,) = [p for p in results.iterdir() if p.name.startswith("tune-")]
+    runs = [json.loads(p.read_text().splitlines()[0]) for p in sorted(session.glob("*.jsonl"))]
+    return session, runs
+
+
+def test_tune_runs_every_trial_in_one_launch_and_its_override_line_runs(s3, s3_uri, tmp_path):
     results = tmp_path / "results"
-    tuned = run_cli(["tune", *s3_args(s3, s3_uri), "nproc=2", f"tune.budget_s={BUDGET_S}",
-                     f"results_dir={results}"], env=s3_env(s3), timeout_s=BUDGET_S * 2)
+    tuned = run_cli(["tune", *s3_args(s3, s3_uri), "nproc=2", f"tune.trials={TRIALS}",
+                     "tune.repeats=2", "tune.budget_s=600", f"results_dir={results}"],
+                    env=s3_env(s3), timeout_s=600)
     assert tuned.returncode == 0, f"{tuned.stdout}\n{tuned.stderr}"
-    assert tuned.elapsed_s <= BUDGET_S * 1.1, f"took {tuned.elapsed_s:.0f} s\n{tuned.stdout}"
+    # One launch: the model was built (and announced) once for all the trials.
+    assert tuned.stdout.count(": save-and-load model=tiny_llama") == 1, tuned.stdout
+    assert tuned.stdout.count("tune: trial ") == TRIALS, tuned.stdout
     lines = [line for line in tuned.stdout.splitlines() if line.startswith("OVERRIDES=")]
     assert len(lines) == 1, tuned.stdout
     overrides = lines[0].removeprefix("OVERRIDES=").split()
     assert {o.split("=")[0] for o in overrides} == {
         "storage.thread_count", "storage.part_size_mib", "storage.reader",
         "storage.prefix_strategy", "storage.throughput_target_gbps"}
-    assert "gain over the defaults" in tuned.stdout and "efficiency" in tuned.stdout
-    # Every trial is a normal run with its record in one session directory.
-    (session,) = [p for p in results.iterdir() if p.name.startswith("tune-")]
-    records = sorted(session.glob("*.jsonl"))
-    assert len(records) >= 2
-    runs = [json.loads(p.read_text().splitlines()[0]) for p in records]
+    assert "recommended: " in tuned.stdout and "noise seen: " in tuned.stdout
+    # Every trial is a normal run record in one session directory, with its role.
+    session, runs = _records(results)
+    assert len(runs) == TRIALS
     assert all(r["command"] == "save-and-load" and r["status"] == "ok" for r in runs)
-    assert sum(r["config"]["ceiling"] for r in runs) == 1  # the defaults, once
+    assert [r["tune"]["role"] for r in runs][:1] == ["defaults"]
+    assert sum(r["config"]["ceiling"] for r in runs) == 1  # the defaults' first trial
+    trial_settings = {json.dumps(r["tune"]["settings"], sort_keys=True) for r in runs}
+    assert len(trial_settings) >= 2  # the storage settings changed between trials...
+    assert len({json.dumps(r["init"]) for r in runs}) == 1  # ... the ranks did not
+    summary = json.loads((session / "tune.json").read_text())
+    assert len(summary["trials"]) == TRIALS
     # ... and the trials' checkpoints are gone.
     listing = run_cli(["list", *s3_args(s3, s3_uri)], env=s3_env(s3))
     assert not any(r["suffixes"][0] in listing.stdout for r in runs)
@@ -38,8 +58,42 @@ def test_tune_stays_in_budget_and_its_override_line_runs(s3, s3_uri, tmp_path):
     assert check.returncode == 0, f"{check.stdout}\n{check.stderr}"
 
 
-def test_tune_rejects_a_bad_budget_before_any_trial(tmp_path):
-    result = run_cli(["tune", "tune.budget_s=0", f"results_dir={tmp_path}"])
+@pytest.mark.parametrize("how", ["group-sigint", "launcher-sigterm"])
+def test_an_interrupt_stops_the_whole_tune_without_a_recommendation(s3, s3_uri, tmp_path, how):
+    """Ctrl-C (the terminal's whole group) or SIGTERM to the launcher (scancel, kill)."""
+    results = tmp_path / "results"
+    process = _start(["tune", *s3_args(s3, s3_uri), "nproc=2", "tune.budget_s=3000",
+                      f"results_dir={results}"], s3_env(s3))
+    _wait_for_line(process, "tune: trial 2 ")  # two trials recorded: mid-search now
+    signalled_at = time.monotonic()
+    if how == "group-sigint":
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        process.send_signal(signal.SIGTERM)
+    try:
+        output, _ = process.communicate(timeout=INTERRUPT_DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise AssertionError(f"{how}: still running {INTERRUPT_DEADLINE_S} s after the signal")
+    assert process.returncode == 130, output
+    assert time.monotonic() - signalled_at < INTERRUPT_DEADLINE_S
+    assert "OVERRIDES=" not in output and "recommended" not in output, output
+    assert "no recommendation from a cut search" in output, output
+    assert "Traceback" not in output, output
+    # The finished trials' records stay; the cut one says interrupted.
+    session, runs = _records(results)
+    assert sum(r["status"] == "ok" for r in runs) >= 2, runs
+    assert [r["status"] for r in runs if r["status"] != "ok"] in ([], ["interrupted"])
+    assert not (session / "tune.json").exists()
+    leftover = subprocess.run(["pgrep", "-s", str(process.pid)], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", leftover.stdout
+
+
+@pytest.mark.parametrize("budget", ["0", "1"])
+def test_tune_refuses_a_budget_too_small_for_one_trial_in_one_line(tmp_path, budget):
+    result = run_cli(["tune", f"tune.budget_s={budget}", f"results_dir={tmp_path}"])
     assert result.returncode == 2
-    assert "tune.budget_s=0: must be more than 0" in result.stderr
+    assert result.stderr.startswith(f"dcp-fsdp: error: tune.budget_s={budget}: ")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
     assert not any(tmp_path.iterdir())

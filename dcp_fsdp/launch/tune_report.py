@@ -1,0 +1,122 @@
+"""What `dcp-fsdp tune` says at the end: the table of settings tried, the verdict (a
+winner only when it beats the defaults beyond the spread, tune_search.SearchResult), the
+noise seen, efficiency against the raw ceiling, and the OVERRIDES= line.
+
+`result_summary` turns a search result into plain data (written as `tune.json` in the
+session directory, so the verdict can be checked without the ranks); `print_result`
+prints from that data alone.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from dcp_fsdp.launch.tune_search import MIN_FINAL_SCORES, SearchResult, settings_key
+
+RULE = (f"a setting is recommended only when each of its final scores (measured in rounds "
+        f"beside the defaults) is above every final score of the defaults, with at least "
+        f"{MIN_FINAL_SCORES} of each")
+
+
+def override_line(settings: dict[str, Any]) -> str:
+    return " ".join(f"{name}={value}" for name, value in settings.items())
+
+
+def _changed(settings: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in settings.items() if str(v) != str(defaults.get(k))}
+
+
+def result_summary(result: SearchResult, wall_s: float, session_dir: Path) -> dict[str, Any]:
+    finalist_keys = {settings_key(s) for s in result.finalists}
+    ranking = []
+    for ranked in result.ranking:
+        ok = [t for t in ranked.trials if t.score is not None]
+        ranking.append({
+            "settings": ranked.settings, "finalist": settings_key(ranked.settings) in finalist_keys,
+            "runs": len(ranked.trials), "ok": len(ok), "scores_mib_s": ranked.scores,
+            "final_scores_mib_s": result.final_scores(ranked.settings),
+            "save_mib_s": [t.figures.get("save_mib_s") for t in ok],
+            "load_mib_s": [t.figures.get("load_mib_s") for t in ok]})
+    ceiling = next((t.figures for t in result.trials if t.role == "defaults"), {})
+    return {
+        "trials": [{"settings": t.settings, "role": t.role, "score_mib_s": t.score,
+                    "wall_s": t.wall_s, **{k: v for k, v in t.figures.items()
+                                          if k in ("save_mib_s", "load_mib_s", "record")}}
+                   for t in result.trials],
+        "defaults": result.defaults, "finalists": result.finalists,
+        "searched": result.searched, "stopped": result.stopped, "ranking": ranking,
+        "recommended": result.recommended, "best": result.best.settings,
+        "gain": result.gain, "noise": result.noise, "rule": RULE,
+        "ceiling": {k: ceiling[k] for k in ("raw_put_mib_s", "raw_get_mib_s") if k in ceiling},
+        "wall_s": wall_s, "session_dir": str(session_dir)}
+
+
+def _spread(values: list[float]) -> str:
+    values = [v for v in values if v is not None]
+    return (f"{min(values):.1f}/{statistics.median(values):.1f}/{max(values):.1f}"
+            if values else "")
+
+
+def verdict_lines(summary: dict[str, Any]) -> list[str]:
+    defaults = summary["defaults"]
+    rows = {override_line(r["settings"]): r for r in summary["ranking"]}
+    base = rows.get(override_line(defaults), {}).get("final_scores_mib_s", [])
+    noise = summary["noise"]
+    seen = (f"noise seen: the defaults' final scores spread {noise * 100:.0f} % "
+            f"({min(base):.1f}..{max(base):.1f} MiB/s over {len(base)} rounds)"
+            if noise is not None else "noise seen: unknown (fewer than "
+            f"{MIN_FINAL_SCORES} final rounds; raise tune.budget_s)")
+    chosen = summary["recommended"]
+    if chosen is not None:
+        scores = rows[override_line(chosen)]["final_scores_mib_s"]
+        return [f"recommended: {override_line(_changed(chosen, defaults))} (its worst final "
+                f"score {min(scores):.1f} MiB/s above the defaults' best {max(base):.1f}; "
+                f"median gain {summary['gain'] * 100:+.1f} %)", seen]
+    others = [r for r in summary["ranking"] if r["finalist"] and r["final_scores_mib_s"]
+              and override_line(r["settings"]) != override_line(defaults)]
+    lines = ["recommended: keep the defaults: no setting beat them beyond the measured "
+             "spread (" + RULE + ")", seen]
+    for row in others:
+        scores = row["final_scores_mib_s"]
+        lines.append(f"  candidate {override_line(_changed(row['settings'], defaults))}: final "
+                     f"scores {min(scores):.1f}..{max(scores):.1f} MiB/s")
+    return lines
+
+
+def print_result(summary: dict[str, Any]) -> None:
+    from tabulate import tabulate
+
+    defaults = summary["defaults"]
+    rows = []
+    for place, row in enumerate(summary["ranking"], start=1):
+        changed = override_line(_changed(row["settings"], defaults)) or "defaults"
+        rows.append([place, changed + (" *" if row["finalist"] else ""),
+                     f"{row['ok']}/{row['runs']}", _spread(row["final_scores_mib_s"]),
+                     _spread(row["scores_mib_s"]), _spread(row["save_mib_s"]),
+                     _spread(row["load_mib_s"])])
+    print(f"\ntune: {len(summary['trials'])} trials in {summary['wall_s']:.0f} s"
+          + (f"; stopped early: {summary['stopped']}" if summary["stopped"] else "")
+          + (f"; searched {', '.join(summary['searched'])}" if summary["searched"] else ""))
+    print(tabulate(rows, headers=["#", "setting (vs defaults; * finalist)", "ok/runs",
+                                  "finals MiB/s min/med/max", "all scores MiB/s min/med/max",
+                                  "save MiB/s min/med/max", "load MiB/s min/med/max"],
+                   tablefmt="github"))
+    print()
+    for line in verdict_lines(summary):
+        print(line)
+    best = next(r for r in summary["ranking"]
+                if override_line(r["settings"]) == override_line(summary["best"]))
+    parts = []
+    for op, raw in (("save", "raw_put"), ("load", "raw_get")):
+        raw_mib_s = summary["ceiling"].get(f"{raw}_mib_s")
+        measured = [v for v in best[f"{op}_mib_s"] if v is not None]
+        if raw_mib_s and measured:
+            dcp = statistics.median(measured)
+            parts.append(f"{op} {dcp:.1f} of {raw_mib_s:.1f} MiB/s ({dcp / raw_mib_s:.2f})")
+    if parts:
+        print("efficiency of the recommendation against the ceiling (raw PUT/GET of the same "
+              "objects with the defaults' client settings): " + "; ".join(parts))
+    print(f"records: {summary['session_dir']} (dcp-fsdp report {summary['session_dir']})")
+    print(f"OVERRIDES={override_line(summary['best'])}", flush=True)

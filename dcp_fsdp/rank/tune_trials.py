@@ -1,0 +1,210 @@
+"""`dcp-fsdp tune` inside one launch: the ranks and the model are built once; only the
+storage settings change between trials.
+
+Rank 0 runs the search (launch/tune_search.py) and, for each trial, broadcasts the
+trial's settings; every rank then runs one save-and-load iteration with the very loop
+and timers of a normal run (rank/loop.py), on a store made from the trial's settings
+(new writer, reader and S3 client configuration; the model is not rebuilt). The other
+ranks follow rank 0's broadcasts until it says stop.
+
+Each trial leaves a normal record in the session directory (`<results_dir>/tune-*/`), its
+`tune` field saying its role, so `dcp-fsdp report` and any recomputation read it as a
+run. Each trial's checkpoint is deleted after it (untimed). The search's result goes to
+`tune.json` there; rank 0 prints it. An interrupt ends the whole tune: the trial in
+progress is recorded as interrupted by the session (rank/session.py), and nothing is
+recommended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from dcp_fsdp import contract, log
+from dcp_fsdp.errors import BenchmarkFailure, UserError
+from dcp_fsdp.launch.tune_search import Budget, Search, Trial
+from dcp_fsdp.telemetry import records
+
+MIB = 2**20
+
+
+def trial_config(cfg, settings: dict[str, Any], ceiling: bool):
+    """The session's config with the trial's settings, as a command line would set them."""
+    from omegaconf import OmegaConf
+
+    dotlist = [f"{name}={value}" for name, value in settings.items()]
+    merged = OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(dotlist))
+    trial = OmegaConf.to_object(merged)
+    trial.ceiling = ceiling
+    trial.iterations = 1
+    trial.suffix = None
+    return trial
+
+
+def figures_of(samples) -> dict[str, Any]:
+    """Aggregate MiB/s per operation and for save + load together (the score), with the one
+    definition of the analysis (`analysis.metrics.aggregate_mib_s`: all ranks' bytes over
+    the operation's span, first begin to last end)."""
+    from dcp_fsdp.analysis.metrics import aggregate_mib_s, per_operation, samples_frame
+
+    rows = [dataclasses.asdict(s) | {"run_id": "trial"} for s in samples]
+    if not rows:
+        return {}
+    ops = per_operation(samples_frame(rows))
+    figures: dict[str, Any] = {}
+    for op in ("save", "load", "raw_put", "raw_get"):
+        chosen = ops[ops["op"] == op]
+        if len(chosen):
+            figures[f"{op}_mib_s"] = aggregate_mib_s(chosen)
+            figures[f"{op}_s"] = float(chosen["span_s"].sum())
+            figures[f"{op}_bytes"] = int(chosen["bytes"].sum())
+    both = ops[ops["op"].isin(["save", "load"])]
+    if {"save_s", "load_s"} <= figures.keys():
+        figures["score_mib_s"] = aggregate_mib_s(both)
+    return figures
+
+
+class TuneTrials:
+    def __init__(self, session, sharded, state_dict, spec: dict[str, Any]) -> None:
+        self.session = session
+        self.sharded = sharded
+        self.state_dict = state_dict
+        self.spec = spec
+        self.session_dir = Path(spec["session_dir"])
+        self.count = 0
+        self.ceiling_done = False
+        self.init_rows: list = []
+        # the session's run line, as the launcher named it: what an interrupt records
+        self.base_run = dataclasses.replace(session.run)
+
+    # -- both sides ------------------------------------------------------------------------
+    def run(self) -> None:
+        from dcp_fsdp.rank.distributed import all_gather_object
+
+        session = self.session
+        session.init.init_s = time.monotonic() - session.process_start_mono
+        self.init_rows = all_gather_object(session.init)  # every trial's record carries them
+        if session.is_coordinator:
+            self._lead()
+        else:
+            self._follow()
+        # Every trial is recorded already: the session writes no record of its own.
+        session.loop = None
+        session.run.run_id = ""
+
+    def _follow(self) -> None:
+        from dcp_fsdp.rank.distributed import broadcast_object
+
+        while True:
+            message = broadcast_object(None)
+            if message[0] == "stop":
+                if message[1]:
+                    raise UserError(message[1])
+                return
+            self._trial(message[1], message[2])
+
+    def _lead(self) -> None:
+        from dcp_fsdp.rank.distributed import broadcast_object
+
+        spec = self.spec
+        budget = Budget(spec["budget_s"], spec["trials"], spec["started_mono"])
+        if budget.why_not() is not None:  # start-up alone spent the budget
+            problem = (f"tune.budget_s={spec['budget_s']:g} was spent before the first trial "
+                       f"(start-up took {budget.elapsed_s():.0f} s); give more, e.g. "
+                       f"tune.budget_s={max(60, int(budget.elapsed_s() * 4))}")
+            broadcast_object(("stop", problem))
+            raise UserError(problem)
+
+        def run_trial(settings: dict[str, Any], role: str) -> Trial:
+            broadcast_object(("trial", settings, role))
+            return self._trial(settings, role)
+
+        search = Search(spec["space"], spec["start"], run_trial, budget, spec["repeats"],
+                        say=log.info)
+        try:
+            result = search.run()
+        except RuntimeError as error:  # the defaults failed: nothing to compare with
+            problem = f"tune: {error} (records in {self.session_dir})"
+            broadcast_object(("stop", problem))
+            raise BenchmarkFailure(problem) from None
+        broadcast_object(("stop", None))
+        from dcp_fsdp.launch.tune_report import print_result, result_summary
+
+        summary = result_summary(result, time.monotonic() - spec["started_mono"], self.session_dir)
+        (self.session_dir / "tune.json").write_text(json.dumps(summary, indent=1) + "\n")
+        print_result(summary)
+
+    # -- one trial, on every rank -----------------------------------------------------------
+    def _trial(self, settings: dict[str, Any], role: str) -> Trial:
+        from dcp_fsdp.rank.loop import CheckpointLoop
+        from dcp_fsdp.storage import make_store
+
+        session = self.session
+        started = time.monotonic()
+        self.count += 1
+        # The raw ceiling once, with the defaults' client settings (the efficiency figure).
+        ceiling = role == "defaults" and not self.ceiling_done and self.spec.get("ceiling", True)
+        self.ceiling_done = self.ceiling_done or ceiling
+        cfg = trial_config(session.cfg, settings, ceiling)
+        store = make_store(cfg.storage)
+        os.environ.update(getattr(store, "connector_environment", dict)())
+        run = dataclasses.replace(self.base_run, config=records.config_for_record(cfg),
+                                  started_at=records.utc_now(),
+                                  tune={"trial": self.count, "role": role, "settings": settings})
+        session.run, session.store = run, store
+        loop = session.loop = CheckpointLoop(cfg, session.ctx, store, self.sharded,
+                                             self.state_dict, request_log=session.request_log,
+                                             say=lambda message: None,
+                                             on_timeout=session.on_timeout)
+        status, error_line = "ok", None
+        try:
+            loop.run()
+        except (UserError, BenchmarkFailure) as error:  # raised on every rank alike
+            status, error_line = "failed", str(error)
+        except BaseException as error:  # DCP's CheckpointException: collective, every rank
+            from dcp_fsdp.rank.session import _caused_by_interrupt
+
+            if type(error).__name__ != "CheckpointException" or _caused_by_interrupt(error):
+                raise
+            from dcp_fsdp.rank.failures import root_cause
+
+            status, error_line = "failed", root_cause(error)
+        if not session.is_coordinator:
+            session.loop, session.run = None, dataclasses.replace(self.base_run)
+            return Trial(settings, role, None, time.monotonic() - started)
+        self._delete(store, loop.suffixes)
+        figures = figures_of(loop.shared_samples) if status == "ok" else {}
+        run.run_id = records.new_run_id("save-and-load")
+        path = session.write_record(status, error_line, loop.shared_samples, self.init_rows)
+        # Between trials an interrupt records the session's own line, with no samples.
+        session.loop, session.run = None, dataclasses.replace(self.base_run)
+        figures.update(status=status, record=str(path))
+        score = figures.get("score_mib_s")
+        wall_s = time.monotonic() - started
+        shown = " ".join(f"{k}={v}" for k, v in settings.items()
+                         if str(v) != str(self.spec["start"].get(k))) or "(defaults)"
+        if score is None:
+            log.info(f"tune: trial {self.count} {role}: {shown}: FAILED ({error_line})")
+        else:
+            log.info(f"tune: trial {self.count} {role}: {shown}: save "
+                     f"{figures['save_mib_s']:.1f} MiB/s, load {figures['load_mib_s']:.1f} MiB/s, "
+                     f"score {score:.1f} MiB/s ({wall_s:.1f} s)")
+        return Trial(settings, role, score, wall_s, figures)
+
+    def _delete(self, store, suffixes: list[str]) -> None:
+        """The trial's checkpoints are the tuner's: removed after it, untimed."""
+        for suffix in suffixes:
+            try:
+                store.delete(suffix)
+            except Exception as error:  # a leftover checkpoint is no reason to stop tuning
+                log.warning(f"tune: could not delete trial checkpoint {suffix}: {error}")
+
+
+def load_spec() -> dict[str, Any] | None:
+    """The tune session's plan, when the launcher started these ranks for `tune`."""
+    path = os.environ.get(contract.TUNE_ENV)
+    return json.loads(Path(path).read_text()) if path else None
