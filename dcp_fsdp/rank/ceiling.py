@@ -15,7 +15,9 @@ efficiency of the checkpoint path.
       PUT: `put_object` streams, written in part-size chunks of one preallocated buffer.
       GET: the native object stream, read to its end (bytes discarded).
   fs: plain files: os.write of a preallocated buffer in part-size chunks, then fsync
-      (DCP's FileSystemWriter syncs each file: sync_files=True); GET: readinto one buffer.
+      (as DCP's FileSystemWriter does with storage.sync_files=true, the default); GET:
+      readinto one buffer, after the files were dropped from the page cache (untimed,
+      storage/pagecache.py) so it reads the file system, not memory.
 
 Objects: `ceiling=true` mirrors the checkpoint just saved (or loaded): each rank's data
 objects (`__<rank>_<n>.distcp` under the prefix strategy's folders) with sizes taken from
@@ -200,6 +202,7 @@ class FsMover:
     def __init__(self, store, token: str) -> None:
         self.base = fs_ceiling_dir(store.root, token)
         self.chunk_bytes = store.config.part_size_mib * MIB
+        self.sync_files = store.config.sync_files
         self.payload = memoryview(os.urandom(self.chunk_bytes))
 
     def path(self, iteration: int, obj: RawObject) -> Path:
@@ -222,9 +225,16 @@ class FsMover:
                 view = self.payload[:length]
                 while view:
                     view = view[os.write(fd, view):]
-            os.fsync(fd)
+            if self.sync_files:
+                os.fsync(fd)
         finally:
             os.close(fd)
+
+    def drop_cache(self, iteration: int, objects: list[RawObject]) -> str:
+        """Before the timed GET: these files out of the page cache (the policy that held)."""
+        from dcp_fsdp.storage import pagecache
+
+        return pagecache.drop(self.path(iteration, obj) for obj in objects)
 
     def get(self, client, iteration: int, obj: RawObject) -> int:
         buffer = bytearray(self.chunk_bytes)
@@ -311,6 +321,8 @@ class Ceiling:
         from dcp_fsdp.telemetry.records import Sample
 
         client = self.mover.new_client()
+        cache_policy = (self.mover.drop_cache(iteration, objects)
+                        if op == "raw_get" and isinstance(self.mover, FsMover) else None)
         barrier_start = time.monotonic()
         dist.barrier()
         begin_mono = time.monotonic()
@@ -337,7 +349,7 @@ class Ceiling:
             op=op, iteration=iteration, suffix=suffix, rank=self.rank, host=self.loop.host,
             begin_wall_s=begin_wall, end_wall_s=end_wall, begin_mono_s=begin_mono,
             end_mono_s=end_mono, duration_s=duration, bytes=total,
-            barrier_wait_s=begin_mono - barrier_start, io_s=duration,
+            barrier_wait_s=begin_mono - barrier_start, io_s=duration, cache_policy=cache_policy,
             requests=(None if request_log is None else request_log.window(
                 begin_wall, end_wall, total if op == "raw_put" else None)))
 

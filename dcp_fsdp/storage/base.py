@@ -34,6 +34,10 @@ class CheckpointStore(Protocol):
     def warm_up(self, storage_io: Any) -> None:
         """Build any client the writer/reader would build lazily, outside the timed region."""
 
+    def drop_cache(self, suffix: str) -> str | None:
+        """Before a timed load (untimed): make the load read storage, not a local cache; the
+        cache policy that held (storage/pagecache.py), or None where there is no such cache."""
+
     # -- control plane ------------------------------------------------------------------
     def preflight(self) -> None:
         """Fail in seconds, with a UserError naming the setting, if the store is unusable."""

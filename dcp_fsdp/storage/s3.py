@@ -123,6 +123,10 @@ class S3Store:
         if client is not None and hasattr(client, "_client"):
             client._client  # noqa: B018 - property access builds the client
 
+    def drop_cache(self, suffix: str) -> None:
+        """No local cache between a load and S3 (every read is a GET)."""
+        return None
+
     def reader(self, suffix: str):
         from s3torchconnector import S3ReaderConstructor
         from s3torchconnector.dcp import S3StorageReader

@@ -125,6 +125,9 @@ class Sample:
     upload_s: float | None = None  # save: uploading (inside io_s)
     peak_rss_bytes: int | None = None  # resident memory high-water mark during this op
     cuda_max_allocated_bytes: int | None = None  # CUDA: torch.cuda.max_memory_allocated
+    # fs load / raw_get: the page cache when the timer started (storage/pagecache.py):
+    # "dropped" | "tmpfs-not-droppable" | "resident-after-drop"; None for s3 and saves
+    cache_policy: str | None = None
     run_id: str | None = None  # set when read back from a record file
 
 
