@@ -113,6 +113,9 @@ class StorageConfig:
                                  "s3: load reader: dcp_optimized, sequential, range_based")
     path: Optional[str] = setting(None, "fs: checkpoint directory (local disk, NFS, Lustre); "
                                         "needs storage=fs")
+    sync_files: bool = setting(True, "fs: fsync every file a save writes, inside the timed "
+                                     "save (durable writes, DCP's default); false: the save "
+                                     "may end with data still in the page cache")
     connect_timeout_s: float = setting(3.0, "s3: seconds the pre-flight check waits to "
                                                     "connect (0..600]")
 

@@ -26,7 +26,7 @@ MAX_DELAY_S = 86400.0
 GROUPS = ("model", "storage")
 NODES = ("async_save", "tune")
 # storage.* settings only one storage kind uses; the rest (kind, thread_count) both use.
-FS_ONLY = frozenset({"storage.path"})
+FS_ONLY = frozenset({"storage.path", "storage.sync_files"})
 S3_ONLY = frozenset({"storage.uri", "storage.region", "storage.endpoint", "storage.part_size_mib",
                      "storage.throughput_target_gbps", "storage.max_attempts",
                      "storage.force_path_style", "storage.prefix_strategy", "storage.prefix_count",

@@ -47,9 +47,7 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 
 
 def _hash_stream(seed: int, stream: str, count: int) -> np.ndarray:
-    salt = int.from_bytes(hashlib.blake2b(f"{GENERATOR}|{seed}|{stream}".encode(),
-                                          digest_size=8).digest(), "little")
-    return _mix64(np.arange(count, dtype=np.uint64) + np.uint64(salt))
+    return _hash_block(_salt(seed, stream), 0, count)
 
 
 def _layout(dtype: torch.dtype) -> tuple[int, int, int]:
@@ -62,24 +60,55 @@ def _layout(dtype: torch.dtype) -> tuple[int, int, int]:
     return info.bits, mantissa, (1 << (exponent_bits - 1)) - 1
 
 
+# Elements per step while building the tables: numpy temporaries of 64 KiB, below glibc's
+# initial mmap threshold (128 KiB). Freeing a larger temporary raises glibc's dynamic mmap
+# threshold for the rest of the process, after which dcp.load's temporary tensors (torch.load
+# of each shard) come from already-faulted heap memory instead of fresh pages: the tool's
+# loads then skipped tens of thousands of page faults per rank that a training job pays
+# (issue 19; the note in notes/bare.md). Built in small steps, the tables leave the allocator
+# as a plain `normal_` initialisation does.
+_TABLE_STEP = 8192
+
+
+def _hash_block(salt: int, start: int, stop: int) -> np.ndarray:
+    return _mix64(np.arange(start, stop, dtype=np.uint64) + np.uint64(salt))
+
+
+def _salt(seed: int, stream: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{GENERATOR}|{seed}|{stream}".encode(),
+                                          digest_size=8).digest(), "little")
+
+
 @functools.lru_cache(maxsize=16)
 def _tables(seed: int, dtype: torch.dtype, device: torch.device):
-    """(HIGH signed, HIGH non-negative, LOW) as integer tensors on `device`, padded by CHUNK."""
+    """(HIGH signed, HIGH non-negative, LOW) as integer tensors on `device`, padded by CHUNK.
+    Element i of HIGH / LOW comes from _hash_stream(seed, "high" / "low", ...)[i]."""
     bits, mantissa, bias = _layout(dtype)
     unsigned = np.dtype(f"uint{bits}")
-    high_rand = _hash_stream(seed, "high", P_HIGH)
-    exponent = (bias + np.array(_EXPONENTS, dtype=np.int64)[high_rand & np.uint64(3)]
-                ).astype(np.uint64)
-    sign = (high_rand >> np.uint64(63)) << np.uint64(bits - 1)
-    high_pos = exponent << np.uint64(mantissa)
-    low = _hash_stream(seed, "low", P_LOW) & np.uint64((1 << mantissa) - 1)
     view = _INT_VIEW[bits // 8]
+    exponents = np.array(_EXPONENTS, dtype=np.int64)
+    high = torch.empty(P_HIGH + CHUNK, dtype=view)
+    high_pos = torch.empty(P_HIGH + CHUNK, dtype=view)
+    low = torch.empty(P_LOW + CHUNK, dtype=view)
 
-    def padded(table: np.ndarray) -> torch.Tensor:
-        table = np.concatenate([table, table[:CHUNK]]).astype(unsigned).view(f"int{bits}")
-        return torch.from_numpy(table).view(view).to(device)
+    def put(table: torch.Tensor, start: int, values: np.ndarray) -> None:
+        table[start:start + len(values)] = torch.from_numpy(
+            values.astype(unsigned).view(f"int{bits}")).view(view)
 
-    return padded(high_pos | sign), padded(high_pos), padded(low)
+    salt = _salt(seed, "high")
+    for start in range(0, P_HIGH, _TABLE_STEP):
+        high_rand = _hash_block(salt, start, min(start + _TABLE_STEP, P_HIGH))
+        exponent = (bias + exponents[high_rand & np.uint64(3)]).astype(np.uint64)
+        positive = exponent << np.uint64(mantissa)
+        put(high_pos, start, positive)
+        put(high, start, positive | ((high_rand >> np.uint64(63)) << np.uint64(bits - 1)))
+    salt = _salt(seed, "low")
+    for start in range(0, P_LOW, _TABLE_STEP):
+        put(low, start, _hash_block(salt, start, min(start + _TABLE_STEP, P_LOW))
+            & np.uint64((1 << mantissa) - 1))
+    for table, period in ((high, P_HIGH), (high_pos, P_HIGH), (low, P_LOW)):
+        table[period:].copy_(table[:CHUNK])  # padding: a chunk may wrap the table once
+    return high.to(device), high_pos.to(device), low.to(device)
 
 
 def tensor_offsets(seed: int, key: str) -> tuple[int, int]:

@@ -16,7 +16,9 @@ The bytes move through the store's raw area (`CheckpointStore.raw_area`, storage
       PUT: `put_object` streams, written in part-size chunks of one preallocated buffer.
       GET: the native object stream, read to its end (bytes discarded).
   fs: plain files: os.write of a preallocated buffer in part-size chunks, then fsync
-      (DCP's FileSystemWriter syncs each file: sync_files=True); GET: readinto one buffer.
+      (as DCP's FileSystemWriter does with storage.sync_files=true, the default); GET:
+      readinto one buffer, after the files were dropped from the page cache (untimed,
+      storage/pagecache.py) so it reads the file system, not memory.
 
 Objects: `ceiling=true` mirrors the checkpoint just saved (or loaded): each rank's data
 objects (`__<rank>_<n>.distcp` under the prefix strategy's folders) with sizes taken from
@@ -170,6 +172,11 @@ class Mover:
     def get(self, client, iteration: int, obj: RawObject) -> int:
         return self.area.get(client, self.name(iteration, obj))
 
+    def drop_cache(self, iteration: int, objects: list[RawObject]) -> str | None:
+        """Before the timed GET (untimed): the objects out of any local cache; the policy
+        that held (None: nothing to drop, e.g. S3)."""
+        return self.area.drop_cache(self.name(iteration, obj) for obj in objects)
+
     def remove(self, client, iteration: int, objects: list[RawObject]) -> None:
         self.area.delete(client, [self.name(iteration, obj) for obj in objects])
 
@@ -231,6 +238,7 @@ class Ceiling:
         from dcp_fsdp.telemetry.records import Sample
 
         client = self.mover.new_client()
+        cache_policy = self.mover.drop_cache(iteration, objects) if op == "raw_get" else None
         barrier_start = time.monotonic()
         dist.barrier()
         begin_mono = time.monotonic()
@@ -257,7 +265,7 @@ class Ceiling:
             op=op, iteration=iteration, suffix=suffix, rank=self.rank, host=self.loop.host,
             begin_wall_s=begin_wall, end_wall_s=end_wall, begin_mono_s=begin_mono,
             end_mono_s=end_mono, duration_s=duration, bytes=total,
-            barrier_wait_s=begin_mono - barrier_start, io_s=duration,
+            barrier_wait_s=begin_mono - barrier_start, io_s=duration, cache_policy=cache_policy,
             requests=(None if request_log is None else request_log.window(
                 begin_wall, end_wall, total if op == "raw_put" else None, moved_bytes=total)))
 

@@ -122,6 +122,8 @@ class CheckpointLoop:
             timeline = instrument_reader(storage_io)
         if not pickled:
             self.store.warm_up(storage_io)
+        # fs: the load reads the file system, not the page cache its save left (untimed)
+        cache_policy = self.store.drop_cache(suffix) if op == "load" else None
         baseline_s: list[float] = []
         if saver is not None:
             saver.prepare()  # collective, first save only
@@ -160,6 +162,7 @@ class CheckpointLoop:
             sample = self._sample(op, iteration, suffix, timeline, barrier_start, begin_mono,
                                   begin_wall, end_mono, end_wall, window_wall)
             sample.peak_rss_bytes, sample.cuda_max_allocated_bytes = peak_rss, cuda_peak
+            sample.cache_policy = cache_policy
             if op == "save":
                 sample.save_mode = self.cfg.save_mode.value
                 if timing is None:  # sync: control comes back when the checkpoint is committed

@@ -40,6 +40,10 @@ class RawArea(Protocol):
     def delete(self, client: Any, names: Iterable[str]) -> None:
         """Remove these objects; the area's folders go when nothing is left in them."""
 
+    def drop_cache(self, names: Iterable[str]) -> str | None:
+        """Untimed, before a timed GET: these objects out of the page cache; the policy that
+        held (storage/pagecache.py), None where there is no local cache (S3)."""
+
 
 @runtime_checkable
 class CheckpointStore(Protocol):
@@ -61,6 +65,10 @@ class CheckpointStore(Protocol):
 
     def warm_up(self, storage_io: Any) -> None:
         """Build any client the writer/reader would build lazily, outside the timed region."""
+
+    def drop_cache(self, suffix: str) -> str | None:
+        """Before a timed load (untimed): make the load read storage, not a local cache; the
+        cache policy that held (storage/pagecache.py), or None where there is no such cache."""
 
     # -- control plane ------------------------------------------------------------------
     def preflight(self) -> None:

@@ -33,10 +33,17 @@ class FsStore:
         from torch.distributed.checkpoint import FileSystemWriter
 
         return FileSystemWriter(self.location(suffix), thread_count=self.config.thread_count,
-                                overwrite=False)
+                                sync_files=self.config.sync_files, overwrite=False)
 
     def warm_up(self, storage_io) -> None:
         """Nothing to set up for a file system."""
+
+    def drop_cache(self, suffix: str) -> str:
+        """Before a timed load (untimed): evict the checkpoint's files from this node's page
+        cache, so the load reads the file system, not memory; the policy that held."""
+        from dcp_fsdp.storage import pagecache
+
+        return pagecache.drop(pagecache.checkpoint_files(self.location(suffix)))
 
     def reader(self, suffix: str):
         from torch.distributed.checkpoint import FileSystemReader
@@ -115,4 +122,5 @@ class FsStore:
         return f"__{rank}_"  # FileSystemWriter: __<rank>_<n>.distcp, no folders
 
     def raw_area(self, token: str) -> FsRawArea:
-        return FsRawArea(fs_ceiling_dir(self.root, token), self.config.part_size_mib * MIB)
+        return FsRawArea(fs_ceiling_dir(self.root, token), self.config.part_size_mib * MIB,
+                         self.config.sync_files)

@@ -38,6 +38,9 @@ class S3RawArea:
     def _key(self, name: str) -> str:
         return f"{self.base_key}/{name}"
 
+    def drop_cache(self, names: Iterable[str]) -> None:
+        return None  # no local cache between a GET and S3
+
     def open(self):
         """A fresh client with its native client built (as S3Store.warm_up does for DCP's):
         the connector builds it lazily, on the first request, otherwise."""
@@ -72,9 +75,10 @@ class FsRawArea:
     """Plain file writes (fsync'd, as DCP's FileSystemWriter does: sync_files=True) and
     reads into one buffer."""
 
-    def __init__(self, base: Path, read_chunk_bytes: int) -> None:
+    def __init__(self, base: Path, read_chunk_bytes: int, sync_files: bool = True) -> None:
         self.base = base
         self.read_chunk_bytes = read_chunk_bytes
+        self.sync_files = sync_files  # storage.sync_files: as DCP's writer is told
         self.location = str(base)
 
     def path(self, name: str) -> Path:
@@ -94,9 +98,15 @@ class FsRawArea:
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(fd, view):]
-            os.fsync(fd)
+            if self.sync_files:
+                os.fsync(fd)
         finally:
             os.close(fd)
+
+    def drop_cache(self, names: Iterable[str]) -> str:
+        from dcp_fsdp.storage import pagecache
+
+        return pagecache.drop(self.path(name) for name in names)
 
     def get(self, client, name: str) -> int:
         buffer = bytearray(self.read_chunk_bytes)

@@ -90,6 +90,10 @@ class S3Store:
 
         build_native_client(storage_io)  # warns once when it cannot
 
+    def drop_cache(self, suffix: str) -> None:
+        """No local cache between a load and S3 (every read is a GET)."""
+        return None
+
     def reader(self, suffix: str):
         from s3torchconnector import S3ReaderConstructor
         from s3torchconnector.dcp import S3StorageReader

@@ -134,6 +134,9 @@ class Sample:
     interval_s: float | None = None  # async + train_step_s: call -> the following steps done
     train_lost_s: float | None = None  # interval_s - steps x baseline step: training lost
     train_lost_share: float | None = None  # train_lost_s / interval_s
+    # fs load / raw_get: the page cache when the timer started (storage/pagecache.py):
+    # "dropped" | "tmpfs-not-droppable" | "resident-after-drop"; None for s3 and saves
+    cache_policy: str | None = None
     run_id: str | None = None  # set when read back from a record file
 
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import platform
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -107,3 +111,42 @@ def test_non_contiguous_shards_are_filled_and_checked():
 def test_period_is_the_product_of_coprime_table_lengths():
     assert math.gcd(values.P_HIGH, values.P_LOW) == 1
     assert values.CHUNK <= min(values.P_HIGH, values.P_LOW)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_tables_are_the_hash_streams(dtype):
+    """Built in steps, the tables still hold element i of each hash stream at index i."""
+    high, high_pos, low = values._tables(7, dtype, torch.device("cpu"))
+    bits_, mantissa, _ = values._layout(dtype)
+    stream = values._hash_stream(7, "low", values.P_LOW)
+    want_low = torch.from_numpy((stream & ((1 << mantissa) - 1)).astype(f"int{bits_}"))
+    assert torch.equal(low[:values.P_LOW], want_low.view(low.dtype))
+    assert torch.equal(low[values.P_LOW:], low[:values.CHUNK])  # the padding wraps
+    sign = torch.from_numpy((values._hash_stream(7, "high", 4) >> 63).astype("int64"))
+    negative = (high[:4].to(torch.int64) < 0).to(torch.int64)
+    assert torch.equal(negative, sign) and bool((high_pos >= 0).all())
+
+
+FAULTS_AFTER_TABLES = """
+import resource, sys, torch
+from dcp_fsdp.models import values
+values._tables(0, torch.bfloat16, torch.device("cpu"))
+def faults(): return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+size = 4 << 20  # a shard-sized temporary, as torch.load makes one per tensor in dcp.load
+for _ in range(2):
+    before = faults()
+    torch.empty(size, dtype=torch.uint8).fill_(1)
+print(faults() - before, size // 4096)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc thresholds")
+def test_building_the_tables_leaves_the_allocator_as_a_fresh_process():
+    """Freeing a large temporary raises glibc's dynamic mmap threshold for good; after that a
+    4 MiB temporary is served from heap memory already faulted in, and every dcp.load of the
+    tool skipped the page faults a training job's load pays (issue 19)."""
+    result = subprocess.run([sys.executable, "-c", FAULTS_AFTER_TABLES], capture_output=True,
+                            text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stderr
+    faults, pages = map(int, result.stdout.split())
+    assert faults >= pages // 2, f"{faults} page faults for a fresh {pages}-page temporary"

@@ -1,0 +1,119 @@
+"""The page cache between a file-system checkpoint and the figures: drop it, and check it.
+
+A load right after a save (and the raw GET right after the raw PUT) would otherwise read
+what the kernel still holds in memory: a "file system" figure that is really RAM's. Before
+every timed fs read, each rank syncs and drops the files it may read (untimed):
+
+  fsync(fd)                                  dirty pages cannot be dropped (sync_files=false)
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)  the kernel evicts the file's clean pages
+
+then checks with mincore(2) on a read-only mapping (no page is faulted in by the check)
+how many pages are still resident, and names the policy that held:
+
+  dropped                 no page of these files is resident: the read goes to the device
+  tmpfs-not-droppable     tmpfs / ramfs: memory *is* the storage, DONTNEED does nothing
+  resident-after-drop     some pages stayed (mapped or being written by another process,
+                          or a file system that ignores the advice): read partly from memory
+
+On a shared file system (NFS, Lustre) DONTNEED drops this node's client cache, which is
+what a reader on another node would start from.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+from pathlib import Path
+from typing import Iterable
+
+DROPPED = "dropped"
+TMPFS = "tmpfs-not-droppable"
+RESIDENT = "resident-after-drop"
+
+MEMORY_FS_TYPES = frozenset({"tmpfs", "ramfs"})  # the page cache is the storage itself
+
+_PAGE_BYTES = mmap.PAGESIZE
+_libc = None
+
+
+def _c_library():
+    global _libc
+    if _libc is None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long)
+        libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+        libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t,
+                                 ctypes.POINTER(ctypes.c_ubyte))
+        _libc = libc
+    return _libc
+
+
+def resident_pages(path: str | os.PathLike) -> tuple[int, int]:
+    """(pages of `path` in the page cache, pages in the file), by mincore(2) on a mapping
+    that is never touched (so the check itself faults nothing in)."""
+    size = os.stat(path).st_size
+    pages = (size + _PAGE_BYTES - 1) // _PAGE_BYTES
+    if pages == 0:
+        return 0, 0
+    libc = _c_library()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap of {path} failed")
+        try:
+            vector = (ctypes.c_ubyte * pages)()
+            if libc.mincore(address, size, vector) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore of {path} failed")
+            return sum(byte & 1 for byte in vector), pages
+        finally:
+            libc.munmap(address, size)
+    finally:
+        os.close(fd)
+
+
+def file_system_type(path: str | os.PathLike) -> str | None:
+    """The type of the mount holding `path` (longest mount point in /proc/self/mounts)."""
+    target = os.path.realpath(path)
+    best, best_type = "", None
+    try:
+        with open("/proc/self/mounts") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = target == point or target.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, best_type = point, fields[2]
+    except OSError:
+        return None
+    return best_type
+
+
+def checkpoint_files(directory: str | os.PathLike) -> list[Path]:
+    """Every regular file under a checkpoint directory (data files and .metadata)."""
+    root = Path(directory)
+    return sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+
+
+def drop(paths: Iterable[str | os.PathLike]) -> str:
+    """Sync and evict `paths` from the page cache; the policy that held (module docstring).
+    Untimed: call it before the aligning barrier of the read it prepares."""
+    paths = list(paths)
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    if paths and file_system_type(paths[0]) in MEMORY_FS_TYPES:
+        return TMPFS
+    if any(resident_pages(path)[0] for path in paths):
+        return RESIDENT
+    return DROPPED
