@@ -43,9 +43,9 @@ def main() -> int:
              for line in path.read_text().splitlines()]
     run = next(line for line in lines if line["record"] == "run")
     samples = [line for line in lines if line["record"] == "sample"]
-    from dcp_fsdp.analysis.figures import summary
+    from dcp_fsdp.telemetry.figures import summary
 
-    found = summary(samples)  # the report's definitions (analysis/figures.py)
+    found = summary(samples)  # the report's definitions (telemetry/figures.py)
     figures = {op: found[op]["per_iteration_mib_s"] for op in ("save", "load") if op in found}
     rss = [row.get("peak_rss_bytes") for row in run["init"] if row.get("peak_rss_bytes")]
     model = run["model"]

@@ -5,7 +5,7 @@ the aggregate MiB/s of DCP and of the raw PUT/GET of the same objects, and the e
   python -m benchmarks.efficiency model=tiny_llama nproc=2 iterations=3
   python -m benchmarks.efficiency model=L660m model.dtype=bf16 nproc=2 iterations=2
 
-Figures as the report defines them (analysis/figures.py): aggregate MiB/s pooled over the
+Figures as the report defines them (telemetry/figures.py): aggregate MiB/s pooled over the
 iterations (min-max of the iterations beside it); efficiency = DCP / the raw rows of the
 same iterations, a ratio.
 """
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dcp_fsdp.analysis.figures import MIB
+from dcp_fsdp.telemetry.figures import MIB
 
 PAIRS = (("save", "raw_put"), ("load", "raw_get"))
 
@@ -38,7 +38,7 @@ def main() -> int:
     (record,) = results.glob("*.jsonl")
     parsed = read_record_file(record)
     run = parsed.runs[0]
-    from dcp_fsdp.analysis.figures import summary
+    from dcp_fsdp.telemetry.figures import summary
 
     found = summary(parsed.samples)
     rows = []

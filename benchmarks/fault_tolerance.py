@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dcp_fsdp.analysis.figures import pooled
+from dcp_fsdp.telemetry.figures import pooled
 from dcp_fsdp.analysis.metrics import per_operation, samples_frame
 from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 from tests.kit.fault_proxy import DATA_PLANE, FaultProxy

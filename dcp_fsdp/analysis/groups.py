@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from dcp_fsdp.analysis.completeness import incomplete_runs
-from dcp_fsdp.analysis.figures import NOISE_HINT, NOISY_SPREAD
+from dcp_fsdp.telemetry.figures import NOISE_HINT, NOISY_SPREAD
 from dcp_fsdp.analysis.metrics import per_operation, samples_frame
 from dcp_fsdp.analysis.tables import (OP_ORDER, mean_or_nan, ordered, phase_row,
                                       throughput_row, type_rows)

@@ -1,7 +1,7 @@
 """Per-operation rows from raw samples (pandas), and the end-of-run table.
 
 The headline figures (aggregate and slowest-rank MiB/s, efficiency, spread, read
-amplification) are defined once, in analysis/figures.py. Here, for one operation (save or
+amplification) are defined once, in telemetry/figures.py. Here, for one operation (save or
 load) of one iteration:
   rank_mib_s        = bytes / MiB / duration_s, per rank
   end_skew_s        = max(end_wall_s) - min(end_wall_s)
@@ -24,7 +24,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from dcp_fsdp.analysis.figures import (CEILING_OPS, MIB, NOISE_HINT, NOISY_SPREAD,
+from dcp_fsdp.telemetry.figures import (CEILING_OPS, MIB, NOISE_HINT, NOISY_SPREAD,
                                       add_operation_figures, amplification_note,
                                       efficiency, efficiency_per_operation, noise_note, pooled,
                                       read_amplification)
@@ -197,7 +197,7 @@ def run_table(samples: Iterable[dict[str, Any]]) -> tuple[list[str], list[list[A
 def run_figures(samples: Iterable[dict[str, Any]]
                 ) -> tuple[list[str], list[list[Any]], list[str]]:
     """The end-of-run table: one row per op and iteration, then a pooled "(all)" row per op
-    with two or more iterations (the same figures as `report`: analysis/figures.py); and the
+    with two or more iterations (the same figures as `report`: telemetry/figures.py); and the
     lines to print under it. An efficiency column only when a save or load has raw rows of
     its own iteration (its ceiling); a note column only when a row has a note (read
     amplification, a noisy spread)."""

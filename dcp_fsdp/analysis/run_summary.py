@@ -12,7 +12,7 @@ def print_run_summary(run: RunRecord, samples: list[Sample]) -> None:
 
     from dcp_fsdp.analysis.metrics import run_figures
 
-    # the same figures as `report` gives for this record (analysis/figures.py)
+    # the same figures as `report` gives for this record (telemetry/figures.py)
     headers, rows, notes = run_figures({**dataclasses.asdict(s), "run_id": run.run_id}
                                        for s in samples)
     model = run.model or {}

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from dcp_fsdp.analysis.figures import (amplification_note, efficiency, noise_note, pooled,
+from dcp_fsdp.telemetry.figures import (amplification_note, efficiency, noise_note, pooled,
                                       read_amplification)
 from dcp_fsdp.analysis.metrics import GIB, MIB
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_merge, hist_quantile
@@ -64,7 +64,7 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
     """`all_ops`: every operation of the report (a save's efficiency pairs it with the
     raw_put of its own run and iteration, in another group)."""
     nodes = labels["nodes"]
-    figures = pooled(group_ops)  # the one definition (analysis/figures.py)
+    figures = pooled(group_ops)  # the one definition (telemetry/figures.py)
     span_total = figures["span_s"]
     aggregate = figures["aggregate_mib_s"]
     # a group with an operation whose requests are unknown (null: none parsed) has no

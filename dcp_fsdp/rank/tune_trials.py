@@ -1,7 +1,7 @@
 """`dcp-fsdp tune` inside one launch: the ranks and the model are built once; only the
 storage settings change between trials.
 
-Rank 0 runs the search (launch/tune_search.py) and, for each trial, broadcasts the
+Rank 0 runs the search (rank/tune_search.py) and, for each trial, broadcasts the
 trial's settings; every rank then runs one save-and-load iteration with the very loop
 and timers of a normal run (rank/loop.py), on a store made from the trial's settings
 (new writer, reader and S3 client configuration; the model is not rebuilt). The other
@@ -26,7 +26,7 @@ from typing import Any
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.errors import BenchmarkFailure, UserError
-from dcp_fsdp.launch.tune_search import Budget, Search, Trial
+from dcp_fsdp.rank.tune_search import Budget, Search, Trial
 from dcp_fsdp.telemetry import records
 
 MIB = 2**20
@@ -46,25 +46,22 @@ def trial_config(cfg, settings: dict[str, Any], ceiling: bool):
 
 
 def figures_of(samples) -> dict[str, Any]:
-    """Aggregate MiB/s per operation and for save + load together (the score), with the one
-    definition of the analysis (`analysis.metrics.aggregate_mib_s`: all ranks' bytes over
-    the operation's span, first begin to last end)."""
-    from dcp_fsdp.analysis.metrics import aggregate_mib_s, per_operation, samples_frame
+    """Per operation its pooled aggregate MiB/s, seconds, bytes and spread, and the score
+    (save + load bytes over save + load seconds), with the one definition of each figure
+    (telemetry/figures.py: what the end-of-run table and `report` print)."""
+    from dcp_fsdp.telemetry.figures import summary
 
-    rows = [dataclasses.asdict(s) | {"run_id": "trial"} for s in samples]
-    if not rows:
-        return {}
-    ops = per_operation(samples_frame(rows))
+    found = summary(samples)
     figures: dict[str, Any] = {}
     for op in ("save", "load", "raw_put", "raw_get"):
-        chosen = ops[ops["op"] == op]
-        if len(chosen):
-            figures[f"{op}_mib_s"] = aggregate_mib_s(chosen)
-            figures[f"{op}_s"] = float(chosen["span_s"].sum())
-            figures[f"{op}_bytes"] = int(chosen["bytes"].sum())
-    both = ops[ops["op"].isin(["save", "load"])]
+        if op in found and found[op]["span_s"] > 0:
+            figures[f"{op}_mib_s"] = found[op]["aggregate_mib_s"]
+            figures[f"{op}_s"] = found[op]["span_s"]
+            figures[f"{op}_bytes"] = found[op]["bytes"]
+            figures[f"{op}_spread"] = found[op]["spread"]
     if {"save_s", "load_s"} <= figures.keys():
-        figures["score_mib_s"] = aggregate_mib_s(both)
+        figures["score_mib_s"] = ((figures["save_bytes"] + figures["load_bytes"]) / MIB
+                                  / (figures["save_s"] + figures["load_s"]))
     return figures
 
 
@@ -132,7 +129,7 @@ class TuneTrials:
             broadcast_object(("stop", problem))
             raise BenchmarkFailure(problem) from None
         broadcast_object(("stop", None))
-        from dcp_fsdp.launch.tune_report import print_result, result_summary
+        from dcp_fsdp.rank.tune_report import print_result, result_summary
 
         summary = result_summary(result, time.monotonic() - spec["started_mono"], self.session_dir)
         (self.session_dir / "tune.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -1,4 +1,4 @@
-"""One definition per figure (analysis/figures.py): the end-of-run table, `report`, tune and
+"""One definition per figure (telemetry/figures.py): the end-of-run table, `report`, tune and
 the benchmarks agree; slowest-rank MiB/s, efficiency per iteration, spread, read
 amplification, request statistics that cannot go quietly to zero, and the report's groups."""
 
@@ -10,9 +10,9 @@ import math
 import pytest
 
 from dcp_fsdp.analysis import report
-from dcp_fsdp.analysis.figures import NOISY_SPREAD, summary
+from dcp_fsdp.telemetry.figures import NOISY_SPREAD, summary
 from dcp_fsdp.analysis.metrics import MIB, per_operation, run_figures, run_table, samples_frame
-from dcp_fsdp.launch.tune import figures_of
+from dcp_fsdp.rank.tune_trials import figures_of
 from dcp_fsdp.telemetry.records import read_record_file
 from tests.unit.analysis_kit import ONE_ITERATION, TWO_ITERATIONS, lines, variant
 
@@ -43,7 +43,7 @@ def test_one_record_one_figure_in_the_run_table_the_report_and_tune(tmp_path):
     path = variant(tmp_path, "two", TWO_ITERATIONS, sample=slower_second_iteration)
     headers, rows = run_table(lines(path)[1:])
     table = build(tmp_path)["throughput"]
-    tune = figures_of(path)
+    tune = figures_of(read_record_file(path).samples)
     for op in ("save", "load"):
         (row,) = [r for r in rows if r[0] == f"{op} (all)"]
         cell = dict(zip(headers, row))["aggregate MiB/s"]

@@ -1,10 +1,10 @@
-"""The tune search (launch/tune_search.py) against a fake trial function and a fake clock."""
+"""The tune search (rank/tune_search.py) against a fake trial function and a fake clock."""
 
 from __future__ import annotations
 
 import pytest
 
-from dcp_fsdp.launch.tune_search import Budget, Search, Trial, settings_key
+from dcp_fsdp.rank.tune_search import Budget, Search, Trial, settings_key
 
 SPACE = {"threads": [1, 2, 4, 8], "part": [8, 16, 32], "reader": ["a", "b"]}
 DEFAULTS = {"threads": 1, "part": 8, "reader": "a"}
