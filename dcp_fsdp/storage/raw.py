@@ -44,11 +44,9 @@ class S3RawArea:
     def open(self):
         """A fresh client with its native client built (as S3Store.warm_up does for DCP's):
         the connector builds it lazily, on the first request, otherwise."""
-        from s3torchconnector._s3client import S3Client
+        from dcp_fsdp.compat import s3_client
 
-        client = S3Client(self.region, s3client_config=self._client_config())
-        client._client  # noqa: B018 - property access builds the native client
-        return client
+        return s3_client(self.region, self._client_config())
 
     def prepare(self, names: Iterable[str]) -> None:
         """Nothing: S3 has no folders to create."""
@@ -61,8 +59,10 @@ class S3RawArea:
 
     def get(self, client, name: str) -> int:
         # The native object stream, read to its end: no buffering reader in between.
+        from dcp_fsdp.compat import object_chunks
+
         received = 0
-        for chunk in client._client.get_object(self.bucket, self._key(name)):
+        for chunk in object_chunks(client, self.bucket, self._key(name)):
             received += len(chunk)
         return received
 
