@@ -80,15 +80,6 @@ def latency_histogram(requests: Iterable[Any], kinds: Iterable[str] | None = Non
     return hist_merge(hists)
 
 
-def latency_quantiles_ms(requests: Iterable[Any], quantiles=(0.5, 0.99)) -> list[float]:
-    hist = latency_histogram(requests)
-    return [math.nan if (v := hist_quantile(hist, q)) is None else v for q in quantiles]
-
-
-def _sum_or_nan(series: pd.Series) -> float:
-    return series.sum(min_count=1)
-
-
 def _complete_sum(series: pd.Series) -> float:
     """Sum over ranks, NaN unless every rank has the figure (a partial sum would mislead)."""
     series = pd.to_numeric(series, errors="coerce")
