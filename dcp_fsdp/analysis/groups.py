@@ -3,9 +3,9 @@
 Groups: node count, world size, model, operation, storage, and every setting that
 differs between the runs that enter the figures, as does the torch or connector version,
 the process-group backend or the device (GPU model) a run used (RUN_ATTRIBUTES). A setting
-that does not apply to an operation (APPLIES_TO) does not split its rows. Failed and interrupted runs, and runs
-whose record is not whole (analysis.completeness), are left out of every figure and
-listed; failed and interrupted ones are also counted per group.
+that does not apply to an operation (APPLIES_TO) does not split its rows. Failed and
+interrupted runs, and runs whose record is not whole (analysis.completeness), are left out
+of every figure and listed; failed and interrupted ones are also counted per group.
 """
 
 from __future__ import annotations

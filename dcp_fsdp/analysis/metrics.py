@@ -83,15 +83,6 @@ def latency_histogram(requests: Iterable[Any], kinds: Iterable[str] | None = Non
     return hist_merge(hists)
 
 
-def latency_quantiles_ms(requests: Iterable[Any], quantiles=(0.5, 0.99)) -> list[float]:
-    hist = latency_histogram(requests)
-    return [math.nan if (v := hist_quantile(hist, q)) is None else v for q in quantiles]
-
-
-def _sum_or_nan(series: pd.Series) -> float:
-    return series.sum(min_count=1)
-
-
 def _complete_sum(series: pd.Series) -> float:
     """Sum over ranks, NaN unless every rank has the figure (a partial sum would mislead)."""
     series = pd.to_numeric(series, errors="coerce")
@@ -198,18 +189,17 @@ def run_figures(samples: Iterable[dict[str, Any]]
                 ) -> tuple[list[str], list[list[Any]], list[str]]:
     """The end-of-run table: one row per op and iteration, then a pooled "(all)" row per op
     with two or more iterations (the same figures as `report`: telemetry/figures.py); and the
-    lines to print under it. An efficiency column only when a save or load has raw rows of
-    its own iteration (its ceiling); a note column only when a row has a note (read
-    amplification, a noisy spread)."""
+    lines to print under it. Columns empty in every row are left out: efficiency without a
+    save or load that has raw rows of its own iteration (its ceiling), requests without
+    request statistics, note when no row has one (read amplification, spread)."""
     frame = samples_frame(samples)
-    headers = ["op", "iter", "suffix", "MiB", "span s", "aggregate MiB/s", "slowest-rank MiB/s",
-               "rank s min/med/max", "rank MiB/s min/med/max", "requests", "req/s",
-               "failed/throttled", "latency p50/p99 ms by type"]
+    headers = ["op", "iter", "suffix", "MiB", "span s", "aggregate MiB/s", "efficiency",
+               "slowest-rank MiB/s", "rank s min/med/max", "rank MiB/s min/med/max", "requests",
+               "req/s", "failed/throttled", "latency p50/p99 ms by type", "note"]
     if frame.empty:
         return headers, [], []
     ops = per_operation(frame)
     ops["efficiency"] = efficiency_per_operation(ops)
-    with_efficiency = bool(ops["efficiency"].notna().any())
     rows: list[list[Any]] = []
     notes: list[str] = []
 
@@ -222,7 +212,7 @@ def run_figures(samples: Iterable[dict[str, Any]]
     def row_cells(op, iteration, suffix, figures, eff, rank_s, rank_mib_s, requests, note):
         return [op, iteration, suffix, f"{figures['bytes'] / MIB:.1f}",
                 f"{figures['span_s']:.3f}", _fmt(figures["aggregate_mib_s"]),
-                *([_fmt(eff, ".2f")] if with_efficiency else []),
+                _fmt(eff, ".2f"),
                 _fmt(figures["slowest_rank_mib_s"]),
                 "/".join(f"{v:.3f}" for v in rank_s), "/".join(f"{v:.1f}" for v in rank_mib_s),
                 *requests, note]
@@ -242,10 +232,10 @@ def run_figures(samples: Iterable[dict[str, Any]]
         figures = pooled(group)
         op_samples = frame[frame["op"] == op]
         noisy = noisy or bool(noise_note(figures["spread"]))
-        note = ", ".join(n for n in (amplification_note(read_amplification(group)),
-                                     f"spread {100 * figures['spread']:.0f} %"
-                                     + (" NOISY" if noise_note(figures["spread"]) else ""))
-                         if n)
+        spread = ("" if pd.isna(figures["spread"]) else
+                  f"spread {100 * figures['spread']:.0f} %"
+                  + (" NOISY" if noise_note(figures["spread"]) else ""))
+        note = ", ".join(n for n in (amplification_note(read_amplification(group)), spread) if n)
         durations, rates = op_samples["duration_s"], op_samples["rank_mib_s"]
         rows.append(row_cells(
             f"{op} (all)", f"{len(group)}", "", figures, efficiency(group, ops),
@@ -255,12 +245,11 @@ def run_figures(samples: Iterable[dict[str, Any]]
                           _complete_sum(group["req_failed"]),
                           _complete_sum(group["req_throttled"]),
                           latency_by_type(op_samples["requests"])), note))
-    if any(row[-1] for row in rows):
-        headers.append("note")
-    else:
-        rows = [row[:-1] for row in rows]
-    if with_efficiency:
-        headers.insert(6, "efficiency")
+    # a column empty in every row says nothing (efficiency without a ceiling, requests
+    # without request statistics, a note nobody needed): left out
+    shown = [i for i in range(len(headers)) if any(row[i] != "" for row in rows)]
+    headers = [headers[i] for i in shown]
+    rows = [[row[i] for i in shown] for row in rows]
     if noisy:
         notes.append(f"NOISY: the iterations' aggregate MiB/s differ by more than "
                      f"{100 * NOISY_SPREAD:.0f} % of their median (spread); {NOISE_HINT}.")

@@ -40,6 +40,13 @@ def test_load_at_another_world_size_is_verified(s3, s3_uri, tmp_path, save_nproc
     # fetched: what was read from storage for them, never less (more when a rank reads
     # whole stored tensors it holds only part of)
     assert all(s["fetched_bytes"] >= s["bytes"] for s in loads)
+    if (save_nproc, load_nproc) == (1, 2):
+        # each rank reads the saved tensors whole for half of them: 2x, said on the load's
+        # own line of the end-of-run table
+        amplification = sum(s["fetched_bytes"] for s in loads) / sum(s["bytes"] for s in loads)
+        assert 1.9 < amplification < 2.2
+        (line,) = [line for line in result.stdout.splitlines() if line.startswith("| load ")]
+        assert f"reads {amplification:.2f}x" in line
 
 
 def test_corruption_is_detected_at_another_world_size(s3, s3_uri, tmp_path):
