@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import boto3
 import botocore.config
+import pytest
 
 from dcp_fsdp.config.schema import PrefixStrategy, StorageConfig, StorageKind
+from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage import make_store
 from dcp_fsdp.storage.base import CheckpointStore
 
@@ -34,6 +36,9 @@ def test_s3_store_deletes_a_checkpoint_and_probes_without_a_trace(s3, s3_uri, mo
     store.put_small("kept", ".metadata", b"y")
     store.delete("gone")
     store.delete("never-was")  # nothing to remove: no error
+    for bad in ("", "../kept"):  # never the whole prefix, never outside it
+        with pytest.raises(UserError):
+            store.delete(bad)
     store.probe()
     assert _keys(s3, s3_uri) == ["/kept/.metadata"]
     assert not store.has_objects("gone") and store.is_complete("kept")
@@ -54,6 +59,9 @@ def test_fs_store_deletes_a_checkpoint_and_probes_without_a_trace(tmp_path):
     store.put_small("kept", ".metadata", b"y")
     store.delete("gone")
     store.delete("never-was")
+    for bad in ("", "../ckpt"):
+        with pytest.raises(UserError):
+            store.delete(bad)
     store.probe()
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
         "ckpt", "ckpt/kept", "ckpt/kept/.metadata"]
