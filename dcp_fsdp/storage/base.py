@@ -86,7 +86,8 @@ class CheckpointStore(Protocol):
     def get_small(self, suffix: str, name: str) -> bytes | None: ...
 
     def delete(self, suffix: str) -> None:
-        """Remove checkpoint `suffix`, every object of it; nothing when it does not exist."""
+        """Remove checkpoint `suffix`, every object of it; nothing when it does not exist.
+        UserError for anything that is not a suffix ("" would be every checkpoint)."""
 
     def probe(self) -> None:
         """Write and remove one small object (untimed): a fresh server's one-time set-up

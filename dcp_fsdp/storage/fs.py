@@ -9,7 +9,7 @@ from typing import Any
 
 from dcp_fsdp.config.schema import MIB, StorageConfig
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.storage.layout import METADATA_NAME, CheckpointInfo
+from dcp_fsdp.storage.layout import METADATA_NAME, CheckpointInfo, check_suffix
 from dcp_fsdp.storage.raw import FsRawArea, fs_ceiling_dir
 
 
@@ -109,8 +109,8 @@ class FsStore:
     def delete(self, suffix: str) -> None:
         import shutil
 
-        if suffix and suffix not in (".", ".."):  # never the root or its parent
-            shutil.rmtree(self.root / suffix, ignore_errors=True)
+        check_suffix(suffix)  # never "" (the whole root) nor a path outside it
+        shutil.rmtree(self.root / suffix, ignore_errors=True)
 
     def probe(self) -> None:
         """A file written and removed: what preflight does (a file system has no

@@ -13,7 +13,7 @@ import secrets
 from typing import Any
 
 from dcp_fsdp.config.schema import MIB, PrefixStrategy, ReaderKind, StorageConfig
-from dcp_fsdp.storage.layout import CheckpointInfo
+from dcp_fsdp.storage.layout import CheckpointInfo, check_suffix
 from dcp_fsdp.storage.raw import S3RawArea, s3_ceiling_prefix
 from dcp_fsdp.storage.s3_control import S3ControlPlane
 from dcp_fsdp.storage.s3_target import S3Target, resolve_endpoint, resolve_region
@@ -127,6 +127,7 @@ class S3Store:
         return self.control.get_small(suffix, name)
 
     def delete(self, suffix: str) -> None:
+        check_suffix(suffix)  # never "" (the whole prefix) nor a path outside it
         self.control.delete_prefix(self.target.key(suffix) + "/")
 
     def probe(self) -> None:

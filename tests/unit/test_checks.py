@@ -101,6 +101,22 @@ def test_launcher_failure_record_falls_back_too(tmp_path, fallback_tmp):
     assert (fallback_tmp / "20260101-000000-save-fedcba.jsonl").exists()
 
 
+# -- the model ------------------------------------------------------------------------------
+
+def test_a_preset_with_no_shape_is_refused_before_anything_starts(tmp_path):
+    """The settings layer knows the conf/model files; the launch knows the shapes
+    (models/llama_model_config.py): a preset no shape has is refused by both launch paths."""
+    with pytest.raises(UserError, match="model=L8b: unknown preset; choose one of GPT-4B"):
+        compose("save", ["model.preset=L8b", f"results_dir={tmp_path}"])
+    cfg = compose("save", [f"results_dir={tmp_path}"])
+    cfg.model.preset = "mine"  # what a conf/model/mine.yaml naming no shape would give
+    with pytest.raises(UserError, match="model.preset=mine: no such model shape; choose one "
+                                        "of L7b, .*llama_model_config"):
+        checks.check_launch(cfg)
+    with pytest.raises(UserError, match="model.preset=mine"):
+        checks.check_model(cfg)
+
+
 # -- cores and devices ---------------------------------------------------------------------
 
 def test_nproc_beyond_the_cores_is_refused():
