@@ -213,3 +213,23 @@ def test_torch_outside_the_tested_range_is_refused_or_warned(monkeypatch, capsys
     checks.check_torch()
     newer = compat.release(version) > compat.TORCH_MAX_TESTED
     assert ("newer than 2.15" in capsys.readouterr().err) == newer
+
+
+def test_the_stager_probe_answers_what_a_second_staging_does():
+    """torch 2.11's DefaultStager stages once (pytorch/pytorch#183413); the probe says so
+    there (make torch-smoke runs it) and says reusable where a second staging works."""
+    import torch
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    from dcp_fsdp.rank.async_save import stager_reusable
+
+    stager = DefaultStager(StagingOptions(False, False, False, False))
+    try:
+        for _ in range(2):
+            stager.stage({"tensor": torch.ones(2), "nested": {"step": 1}})
+        second_works = True
+    except KeyError:
+        second_works = False
+    finally:
+        stager.close()
+    assert stager_reusable() is second_works
