@@ -66,7 +66,12 @@ def _amend(path: Path, outcome: "RanksOutcome") -> dict:
     lines = path.read_text().splitlines()
     run_line = json.loads(lines[0])
     changed = False
-    if run_line.get("status") != outcome.status and run_line.get("status") != "ok":
+    if outcome.status == "interrupted" and run_line.get("error") != outcome.error:
+        # Only the parent knows a signal came from outside: a rank stuck in a collective
+        # handles it late, when its peers are already gone, and may call it a failure.
+        run_line["status"], run_line["error"] = outcome.status, outcome.error
+        changed = True
+    elif run_line.get("status") != outcome.status and run_line.get("status") != "ok":
         rank_said = run_line.get("error")
         run_line["status"] = outcome.status
         run_line["error"] = (outcome.error if not rank_said or rank_said == outcome.error

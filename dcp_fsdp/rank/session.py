@@ -228,6 +228,10 @@ class RankSession:
         ended = self.guard.ended_peers
         if status == "ok" or 0 not in ended:
             return False
+        from dcp_fsdp.launch.checks import record_written
+
+        if record_written(self.cfg.results_dir, self.run.run_id):
+            return False  # rank 0 recorded the run before it ended: keep its fuller record
         return self.rank == min(r for r in range(self.rank + 1) if r not in ended)
 
     # -- the one way out -----------------------------------------------------------------
