@@ -43,7 +43,6 @@ json.dump(result, open(out, "w"))
 @pytest.mark.parametrize("decision, kind, text", [
     ("crash", "BenchmarkFailure", "rank 0: RuntimeError: the listing broke"),
     ("user", "UserError", "suffix=x: bad"),
-    ("ok", "ok", 42),
 ])
 def test_every_rank_gets_rank_0s_outcome(tmp_path, decision, kind, text):
     ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(r), str(tmp_path / "init"),
