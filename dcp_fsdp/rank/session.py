@@ -225,8 +225,11 @@ class RankSession:
         surviving rank of its node does, so a failure is never left unrecorded."""
         if self.is_coordinator:
             return True
-        ended = self.guard.ended_peers
-        if status == "ok" or 0 not in ended:
+        if status == "ok":
+            return False
+        # No signal may have come: a collective with a dead rank 0 fails on its own.
+        ended = self.guard.ended_peers = self.guard.ended_peers or peers.ended_local_peers()
+        if 0 not in ended:
             return False
         from dcp_fsdp.launch.checks import record_written
 
@@ -252,6 +255,10 @@ class RankSession:
         samples = self.samples()
         if not (self.writes_record(status) and self.run.run_id):
             return
+        if not self.is_coordinator and error_line and "stopped after rank" not in error_line:
+            ended = ", ".join(str(r) for r in self.guard.ended_peers)
+            error_line = (f"rank {ended} ended first (killed or crashed); "
+                          f"rank {self.rank}: {error_line}")
         if self.request_log is not None:
             # requests made outside every timed region, all ranks (per rank: just the count)
             untimed = self._untimed_all if self._untimed_all is not None else [self._untimed]
