@@ -44,6 +44,7 @@ class InterruptGuard:
     def __init__(self) -> None:
         self.signal_name: str | None = None
         self.ended_peers: list[int] = []  # ranks of this node gone when a SIGTERM came
+        self.finishing = False  # the run has its outcome: a signal now must not cut the record
 
     def install(self) -> None:
         signal.signal(signal.SIGINT, self._on_signal)
@@ -51,7 +52,7 @@ class InterruptGuard:
         signal.signal(getattr(signal, contract.PEER_FAILED_SIGNAL_NAME), self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:
-        if self.signal_name is not None:
+        if self.signal_name is not None or self.finishing:
             return
         self.signal_name = signal.Signals(signum).name
         if signum == signal.SIGTERM:
@@ -299,6 +300,7 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> int:
         session.run_loop(sharded, state_dict)
     except BaseException as error:
         status, error_line, exit_code = _outcome(error, guard, session)
+    guard.finishing = True  # e.g. the agent's SIGTERM while a survivor writes the record
     session.finish(status, error_line)
     if status != "ok":
         write_error_file(status, error_line)
