@@ -89,8 +89,10 @@ def _amend(path: Path, outcome: "RanksOutcome") -> dict:
 
 def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, str]) -> None:
     """Name the checkpoint a stopped save left behind, and abort its open uploads."""
-    candidates = [s for s in [run_line.get("incomplete_suffix"), *run_line.get("suffixes", [])]
-                  if s]
+    # The save in progress, and the last one recorded (an async save returns before its
+    # upload is committed); earlier ones were committed before the next began.
+    candidates = [s for s in [run_line.get("incomplete_suffix"),
+                              *run_line.get("suffixes", [])[-1:]] if s]
     if not candidates or cfg.command.value == "load":
         return
     if os.environ.get(contract.EMBEDDED_ENV) == "1" or env.get(contract.EMBEDDED_ENV) == "1":
