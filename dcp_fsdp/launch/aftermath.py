@@ -71,6 +71,13 @@ def _amend(path: Path, outcome: "RanksOutcome") -> dict:
         # handles it late, when its peers are already gone, and may call it a failure.
         run_line["status"], run_line["error"] = outcome.status, outcome.error
         changed = True
+    elif (outcome.status == "failed" and outcome.error
+          and "stopped after rank" in (run_line.get("error") or "")):
+        # The rank that recorded was stopped because another ended first: that rank's own
+        # line (its error file) is the root cause.
+        run_line["status"], run_line["error"] = outcome.status, outcome.error
+        changed = True
+        log.error(outcome.error)
     elif run_line.get("status") != outcome.status and run_line.get("status") != "ok":
         rank_said = run_line.get("error")
         run_line["status"] = outcome.status
