@@ -55,7 +55,8 @@ def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
     run_line = _amend(path, outcome)
     if outcome.status == "interrupted":
         log.error("interrupted")
-    elif outcome.error and (not rank_wrote or " was killed by " in outcome.error):
+    elif outcome.error and (not rank_wrote or " was killed by " in outcome.error
+                            or run_line.get("_replaced_root_cause")):
         log.error(outcome.error)  # no rank said it: it was killed, or never got going
     _partial_checkpoints(cfg, run_line, env or {})
 
@@ -77,7 +78,7 @@ def _amend(path: Path, outcome: "RanksOutcome") -> dict:
         # line (its error file) is the root cause.
         run_line["status"], run_line["error"] = outcome.status, outcome.error
         changed = True
-        log.error(outcome.error)
+        run_line["_replaced_root_cause"] = True
     elif run_line.get("status") != outcome.status and run_line.get("status") != "ok":
         rank_said = run_line.get("error")
         run_line["status"] = outcome.status
@@ -87,10 +88,12 @@ def _amend(path: Path, outcome: "RanksOutcome") -> dict:
     if outcome.writing_suffix and not run_line.get("incomplete_suffix"):
         run_line["incomplete_suffix"] = outcome.writing_suffix
         changed = True
+    replaced = run_line.pop("_replaced_root_cause", False)
     if changed:
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("\n".join([json.dumps(run_line), *lines[1:]]) + "\n")
         os.replace(tmp, path)
+    run_line["_replaced_root_cause"] = replaced
     return run_line
 
 
