@@ -72,3 +72,47 @@ def moto_s3():
 def moto_uri(moto_s3) -> str:
     """A fresh prefix in moto's bucket for one test."""
     return f"s3://{moto_s3.bucket}/t-{uuid.uuid4().hex[:8]}"
+
+
+# -- the suite leaves nothing behind -------------------------------------------------------
+# Every process the tests start writes its temporary files under a directory of this
+# session (TMPDIR); at the end it must hold none of ours, and /tmp none of the sockets of
+# the servers this session started.
+_LEFTOVER_PATTERNS = ("dcp-fsdp-*", "seaweedfs-*.sock")
+
+
+def pytest_sessionstart(session):
+    import os
+    import tempfile
+
+    from dcp_fsdp.lifeline import owned_tempdir
+
+    # Named after this process: if the session is killed, the next dcp-fsdp run removes it.
+    session_tmp = str(owned_tempdir("dcp-fsdp-tests-"))
+    session.config._dcp_fsdp_tmp = session_tmp
+    session.config._dcp_fsdp_tmp_before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = session_tmp
+    tempfile.tempdir = None  # tempfile reads TMPDIR again
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    session_tmp = getattr(session.config, "_dcp_fsdp_tmp", None)
+    if session_tmp is None:
+        return
+    before = session.config._dcp_fsdp_tmp_before
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
+    left = sorted(str(p) for pattern in _LEFTOVER_PATTERNS
+                  for p in Path(session_tmp).glob(pattern))
+    shutil.rmtree(session_tmp, ignore_errors=True)
+    if left:
+        print(f"\ndcp-fsdp: the test session left temporary files behind: {left}")
+        session.exitstatus = 1

@@ -55,7 +55,8 @@ def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
     run_line = _amend(path, outcome)
     if outcome.status == "interrupted":
         log.error("interrupted")
-    elif outcome.error and (not rank_wrote or " was killed by " in outcome.error):
+    elif outcome.error and (not rank_wrote or " was killed by " in outcome.error
+                            or run_line.get("_replaced_root_cause")):
         log.error(outcome.error)  # no rank said it: it was killed, or never got going
     _partial_checkpoints(cfg, run_line, env or {})
 
@@ -66,7 +67,19 @@ def _amend(path: Path, outcome: "RanksOutcome") -> dict:
     lines = path.read_text().splitlines()
     run_line = json.loads(lines[0])
     changed = False
-    if run_line.get("status") != outcome.status and run_line.get("status") != "ok":
+    if outcome.status == "interrupted" and run_line.get("error") != outcome.error:
+        # Only the parent knows a signal came from outside: a rank stuck in a collective
+        # handles it late, when its peers are already gone, and may call it a failure.
+        run_line["status"], run_line["error"] = outcome.status, outcome.error
+        changed = True
+    elif (outcome.status == "failed" and outcome.error
+          and "stopped after rank" in (run_line.get("error") or "")):
+        # The rank that recorded was stopped because another ended first: that rank's own
+        # line (its error file) is the root cause.
+        run_line["status"], run_line["error"] = outcome.status, outcome.error
+        changed = True
+        run_line["_replaced_root_cause"] = True
+    elif run_line.get("status") != outcome.status and run_line.get("status") != "ok":
         rank_said = run_line.get("error")
         run_line["status"] = outcome.status
         run_line["error"] = (outcome.error if not rank_said or rank_said == outcome.error
@@ -75,17 +88,21 @@ def _amend(path: Path, outcome: "RanksOutcome") -> dict:
     if outcome.writing_suffix and not run_line.get("incomplete_suffix"):
         run_line["incomplete_suffix"] = outcome.writing_suffix
         changed = True
+    replaced = run_line.pop("_replaced_root_cause", False)
     if changed:
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("\n".join([json.dumps(run_line), *lines[1:]]) + "\n")
         os.replace(tmp, path)
+    run_line["_replaced_root_cause"] = replaced
     return run_line
 
 
 def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, str]) -> None:
     """Name the checkpoint a stopped save left behind, and abort its open uploads."""
-    candidates = [s for s in [run_line.get("incomplete_suffix"), *run_line.get("suffixes", [])]
-                  if s]
+    # The save in progress, and the last one recorded (an async save returns before its
+    # upload is committed); earlier ones were committed before the next began.
+    candidates = [s for s in [run_line.get("incomplete_suffix"),
+                              *run_line.get("suffixes", [])[-1:]] if s]
     if not candidates or cfg.command.value == "load":
         return
     if os.environ.get(contract.EMBEDDED_ENV) == "1" or env.get(contract.EMBEDDED_ENV) == "1":

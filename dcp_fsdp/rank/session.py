@@ -55,6 +55,7 @@ class InterruptGuard:
     def __init__(self) -> None:
         self.signal_name: str | None = None
         self.ended_peers: list[int] = []  # ranks of this node gone when a SIGTERM came
+        self.finishing = False  # the run has its outcome: a signal now must not cut the record
 
     def install(self) -> None:
         signal.signal(signal.SIGINT, self._on_signal)
@@ -62,7 +63,7 @@ class InterruptGuard:
         signal.signal(getattr(signal, contract.PEER_FAILED_SIGNAL_NAME), self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:
-        if self.signal_name is not None:
+        if self.signal_name is not None or self.finishing:
             return
         self.signal_name = signal.Signals(signum).name
         if signum == signal.SIGTERM:
@@ -242,9 +243,16 @@ class RankSession:
         surviving rank of its node does, so a failure is never left unrecorded."""
         if self.is_coordinator:
             return True
-        ended = self.guard.ended_peers
-        if status == "ok" or 0 not in ended:
+        if status == "ok":
             return False
+        # No signal may have come: a collective with a dead rank 0 fails on its own.
+        ended = self.guard.ended_peers = self.guard.ended_peers or peers.ended_local_peers()
+        if 0 not in ended:
+            return False
+        from dcp_fsdp.launch.checks import record_written
+
+        if record_written(self.cfg.results_dir, self.run.run_id):
+            return False  # rank 0 recorded the run before it ended: keep its fuller record
         return self.rank == min(r for r in range(self.rank + 1) if r not in ended)
 
     # -- the one way out -----------------------------------------------------------------
@@ -265,6 +273,10 @@ class RankSession:
         samples = self.samples()
         if not (self.writes_record(status) and self.run.run_id):
             return
+        if not self.is_coordinator and error_line and "stopped after rank" not in error_line:
+            ended = ", ".join(str(r) for r in self.guard.ended_peers)
+            error_line = (f"rank {ended} ended first (killed or crashed); "
+                          f"rank {self.rank}: {error_line}")
         if self.request_log is not None:
             # requests made outside every timed region, all ranks (per rank: just the count)
             untimed = self._untimed_all if self._untimed_all is not None else [self._untimed]
@@ -296,6 +308,7 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:
         session.run_loop(sharded, state_dict)
     except BaseException as error:
         status, error_line, exit_code = _outcome(error, guard, session)
+    guard.finishing = True  # e.g. the agent's SIGTERM while a survivor writes the record
     session.finish(status, error_line)
     if status != "ok":
         write_error_file(status, error_line)

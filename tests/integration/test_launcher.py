@@ -199,11 +199,31 @@ def test_under_plain_torchrun_a_killed_rank_0_still_leaves_a_failed_record(s3, s
     assert_under_elastic_agent(ranks)
     os.kill(ranks[0], signal.SIGKILL)
     try:
-        process.communicate(timeout=90)
+        output, _ = process.communicate(timeout=90)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         raise AssertionError("torchrun still running 90 s after rank 0 was killed")
+    assert len(list(tmp_path.glob("*.jsonl"))) == 1, output
     run, samples = read_run(tmp_path)
     assert run["status"] == "failed", run
     assert "rank 0" in run["error"], run
     assert ("save", 1) in {(s["op"], s["iteration"]) for s in samples}
+
+
+def test_the_embedded_server_leaves_no_socket_in_tmp(tmp_path, monkeypatch):
+    """SeaweedFS puts its gRPC sockets in /tmp whatever TMPDIR says; stop() removes them."""
+    import tempfile
+
+    from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    server = EmbeddedS3()
+    server.start()
+    try:
+        ports = list(server.ports.values())
+        sockets = [p for port in ports for p in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
+        assert sockets, "SeaweedFS made no socket in /tmp: nothing to check"
+    finally:
+        server.stop()
+    assert not [p for port in ports for p in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
+    assert ours(tmp_path) == []

@@ -274,3 +274,40 @@ def test_batch_scripts_on_two_emulated_nodes(cluster: Cluster):
     print(f"\nSlurm batch jobs: {time.monotonic() - started:.0f} s; run times: "
           + ", ".join(f"{ended[j]['JobName']}@{ended[j]['NumNodes']}={ended[j]['RunTime']}"
                       for j in [*save.values(), *load.values(), *stress.values()]))
+
+
+def _rank_zero_of(job_id: str) -> int | None:
+    """The pid of rank 0 of a Slurm job (a child of torch's agent: its parent has no RANK)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = dict(entry.split(b"=", 1) for entry in (proc / "environ").read_bytes()
+                       .split(b"\0") if b"=" in entry)
+        except OSError:
+            continue
+        if env.get(b"SLURM_JOB_ID") == job_id.encode() and env.get(b"RANK") == b"0" \
+                and b"TORCHELASTIC_RUN_ID" in env:
+            return int(proc.name)
+    return None
+
+
+def test_a_killed_rank_0_is_recorded_as_failed_on_slurm(cluster: Cluster):
+    """Under Slurm (srun + torchrun), SIGKILL rank 0 mid-run: the job fails, and the
+    record, written by the surviving rank, says failed and names rank 0."""
+    job = cluster.submit("batch.sh", 1, ITERATIONS="200", NPROC_PER_NODE="2",
+                         RESULTS_DIR=str(cluster.results / "kill0"))
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while "saved suffix=" not in cluster.log(job):
+        assert time.monotonic() < deadline, cluster.log(job) + cluster.diagnostics()
+        time.sleep(0.5)
+    pid = _rank_zero_of(job)
+    assert pid is not None, cluster.log(job)
+    os.kill(pid, 9)
+    info = cluster.wait(job)[job]
+    log = cluster.log(job)
+    assert info["JobState"] == "FAILED", log
+    runs = runs_by_job(cluster.results / "kill0")
+    assert job in runs, f"no record for job {job}\n{log}"
+    run = runs[job]["run"]
+    assert run["status"] == "failed" and "rank 0" in run["error"], run

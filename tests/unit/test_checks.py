@@ -91,12 +91,14 @@ def test_rank_record_falls_back_when_results_dir_cannot_be_written(tmp_path, fal
 
 
 def test_launcher_failure_record_falls_back_too(tmp_path, fallback_tmp):
-    from dcp_fsdp.launch import local
+    from dcp_fsdp.launch import aftermath
+    from dcp_fsdp.launch.local import RanksOutcome
 
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     cfg = compose("save", [f"results_dir={blocker}"])
-    local._write_failure_record(cfg, "20260101-000000-save-fedcba", 1, [])
+    aftermath.settle(cfg, "20260101-000000-save-fedcba",
+                     RanksOutcome(1, "failed", "rank 0 was killed by SIGKILL"))
     assert checks.record_written(cfg.results_dir, "20260101-000000-save-fedcba")
     assert (fallback_tmp / "20260101-000000-save-fedcba.jsonl").exists()
 

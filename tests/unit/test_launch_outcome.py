@@ -1,0 +1,54 @@
+"""How the launcher reads torch's elastic agent's report (per-rank exit codes and error
+files) into an exit code, a status and one line, and corrects a record a stopped rank
+wrote. No processes: the agent's summary as it writes it."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+from dcp_fsdp import contract
+from dcp_fsdp.launch import aftermath
+from dcp_fsdp.launch.local import RanksOutcome, _outcome
+
+
+def failure(exitcode, message="", timestamp=100, signal_name=None):
+    return {"local_rank": 0, "pid": 1, "exitcode": exitcode, "signal": signal_name,
+            "message": message, "timestamp": timestamp}
+
+
+def test_a_killed_rank_is_the_root_cause_not_the_rank_it_stopped():
+    summary = {"outcome": "failed", "failures": {
+        "0": failure(1, "failed: stopped after rank 1 ended first (...)", timestamp=99),
+        "1": failure(-9, "Signal 9 (SIGKILL) received by PID 7", 101, "SIGKILL")}}
+    outcome = _outcome(1, summary, None)
+    assert (outcome.exit_code, outcome.status) == (contract.EXIT_FAILED, "failed")
+    assert outcome.error == "rank 1 was killed by SIGKILL"
+
+
+def test_a_rank_error_keeps_its_exit_code_and_line():
+    summary = {"outcome": "failed", "failures": {"0": failure(2, "failed: suffix=x: bad")}}
+    outcome = _outcome(1, summary, None)
+    assert (outcome.exit_code, outcome.error) == (contract.EXIT_USER_ERROR, "rank 0: suffix=x: bad")
+
+
+def test_the_parents_signal_makes_it_an_interrupt():
+    outcome = _outcome(130, {"outcome": "interrupted", "signal": "SIGTERM"}, signal.SIGINT)
+    assert (outcome.exit_code, outcome.status, outcome.error) == (
+        contract.EXIT_INTERRUPTED, "interrupted", "interrupted by SIGINT")
+    assert _outcome(0, {}, None).status == "ok"
+    assert _outcome(-9, {}, None).status == "failed"  # the agent died without a word
+
+
+def test_a_record_from_a_stopped_rank_is_corrected(tmp_path):
+    path = tmp_path / "r.jsonl"
+    sample = {"record": "sample", "op": "save"}
+    path.write_text(json.dumps({"record": "run", "status": "interrupted",
+                                "error": "interrupted by SIGTERM"}) + "\n"
+                    + json.dumps(sample) + "\n")
+    outcome = RanksOutcome(1, "failed", "rank 1 was killed by SIGKILL", writing_suffix="s1")
+    aftermath._amend(path, outcome)
+    run, kept = [json.loads(line) for line in path.read_text().splitlines()]
+    assert run["status"] == "failed" and run["error"].startswith("rank 1 was killed by SIGKILL")
+    assert run["incomplete_suffix"] == "s1" and "_replaced_root_cause" not in run
+    assert kept == sample
