@@ -174,6 +174,9 @@ def parse_error_line(overrides: list[str], error: BaseException) -> str:
             key, _, value = override.partition("=")
             if not _ or not value:
                 return f"'{override}': cannot parse it; write settings as key=value"
+            if value.count("[") != value.count("]") or value.count("{") != value.count("}"):
+                return (f"{key}: cannot parse the value {value!r} (its brackets do not pair "
+                        f"up); write a list as {key}=[a,b], or quote a text: {key}='{value}'")
             quote = '"' if "'" in value else "'"
             return (f"{key}: cannot parse the value {value!r} (non-ASCII letters and ~ ' ( ) "
                     f"[ ] {{ }} = # & must be quoted); write it as {key}={quote}{value}{quote}, "
