@@ -119,7 +119,7 @@ def cases(ctx):  # noqa: C901 - one long list of cases, on purpose
         out.append({"name": name, "args": args, "expect": "ok", "env": env or {}, **extra})
 
     # -- commands and syntax ----------------------------------------------------------
-    bad("no command", [], "")
+    good("no command: the usage, exit 2", [], exit_code=2, says="usage: dcp-fsdp COMMAND")
     bad("unknown command sav", ["sav"], "did you mean save")
     bad("unknown command lod", ["lod"], "did you mean load")
     bad("unknown command s3server", ["s3server"], "s3-server")
