@@ -45,7 +45,7 @@ class CheckpointInfo:
 
 def check_suffix(suffix: str) -> None:
     if not _SUFFIX.match(suffix):
-        raise UserError(f"suffix={suffix}: start with a letter or digit, then use letters, "
+        raise UserError(f"suffix={suffix}: start with an ASCII letter or digit, then use letters, "
                         "digits, '.', '_' and '-' only, e.g. suffix=run-1")
 
 
