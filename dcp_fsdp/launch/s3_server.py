@@ -227,7 +227,12 @@ def main(args: list[str]) -> int:
         bucket = arg.split("=", 1)[1]
         from dcp_fsdp.config.validate import parse_s3_uri
 
-        parse_s3_uri(f"s3://{bucket}")  # the same bucket-name rules, the same message
+        try:
+            parse_s3_uri(f"s3://{bucket}")  # the same bucket-name rules
+        except UserError:
+            raise UserError(f"s3-server bucket={bucket}: not a valid S3 bucket name; use 3-63 "
+                            "lowercase letters, digits, dots and hyphens, e.g. bucket=ckpt"
+                            ) from None
     where = state_dir()
     if action == "start":
         return start(where, bucket)
