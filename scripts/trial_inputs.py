@@ -119,7 +119,7 @@ def cases(ctx):  # noqa: C901 - one long list of cases, on purpose
         out.append({"name": name, "args": args, "expect": "ok", "env": env or {}, **extra})
 
     # -- commands and syntax ----------------------------------------------------------
-    bad("no command", [], "")
+    good("no command: the usage, exit 2", [], exit_code=2, says="usage: dcp-fsdp COMMAND")
     bad("unknown command sav", ["sav"], "did you mean save")
     bad("unknown command lod", ["lod"], "did you mean load")
     bad("unknown command s3server", ["s3server"], "s3-server")
@@ -201,7 +201,9 @@ def cases(ctx):  # noqa: C901 - one long list of cases, on purpose
                           ("storage.region=us east", "storage.region"),
                           ("storage.region=", "storage.region"),
                           ("storage.endpoint=", "storage.endpoint")]:
-        bad(arg, ["save", arg], fragment)
+        # an endpoint is checked with a bucket (without one, the missing uri is the error)
+        given = [f"storage.uri={uri}", arg] if arg.startswith("storage.endpoint") else [arg]
+        bad(arg, ["save", *given], fragment)
     bad("endpoint without uri", ["save", f"storage.endpoint={s3.endpoint_url}"], "storage.uri")
     bad("storage.path with s3", ["save", f"storage.path={tmp}"], "storage=fs")
     bad("storage=fs without path", ["save", "storage=fs"], "storage.path")
@@ -216,11 +218,14 @@ def cases(ctx):  # noqa: C901 - one long list of cases, on purpose
     bad("storage.path on /proc", ["save", "storage=fs", "storage.path=/proc/dcp-fsdp"],
         "storage.path")
     # -- suffixes ---------------------------------------------------------------------
-    for value in ["..", ".", "-x", "a/b", "_x", "ü"]:
+    for value in ["..", ".", "-x", "a/b", "_x"]:
         bad(f"suffix={value}", ["save", *fs, f"suffix={value}"], ["suffix", "letter or digit"])
+    bad("suffix=ü", ["save", *fs, "suffix=ü"], ["suffix", "quoted"])
+    bad("suffix='ü' (quoted)", ["save", *fs, "suffix='ü'"], ["suffix", "letter or digit"])
     bad("suffix of 256 bytes (fs)", ["save", *fs, "suffix=" + "a" * 256], ["suffix", "255"])
-    bad("suffix of 250 bytes x 100 iterations (fs)", ["save", *fs, "suffix=" + "a" * 250,
-                                                      "iterations=100"], "255")
+    bad("suffix of 252 bytes, iterations=100 (fs): NAME-100 is 256", ["save", *fs, "suffix="
+                                                                     + "a" * 252,
+                                                                     "iterations=100"], "255")
     bad("suffix of 1000 bytes (s3)", ["save", *at, "suffix=" + "a" * 1000], ["suffix", "1024"],
         env=keys)
     bad("save suffix that exists (s3)", ["save", *at, f"suffix={ctx['s3_suffix']}", "nproc=2"],

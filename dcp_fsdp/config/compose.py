@@ -161,18 +161,32 @@ def check_overrides(overrides: list[str]) -> set[str]:
             if value not in presets:
                 raise UserError(f"model={value}: unknown preset{_close(str(value), presets)}; "
                                 f"choose one of {', '.join(presets)}")
+        if (key in _bool_settings() and isinstance(value, (int, float))
+                and not isinstance(value, bool) and value not in (0, 1)):
+            # OmegaConf would read any other number as true: refuse, do not guess
+            raise UserError(f"{key}={value}: give true or false")
         if key == "storage" and value is not None and value not in ("s3", "fs"):
             raise UserError(f"storage={value}: unknown storage; choose s3 or fs")
         given.add(key)
     return given
 
 
+def _bool_settings() -> set[str]:
+    from dcp_fsdp.config.schema import iter_settings
+
+    return {name for name, type_name, _, _ in iter_settings() if type_name == "bool"}
+
+
 def _close(value: str, choices: list[str]) -> str:
-    """'; did you mean X?' for a typo (case first: L7B is L7b), else ''."""
+    """'; did you mean X?' for a typo (case and punctuation first: L7B is L7b, gpt4b is
+    GPT-4B), else ''."""
     import difflib
 
-    same_case = [choice for choice in choices if choice.lower() == value.lower()]
-    close = same_case or difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
+    def plain(text: str) -> str:
+        return re.sub(r"[^a-z0-9]", "", text.lower())
+
+    same = [choice for choice in choices if plain(choice) == plain(value)]
+    close = same or difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
     return f"; did you mean {close[0]}?" if close else ""
 
 
@@ -189,6 +203,9 @@ def parse_error_line(overrides: list[str], error: BaseException) -> str:
             key, _, value = override.partition("=")
             if not _ or not value:
                 return f"'{override}': cannot parse it; write settings as key=value"
+            if value.count("[") != value.count("]") or value.count("{") != value.count("}"):
+                return (f"{key}: cannot parse the value {value!r} (its brackets do not pair "
+                        f"up); write a list as {key}=[a,b], or quote a text: {key}='{value}'")
             quote = '"' if "'" in value else "'"
             return (f"{key}: cannot parse the value {value!r} (non-ASCII letters and ~ ' ( ) "
                     f"[ ] {{ }} = # & must be quoted); write it as {key}={quote}{value}{quote}, "

@@ -94,6 +94,7 @@ def check_setting_name(written: str, key: str, package: str | None = None) -> No
     """`key` (as written: `written`, with any +, ++ or ~) names a setting, or UserError
     naming it and the closest real setting."""
     if package:
+        written = written.split("@", 1)[0]
         raise UserError(f"{written}@{package}: package overrides (@) are not supported; "
                         f"write {key}=VALUE")
     if key in setting_names() or key in NODES:

@@ -37,10 +37,25 @@ USAGE = ("usage: dcp-fsdp s3-server start|status|env|stop [bucket=NAME]\n"
          "state and data: $XDG_RUNTIME_DIR/dcp-fsdp-s3 (else ~/.cache/dcp-fsdp-s3)")
 
 
+# Unix socket paths are limited to 107 bytes; SeaweedFS puts its sockets in the server's
+# directory (dcp-fsdp-s3/dcp-fsdp-s3-XXXXXXXX/filer.sock): leave room for those names.
+SOCKET_PATH_MAX = 107
+SOCKET_NAME_ROOM = 48
+
+
 def state_dir() -> Path:
+    """$XDG_RUNTIME_DIR/dcp-fsdp-s3, else ~/.cache/dcp-fsdp-s3 (also when the runtime
+    directory's path is too long for SeaweedFS's sockets)."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(runtime) if runtime and Path(runtime).is_dir() else Path.home() / ".cache"
-    return base / "dcp-fsdp-s3"
+    candidates = [Path(runtime)] if runtime and Path(runtime).is_dir() else []
+    candidates.append(Path.home() / ".cache")
+    for base in candidates:
+        where = base / "dcp-fsdp-s3"
+        if len(str(where).encode()) + SOCKET_NAME_ROOM <= SOCKET_PATH_MAX:
+            return where
+    raise UserError(f"s3-server: {candidates[-1] / 'dcp-fsdp-s3'} is too long a path for the "
+                    f"server's sockets ({SOCKET_PATH_MAX} bytes with their names); set "
+                    "XDG_RUNTIME_DIR to a short directory, e.g. XDG_RUNTIME_DIR=/run/user/$(id -u)")
 
 
 def _alive(pid: int | None) -> bool:
@@ -136,11 +151,15 @@ def start(where: Path, bucket: str) -> int:
 
 
 def _tail(path: Path) -> str:
+    """The line that says why: SeaweedFS's fatal log line (F...) or panic, else the last."""
+    import re
+
     try:
         lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         return "no log"
-    return lines[-1] if lines else "no log"
+    fatal = [line for line in lines if re.match(r"^(F\d{4} |panic: )", line)]
+    return (fatal or lines or ["no log"])[0 if fatal else -1]
 
 
 def stop(where: Path) -> int:
@@ -208,7 +227,12 @@ def main(args: list[str]) -> int:
         bucket = arg.split("=", 1)[1]
         from dcp_fsdp.config.validate import parse_s3_uri
 
-        parse_s3_uri(f"s3://{bucket}")  # the same bucket-name rules, the same message
+        try:
+            parse_s3_uri(f"s3://{bucket}")  # the same bucket-name rules
+        except UserError:
+            raise UserError(f"s3-server bucket={bucket}: not a valid S3 bucket name; use 3-63 "
+                            "lowercase letters, digits, dots and hyphens, e.g. bucket=ckpt"
+                            ) from None
     where = state_dir()
     if action == "start":
         return start(where, bucket)

@@ -112,8 +112,9 @@ class S3ControlPlane:
         if isinstance(error, (bx.EndpointConnectionError, bx.ConnectTimeoutError,
                               bx.ReadTimeoutError)):
             target = self.target.endpoint or f"AWS S3 in {self.target.region}"
-            return UserError(f"{self.target.endpoint_source}={target}: cannot connect ({type(error).__name__}); "
-                             "check the address and that the server is up")
+            return UserError(f"{self.target.endpoint_source}={target}: cannot connect "
+                             f"({type(error).__name__}); check the address and that the server "
+                             "is up")
         if isinstance(error, bx.ClientError):
             response = error.response
             code = str(response.get("Error", {}).get("Code", ""))

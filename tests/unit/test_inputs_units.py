@@ -77,3 +77,21 @@ def test_savebatch_prints_a_load_command_that_keeps_the_settings():
                      "storage.part_size_mib=16"]
     header = (REPO / "batch" / "loadbatch.sh").read_text()
     assert "cut -d, -f1" not in header and "tail -1" in header  # the last suffix, as savebatch
+
+
+def test_settings_typos_found_by_the_trial():
+    import pytest
+
+    from dcp_fsdp.config.compose import compose
+    from dcp_fsdp.errors import UserError
+
+    for overrides, fragment in ((["integrity=2"], "integrity=2: give true or false"),
+                                (["model=gpt4b"], "did you mean GPT-4B?"),
+                                (["model=L7B"], "did you mean L7b?"),
+                                (["results_dir=[a"], "brackets do not pair up"),
+                                (["storage.path=~/x"], "storage.path='~/x'"),
+                                (["model@pkg=L7b"], "model@pkg: package")):
+        with pytest.raises(UserError) as refused:
+            compose("save", overrides)
+        assert fragment in str(refused.value), (overrides, str(refused.value))
+    assert compose("save", ["integrity=0"]).integrity is False  # 0 and 1 stay booleans
