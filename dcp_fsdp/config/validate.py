@@ -7,8 +7,8 @@ import functools
 import math
 import re
 
-from dcp_fsdp.config.schema import (BenchmarkConfig, Command, PrefixStrategy, SaveMode,
-                                    StorageKind, iter_settings)
+from dcp_fsdp.config.schema import (BenchmarkConfig, Command, PrefixStrategy, ReaderKind,
+                                    SaveMode, StorageKind, iter_settings)
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.models.presets import PRESETS
 from dcp_fsdp.storage import layout
@@ -32,7 +32,7 @@ S3_ONLY = frozenset({"storage.uri", "storage.region", "storage.endpoint", "stora
                      "storage.throughput_target_gbps", "storage.max_attempts",
                      "storage.force_path_style", "storage.prefix_strategy", "storage.prefix_count",
                      "storage.round_robin_prefixes", "storage.reader",
-                     "storage.connect_timeout_s"})
+                     "storage.connect_timeout_s", "storage.max_gap_size_mib"})
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[^/]+)(?:/(?P<prefix>.*))?$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -93,6 +93,9 @@ def check_storage_settings(cfg: BenchmarkConfig, given: set[str]) -> None:
         if kind == StorageKind.fs and name in S3_ONLY:
             raise UserError(f"{name} is used only with storage=s3, and this run uses storage=fs: "
                             f"remove {name}, or use storage=s3")
+        if name == "storage.max_gap_size_mib" and cfg.storage.reader != ReaderKind.dcp_optimized:
+            raise UserError(f"{name} is used only with storage.reader=dcp_optimized, and this run "
+                            f"uses storage.reader={cfg.storage.reader.value}: remove {name}")
 
 
 def _value(cfg: BenchmarkConfig, name: str):
@@ -117,6 +120,7 @@ def _check_numbers(cfg: BenchmarkConfig) -> None:
         ("storage.throughput_target_gbps", 0, None, False),
         ("storage.connect_timeout_s", 0, 600.0, False),
         ("storage.prefix_count", 1, None, True),
+        ("storage.max_gap_size_mib", 0, None, True),
     )
     for name, lowest, highest, lowest_ok in ranges:
         value = _value(cfg, name)
@@ -145,6 +149,9 @@ def validate(cfg: BenchmarkConfig) -> None:
     if cfg.train_step_s > 0 and cfg.save_mode != SaveMode["async"]:
         raise UserError(f"train_step_s={cfg.train_step_s:g}: training steps run only while an "
                         "async save uploads; add save_mode=async (or drop train_step_s)")
+    if cfg.plan_caching and cfg.save_mode != SaveMode.sync:
+        raise UserError("plan_caching=true: applies to sync saves only; remove it, or "
+                        "use save_mode=sync")
     if cfg.command == Command.load and not cfg.suffix:
         raise UserError("suffix is not set: `load` needs the suffix a save printed, e.g. "
                         "suffix=2026-11-22-13-45-ab12 (`dcp-fsdp list` shows them)")

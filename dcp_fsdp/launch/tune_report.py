@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from dcp_fsdp.launch.tune_search import MIN_FINAL_SCORES, SearchResult, settings_key
+from dcp_fsdp.launch.tune_search import MIN_FINAL_SCORES, SearchResult, applies, settings_key
 
 RULE = (f"a setting is recommended only when each of its final scores (measured in rounds "
         f"beside the defaults) is above every final score of the defaults, with at least "
@@ -28,7 +28,8 @@ def _changed(settings: dict[str, Any], defaults: dict[str, Any]) -> dict[str, An
     return {k: v for k, v in settings.items() if str(v) != str(defaults.get(k))}
 
 
-def result_summary(result: SearchResult, wall_s: float, session_dir: Path) -> dict[str, Any]:
+def result_summary(result: SearchResult, wall_s: float, session_dir: Path,
+                   requires: dict[str, Any] | None = None) -> dict[str, Any]:
     finalist_keys = {settings_key(s) for s in result.finalists}
     ranking = []
     for ranked in result.ranking:
@@ -48,6 +49,9 @@ def result_summary(result: SearchResult, wall_s: float, session_dir: Path) -> di
         "defaults": result.defaults, "finalists": result.finalists,
         "searched": result.searched, "stopped": result.stopped, "ranking": ranking,
         "recommended": result.recommended, "best": result.best.settings,
+        # what a run accepts: a setting without effect under the others left out
+        "overrides": {k: v for k, v in result.best.settings.items()
+                      if applies(k, result.best.settings, requires or {})},
         "gain": result.gain, "noise": result.noise, "rule": RULE,
         "ceiling": {k: ceiling[k] for k in ("raw_put_mib_s", "raw_get_mib_s") if k in ceiling},
         "wall_s": wall_s, "session_dir": str(session_dir)}
@@ -119,4 +123,4 @@ def print_result(summary: dict[str, Any]) -> None:
         print("efficiency of the recommendation against the ceiling (raw PUT/GET of the same "
               "objects with the defaults' client settings): " + "; ".join(parts))
     print(f"records: {summary['session_dir']} (dcp-fsdp report {summary['session_dir']})")
-    print(f"OVERRIDES={override_line(summary['best'])}", flush=True)
+    print(f"OVERRIDES={override_line(summary['overrides'])}", flush=True)

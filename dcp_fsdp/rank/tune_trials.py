@@ -124,7 +124,7 @@ class TuneTrials:
             return self._trial(settings, role)
 
         search = Search(spec["space"], spec["start"], run_trial, budget, spec["repeats"],
-                        say=log.info)
+                        say=log.info, requires=spec.get("requires"))
         try:
             result = search.run()
         except RuntimeError as error:  # the defaults failed: nothing to compare with
@@ -134,7 +134,8 @@ class TuneTrials:
         broadcast_object(("stop", None))
         from dcp_fsdp.launch.tune_report import print_result, result_summary
 
-        summary = result_summary(result, time.monotonic() - spec["started_mono"], self.session_dir)
+        summary = result_summary(result, time.monotonic() - spec["started_mono"], self.session_dir,
+                                 spec.get("requires"))
         (self.session_dir / "tune.json").write_text(json.dumps(summary, indent=1) + "\n")
         print_result(summary)
 

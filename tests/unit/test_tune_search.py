@@ -170,3 +170,16 @@ def test_a_winner_beyond_the_spread_is_recommended():
     assert result.recommended == {"part": 16}
     assert result.best.settings == {"part": 16}
     assert result.gain == pytest.approx(119 / 100 - 1)
+
+
+def test_a_setting_that_needs_another_value_is_searched_only_under_it():
+    """The reader's gap size means nothing to a reader that has none: once the descent
+    moves to reader=b, no gap value is tried."""
+    space = {"reader": ["a", "b"], "gap": [32, 0, 128]}
+    defaults = {"reader": "a", "gap": 32}
+    runs = FakeRuns(lambda s: 200 if s["reader"] == "b" else 100)
+    result = Search(space, defaults, runs, Budget(10_000.0, None, 0.0, clock=runs.clock), 2,
+                    requires={"gap": ("reader", "a")}).run()
+    searched = [s for s, role in runs.calls if role == "search"]
+    assert searched == [{"reader": "b", "gap": 32}]
+    assert result.recommended == {"reader": "b", "gap": 32}
