@@ -80,8 +80,13 @@ def verdict_lines(summary: dict[str, Any]) -> list[str]:
                 f"median gain {summary['gain'] * 100:+.1f} %)", seen]
     others = [r for r in summary["ranking"] if r["finalist"] and r["final_scores_mib_s"]
               and override_line(r["settings"]) != override_line(defaults)]
-    lines = ["recommended: keep the defaults: no setting beat them beyond the measured "
-             "spread (" + RULE + ")", seen]
+    if len(base) < MIN_FINAL_SCORES:
+        lines = [f"recommended: keep the defaults: {len(base)} final round(s), too few to tell "
+                 "a setting from noise; raise tune.budget_s (or tune.trials, tune.repeats)",
+                 seen]
+    else:
+        lines = ["recommended: keep the defaults: no setting beat them beyond the measured "
+                 "spread (" + RULE + ")", seen]
     for row in others:
         scores = row["final_scores_mib_s"]
         lines.append(f"  candidate {override_line(_changed(row['settings'], defaults))}: final "

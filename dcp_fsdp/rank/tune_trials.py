@@ -78,6 +78,7 @@ class TuneTrials:
         self.count = 0
         self.ceiling_done = False
         self.init_rows: list = []
+        self.async_saver = None
         # the session's run line, as the launcher named it: what an interrupt records
         self.base_run = dataclasses.replace(session.run)
 
@@ -161,6 +162,10 @@ class TuneTrials:
                                              self.state_dict, request_log=session.request_log,
                                              say=lambda message: None,
                                              on_timeout=session.on_timeout)
+        # One async saver for the session (its stager, thread or upload process are set up
+        # once, as in a run of many saves): only the storage settings change per trial.
+        if self.async_saver is not None:
+            loop._async_saver = self.async_saver
         status, error_line = "ok", None
         try:
             loop.run()
@@ -174,6 +179,7 @@ class TuneTrials:
             from dcp_fsdp.rank.failures import root_cause
 
             status, error_line = "failed", root_cause(error)
+        self.async_saver = getattr(loop, "_async_saver", None)
         if not session.is_coordinator:
             session.loop, session.run = None, dataclasses.replace(self.base_run)
             return Trial(settings, role, None, time.monotonic() - started)
