@@ -111,6 +111,9 @@ class StorageConfig:
                                                      "prefixes, e.g. [a,b,c]")
     reader: ReaderKind = setting(ReaderKind.dcp_optimized,
                                  "s3: load reader: dcp_optimized, sequential, range_based")
+    max_gap_size_mib: float = setting(32.0, "s3: reader=dcp_optimized only: byte ranges of one "
+                                            "object closer than this are read in one stream, "
+                                            "MiB (0: no coalescing; 32: the connector's default)")
     path: Optional[str] = setting(None, "fs: checkpoint directory (local disk, NFS, Lustre); "
                                         "needs storage=fs")
     sync_files: bool = setting(True, "fs: fsync every file a save writes, inside the timed "
@@ -188,6 +191,9 @@ class BenchmarkConfig:
     save_mode: SaveMode = setting(SaveMode.sync, "sync (dcp.save) or async (dcp.async_save: "
                                                  "blocked_s vs persisted_s)")
     async_save: AsyncSaveConfig = dataclasses.field(default_factory=AsyncSaveConfig)
+    plan_caching: bool = setting(False, "sync saves: DCP's save plan caching (DefaultSavePlanner("
+                                        "enable_plan_caching=True)): a save whose local plans "
+                                        "did not change skips sending them to the coordinator")
     train_step_s: float = setting(0.0, "async: length of a simulated training step (matmuls on "
                                        "the rank's device) run while the upload proceeds; 0: off; "
                                        "needs save_mode=async")

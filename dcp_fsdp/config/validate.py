@@ -8,8 +8,8 @@ import math
 import re
 from pathlib import Path
 
-from dcp_fsdp.config.schema import (BenchmarkConfig, Command, PrefixStrategy, SaveMode,
-                                    StorageKind, iter_settings)
+from dcp_fsdp.config.schema import (BenchmarkConfig, Command, PrefixStrategy, ReaderKind,
+                                    SaveMode, StorageKind, iter_settings)
 from dcp_fsdp.errors import UserError
 
 S3_MIN_PART_SIZE_MIB = 5  # S3 rejects multipart parts below 5 MiB (except the last)
@@ -31,7 +31,7 @@ S3_ONLY = frozenset({"storage.uri", "storage.region", "storage.endpoint", "stora
                      "storage.throughput_target_gbps", "storage.max_attempts",
                      "storage.force_path_style", "storage.prefix_strategy", "storage.prefix_count",
                      "storage.round_robin_prefixes", "storage.reader",
-                     "storage.connect_timeout_s"})
+                     "storage.connect_timeout_s", "storage.max_gap_size_mib"})
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[^/]+)(?:/(?P<prefix>.*))?$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -128,6 +128,9 @@ def check_storage_settings(cfg: BenchmarkConfig, given: set[str]) -> None:
         if kind == StorageKind.fs and name in S3_ONLY:
             raise UserError(f"{name} is used only with storage=s3, and this run uses storage=fs: "
                             f"remove {name}, or use storage=s3")
+        if name == "storage.max_gap_size_mib" and cfg.storage.reader != ReaderKind.dcp_optimized:
+            raise UserError(f"{name} is used only with storage.reader=dcp_optimized, and this run "
+                            f"uses storage.reader={cfg.storage.reader.value}: remove {name}")
 
 
 def _value(cfg: BenchmarkConfig, name: str):
@@ -152,6 +155,7 @@ def _check_numbers(cfg: BenchmarkConfig) -> None:
         ("storage.throughput_target_gbps", 0, None, False),
         ("storage.connect_timeout_s", 0, 600.0, False),
         ("storage.prefix_count", 1, None, True),
+        ("storage.max_gap_size_mib", 0, None, True),
     )
     for name, lowest, highest, lowest_ok in ranges:
         value = _value(cfg, name)
@@ -185,6 +189,9 @@ def validate(cfg: BenchmarkConfig, conf_dir: Path) -> None:
         raise UserError(f"async_save.steps_between_saves={cfg.async_save.steps_between_saves}: "
                         "the steps between saves need a step length; add train_step_s=0.05 "
                         "(and save_mode=async), or drop steps_between_saves")
+    if cfg.plan_caching and cfg.save_mode != SaveMode.sync:
+        raise UserError("plan_caching=true: applies to sync saves only; remove it, or "
+                        "use save_mode=sync")
     if cfg.command == Command.load and not cfg.suffix:
         raise UserError("suffix is not set: `load` needs the suffix a save printed, e.g. "
                         "suffix=2026-11-22-13-45-ab12 (`dcp-fsdp list` shows them)")

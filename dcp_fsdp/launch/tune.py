@@ -46,10 +46,17 @@ S3_SPACE: dict[str, list[Any]] = {
     "storage.thread_count": [1, 2, 4, 8],
     "storage.part_size_mib": [8, 16, 32, 64],
     "storage.reader": ["dcp_optimized", "sequential", "range_based"],
+    "storage.max_gap_size_mib": [32.0, 0.0, 8.0, 128.0],
     "storage.prefix_strategy": ["default", "binary", "hex"],
     "storage.throughput_target_gbps": [10.0, 25.0, 50.0, 5.0],
 }
 FS_SPACE: dict[str, list[Any]] = {"storage.thread_count": [1, 2, 4, 8]}
+# DCP's own knob, for any storage: sync saves only (validate.py refuses it with async).
+DCP_SPACE: dict[str, list[Any]] = {"plan_caching": [False, True]}
+# A setting that matters only when another has a given value: not searched otherwise, and
+# left out of the OVERRIDES= line (a run refuses it there).
+REQUIRES: dict[str, tuple[str, Any]] = {
+    "storage.max_gap_size_mib": ("storage.reader", "dcp_optimized")}
 
 
 def _get(cfg: BenchmarkConfig, dotted: str) -> Any:
@@ -61,7 +68,9 @@ def _get(cfg: BenchmarkConfig, dotted: str) -> Any:
 
 def search_space(cfg: BenchmarkConfig, overrides: list[str]) -> tuple[dict[str, list[Any]], Settings]:
     """(values to try per setting, the starting settings). Settings the user gave are fixed."""
-    space = S3_SPACE if cfg.storage.kind == StorageKind.s3 else FS_SPACE
+    space = dict(S3_SPACE if cfg.storage.kind == StorageKind.s3 else FS_SPACE)
+    if cfg.save_mode.value == "sync":
+        space.update(DCP_SPACE)
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     start = {name: _get(cfg, name) for name in space}
     tuned = {}
@@ -128,7 +137,8 @@ def tune(overrides: list[str], started_mono: float) -> int:
             _warm_storage(cfg)
             plan = {"session_dir": str(session_dir), "space": space, "start": start,
                     "budget_s": cfg.tune.budget_s, "trials": cfg.tune.trials,
-                    "repeats": cfg.tune.repeats, "started_mono": started_mono}
+                    "repeats": cfg.tune.repeats, "started_mono": started_mono,
+                    "requires": {k: v for k, v in REQUIRES.items() if k in start}}
             plan_path = session_dir / "tune-plan.json"
             plan_path.write_text(json.dumps(plan, indent=1) + "\n")
             cfg.results_dir, cfg.ceiling = str(session_dir), False

@@ -129,6 +129,14 @@ class CheckpointLoop:
             saver.prepare()  # collective, first save only
             baseline_s = saver.baseline()
 
+        planner = None
+        if op == "save" and saver is None:
+            from dcp_fsdp.compat import save_planner
+
+            storage = self.cfg.storage  # plans carry file prefixes: one cache per layout
+            planner = save_planner(self.cfg.plan_caching, f"{storage.kind.value}:"
+                                   f"{storage.prefix_strategy.value}:{storage.prefix_count}:"
+                                   f"{','.join(storage.round_robin_prefixes)}")
         # Built before the barrier: its expected-bytes sum walks the state dict.
         heartbeat = self._heartbeat(op, iteration, None if pickled else timeline)
         memory.begin()
@@ -144,7 +152,7 @@ class CheckpointLoop:
             if saver is not None:
                 timing = saver.save(self.state_dict, storage_io, begin_mono, baseline_s)
             elif op == "save":
-                dcp.save(self.state_dict, storage_writer=storage_io)
+                dcp.save(self.state_dict, storage_writer=storage_io, planner=planner)
             else:
                 dcp.load(self.state_dict, storage_reader=storage_io)
         peak_rss, cuda_peak = memory.end()

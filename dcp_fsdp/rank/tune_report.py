@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from dcp_fsdp.rank.tune_search import MIN_FINAL_SCORES, SearchResult, settings_key
+from dcp_fsdp.rank.tune_search import MIN_FINAL_SCORES, SearchResult, applies, settings_key
 
 RULE = (f"a setting is recommended only when each of its final scores (measured in rounds "
         f"beside the defaults) is above every final score of the defaults, with at least "
@@ -28,7 +28,8 @@ def _changed(settings: dict[str, Any], defaults: dict[str, Any]) -> dict[str, An
     return {k: v for k, v in settings.items() if str(v) != str(defaults.get(k))}
 
 
-def result_summary(result: SearchResult, wall_s: float, session_dir: Path) -> dict[str, Any]:
+def result_summary(result: SearchResult, wall_s: float, session_dir: Path,
+                   requires: dict[str, Any] | None = None) -> dict[str, Any]:
     finalist_keys = {settings_key(s) for s in result.finalists}
     ranking = []
     for ranked in result.ranking:
@@ -48,6 +49,9 @@ def result_summary(result: SearchResult, wall_s: float, session_dir: Path) -> di
         "defaults": result.defaults, "finalists": result.finalists,
         "searched": result.searched, "stopped": result.stopped, "ranking": ranking,
         "recommended": result.recommended, "best": result.best.settings,
+        # what a run accepts: a setting without effect under the others left out
+        "overrides": {k: v for k, v in result.best.settings.items()
+                      if applies(k, result.best.settings, requires or {})},
         "gain": result.gain, "noise": result.noise, "rule": RULE,
         "ceiling": {k: ceiling[k] for k in ("raw_put_mib_s", "raw_get_mib_s") if k in ceiling},
         "wall_s": wall_s, "session_dir": str(session_dir)}
@@ -76,8 +80,13 @@ def verdict_lines(summary: dict[str, Any]) -> list[str]:
                 f"median gain {summary['gain'] * 100:+.1f} %)", seen]
     others = [r for r in summary["ranking"] if r["finalist"] and r["final_scores_mib_s"]
               and override_line(r["settings"]) != override_line(defaults)]
-    lines = ["recommended: keep the defaults: no setting beat them beyond the measured "
-             "spread (" + RULE + ")", seen]
+    if len(base) < MIN_FINAL_SCORES:
+        lines = [f"recommended: keep the defaults: {len(base)} final round(s), too few to tell "
+                 "a setting from noise; raise tune.budget_s (or tune.trials, tune.repeats)",
+                 seen]
+    else:
+        lines = ["recommended: keep the defaults: no setting beat them beyond the measured "
+                 "spread (" + RULE + ")", seen]
     for row in others:
         scores = row["final_scores_mib_s"]
         lines.append(f"  candidate {override_line(_changed(row['settings'], defaults))}: final "
@@ -119,4 +128,4 @@ def print_result(summary: dict[str, Any]) -> None:
         print("efficiency of the recommendation against the ceiling (raw PUT/GET of the same "
               "objects with the defaults' client settings): " + "; ".join(parts))
     print(f"records: {summary['session_dir']} (dcp-fsdp report {summary['session_dir']})")
-    print(f"OVERRIDES={override_line(summary['best'])}", flush=True)
+    print(f"OVERRIDES={override_line(summary['overrides'])}", flush=True)

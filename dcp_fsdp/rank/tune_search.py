@@ -37,6 +37,14 @@ SEARCH_SHARE = 0.6  # of the budget and of tune.trials, for the search; the rest
 MIN_FINAL_SCORES = 2  # final measurements of the defaults and of a winner, at the least
 
 
+def applies(name: str, settings: Settings, requires: dict[str, Any]) -> bool:
+    """Whether `name` has any effect under `settings` (`requires`: name -> (other, value))."""
+    if name not in requires:
+        return True
+    other, value = requires[name]
+    return str(settings.get(other, value)) == str(value)
+
+
 def settings_key(settings: Settings) -> tuple:
     return tuple(sorted((k, str(v)) for k, v in settings.items()))
 
@@ -152,7 +160,8 @@ class Search:
     def __init__(self, space: dict[str, list[Any]], defaults: Settings,
                  run_trial: Callable[[Settings, str], Trial], budget: Budget, repeats: int,
                  finalists: int = 3, margin: float = 0.03,
-                 say: Callable[[str], None] = lambda message: None) -> None:
+                 say: Callable[[str], None] = lambda message: None,
+                 requires: dict[str, Any] | None = None) -> None:
         self.space = space
         self.defaults = dict(defaults)
         self.run_trial = run_trial
@@ -161,6 +170,8 @@ class Search:
         self.finalists = max(1, finalists)
         self.margin = margin
         self.say = say
+        # setting -> (other setting, value): searched only while the other has that value
+        self.requires = dict(requires or {})
         self.trials: list[Trial] = []
 
     # -- bookkeeping -----------------------------------------------------------------------
@@ -208,6 +219,8 @@ class Search:
         for name, values in self.space.items():
             if stopped:
                 break
+            if not applies(name, best, self.requires):
+                continue  # e.g. the reader's gap size, with a reader that has none
             for value in values:
                 candidate = {**best, name: value}
                 if settings_key(candidate) in tried:

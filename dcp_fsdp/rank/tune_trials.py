@@ -75,6 +75,7 @@ class TuneTrials:
         self.count = 0
         self.ceiling_done = False
         self.init_rows: list = []
+        self.async_saver = None
         # the session's run line, as the launcher named it: what an interrupt records
         self.base_run = dataclasses.replace(session.run)
 
@@ -121,7 +122,7 @@ class TuneTrials:
             return self._trial(settings, role)
 
         search = Search(spec["space"], spec["start"], run_trial, budget, spec["repeats"],
-                        say=log.info)
+                        say=log.info, requires=spec.get("requires"))
         try:
             result = search.run()
         except RuntimeError as error:  # the defaults failed: nothing to compare with
@@ -131,7 +132,8 @@ class TuneTrials:
         broadcast_object(("stop", None))
         from dcp_fsdp.rank.tune_report import print_result, result_summary
 
-        summary = result_summary(result, time.monotonic() - spec["started_mono"], self.session_dir)
+        summary = result_summary(result, time.monotonic() - spec["started_mono"], self.session_dir,
+                                 spec.get("requires"))
         (self.session_dir / "tune.json").write_text(json.dumps(summary, indent=1) + "\n")
         print_result(summary)
 
@@ -157,6 +159,10 @@ class TuneTrials:
                                              self.state_dict, request_log=session.request_log,
                                              say=lambda message: None,
                                              on_timeout=session.on_timeout)
+        # One async saver for the session (its stager, thread or upload process are set up
+        # once, as in a run of many saves): only the storage settings change per trial.
+        if self.async_saver is not None:
+            loop._async_saver = self.async_saver
         status, error_line = "ok", None
         try:
             loop.run()
@@ -170,6 +176,7 @@ class TuneTrials:
             from dcp_fsdp.rank.failures import root_cause
 
             status, error_line = "failed", root_cause(error)
+        self.async_saver = getattr(loop, "_async_saver", None)
         if not session.is_coordinator:
             session.loop, session.run = None, dataclasses.replace(self.base_run)
             return Trial(settings, role, None, time.monotonic() - started)
@@ -181,7 +188,8 @@ class TuneTrials:
         session.loop, session.run = None, dataclasses.replace(self.base_run)
         figures.update(status=status, record=str(path))
         score = figures.get("score_mib_s")
-        wall_s = time.monotonic() - started
+        # The budget estimates the next trials from this: leave out the one-off ceiling.
+        wall_s = time.monotonic() - started - _ceiling_s(loop.shared_samples)
         shown = " ".join(f"{k}={v}" for k, v in settings.items()
                          if str(v) != str(self.spec["start"].get(k))) or "(defaults)"
         if score is None:
@@ -199,6 +207,14 @@ class TuneTrials:
                 store.delete(suffix)
             except Exception as error:  # a leftover checkpoint is no reason to stop tuning
                 log.warning(f"tune: could not delete trial checkpoint {suffix}: {error}")
+
+
+def _ceiling_s(samples) -> float:
+    """Wall time of the raw ceiling rounds in these samples (first begin to last end)."""
+    raw = [s for s in samples if s.op in ("raw_put", "raw_get")]
+    if not raw:
+        return 0.0
+    return max(s.end_wall_s for s in raw) - min(s.begin_wall_s for s in raw)
 
 
 def load_spec() -> dict[str, Any] | None:

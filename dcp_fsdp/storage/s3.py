@@ -98,11 +98,14 @@ class S3Store:
         from s3torchconnector import S3ReaderConstructor
         from s3torchconnector.dcp import S3StorageReader
 
-        constructor = {
-            ReaderKind.dcp_optimized: S3ReaderConstructor.dcp_optimized,
-            ReaderKind.sequential: S3ReaderConstructor.sequential,
-            ReaderKind.range_based: S3ReaderConstructor.range_based,
-        }[self.config.reader]()
+        if self.config.reader == ReaderKind.dcp_optimized:
+            constructor = S3ReaderConstructor.dcp_optimized(
+                max_gap_size=int(self.config.max_gap_size_mib * MIB))
+        else:
+            constructor = {
+                ReaderKind.sequential: S3ReaderConstructor.sequential,
+                ReaderKind.range_based: S3ReaderConstructor.range_based,
+            }[self.config.reader]()
         return S3StorageReader(region=self.region, path=self.location(suffix),
                                s3client_config=self._client_config(),
                                reader_constructor=constructor)

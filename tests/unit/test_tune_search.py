@@ -170,3 +170,52 @@ def test_a_winner_beyond_the_spread_is_recommended():
     assert result.recommended == {"part": 16}
     assert result.best.settings == {"part": 16}
     assert result.gain == pytest.approx(119 / 100 - 1)
+
+
+def test_a_setting_that_needs_another_value_is_searched_only_under_it():
+    """The reader's gap size means nothing to a reader that has none: once the descent
+    moves to reader=b, no gap value is tried."""
+    space = {"reader": ["a", "b"], "gap": [32, 0, 128]}
+    defaults = {"reader": "a", "gap": 32}
+    runs = FakeRuns(lambda s: 200 if s["reader"] == "b" else 100)
+    result = Search(space, defaults, runs, Budget(10_000.0, None, 0.0, clock=runs.clock), 2,
+                    requires={"gap": ("reader", "a")}).run()
+    searched = [s for s, role in runs.calls if role == "search"]
+    assert searched == [{"reader": "b", "gap": 32}]
+    assert result.recommended == {"reader": "b", "gap": 32}
+
+
+def test_the_printed_verdict_keeps_the_defaults_and_shows_the_noise(tmp_path, capsys):
+    from dcp_fsdp.launch.tune_report import print_result, result_summary
+
+    space = {"storage.reader": ["dcp_optimized", "sequential"],
+             "storage.max_gap_size_mib": [32.0, 0.0]}
+    defaults = {"storage.reader": "dcp_optimized", "storage.max_gap_size_mib": 32.0}
+    requires = {"storage.max_gap_size_mib": ("storage.reader", "dcp_optimized")}
+    # defaults 100, sequential 130 in the search; finals D A: (100, 104) (110, 105) (90, 99)
+    scores = iter([100.0, 130.0, 100.0, 104.0, 110.0, 105.0, 90.0, 99.0])
+    runs = FakeRuns(lambda s: next(scores))
+    result = Search(space, defaults, runs, Budget(10_000.0, None, 0.0, clock=runs.clock), 3,
+                    requires=requires).run()
+    print_result(result_summary(result, 12.0, tmp_path, requires))
+    out = capsys.readouterr().out
+    assert "recommended: keep the defaults" in out
+    assert "noise seen: the defaults' final scores spread 20 % (90.0..110.0 MiB/s" in out
+    assert out.rstrip().endswith(
+        "OVERRIDES=storage.reader=dcp_optimized storage.max_gap_size_mib=32.0")
+
+
+def test_an_override_line_leaves_out_a_setting_without_effect(tmp_path, capsys):
+    from dcp_fsdp.launch.tune_report import print_result, result_summary
+
+    space = {"storage.reader": ["dcp_optimized", "sequential"],
+             "storage.max_gap_size_mib": [32.0, 0.0]}
+    defaults = {"storage.reader": "dcp_optimized", "storage.max_gap_size_mib": 32.0}
+    requires = {"storage.max_gap_size_mib": ("storage.reader", "dcp_optimized")}
+    runs = FakeRuns(lambda s: 200.0 if s["storage.reader"] == "sequential" else 100.0)
+    result = Search(space, defaults, runs, Budget(10_000.0, None, 0.0, clock=runs.clock), 3,
+                    requires=requires).run()
+    print_result(result_summary(result, 12.0, tmp_path, requires))
+    out = capsys.readouterr().out
+    assert "recommended: storage.reader=sequential" in out
+    assert out.rstrip().endswith("OVERRIDES=storage.reader=sequential")
