@@ -5,8 +5,10 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import os
 import re
 
+from dcp_fsdp import contract
 from dcp_fsdp.config.schema import (BenchmarkConfig, Command, PrefixStrategy, SaveMode,
                                     StorageKind, iter_settings)
 from dcp_fsdp.errors import UserError
@@ -139,6 +141,10 @@ def validate(cfg: BenchmarkConfig) -> None:
         raise UserError(f"model={cfg.model.preset}: unknown preset; choose one of "
                         + ", ".join(PRESETS))
     _check_numbers(cfg)
+    _, unknown = contract.harness_off(os.environ.get(contract.HARNESS_OFF_ENV))
+    if unknown:
+        raise UserError(f"{contract.HARNESS_OFF_ENV}: unknown piece(s) {', '.join(unknown)}; "
+                        f"name any of {', '.join(contract.HARNESS_PIECES)} (benchmark-only)")
     if not cfg.results_dir.strip():
         raise UserError("results_dir is empty: give the directory for the record, e.g. "
                         "results_dir=results")

@@ -201,6 +201,8 @@ class RankSession:
         run.integrity = dict(self.loop.integrity) if self.loop is not None else {}
         run.init, run.versions = list(init_rows), records.versions()
         run.slurm = records.slurm_environment()
+        off, _ = contract.harness_off(os.environ.get(contract.HARNESS_OFF_ENV))
+        run.harness_off = sorted(off) or None
         from dcp_fsdp.launch.checks import write_record  # falls back if results_dir fails
 
         return write_record(self.cfg.results_dir, run, samples)

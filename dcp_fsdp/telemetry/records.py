@@ -172,6 +172,8 @@ class RunRecord:
     slurm: dict[str, str] | None = None
     untimed_requests: dict[str, Any] | None = None
     request_log_dir: str | None = None
+    # benchmark-only: instrumentation pieces left out of the timed path (contract.HARNESS_OFF_ENV)
+    harness_off: list[str] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict[str, Any]:
