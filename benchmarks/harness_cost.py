@@ -142,7 +142,10 @@ def main() -> int:
                         help="add the tool with each instrumentation piece off")
     parser.add_argument("--log", default="harness_cost.log", help="the launches' own output")
     parser.add_argument("--json", default=None, help="write every launch's figures here")
+    parser.add_argument("--summarise", metavar="JSON", help="only print a --json file's summary")
     args = parser.parse_args()
+    if args.summarise:
+        return print_saved(args.summarise)
     variants = ["bare", "tool"] + (list(TOGGLES) if args.toggles else [])
     if args.storage == "shm":
         variants = [v for v in variants if v != "no-reqlog"]  # no request log without S3
@@ -195,6 +198,9 @@ def main() -> int:
                                               variant, env, log)
                         shutil.rmtree(where, ignore_errors=True)
                     figures[variant].append(figure)
+                if args.json:  # after every round: a run cut short keeps whole rounds
+                    Path(args.json).write_text(json.dumps({"args": vars(args),
+                                                           "figures": figures}))
                 print(f"round {round_number + 1:>2} load avg {load_before:5.2f}->"
                       f"{load_average():5.2f}  " + "  ".join(
                           f"{v} {figures[v][-1]['save_s']:.3f}/{figures[v][-1]['load_s']:.3f}"
@@ -208,8 +214,19 @@ def main() -> int:
           f"{args.pairs} rounds from {started}; seconds of the slowest rank; ratio = variant / "
           "bare of the same round")
     print("\n".join(summarise(figures, variants)))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "figures": figures}))
+    return 0
+
+
+def print_saved(path: str) -> int:
+    """The summary of a --json file (whole rounds only), e.g. of a run cut short."""
+    saved = json.loads(Path(path).read_text())
+    figures = saved["figures"]
+    rounds = min(len(v) for v in figures.values())
+    figures = {k: v[:rounds] for k, v in figures.items()}
+    args = saved["args"]
+    print(f"{args['model']} {args['dtype']}, {args['nproc']} ranks, storage={args['storage']}, "
+          f"{rounds} whole rounds; seconds of the slowest rank; ratio = variant / bare")
+    print("\n".join(summarise(figures, list(figures))))
     return 0
 
 
