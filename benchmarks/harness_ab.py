@@ -1,11 +1,16 @@
 """The harness's own cost, in one process: the tool's timed save/load (CheckpointLoop._timed:
-hooks, byte counting, watchdog, request-log window) against a bare dcp.save / dcp.load with
-a plain writer/reader, alternated on the same state dict, server and client settings.
+hooks, byte counting, watchdog, memory marks, heartbeat, request-log window) against a bare
+dcp.save / dcp.load with a plain writer/reader, alternated on the same state dict, server
+and client settings; with --toggles, also the tool with one instrumentation piece off at a
+time (no-hooks, no-watchdog, no-memory, no-heartbeat) and all of them off.
 
-Process-level differences (imports, memory, what ran before) are the same for both, so
-what remains is the harness in the timed path. Started by itself (embedded SeaweedFS):
+Process-level differences (imports, memory, what ran before) are the same for every
+variant, so what remains is the harness in the timed path (benchmarks/harness_cost.py
+compares whole launches instead). Printed: per variant and op, the paired ratio variant /
+bare of each round (slowest rank), geometric mean and 95 % CI. Started by itself:
 
-  python -m benchmarks.harness_ab --model L660m --dtype bf16 --rounds 3
+  python -m benchmarks.harness_ab --storage shm --model L660m --dtype bf16 --rounds 10 --toggles
+  python -m benchmarks.harness_ab --storage s3 --rounds 10 --toggles   (embedded SeaweedFS)
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,6 +26,22 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+TOGGLES = {"tool": (), "no-hooks": ("hooks",), "no-watchdog": ("watchdog",),
+           "no-memory": ("memory",), "no-heartbeat": (), "all-off": ("hooks", "watchdog", "memory")}
+
+
+def remove(store, suffix: str) -> None:
+    """A checkpoint of this benchmark, gone (1.26 GiB each at L660m bf16: /dev/shm fills)."""
+    if store.kind == "fs":
+        shutil.rmtree(store.location(suffix), ignore_errors=True)
+        return
+    client = store.control.client()
+    prefix = store.target.key(suffix) + "/"
+    for page in client.get_paginator("list_objects_v2").paginate(
+            Bucket=store.target.bucket, Prefix=prefix):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=store.target.bucket, Delete={"Objects": keys})
 
 
 def rank_main(args) -> None:
@@ -41,8 +62,6 @@ def rank_main(args) -> None:
                           request_log=session.request_log, say=session.say,
                           on_timeout=session.on_timeout)
     store = session.store
-    times: dict[str, list[float]] = {"tool save": [], "bare save": [], "tool load": [],
-                                     "bare load": []}
 
     def bare(op: str, suffix: str) -> float:
         storage_io = store.writer(suffix) if op == "save" else store.reader(suffix)
@@ -56,15 +75,26 @@ def rank_main(args) -> None:
         return time.monotonic() - begin
 
     token = os.environ["AB_TOKEN"]
+    variants = os.environ["AB_VARIANTS"].split(",")
+    times = {f"{v} {op}": [] for v in variants for op in ("save", "load")}
+    progress = loop.cfg.progress
     for round_number in range(args.rounds):
-        order = ("tool", "bare") if round_number % 2 == 0 else ("bare", "tool")
-        for op in ("save", "load"):
-            for who in order:
-                suffix = f"ab-{token}-{round_number}-{who}"
-                if who == "tool":
-                    times[f"tool {op}"].append(loop._timed(op, round_number, suffix).duration_s)
-                else:
+        shift = round_number % len(variants)
+        order = variants[shift:] + variants[:shift]
+        if round_number % 2:
+            order.reverse()
+        for who in order:  # each variant saves then loads (as save-and-load does), then
+            suffix = f"ab-{token}-{round_number}-{who}"  # its checkpoint goes (untimed)
+            loop.harness_off = frozenset(TOGGLES.get(who, ()))
+            loop.cfg.progress = progress and who not in ("no-heartbeat", "all-off")
+            for op in ("save", "load"):
+                if who == "bare":
                     times[f"bare {op}"].append(bare(op, suffix))
+                else:
+                    times[f"{who} {op}"].append(loop._timed(op, round_number, suffix).duration_s)
+            dist.barrier()
+            if session.ctx.is_coordinator:
+                remove(store, suffix)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, times)
     if session.ctx.is_coordinator:
@@ -87,38 +117,58 @@ def main() -> int:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--request-stats", default="true")
+    parser.add_argument("--storage", choices=("s3", "shm"), default="s3")
+    parser.add_argument("--toggles", action="store_true")
     args = parser.parse_args()
+    from benchmarks.harness_cost import load_average, summarise
     from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 
-    server = EmbeddedS3(bucket="harness-ab")
-    endpoint = server.start()
+    variants = ["bare", *(TOGGLES if args.toggles else ["tool"])]
+    server = None
+    shm = None
+    env = {**os.environ}
+    if args.storage == "s3":
+        server = EmbeddedS3(bucket="harness-ab")
+        endpoint = server.start()
+        env.update(endpoint.client_env())
+        storage = [f"storage.uri=s3://{endpoint.bucket}/ckpt",
+                   f"storage.endpoint={endpoint.endpoint_url}"]
+    else:
+        shm = tempfile.mkdtemp(prefix="dcp-fsdp-harness-ab-", dir="/dev/shm")
+        storage = ["storage=fs", f"storage.path={shm}"]
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load_before = load_average()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "ab.json"
-            env = {**os.environ, **endpoint.client_env(), "PYTHONPATH": str(REPO),
-                   "AB_OUT": str(out), "AB_TOKEN": os.urandom(3).hex(),
-                   "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // args.nproc))}
+            env.update({"PYTHONPATH": str(REPO), "AB_OUT": str(out),
+                        "AB_TOKEN": os.urandom(3).hex(), "AB_VARIANTS": ",".join(variants),
+                        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // args.nproc))})
+            env.pop("DCP_FSDP_HARNESS_OFF", None)
             subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                             f"--nproc-per-node={args.nproc}", "-m", "benchmarks.harness_ab",
                             "--rounds", str(args.rounds), f"model={args.model}",
-                            f"model.dtype={args.dtype}", f"storage.uri=s3://{endpoint.bucket}/ckpt",
-                            f"storage.endpoint={endpoint.endpoint_url}",
+                            f"model.dtype={args.dtype}", *storage,
                             f"request_stats={args.request_stats}"],
                            cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
             per_rank = json.loads(out.read_text())
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
+        if shm is not None:
+            shutil.rmtree(shm, ignore_errors=True)
     # per round: the slowest rank
     slowest = {key: [max(rank[key][i] for rank in per_rank) for i in range(args.rounds)]
                for key in per_rank[0]}
-    print(f"{args.model} {args.dtype}, {args.nproc} ranks, request_stats={args.request_stats}, "
-          f"{args.rounds} rounds (slowest rank, seconds)")
+    print(f"{args.model} {args.dtype}, {args.nproc} ranks, storage={args.storage}, "
+          f"request_stats={args.request_stats}, {args.rounds} rounds in one process from "
+          f"{started}, load average {load_before:.2f} -> {load_average():.2f} "
+          "(slowest rank, seconds)")
     for key, values in slowest.items():
         print(f"  {key}: " + " ".join(f"{v:.3f}" for v in values))
-    for op in ("save", "load"):
-        ratios = [t / b for t, b in zip(slowest[f"tool {op}"], slowest[f"bare {op}"])]
-        print(f"  {op}: tool/bare per round {' '.join(f'{r:.4f}' for r in ratios)}; "
-              f"median {statistics.median(ratios):.4f}")
+    figures = {v: [{f"{op}_s": slowest[f"{v} {op}"][i] for op in ("save", "load")}
+                   for i in range(args.rounds)] for v in variants}
+    print("\n".join(summarise(figures, variants)))
     return 0
 
 

@@ -21,9 +21,21 @@ WRITING_SUFFIX_FILE_ENV = "DCP_FSDP_WRITING_SUFFIX_FILE"
 
 TUNE_ENV = "DCP_FSDP_TUNE"  # tune -> rank: path of the tune session's plan (JSON)
 
+# benchmarks/harness_cost.py -> rank, benchmark-only (not a setting): instrumentation pieces
+# left out of the timed path, comma-separated names from HARNESS_PIECES; recorded on the run
+HARNESS_OFF_ENV = "DCP_FSDP_HARNESS_OFF"
+HARNESS_PIECES = ("hooks", "watchdog", "memory")  # stream/hook timing, op watchdog, RSS marks
+
 # Every variable above, for documentation and checks.
 ALL_ENV = (CONFIG_ENV, RUN_ID_ENV, PREFLIGHT_DONE_ENV, EMBEDDED_ENV, ARGV_ENV, DEBUG_ENV,
-           AGENT_SUMMARY_ENV, WRITING_SUFFIX_FILE_ENV, TUNE_ENV)
+           AGENT_SUMMARY_ENV, WRITING_SUFFIX_FILE_ENV, TUNE_ENV, HARNESS_OFF_ENV)
+
+
+def harness_off(value: str | None) -> tuple[frozenset[str], list[str]]:
+    """(pieces named in HARNESS_OFF_ENV's value, unknown names)."""
+    names = {name.strip() for name in (value or "").split(",") if name.strip()}
+    return frozenset(names & set(HARNESS_PIECES)), sorted(names - set(HARNESS_PIECES))
+
 
 # -- signals -----------------------------------------------------------------------------
 # launcher -> surviving ranks after another rank failed: end as "failed", not "interrupted"

@@ -5,9 +5,11 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import os
 import re
 from pathlib import Path
 
+from dcp_fsdp import contract
 from dcp_fsdp.config.schema import (BenchmarkConfig, Command, PrefixStrategy, ReaderKind,
                                     SaveMode, StorageKind, iter_settings)
 from dcp_fsdp.errors import UserError
@@ -179,6 +181,10 @@ def validate(cfg: BenchmarkConfig, conf_dir: Path) -> None:
         raise UserError(f"model={cfg.model.preset}: unknown preset; choose one of "
                         + ", ".join(presets))
     _check_numbers(cfg)
+    _, unknown = contract.harness_off(os.environ.get(contract.HARNESS_OFF_ENV))
+    if unknown:
+        raise UserError(f"{contract.HARNESS_OFF_ENV}: unknown piece(s) {', '.join(unknown)}; "
+                        f"name any of {', '.join(contract.HARNESS_PIECES)} (benchmark-only)")
     if not cfg.results_dir.strip():
         raise UserError("results_dir is empty: give the directory for the record, e.g. "
                         "results_dir=results")

@@ -234,6 +234,8 @@ class RankSession:
         run.integrity = dict(self.loop.integrity) if self.loop is not None else {}
         run.init, run.versions = list(init_rows), records.versions()
         run.slurm = records.slurm_environment()
+        off, _ = contract.harness_off(os.environ.get(contract.HARNESS_OFF_ENV))
+        run.harness_off = sorted(off) or None
         from dcp_fsdp.telemetry.results_dir import write_record  # falls back if it fails
 
         return write_record(self.cfg.results_dir, run, samples)

@@ -186,6 +186,8 @@ class RunRecord:
     request_log_dir: str | None = None
     # `dcp-fsdp tune` trials: {"trial": n, "role": defaults|search|repeat, "settings": {...}}
     tune: dict[str, Any] | None = None
+    # benchmark-only: instrumentation pieces left out of the timed path (contract.HARNESS_OFF_ENV)
+    harness_off: list[str] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict[str, Any]:

@@ -255,3 +255,12 @@ def test_report_arguments(tmp_path, args, fragments):
 ])
 def test_wait_arguments(args, fragments):
     assert_refused(run_cli(["wait", *args]), *fragments, within_s=5)
+
+
+def test_unknown_harness_piece_is_refused_before_any_rank(tmp_path):
+    """DCP_FSDP_HARNESS_OFF (benchmarks/harness_cost.py only): a typo is one line, not a run
+    that silently keeps the piece on."""
+    result = run_cli(["save", "storage=fs", f"storage.path={tmp_path / 'ckpt'}",
+                      f"results_dir={tmp_path}"], env={"DCP_FSDP_HARNESS_OFF": "hooks,watchdgo"})
+    assert_refused(result, "DCP_FSDP_HARNESS_OFF", "watchdgo", "hooks, watchdog, memory")
+    assert_no_success_record(tmp_path)

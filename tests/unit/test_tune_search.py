@@ -186,7 +186,7 @@ def test_a_setting_that_needs_another_value_is_searched_only_under_it():
 
 
 def test_the_printed_verdict_keeps_the_defaults_and_shows_the_noise(tmp_path, capsys):
-    from dcp_fsdp.launch.tune_report import print_result, result_summary
+    from dcp_fsdp.rank.tune_report import print_result, result_summary
 
     space = {"storage.reader": ["dcp_optimized", "sequential"],
              "storage.max_gap_size_mib": [32.0, 0.0]}
@@ -206,7 +206,7 @@ def test_the_printed_verdict_keeps_the_defaults_and_shows_the_noise(tmp_path, ca
 
 
 def test_an_override_line_leaves_out_a_setting_without_effect(tmp_path, capsys):
-    from dcp_fsdp.launch.tune_report import print_result, result_summary
+    from dcp_fsdp.rank.tune_report import print_result, result_summary
 
     space = {"storage.reader": ["dcp_optimized", "sequential"],
              "storage.max_gap_size_mib": [32.0, 0.0]}

@@ -1,0 +1,241 @@
+"""What the harness costs: the tool's figure against a bare barrier + dcp.save / dcp.load.
+
+Alternates launches of
+  bare      benchmarks/bare_dcp.py under torchrun: the same model, shapes and values, a
+            barrier and dcp.save / dcp.load with DCP's (or the connector's) own writer and
+            reader; its own timer (it imports none of the tool's timing code)
+  tool      dcp-fsdp save-and-load (everything on, as a user runs it)
+  and, with --toggles, the tool with one piece of instrumentation off at a time:
+  no-hooks      the writer/reader hook and stream wrappers (rank/hooks.py)
+  no-watchdog   the op_timeout_s timer thread
+  no-memory     the peak-RSS marks around each operation (rank/memory.py)
+  no-heartbeat  progress=false (rank 0's progress thread)
+  no-reqlog     request_stats=false (s3: the connector's per-request debug log)
+  all-off       all of the above
+(the pieces are switched off through the benchmark-only DCP_FSDP_HARNESS_OFF variable,
+dcp_fsdp/contract.py; heartbeat and request log are settings.)
+
+Every round runs each variant once, in an order that rotates every round, on the same
+storage: tmpfs (--storage shm: /dev/shm, no server, no disk) or the embedded SeaweedFS
+(--storage s3). A launch's figure per op is the slowest rank's seconds inside dcp.save /
+dcp.load (the tool's duration_s). Per variant and op: the paired ratio variant / bare of
+each round, their geometric mean with a 95 % confidence interval (t on the log-ratios),
+and the ratio of the median seconds. 1.00 = no cost; a CI inside [0.99, 1.01] settles
+"within 1 %". The 1-minute load average is printed beside every round: on a shared
+machine, rounds run under very different loads are noise, not harness.
+
+  python -m benchmarks.harness_cost --storage shm --pairs 10
+  python -m benchmarks.harness_cost --storage s3 --pairs 10 --toggles
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MIB = 2**20
+# t quantiles (two-sided 95 %) by degrees of freedom; beyond 30, 1.96 is close enough
+_T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+        9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120,
+        17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042}
+
+TOGGLES = {  # variant -> (settings, DCP_FSDP_HARNESS_OFF)
+    "no-hooks": ([], "hooks"),
+    "no-watchdog": ([], "watchdog"),
+    "no-memory": ([], "memory"),
+    "no-heartbeat": (["progress=false"], ""),
+    "no-reqlog": (["request_stats=false"], ""),
+    "all-off": (["progress=false", "request_stats=false"], "hooks,watchdog,memory"),
+}
+
+
+def t95(df: int) -> float:
+    known = [d for d in _T95 if d <= df]
+    return _T95[max(known)] if df <= 30 else 1.96
+
+
+def ratio_ci(ratios: list[float]) -> tuple[float, float, float]:
+    """Geometric mean of paired ratios and its 95 % CI (t on the log-ratios)."""
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(mean), float("nan"), float("nan")
+    half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def _env(extra: dict[str, str], nproc: int) -> dict[str, str]:
+    env = {**os.environ, **extra, "PYTHONPATH": str(REPO),
+           "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))}
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DCP_FSDP_HARNESS_OFF"):
+        env.pop(name, None)
+    return env
+
+
+def run_bare(args, location: str, env, log) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bare.json"
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        f"--nproc-per-node={args.nproc}", "-m", "benchmarks.bare_dcp",
+                        args.model, args.dtype, location, str(out)],
+                       cwd=REPO, env=env, stdout=log, stderr=log, check=True)
+        result = json.loads(out.read_text())
+    return {f"{op}_s": max(r[f"{op}_s"][0] for r in result["ranks"]) for op in ("save", "load")}
+
+
+def run_tool(args, storage_args: list[str], variant: str, env, log) -> dict[str, float]:
+    settings, off = TOGGLES.get(variant, ([], ""))
+    with tempfile.TemporaryDirectory() as results:
+        subprocess.run([sys.executable, "-m", "dcp_fsdp", "save-and-load",
+                        f"model={args.model}", f"model.dtype={args.dtype}", f"nproc={args.nproc}",
+                        *storage_args, "iterations=1", f"results_dir={results}", *settings],
+                       cwd=REPO, env={**env, "DCP_FSDP_HARNESS_OFF": off},
+                       stdout=log, stderr=log, check=True)
+        (record,) = Path(results).glob("*.jsonl")
+        lines = [json.loads(line) for line in record.read_text().splitlines()]
+    samples = [line for line in lines[1:] if line["record"] == "sample"]
+    return {f"{op}_s": max(s["duration_s"] for s in samples if s["op"] == op)
+            for op in ("save", "load")}
+
+
+def summarise(figures: dict[str, list[dict[str, float]]], variants: list[str]) -> list[str]:
+    lines = [f"{'variant':<13} {'op':<5} {'n':>3} {'geo-mean ratio':>14} {'95 % CI':>17} "
+             f"{'median-s ratio':>15} {'min..max':>13}"]
+    for variant in variants:
+        if variant == "bare":
+            continue
+        for op in ("save", "load"):
+            ratios = [v[f"{op}_s"] / b[f"{op}_s"]
+                      for v, b in zip(figures[variant], figures["bare"])]
+            mean, low, high = ratio_ci(ratios)
+            medians = (statistics.median(v[f"{op}_s"] for v in figures[variant]) /
+                       statistics.median(b[f"{op}_s"] for b in figures["bare"]))
+            lines.append(f"{variant:<13} {op:<5} {len(ratios):>3} {mean:>14.4f} "
+                         f"{f'[{low:.4f}, {high:.4f}]':>17} {medians:>15.4f} "
+                         f"{f'{min(ratios):.3f}..{max(ratios):.3f}':>13}")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--storage", choices=("shm", "s3"), default="shm")
+    parser.add_argument("--model", default="L660m")
+    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--pairs", type=int, default=10, help="rounds (each variant once)")
+    parser.add_argument("--toggles", action="store_true",
+                        help="add the tool with each instrumentation piece off")
+    parser.add_argument("--log", default="harness_cost.log", help="the launches' own output")
+    parser.add_argument("--json", default=None, help="write every launch's figures here")
+    parser.add_argument("--summarise", metavar="JSON", help="only print a --json file's summary")
+    args = parser.parse_args()
+    if args.summarise:
+        return print_saved(args.summarise)
+    variants = ["bare", "tool"] + (list(TOGGLES) if args.toggles else [])
+    if args.storage == "shm":
+        variants = [v for v in variants if v != "no-reqlog"]  # no request log without S3
+
+    server = client = None
+    if args.storage == "s3":
+        import boto3
+        import botocore.config
+
+        from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
+
+        server = EmbeddedS3(bucket="harness-cost")
+        endpoint = server.start()
+        env = _env(endpoint.client_env(), args.nproc)
+        client = boto3.client(
+            "s3", endpoint_url=endpoint.endpoint_url, region_name=endpoint.region,
+            aws_access_key_id=endpoint.access_key_id,
+            aws_secret_access_key=endpoint.secret_access_key,
+            config=botocore.config.Config(s3={"addressing_style": "path"}))
+    else:
+        shm = Path(tempfile.mkdtemp(prefix="dcp-fsdp-harness-cost-", dir="/dev/shm"))
+        env = _env({}, args.nproc)
+    figures: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    try:
+        with open(args.log, "w") as log:
+            for round_number in range(args.pairs):
+                shift = round_number % len(variants)
+                order = variants[shift:] + variants[:shift]
+                if round_number % 2:  # alternate direction too: no variant always follows another
+                    order.reverse()
+                load_before = load_average()
+                for variant in order:
+                    name = f"{variant}-{round_number}"
+                    if args.storage == "s3":
+                        uri = f"s3://{endpoint.bucket}/{name}"
+                        if variant == "bare":
+                            figure = run_bare(args, f"{uri}/ckpt", env, log)
+                        else:
+                            figure = run_tool(args, [f"storage.uri={uri}",
+                                                     f"storage.endpoint={endpoint.endpoint_url}"],
+                                              variant, env, log)
+                        _delete_prefix(client, endpoint.bucket, name + "/")
+                    else:
+                        where = shm / name
+                        if variant == "bare":
+                            figure = run_bare(args, str(where / "ckpt"), env, log)
+                        else:
+                            figure = run_tool(args, ["storage=fs", f"storage.path={where}"],
+                                              variant, env, log)
+                        shutil.rmtree(where, ignore_errors=True)
+                    figures[variant].append(figure)
+                if args.json:  # after every round: a run cut short keeps whole rounds
+                    Path(args.json).write_text(json.dumps({"args": vars(args),
+                                                           "figures": figures}))
+                print(f"round {round_number + 1:>2} load avg {load_before:5.2f}->"
+                      f"{load_average():5.2f}  " + "  ".join(
+                          f"{v} {figures[v][-1]['save_s']:.3f}/{figures[v][-1]['load_s']:.3f}"
+                          for v in variants), flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+        else:
+            shutil.rmtree(shm, ignore_errors=True)
+    print(f"\n{args.model} {args.dtype}, {args.nproc} ranks, storage={args.storage}, "
+          f"{args.pairs} rounds from {started}; seconds of the slowest rank; ratio = variant / "
+          "bare of the same round")
+    print("\n".join(summarise(figures, variants)))
+    return 0
+
+
+def print_saved(path: str) -> int:
+    """The summary of a --json file (whole rounds only), e.g. of a run cut short."""
+    saved = json.loads(Path(path).read_text())
+    figures = saved["figures"]
+    rounds = min(len(v) for v in figures.values())
+    figures = {k: v[:rounds] for k, v in figures.items()}
+    args = saved["args"]
+    print(f"{args['model']} {args['dtype']}, {args['nproc']} ranks, storage={args['storage']}, "
+          f"{rounds} whole rounds; seconds of the slowest rank; ratio = variant / bare")
+    print("\n".join(summarise(figures, list(figures))))
+    return 0
+
+
+def _delete_prefix(client, bucket: str, prefix: str) -> None:
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
