@@ -226,7 +226,8 @@ class CheckpointLoop:
             metadata_s=timeline.duration_s("read_metadata"),
             finish_s=timeline.duration_s("finish"),
             requests=(None if self.request_log is None else self.request_log.window(
-                begin_wall if window_wall is None else window_wall, end_wall, timeline.uploaded_bytes if op == "save" else None)),
+                begin_wall if window_wall is None else window_wall, end_wall,
+                timeline.uploaded_bytes if op == "save" else None)),
             upload_s=busy_s if split and op == "save" else None,
             stage_s=io_s - busy_s if split and op == "save" else None,
             io_wait_s=busy_s if split and op == "load" else None,
