@@ -298,7 +298,6 @@ class CheckpointLoop:
             if command in (Command.save, Command.save_and_load):
                 suffix = self._choose_save_suffix(iteration)
                 done = self._timed("save", iteration, suffix)
-                self.suffixes.append(suffix)
                 self._complete_pending()  # the previous save (this one waited for its upload)
                 self._pending_save = (done, suffix, iteration)
                 # A load needs the checkpoint committed; the last save's upload ends the run.
@@ -348,6 +347,7 @@ class CheckpointLoop:
             return
         done, suffix, iteration = pending
         self.keep(done() if callable(done) else done)
+        self.suffixes.append(suffix)  # a run cut short names only the saves that completed
         self._write_manifest(suffix)
         self.log(f"saved suffix={suffix} at {self.store.location(suffix)} "
                  f"(iteration {iteration}/{self.cfg.iterations})")

@@ -239,12 +239,15 @@ class RequestLog:
                bytes_up: int | None = None) -> dict[str, Any]:
         """Summary of the requests that ended within [begin, end]; earlier ones go untimed.
 
-        Call right after the timed operation, before any further request.
+        Requests that ended after `end` stay for the next window: an async save with
+        steps between saves is summarised once its upload is done, after the next save began.
         """
         self._read_new()
-        pending, self._pending = self._pending, []
+        pending = [r for r in self._pending if r.end_wall_s <= end_wall_s]
+        self._pending = [r for r in self._pending if r.end_wall_s > end_wall_s]
         with self._control_lock:
-            control, self._control = self._control, []
+            control = [c for c in self._control if c.end_wall_s <= end_wall_s]
+            self._control = [c for c in self._control if c.end_wall_s > end_wall_s]
         timed = self._split(pending, begin_wall_s, end_wall_s, self.untimed)
         timed_control = self._split(control, begin_wall_s, end_wall_s, self.untimed_control)
         return summaries.summarize(timed, end_wall_s - begin_wall_s, bytes_up, timed_control)

@@ -93,6 +93,8 @@ def test_async_cadence_overlaps_the_next_save_with_the_upload(s3, s3_uri, tmp_pa
             assert s["train_lost_share"] > 0.5, s
         # The upload outlives the save's interval, and the record says when it ended.
         assert s["persisted_s"] > s["interval_s"], s
+        # Each save's own requests, although it is summarised after the next one began.
+        assert s["requests"]["by_type"].get("UploadPart", {}).get("count", 0) > 0, s
     for suffix in run["suffixes"]:
         assert "INCOMPLETE" not in listed(s3, s3_uri, suffix)
     assert "training stalled" in result.stdout and "waiting for the previous upload" in \
