@@ -193,7 +193,7 @@ def plan(inputs: GroupInputs, node_mtbf_hours: float, nodes: int | None,
 def _group_name(labels: dict[str, Any], keys: list[str]) -> str:
     shown = [f"{labels['model']} {labels['ranks']} rank(s)/{labels['nodes']} node(s)",
              str(labels["storage"])]
-    shown += [f"{k}={labels[k]}" for k in keys if k not in (*MATCH_KEYS, "op")
+    shown += [f"{k}={labels[k]}" for k in keys if k not in (*MATCH_KEYS, "op", "save_mode")
               and labels.get(k) not in ("", None)]
     return ", ".join(shown)
 
@@ -247,10 +247,10 @@ def dollars(p: Plan, prices: costs.Prices, keep: int) -> Dollars | None:
 def _block(number: int, p: Plan, cost: Dollars | None, keys: list[str], keep: int,
            interval_minutes: float | None) -> list[str]:
     g = p.inputs
-    load = "no load in these records" if g.load_s is None else f"load {g.load_s:.2f} s"
+    load = "load: none in these records" if g.load_s is None else f"load {g.load_s:.2f} s"
     startup = "start-up unknown" if g.startup_s is None else f"start-up {g.startup_s:.1f} s"
     lines = [f"#{number} {_group_name(g.labels, keys)}, {g.save_mode}",
-             f"  C = {g.checkpoint_s:.3f} s ({g.cost_is}); R = {g.restart_s:.2f} s ({load} + "
+             f"  C = {g.checkpoint_s:.3f} s ({g.cost_is}); R = {g.restart_s:.2f} s ({load}; "
              f"{startup})" + (f"; L = {g.lag_s:.3f} s (upload after the stall)"
                               if g.save_mode == "async" else ""),
              f"  interval: Young {_minutes(p.young_s)} min, Daly {_minutes(p.daly_s)} min"
@@ -271,7 +271,8 @@ def _block(number: int, p: Plan, cost: Dollars | None, keys: list[str], keep: in
     if cost.day is not None:
         at = f"{interval_minutes:g} min" if interval_minutes else "the Daly interval"
         lines.append(f"  per day at {at}, {keep} kept: {_dollars(cost.day['total'])} (saves "
-                     f"{_dollars(cost.day['saves'])}, restarts {_dollars(cost.day['restarts'])}"
+                     f"{_dollars(cost.day['saves'])}, restarts "
+                     f"{_dollars(cost.day['restarts']) or 'not priced: no load measured'}"
                      f", storage {_dollars(cost.day['storage'])})")
     return lines
 

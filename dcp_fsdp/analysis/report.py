@@ -173,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         wide_csv(result).to_csv(args.csv, index=False)
         print(f"csv: {args.csv}", file=sys.stderr if args.format == "csv" else sys.stdout)
     if args.plot:
-        for path in plot(result, Path(args.plot)):
+        from dcp_fsdp.analysis import scaling
+
+        for path in [*plot(result, Path(args.plot)), *scaling.plot(result, Path(args.plot))]:
             print(f"plot: {path}", file=sys.stderr if args.format == "csv" else sys.stdout)
     return 0

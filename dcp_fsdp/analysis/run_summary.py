@@ -47,7 +47,7 @@ def async_lines(samples: list[Sample]) -> list[str]:
         persisted = max(s.begin_wall_s + s.persisted_s for s in ranks) - begin
         line = f"async save {iteration}: training stalled {stall:.3f} s"
         waits = [s.previous_wait_s for s in ranks if s.previous_wait_s is not None]
-        if waits and max(waits) > 0:
+        if waits and max(waits) >= 0.0005:  # shown to the millisecond
             line += f" (of which {max(waits):.3f} s waiting for the previous upload)"
         lost = [s for s in ranks if s.train_lost_s is not None and s.interval_s]
         if lost:

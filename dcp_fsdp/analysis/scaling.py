@@ -148,3 +148,41 @@ def render(result: dict[str, Any], fmt: str = "table") -> str:
 
 def _pct(value: float) -> str:
     return "" if value is None or math.isnan(value) else f"{value:.1%}"
+
+
+def plot(result: dict[str, Any], directory) -> list:
+    """scaling.png: per operation spanning several sizes, scaling efficiency and the plan /
+    commit / barrier shares against ranks (nothing when no operation spans two sizes)."""
+    from pathlib import Path
+
+    frames = scaling_frames(result)
+    if not frames:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for frame in frames:
+        first = frame.iloc[0]
+        label = f"{first['op']} {first['model']}"
+        ranks = frame["ranks"].astype(float)
+        axes[0].plot(ranks, frame["scaling_efficiency"], marker="o", label=label)
+        for column, style in (("plan_share", ":"), ("commit_share", "--"),
+                              ("barrier_share", "-.")):
+            axes[1].plot(ranks, frame[column] * 100, style, marker=".",
+                         label=f"{label} {column.split('_')[0]}")
+    axes[0].set(xlabel="ranks", ylabel="scaling efficiency (MiB/s per rank / smallest size's)",
+                title="scaling efficiency")
+    axes[0].axhline(1.0, color="grey", linewidth=0.8)
+    axes[1].set(xlabel="ranks", ylabel="% of the operation's span",
+                title="coordination: plan, commit, barrier")
+    for axis in axes:
+        axis.legend(fontsize=7)
+    path = Path(directory) / "scaling.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]

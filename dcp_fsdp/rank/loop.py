@@ -302,7 +302,6 @@ class CheckpointLoop:
                 suffix = self._choose_save_suffix(iteration)
                 self._note_writing(suffix)
                 done = self._timed("save", iteration, suffix)
-                self.suffixes.append(suffix)
                 self._complete_pending()  # the previous save (this one waited for its upload)
                 self._pending_save = (done, suffix, iteration)
                 # A load needs the checkpoint committed; the last save's upload ends the run.
@@ -352,6 +351,7 @@ class CheckpointLoop:
             return
         done, suffix, iteration = pending
         self.keep(done() if callable(done) else done)
+        self.suffixes.append(suffix)  # a run cut short names only the saves that completed
         self._write_manifest(suffix)
         if self.writing_suffix == suffix:  # (with a cadence the next save may be under way)
             self._note_writing(None)

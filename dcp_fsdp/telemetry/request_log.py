@@ -223,11 +223,15 @@ class RequestLog:
         what the operation moved; when it moved some and no request was parsed, the log no
         longer reads as we expect (a connector release reworded it): None (unknown), never
         a summary of zero requests and zero failures, and one warning per process.
+        Requests that ended after `end` stay for the next window: an async save with
+        steps between saves is summarised once its upload is done, after the next save began.
         """
         self._read_new()
-        pending, self._pending = self._pending, []
+        pending = [r for r in self._pending if r.end_wall_s <= end_wall_s]
+        self._pending = [r for r in self._pending if r.end_wall_s > end_wall_s]
         with self._control_lock:
-            control, self._control = self._control, []
+            control = [c for c in self._control if c.end_wall_s <= end_wall_s]
+            self._control = [c for c in self._control if c.end_wall_s > end_wall_s]
         timed = self._split(pending, begin_wall_s, end_wall_s, self.untimed)
         timed_control = self._split(control, begin_wall_s, end_wall_s, self.untimed_control)
         if moved_bytes and not timed:

@@ -62,11 +62,13 @@ def check_stall(s):
 def check_training_lost(s):
     """interval = the call + the steps (the first one waits for staging before its update);
     lost = interval - steps x baseline step, where baseline = mean step / (1 + slowdown): the
-    recorded figures must agree with each other."""
+    recorded figures must agree with each other (up to the few statements between the call's
+    return and the first step, milliseconds on a loaded machine)."""
     assert s["interval_s"] >= s["stall_s"], s
     steps_s = s["interval_s"] - s["blocked_s"]
     baseline_total_s = steps_s / (1 + s["train_step_slowdown"])
-    assert s["train_lost_s"] == pytest.approx(s["interval_s"] - baseline_total_s, abs=0.01), s
+    assert s["train_lost_s"] == pytest.approx(s["interval_s"] - baseline_total_s,
+                                              abs=max(0.02, 0.01 * s["interval_s"])), s
     assert s["train_lost_share"] == pytest.approx(s["train_lost_s"] / s["interval_s"]), s
 
 
@@ -92,6 +94,8 @@ def test_async_cadence_overlaps_the_next_save_with_the_upload(s3, s3_uri, tmp_pa
             assert s["train_lost_share"] > 0.5, s
         # The upload outlives the save's interval, and the record says when it ended.
         assert s["persisted_s"] > s["interval_s"], s
+        # Each save's own requests, although it is summarised after the next one began.
+        assert s["requests"]["by_type"].get("UploadPart", {}).get("count", 0) > 0, s
     for suffix in run["suffixes"]:
         assert "INCOMPLETE" not in listed(s3, s3_uri, suffix)
     assert "training stalled" in result.stdout and "waiting for the previous upload" in \

@@ -154,6 +154,10 @@ def test_every_storage_setting_is_classified_by_the_kind_that_uses_it():
     (["tune.trials=0"], "tune.trials=0: must be 1 or more"),
     (["train_step_s=-1"], "train_step_s=-1: must be 0 or more"),
     (["train_step_s=0.5"], "train_step_s=0.5: training steps run only while an async save"),
+    (["save_mode=async", "async_save.steps_between_saves=10"],
+     "async_save.steps_between_saves=10: the steps between saves need a step length; add "
+     "train_step_s="),
+    (["async_save.steps_between_saves=-1"], "async_save.steps_between_saves=-1: must be 0 or more"),
     (["storage.thread_count=0"], "storage.thread_count=0: must be 1 or more"),
     (["storage.thread_count=100000"], "storage.thread_count=100000: must be 1 or more, at most"),
     (["storage.max_attempts=0"], "storage.max_attempts=0"),

@@ -131,3 +131,34 @@ def test_bad_decision_options_are_one_line(argv, message, capsys):
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert err.startswith("dcp-fsdp: error: report:")
+
+
+def test_async_cost_is_the_training_lost_and_the_upload_lag_adds_rework(tmp_path):
+    """Async next to sync: C is the slowest rank's training lost per save, L the upload after
+    the stall (persisted span - stall span)."""
+    def as_async(s):
+        if s["op"] == "save":
+            s.update(save_mode="async", stall_s=0.1 + s["rank"] * 0.05, staged_s=0.1,
+                     blocked_s=0.01, persisted_s=s["duration_s"], interval_s=5.0,
+                     train_lost_s=0.3 + s["rank"] * 0.1, train_lost_share=0.06)
+        return s
+
+    variant(tmp_path, "async", ONE_ITERATION, settings={"save_mode": "async"}, sample=as_async)
+    variant(tmp_path, "sync", ONE_ITERATION, settings={"save_mode": "sync"})
+    from dcp_fsdp.analysis.groups import build
+    from dcp_fsdp.analysis.sources import read_records, record_files
+
+    runs, samples, _ = read_records(record_files([str(tmp_path)]))
+    groups = {g.save_mode: g for g in decisions.gather(build(runs, samples), runs)}
+    saves = [s for s in lines(tmp_path / "async.jsonl")[1:] if s["op"] == "save"]
+    begin = min(s["begin_wall_s"] for s in saves)
+    stall = max(s["begin_wall_s"] + s["stall_s"] for s in saves) - begin
+    persisted = max(s["begin_wall_s"] + s["persisted_s"] for s in saves) - begin
+    assert groups["async"].checkpoint_s == pytest.approx(0.4)  # rank 1's 0.3 + 0.1
+    assert groups["async"].cost_is == "training lost per save"
+    assert groups["async"].lag_s == pytest.approx(persisted - stall)
+    assert groups["sync"].lag_s == 0 and groups["sync"].cost_is == "save"
+    # an interval shorter than the upload would queue saves: raised to the upload time
+    short = decisions.plan(groups["async"], node_mtbf_hours=0.0002, nodes=1,
+                           interval_minutes=None)
+    assert short.raised and short.daly_s == pytest.approx(persisted)

@@ -168,7 +168,9 @@ def test_cli_report_on_globs_and_failures_only(records, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "### Throughput" in result.stdout and (tmp_path / "out.csv").exists()
     assert "sub" not in result.stdout  # the glob named only the top-level files
-    assert len(list((tmp_path / "plots").glob("*.png"))) == 3
+    # the records span two world sizes: the scaling plot too
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 4
+    assert (tmp_path / "plots" / "scaling.png").exists()
     only_failed = subprocess.run([sys.executable, "-m", "dcp_fsdp", "report",
                                   str(records / "failed.jsonl")], cwd=REPO, env=clean_env(),
                                  capture_output=True, text=True, timeout=120)

@@ -211,3 +211,18 @@ def test_a_window_that_moved_bytes_without_parsed_requests_is_unknown_not_zero(t
     assert f"s3torchconnector {metadata.version('s3torchconnector')}" in warnings[0]
     # nothing moved (an empty window): a summary of no requests is the truth
     assert log.window(1795389268.0, 1795389268.1, moved_bytes=0)["count"] == 0
+
+
+def test_a_window_summarised_late_leaves_later_requests_to_the_next(tmp_path):
+    """An async save with steps between saves is summarised once its upload is done, after
+    the next save's requests are in the log: those stay for the next save's window."""
+    directory = tmp_path / "rank0"
+    directory.mkdir()
+    (directory / "s3torchconnectorclient.log.2026-11-22-23").write_text(
+        "\n".join(REAL_SAVE_LOAD) + "\n")
+    log = RequestLog(directory)
+    save = log.window(1795389267.125, 1795389267.31, bytes_up=1000)  # all lines already read
+    assert save["count"] == 5
+    load = log.window(1795389267.4, 1795389267.5)
+    assert load["count"] == 2 and load["bytes_down"] == 12003154
+    assert log.finish()["count"] == 3

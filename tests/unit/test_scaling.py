@@ -51,6 +51,8 @@ def test_scaling_view_per_size_with_efficiency_against_the_smallest(tmp_path, ca
     assert report.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "Scaling across sizes" in out and "0.50" in out
+    assert scaling.plot(result, tmp_path / "plots") == [tmp_path / "plots" / "scaling.png"]
+    assert (tmp_path / "plots" / "scaling.png").stat().st_size > 0
 
 
 def test_no_scaling_view_for_one_size(tmp_path):
@@ -58,6 +60,7 @@ def test_no_scaling_view_for_one_size(tmp_path):
     variant(tmp_path, "b", ONE_ITERATION)
     result, _ = result_of(tmp_path)
     assert scaling.scaling_frames(result) == [] and scaling.render(result) == ""
+    assert scaling.plot(result, tmp_path / "plots") == []
 
 
 def test_prefix_rate_multiplied_to_a_node_count_names_the_spreading_strategy(tmp_path):
