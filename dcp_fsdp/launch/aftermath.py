@@ -14,15 +14,24 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import BenchmarkConfig
 from dcp_fsdp.launch.checks import fallback_results_dir, write_record
 from dcp_fsdp.telemetry import records
 
-if TYPE_CHECKING:
-    from dcp_fsdp.launch.local import RanksOutcome
+
+@dataclass
+class RanksOutcome:
+    """How a launch of the ranks ended, as the parent saw it."""
+
+    exit_code: int
+    status: str  # ok | failed | interrupted
+    error: str | None = None  # one line: the rank that ended first and why
+    signal_name: str | None = None  # the signal an interrupt came with
+    writing_suffix: str | None = None  # the suffix a save was writing when the run ended
+    failures: dict[str, dict] = field(default_factory=dict)  # torchrun's, per global rank
 
 
 def find_record(results_dir: str, run_id: str) -> Path | None:

@@ -30,6 +30,7 @@ from omegaconf import OmegaConf
 
 from dcp_fsdp import contract, lifeline, log
 from dcp_fsdp.config.schema import BenchmarkConfig
+from dcp_fsdp.launch.aftermath import RanksOutcome
 from dcp_fsdp.launch.checks import check_launch
 from dcp_fsdp.launch.preflight import preflight, storage_environment
 from dcp_fsdp.telemetry import records
@@ -46,18 +47,6 @@ class _LauncherTerminated(KeyboardInterrupt):
 
 def _raise_interrupt(signum, frame):
     raise _LauncherTerminated()
-
-
-@dataclass
-class RanksOutcome:
-    """How a launch of the ranks ended, as the parent saw it."""
-
-    exit_code: int
-    status: str  # ok | failed | interrupted
-    error: str | None = None  # one line: the rank that ended first and why
-    signal_name: str | None = None  # the signal an interrupt came with
-    writing_suffix: str | None = None  # the suffix a save was writing when the run ended
-    failures: dict[str, dict] = field(default_factory=dict)  # torchrun's, per global rank
 
 
 def launch_local(cfg: BenchmarkConfig) -> int:

@@ -251,7 +251,7 @@ class RankSession:
         ended = self.guard.ended_peers = self.guard.ended_peers or peers.ended_local_peers()
         if 0 not in ended:
             return False
-        from dcp_fsdp.launch.checks import record_written
+        from dcp_fsdp.telemetry.results_dir import record_written
 
         if record_written(self.cfg.results_dir, self.run.run_id):
             return False  # rank 0 recorded the run before it ended: keep its fuller record

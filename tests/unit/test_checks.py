@@ -92,7 +92,7 @@ def test_rank_record_falls_back_when_results_dir_cannot_be_written(tmp_path, fal
 
 def test_launcher_failure_record_falls_back_too(tmp_path, fallback_tmp):
     from dcp_fsdp.launch import aftermath
-    from dcp_fsdp.launch.local import RanksOutcome
+    from dcp_fsdp.launch.aftermath import RanksOutcome
 
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
