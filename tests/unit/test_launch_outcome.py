@@ -9,7 +9,8 @@ import signal
 
 from dcp_fsdp import contract
 from dcp_fsdp.launch import aftermath
-from dcp_fsdp.launch.aftermath import RanksOutcome, _outcome
+from dcp_fsdp.launch.aftermath import RanksOutcome
+from dcp_fsdp.launch.local import _outcome
 
 
 def failure(exitcode, message="", timestamp=100, signal_name=None):

@@ -60,6 +60,7 @@ def test_examples_in_the_readme_and_batch_scripts_use_valid_choices():
             text = re.sub(r"### Bad input.*?(\n## |\Z)", "", text, flags=re.S)
         for name, value in re.findall(r"(?<![\w.$])([a-z_]+(?:\.[a-z_]+)*)=([A-Za-z0-9_.-]+)",
                                       text):
+            value = value.rstrip(".")  # the end of a sentence, not of the value
             valid = choices.get(name)
             if valid and value not in valid and not value.isupper():  # NAME: a placeholder
                 bad.append(f"{path.name}: {name}={value} (choose from {', '.join(valid)})")
