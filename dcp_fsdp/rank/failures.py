@@ -54,3 +54,21 @@ def collective_error(error: BaseException) -> bool:
     from torch.distributed.checkpoint.api import CheckpointException
 
     return isinstance(error, (UserError, BenchmarkFailure, CheckpointException))
+
+
+class Terminated(BaseException):
+    """SIGTERM (scancel, torchrun stopping the group): end like Ctrl-C."""
+
+
+def caused_by_interrupt(error: BaseException) -> bool:
+    """KeyboardInterrupt / Terminated, possibly wrapped by DCP on some rank."""
+    if isinstance(error, (KeyboardInterrupt, Terminated)):
+        return True
+    failures = getattr(error, "failures", None)  # DCP's CheckpointException
+    if isinstance(failures, dict):
+        for wrapped in failures.values():
+            inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+            if isinstance(inner, BaseException) and caused_by_interrupt(inner):
+                return True
+    cause = error.__cause__ or error.__context__
+    return cause is not None and cause is not error and caused_by_interrupt(cause)

@@ -16,6 +16,7 @@ import time
 import traceback
 
 from dcp_fsdp import contract, log
+from dcp_fsdp.rank.failures import Terminated, caused_by_interrupt
 from dcp_fsdp.config.schema import BenchmarkConfig, Command, StorageKind
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.rank import peers  # first: it notes this rank's agent at import
@@ -32,10 +33,6 @@ class RankResult:
     run: RunRecord | None = None  # the record, on the rank that wrote it (rank 0)
     samples: list[Sample] = dataclasses.field(default_factory=list)
     record_path: str | None = None
-
-
-class Terminated(BaseException):
-    """SIGTERM (scancel, torchrun stopping the group): end like Ctrl-C."""
 
 
 class PeerFailed(BaseException):
@@ -75,20 +72,6 @@ class InterruptGuard:
         if self.signal_name == contract.PEER_FAILED_SIGNAL_NAME:
             raise PeerFailed()
         raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
-
-
-def _caused_by_interrupt(error: BaseException) -> bool:
-    """KeyboardInterrupt / Terminated, possibly wrapped by DCP on some rank."""
-    if isinstance(error, (KeyboardInterrupt, Terminated)):
-        return True
-    failures = getattr(error, "failures", None)  # DCP's CheckpointException
-    if isinstance(failures, dict):
-        for wrapped in failures.values():
-            inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
-            if isinstance(inner, BaseException) and _caused_by_interrupt(inner):
-                return True
-    cause = error.__cause__ or error.__context__
-    return cause is not None and cause is not error and _caused_by_interrupt(cause)
 
 
 class RankSession:
@@ -339,7 +322,7 @@ def _outcome(error: BaseException, guard: InterruptGuard,
         else:
             line = "stopped by the launcher after another rank failed (a rank died or raised first)"
         return "failed", line, contract.EXIT_FAILED
-    if guard.signal_name is not None or _caused_by_interrupt(error):
+    if guard.signal_name is not None or caused_by_interrupt(error):
         name = guard.signal_name or ("SIGTERM" if isinstance(error, Terminated) else "SIGINT")
         return "interrupted", f"interrupted by {name}", contract.EXIT_INTERRUPTED
     if isinstance(error, UserError):

@@ -169,9 +169,9 @@ class TuneTrials:
         except (UserError, BenchmarkFailure) as error:  # raised on every rank alike
             status, error_line = "failed", str(error)
         except BaseException as error:  # DCP's CheckpointException: collective, every rank
-            from dcp_fsdp.rank.session import _caused_by_interrupt
+            from dcp_fsdp.rank.failures import caused_by_interrupt
 
-            if type(error).__name__ != "CheckpointException" or _caused_by_interrupt(error):
+            if type(error).__name__ != "CheckpointException" or caused_by_interrupt(error):
                 raise
             from dcp_fsdp.rank.failures import root_cause
 

@@ -41,7 +41,7 @@ class FsStore:
     def drop_cache(self, suffix: str) -> str:
         """Before a timed load (untimed): evict the checkpoint's files from this node's page
         cache, so the load reads the file system, not memory; the policy that held."""
-        from dcp_fsdp.storage import pagecache
+        import dcp_fsdp.storage.pagecache as pagecache
 
         return pagecache.drop(pagecache.checkpoint_files(self.location(suffix)))
 

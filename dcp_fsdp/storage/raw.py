@@ -104,7 +104,7 @@ class FsRawArea:
             os.close(fd)
 
     def drop_cache(self, names: Iterable[str]) -> str:
-        from dcp_fsdp.storage import pagecache
+        import dcp_fsdp.storage.pagecache as pagecache
 
         return pagecache.drop(self.path(name) for name in names)
 
