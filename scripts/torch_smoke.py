@@ -48,6 +48,12 @@ def record(results_dir: Path) -> tuple[dict, list[dict]]:
     return lines[0], lines[1:]
 
 
+def done(name: str, elapsed_s: float) -> None:
+    import torch
+
+    print(f"torch-smoke: torch {torch.__version__}: {name}: ok in {elapsed_s:.1f} s", flush=True)
+
+
 def check(results_dir: Path, name: str) -> dict:
     run, samples = record(results_dir)
     if run["status"] != "ok" or not run["integrity"] or not all(
@@ -65,12 +71,11 @@ def main() -> int:
     import torch
 
     work = Path(tempfile.mkdtemp(prefix="dcp-fsdp-smoke-"))
-    lines = []
     try:
         for name, args in RUNS.items():
             _, elapsed_s = dcp_fsdp([*args, f"results_dir={work / name}"])
             check(work / name, name)
-            lines.append((name, elapsed_s))
+            done(name, elapsed_s)
 
         server = EmbeddedS3(bucket="smoke")
         server.start()
@@ -88,18 +93,16 @@ def main() -> int:
             run = check(work / "load-2", "resharded load")
             if run["world_size"] != 2:
                 raise SystemExit(f"torch-smoke: FAILED: resharded load ran {run['world_size']} ranks")
-            lines.append(("reshard save nproc=1 + load nproc=2", save_s + load_s))
+            done("resharded (save nproc=1, load nproc=2)", save_s + load_s)
         finally:
             server.stop()
 
         report, elapsed_s = dcp_fsdp(["report", *(str(p) for p in sorted(work.iterdir()))])
         if "save" not in report:
             raise SystemExit("torch-smoke: FAILED: the report shows no save")
-        lines.append(("report", elapsed_s))
+        done("report", elapsed_s)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for name, elapsed_s in lines:
-        print(f"torch-smoke: torch {torch.__version__}: {name}: ok in {elapsed_s:.1f} s")
     print(f"torch-smoke: torch {torch.__version__}: passed")
     return 0
 
