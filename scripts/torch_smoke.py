@@ -54,9 +54,10 @@ def done(name: str, elapsed_s: float) -> None:
     print(f"torch-smoke: torch {torch.__version__}: {name}: ok in {elapsed_s:.1f} s", flush=True)
 
 
-def check(results_dir: Path, name: str) -> dict:
+def check(results_dir: Path, name: str, loads: bool = True) -> dict:
+    """The run is ok and, where it loads, every load was verified against what was saved."""
     run, samples = record(results_dir)
-    if run["status"] != "ok" or not run["integrity"] or not all(
+    if run["status"] != "ok" or (loads and not run["integrity"]) or not all(
             entry["checked"] for entry in run["integrity"].values()):
         raise SystemExit(f"torch-smoke: FAILED: {name}: status {run['status']}, "
                          f"integrity {run['integrity']}")
@@ -87,7 +88,7 @@ def main() -> int:
                      "model=tiny_llama"]
             _, save_s = dcp_fsdp(["save", *where, "nproc=1", f"results_dir={work / 'save-1'}"],
                                  env)
-            suffix = check(work / "save-1", "save nproc=1")["suffixes"][0]
+            suffix = check(work / "save-1", "save nproc=1", loads=False)["suffixes"][0]
             _, load_s = dcp_fsdp(["load", *where, "nproc=2", f"suffix={suffix}",
                                   f"results_dir={work / 'load-2'}"], env)
             run = check(work / "load-2", "resharded load")
