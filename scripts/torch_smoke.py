@@ -48,9 +48,16 @@ def record(results_dir: Path) -> tuple[dict, list[dict]]:
     return lines[0], lines[1:]
 
 
-def check(results_dir: Path, name: str) -> dict:
+def done(name: str, elapsed_s: float) -> None:
+    import torch
+
+    print(f"torch-smoke: torch {torch.__version__}: {name}: ok in {elapsed_s:.1f} s", flush=True)
+
+
+def check(results_dir: Path, name: str, loads: bool = True) -> dict:
+    """The run is ok and, where it loads, every load was verified against what was saved."""
     run, samples = record(results_dir)
-    if run["status"] != "ok" or not run["integrity"] or not all(
+    if run["status"] != "ok" or (loads and not run["integrity"]) or not all(
             entry["checked"] for entry in run["integrity"].values()):
         raise SystemExit(f"torch-smoke: FAILED: {name}: status {run['status']}, "
                          f"integrity {run['integrity']}")
@@ -65,12 +72,11 @@ def main() -> int:
     import torch
 
     work = Path(tempfile.mkdtemp(prefix="dcp-fsdp-smoke-"))
-    lines = []
     try:
         for name, args in RUNS.items():
             _, elapsed_s = dcp_fsdp([*args, f"results_dir={work / name}"])
             check(work / name, name)
-            lines.append((name, elapsed_s))
+            done(name, elapsed_s)
 
         server = EmbeddedS3(bucket="smoke")
         server.start()
@@ -82,24 +88,22 @@ def main() -> int:
                      "model=tiny_llama"]
             _, save_s = dcp_fsdp(["save", *where, "nproc=1", f"results_dir={work / 'save-1'}"],
                                  env)
-            suffix = check(work / "save-1", "save nproc=1")["suffixes"][0]
+            suffix = check(work / "save-1", "save nproc=1", loads=False)["suffixes"][0]
             _, load_s = dcp_fsdp(["load", *where, "nproc=2", f"suffix={suffix}",
                                   f"results_dir={work / 'load-2'}"], env)
             run = check(work / "load-2", "resharded load")
             if run["world_size"] != 2:
                 raise SystemExit(f"torch-smoke: FAILED: resharded load ran {run['world_size']} ranks")
-            lines.append(("reshard save nproc=1 + load nproc=2", save_s + load_s))
+            done("resharded (save nproc=1, load nproc=2)", save_s + load_s)
         finally:
             server.stop()
 
         report, elapsed_s = dcp_fsdp(["report", *(str(p) for p in sorted(work.iterdir()))])
         if "save" not in report:
             raise SystemExit("torch-smoke: FAILED: the report shows no save")
-        lines.append(("report", elapsed_s))
+        done("report", elapsed_s)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for name, elapsed_s in lines:
-        print(f"torch-smoke: torch {torch.__version__}: {name}: ok in {elapsed_s:.1f} s")
     print(f"torch-smoke: torch {torch.__version__}: passed")
     return 0
 
