@@ -41,9 +41,10 @@ def die_with_parent(signum: int = signal.SIGTERM) -> bool:
     return True
 
 
-def owned_tempdir(prefix: str) -> Path:
-    """A fresh directory in $TMPDIR whose name carries this process's pid."""
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}p{os.getpid()}-"))
+def owned_tempdir(prefix: str, parent: str | None = None) -> Path:
+    """A fresh directory in `parent` (default $TMPDIR) whose name carries this process's
+    pid."""
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}p{os.getpid()}-", dir=parent))
 
 
 def _alive(pid: int) -> bool:
@@ -64,7 +65,8 @@ def remove_stale(tmpdir: str | None = None) -> list[Path]:
     """Remove our temporary directories whose owner process is gone (a launcher or rank
     killed before it could clean up), and the SeaweedFS sockets named in them."""
     removed = []
-    for path in Path(tmpdir or tempfile.gettempdir()).glob(TEMP_PREFIX + "*"):
+    places = dict.fromkeys([tmpdir or tempfile.gettempdir(), *SEAWEED_SOCKET_DIRS])
+    for path in (p for place in places for p in Path(place).glob(TEMP_PREFIX + "*")):
         owner = _OWNER.search(path.name[len(TEMP_PREFIX):])
         if owner is None or _alive(int(owner.group(1))):
             continue

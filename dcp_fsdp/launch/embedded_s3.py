@@ -90,6 +90,9 @@ def weed_binary() -> str:
     )
 
 
+_MAX_SOCKET_PATH = 100  # bytes; Linux's sun_path is 108 with its NUL
+
+
 def _die_with_starter() -> None:
     lifeline.die_with_parent(signal.SIGTERM)
 
@@ -109,6 +112,7 @@ class EmbeddedS3:
         self.host = host
         self.process: subprocess.Popen | None = None
         self.workdir: Path | None = None
+        self.socket_dir: Path | None = None
         self.endpoint: S3Endpoint | None = None
         self.ports: dict[str, int] = {}
 
@@ -120,6 +124,11 @@ class EmbeddedS3:
         (self.workdir / "logs").mkdir()
         ports = self.ports = dict(zip(_PORT_NAMES, free_ports(len(_PORT_NAMES), self.host)))
         (self.workdir / "ports.txt").write_text(" ".join(str(p) for p in ports.values()))
+        # A unix socket path holds at most 107 bytes: under a deep TMPDIR the sockets go
+        # to a short directory of their own in /tmp (removed with the rest).
+        self.socket_dir = self.workdir
+        if len(str(self.workdir / "filer.sock")) > _MAX_SOCKET_PATH:
+            self.socket_dir = lifeline.owned_tempdir("dcp-fsdp-sock-", "/tmp")
         access_key_id, secret_access_key = self.access_key_id, self.secret_access_key
         args = [
             weed_binary(), f"-logdir={self.workdir / 'logs'}", "mini",
@@ -127,8 +136,8 @@ class EmbeddedS3:
             f"-metricsIp={self.host}", "-master.telemetry=false", "-admin.ui=false",
             "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
             "-volume.preStopSeconds=0", f"-bucket={self.bucket}",
-            f"-filer.localSocket={self.workdir / 'filer.sock'}",
-            f"-s3.localSocket={self.workdir / 's3.sock'}",
+            f"-filer.localSocket={self.socket_dir / 'filer.sock'}",
+            f"-s3.localSocket={self.socket_dir / 's3.sock'}",
         ] + [f"-{name}={port}" for name, port in ports.items()]
         env = dict(os.environ)
         # Keys in the server's environment turn on SigV4 checking; without them any key passes.
@@ -229,6 +238,8 @@ class EmbeddedS3:
         # gRPC servers leave unix sockets in /tmp named after their port.
         lifeline.remove_seaweed_sockets(self.ports.values())
         if self.workdir is not None:
+            if self.socket_dir != self.workdir:
+                shutil.rmtree(self.socket_dir, ignore_errors=True)
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
 

@@ -256,6 +256,11 @@ class RankSession:
         self.init.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         init_rows = self.gather(status)
         samples = self.samples()
+        if status != "ok":
+            from dcp_fsdp import lifeline
+
+            lifeline.remove_stale()  # a killed peer's request-log directory (under torchrun
+            # or Slurm no launcher of ours runs afterwards)
         if not (self.writes_record(status) and self.run.run_id):
             return
         if not self.is_coordinator and error_line and "stopped after rank" not in error_line:

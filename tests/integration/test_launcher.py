@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import boto3
-import pytest
 
 from tests.kit.cli import (REPO, assert_under_elastic_agent, clean_env, descendants, rank_pids,
                            read_run, run_cli, s3_args, s3_env)
