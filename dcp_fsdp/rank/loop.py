@@ -178,6 +178,7 @@ class CheckpointLoop:
                               begin_wall, end_mono, end_wall)
         sample.peak_rss_bytes, sample.cuda_max_allocated_bytes = peak_rss, cuda_peak
         sample.cache_policy = cache_policy
+        sample.minor_faults = memory.minor_faults if marks else None
         if op == "save":
             sample.save_mode = self.cfg.save_mode.value
             if timing is None:  # sync: control comes back when the checkpoint is committed
