@@ -1,11 +1,13 @@
 """A bare rank: barrier + dcp.save / dcp.load of the same FSDP state dict, nothing else.
 
-The comparison point of `benchmarks/overhead.py` (the awslabs peer's method: whole model
-bytes / the rank's bare dcp.save time). No hooks, no request log, no watchdog, no byte
-counting: s3torchconnector's S3StorageWriter/Reader (or DCP's FileSystemWriter/Reader)
-built directly. The model is built by dcp_fsdp's own builder (untimed) so the state dict
-is the very one the tool saves, and the connector's client is built before the barrier,
-as the tool does, so both time only the save and the load.
+The comparison point of `benchmarks/harness_cost.py` and `benchmarks/overhead.py` (the
+awslabs peer's method: whole model bytes / the rank's bare dcp.save time). No hooks, no
+request log, no watchdog, no byte counting, none of the tool's timing code:
+s3torchconnector's S3StorageWriter/Reader (or DCP's FileSystemWriter/Reader) built
+directly. The model is built by dcp_fsdp's own builder (untimed) so the state dict holds
+the very shapes and values the tool saves; the builder leaves the host allocator as a plain
+`normal_` initialisation does (models/values.py, issue 19). The connector's client is built
+before the barrier, as the tool does, so both time only the save and the load.
 
 Run under torchrun (it is started by benchmarks/overhead.py):
   torchrun --standalone --nproc-per-node 2 -m benchmarks.bare_dcp MODEL DTYPE URI OUT.json [ITERATIONS]

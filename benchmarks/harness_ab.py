@@ -81,7 +81,7 @@ def rank_main(args) -> None:
     for round_number in range(args.rounds):
         shift = round_number % len(variants)
         order = variants[shift:] + variants[:shift]
-        if round_number % 2:
+        if (round_number // len(variants)) % 2:  # flip direction too (see harness_cost)
             order.reverse()
         for who in order:  # each variant saves then loads (as save-and-load does), then
             suffix = f"ab-{token}-{round_number}-{who}"  # its checkpoint goes (untimed)

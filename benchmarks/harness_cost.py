@@ -175,7 +175,9 @@ def main() -> int:
             for round_number in range(args.pairs):
                 shift = round_number % len(variants)
                 order = variants[shift:] + variants[:shift]
-                if round_number % 2:  # alternate direction too: no variant always follows another
+                # every len(variants) rounds the direction flips: with two variants the
+                # orders run AB, BA, BA, AB (no variant always goes first)
+                if (round_number // len(variants)) % 2:
                     order.reverse()
                 load_before = load_average()
                 for variant in order:

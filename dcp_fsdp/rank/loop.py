@@ -164,6 +164,7 @@ class CheckpointLoop:
             else:
                 dcp.load(self.state_dict, storage_reader=storage_io)
         peak_rss, cuda_peak = memory.end() if marks else (None, None)
+        minor_faults = memory.minor_faults if marks else None  # (finish may run later)
 
         def finish() -> Sample:
             if timing is not None and timing.end_mono is None:  # upload still in flight
@@ -179,6 +180,7 @@ class CheckpointLoop:
                                   begin_wall, end_mono, end_wall, window_wall)
             sample.peak_rss_bytes, sample.cuda_max_allocated_bytes = peak_rss, cuda_peak
             sample.cache_policy = cache_policy
+            sample.minor_faults = minor_faults
             if op == "save":
                 sample.save_mode = self.cfg.save_mode.value
                 if timing is None:  # sync: control comes back when the checkpoint is committed

@@ -137,6 +137,9 @@ class Sample:
     # fs load / raw_get: the page cache when the timer started (storage/pagecache.py):
     # "dropped" | "tmpfs-not-droppable" | "resident-after-drop"; None for s3 and saves
     cache_policy: str | None = None
+    # minor page faults of this rank during the op (process-wide, getrusage): fresh memory
+    # the op touched; a count far apart between two runs means different allocator states
+    minor_faults: int | None = None
     run_id: str | None = None  # set when read back from a record file
 
 
