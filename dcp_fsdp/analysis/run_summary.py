@@ -50,10 +50,10 @@ def async_lines(samples: list[Sample]) -> list[str]:
         if waits and max(waits) >= 0.0005:  # shown to the millisecond
             line += f" (of which {max(waits):.3f} s waiting for the previous upload)"
         lost = [s for s in ranks if s.train_lost_s is not None and s.interval_s]
-        if lost:
-            lost_s = max(s.train_lost_s for s in lost)
-            share = max(s.train_lost_share for s in lost)
-            line += (f", training lost {lost_s:.3f} s = {share:.1%} of a "
-                     f"{max(s.interval_s for s in lost):.3f} s interval")
+        if lost:  # the slowest rank's: the others wait for it at the next collective
+            worst = max(lost, key=lambda s: s.train_lost_share)
+            line += (f", training lost {worst.train_lost_s:.3f} s = "
+                     f"{worst.train_lost_share:.1%} of a {worst.interval_s:.3f} s interval "
+                     f"(rank {worst.rank})")
         lines.append(line + f"; persisted {persisted:.3f} s")
     return lines

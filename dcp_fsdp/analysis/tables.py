@@ -57,6 +57,14 @@ def _span_mib_s(group_ops: pd.DataFrame, span: str) -> float:
         have[span].sum() else math.nan
 
 
+def _slowest_mean(group_samples: pd.DataFrame, field: str) -> float:
+    values = pd.to_numeric(group_samples[field], errors="coerce")
+    if not values.notna().any():
+        return math.nan
+    per_op = group_samples.assign(_v=values).groupby(["run_id", "iteration"])["_v"].max()
+    return mean_or_nan(per_op)
+
+
 def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
                    group_samples: pd.DataFrame, untimed: pd.Series, failed_runs: float,
                    all_ops: pd.DataFrame) -> dict[str, Any]:
@@ -90,7 +98,8 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
         # what training pays per save: seconds it may not update weights, and the share of
         # the training interval lost (async with steps between saves)
         "stall_mean_s": mean_or_nan(group_ops["stall_span_s"]),
-        "train_lost_share": mean_or_nan(group_samples["train_lost_share"]),
+        # the slowest rank holds the others back: max over ranks, mean over saves
+        "train_lost_share": _slowest_mean(group_samples, "train_lost_share"),
         "persisted_mib_s": _span_mib_s(group_ops, "persisted_span_s"),
         "fetched_ratio": amplification,
         "note": ", ".join(n for n in (amplification_note(amplification),

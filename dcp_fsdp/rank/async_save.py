@@ -171,10 +171,12 @@ class AsyncSaver:
 
     def baseline(self) -> list[float]:
         """Right before a save (untimed): step times with no checkpoint in flight. With a
-        cadence the previous upload may still run here, so the first save's baseline holds."""
+        cadence the previous upload may still run here: then the last clean baseline holds."""
         if self.train_step is None:
             return []
-        if self.cadence and self._baseline_s is not None:
+        in_flight = self._pending is not None and self._pending.upload is not None and \
+            not self._pending.upload.done()
+        if in_flight and self._baseline_s is not None:
             return self._baseline_s
         self._baseline_s = self.train_step.baseline()
         return self._baseline_s

@@ -24,7 +24,8 @@ from typing import Callable
 
 import torch
 
-BASELINE_STEPS = 3  # steps timed right before each save, no checkpoint in flight
+BASELINE_STEPS = 5  # steps timed right before each save, no checkpoint in flight (3 were
+# too few on a loaded machine: a rank's baseline could be 2x its later steps)
 _CPU_SIZE = 256  # matrix side: small enough that a step can be tens of milliseconds on CPU
 _CUDA_SIZE = 4096  # large enough to keep a GPU busy per kernel
 _PROBE_S = 0.2  # calibration: run matmuls for at least this long to time one
