@@ -205,7 +205,7 @@ def parse_error_line(overrides: list[str], error: BaseException) -> str:
                 return f"'{override}': cannot parse it; write settings as key=value"
             if value.count("[") != value.count("]") or value.count("{") != value.count("}"):
                 return (f"{key}: cannot parse the value {value!r} (its brackets do not pair "
-                        f"up); write a list as {key}=[a,b], or quote a text: {key}='{value}'")
+                        f"up); write a list as {key}=[a,b]; a text must be quoted: {key}='{value}'")
             quote = '"' if "'" in value else "'"
             return (f"{key}: cannot parse the value {value!r} (non-ASCII letters and ~ ' ( ) "
                     f"[ ] {{ }} = # & must be quoted); write it as {key}={quote}{value}{quote}, "
