@@ -20,8 +20,8 @@ scores, (max - min) / median.
 
 Budget: a trial starts only if the time spent plus the estimated cost of this trial (the
 larger of the median and the latest trial wall time) fits in `budget_s`; the search phase
-stops at 60 % of the budget (and of `max_trials`, which counts every run, defaults and
-repeats included), leaving the rest for the finals. The only overrun is one trial running
+stops at 60 % of what the budget left for trials after start-up (and of `max_trials`,
+which counts every run, defaults and repeats included), leaving the rest for the finals. The only overrun is one trial running
 longer than its estimate.
 """
 
@@ -138,6 +138,12 @@ class Budget:
         self.started_s = started_s
         self.clock = clock
         self.walls: list[float] = []
+        # time already spent when the trials began (start-up): a share of the budget is a
+        # share of what is left for trials, so a slow start-up cannot eat the search
+        self.before_trials_s = 0.0
+
+    def begin_trials(self) -> None:
+        self.before_trials_s = max(0.0, self.elapsed_s())
 
     def elapsed_s(self) -> float:
         return self.clock() - self.started_s
@@ -151,7 +157,8 @@ class Budget:
         """None if one more trial fits in `share` of the budget (and of the trial count)."""
         if self.max_trials is not None and len(self.walls) + 1 > max(1, int(self.max_trials * share)):
             return f"tune.trials={self.max_trials} reached"
-        if self.elapsed_s() + self.estimate_s() > self.budget_s * share:
+        limit_s = self.before_trials_s + (self.budget_s - self.before_trials_s) * share
+        if self.elapsed_s() + self.estimate_s() > limit_s:
             return f"tune.budget_s={self.budget_s:g} would be exceeded"
         return None
 
@@ -202,6 +209,7 @@ class Search:
 
     # -- the phases ------------------------------------------------------------------------
     def run(self) -> SearchResult:
+        self.budget.begin_trials()
         stopped = self.budget.why_not()
         if stopped is None:
             first = self._run(self.defaults, "defaults")

@@ -219,3 +219,15 @@ def test_an_override_line_leaves_out_a_setting_without_effect(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "recommended: storage.reader=sequential" in out
     assert out.rstrip().endswith("OVERRIDES=storage.reader=sequential")
+
+
+def test_a_slow_start_up_leaves_the_search_its_share_of_the_time_left():
+    """90 s of a 120 s budget spent starting the ranks: the search still gets 60 % of the
+    30 s left, not nothing (the finals would otherwise re-measure the defaults alone)."""
+    runs = FakeRuns(peak, cost_s=2.0)
+    runs.now = 90.0
+    result = search(runs, budget_s=120.0, repeats=2).run()
+    roles = [role for _, role in runs.calls]
+    assert roles.count("search") >= 5
+    assert runs.now <= 120.0
+    assert len(result.finalists) == 3
