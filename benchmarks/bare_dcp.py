@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
 
@@ -73,23 +74,32 @@ def main() -> int:
         if client is not None and hasattr(client, "_client"):
             client._client  # noqa: B018 - builds the native client, as the tool's warm_up
 
-    save_s, load_s = [], []
+    def faults() -> int:  # read outside the timer: minor page faults of this process
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+    save_s, load_s, save_faults, load_faults = [], [], [], []
     for iteration in range(iterations):
         if iteration:  # a new checkpoint per save, as the tool's iterations
             writer = writer_factory(f"{uri}-{iteration + 1}")
         warm(writer)
+        before = faults()
         dist.barrier()
         begin = time.monotonic()
         dcp.save(state_dict, storage_writer=writer)
         save_s.append(time.monotonic() - begin)
+        save_faults.append(faults() - before)
         reader = reader_factory(writer_path(iteration))
         warm(reader)
+        before = faults()
         dist.barrier()
         begin = time.monotonic()
         dcp.load(state_dict, storage_reader=reader)
         load_s.append(time.monotonic() - begin)
+        load_faults.append(faults() - before)
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, {"rank": rank, "save_s": save_s, "load_s": load_s})
+    dist.all_gather_object(gathered, {"rank": rank, "save_s": save_s, "load_s": load_s,
+                                      "save_minor_faults": save_faults,
+                                      "load_minor_faults": load_faults})
     if rank == 0:
         with open(out, "w") as sink:
             json.dump({"model_bytes": model_bytes, "ranks": gathered}, sink)

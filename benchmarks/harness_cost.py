@@ -12,6 +12,8 @@ Alternates launches of
   no-heartbeat  progress=false (rank 0's progress thread)
   no-reqlog     request_stats=false (s3: the connector's per-request debug log)
   all-off       all of the above
+  and, with --torchrun, tool-torchrun: the tool's ranks started by torchrun instead of
+  dcp-fsdp's own launcher (`nproc=` is ignored under torchrun)
 (the pieces are switched off through the benchmark-only DCP_FSDP_HARNESS_OFF variable,
 dcp_fsdp/contract.py; heartbeat and request log are settings.)
 
@@ -99,8 +101,12 @@ def run_bare(args, location: str, env, log) -> dict[str, float]:
 
 def run_tool(args, storage_args: list[str], variant: str, env, log) -> dict[str, float]:
     settings, off = TOGGLES.get(variant, ([], ""))
+    # tool-torchrun: the same ranks started by torchrun instead of dcp-fsdp's own launcher
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 f"--nproc-per-node={args.nproc}"] if variant == "tool-torchrun" else
+                [sys.executable])
     with tempfile.TemporaryDirectory() as results:
-        subprocess.run([sys.executable, "-m", "dcp_fsdp", "save-and-load",
+        subprocess.run([*launcher, "-m", "dcp_fsdp", "save-and-load",
                         f"model={args.model}", f"model.dtype={args.dtype}", f"nproc={args.nproc}",
                         *storage_args, "iterations=1", f"results_dir={results}", *settings],
                        cwd=REPO, env={**env, "DCP_FSDP_HARNESS_OFF": off},
@@ -140,13 +146,16 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=10, help="rounds (each variant once)")
     parser.add_argument("--toggles", action="store_true",
                         help="add the tool with each instrumentation piece off")
+    parser.add_argument("--torchrun", action="store_true",
+                        help="add the tool launched by torchrun (tool-torchrun)")
     parser.add_argument("--log", default="harness_cost.log", help="the launches' own output")
     parser.add_argument("--json", default=None, help="write every launch's figures here")
     parser.add_argument("--summarise", metavar="JSON", help="only print a --json file's summary")
     args = parser.parse_args()
     if args.summarise:
         return print_saved(args.summarise)
-    variants = ["bare", "tool"] + (list(TOGGLES) if args.toggles else [])
+    variants = (["bare", "tool"] + (["tool-torchrun"] if args.torchrun else [])
+                + (list(TOGGLES) if args.toggles else []))
     if args.storage == "shm":
         variants = [v for v in variants if v != "no-reqlog"]  # no request log without S3
 
