@@ -26,8 +26,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-DEFAULT_PRICES = (Path(__file__).resolve().parent.parent / "config" / "conf" / "prices"
-                  / "s3-standard-us-east-1.yaml")
+def _default_prices() -> Path:
+    """conf/prices/s3-standard-us-east-1.yaml, in the Hydra config dir (source or wheel)."""
+    from dcp_fsdp.config.conf_dir import conf_dir
+
+    return conf_dir() / "prices" / "s3-standard-us-east-1.yaml"
+
+
+DEFAULT_PRICES = _default_prices()
 SECONDS_PER_DAY = 86400.0
 MONTHS_PER_DAY = 12 / 365
 _NUMBERS = ("put_per_1000", "get_per_1000", "storage_per_gb_month", "gb_bytes")

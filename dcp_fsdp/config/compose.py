@@ -14,23 +14,12 @@ from pathlib import Path
 
 from dcp_fsdp.config.validate import (check_setting_name, check_storage_settings,
                                       model_config_names)
+from dcp_fsdp.config.conf_dir import conf_dir
 from dcp_fsdp.errors import UserError
 
 
 
-def _conf_dir() -> Path:
-    """The Hydra config directory users edit: the top-level `conf/` of a source tree (an
-    editable install reads it in place), or its copy inside an installed wheel (setuptools
-    maps `conf/` to the package data `dcp_fsdp/conf`, see pyproject.toml)."""
-    package = Path(__file__).resolve().parent.parent
-    for where in (package / "conf", package.parent / "conf"):
-        if (where / "config.yaml").is_file():
-            return where
-    raise UserError(f"no Hydra config directory (conf/config.yaml) under {package} or "
-                       f"{package.parent}: the installation is incomplete; reinstall dcp_fsdp")
-
-
-CONF_DIR = _conf_dir()
+CONF_DIR = conf_dir()
 
 
 def expand_sweeps(overrides: list[str]) -> list[list[str]]:

@@ -1,0 +1,19 @@
+"""Where the Hydra config directory is (no Hydra import: `report` reads prices from it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dcp_fsdp.errors import UserError
+
+
+def conf_dir() -> Path:
+    """The Hydra config directory users edit: the top-level `conf/` of a source tree (an
+    editable install reads it in place), or its copy inside an installed wheel (setuptools
+    maps `conf/` to the package data `dcp_fsdp/conf`, see pyproject.toml)."""
+    package = Path(__file__).resolve().parent.parent
+    for where in (package / "conf", package.parent / "conf"):
+        if (where / "config.yaml").is_file():
+            return where
+    raise UserError(f"no Hydra config directory (conf/config.yaml) under {package} or "
+                    f"{package.parent}: the installation is incomplete; reinstall dcp_fsdp")
