@@ -19,6 +19,7 @@ from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 _OWNER = re.compile(r"-p(\d+)-")
+SERVER_PID_FILE = "server.pid"  # a server using the directory: never removed under it
 # Every temporary directory of ours starts with this (run dirs, the server's data dir,
 # per-rank request logs).
 TEMP_PREFIX = "dcp-fsdp-"
@@ -70,6 +71,11 @@ def remove_stale(tmpdir: str | None = None) -> list[Path]:
         owner = _OWNER.search(path.name[len(TEMP_PREFIX):])
         if owner is None or _alive(int(owner.group(1))):
             continue
+        try:
+            if _alive(int((path / SERVER_PID_FILE).read_text())):
+                continue  # its server is still stopping: the next run removes it
+        except (OSError, ValueError):
+            pass
         for ports_file in path.glob("**/ports.txt"):
             remove_seaweed_sockets(int(p) for p in ports_file.read_text().split())
         shutil.rmtree(path, ignore_errors=True)

@@ -154,6 +154,8 @@ class EmbeddedS3:
             preexec_fn=_die_with_starter,  # ... and if we are killed, it stops too
         )
         log.close()
+        # While it runs, its directory is not stale even if we are gone (it is stopping).
+        (self.workdir / lifeline.SERVER_PID_FILE).write_text(str(self.process.pid))
         self.endpoint = S3Endpoint(
             endpoint_url=f"http://{self.host}:{ports['s3.port']}",
             bucket=self.bucket,

@@ -71,8 +71,11 @@ def main(argv: list[str]) -> int:
             raise
     summary["finished_at_s"] = time.time()
     if summary_path:
-        with open(summary_path, "w") as f:
-            json.dump(summary, f)
+        try:
+            with open(summary_path, "w") as f:
+                json.dump(summary, f)
+        except OSError:
+            pass  # the launcher is gone (killed) and its directory with it
     return code
 
 

@@ -72,7 +72,8 @@ def ours(tmpdir: Path) -> list[str]:
 def test_kill_9_of_the_launcher_takes_agent_ranks_and_server_with_it(tmp_path):
     """Embedded server, 2 ranks: SIGKILL the launcher mid-run. The agent, both ranks and
     SeaweedFS end within seconds; the run dir and server dir it could not remove are
-    removed by the next run, with the server's sockets in /tmp."""
+    removed (by the stopped ranks, or at the latest by the next run), with the server's
+    sockets in /tmp."""
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     process = start(["save-and-load", "nproc=2", "iterations=200", "integrity=false",
@@ -88,8 +89,6 @@ def test_kill_9_of_the_launcher_takes_agent_ranks_and_server_with_it(tmp_path):
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     assert wait_gone(below) == [], "still running after the launcher was killed"
-    left = ours(tmpdir)
-    assert any(n.startswith("dcp-fsdp-s3-") for n in left), left  # it could not clean up
     # The next run (a quick bad-input one is enough: it fails after the sweep) removes them.
     nxt = run_cli(["save", "storage=fs", f"storage.path={tmp_path / 'ckpt'}", "nproc=1",
                    "model=tiny_llama", "iterations=1", f"results_dir={tmp_path / 'r2'}"],

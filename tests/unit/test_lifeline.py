@@ -1,0 +1,40 @@
+"""What a killed process leaves is removed by the next one: directories named after a
+dead owner go (with the SeaweedFS sockets they list), a live owner's stay."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from dcp_fsdp import lifeline
+
+
+def test_remove_stale_takes_only_what_dead_owners_left(tmp_path, monkeypatch):
+    sockets = tmp_path / "sockets"
+    sockets.mkdir()
+    monkeypatch.setattr(lifeline, "SEAWEED_SOCKET_DIRS", (str(sockets),))
+    dead_pid = subprocess.Popen(["true"])  # a pid that has ended and been reaped
+    dead_pid.wait()
+    dead = tmp_path / f"dcp-fsdp-s3-p{dead_pid.pid}-abc"
+    dead.mkdir()
+    (dead / "ports.txt").write_text("40001 40002")
+    (sockets / "seaweedfs-filer-40001.sock").touch()
+    (sockets / "seaweedfs-master-49999.sock").touch()  # another server's: kept
+    live = tmp_path / f"dcp-fsdp-run-p{os.getpid()}-xyz"
+    live.mkdir()
+    unrelated = tmp_path / "dcp-fsdp-results"  # no owner in its name: never touched
+    unrelated.mkdir()
+    removed = lifeline.remove_stale(str(tmp_path))
+    assert removed == [dead]
+    assert live.exists() and unrelated.exists() and not dead.exists()
+    assert sorted(p.name for p in sockets.iterdir()) == ["seaweedfs-master-49999.sock"]
+
+
+def test_owned_tempdir_names_its_owner(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    path = lifeline.owned_tempdir("dcp-fsdp-run-")
+    assert path.parent == Path(tmp_path) and f"-p{os.getpid()}-" in path.name
