@@ -200,7 +200,8 @@ def serve(where: Path, bucket: str) -> int:
                  "endpoint_url": endpoint.endpoint_url, "bucket": endpoint.bucket,
                  "access_key_id": endpoint.access_key_id,
                  "secret_access_key": endpoint.secret_access_key, "region": endpoint.region,
-                 "uri": f"s3://{endpoint.bucket}/checkpoints", "workdir": str(server.workdir)}
+                 "uri": f"s3://{endpoint.bucket}/checkpoints", "workdir": str(server.workdir),
+                 "ports": server.ports}
         tmp = where / (STATE_NAME + ".tmp")
         tmp.touch(mode=0o600)
         tmp.write_text(json.dumps(state))
