@@ -131,7 +131,7 @@ def test_messages_that_misled(tmp_path):
         result = run_cli(["save", "storage=fs", f"storage.path={value}"])
         assert_refused(result, "storage.path", "quoted", f"storage.path='{value}'")
     result = run_cli(["save", "storage=fs", f"storage.path={tmp_path}", "suffix=.."])
-    assert_refused(result, "suffix=..", "start with a letter or digit")
+    assert_refused(result, "suffix=..", "start with an ASCII letter or digit")
     result = run_cli(["save", "model=L7B"])
     assert_refused(result, "model=L7B", "did you mean L7b?")
 
