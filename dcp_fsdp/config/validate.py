@@ -65,7 +65,8 @@ def check_suffix_length(suffix: str, iterations: int, kind: str, prefix: str = "
 
 def check_suffix(suffix: str) -> None:
     if not _SUFFIX.match(suffix):
-        raise UserError(f"suffix={suffix}: use letters, digits, '.', '_' and '-' only")
+        raise UserError(f"suffix={suffix}: start with an ASCII letter or digit, then use letters, "
+                        "digits, '.', '_' and '-' only, e.g. suffix=run-1")
 
 
 def model_config_names(conf_dir: Path) -> list[str]:

@@ -23,9 +23,9 @@ def main() -> int:
     import torch.distributed.checkpoint as dcp
 
     from dcp_fsdp.config.compose import compose
-    from dcp_fsdp.rank import ceiling
     from dcp_fsdp.rank.session import RankSession
     from dcp_fsdp.storage import pagecache
+    from dcp_fsdp.storage.raw import FsRawArea
 
     seen: dict[str, list[int]] = {}
 
@@ -39,14 +39,14 @@ def main() -> int:
         seen.setdefault("load", residency(pagecache.checkpoint_files(storage_reader.path)))
         return real_load(state_dict, *args, storage_reader=storage_reader, **kwargs)
 
-    real_get = ceiling.FsMover.get
+    real_get = FsRawArea.get  # the ceiling's fs GET (storage/raw.py)
 
-    def observed_get(self, client, iteration, obj):
-        seen.setdefault("raw_get", residency([self.path(iteration, obj)]))
-        return real_get(self, client, iteration, obj)
+    def observed_get(self, client, name):
+        seen.setdefault("raw_get", residency([self.path(name)]))
+        return real_get(self, client, name)
 
     dcp.load = observed_load
-    ceiling.FsMover.get = observed_get
+    FsRawArea.get = observed_get
     session = RankSession(compose("save-and-load", overrides), time.monotonic())
     session.join()
     session.open_store()
