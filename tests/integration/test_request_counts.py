@@ -48,7 +48,8 @@ def test_request_counts_match_the_servers_own_counters(s3_server, s3, s3_uri, tm
         (tests.kit.seaweed_counters.SERVER_TYPE);
       - the launcher's pre-flight runs in the parent process, before any rank (not in
         any record): one HeadBucket per invocation, and for `load` one HeadObject of
-        .metadata (check_loadable) as well.
+        .metadata (check_loadable), then a GET of the manifest and of .metadata (the
+        model / dtype / state compatibility check, launch/preflight.py) as well.
     """
     env = s3_env(s3)
     before = _settled_counts(s3_server)
@@ -66,7 +67,8 @@ def test_request_counts_match_the_servers_own_counters(s3_server, s3, s3_uri, tm
 
     save_view, save_parts = _client_view(save_run, save_samples)
     load_view, load_parts = _client_view(load_run, load_samples)
-    launcher = collections.Counter({("GET", "200"): 2 + 1})  # 2 x HeadBucket, 1 x HeadObject
+    # 2 x HeadBucket, 1 x HeadObject, 2 x GetObject (manifest, .metadata)
+    launcher = collections.Counter({("GET", "200"): 2 + 1 + 2})
     client = save_view + load_view + launcher
     print("\ntype   code  record(save+load+launcher)  server")
     for key in sorted(set(client) | set(server)):
