@@ -92,8 +92,15 @@ def end_rank(result) -> NoReturn:
     """The end of a rank's process (a `rank.session.RankResult`): on the rank that wrote
     the record, the run's table, where the record is and the suffixes a save made (the
     batch scripts read the SUFFIXES= line); then the exit code."""
+    import signal
+
     from dcp_fsdp import contract, log
-    from dcp_fsdp.rank.distributed import end_process
+    from dcp_fsdp.lifeline import end_process
+
+    # The outcome is known: a later Ctrl-C / SIGTERM (the agent stopping its ranks) must not
+    # cut the record's lines or land inside an import (no torch is imported from here on).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     run = result.run
     if run is not None:

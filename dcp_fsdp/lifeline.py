@@ -91,3 +91,22 @@ def remove_seaweed_sockets(ports) -> None:
         for where in dirs:
             for leftover in Path(where).glob(f"seaweedfs-*-{port}.sock"):
                 leftover.unlink(missing_ok=True)
+
+
+def end_process(exit_code: int) -> "NoReturn":
+    """End a rank's process now, skipping interpreter teardown. The native libraries'
+    threads (gloo, the CRT S3 client) are still about at exit, and their destructors
+    can abort a process that has already succeeded ("terminate called without an
+    active exception", exit 134), which would turn a good run into a failed job.
+    Everything we keep is written and flushed by then. No torch import here: a rank
+    stopped while torch was still importing ends through this too."""
+    import logging
+    import sys
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(exit_code)

@@ -7,7 +7,7 @@ import datetime
 import os
 import socket
 import sys
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -113,20 +113,3 @@ def shutdown(aligned: bool) -> None:
     if aligned:
         dist.barrier()
     dist.destroy_process_group()
-
-
-def end_process(exit_code: int) -> NoReturn:
-    """End a rank's process now, skipping interpreter teardown. The native libraries'
-    threads (gloo, the CRT S3 client) are still about at exit, and their destructors
-    can abort a process that has already succeeded ("terminate called without an
-    active exception", exit 134), which would turn a good run into a failed job.
-    Everything we keep is written and flushed by then."""
-    import logging
-
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(exit_code)
