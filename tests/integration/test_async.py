@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import re
 import time
 import urllib.parse
 from pathlib import Path
@@ -21,7 +20,7 @@ import boto3
 import pytest
 
 from tests.kit.cli import (REPO, assert_under_elastic_agent, clean_env, rank_pids, read_run,
-                           run_cli, s3_args, s3_env)
+                           run_cli, s3_args, s3_env, wait_for_committed_object)
 from tests.kit.fault_proxy import DATA_PLANE, FaultProxy
 
 TRAIN_STEP_S = 0.05
@@ -100,22 +99,6 @@ def test_async_cadence_overlaps_the_next_save_with_the_upload(s3, s3_uri, tmp_pa
         assert "INCOMPLETE" not in listed(s3, s3_uri, suffix)
     assert "training stalled" in result.stdout and "waiting for the previous upload" in \
         result.stdout
-
-
-def wait_for_committed_object(s3, held_path: str, key_pattern: str, timeout_s: float = 120):
-    """Wait until an object matching key_pattern is committed beside the held one."""
-    bucket, key = held_path.lstrip("/").split("/", 1)
-    suffix_prefix = key.rsplit("/", 1)[0] + "/"
-    client = boto3.client("s3", endpoint_url=s3.endpoint_url, region_name="us-east-1",
-                          aws_access_key_id=s3.access_key_id,
-                          aws_secret_access_key=s3.secret_access_key)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        listing = client.list_objects_v2(Bucket=bucket, Prefix=suffix_prefix)
-        if any(re.search(key_pattern, obj["Key"]) for obj in listing.get("Contents", [])):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"no object matching {key_pattern} under {suffix_prefix}")
 
 
 def listed(s3, s3_uri, suffix) -> str:

@@ -112,3 +112,26 @@ def assert_under_elastic_agent(ranks: dict[int, int]) -> None:
     for pid in ranks.values():
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         assert any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in environ), pid
+
+
+def wait_for_committed_object(s3: S3Endpoint, held_path: str, key_pattern: str,
+                              timeout_s: float = 120) -> None:
+    """Wait until an object matching key_pattern (a regex) is committed in the same
+    checkpoint as the held object (held_path: "/bucket/prefix/suffix/object", path-style)."""
+    import re
+
+    import boto3
+
+    bucket, key = held_path.lstrip("/").split("/", 1)
+    checkpoint_prefix = key.rsplit("/", 1)[0] + "/"
+    client = boto3.client("s3", endpoint_url=s3.endpoint_url, region_name="us-east-1",
+                          aws_access_key_id=s3.access_key_id,
+                          aws_secret_access_key=s3.secret_access_key)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        listing = client.list_objects_v2(Bucket=bucket, Prefix=checkpoint_prefix)
+        if any(re.search(key_pattern, obj["Key"]) for obj in listing.get("Contents", [])):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no object matching {key_pattern} under {checkpoint_prefix} "
+                         f"after {timeout_s:.0f} s")
