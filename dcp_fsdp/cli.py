@@ -129,6 +129,7 @@ def check_torchrun_rank(cfg) -> None:
 
     ranks_here = checks.check_torchrun_environment()
     checks.check_model(cfg)
+    checks.check_replicas(cfg.model.replicas, int(os.environ["WORLD_SIZE"]), "WORLD_SIZE")
     checks.check_environment(cfg)
     if needs_embedded_server(cfg):
         raise UserError(

@@ -37,6 +37,7 @@ THROUGHPUT = [
     Column("train_lost_share", "train lost %", "%", 1),
     Column("persisted_mib_s", "MiB/s persisted", ".1f", 1),
     Column("fetched_ratio", "fetched/bytes", ".2f", 5),
+    Column("egress_mib_per_op", "egress MiB/op", ".1f", 5),
     Column(("rank_s_min", "rank_s_median", "rank_s_max"), "rank s min/med/max", ".3f", 7),
     Column("requests_per_op", "req/op", ".1f", None),
     Column("req_per_s", "req/s", ".1f", None),

@@ -43,6 +43,7 @@ NOT_SETTINGS = {
 APPLIES_TO = {
     "save_mode": ("save",), "async_save.": ("save",), "train_step_s": ("save",),
     "storage.part_size_mib": ("save", "raw_put"), "storage.reader": ("load",),
+    "model.replica_load": ("load",),
 }
 
 

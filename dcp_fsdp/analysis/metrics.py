@@ -26,8 +26,8 @@ import pandas as pd
 
 from dcp_fsdp.telemetry.figures import (CEILING_OPS, MIB, NOISE_HINT, NOISY_SPREAD,
                                       add_operation_figures, amplification_note,
-                                      efficiency, efficiency_per_operation, noise_note, pooled,
-                                      read_amplification)
+                                      efficiency, efficiency_per_operation, egress_mib,
+                                      noise_note, pooled, read_amplification)
 from dcp_fsdp.telemetry.histograms import hist_merge, hist_quantile
 
 __all__ = ["CEILING_OPS", "GIB", "MIB", "per_operation", "run_table", "run_figures",
@@ -191,9 +191,11 @@ def run_figures(samples: Iterable[dict[str, Any]]
     with two or more iterations (the same figures as `report`: telemetry/figures.py); and the
     lines to print under it. Columns empty in every row are left out: efficiency without a
     save or load that has raw rows of its own iteration (its ceiling), requests without
-    request statistics, note when no row has one (read amplification, spread)."""
+    request statistics, egress without a load, note when no row has one (read
+    amplification, spread)."""
     frame = samples_frame(samples)
-    headers = ["op", "iter", "suffix", "MiB", "span s", "aggregate MiB/s", "efficiency",
+    headers = ["op", "iter", "suffix", "MiB", "egress MiB", "span s", "aggregate MiB/s",
+               "efficiency",
                "slowest-rank MiB/s", "rank s min/med/max", "rank MiB/s min/med/max", "requests",
                "req/s", "failed/throttled", "latency p50/p99 ms by type", "note"]
     if frame.empty:
@@ -209,8 +211,9 @@ def run_figures(samples: Iterable[dict[str, Any]]
         return [_int_or_blank(count), _fmt(count / span_s if span_s else math.nan),
                 f"{_int_or_blank(failed)}/{_int_or_blank(throttled)}", _latency_cell(by_type)]
 
-    def row_cells(op, iteration, suffix, figures, eff, rank_s, rank_mib_s, requests, note):
-        return [op, iteration, suffix, f"{figures['bytes'] / MIB:.1f}",
+    def row_cells(op, iteration, suffix, figures, egress, eff, rank_s, rank_mib_s, requests,
+                  note):
+        return [op, iteration, suffix, f"{figures['bytes'] / MIB:.1f}", _fmt(egress),
                 f"{figures['span_s']:.3f}", _fmt(figures["aggregate_mib_s"]),
                 _fmt(eff, ".2f"),
                 _fmt(figures["slowest_rank_mib_s"]),
@@ -219,7 +222,8 @@ def run_figures(samples: Iterable[dict[str, Any]]
 
     for index, row in ops.iterrows():
         rows.append(row_cells(
-            row["op"], row["iteration"], row["suffix"], row, row["efficiency"],
+            row["op"], row["iteration"], row["suffix"], row, egress_mib(ops.loc[[index]]),
+            row["efficiency"],
             (row["rank_s_min"], row["rank_s_median"], row["rank_s_max"]),
             (row["rank_mib_s_min"], row["rank_mib_s_median"], row["rank_mib_s_max"]),
             request_cells(row["req_count"], row["span_s"], row["req_failed"],
@@ -238,7 +242,8 @@ def run_figures(samples: Iterable[dict[str, Any]]
         note = ", ".join(n for n in (amplification_note(read_amplification(group)), spread) if n)
         durations, rates = op_samples["duration_s"], op_samples["rank_mib_s"]
         rows.append(row_cells(
-            f"{op} (all)", f"{len(group)}", "", figures, efficiency(group, ops),
+            f"{op} (all)", f"{len(group)}", "", figures, egress_mib(group),
+            efficiency(group, ops),
             (durations.min(), durations.median(), durations.max()),
             (rates.min(), rates.median(), rates.max()),
             request_cells(_complete_sum(group["req_count"]), figures["span_s"],

@@ -19,7 +19,7 @@ def print_run_summary(run: RunRecord, samples: list[Sample]) -> None:
     storage = run.storage or {}
     embedded = " (embedded SeaweedFS)" if storage.get("embedded") else ""
     print(f"\n{run.command} of {model.get('preset')} ({model.get('dtype')}, {model.get('state')}) "
-          f"on {run.world_size} rank(s) / {run.node_count} node(s), "
+          f"on {run.world_size} rank(s) / {run.node_count} node(s){replicas_words(run)}, "
           f"storage {storage.get('kind')}{embedded}")
     print(tabulate(rows, headers=headers, tablefmt="github"))
     for line in notes:
@@ -30,6 +30,16 @@ def print_run_summary(run: RunRecord, samples: list[Sample]) -> None:
     if init_s:
         print(f"init (untimed, not in any figure above): {max(init_s):.1f} s max over ranks")
     print(flush=True)
+
+
+def replicas_words(run: RunRecord) -> str:
+    """" as 2 replicas (loads: read_once)" with model.replicas > 1, else ""."""
+    model = (run.config or {}).get("model") or {}
+    replicas = model.get("replicas") or 1
+    if replicas <= 1:
+        return ""
+    loads = f" (loads: {model.get('replica_load')})" if run.command != "save" else ""
+    return f" as {replicas} replicas{loads}"
 
 
 def async_lines(samples: list[Sample]) -> list[str]:

@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from dcp_fsdp.telemetry.figures import (amplification_note, efficiency, noise_note, pooled,
-                                      read_amplification)
+from dcp_fsdp.telemetry.figures import (amplification_note, efficiency, egress_mib,
+                                      noise_note, pooled, read_amplification)
 from dcp_fsdp.analysis.metrics import GIB, MIB
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_merge, hist_quantile
 
@@ -102,6 +102,9 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
         "train_lost_share": _slowest_mean(group_samples, "train_lost_share"),
         "persisted_mib_s": _span_mib_s(group_ops, "persisted_span_s"),
         "fetched_ratio": amplification,
+        # bytes the loads fetched from storage, per operation (replicas: who reads)
+        "egress_mib_per_op": egress_mib(group_ops) / len(group_ops) if len(group_ops)
+        else math.nan,
         "note": ", ".join(n for n in (amplification_note(amplification),
                                       noise_note(figures["spread"])) if n),
         "rank_s_min": group_samples["duration_s"].min(),

@@ -43,6 +43,13 @@ class CheckpointState(str, enum.Enum):
     model_and_optimizer = "model_and_optimizer"  # weights + AdamW state (~3x bytes)
 
 
+class ReplicaLoad(str, enum.Enum):
+    # model.replicas > 1: every replica reads its shards from storage (R x the egress), or
+    # replica 0 alone reads them and broadcasts them along the mesh's "replicate" dimension
+    every_replica = "every_replica"
+    read_once = "read_once"
+
+
 class StorageKind(str, enum.Enum):
     s3 = "s3"
     fs = "fs"
@@ -83,6 +90,16 @@ class ModelConfig:
     preset: str = setting(MISSING, "model shape (group `model=`): L7b, L13b, L30b, L65b, L70b, "
                                    "GPT-4B, L660m, tiny_llama, tiny_gpt2")
     dtype: Dtype = setting(Dtype.fp32, "parameter dtype: fp32 or bf16")
+    replicas: int = setting(1, "replica groups (HSDP): the ranks form this many groups, each "
+                               "holding a whole copy of the model sharded over its "
+                               "nproc/replicas ranks (a 2-D mesh replicate x shard); nproc "
+                               "(under torchrun WORLD_SIZE) must be a multiple; a save writes "
+                               "each shard once; 1: plain FSDP")
+    replica_load: ReplicaLoad = setting(ReplicaLoad.every_replica,
+                                        "replicas > 1: every_replica (each replica reads its "
+                                        "shards from storage: replicas x the egress) or "
+                                        "read_once (replica 0 reads, then broadcasts to the "
+                                        "others along the replicate dimension; timed together)")
 
 
 @dataclasses.dataclass
@@ -231,7 +248,8 @@ def _type_name(annotation: Any) -> str:
     for name, enum_type in (("Dtype", Dtype), ("CheckpointState", CheckpointState),
                             ("StorageKind", StorageKind), ("PrefixStrategy", PrefixStrategy),
                             ("ReaderKind", ReaderKind), ("Backend", Backend),
-                            ("SaveMode", SaveMode), ("AsyncCheckpointer", AsyncCheckpointer)):
+                            ("SaveMode", SaveMode), ("AsyncCheckpointer", AsyncCheckpointer),
+                            ("ReplicaLoad", ReplicaLoad)):
         if name in text:
             return "|".join(member.value for member in enum_type)
     return (text.replace("Optional[", "").replace("]", "").replace("list[str", "list")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dcp_fsdp import contract
 from dcp_fsdp.config.schema import (BenchmarkConfig, Command, PrefixStrategy, ReaderKind,
-                                    SaveMode, StorageKind, iter_settings)
+                                    ReplicaLoad, SaveMode, StorageKind, iter_settings)
 from dcp_fsdp.errors import UserError
 
 S3_MIN_PART_SIZE_MIB = 5  # S3 rejects multipart parts below 5 MiB (except the last)
@@ -147,6 +147,7 @@ def _check_numbers(cfg: BenchmarkConfig) -> None:
             raise UserError(f"{name}={value}: give a finite number")
     ranges = (  # (setting, lowest, highest, whether the lowest is allowed)
         ("iterations", 1, MAX_ITERATIONS, True), ("nproc", 1, None, True),
+        ("model.replicas", 1, None, True),
         ("seed", 0, MAX_SEED, True), ("delay_s", 0, MAX_DELAY_S, True),
         ("op_timeout_s", 0, MAX_TIMEOUT_S, False),
         ("collective_timeout_s", 0, MAX_TIMEOUT_S, False),
@@ -169,6 +170,22 @@ def _check_numbers(cfg: BenchmarkConfig) -> None:
             low = f"{lowest} or more" if lowest_ok else f"more than {lowest}"
             span = low + (f", at most {_number(highest)}" if highest is not None else "")
             raise UserError(f"{name}={_number(value)}: must be {span}")
+
+
+def check_replicas(replicas: int, world_size: int, name: str) -> None:
+    """`world_size` ranks (the setting or variable it came from: `name`) must form
+    `replicas` groups of equal size: the (replicate, shard) mesh is a rectangle. Checked by
+    the launcher (nproc) and by a torchrun rank before it joins (WORLD_SIZE)."""
+    if replicas < 1:
+        raise UserError(f"model.replicas={replicas}: must be 1 or more")
+    if world_size % replicas == 0:
+        return
+    fits = [r for r in range(1, world_size + 1) if world_size % r == 0]
+    multiple = replicas * -(-world_size // replicas)
+    raise UserError(f"model.replicas={replicas}: {name}={world_size} ranks cannot form "
+                    f"{replicas} replica groups of equal size; use {name}={multiple} (a "
+                    f"multiple of {replicas}), or model.replicas one of "
+                    f"{', '.join(map(str, fits))}")
 
 
 def _number(value) -> str:
@@ -196,6 +213,11 @@ def validate(cfg: BenchmarkConfig, conf_dir: Path) -> None:
         raise UserError(f"async_save.steps_between_saves={cfg.async_save.steps_between_saves}: "
                         "the steps between saves need a step length; add train_step_s=0.05 "
                         "(and save_mode=async), or drop steps_between_saves")
+    if cfg.model.replica_load == ReplicaLoad.read_once and cfg.model.replicas < 2:
+        raise UserError("model.replica_load=read_once: only replicas other than the first "
+                        "receive a broadcast, and this run has model.replicas="
+                        f"{cfg.model.replicas}; add model.replicas=2 (nproc a multiple of it), "
+                        "or drop replica_load")
     if cfg.plan_caching and cfg.save_mode != SaveMode.sync:
         raise UserError("plan_caching=true: applies to sync saves only; remove it, or "
                         "use save_mode=sync")

@@ -21,7 +21,7 @@ import sys
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import Backend, BenchmarkConfig, StorageKind
-from dcp_fsdp.config.validate import check_endpoint, check_region
+from dcp_fsdp.config.validate import check_endpoint, check_region, check_replicas
 from dcp_fsdp.errors import UserError
 # where records go (and their fallback), shared with the ranks and `report`:
 from dcp_fsdp.telemetry.results_dir import (fallback_results_dir, record_written,  # noqa: F401
@@ -193,4 +193,5 @@ def check_launch(cfg: BenchmarkConfig) -> None:
     check_environment(cfg)
     check_results_dir(cfg.results_dir)
     check_nproc(cfg.nproc)
+    check_replicas(cfg.model.replicas, cfg.nproc, "nproc")
     check_devices(cfg.backend, cfg.nproc, cuda_device_count)

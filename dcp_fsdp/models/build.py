@@ -7,6 +7,12 @@ target dtype, with values that are a pure function of (seed, tensor name, global
 element index) (models/values.py): any rank can recompute what any shard of a
 checkpoint holds, at any world size. Peak memory per rank is therefore about
 (parameters / world size).
+
+With `replicas` R > 1 the ranks form R replica groups over a 2-D mesh ("replicate",
+"shard") of shape (R, world size / R): FSDP2's HSDP. Each replica holds the whole model,
+sharded over its world size / R ranks; rank r is replica r // (world size / R), shard
+r % (world size / R) (init_device_mesh lays ranks out row-major). Peak memory per rank is
+then about (parameters x R / world size).
 """
 
 from __future__ import annotations
@@ -34,6 +40,20 @@ class ShardedModel:
     optimizer: torch.optim.Optimizer | None
     param_count: int  # whole model, not this rank's shard
     param_bytes: int  # whole model
+    # (replicate, shard) for HSDP (replicas > 1), else a 1-D mesh: the load's broadcast
+    # along "replicate" needs its groups (rank/replicas.py)
+    mesh: Any = None
+    replicas: int = 1
+
+
+REPLICATE_DIM, SHARD_DIM = "replicate", "shard"
+
+
+def replica_of(rank: int, world_size: int, replicas: int) -> tuple[int, int]:
+    """(replica index, shard index) of `rank` on the (replicas, world_size // replicas)
+    mesh: ranks 0 .. S-1 are replica 0 (rank 0, DCP's coordinator, is always in it)."""
+    shards = world_size // replicas
+    return rank // shards, rank % shards
 
 
 def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -46,7 +66,8 @@ def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def build_sharded_model(preset: str, dtype: Dtype, state: CheckpointState,
-                        device: torch.device, world_size: int, seed: int) -> ShardedModel:
+                        device: torch.device, world_size: int, seed: int,
+                        replicas: int = 1) -> ShardedModel:
     shape = PRESETS[preset]
     config = hf_config(shape)
     with torch.device("meta"):
@@ -59,7 +80,11 @@ def build_sharded_model(preset: str, dtype: Dtype, state: CheckpointState,
     param_count = sum(p.numel() for p in model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
-    mesh = init_device_mesh(device.type, (world_size,))
+    if replicas > 1:  # HSDP: fully_shard over a 2-D mesh shards along "shard" only
+        mesh = init_device_mesh(device.type, (replicas, world_size // replicas),
+                                mesh_dim_names=(REPLICATE_DIM, SHARD_DIM))
+    else:
+        mesh = init_device_mesh(device.type, (world_size,))
     for block in decoder_blocks(model):
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -70,7 +95,7 @@ def build_sharded_model(preset: str, dtype: Dtype, state: CheckpointState,
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         _create_optimizer_state(optimizer)
     fill_state(dcp_state_dict(model, optimizer), seed)
-    return ShardedModel(model, optimizer, param_count, param_bytes)
+    return ShardedModel(model, optimizer, param_count, param_bytes, mesh, replicas)
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:

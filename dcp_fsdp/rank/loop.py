@@ -19,15 +19,16 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from dcp_fsdp import contract
-from dcp_fsdp.config.schema import BenchmarkConfig, Command
+from dcp_fsdp.config.schema import BenchmarkConfig, Command, ReplicaLoad
 from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.models import values
-from dcp_fsdp.models.build import ShardedModel, local_tensor
+from dcp_fsdp.models.build import ShardedModel, local_tensor, replica_of
 from dcp_fsdp.rank import verify
 from dcp_fsdp.rank.distributed import RankContext, all_gather_object, rank0_decides
 from dcp_fsdp.rank.hooks import HookTimeline, instrument_reader, instrument_writer
 from dcp_fsdp.rank.memory import PeakMemory
 from dcp_fsdp.rank.progress import Heartbeat
+from dcp_fsdp.rank.replicas import read_once_load, replica_share
 from dcp_fsdp.rank.state import apply_state_dict, flat_tensors
 from dcp_fsdp.rank.watchdog import Watchdog
 from dcp_fsdp.storage import layout
@@ -57,6 +58,11 @@ class CheckpointLoop:
         self.integrity: dict[str, dict[str, Any]] = {}
         self._expected_checksums: dict[str, int | None] = {}  # suffix -> seed to check with
         self.host = socket.gethostname()
+        # model.replicas > 1 (HSDP): this rank's replica group; bytes count its share
+        self.replicas = sharded.replicas
+        self.replica = replica_of(ctx.rank, ctx.world_size, self.replicas)[0]
+        self.read_once = (self.replicas > 1
+                          and cfg.model.replica_load == ReplicaLoad.read_once)
         # benchmark-only (benchmarks/harness_cost.py): instrumentation left out of the timer
         self.harness_off, _ = contract.harness_off(os.environ.get(contract.HARNESS_OFF_ENV))
 
@@ -156,11 +162,15 @@ class CheckpointLoop:
         begin_mono = time.monotonic()
         begin_wall = time.time()
         timing = None
+        broadcast_s = None
         with watchdog, heartbeat:
             if saver is not None:
                 timing = saver.save(self.state_dict, storage_io, begin_mono, baseline_s)
             elif op == "save":
                 dcp.save(self.state_dict, storage_writer=storage_io, planner=planner)
+            elif self.read_once:  # replica 0 reads, the others receive (rank/replicas.py)
+                broadcast_s = read_once_load(self.state_dict, storage_io, self.sharded.mesh,
+                                             self.replica)
             else:
                 dcp.load(self.state_dict, storage_reader=storage_io)
         peak_rss, cuda_peak = memory.end() if marks else (None, None)
@@ -181,6 +191,7 @@ class CheckpointLoop:
             sample.peak_rss_bytes, sample.cuda_max_allocated_bytes = peak_rss, cuda_peak
             sample.cache_policy = cache_policy
             sample.minor_faults = minor_faults
+            sample.broadcast_s = broadcast_s
             if op == "save":
                 sample.save_mode = self.cfg.save_mode.value
                 if timing is None:  # sync: control comes back when the checkpoint is committed
@@ -219,9 +230,12 @@ class CheckpointLoop:
             begin_wall_s=begin_wall, end_wall_s=end_wall, begin_mono_s=begin_mono,
             end_mono_s=end_mono, duration_s=end_mono - begin_mono,
             # bytes: checkpoint bytes, what this rank's shards hold (every throughput divides
-            # these); written_bytes / fetched_bytes: what it moved to / from storage (tensor
-            # data as stored; fetched > bytes is read amplification)
-            bytes=verify.local_bytes(self.state_dict),
+            # these; with replicas, its replica's share of them: the ranks' sum is the
+            # checkpoint's state bytes); written_bytes / fetched_bytes: what it moved to /
+            # from storage (tensor data as stored; fetched > bytes is read amplification)
+            bytes=replica_share(verify.local_bytes(self.state_dict), self.replicas,
+                                self.replica),
+            replica=self.replica if self.replicas > 1 else None,
             written_bytes=timeline.io_bytes if op == "save" else None,
             fetched_bytes=timeline.io_bytes if op == "load" else None,
             barrier_wait_s=begin_mono - barrier_start,
@@ -378,6 +392,7 @@ class CheckpointLoop:
             return
         manifest = {"model": self.cfg.model.preset, "model.dtype": self.cfg.model.dtype.value,
                     "state": self.cfg.state.value, "world_size": self.ctx.world_size,
+                    "replicas": self.replicas,
                     "param_count": self.sharded.param_count,
                     # what a load needs to recompute every value (rank/verify.py)
                     "values": values.GENERATOR, "seed": self.cfg.seed}

@@ -144,7 +144,7 @@ class RankSession:
         cfg, ctx = self.cfg, self.ctx
         t0 = time.monotonic()
         sharded = build_sharded_model(cfg.model.preset, cfg.model.dtype, cfg.state, ctx.device,
-                                      ctx.world_size, cfg.seed)
+                                      ctx.world_size, cfg.seed, cfg.model.replicas)
         self.init.build_s = time.monotonic() - t0
         t0 = time.monotonic()
         state_dict = make_state_dict(sharded)
@@ -164,7 +164,10 @@ class RankSession:
         self.say(f"run {run.run_id}: {cfg.command.value} model={model['preset']} "
                  f"({model['param_count'] / 1e9:.3f} B params, {model['dtype']}, "
                  f"{model['state']}, {model['state_bytes'] / 2**20:.1f} MiB) "
-                 f"world_size={ctx.world_size} nodes={ctx.node_count} backend={ctx.backend} "
+                 f"world_size={ctx.world_size} nodes={ctx.node_count} "
+                 + (f"replicas={cfg.model.replicas} ({cfg.model.replica_load.value} loads) "
+                    if cfg.model.replicas > 1 else "")
+                 + f"backend={ctx.backend} "
                  f"storage={self.store.location('')}")
         self.init.init_s = time.monotonic() - self.process_start_mono
         return sharded, state_dict

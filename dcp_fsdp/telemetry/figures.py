@@ -21,6 +21,10 @@ per-iteration rates would hide it):
                         A ratio everywhere (1.0 = the raw rate).
   read_amplification  = sum(fetched_bytes) / sum(bytes) (loads; shown when above
                         1 + AMPLIFICATION_SHOWN)
+  egress_mib          = sum(fetched_bytes) / MiB (loads): the bytes the load's ranks fetched
+                        from storage (data objects; not .metadata), e.g. replicas x the
+                        checkpoint when every replica reads (model.replicas); empty unless
+                        every rank knows its own. Pooled: the sum over the operations.
 """
 
 from __future__ import annotations
@@ -146,6 +150,15 @@ def read_amplification(ops: pd.DataFrame) -> float:
     known = ops[pd.to_numeric(ops["fetched_bytes"], errors="coerce").notna()]
     total = float(known["bytes"].sum()) if len(known) else 0.0
     return float(known["fetched_bytes"].astype(float).sum()) / total if total else math.nan
+
+
+def egress_mib(ops: pd.DataFrame) -> float:
+    """sum(fetched_bytes) / MiB over `ops` (per-operation rows, whose fetched_bytes is
+    already the sum over ranks, NaN where a rank did not know): NaN unless all know."""
+    if "fetched_bytes" not in ops or ops.empty:
+        return math.nan
+    fetched = pd.to_numeric(ops["fetched_bytes"], errors="coerce")
+    return float(fetched.sum()) / MIB if fetched.notna().all() else math.nan
 
 
 def amplification_note(value: float) -> str:

@@ -27,7 +27,10 @@ from dcp_fsdp.contract import ARGV_ENV
 # breakdown and read-amplification fields; run.gpus.
 # 3: save samples carry stall_s; async saves with training steps interval_s, train_lost_s,
 # train_lost_share (and previous_wait_s is real with async_save.steps_between_saves).
-SCHEMA_VERSION = 3
+# 4: model.replicas > 1 (HSDP): samples carry replica (the rank's replica group) and, for
+# loads with model.replica_load=read_once, broadcast_s; bytes is the rank's share of its
+# replica's shards (the ranks' sum stays the checkpoint's state bytes).
+SCHEMA_VERSION = 4
 # Job id, node count, node list and tasks per node (SLURM_NTASKS_PER_NODE is set only when
 # --ntasks-per-node was given; SLURM_TASKS_PER_NODE always is, e.g. "1(x8)").
 SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NUM_NODES", "SLURM_NNODES",
@@ -140,6 +143,11 @@ class Sample:
     # minor page faults of this rank during the op (process-wide, getrusage): fresh memory
     # the op touched; a count far apart between two runs means different allocator states
     minor_faults: int | None = None
+    # -- schema 4 -------------------------------------------------------------------------
+    replica: int | None = None  # model.replicas > 1: this rank's replica group (0 .. R-1)
+    # load, replica_load=read_once: seconds in the broadcast along the replicate dimension
+    # (inside duration_s; replica 0 after its own read, the others waiting for it)
+    broadcast_s: float | None = None
     run_id: str | None = None  # set when read back from a record file
 
 

@@ -171,6 +171,11 @@ def test_world_size_that_does_not_divide_the_shards_still_works(s3, s3_uri, tmp_
     (["train_step_s=1"], ["train_step_s=1", "add save_mode=async"]),
     (["iterations=1,2"], ["several values need -m"]),
     (["--nproc", "2"], ["'--nproc'", "nproc=VALUE"]),
+    (["model.replicas=3", "nproc=4"], ["model.replicas=3: nproc=4 ranks cannot form 3 replica "
+                                       "groups", "use nproc=6", "model.replicas one of 1, 2, 4"]),
+    (["model.replicas=0"], ["model.replicas=0: must be 1 or more"]),
+    (["model.replica_load=read_once", "nproc=2"], ["model.replica_load=read_once",
+                                                   "add model.replicas=2"]),
 ])
 def test_settings_that_would_be_ignored(tmp_path, args, fragments):
     result = run_cli(["save", *args, f"results_dir={tmp_path}"])
@@ -197,6 +202,19 @@ def test_results_dir_under_torchrun_is_checked_by_rank_0_before_it_joins(tmp_pat
     assert f"dcp-fsdp: error: results_dir={blocker}: it is a file" in result.stderr
     assert "cannot connect" not in result.stderr  # refused before the storage pre-flight
     assert result.elapsed_s < 30  # torchrun start-up included
+
+
+def test_replicas_that_do_not_divide_world_size_under_torchrun_fail_before_joining(tmp_path):
+    result = run_cli(["save", "storage.uri=s3://bench/x", "storage.endpoint=http://127.0.0.1:9",
+                      "model.replicas=2", f"results_dir={tmp_path}"], torchrun_nproc=3)
+    assert result.returncode != 0
+    assert ("dcp-fsdp: error: model.replicas=2: WORLD_SIZE=3 ranks cannot form 2 replica "
+            "groups of equal size; use WORLD_SIZE=4") in result.stderr
+    assert "cannot connect" not in result.stderr  # refused before the storage pre-flight
+    assert "UserError" not in result.stderr  # our line, no traceback (torchrun's own
+    # ChildFailedError report follows it)
+    assert result.elapsed_s < 30  # torchrun start-up included
+    assert not list(tmp_path.iterdir())
 
 
 def test_multirun_checks_every_job_before_the_first_starts(tmp_path):

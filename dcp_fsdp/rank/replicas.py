@@ -1,0 +1,63 @@
+"""Loads with replicas (model.replicas > 1, HSDP): every replica reads, or one reads and
+broadcasts.
+
+With R replica groups on a (replicate, shard) mesh, the ranks of each replica hold the
+same shards as the ranks of replica 0 at the same shard index (models/build.py). A plain
+`dcp.load` on every rank then reads every shard R times from storage (R x the egress).
+
+`read_once_load` reads once: the ranks of replica 0 run `dcp.load` among themselves (the
+process group of the mesh's "shard" dimension on replica 0 is exactly those ranks, rank 0,
+DCP's coordinator, among them: no new group), and then every replica group broadcasts
+its shards from its replica-0 rank along the mesh's "replicate" dimension. Only public
+API (torch 2.11-2.15: `dcp.load(process_group=...)`, `dist.broadcast`); torch's own
+cooperative load planner is in none of these releases. Both steps are inside the caller's
+timer: the broadcast is part of what the load costs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from dcp_fsdp.models.build import REPLICATE_DIM, SHARD_DIM, unique_shards
+
+
+def replica_share(nbytes: int, replicas: int, replica: int) -> int:
+    """This replica's share of `nbytes` that every replica holds: split exactly, so the
+    shares over replicas 0..R-1 sum to `nbytes` (and over all ranks, to the checkpoint's
+    state bytes: the figure every throughput divides, at any world size and R)."""
+    return nbytes * (replica + 1) // replicas - nbytes * replica // replicas
+
+
+def read_once_load(state_dict: dict[str, Any], storage_reader, mesh, replica: int) -> float:
+    """Replica 0 loads from storage, then the replicate dimension broadcasts what it read.
+    Returns the seconds this rank spent in the broadcast (on replica 0: after its load)."""
+    if replica == 0:
+        dcp.load(state_dict, storage_reader=storage_reader,
+                 process_group=mesh.get_group(SHARD_DIM))
+    started = time.monotonic()
+    broadcast_from_first_replica(state_dict, mesh.get_group(REPLICATE_DIM))
+    return time.monotonic() - started
+
+
+def broadcast_from_first_replica(state_dict: dict[str, Any], group) -> None:
+    """Every local shard (each storage once: a tied weight is sent once) from the group's
+    first rank (replica 0) to the others, in key order (the same on every rank). All
+    broadcasts are issued before any is waited on, so the transfers overlap."""
+    source = dist.get_global_rank(group, 0)
+    pending = []
+    for _, local, _, _ in unique_shards(state_dict):
+        # a collective needs a contiguous buffer; FSDP2's dim-0 shards are, but keep any
+        # other layout correct (receivers copy the result back into the live tensor)
+        buffer = local if local.is_contiguous() else local.contiguous()
+        pending.append((local, buffer, dist.broadcast(buffer, src=source, group=group,
+                                                      async_op=True)))
+    for local, buffer, work in pending:
+        work.wait()
+        if buffer is not local:
+            with torch.no_grad():
+                local.copy_(buffer)
