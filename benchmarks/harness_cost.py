@@ -12,8 +12,9 @@ Alternates launches of
   no-heartbeat  progress=false (rank 0's progress thread)
   no-reqlog     request_stats=false (s3: the connector's per-request debug log)
   all-off       all of the above
-  and, with --torchrun, tool-torchrun: the tool's ranks started by torchrun instead of
-  dcp-fsdp's own launcher (`nproc=` is ignored under torchrun)
+  and, with --torchrun, tool-torchrun: the tool's ranks started by a user's own
+  `torchrun ... -m dcp_fsdp` instead of through `dcp-fsdp` (whose ranks run under the same
+  elastic agent since the launcher moved to torchrun: the variant isolates the light parent)
 (the pieces are switched off through the benchmark-only DCP_FSDP_HARNESS_OFF variable,
 dcp_fsdp/contract.py; heartbeat and request log are settings.)
 
@@ -101,7 +102,7 @@ def run_bare(args, location: str, env, log) -> dict[str, float]:
 
 def run_tool(args, storage_args: list[str], variant: str, env, log) -> dict[str, float]:
     settings, off = TOGGLES.get(variant, ([], ""))
-    # tool-torchrun: the same ranks started by torchrun instead of dcp-fsdp's own launcher
+    # tool-torchrun: the same ranks started by a user's torchrun, without dcp-fsdp's parent
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
                  f"--nproc-per-node={args.nproc}"] if variant == "tool-torchrun" else
                 [sys.executable])
