@@ -11,6 +11,7 @@ bare of each round (slowest rank), geometric mean and 95 % CI. Started by itself
 
   python -m benchmarks.harness_ab --storage shm --model L660m --dtype bf16 --rounds 10 --toggles
   python -m benchmarks.harness_ab --storage s3 --rounds 10 --toggles   (embedded SeaweedFS)
+  python -m benchmarks.harness_ab --storage shm --rounds 30 --variants tool,no-hooks
 """
 
 from __future__ import annotations
@@ -119,11 +120,19 @@ def main() -> int:
     parser.add_argument("--request-stats", default="true")
     parser.add_argument("--storage", choices=("s3", "shm"), default="s3")
     parser.add_argument("--toggles", action="store_true")
+    parser.add_argument("--variants", help="comma-separated subset of "
+                        f"{','.join(TOGGLES)} (default: tool, or all with --toggles)")
     args = parser.parse_args()
+    chosen = args.variants.split(",") if args.variants else []
+    unknown = [v for v in chosen if v not in TOGGLES]
+    if unknown:
+        print(f"harness_ab: error: --variants {','.join(unknown)}: not a variant; choose from "
+              f"{','.join(TOGGLES)}", file=sys.stderr)
+        return 2
     from benchmarks.harness_cost import load_average, summarise
     from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 
-    variants = ["bare", *(TOGGLES if args.toggles else ["tool"])]
+    variants = ["bare", *(chosen or (TOGGLES if args.toggles else ["tool"]))]
     server = None
     shm = None
     env = {**os.environ}
