@@ -18,7 +18,10 @@ TRIALS = 6
 
 def _records(results):
     (session,) = [p for p in results.iterdir() if p.name.startswith("tune-")]
-    runs = [json.loads(p.read_text().splitlines()[0]) for p in sorted(session.glob("*.jsonl"))]
+    runs = [json.loads(p.read_text().splitlines()[0]) for p in session.glob("*.jsonl")]
+    # In trial order: record names carry the start second and a random tag, and two short
+    # trials can start within one second (a quiet machine), so the names do not order them.
+    runs.sort(key=lambda run: (run.get("tune") or {}).get("trial", 0))
     return session, runs
 
 
