@@ -1,6 +1,6 @@
 """A bare rank: barrier + dcp.save / dcp.load of the same FSDP state dict, nothing else.
 
-The comparison point of `benchmarks/harness_cost.py` and `benchmarks/overhead.py` (the
+The comparison point of `benchmarks/harness_cost.py` (the
 awslabs peer's method: whole model bytes / the rank's bare dcp.save time). No hooks, no
 request log, no watchdog, no byte counting, none of the tool's timing code:
 s3torchconnector's S3StorageWriter/Reader (or DCP's FileSystemWriter/Reader) built
@@ -9,7 +9,7 @@ the very shapes and values the tool saves; the builder leaves the host allocator
 `normal_` initialisation does (models/values.py, issue 19). The connector's client is built
 before the barrier, as the tool does, so both time only the save and the load.
 
-Run under torchrun (it is started by benchmarks/overhead.py):
+Run under torchrun (it is started by benchmarks/harness_cost.py):
   torchrun --standalone --nproc-per-node 2 -m benchmarks.bare_dcp MODEL DTYPE URI OUT.json [ITERATIONS]
 Storage settings: the defaults of `dcp-fsdp` (part 8 MiB, 10 Gbit/s, 10 attempts, 1 thread,
 dcp_optimized reader); the endpoint from AWS_ENDPOINT_URL.

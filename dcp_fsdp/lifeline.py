@@ -48,7 +48,8 @@ def owned_tempdir(prefix: str, parent: str | None = None) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{prefix}p{os.getpid()}-", dir=parent))
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process pid runs (a zombie counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -69,10 +70,10 @@ def remove_stale(tmpdir: str | None = None) -> list[Path]:
     places = dict.fromkeys([tmpdir or tempfile.gettempdir(), *SEAWEED_SOCKET_DIRS])
     for path in (p for place in places for p in Path(place).glob(TEMP_PREFIX + "*")):
         owner = _OWNER.search(path.name[len(TEMP_PREFIX):])
-        if owner is None or _alive(int(owner.group(1))):
+        if owner is None or alive(int(owner.group(1))):
             continue
         try:
-            if _alive(int((path / SERVER_PID_FILE).read_text())):
+            if alive(int((path / SERVER_PID_FILE).read_text())):
                 continue  # its server is still stopping: the next run removes it
         except (OSError, ValueError):
             pass

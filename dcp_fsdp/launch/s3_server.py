@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from dcp_fsdp import log
+from dcp_fsdp import lifeline, log
 from dcp_fsdp.errors import UserError
 
 STATE_NAME = "state.json"
@@ -59,15 +59,7 @@ def state_dir() -> Path:
 
 
 def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return bool(pid) and lifeline.alive(pid)
 
 
 def read_state(where: Path) -> dict | None:
