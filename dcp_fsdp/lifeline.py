@@ -16,6 +16,7 @@ import shutil
 import signal
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 _PR_SET_PDEATHSIG = 1
 _OWNER = re.compile(r"-p(\d+)-")
@@ -94,7 +95,7 @@ def remove_seaweed_sockets(ports) -> None:
                 leftover.unlink(missing_ok=True)
 
 
-def end_process(exit_code: int) -> "NoReturn":
+def end_process(exit_code: int) -> NoReturn:
     """End a rank's process now, skipping interpreter teardown. The native libraries'
     threads (gloo, the CRT S3 client) are still about at exit, and their destructors
     can abort a process that has already succeeded ("terminate called without an

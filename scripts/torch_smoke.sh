@@ -10,6 +10,12 @@ PYTHON=${PYTHON:-python3}
 VENV=.venv-torch-$VERSION
 STAMP=$VENV/.installed
 started=$(date +%s)
+# The matrix asks for exact releases on purpose, so a machine-wide pip cap (a constraint in
+# /etc/pip.conf or /etc/xdg/pip, as some CI hosts set: torch<=2.14.1) must not apply to these
+# venvs: PIP_CONFIG_FILE=/dev/null makes pip read no config file at all, and PIP_CONSTRAINT is
+# emptied for the same reason. Works the same where there is no cap. The project's own
+# constraints.txt still applies to the second install.
+export PIP_CONFIG_FILE=/dev/null PIP_CONSTRAINT=
 if [[ ! -f $STAMP || pyproject.toml -nt $STAMP || constraints.txt -nt $STAMP ]]; then
     test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check "torch==$VERSION"

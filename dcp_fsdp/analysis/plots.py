@@ -46,7 +46,7 @@ def plot(result: dict[str, Any], directory: Path) -> list[Path]:
 
     # 1. aggregate MiB/s vs node count (and vs ranks), one line per operation / setting
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
-    for index, (label_key, group) in enumerate(ops.groupby(varying, sort=True)):
+    for index, (_label, group) in enumerate(ops.groupby(varying, sort=True)):
         label = _series_label(group.iloc[0], varying)
         color = colors[index % len(colors)]
         for axis, x in zip(axes, ("nodes", "ranks")):

@@ -51,8 +51,10 @@ def scaling_frames(result: dict[str, Any]) -> list[pd.DataFrame]:
             for key in keys:
                 phase = phase[phase[key].astype(str) == str(row[key])]
             span = row["duration_mean_s"]
-            share = (lambda column: float(phase[column].iloc[0]) / span
-                     if len(phase) and span else math.nan)
+
+            def share(column: str, phase=phase, span=span) -> float:
+                return float(phase[column].iloc[0]) / span if len(phase) and span else math.nan
+
             table.append({
                 **{k: row[k] for k in keys},
                 "aggregate_mib_s": row["aggregate_mib_s"],

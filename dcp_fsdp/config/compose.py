@@ -1,7 +1,8 @@
 """From the command line to a validated `BenchmarkConfig`.
 
 Configuration is composed with Hydra's compose API from `conf/` (the repository's
-top-level config directory; a wheel ships it as `dcp_fsdp/conf`) onto the structured config in `schema.py`; `-m`/`--multirun` sweeps
+top-level config directory; a wheel ships it as `dcp_fsdp/conf`) onto the structured config
+in `schema.py`; `-m`/`--multirun` sweeps
 (`iterations=1,3 model=tiny_llama,tiny_gpt2`) are expanded with Hydra's own override
 parser; `--config FILE` holds the same settings as YAML.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import re
-from pathlib import Path
 
 from dcp_fsdp.config.validate import (check_setting_name, check_storage_settings,
                                       model_config_names)

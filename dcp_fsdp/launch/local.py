@@ -23,12 +23,11 @@ import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from dcp_fsdp import contract, lifeline, log
+from dcp_fsdp import contract, lifeline
 from dcp_fsdp.config.schema import BenchmarkConfig
 from dcp_fsdp.launch.aftermath import RanksOutcome
 from dcp_fsdp.launch.checks import check_launch
@@ -63,8 +62,9 @@ def launch_local(cfg: BenchmarkConfig) -> int:
 def run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str],
               module: str = "dcp_fsdp") -> int:
     """Start cfg.nproc ranks (`python -m MODULE`, config in DCP_FSDP_CONFIG: cli.py's
-    launched_rank takes it from there) under torch's elastic agent with `env`, wait for them, and leave a record of how they ended (the
-    public entry for callers that manage storage themselves, e.g. tune). Exit code."""
+    launched_rank takes it from there) under torch's elastic agent with `env`, wait for
+    them, and leave a record of how they ended (the public entry for callers that manage
+    storage themselves, e.g. tune). Exit code."""
     run_dir = lifeline.owned_tempdir("dcp-fsdp-run-")
     try:
         outcome = _run_agent(cfg, run_id, env, module, run_dir)

@@ -158,8 +158,8 @@ def _chunks(seed: int, key: str, dtype: torch.dtype, device: torch.device, globa
         for pos in range(0, length, CHUNK):
             n = min(CHUNK, length - pos)
             g = global_start + pos
-            h, l = (g + kh) % P_HIGH, (g + kl) % P_LOW
-            yield local_start + pos, high[h:h + n], low[l:l + n]
+            h, lo = (g + kh) % P_HIGH, (g + kl) % P_LOW
+            yield local_start + pos, high[h:h + n], low[lo:lo + n]
 
 
 def fill(local: torch.Tensor, seed: int, key: str, global_shape, global_offset) -> None:

@@ -6,7 +6,6 @@ import dataclasses
 import datetime
 import os
 import socket
-import sys
 from typing import Any, Callable
 
 import torch

@@ -39,8 +39,11 @@ from dcp_fsdp.telemetry.records import Sample
 class CheckpointLoop:
     def __init__(self, cfg: BenchmarkConfig, ctx: RankContext, store: CheckpointStore,
                  sharded: ShardedModel, state_dict: dict[str, Any], request_log,
-                 say: Callable[[str], None], on_timeout: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], on_timeout: Callable[[str], None],
+                 async_saver: Any = None) -> None:
         self.cfg = cfg
+        # save_mode=async: created on first use, or handed in to be shared (tune's trials)
+        self.async_saver = async_saver
         self.on_timeout = on_timeout
         self.ctx = ctx
         self.store = store
@@ -109,11 +112,11 @@ class CheckpointLoop:
         # Created on first use (per rank, untimed): the async saver and the memory marks.
         saver = None
         if op == "save" and self.cfg.save_mode.value == "async":
-            saver = getattr(self, "_async_saver", None)
+            saver = self.async_saver
             if saver is None:
                 from dcp_fsdp.rank.async_save import AsyncSaver
 
-                saver = self._async_saver = AsyncSaver(
+                saver = self.async_saver = AsyncSaver(
                     self.cfg.async_save, self.ctx.device, self.cfg.train_step_s, self.ctx.rank)
         memory = getattr(self, "_memory", None)
         if memory is None:

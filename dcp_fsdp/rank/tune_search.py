@@ -21,8 +21,8 @@ scores, (max - min) / median.
 Budget: a trial starts only if the time spent plus the estimated cost of this trial (the
 larger of the median and the latest trial wall time) fits in `budget_s`; the search phase
 stops at 60 % of what the budget left for trials after start-up (and of `max_trials`,
-which counts every run, defaults and repeats included), leaving the rest for the finals. The only overrun is one trial running
-longer than its estimate.
+which counts every run, defaults and repeats included), leaving the rest for the finals.
+The only overrun is one trial running longer than its estimate.
 """
 
 from __future__ import annotations

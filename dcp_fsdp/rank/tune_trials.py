@@ -158,11 +158,11 @@ class TuneTrials:
         loop = session.loop = CheckpointLoop(cfg, session.ctx, store, self.sharded,
                                              self.state_dict, request_log=session.request_log,
                                              say=lambda message: None,
-                                             on_timeout=session.on_timeout)
-        # One async saver for the session (its stager, thread or upload process are set up
-        # once, as in a run of many saves): only the storage settings change per trial.
-        if self.async_saver is not None:
-            loop._async_saver = self.async_saver
+                                             on_timeout=session.on_timeout,
+                                             # One async saver for the session (its stager,
+                                             # thread or upload process are set up once, as in
+                                             # a run of many saves): only storage settings change.
+                                             async_saver=self.async_saver)
         status, error_line = "ok", None
         try:
             loop.run()
@@ -176,7 +176,7 @@ class TuneTrials:
             from dcp_fsdp.rank.failures import root_cause
 
             status, error_line = "failed", root_cause(error)
-        self.async_saver = getattr(loop, "_async_saver", None)
+        self.async_saver = loop.async_saver
         if not session.is_coordinator:
             session.loop, session.run = None, dataclasses.replace(self.base_run)
             return Trial(settings, role, None, time.monotonic() - started)

@@ -13,7 +13,6 @@ import io
 import math
 import pickle
 import re
-from typing import Any
 
 # Bytes per element of the dtypes a checkpoint of ours can hold (torch's names).
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float64": 8, "double": 8, "float16": 2, "half": 2,
@@ -77,7 +76,7 @@ def read_tensors(data: bytes) -> dict[str, TensorEntry] | None:
     the file is not a pickle we understand (the ranks then check it themselves)."""
     try:
         metadata = _Unpickler(io.BytesIO(data)).load()
-        entries = getattr(metadata, "state_dict_metadata")
+        entries = metadata.state_dict_metadata
     except Exception:  # any malformed or newer file: not ours to refuse here
         return None
     if not isinstance(entries, dict):

@@ -40,8 +40,6 @@ from __future__ import annotations
 import datetime
 import re
 import shutil
-import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Iterable
