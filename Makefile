@@ -11,12 +11,12 @@ STAMP := $(VENV)/.installed
 # The releases `make torch-smoke` runs: the lowest pyproject admits and the newest.
 SMOKE_TORCH ?= 2.11.0 2.15.0
 
-.PHONY: setup demo test clean torch-smoke
+.PHONY: setup demo test lint clean torch-smoke
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,lint]'
 	@touch $(STAMP)
 
 setup: $(STAMP)
@@ -27,6 +27,11 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+
+# The package typed and linted (configuration in pyproject.toml): .ci/run runs it first.
+lint: setup
+	$(BIN)/ruff check dcp_fsdp
+	$(BIN)/mypy
 
 # Each torch in SMOKE_TORCH, in a venv of its own (.venv-torch-VERSION): sync and async
 # (thread, process) save-and-load, a resharded load and a report (scripts/torch_smoke.sh).

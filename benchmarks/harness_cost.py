@@ -6,7 +6,7 @@ Alternates launches of
             reader; its own timer (it imports none of the tool's timing code)
   tool      dcp-fsdp save-and-load (everything on, as a user runs it)
   and, with --toggles, the tool with one piece of instrumentation off at a time:
-  no-hooks      the writer/reader hook and stream wrappers (rank/hooks.py)
+  no-hooks      the writer/reader hook and stream wrappers (storage/timed_dcp.py, storage/timeline.py)
   no-watchdog   the op_timeout_s timer thread
   no-memory     the peak-RSS marks around each operation (rank/memory.py)
   no-heartbeat  progress=false (rank 0's progress thread)

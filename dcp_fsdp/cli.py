@@ -79,11 +79,11 @@ def launched_rank() -> NoReturn:
     launcher and come as a file (CONFIG_ENV)."""
     from omegaconf import OmegaConf
 
-    from dcp_fsdp.config.schema import BenchmarkConfig
+    from dcp_fsdp.config.schema import BenchmarkConfig, to_config
     from dcp_fsdp.contract import CONFIG_ENV
     from dcp_fsdp.rank.session import run_rank
 
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(BenchmarkConfig),
+    cfg = to_config(OmegaConf.merge(OmegaConf.structured(BenchmarkConfig),
                                               OmegaConf.load(os.environ[CONFIG_ENV])))
     end_rank(run_rank(cfg, PROCESS_START_MONO))
 

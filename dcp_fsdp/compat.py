@@ -149,7 +149,7 @@ def start_checkpoint_daemon(group: Any) -> None:
     """Start the process checkpointer's daemon now (untimed; dcp.async_save would do it
     inside the first timed save), joined to `group` and killed with its rank: a killed
     rank must not leave an uploader behind that could still commit .metadata."""
-    executor = importlib.import_module(_EXECUTOR)
+    executor: Any = importlib.import_module(_EXECUTOR)  # private names, checked below
     names = ("_CHECKPOINT_PROCESS", "_AsyncCheckpointProcess", "_ProcessGroupInitInfo")
     if not all(hasattr(executor, name) for name in names):
         raise _missing(f"{_EXECUTOR}.{'/'.join(names)}", "torch", _PROCESS_WAY_OUT)

@@ -33,7 +33,7 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
             key = override.get_key_element()
             choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
         else:
-            choices.append([override.input_line])
+            choices.append([override.input_line or ""])
     return [list(combination) for combination in itertools.product(*choices)]
 
 
@@ -105,10 +105,9 @@ def compose(command: str, overrides: list[str]):
     from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from dcp_fsdp.config.schema import BenchmarkConfig
+    from dcp_fsdp.config.schema import BenchmarkConfig, to_config
     from dcp_fsdp.config.validate import validate
 
     given = check_overrides(overrides)
@@ -118,7 +117,7 @@ def compose(command: str, overrides: list[str]):
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             composed = hydra_compose(config_name="config",
                                      overrides=[f"command={command.replace('-', '_')}", *overrides])
-        cfg = OmegaConf.to_object(composed)
+        cfg = to_config(composed)
     except (HydraException, OmegaConfBaseException, ValueError) as error:
         raise UserError(one_line(error)) from None
     finally:

@@ -13,7 +13,7 @@ import dataclasses
 import enum
 from typing import Any, Optional
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 MIB = 2**20
 
@@ -228,7 +228,7 @@ def iter_settings(node: type = BenchmarkConfig, prefix: str = ""):
     """(dotted name, type name, default, help) for every user setting, in schema order."""
     for field in dataclasses.fields(node):
         name = f"{prefix}{field.name}"
-        if dataclasses.is_dataclass(field.type if isinstance(field.type, type) else None):
+        if isinstance(field.type, type) and dataclasses.is_dataclass(field.type):
             yield from iter_settings(field.type, f"{name}.")
             continue
         nested = {"model": ModelConfig, "storage": StorageConfig, "async_save": AsyncSaveConfig,
@@ -268,3 +268,12 @@ def format_default(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ",".join(str(v) for v in value) + "]"
     return str(value)
+
+
+def to_config(node: Any) -> "BenchmarkConfig":
+    """The typed config from an OmegaConf node built on `BenchmarkConfig` (OmegaConf's
+    `to_object` is typed as any container; a structured node gives the dataclass)."""
+    cfg = OmegaConf.to_object(node)
+    if not isinstance(cfg, BenchmarkConfig):
+        raise TypeError(f"expected a BenchmarkConfig node, got {type(cfg).__name__}")
+    return cfg

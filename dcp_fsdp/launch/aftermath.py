@@ -58,7 +58,7 @@ def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
             status=outcome.status, error=outcome.error, finished_at=records.utc_now(),
             config=records.config_for_record(cfg), world_size=cfg.nproc,
             versions=records.versions(), slurm=records.slurm_environment(),
-            incomplete_suffix=outcome.writing_suffix)
+            incomplete_suffix=outcome.writing_suffix, rank_failures=outcome.failures)
         path = write_record(cfg.results_dir, run, [])
         log.info(f"record: {path} ({outcome.status})")
         rank_wrote = False
@@ -96,6 +96,9 @@ def _amend(path: Path, outcome: "RanksOutcome") -> dict:
         run_line["status"] = outcome.status
         run_line["error"] = (outcome.error if not rank_said or rank_said == outcome.error
                              else f"{outcome.error}; the ranks recorded: {rank_said}")
+        changed = True
+    if outcome.failures and not run_line.get("rank_failures"):
+        run_line["rank_failures"] = outcome.failures
         changed = True
     if outcome.writing_suffix and not run_line.get("incomplete_suffix"):
         run_line["incomplete_suffix"] = outcome.writing_suffix

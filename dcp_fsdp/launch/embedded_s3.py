@@ -190,7 +190,7 @@ class EmbeddedS3:
             if self.process.poll() is not None:
                 raise RuntimeError(
                     f"embedded SeaweedFS exited with code {self.process.returncode}; "
-                    f"see {self.workdir / 'weed.out'}:\n{self.tail_log()}")
+                    f"see {self.workdir}/weed.out:\n{self.tail_log()}")
             try:
                 client.head_bucket(Bucket=self.bucket)
                 # SeaweedFS allocates its volumes on the first write to a bucket (~1 s).
@@ -243,7 +243,7 @@ class EmbeddedS3:
         # gRPC servers leave unix sockets in /tmp named after their port.
         lifeline.remove_seaweed_sockets(self.ports.values())
         if self.workdir is not None:
-            if self.socket_dir != self.workdir:
+            if self.socket_dir is not None and self.socket_dir != self.workdir:
                 shutil.rmtree(self.socket_dir, ignore_errors=True)
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -150,18 +151,19 @@ def _read_summary(path: Path) -> dict:
         return {}  # the agent died before writing it
 
 
-def _outcome(agent_code: int | None, summary: dict, interrupted_by) -> RanksOutcome:
+def _outcome(agent_code: int | None, summary: dict[str, Any],
+             interrupted_by: int | None) -> RanksOutcome:
+    failures: dict[str, dict[str, Any]] = summary.get("failures") or {}
     if interrupted_by is not None:
         name = signal.Signals(interrupted_by).name
         return RanksOutcome(contract.EXIT_INTERRUPTED, "interrupted", f"interrupted by {name}",
-                            name, summary.get("failures", {}))
+                            signal_name=name, failures=failures)
     if agent_code == 0:
         return RanksOutcome(contract.EXIT_OK, "ok")
     if summary.get("outcome") == "interrupted":  # the agent itself was signalled
         name = summary.get("signal") or "SIGTERM"
         return RanksOutcome(contract.EXIT_INTERRUPTED, "interrupted", f"interrupted by {name}",
-                            name, summary.get("failures", {}))
-    failures = summary.get("failures", {})
+                            signal_name=name, failures=failures)
     if not failures:
         why = summary.get("agent_error") or f"torch's elastic agent exited with {agent_code}"
         return RanksOutcome(contract.EXIT_FAILED, "failed", why)
@@ -169,15 +171,15 @@ def _outcome(agent_code: int | None, summary: dict, interrupted_by) -> RanksOutc
     code = first["exitcode"]
     if code == contract.EXIT_INTERRUPTED:  # a rank alone was sent SIGINT / SIGTERM
         return RanksOutcome(code, "interrupted", f"rank {rank}: {first['message']}",
-                            None, failures)
+                            failures=failures)
     if code < 0:
         line = f"rank {rank} was killed by {first['signal'] or f'signal {-code}'}"
-        return RanksOutcome(contract.EXIT_FAILED, "failed", line, None, failures)
+        return RanksOutcome(contract.EXIT_FAILED, "failed", line, failures=failures)
     message = first["message"]
     line = (f"rank {rank}: {message.split(': ', 1)[1]}" if message.startswith("failed: ")
             else f"rank {rank} exited with {code}" + (f": {message}" if message else ""))
     return RanksOutcome(code if code in (contract.EXIT_FAILED, contract.EXIT_USER_ERROR)
-                        else contract.EXIT_FAILED, "failed", line, None, failures)
+                        else contract.EXIT_FAILED, "failed", line, failures=failures)
 
 
 def first_failure(failures: dict[str, dict]) -> tuple[int, dict]:

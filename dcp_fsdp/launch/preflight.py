@@ -15,7 +15,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from dcp_fsdp import contract, log
-from dcp_fsdp.config.schema import MIB, BenchmarkConfig, Command, StorageKind
+from dcp_fsdp.config.schema import MIB, BenchmarkConfig, Command, StorageKind, to_config
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 from dcp_fsdp.storage import layout, make_store, metadata_peek
@@ -44,7 +44,7 @@ def storage_environment(cfg: BenchmarkConfig):
     log.info("no S3 configured: starting the embedded SeaweedFS server on 127.0.0.1")
     endpoint = server.start()
     try:
-        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cfg), {"storage": {
+        cfg = to_config(OmegaConf.merge(OmegaConf.structured(cfg), {"storage": {
             "uri": f"s3://{endpoint.bucket}/checkpoints", "endpoint": endpoint.endpoint_url,
             "region": endpoint.region}}))
         yield cfg, {**endpoint.client_env(), contract.EMBEDDED_ENV: "1"}
@@ -61,15 +61,18 @@ def preflight(cfg: BenchmarkConfig, server_env: dict[str, str]) -> None:
         store = make_store(cfg.storage)
         store.preflight()
         if cfg.command == Command.load:
-            layout.check_loadable(store, cfg.suffix)
+            layout.check_loadable(store, _load_suffix(cfg))
             check_compatible(store, cfg)
         elif cfg.suffix and cfg.command in (Command.save, Command.save_and_load):
             layout.check_save_suffixes_free(store, cfg.suffix, cfg.iterations)
 
 
-def check_fs_root(path: str, must_exist: bool) -> None:
+def check_fs_root(path: str | None, must_exist: bool) -> None:
     """storage.path: a directory (or, for a save, one that can be made). Never creates it:
     a mistyped path must not appear on disk because of `list` or `load`."""
+    if not path:
+        raise UserError("storage=fs needs storage.path=DIR: the directory the checkpoints "
+                        "are (or will be) in")
     root = Path(path).expanduser()
     if root.exists() and not root.is_dir():
         raise UserError(f"storage.path={path}: is a file, not a directory; give the directory "
@@ -79,11 +82,18 @@ def check_fs_root(path: str, must_exist: bool) -> None:
                         "the path (`dcp-fsdp list storage=fs storage.path=DIR` shows checkpoints)")
 
 
+def _load_suffix(cfg: BenchmarkConfig) -> str:
+    if not cfg.suffix:  # validation requires it; a caller that skipped validation gets this
+        raise UserError("load needs suffix=NAME: the checkpoint to load (`dcp-fsdp list` "
+                        "shows them)")
+    return cfg.suffix
+
+
 def check_compatible(store, cfg: BenchmarkConfig) -> None:
     """Before any rank builds the model: the checkpoint's model, dtype and state (from its
     manifest, else from DCP's .metadata) fit the settings. A model-only load of a
     model-and-optimizer checkpoint is allowed, and said."""
-    suffix = cfg.suffix
+    suffix = _load_suffix(cfg)
     manifest = layout.read_manifest(store, suffix) or {}
     raw = store.get_small(suffix, layout.METADATA_NAME)
     tensors = metadata_peek.read_tensors(raw) if raw else None

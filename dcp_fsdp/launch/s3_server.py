@@ -59,7 +59,7 @@ def state_dir() -> Path:
 
 
 def _alive(pid: int | None) -> bool:
-    return bool(pid) and lifeline.alive(pid)
+    return pid is not None and pid > 0 and lifeline.alive(pid)
 
 
 def read_state(where: Path) -> dict | None:
@@ -188,7 +188,10 @@ def serve(where: Path, bucket: str) -> int:
     server = EmbeddedS3(bucket=bucket)
     try:
         endpoint = server.start()
-        state = {"daemon_pid": os.getpid(), "server_pid": server.process.pid,
+        process = server.process
+        if process is None:
+            raise RuntimeError("the embedded server started without a process")
+        state = {"daemon_pid": os.getpid(), "server_pid": process.pid,
                  "endpoint_url": endpoint.endpoint_url, "bucket": endpoint.bucket,
                  "access_key_id": endpoint.access_key_id,
                  "secret_access_key": endpoint.secret_access_key, "region": endpoint.region,
@@ -198,7 +201,7 @@ def serve(where: Path, bucket: str) -> int:
         tmp.touch(mode=0o600)
         tmp.write_text(json.dumps(state))
         os.replace(tmp, where / STATE_NAME)
-        server.process.wait()  # a signal interrupts this
+        process.wait()  # a signal interrupts this
         print(f"s3-server: SeaweedFS exited:\n{server.tail_log()}", flush=True)
         return 1
     except KeyboardInterrupt:

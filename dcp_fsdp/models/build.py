@@ -58,10 +58,13 @@ def replica_of(rank: int, world_size: int, replicas: int) -> tuple[int, int]:
 
 def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated transformer blocks: the units FSDP shards and gathers."""
+    blocks: Any = None
     if hasattr(model, "model") and hasattr(model.model, "layers"):  # Llama
-        return list(model.model.layers)
-    if hasattr(model, "transformer") and hasattr(model.transformer, "h"):  # GPT-2
-        return list(model.transformer.h)
+        blocks = model.model.layers
+    elif hasattr(model, "transformer") and hasattr(model.transformer, "h"):  # GPT-2
+        blocks = model.transformer.h
+    if isinstance(blocks, torch.nn.ModuleList):
+        return list(blocks)
     raise ValueError(f"no decoder blocks found in {type(model).__name__}")
 
 
@@ -71,11 +74,11 @@ def build_sharded_model(preset: str, dtype: Dtype, state: CheckpointState,
     shape = PRESETS[preset]
     config = hf_config(shape)
     with torch.device("meta"):
-        if shape.family == "llama":
-            from transformers import LlamaForCausalLM as model_class
-        else:
-            from transformers import GPT2LMHeadModel as model_class
-        model = model_class(config).to(TORCH_DTYPES[dtype])
+        from transformers import GPT2LMHeadModel, LlamaForCausalLM
+
+        model_class = LlamaForCausalLM if shape.family == "llama" else GPT2LMHeadModel
+        model: torch.nn.Module = model_class(config)
+        model = model.to(TORCH_DTYPES[dtype])
 
     param_count = sum(p.numel() for p in model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

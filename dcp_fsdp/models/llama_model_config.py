@@ -76,7 +76,7 @@ def hf_config(shape: ModelShape):
         return LlamaConfig(
             vocab_size=shape.vocab_size,
             hidden_size=shape.hidden_size,
-            intermediate_size=shape.intermediate_size,
+            intermediate_size=shape.intermediate_size or 4 * shape.hidden_size,
             num_hidden_layers=shape.num_layers,
             num_attention_heads=shape.num_heads,
             num_key_value_heads=shape.num_kv_heads,

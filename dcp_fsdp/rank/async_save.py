@@ -165,7 +165,8 @@ class AsyncSaver:
         be emptied by torch on that release anyway."""
         if self.reuse_stager or not self._stager_used:
             return
-        self.stager.close()
+        if self.stager is not None:
+            self.stager.close()
         self.stager = DefaultStager(self.options)
         self._stager_used = False
 
@@ -195,6 +196,8 @@ class AsyncSaver:
     def finish(self, timing: AsyncTiming) -> AsyncTiming:
         """Wait for `timing`'s upload (if no later save did already) and fill its persisted
         figures."""
+        if timing.upload is None:
+            raise RuntimeError("finish() of a save that has no upload in flight")
         metadata = timing.upload.result()  # a failed upload raises here, as dcp.save would
         if self._pending is timing:  # no later save holds the stager yet
             self._pending = None
@@ -222,7 +225,9 @@ class AsyncSaver:
         marks: dict[str, float] = {}
 
         def mark(name: str) -> Callable[[Future], None]:
-            return lambda _future: marks.setdefault(name, time.monotonic())
+            def note(_future: Future) -> None:
+                marks.setdefault(name, time.monotonic())
+            return note
 
         staging = None
         if isinstance(response, AsyncSaveResponse):

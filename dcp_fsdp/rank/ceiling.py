@@ -121,7 +121,8 @@ def planned_objects(state_dict: dict[str, Any], rank: int, thread_count: int,
         size = 0
         for item in bucket:
             if item.type == WriteItemType.BYTE_IO:
-                size += len(planner.resolve_data(item).getbuffer())
+                data = planner.resolve_data(item)
+                size += len(data.getbuffer()) if isinstance(data, io.BytesIO) else data.nbytes
             else:
                 # the local chunk's bytes (tensor_data.size is the global tensor's)
                 dtype, sizes = item.tensor_data.properties.dtype, item.tensor_data.chunk.sizes

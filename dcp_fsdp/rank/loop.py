@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -25,7 +27,8 @@ from dcp_fsdp.models import values
 from dcp_fsdp.models.build import ShardedModel, local_tensor, replica_of
 from dcp_fsdp.rank import verify
 from dcp_fsdp.rank.distributed import RankContext, all_gather_object, rank0_decides
-from dcp_fsdp.rank.hooks import HookTimeline, instrument_reader, instrument_writer
+from dcp_fsdp.rank.sample_build import OpClocks, build_sample, fill_save_figures
+from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.rank.memory import PeakMemory
 from dcp_fsdp.rank.progress import Heartbeat
 from dcp_fsdp.rank.replicas import read_once_load, replica_share
@@ -34,6 +37,13 @@ from dcp_fsdp.rank.watchdog import Watchdog
 from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.base import CheckpointStore
 from dcp_fsdp.telemetry.records import Sample
+
+
+def take_timeline_file(timeline: HookTimeline) -> None:
+    """What the daemon's copy of `timeline` recorded, taken in and its file removed."""
+    timeline.load_dump()
+    if timeline.dump_path is not None:
+        Path(timeline.dump_path).unlink(missing_ok=True)
 
 
 class CheckpointLoop:
@@ -57,6 +67,10 @@ class CheckpointLoop:
         self.shared_samples: list[Sample] = []
         self.suffixes: list[str] = []
         self.writing_suffix: str | None = None  # a save in progress: incomplete if we stop
+        # The last save, recorded once its upload is done: (sample or a wait for it, suffix,
+        # iteration).
+        self._pending_save: tuple[Sample | Callable[[], Sample], str, int] | None = None
+        self._timeline_dir: Path | None = None  # process checkpointer: see _timeline_file
         # Per suffix loaded: {"checked": bool, "reason": why not} (recorded on the run line).
         self.integrity: dict[str, dict[str, Any]] = {}
         self._expected_checksums: dict[str, int | None] = {}  # suffix -> seed to check with
@@ -70,6 +84,15 @@ class CheckpointLoop:
         self.harness_off, _ = contract.harness_off(os.environ.get(contract.HARNESS_OFF_ENV))
 
     # -- suffixes ------------------------------------------------------------------------
+    def _timeline_file(self, suffix: str) -> str:
+        """Where the process checkpointer's daemon writes one save's timeline (a directory
+        of this rank's, named by its pid: a killed rank's is removed by the next launch)."""
+        if self._timeline_dir is None:
+            from dcp_fsdp import lifeline
+
+            self._timeline_dir = lifeline.owned_tempdir("dcp-fsdp-timeline-")
+        return str(self._timeline_dir / f"{suffix}.json")
+
     def _choose_save_suffix(self, iteration: int) -> str:
         return rank0_decides(self.ctx, lambda: layout.save_suffix(
             self.store, self.cfg.suffix, self.cfg.iterations, iteration, self.suffixes))
@@ -121,19 +144,14 @@ class CheckpointLoop:
         memory = getattr(self, "_memory", None)
         if memory is None:
             memory = self._memory = PeakMemory(self.ctx.device, self.log)
-        if op == "save":
-            storage_io = self.store.writer(suffix)
-            # The process checkpointer pickles the writer into its daemon: no hook wrappers
-            # there (and a client built here would not be the one that uploads).
-            pickled = saver is not None and saver.pickles_writer
-            timeline = (HookTimeline() if pickled or "hooks" in self.harness_off
-                        else instrument_writer(storage_io))
-        else:
-            pickled = False
-            storage_io = self.store.reader(suffix)
-            timeline = (HookTimeline() if "hooks" in self.harness_off
-                        else instrument_reader(storage_io))
-        if not pickled:
+        # The process checkpointer pickles the writer into its daemon: the timed writer's
+        # copy there writes its timeline to a file, read back once the upload is done.
+        pickled = op == "save" and saver is not None and saver.pickles_writer
+        timeline = HookTimeline(dump_path=self._timeline_file(suffix) if pickled else None)
+        timed = None if "hooks" in self.harness_off else timeline
+        storage_io = (self.store.writer(suffix, timed) if op == "save"
+                      else self.store.reader(suffix, timed))
+        if not pickled:  # (a client built here would not be the one that uploads)
             self.store.warm_up(storage_io)
         # fs: the load reads the file system, not the page cache its save left (untimed)
         cache_policy = self.store.drop_cache(suffix) if op == "load" else None
@@ -180,81 +198,37 @@ class CheckpointLoop:
         minor_faults = memory.minor_faults if marks else None  # (finish may run later)
 
         def finish() -> Sample:
-            if timing is not None and timing.end_mono is None:  # upload still in flight
+            if saver is not None and timing is not None and timing.end_mono is None:
+                # the upload is still in flight
                 with Watchdog(self.cfg.op_timeout_s, self.on_timeout, message):
                     saver.finish(timing)
+            if pickled:
+                take_timeline_file(timeline)
             end_mono = time.monotonic() if timing is None else timing.end_mono
+            if end_mono is None:
+                raise RuntimeError(f"{op} iteration {iteration}: the upload never ended")
             end_wall = begin_wall + (end_mono - begin_mono)
             # A cadence overlaps saves: this one's requests start after the previous upload's.
             window_wall = begin_wall
             if timing is not None and timing.previous_end_mono is not None:
                 window_wall += max(0.0, timing.previous_end_mono - begin_mono)
-            sample = self._sample(op, iteration, suffix, timeline, barrier_start, begin_mono,
-                                  begin_wall, end_mono, end_wall, window_wall)
+            clocks = OpClocks(barrier_start, begin_mono, begin_wall, end_mono, end_wall,
+                              window_wall)
+            sample = build_sample(
+                op, iteration, suffix, timeline, clocks, self.ctx.rank, self.host,
+                replica_share(verify.local_bytes(self.state_dict), self.replicas, self.replica),
+                self.replica if self.replicas > 1 else None, self.request_log)
             sample.peak_rss_bytes, sample.cuda_max_allocated_bytes = peak_rss, cuda_peak
             sample.cache_policy = cache_policy
             sample.minor_faults = minor_faults
             sample.broadcast_s = broadcast_s
             if op == "save":
-                sample.save_mode = self.cfg.save_mode.value
-                if timing is None:  # sync: control comes back when the checkpoint is committed
-                    sample.blocked_s = sample.persisted_s = sample.duration_s
-                    sample.stall_s = sample.duration_s
-                else:
-                    sample.blocked_s, sample.staged_s = timing.blocked_s, timing.staged_s
-                    sample.persisted_s = timing.persisted_s
-                    sample.previous_wait_s = timing.previous_wait_s
-                    sample.train_steps = timing.train_steps
-                    sample.train_step_slowdown = timing.train_step_slowdown
-                    sample.stall_s, sample.interval_s = timing.stall_s, timing.interval_s
-                    sample.train_lost_s = timing.train_lost_s
-                    sample.train_lost_share = timing.train_lost_share
-                    if pickled and timing.bytes_written is not None:
-                        sample.written_bytes = timing.bytes_written
+                fill_save_figures(sample, self.cfg.save_mode.value, timing, pickled)
             return sample
 
         if timing is not None and timing.end_mono is None:
             return finish  # the loop completes it once the upload is waited for
         return finish()
-
-    def _sample(self, op, iteration, suffix, timeline: HookTimeline, barrier_start, begin_mono,
-                begin_wall, end_mono, end_wall, window_wall=None) -> Sample:
-        """duration_s: until the op is done (async save: persisted, so throughput figures
-        compare with sync; what training pays is blocked_s)."""
-        io_hook = "write_data" if op == "save" else "read_data"
-        io_span = timeline.spans.get(io_hook)
-        io_s = None if io_span is None else io_span[1] - io_span[0]
-        busy_s = timeline.stream_io_s
-        if io_s is not None and busy_s is not None:
-            busy_s = min(busy_s, io_s)  # the two clocks differ by microseconds at most
-        split = io_s is not None and busy_s is not None
-        return Sample(
-            op=op, iteration=iteration, suffix=suffix, rank=self.ctx.rank, host=self.host,
-            begin_wall_s=begin_wall, end_wall_s=end_wall, begin_mono_s=begin_mono,
-            end_mono_s=end_mono, duration_s=end_mono - begin_mono,
-            # bytes: checkpoint bytes, what this rank's shards hold (every throughput divides
-            # these; with replicas, its replica's share of them: the ranks' sum is the
-            # checkpoint's state bytes); written_bytes / fetched_bytes: what it moved to /
-            # from storage (tensor data as stored; fetched > bytes is read amplification)
-            bytes=replica_share(verify.local_bytes(self.state_dict), self.replicas,
-                                self.replica),
-            replica=self.replica if self.replicas > 1 else None,
-            written_bytes=timeline.io_bytes if op == "save" else None,
-            fetched_bytes=timeline.io_bytes if op == "load" else None,
-            barrier_wait_s=begin_mono - barrier_start,
-            plan_s=None if io_span is None else io_span[0] - begin_mono,
-            io_s=io_s,
-            commit_s=None if io_span is None else end_mono - io_span[1],
-            metadata_s=timeline.duration_s("read_metadata"),
-            finish_s=timeline.duration_s("finish"),
-            requests=(None if self.request_log is None else self.request_log.window(
-                begin_wall if window_wall is None else window_wall, end_wall,
-                timeline.uploaded_bytes if op == "save" else None, moved_bytes=timeline.io_bytes)),
-            upload_s=busy_s if split and op == "save" else None,
-            stage_s=io_s - busy_s if split and op == "save" else None,
-            io_wait_s=busy_s if split and op == "load" else None,
-            copy_s=io_s - busy_s if split and op == "load" else None,
-        )
 
     def _heartbeat(self, op: str, iteration: int, timeline: HookTimeline | None):
         """Rank 0's progress lines during the operation (progress=true), else nothing."""
@@ -313,6 +287,14 @@ class CheckpointLoop:
 
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> list[Sample]:
+        """Every operation of the run; every rank's samples."""
+        try:
+            return self._run_operations()
+        finally:
+            if self._timeline_dir is not None:
+                shutil.rmtree(self._timeline_dir, ignore_errors=True)
+
+    def _run_operations(self) -> list[Sample]:
         command = self.cfg.command
         # `dcp-fsdp ceiling`: no DCP operation, only the raw rounds at the end
         dcp_iterations = 0 if command == Command.ceiling else self.cfg.iterations
@@ -328,7 +310,7 @@ class CheckpointLoop:
                         iteration == self.cfg.iterations:
                     self._complete_pending()
             else:
-                suffix = self.cfg.suffix
+                suffix = self._load_suffix()
                 if iteration == 1:
                     self._check_matches_checkpoint(suffix)
                     self.suffixes.append(suffix)
@@ -336,7 +318,7 @@ class CheckpointLoop:
                 self._pause()
                 if self.cfg.verify:
                     self._clear()
-                self.keep(self._timed("load", iteration, suffix))
+                self.keep(self._timed_now("load", iteration, suffix))
                 if self.cfg.verify:
                     self._verify_against(
                         self.cfg.seed, f"save-and-load iteration {iteration}: data loaded from "
@@ -349,7 +331,7 @@ class CheckpointLoop:
                 self._load_expected_checksums(suffix)
                 if self._expected_checksums[suffix] is not None:
                     self._clear()
-                self.keep(self._timed("load", iteration, suffix))
+                self.keep(self._timed_now("load", iteration, suffix))
                 self._verify_checksums(suffix, iteration)
                 apply_state_dict(self.sharded, self.state_dict)
             if iteration < self.cfg.iterations:
@@ -363,9 +345,19 @@ class CheckpointLoop:
         dist.barrier()
         return self.samples
 
+    def _timed_now(self, op: str, iteration: int, suffix: str) -> Sample:
+        """The operation's sample, waited for if it is an upload in flight."""
+        done = self._timed(op, iteration, suffix)
+        return done() if callable(done) else done
+
+    def _load_suffix(self) -> str:
+        if self.cfg.suffix is None:  # the config's validation requires one for a load
+            raise UserError("load needs suffix=: the checkpoint to load")
+        return self.cfg.suffix
+
     def _complete_pending(self) -> None:
         """Record the last save once its upload is done: its sample, manifest and log line."""
-        pending, self._pending_save = getattr(self, "_pending_save", None), None
+        pending, self._pending_save = self._pending_save, None
         if pending is None:
             return
         done, suffix, iteration = pending

@@ -14,6 +14,7 @@ import resource
 import signal
 import time
 import traceback
+from typing import TYPE_CHECKING
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.rank.failures import Terminated, caused_by_interrupt
@@ -22,6 +23,12 @@ from dcp_fsdp.errors import UserError
 from dcp_fsdp.rank import peers  # first: it notes this rank's agent at import
 from dcp_fsdp.telemetry import records
 from dcp_fsdp.telemetry.records import InitRow, RunRecord, Sample
+
+if TYPE_CHECKING:
+    from dcp_fsdp.rank.distributed import RankContext
+    from dcp_fsdp.rank.loop import CheckpointLoop
+    from dcp_fsdp.storage.base import CheckpointStore
+    from dcp_fsdp.telemetry.request_log import RequestLog
 
 
 @dataclasses.dataclass
@@ -80,16 +87,29 @@ class RankSession:
         self.cfg = cfg
         self.guard = guard or InterruptGuard()
         self.process_start_mono = process_start_mono
-        self.ctx = None  # RankContext once joined
-        self.loop = None  # CheckpointLoop once built
-        self.store = None
-        self.request_log = None
+        self.ctx: RankContext | None = None  # once joined
+        self.loop: CheckpointLoop | None = None  # once built
+        self.store: CheckpointStore | None = None  # once opened
+        self.request_log: RequestLog | None = None
+        # this rank's untimed request summary, and every rank's once gathered (at finish)
+        self._untimed: dict | None = None
+        self._untimed_all: list[dict | None] | None = None
         self.rank = int(os.environ.get("RANK", "0"))
         self.init = InitRow(rank=self.rank)
         self.record_path: str | None = None  # once rank 0 wrote the record
         self.run = RunRecord(run_id="", command=cfg.command.value, argv=records.command_line(),
                              started_at=records.utc_now(),
                              config=records.config_for_record(cfg))
+
+    def joined(self) -> RankContext:
+        if self.ctx is None:
+            raise RuntimeError("the rank has not joined the process group yet")
+        return self.ctx
+
+    def opened_store(self) -> CheckpointStore:
+        if self.store is None:
+            raise RuntimeError("the rank has not opened its store yet")
+        return self.store
 
     @property
     def is_coordinator(self) -> bool:
@@ -115,8 +135,8 @@ class RankSession:
         from dcp_fsdp.rank.distributed import broadcast_object, init_distributed
 
         t0 = time.monotonic()
-        self.ctx = init_distributed(self.cfg.backend, self.cfg.collective_timeout_s)
-        self.rank = self.ctx.rank
+        ctx = self.ctx = init_distributed(self.cfg.backend, self.cfg.collective_timeout_s)
+        self.rank = ctx.rank
         self.init.rank = self.rank
         self.init.pg_init_s = time.monotonic() - t0
         self.run.run_id = broadcast_object(os.environ.get(contract.RUN_ID_ENV)
@@ -126,22 +146,22 @@ class RankSession:
         from dcp_fsdp.rank.distributed import rank0_decides
         from dcp_fsdp.storage import layout, make_store
 
-        self.store = make_store(self.cfg.storage)
-        os.environ.update(getattr(self.store, "connector_environment", dict)())
+        store = self.store = make_store(self.cfg.storage)
+        os.environ.update(getattr(store, "connector_environment", dict)())
 
         def preflight() -> None:
             if os.environ.get(contract.PREFLIGHT_DONE_ENV) != "1":
-                self.store.preflight()
-                if self.cfg.command == Command.load:
-                    layout.check_loadable(self.store, self.cfg.suffix)
-        rank0_decides(self.ctx, preflight)
+                store.preflight()
+                if self.cfg.command == Command.load and self.cfg.suffix is not None:
+                    layout.check_loadable(store, self.cfg.suffix)
+        rank0_decides(self.joined(), preflight)
 
     def build(self):
         from dcp_fsdp.models.build import build_sharded_model
         from dcp_fsdp.models.presets import PRESETS
         from dcp_fsdp.rank.state import make_state_dict, state_bytes
 
-        cfg, ctx = self.cfg, self.ctx
+        cfg, ctx, store = self.cfg, self.joined(), self.opened_store()
         t0 = time.monotonic()
         sharded = build_sharded_model(cfg.model.preset, cfg.model.dtype, cfg.state, ctx.device,
                                       ctx.world_size, cfg.seed, cfg.model.replicas)
@@ -158,7 +178,7 @@ class RankSession:
         run.nproc_per_node, run.hostnames = ctx.local_world_size, list(ctx.hostnames)
         run.backend, run.device = ctx.backend, str(ctx.device)
         run.gpus = gpus()
-        run.storage = {**self.store.describe(),
+        run.storage = {**store.describe(),
                        "embedded": os.environ.get(contract.EMBEDDED_ENV) == "1"}
         model = run.model
         self.say(f"run {run.run_id}: {cfg.command.value} model={model['preset']} "
@@ -168,7 +188,7 @@ class RankSession:
                  + (f"replicas={cfg.model.replicas} ({cfg.model.replica_load.value} loads) "
                     if cfg.model.replicas > 1 else "")
                  + f"backend={ctx.backend} "
-                 f"storage={self.store.location('')}")
+                 f"storage={store.location('')}")
         self.init.init_s = time.monotonic() - self.process_start_mono
         return sharded, state_dict
 
@@ -180,10 +200,10 @@ class RankSession:
         if spec is not None:  # `dcp-fsdp tune`: every trial in this one launch
             TuneTrials(self, sharded, state_dict, spec).run()
             return
-        self.loop = CheckpointLoop(self.cfg, self.ctx, self.store, sharded, state_dict,
-                                   request_log=self.request_log, say=self.say,
-                                   on_timeout=self.on_timeout)
-        self.loop.run()
+        loop = self.loop = CheckpointLoop(self.cfg, self.joined(), self.opened_store(), sharded,
+                                          state_dict, request_log=self.request_log,
+                                          say=self.say, on_timeout=self.on_timeout)
+        loop.run()
 
     def on_timeout(self, message: str) -> None:
         """From the watchdog thread, while the main thread is stuck in native code: record

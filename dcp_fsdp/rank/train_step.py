@@ -53,7 +53,8 @@ class TrainStep:
         self.device = device
         self.step_s = step_s
         self.matmuls = 1
-        self._a = self._b = None
+        self._a: torch.Tensor | None = None
+        self._b: torch.Tensor | None = None
         self.stall_wait_s = 0.0  # the last step's wait before its update (staging)
 
     def _sync(self) -> None:
@@ -89,10 +90,13 @@ class TrainStep:
         """One step; its duration (device work included: synchronised on CUDA). With
         `before_update`, it is called (it blocks until staging is done) after the
         forward/backward and before the update; the time it took is in `stall_wait_s`."""
+        a, b = self._a, self._b
+        if a is None or b is None:
+            raise RuntimeError("TrainStep.step() before calibrate()")
         start = time.perf_counter()
         self.stall_wait_s = 0.0
         for _ in range(self.matmuls):
-            torch.mm(self._a, self._b)
+            torch.mm(a, b)
         self._sync()
         if before_update is not None:
             waited = time.perf_counter()

@@ -254,7 +254,8 @@ class Search:
         for trial in self.trials:
             if trial.score is not None:
                 seen.setdefault(settings_key(trial.settings), trial.settings)
-        ordered = sorted(seen.values(), key=lambda s: self._best_score(s), reverse=True)
+        # every setting seen has a scored trial, so its best score is a number
+        ordered = sorted(seen.values(), key=lambda s: self._best_score(s) or 0.0, reverse=True)
         chosen = [self.defaults]
         for settings in [getattr(self, "_descent_best", self.defaults), *ordered]:
             if len(chosen) >= self.finalists:

@@ -36,9 +36,11 @@ def trial_config(cfg, settings: dict[str, Any], ceiling: bool):
     """The session's config with the trial's settings, as a command line would set them."""
     from omegaconf import OmegaConf
 
+    from dcp_fsdp.config.schema import to_config
+
     dotlist = [f"{name}={value}" for name, value in settings.items()]
     merged = OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(dotlist))
-    trial = OmegaConf.to_object(merged)
+    trial = to_config(merged)
     trial.ceiling = ceiling
     trial.iterations = 1
     trial.suffix = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Protocol, runtime_checkable
 
 from dcp_fsdp.storage.layout import CheckpointInfo, OpenUpload
+from dcp_fsdp.storage.timeline import HookTimeline
 
 
 class RawArea(Protocol):
@@ -57,11 +58,12 @@ class CheckpointStore(Protocol):
         """What the run record says about this store (no secrets)."""
 
     # -- data plane: DCP's writer and reader ---------------------------------------------
-    def writer(self, suffix: str) -> Any:
-        """A DCP StorageWriter for a new checkpoint `suffix`."""
+    def writer(self, suffix: str, timeline: HookTimeline | None = None) -> Any:
+        """A DCP StorageWriter for a new checkpoint `suffix`; with a timeline, the timed
+        subclass of it that records there (storage/timed_dcp.py)."""
 
-    def reader(self, suffix: str) -> Any:
-        """A DCP StorageReader for checkpoint `suffix`."""
+    def reader(self, suffix: str, timeline: HookTimeline | None = None) -> Any:
+        """A DCP StorageReader for checkpoint `suffix`; with a timeline, timed likewise."""
 
     def warm_up(self, storage_io: Any) -> None:
         """Build any client the writer/reader would build lazily, outside the timed region."""

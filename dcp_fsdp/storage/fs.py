@@ -11,6 +11,7 @@ from dcp_fsdp.config.schema import MIB, StorageConfig
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.layout import METADATA_NAME, CheckpointInfo, check_suffix
 from dcp_fsdp.storage.raw import FsRawArea, fs_ceiling_dir
+from dcp_fsdp.storage.timeline import HookTimeline
 
 
 class FsStore:
@@ -29,11 +30,16 @@ class FsStore:
     def describe(self) -> dict[str, Any]:
         return {"kind": "fs", "path": str(self.root)}
 
-    def writer(self, suffix: str):
-        from torch.distributed.checkpoint import FileSystemWriter
+    def writer(self, suffix: str, timeline: HookTimeline | None = None):
+        kwargs: dict[str, Any] = dict(thread_count=self.config.thread_count, sync_files=self.config.sync_files,
+                      overwrite=False)
+        if timeline is None:
+            from torch.distributed.checkpoint import FileSystemWriter
 
-        return FileSystemWriter(self.location(suffix), thread_count=self.config.thread_count,
-                                sync_files=self.config.sync_files, overwrite=False)
+            return FileSystemWriter(self.location(suffix), **kwargs)
+        from dcp_fsdp.storage.timed_dcp import TimedFileSystemWriter
+
+        return TimedFileSystemWriter(self.location(suffix), timeline=timeline, **kwargs)
 
     def warm_up(self, storage_io) -> None:
         """Nothing to set up for a file system."""
@@ -45,10 +51,14 @@ class FsStore:
 
         return pagecache.drop(pagecache.checkpoint_files(self.location(suffix)))
 
-    def reader(self, suffix: str):
-        from torch.distributed.checkpoint import FileSystemReader
+    def reader(self, suffix: str, timeline: HookTimeline | None = None):
+        if timeline is None:
+            from torch.distributed.checkpoint import FileSystemReader
 
-        return FileSystemReader(self.location(suffix))
+            return FileSystemReader(self.location(suffix))
+        from dcp_fsdp.storage.timed_dcp import TimedFileSystemReader
+
+        return TimedFileSystemReader(self.location(suffix), timeline=timeline)
 
     def preflight(self) -> None:
         """Writable, or creatable by the first save; creates nothing (a mistyped path

@@ -17,6 +17,7 @@ from dcp_fsdp.storage.layout import CheckpointInfo, check_suffix
 from dcp_fsdp.storage.raw import S3RawArea, s3_ceiling_prefix
 from dcp_fsdp.storage.s3_control import S3ControlPlane
 from dcp_fsdp.storage.s3_target import S3Target, resolve_endpoint, resolve_region
+from dcp_fsdp.storage.timeline import HookTimeline
 
 __all__ = ["S3Store", "S3Target", "resolve_endpoint", "resolve_region"]
 
@@ -69,11 +70,17 @@ class S3Store:
             return s3dcp.HexPrefixStrategy(prefix_count=self.config.prefix_count)
         return RoundRobinPrefixStrategy(list(self.config.round_robin_prefixes))
 
-    def writer(self, suffix: str):
+    def writer(self, suffix: str, timeline: HookTimeline | None = None):
         from s3torchconnector.dcp import S3StorageWriter
 
-        return S3StorageWriter(
-            region=self.region, path=self.location(suffix), s3client_config=self._client_config(),
+        writer_class: type = S3StorageWriter
+        extra: dict[str, Any] = {}
+        if timeline is not None:
+            from dcp_fsdp.storage.timed_s3 import TimedS3StorageWriter
+
+            writer_class, extra = TimedS3StorageWriter, {"timeline": timeline}
+        return writer_class(
+            **extra, region=self.region, path=self.location(suffix), s3client_config=self._client_config(),
             prefix_strategy=self._prefix_strategy(), thread_count=self.config.thread_count,
             overwrite=False,
         )
@@ -94,10 +101,11 @@ class S3Store:
         """No local cache between a load and S3 (every read is a GET)."""
         return None
 
-    def reader(self, suffix: str):
+    def reader(self, suffix: str, timeline: HookTimeline | None = None):
         from s3torchconnector import S3ReaderConstructor
         from s3torchconnector.dcp import S3StorageReader
 
+        constructor: Any
         if self.config.reader == ReaderKind.dcp_optimized:
             constructor = S3ReaderConstructor.dcp_optimized(
                 max_gap_size=int(self.config.max_gap_size_mib * MIB))
@@ -106,9 +114,13 @@ class S3Store:
                 ReaderKind.sequential: S3ReaderConstructor.sequential,
                 ReaderKind.range_based: S3ReaderConstructor.range_based,
             }[self.config.reader]()
-        return S3StorageReader(region=self.region, path=self.location(suffix),
-                               s3client_config=self._client_config(),
-                               reader_constructor=constructor)
+        kwargs = dict(region=self.region, path=self.location(suffix),
+                      s3client_config=self._client_config(), reader_constructor=constructor)
+        if timeline is None:
+            return S3StorageReader(**kwargs)
+        from dcp_fsdp.storage.timed_s3 import TimedS3StorageReader
+
+        return TimedS3StorageReader(timeline=timeline, **kwargs)
 
     # -- control plane (boto3), see s3_control.py ---------------------------------------
     def preflight(self) -> None:

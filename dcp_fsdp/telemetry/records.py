@@ -189,6 +189,9 @@ class RunRecord:
     # The suffix a save was writing when the run failed or was interrupted: objects (and
     # maybe open multipart uploads) left there, no .metadata, never loadable.
     incomplete_suffix: str | None = None
+    # How each rank that did not end cleanly ended, as torch's elastic agent saw it (written
+    # by the launcher): {global rank: {exitcode, signal, message, timestamp}}.
+    rank_failures: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     integrity: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     init: list[InitRow] = dataclasses.field(default_factory=list)
     versions: dict[str, str | None] = dataclasses.field(default_factory=dict)

@@ -206,7 +206,7 @@ def test_end_of_run_summary_prints_the_notes(tmp_path, capsys):
 
 
 def test_counted_bytes_once_when_read_calls_its_own_readinto():
-    from dcp_fsdp.rank.hooks import BusyClock, ByteCounter, _time_stream
+    from dcp_fsdp.storage.timeline import BusyClock, ByteCounter, time_stream as _time_stream
 
     class Stream(io.RawIOBase):  # RawIOBase.read() calls self.readinto()
         def __init__(self, data: bytes) -> None:

@@ -53,3 +53,30 @@ def test_a_record_from_a_stopped_rank_is_corrected(tmp_path):
     assert run["status"] == "failed" and run["error"].startswith("rank 1 was killed by SIGKILL")
     assert run["incomplete_suffix"] == "s1" and "_replaced_root_cause" not in run
     assert kept == sample
+
+
+def test_every_outcome_keeps_failures_apart_from_the_suffix(tmp_path):
+    """The slip a type checker now catches: the failures dict passed positionally into
+    `writing_suffix`. Each outcome with failures keeps them in `failures`, the suffix
+    stays a string or None, and the record the parent amends says so."""
+    failures = {"0": failure(1, "failed: stopped after rank 1 ended first (...)"),
+                "1": failure(-9, "Signal 9 (SIGKILL) received by PID 7", 101, "SIGKILL")}
+    cases = [
+        _outcome(1, {"outcome": "failed", "failures": failures}, None),
+        _outcome(130, {"outcome": "interrupted", "failures": failures}, signal.SIGTERM),
+        _outcome(130, {"outcome": "interrupted", "signal": "SIGINT", "failures": failures}, None),
+        _outcome(1, {"outcome": "failed", "failures": {"0": failure(130, "interrupted")}}, None),
+        _outcome(1, {"outcome": "failed", "failures": {"0": failure(3, "failed: x: y")}}, None),
+    ]
+    for outcome in cases:
+        assert outcome.writing_suffix is None
+        assert outcome.failures and all(isinstance(v, dict) for v in outcome.failures.values())
+    for writing_suffix in ("s7", None):
+        path = tmp_path / f"{writing_suffix}.jsonl"
+        path.write_text(json.dumps({"record": "run", "status": "failed", "error": "x"}) + "\n")
+        outcome = cases[0]
+        outcome.writing_suffix = writing_suffix
+        aftermath._amend(path, outcome)
+        run = json.loads(path.read_text().splitlines()[0])
+        assert run.get("incomplete_suffix") == writing_suffix  # a string or null, never a dict
+        assert run["rank_failures"]["1"]["signal"] == "SIGKILL"

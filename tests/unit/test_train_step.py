@@ -13,7 +13,7 @@ import torch
 from dcp_fsdp.config.schema import AsyncCheckpointer, AsyncSaveConfig
 from dcp_fsdp.rank import train_step
 from dcp_fsdp.rank.async_save import rank_bytes, staging_options
-from dcp_fsdp.rank.hooks import BusyClock, _time_stream
+from dcp_fsdp.storage.timeline import BusyClock, time_stream as _time_stream
 
 
 def test_matmuls_for_a_step():

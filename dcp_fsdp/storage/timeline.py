@@ -1,8 +1,9 @@
-"""Time the hooks DCP calls on a storage writer/reader, and count the bytes moved.
+"""What the timed DCP writer and reader (storage/timed_dcp.py) record: the span of each
+hook DCP calls on them, the time inside the object streams, and the bytes moved. No torch
+here: the records are plain data, and cross a pickle (the process checkpointer's daemon
+writes its timeline to a file the rank reads back, `dump` / `load_dump`).
 
-We wrap the hook methods of one writer/reader instance (torch is not patched),
-keeping their signatures (DCP inspects them) via functools.wraps. From the
-timestamps the loop derives where each rank spent a save or load: planning
+From the timestamps the loop derives where each rank spent a save or load: planning
 (local and global plan, including the collective), data I/O, and the commit
 (metadata write, gathered by the coordinator) or metadata read.
 
@@ -18,8 +19,9 @@ Phases, per rank (monotonic clock; see loop.CheckpointLoop._sample):
         commit_s = read_data end -> dcp.load returns (the closing all_gather: waiting for
                    the slowest rank)
 
-The writer's file-system `create_stream` is wrapped too, to count the bytes of every
-object this rank uploads (the connector's request log gives no upload sizes).
+The writer's file system is wrapped too (`TimedFileSystem`, its `create_stream`), to count
+the bytes of every object this rank uploads (the connector's request log gives no upload
+sizes).
 
 Inside io_s (per rank; `BusyClock`: wall time with at least one call in progress, so
 writer/reader threads > 1 never count an instant twice, and io_s - busy >= 0):
@@ -38,9 +40,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
+import json
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 
 class BusyClock:
@@ -70,6 +74,13 @@ class BusyClock:
         """Closed intervals only: read it when no call is in progress."""
         with self._lock:
             return self._total
+
+    def __getstate__(self) -> dict[str, Any]:  # a lock does not pickle (process checkpointer)
+        return {"total": self.total_s()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+        self._total = state["total"]
 
     def wrap(self, method):
         def timed(*args, **kwargs):
@@ -108,6 +119,13 @@ class ByteCounter:
         self._lock = threading.Lock()
         self._depth = threading.local()
 
+    def __getstate__(self) -> dict[str, Any]:  # locks do not pickle (process checkpointer)
+        return {"total": self.total}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+        self.total = state["total"]
+
     def wrap(self, name: str, method):
         def counted(*args, **kwargs):
             depth = getattr(self._depth, "value", 0)
@@ -132,7 +150,7 @@ class ByteCounter:
         return counted
 
 
-def _time_stream(stream, clock: BusyClock, names: tuple[str, ...],
+def time_stream(stream, clock: BusyClock, names: tuple[str, ...],
                  counter: ByteCounter | None = None):
     """`stream` with `names` timed by `clock` (and counted): the same object where its
     attributes can be set (the connector's S3Writer / S3Reader), else a thin stand-in."""
@@ -162,6 +180,9 @@ class HookTimeline:
     # bytes through the object streams so far (progress lines; a load's io_bytes is its
     # difference over read_data)
     moved: ByteCounter = dataclasses.field(default_factory=ByteCounter)
+    # Where a copy of this timeline in another process (the process checkpointer's daemon)
+    # writes what it recorded; None: recorded in place.
+    dump_path: str | None = None
 
     def duration_s(self, hook: str) -> float | None:
         span = self.spans.get(hook)
@@ -177,109 +198,88 @@ class HookTimeline:
         return sum(self.object_bytes.values()) if self.object_bytes else None
 
 
-def _timed(timeline: HookTimeline, name: str, method):
-    @functools.wraps(method)
-    def wrapper(*args, **kwargs):
-        start = time.monotonic()
-        try:
-            return method(*args, **kwargs)
-        finally:
-            timeline.record(name, start, time.monotonic())
-    return wrapper
+    def io_started(self) -> tuple[float, float, int]:
+        """At the start of the data-I/O hook: (monotonic start, stream clock, bytes moved)."""
+        return time.monotonic(), self.stream_clock.total_s(), self.moved.total
 
-
-def _count_uploads(writer, timeline: HookTimeline) -> None:
-    """Wrap this writer's fs.create_stream: bytes of each object it writes ("wb"), and the
-    time spent inside its write() and close() calls."""
-    fs = getattr(writer, "fs", None)
-    create_stream = getattr(fs, "create_stream", None)
-    if create_stream is None:
-        return
-    lock = threading.Lock()
+    def io_ended(self, hook: str, started: tuple[float, float, int]) -> None:
+        start, busy_before, _ = started
+        self.stream_io_s = self.stream_clock.total_s() - busy_before
+        self.record(hook, start, time.monotonic())
 
     @contextlib.contextmanager
-    def counting_create_stream(path, mode):
-        with create_stream(path, mode) as stream:
+    def span(self, hook: str):
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.record(hook, start, time.monotonic())
+
+    # -- across processes: CLOCK_MONOTONIC is one clock for every process of a host --------
+    def dump(self) -> None:
+        """Write what this copy recorded to `dump_path` (atomically), if it has one."""
+        if self.dump_path is None:
+            return
+        data = {"spans": self.spans, "io_bytes": self.io_bytes,
+                "object_bytes": self.object_bytes, "stream_io_s": self.stream_io_s,
+                "moved_bytes": self.moved.total}
+        tmp = Path(f"{self.dump_path}.tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.dump_path)
+
+    def load_dump(self) -> bool:
+        """Take in what another process's copy wrote to `dump_path`; False if it wrote
+        nothing (the timed writer did not run there)."""
+        if self.dump_path is None:
+            return False
+        try:
+            data = json.loads(Path(self.dump_path).read_text())
+        except (OSError, ValueError):
+            return False
+        self.spans.update({name: (float(a), float(b)) for name, (a, b) in data["spans"].items()})
+        self.io_bytes = int(data["io_bytes"])
+        self.object_bytes.update({str(k): int(v) for k, v in data["object_bytes"].items()})
+        self.stream_io_s = data["stream_io_s"]
+        self.moved.total = int(data["moved_bytes"])
+        return True
+
+
+class TimedFileSystem:
+    """DCP's file system of a writer or reader (`FileSystem`, the connector's
+    `S3FileSystem`), its object streams timed and counted: `create_stream` is this class's
+    own, every other call goes to the wrapped file system."""
+
+    def __init__(self, fs: Any, timeline: HookTimeline) -> None:
+        self.fs = fs
+        self.timeline = timeline
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("fs", "timeline", "_lock"):
+            raise AttributeError(name)  # while unpickling, before __dict__ is set
+        return getattr(self.fs, name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"fs": self.fs, "timeline": self.timeline}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["fs"], state["timeline"])  # type: ignore[misc]
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode: str):
+        timeline = self.timeline
+        with self.fs.create_stream(path, mode) as stream:
             if "w" in mode:
-                stream = _time_stream(stream, timeline.stream_clock, ("write", "close"),
-                                      timeline.moved)
+                stream = time_stream(stream, timeline.stream_clock, ("write", "close"),
+                                     timeline.moved)
+            elif "r" in mode:
+                stream = time_stream(stream, timeline.stream_clock, ("read", "readinto"),
+                                     timeline.moved)
             yield stream
             if "w" in mode:
                 try:
                     size = int(stream.tell())
                 except Exception:  # a stream that cannot tell: leave it uncounted
                     return
-                with lock:
+                with self._lock:
                     timeline.object_bytes[str(path)] = size
-
-    fs.create_stream = counting_create_stream
-
-
-def _time_reads(reader, timeline: HookTimeline) -> None:
-    """Wrap this reader's fs.create_stream: time inside each object stream's read calls."""
-    fs = getattr(reader, "fs", None)
-    create_stream = getattr(fs, "create_stream", None)
-    if create_stream is None:
-        return
-
-    @contextlib.contextmanager
-    def timed_create_stream(path, mode):
-        with create_stream(path, mode) as stream:
-            if "r" in mode:
-                stream = _time_stream(stream, timeline.stream_clock, ("read", "readinto"),
-                                      timeline.moved)
-            yield stream
-
-    fs.create_stream = timed_create_stream
-
-
-def instrument_writer(writer) -> HookTimeline:
-    timeline = HookTimeline()
-    for hook in ("prepare_local_plan", "prepare_global_plan", "finish"):
-        setattr(writer, hook, _timed(timeline, hook, getattr(writer, hook)))
-    _count_uploads(writer, timeline)
-    write_data = writer.write_data
-
-    @functools.wraps(write_data)
-    def timed_write_data(plan, planner):
-        start = time.monotonic()
-        busy_before = timeline.stream_clock.total_s()
-        try:
-            future = write_data(plan, planner)
-            future.wait()  # DCP waits right after this call anyway; we time the I/O itself
-            timeline.io_bytes = sum(
-                getattr(result.storage_data, "length", 0) or 0 for result in future.value())
-            return future
-        finally:
-            timeline.stream_io_s = timeline.stream_clock.total_s() - busy_before
-            timeline.record("write_data", start, time.monotonic())
-
-    writer.write_data = timed_write_data
-    return timeline
-
-
-def instrument_reader(reader) -> HookTimeline:
-    timeline = HookTimeline()
-    for hook in ("read_metadata", "prepare_local_plan", "prepare_global_plan"):
-        setattr(reader, hook, _timed(timeline, hook, getattr(reader, hook)))
-    _time_reads(reader, timeline)
-    read_data = reader.read_data
-
-    @functools.wraps(read_data)
-    def timed_read_data(plan, planner):
-        start = time.monotonic()
-        busy_before = timeline.stream_clock.total_s()
-        # what the client received through the object streams, not what the plan named:
-        # a resharded load that reads a saved item whole for a part of it fetches more
-        fetched_before = timeline.moved.total
-        try:
-            future = read_data(plan, planner)
-            future.wait()
-            return future
-        finally:
-            timeline.io_bytes = timeline.moved.total - fetched_before
-            timeline.stream_io_s = timeline.stream_clock.total_s() - busy_before
-            timeline.record("read_data", start, time.monotonic())
-
-    reader.read_data = timed_read_data
-    return timeline

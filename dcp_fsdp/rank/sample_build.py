@@ -1,0 +1,98 @@
+"""One timed operation's sample, from its clocks and what the timed writer or reader
+recorded (storage/timeline.py): the phases are defined once, here (docs/metrics.md).
+
+  duration_s  the barrier's release -> the op is done (an async save: persisted, so that
+              throughput compares with a sync save; what training pays is stall_s)
+  plan_s      -> the data-I/O hook starts (write_data / read_data)
+  io_s        the data-I/O hook, split into the time inside the object streams (upload_s /
+              io_wait_s) and the rest (stage_s / copy_s)
+  commit_s    the data-I/O hook ends -> the op is done
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dcp_fsdp.storage.timeline import HookTimeline
+from dcp_fsdp.telemetry.records import Sample
+
+
+@dataclasses.dataclass(frozen=True)
+class OpClocks:
+    """The operation's clock reads (monotonic and wall, seconds)."""
+
+    barrier_start: float  # monotonic, entering the aligning barrier
+    begin_mono: float  # the barrier's release
+    begin_wall: float
+    end_mono: float
+    end_wall: float
+    # where its requests begin: after the previous upload's end when a cadence overlaps them
+    window_wall: float | None = None
+
+
+def io_split(timeline: HookTimeline, op: str) -> tuple[float | None, tuple[float, float] | None]:
+    """(io_s, (inside the streams, the rest) or None)."""
+    io_span = timeline.spans.get("write_data" if op == "save" else "read_data")
+    io_s = None if io_span is None else io_span[1] - io_span[0]
+    busy_s = timeline.stream_io_s
+    if io_s is None or busy_s is None:
+        return io_s, None
+    busy_s = min(busy_s, io_s)  # the two clocks differ by microseconds at most
+    return io_s, (busy_s, io_s - busy_s)
+
+
+def build_sample(op: str, iteration: int, suffix: str, timeline: HookTimeline,
+                 clocks: OpClocks, rank: int, host: str, state_bytes: int,
+                 replica: int | None, request_log: Any) -> Sample:
+    """`state_bytes`: checkpoint bytes, what this rank's shards hold (every throughput
+    divides these; with replicas, its replica's share); written_bytes / fetched_bytes: what
+    it moved to / from storage (tensor data as stored; fetched > bytes is read
+    amplification)."""
+    io_span = timeline.spans.get("write_data" if op == "save" else "read_data")
+    io_s, split_s = io_split(timeline, op)
+    requests = None
+    if request_log is not None:
+        requests = request_log.window(
+            clocks.begin_wall if clocks.window_wall is None else clocks.window_wall,
+            clocks.end_wall, timeline.uploaded_bytes if op == "save" else None,
+            moved_bytes=timeline.io_bytes)
+    return Sample(
+        op=op, iteration=iteration, suffix=suffix, rank=rank, host=host,
+        begin_wall_s=clocks.begin_wall, end_wall_s=clocks.end_wall,
+        begin_mono_s=clocks.begin_mono, end_mono_s=clocks.end_mono,
+        duration_s=clocks.end_mono - clocks.begin_mono, bytes=state_bytes, replica=replica,
+        written_bytes=timeline.io_bytes if op == "save" else None,
+        fetched_bytes=timeline.io_bytes if op == "load" else None,
+        barrier_wait_s=clocks.begin_mono - clocks.barrier_start,
+        plan_s=None if io_span is None else io_span[0] - clocks.begin_mono,
+        io_s=io_s,
+        commit_s=None if io_span is None else clocks.end_mono - io_span[1],
+        metadata_s=timeline.duration_s("read_metadata"),
+        finish_s=timeline.duration_s("finish"),
+        requests=requests,
+        upload_s=split_s[0] if split_s and op == "save" else None,
+        stage_s=split_s[1] if split_s and op == "save" else None,
+        io_wait_s=split_s[0] if split_s and op == "load" else None,
+        copy_s=split_s[1] if split_s and op == "load" else None,
+    )
+
+
+def fill_save_figures(sample: Sample, save_mode: str, timing: Any, pickled: bool) -> None:
+    """A save's figures of what training paid: a sync save blocks until committed; an async
+    one (`timing`: rank/async_save.py's AsyncTiming) from its own marks."""
+    sample.save_mode = save_mode
+    if timing is None:  # sync: control comes back when the checkpoint is committed
+        sample.blocked_s = sample.persisted_s = sample.duration_s
+        sample.stall_s = sample.duration_s
+        return
+    sample.blocked_s, sample.staged_s = timing.blocked_s, timing.staged_s
+    sample.persisted_s = timing.persisted_s
+    sample.previous_wait_s = timing.previous_wait_s
+    sample.train_steps = timing.train_steps
+    sample.train_step_slowdown = timing.train_step_slowdown
+    sample.stall_s, sample.interval_s = timing.stall_s, timing.interval_s
+    sample.train_lost_s = timing.train_lost_s
+    sample.train_lost_share = timing.train_lost_share
+    if pickled and timing.bytes_written is not None:
+        sample.written_bytes = timing.bytes_written

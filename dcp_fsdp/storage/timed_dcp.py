@@ -1,0 +1,108 @@
+"""DCP's storage writers and readers, timed: subclasses of the store's own classes
+(torch's `FileSystemWriter` / `FileSystemReader`, the connector's `S3StorageWriter` /
+`S3StorageReader`) that override the hooks DCP calls and record each one's span on a
+`HookTimeline` (storage/timeline.py), as the connector's classes themselves extend
+torch's. Nothing is assigned on an instance after it is built, so a writer pickled into the
+process checkpointer's daemon is timed there too: its timeline copy writes what it recorded
+to a file the rank reads back (`HookTimeline.dump_path`).
+
+Ranks only (imports torch): the stores import this module when asked for a timed writer
+(the connector's classes: storage/timed_s3.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+
+from dcp_fsdp.storage.timeline import HookTimeline, TimedFileSystem
+
+
+class TimedWriter:
+    """Mixin before a DCP `FileSystemWriter` subclass: times its hooks on `self.timeline`
+    and its object streams through `TimedFileSystem`."""
+
+    timeline: HookTimeline
+    fs: Any
+
+    def _start_timing(self, timeline: HookTimeline) -> None:
+        self.timeline = timeline
+        self.fs = TimedFileSystem(self.fs, timeline)
+
+    def prepare_local_plan(self, plan):
+        with self.timeline.span("prepare_local_plan"):
+            return super().prepare_local_plan(plan)
+
+    def prepare_global_plan(self, plans):
+        with self.timeline.span("prepare_global_plan"):
+            return super().prepare_global_plan(plans)
+
+    def write_data(self, plan, planner):
+        started = self.timeline.io_started()
+        try:
+            future = super().write_data(plan, planner)
+            future.wait()  # DCP waits right after this call anyway; we time the I/O itself
+            self.timeline.io_bytes = sum(
+                getattr(result.storage_data, "length", 0) or 0 for result in future.value())
+            return future
+        finally:
+            self.timeline.io_ended("write_data", started)
+            self.timeline.dump()  # in the process checkpointer's daemon: for the rank
+
+    def finish(self, metadata, results) -> None:
+        with self.timeline.span("finish"):
+            super().finish(metadata, results)  # type: ignore[misc]  # a mixin: the DCP class after it has it
+        self.timeline.dump()
+
+
+class TimedReader:
+    """Mixin before a DCP `FileSystemReader` subclass: times its hooks on `self.timeline`;
+    a load's fetched bytes are what came through the object streams during read_data
+    (a resharded load that reads a saved item whole for a part of it fetches more than the
+    plan names)."""
+
+    timeline: HookTimeline
+    fs: Any
+
+    def _start_timing(self, timeline: HookTimeline) -> None:
+        self.timeline = timeline
+        self.fs = TimedFileSystem(self.fs, timeline)
+
+    def read_metadata(self, *args, **kwargs):
+        parent = super().read_metadata
+        if kwargs and "kwargs" not in inspect.signature(parent).parameters:
+            kwargs = {}  # DCP passes rank= and process_group= only where the reader takes them
+        with self.timeline.span("read_metadata"):
+            return parent(*args, **kwargs)
+
+    def prepare_local_plan(self, plan):
+        with self.timeline.span("prepare_local_plan"):
+            return super().prepare_local_plan(plan)
+
+    def prepare_global_plan(self, plans):
+        with self.timeline.span("prepare_global_plan"):
+            return super().prepare_global_plan(plans)
+
+    def read_data(self, plan, planner):
+        started = self.timeline.io_started()
+        try:
+            future = super().read_data(plan, planner)
+            future.wait()
+            return future
+        finally:
+            self.timeline.io_bytes = self.timeline.moved.total - started[2]
+            self.timeline.io_ended("read_data", started)
+
+
+class TimedFileSystemWriter(TimedWriter, FileSystemWriter):
+    def __init__(self, *args, timeline: HookTimeline, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._start_timing(timeline)
+
+
+class TimedFileSystemReader(TimedReader, FileSystemReader):
+    def __init__(self, *args, timeline: HookTimeline, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._start_timing(timeline)
