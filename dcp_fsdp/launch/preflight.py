@@ -90,13 +90,19 @@ def _load_suffix(cfg: BenchmarkConfig) -> str:
 
 
 def check_compatible(store, cfg: BenchmarkConfig) -> None:
-    """Before any rank builds the model: the checkpoint's model, dtype and state (from its
-    manifest, else from DCP's .metadata) fit the settings. A model-only load of a
-    model-and-optimizer checkpoint is allowed, and said."""
+    """Before any rank builds the model: DCP's .metadata passes the screen (MetadataRefused,
+    a UserError, when it may be hostile or is damaged), and the checkpoint's model, dtype
+    and state (from its manifest, else from .metadata) fit the settings. A model-only load
+    of a model-and-optimizer checkpoint is allowed, and said."""
     suffix = _load_suffix(cfg)
     manifest = layout.read_manifest(store, suffix) or {}
-    raw = store.get_small(suffix, layout.METADATA_NAME)
-    tensors = metadata_peek.read_tensors(raw) if raw else None
+    # Read here, by the screen, before any rank: torch's reader would unpickle anything.
+    raw = store.get_small(suffix, layout.METADATA_NAME, metadata_peek.MAX_METADATA_BYTES + 1)
+    if raw is None:  # check_loadable found it: deleted since, or GET refused; unscreened
+        raise UserError(f"suffix={suffix}: {layout.METADATA_NAME} could not be read for the "
+                        "pre-load screen (removed since, or not readable with these "
+                        "credentials); the checkpoint was not loaded")
+    tensors = metadata_peek.read_tensors(raw, f"suffix={suffix}: {layout.METADATA_NAME}")
     parts = metadata_peek.bytes_by_part(tensors) if tensors else {}
     saved_state = manifest.get("state") or (
         ("model_and_optimizer" if "optim" in parts else "model") if parts else None)

@@ -85,7 +85,9 @@ class CheckpointStore(Protocol):
 
     def put_small(self, suffix: str, name: str, data: bytes) -> None: ...
 
-    def get_small(self, suffix: str, name: str) -> bytes | None: ...
+    def get_small(self, suffix: str, name: str, max_bytes: int | None = None) -> bytes | None:
+        """A small object's bytes (None when absent): at most `max_bytes` of them, so a
+        caller that caps a size can ask for one byte more and never hold a huge file."""
 
     def delete(self, suffix: str) -> None:
         """Remove checkpoint `suffix`, every object of it; nothing when it does not exist.

@@ -112,9 +112,12 @@ class FsStore:
     def abort_uploads(self, suffix: str | None = None) -> int:
         return 0
 
-    def get_small(self, suffix: str, name: str) -> bytes | None:
+    def get_small(self, suffix: str, name: str, max_bytes: int | None = None) -> bytes | None:
         path = self.root / suffix / name
-        return path.read_bytes() if path.exists() else None
+        if not path.exists():
+            return None
+        with path.open("rb") as file:
+            return file.read(-1 if max_bytes is None else max_bytes)
 
     def delete(self, suffix: str) -> None:
         import shutil

@@ -1,9 +1,34 @@
-"""What a checkpoint holds, read from DCP's `.metadata` without importing torch.
+"""What a checkpoint holds, read from DCP's `.metadata` without importing torch: the screen
+that refuses a hostile or damaged `.metadata` before any rank unpickles it.
 
 The light parent decides whether a load can work (model, dtype, state) before any rank
-starts; importing torch there would cost seconds per run. `.metadata` is a pickle of
-DCP's dataclasses, so it is read here with an unpickler that builds plain stand-ins for
-torch's classes and refuses every other global: nothing from the file is executed.
+starts; importing torch there would cost seconds per run. `.metadata` is a pickle, and
+torch's own reader (`FileSystemReader.read_metadata`) is a plain `pickle.load` on every rank:
+it would run whatever a crafted file names. The checkpoints may sit in a bucket others can
+write to, so this screen is the one place a hostile file can be refused; `read_tensors`
+either returns the tensors or raises `MetadataRefused` (one line, the file not loaded).
+
+The unpickler admits only the globals DCP's metadata is made of (torch 2.11-2.15, checked by
+saving real checkpoints, model and AdamW state, and listing what the pickle names), each
+answered by a plain stand-in defined here, never by the real class:
+
+- `torch.distributed.checkpoint.metadata`: Metadata, TensorStorageMetadata,
+  BytesStorageMetadata, ChunkStorageMetadata, MetadataIndex, StorageMeta, TensorProperties
+  (dataclasses; NEWOBJ + BUILD) and `_MEM_FORMAT_ENCODING` (an Enum, pickled as a call with
+  its value 0-2); `torch.distributed.checkpoint.filesystem._StorageInfo` (a dataclass);
+- `torch.Size` (called with a tuple of ints), the `torch.<dtype>` names (a dtype pickles as
+  the global of its name), `torch.serialization._get_layout` (called with "torch.strided");
+- `pathlib.PosixPath` and its siblings (`StorageMeta.checkpoint_id` of a local save; also
+  `pathlib._local`, where Python 3.13 defines them): rebuilt as a string.
+
+Nothing else: no builtins at all (DCP pickles with protocol >= 2, where dicts, lists, tuples
+and sets are opcodes), so no `getattr`, `eval`, `os`, `subprocess`, `functools.partial` or
+any other `torch.*` name. The stand-ins only turn plain data into plain data: a dataclass
+stand-in accepts its state only as a dict of lower-case field names (no dunders, so a
+`__setstate__` payload cannot set `__class__` or shadow a method) holding no callables;
+fields a newer torch adds (as 2.15 added `TensorProperties.strides`) are kept, not refused.
+Persistent ids are refused (the default unpickler's behaviour). Files over
+MAX_METADATA_BYTES (1 GiB) are refused unread: a real `.metadata` is KiB to a few MiB.
 """
 
 from __future__ import annotations
@@ -13,15 +38,41 @@ import io
 import math
 import pickle
 import re
+from pathlib import PurePosixPath, PureWindowsPath
+from typing import Any, ClassVar
 
-# Bytes per element of the dtypes a checkpoint of ours can hold (torch's names).
-_DTYPE_BYTES = {"float32": 4, "float": 4, "float64": 8, "double": 8, "float16": 2, "half": 2,
-                "bfloat16": 2, "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2,
-                "int8": 1, "uint8": 1, "bool": 1}
-_SAFE_BUILTINS = {("builtins", name) for name in ("dict", "list", "tuple", "set", "frozenset",
-                                                    "int", "float", "str", "bytes", "object")}
-_SAFE_BUILTINS |= {("collections", "OrderedDict"), ("copyreg", "_reconstructor"),
-                   ("builtins", "getattr")}
+from dcp_fsdp.errors import UserError
+
+# Far above any real `.metadata` (~1 KiB per tensor chunk: ~10 MiB for a 7B model on 64
+# ranks), far below what would hurt the launcher's memory.
+MAX_METADATA_BYTES = 1 << 30
+
+# Every torch dtype name (torch 2.11-2.15, aliases included) and its bytes per element
+# (sub-byte and packed types are stored one byte per element).
+DTYPE_BYTES = {
+    "float32": 4, "float": 4, "float64": 8, "double": 8, "float16": 2, "half": 2,
+    "bfloat16": 2, "complex32": 4, "chalf": 4, "complex64": 8, "cfloat": 8,
+    "complex128": 16, "cdouble": 16, "int64": 8, "long": 8, "int32": 4, "int": 4,
+    "int16": 2, "short": 2, "int8": 1, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8,
+    "bool": 1, "qint8": 1, "quint8": 1, "qint32": 4, "quint4x2": 1, "quint2x4": 1,
+    "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
+    "bits8": 1, "bits16": 2, "bit": 1,
+    **{f"{kind}{bits}": 1 for kind in ("int", "uint") for bits in range(1, 8)},
+}
+_LAYOUTS = {"strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc",
+            "_mkldnn", "jagged"}
+# _MEM_FORMAT_ENCODING's values (torch/distributed/checkpoint/metadata.py).
+_MEMORY_FORMATS = {0: "contiguous_format", 1: "channels_last", 2: "preserve_format"}
+_FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+class MetadataRefused(UserError):
+    """The screen would not read a `.metadata`: possibly hostile or damaged, not loaded."""
+
+
+class _Refused(Exception):
+    """Raised inside the unpickler: what was found, for the one-line refusal."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,66 +82,241 @@ class TensorEntry:
 
     @property
     def size_bytes(self) -> int:
-        return math.prod(self.shape) * _DTYPE_BYTES.get(self.dtype, 4)
+        return math.prod(self.shape) * DTYPE_BYTES.get(self.dtype, 4)
 
 
-class _Stand:
-    """A stand-in for any torch class: keeps the pickled state as attributes."""
+# -- the stand-ins: plain data in, plain data out -----------------------------------------
 
-    def __init__(self, *args, **kwargs) -> None:
-        self._args = args
+class _DType(str):
+    """`torch.<name>` for a dtype: the name. No __dict__, so a BUILD on it fails."""
 
-    def __setstate__(self, state) -> None:
+    __slots__ = ()
+
+
+class _Record:
+    """A stand-in for one of DCP's dataclasses: its fields as attributes, nothing else.
+
+    Built the way a dataclass pickles: NEWOBJ with no arguments, then BUILD with its
+    state. A call with arguments (REDUCE) is refused: DCP never pickles them that way."""
+
+    TORCH_NAME: ClassVar[str] = ""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> _Record:
+        if args or kwargs:
+            raise _Refused(f"{cls.TORCH_NAME} called with arguments")
+        return super().__new__(cls)
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) == 2 and state[0] is None:
+            state = state[1]  # (None, slots): a dataclass with __slots__
+        if not isinstance(state, dict):
+            raise _Refused(f"{self.TORCH_NAME} state of type {type(state).__name__}")
+        for name, value in state.items():
+            if not isinstance(name, str) or not _FIELD_NAME.fullmatch(name):
+                raise _Refused(f"{self.TORCH_NAME} state setting {name!r}")
+            if callable(value):  # only a class this module admits can be one
+                raise _Refused(f"{self.TORCH_NAME}.{name} set to a callable")
+        self.__dict__.update(state)
+
+
+def _record(torch_name: str) -> type[_Record]:
+    short = torch_name.rsplit(".", 1)[1]
+    return type(short, (_Record,), {"TORCH_NAME": torch_name, "__module__": __name__})
+
+
+class _TensorProperties(_Record):
+    """Pickles as a tuple: (dtype, layout, requires_grad, memory format encoding,
+    pin_memory), plus strides from torch 2.15 on."""
+
+    TORCH_NAME = "torch.distributed.checkpoint.metadata.TensorProperties"
+    dtype: str
+
+    def __setstate__(self, state: Any) -> None:
         if isinstance(state, dict):
-            self.__dict__.update(state)
-        elif isinstance(state, tuple) and any(isinstance(part, dict) for part in state):
-            for part in state:  # (dict, slots)
-                if isinstance(part, dict):
-                    self.__dict__.update(part)
-        elif isinstance(state, tuple):
-            # TensorProperties pickles (dtype, layout, requires_grad, memory format, pin)
-            names = [part for part in state if isinstance(part, str) and part.startswith("torch.")]
-            if names:
-                self.dtype = names[0]
+            super().__setstate__(state)
+            return
+        if not isinstance(state, tuple) or len(state) not in (5, 6):
+            raise _Refused(f"{self.TORCH_NAME} state {type(state).__name__} of "
+                           f"{len(state) if isinstance(state, tuple) else '?'} items")
+        dtype, layout, requires_grad, memory_format, pin_memory = state[:5]
+        strides = state[5] if len(state) == 6 else None
+        if not isinstance(dtype, _DType):
+            raise _Refused(f"{self.TORCH_NAME} dtype {type(dtype).__name__}, not a torch dtype")
+        if (not isinstance(layout, str) or not isinstance(memory_format, str)
+                or not isinstance(requires_grad, bool) or not isinstance(pin_memory, bool)
+                or not (strides is None or _is_int_tuple(strides))):
+            raise _Refused(f"{self.TORCH_NAME} state of other types than DCP's")
+        self.__dict__.update(dtype=str(dtype), layout=layout, requires_grad=requires_grad,
+                             memory_format=memory_format, pin_memory=pin_memory,
+                             strides=strides)
 
 
-class _Size(tuple):
-    pass
+def _refuse_state(*args: Any) -> None:
+    raise _Refused("state set on a stand-in callable")
 
 
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        if module == "torch" and name == "Size":
-            return _Size
-        if module == "torch" and not name[:1].isupper():
-            return f"torch.{name}"  # torch.bfloat16, torch.strided, torch.contiguous_format
-        if module == "torch" or module.startswith("torch.") or module == "pathlib":
-            return type(name, (_Stand,), {})
-        if (module, name) in _SAFE_BUILTINS:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"unexpected global {module}.{name}")
+class _Callable:
+    """A stand-in called by the pickle (REDUCE): __new__ returns plain data, so there is
+    never an instance, and a BUILD on the class itself is refused."""
+
+    __setstate__ = staticmethod(_refuse_state)
 
 
-def read_tensors(data: bytes) -> dict[str, TensorEntry] | None:
-    """{flattened key ("model.x.weight", "optim.state..."): shape and dtype}, or None when
-    the file is not a pickle we understand (the ranks then check it themselves)."""
-    try:
-        metadata = _Unpickler(io.BytesIO(data)).load()
-        entries = metadata.state_dict_metadata
-    except Exception:  # any malformed or newer file: not ours to refuse here
-        return None
-    if not isinstance(entries, dict):
-        return None
+class _Size(_Callable):
+    def __new__(cls, dims: Any = ()) -> tuple[int, ...]:  # type: ignore[misc]
+        if not _is_int_tuple(dims, allow_list=True):
+            raise _Refused("torch.Size of other than non-negative ints")
+        return tuple(dims)
+
+
+class _Layout(_Callable):
+    def __new__(cls, name: Any) -> str:  # type: ignore[misc]
+        short = name.removeprefix("torch.") if isinstance(name, str) else None
+        if short not in _LAYOUTS:
+            raise _Refused(f"torch.serialization._get_layout of {name!r}")
+        return short
+
+
+class _MemoryFormatEncoding(_Callable):
+    def __new__(cls, value: Any) -> str:  # type: ignore[misc]
+        if type(value) is not int or value not in _MEMORY_FORMATS:
+            raise _Refused(f"_MEM_FORMAT_ENCODING of {value!r}")
+        return _MEMORY_FORMATS[value]
+
+
+class _PosixPath(_Callable):
+    def __new__(cls, *parts: Any) -> str:  # type: ignore[misc]
+        if not all(isinstance(part, str) for part in parts):
+            raise _Refused("a pathlib path of other than strings")
+        return str(PurePosixPath(*parts))
+
+
+class _WindowsPath(_Callable):
+    def __new__(cls, *parts: Any) -> str:  # type: ignore[misc]
+        if not all(isinstance(part, str) for part in parts):
+            raise _Refused("a pathlib path of other than strings")
+        return str(PureWindowsPath(*parts))
+
+
+def _is_int_tuple(value: Any, allow_list: bool = False) -> bool:
+    kinds = (tuple, list) if allow_list else (tuple,)
+    return isinstance(value, kinds) and all(type(n) is int and n >= 0 for n in value)
+
+
+class _Metadata(_Record):
+    TORCH_NAME = "torch.distributed.checkpoint.metadata.Metadata"
+    state_dict_metadata: dict[str, Any]  # (annotations only: set by __setstate__)
+
+
+class _TensorStorageMetadata(_Record):
+    TORCH_NAME = "torch.distributed.checkpoint.metadata.TensorStorageMetadata"
+    size: tuple[int, ...]
+    properties: _TensorProperties
+
+
+class _BytesStorageMetadata(_Record):
+    TORCH_NAME = "torch.distributed.checkpoint.metadata.BytesStorageMetadata"
+
+
+_CHECKPOINT_CLASSES: dict[str, type[_Record]] = {
+    "Metadata": _Metadata,
+    "TensorStorageMetadata": _TensorStorageMetadata,
+    "BytesStorageMetadata": _BytesStorageMetadata,
+    "ChunkStorageMetadata": _record("torch.distributed.checkpoint.metadata.ChunkStorageMetadata"),
+    "MetadataIndex": _record("torch.distributed.checkpoint.metadata.MetadataIndex"),
+    "StorageMeta": _record("torch.distributed.checkpoint.metadata.StorageMeta"),
+    "TensorProperties": _TensorProperties,
+}
+# (module, name) -> stand-in: the whole allowlist, apart from the torch.<dtype> names.
+ADMITTED: dict[tuple[str, str], type] = {
+    **{("torch.distributed.checkpoint.metadata", name): standin
+       for name, standin in _CHECKPOINT_CLASSES.items()},
+    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"): _MemoryFormatEncoding,
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"):
+        _record("torch.distributed.checkpoint.filesystem._StorageInfo"),
+    ("torch", "Size"): _Size,
+    ("torch.serialization", "_get_layout"): _Layout,
+    **{(module, name): standin for module in ("pathlib", "pathlib._local")
+       for name, standin in (("PosixPath", _PosixPath), ("PurePosixPath", _PosixPath),
+                             ("WindowsPath", _WindowsPath), ("PureWindowsPath", _WindowsPath))},
+}
+
+
+class _ScreeningUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch" and name in DTYPE_BYTES:
+            return _DType(name)
+        standin = ADMITTED.get((module, name))
+        if standin is None:
+            raise _Refused(f"global {module}.{name}")
+        return standin
+
+
+def read_tensors(data: bytes, source: str = ".metadata") -> dict[str, TensorEntry]:
+    """{flattened key ("model.x.weight", "optim.state..."): shape and dtype} of the tensors
+    in a `.metadata`; MetadataRefused (one line naming `source`) for a file the screen does
+    not admit: the ranks must then not read it (torch would unpickle anything)."""
+    metadata = screen(data, source)
     tensors = {}
-    for key, entry in entries.items():
-        size = getattr(entry, "size", None)
-        properties = getattr(entry, "properties", None)
-        if size is None or properties is None:
-            continue  # bytes entries (e.g. step counters saved as objects)
-        dtype = str(getattr(properties, "dtype", "torch.float32"))
-        tensors[str(key)] = TensorEntry(tuple(int(n) for n in size),
-                                        re.sub(r"^torch\.", "", dtype))
+    for key, entry in metadata.state_dict_metadata.items():
+        if isinstance(entry, _TensorStorageMetadata):  # not bytes entries (e.g. lr, step ints)
+            tensors[key] = TensorEntry(entry.size, entry.properties.dtype)
     return tensors
+
+
+def screen(data: bytes, source: str = ".metadata") -> Any:
+    """The Metadata stand-in unpickled from `data`, every global checked against ADMITTED;
+    MetadataRefused otherwise."""
+    if len(data) > MAX_METADATA_BYTES:
+        raise _refusal(source, f"{len(data)} bytes, over the {MAX_METADATA_BYTES} a "
+                       "DCP .metadata may have here", hostile=False)
+    try:
+        metadata = _ScreeningUnpickler(io.BytesIO(data)).load()
+    except _Refused as found:
+        raise _refusal(source, f"it names {found}, which DCP's metadata never holds",
+                       hostile=True) from None
+    except RecursionError:
+        raise _refusal(source, "it nests deeper than Python can follow", hostile=True) from None
+    except Exception as error:  # truncated, not a pickle, a stand-in misused: all unreadable
+        raise _refusal(source, f"it is not a readable pickle ({type(error).__name__}: "
+                       f"{_first_line(error)})", hostile=False) from None
+    problem = _shape_problem(metadata)
+    if problem:
+        raise _refusal(source, problem, hostile=False)
+    return metadata
+
+
+def _shape_problem(metadata: Any) -> str | None:
+    """What makes an admitted unpickled object other than DCP's Metadata, or None."""
+    if not isinstance(metadata, _Metadata):
+        return f"it holds a {type(metadata).__name__}, not DCP's Metadata"
+    entries = getattr(metadata, "state_dict_metadata", None)
+    if not isinstance(entries, dict):
+        return "its state_dict_metadata is not a dict"
+    for key, entry in entries.items():
+        if not isinstance(key, str):
+            return f"state_dict_metadata has a {type(key).__name__} key"
+        if isinstance(entry, _BytesStorageMetadata):
+            continue
+        if not isinstance(entry, _TensorStorageMetadata):
+            return f"state_dict_metadata[{key!r}] is a {type(entry).__name__}"
+        properties = getattr(entry, "properties", None)
+        if not _is_int_tuple(getattr(entry, "size", None)) or not isinstance(
+                getattr(properties, "dtype", None), str):
+            return f"state_dict_metadata[{key!r}] has no size and dtype"
+    return None
+
+
+def _refusal(source: str, found: str, hostile: bool) -> MetadataRefused:
+    why = "possibly hostile" if hostile else "damaged or possibly hostile"
+    return MetadataRefused(
+        f"{source}: refused as {why}: {found}; the checkpoint was not loaded (torch would "
+        "unpickle this file on every rank); remove it or load another suffix")
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).splitlines()
+    return lines[0][:200] if lines else ""
 
 
 def bytes_by_part(tensors: dict[str, TensorEntry]) -> dict[str, int]:

@@ -138,8 +138,8 @@ class S3Store:
     def put_small(self, suffix: str, name: str, data: bytes) -> None:
         self.control.put_small(suffix, name, data)
 
-    def get_small(self, suffix: str, name: str) -> bytes | None:
-        return self.control.get_small(suffix, name)
+    def get_small(self, suffix: str, name: str, max_bytes: int | None = None) -> bytes | None:
+        return self.control.get_small(suffix, name, max_bytes)
 
     def delete(self, suffix: str) -> None:
         check_suffix(suffix)  # never "" (the whole prefix) nor a path outside it

@@ -7,6 +7,7 @@ error, where the CRT client would retry a dead endpoint for tens of seconds.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 from typing import Any
 
@@ -252,15 +253,16 @@ class S3ControlPlane:
     def put_small(self, suffix: str, name: str, data: bytes) -> None:
         self.client().put_object(Bucket=self.target.bucket, Key=self.target.key(suffix, name), Body=data)
 
-    def get_small(self, suffix: str, name: str) -> bytes | None:
+    def get_small(self, suffix: str, name: str, max_bytes: int | None = None) -> bytes | None:
         import botocore.exceptions as bx
 
         try:
             response = self.client().get_object(Bucket=self.target.bucket,
                                                      Key=self.target.key(suffix, name))
-            return response["Body"].read()
         except bx.ClientError:
             return None
+        with contextlib.closing(response["Body"]) as body:  # closed: the rest is not read
+            return body.read(max_bytes)
 
     def put_key(self, key: str, data: bytes) -> None:
         self.client().put_object(Bucket=self.target.bucket, Key=key, Body=data)

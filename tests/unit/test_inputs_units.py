@@ -32,8 +32,11 @@ def test_a_pickle_with_other_globals_is_not_executed(tmp_path):
         def __reduce__(self):
             return (print, ("executed",))
 
-    assert metadata_peek.read_tensors(pickle.dumps(Evil())) is None
-    assert metadata_peek.read_tensors(b"not a pickle") is None
+    import pytest
+
+    for refused in (pickle.dumps(Evil()), b"not a pickle"):  # more in test_metadata_screen
+        with pytest.raises(metadata_peek.MetadataRefused):
+            metadata_peek.read_tensors(refused)
 
 
 def test_many_groups_keep_the_throughput_figures_at_100_columns(tmp_path):

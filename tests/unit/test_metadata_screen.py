@@ -1,0 +1,250 @@
+"""The `.metadata` screen (storage/metadata_peek.py): real DCP metadata passes, crafted
+pickles are refused in one line and run nothing, and a load of one stops in the pre-flight."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dcp_fsdp.errors import UserError
+from dcp_fsdp.storage import metadata_peek
+from dcp_fsdp.storage.metadata_peek import MetadataRefused, TensorEntry
+from tests.kit.cli import REPO, run_cli
+
+DATA = Path(__file__).parent / "data"
+METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+
+
+def _save(tmp_path: Path, state: dict) -> bytes:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path)), no_dist=True)
+    return (tmp_path / ".metadata").read_bytes()
+
+
+def test_a_model_only_metadata_passes_with_its_shapes_and_dtypes(tmp_path):
+    import torch
+
+    model = {"w": torch.zeros(3, 4, dtype=torch.bfloat16), "b": torch.ones(5),
+             "h": torch.zeros(2, dtype=torch.float16), "x": torch.zeros(1, 2, 3, 4).to(
+                 memory_format=torch.channels_last)}
+    tensors = metadata_peek.read_tensors(_save(tmp_path, {"model": model}))
+    assert tensors == {"model.w": TensorEntry((3, 4), "bfloat16"),
+                       "model.b": TensorEntry((5,), "float32"),
+                       "model.h": TensorEntry((2,), "float16"),
+                       "model.x": TensorEntry((1, 2, 3, 4), "float32")}
+
+
+def test_a_metadata_with_adamw_state_passes(tmp_path):
+    import torch
+
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    state = {"model": model.state_dict(), "optim": optimizer.state_dict(), "extra": b"raw"}
+    tensors = metadata_peek.read_tensors(_save(tmp_path, state))
+    assert tensors["optim.state.0.step"] == TensorEntry((), "float32")  # a scalar tensor
+    assert tensors["optim.state.0.exp_avg"] == TensorEntry((3, 4), "float32")
+    assert "optim.param_groups.0.lr" not in tensors and "extra" not in tensors  # bytes entries
+    assert metadata_peek.bytes_by_part(tensors) == {"model": 15 * 4, "optim": 2 * 4 + 2 * 15 * 4}
+
+
+def test_a_torch_2_15_metadata_with_strides_passes():
+    """Saved by torch 2.15 (`TensorProperties` gained a 6th item, strides); a PosixPath id."""
+    data = (DATA / "torch215_adamw.metadata").read_bytes()
+    tensors = metadata_peek.read_tensors(data)
+    assert tensors["model.weight"] == TensorEntry((3, 4), "bfloat16")
+    assert tensors["optim.state.1.exp_avg_sq"] == TensorEntry((3,), "float32")
+    properties = metadata_peek.screen(data).state_dict_metadata["model.weight"].properties
+    assert properties.strides == (4, 1) and properties.memory_format == "contiguous_format"
+
+
+# -- crafted pickles ----------------------------------------------------------------------
+
+def _text(value: str) -> bytes:
+    return b"V" + value.encode("raw-unicode-escape") + b"\n"  # UNICODE, protocol 0
+
+
+def _call(callable_ops: bytes, *args: bytes) -> bytes:
+    return callable_ops + b"(" + b"".join(args) + b"tR"  # callable(*args): MARK ... TUPLE REDUCE
+
+
+def _global(module: str, name: str) -> bytes:
+    return f"c{module}\n{name}\n".encode()
+
+
+def _shell(marker: Path) -> bytes:
+    """A pickle that creates `marker` through os.system, as a nested payload."""
+    return _call(_global("os", "system"), _text(f"touch {marker}")) + b"."
+
+
+def _getattr_chain(marker: Path) -> bytes:
+    """The issue's chain: getattr(stand-in class, "__init__").__globals__.get("pickle")
+    .loads(a payload that runs os.system)."""
+    getattr_ = _global("builtins", "getattr")
+    init = _call(getattr_, _global(METADATA_MODULE, "TensorProperties"), _text("__init__"))
+    module_globals = _call(getattr_, init, _text("__globals__"))
+    pickle_module = _call(_call(getattr_, module_globals, _text("get")), _text("pickle"))
+    payload = _shell(marker)
+    loads = _call(getattr_, pickle_module, _text("loads"))
+    return _call(loads, b"C" + bytes([len(payload)]) + payload) + b"."
+
+
+def test_the_getattr_chain_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    attack = _getattr_chain(marker)
+    with pytest.raises(MetadataRefused) as refused:
+        metadata_peek.read_tensors(attack, "suffix=x: .metadata")
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("suffix=x: .metadata: refused")
+    assert "global builtins.getattr" in message and "possibly hostile" in message
+    assert "not loaded" in message
+    assert not marker.exists()
+
+
+def test_the_getattr_chain_is_a_real_attack_on_a_permissive_screen(tmp_path):
+    """The crafted file does run code where getattr and torch stand-ins are admitted (the
+    old screen): the test above refuses a working exploit, not a dud."""
+    marker = tmp_path / "pwned"
+    (tmp_path / "attack.pkl").write_bytes(_getattr_chain(marker))
+    permissive = ("import pickle, sys\n"
+                  "class Stand:\n    def __init__(self): pass\n"
+                  "class Old(pickle.Unpickler):\n"
+                  "    def find_class(self, module, name):\n"
+                  "        if module.startswith('torch'): return Stand\n"
+                  "        return super().find_class(module, name)\n"
+                  "Old(open(sys.argv[1], 'rb')).load()\n")
+    subprocess.run([sys.executable, "-c", permissive, str(tmp_path / "attack.pkl")],
+                   check=True, capture_output=True)
+    assert marker.exists()
+
+
+class _Reduce:
+    def __init__(self, target, args):
+        self.target, self.args = target, args
+
+    def __reduce__(self):
+        return self.target, self.args
+
+
+def _attacks(marker: Path) -> dict[str, tuple[bytes, str]]:
+    """{attack: (pickle, what the refusal names)}: none must create `marker`."""
+    import os
+
+    new_tensor_metadata = _global(METADATA_MODULE, "TensorStorageMetadata") + b")\x81"  # NEWOBJ
+    return {
+        "os.system reduce": (pickle.dumps(_Reduce(os.system, (f"touch {marker}",))),
+                             "global posix.system"),
+        "os.system global": (_shell(marker), "global os.system"),
+        "builtins.eval": (_call(_global("builtins", "eval"),
+                                _text(f"open({str(marker)!r}, 'w')")) + b".",
+                          "global builtins.eval"),
+        "subprocess.Popen": (pickle.dumps(_Reduce(subprocess.Popen, (["touch", str(marker)],))),
+                             "global subprocess.Popen"),
+        "torch._utils._rebuild_tensor": (_call(_global("torch._utils", "_rebuild_tensor"),
+                                               _text("x")) + b".",
+                                         "global torch._utils._rebuild_tensor"),
+        "torch.load": (_call(_global("torch", "load"), _text(str(marker))) + b".",
+                       "global torch.load"),
+        "a torch module's __builtins__": (_global(METADATA_MODULE, "__builtins__") + b".",
+                                          f"global {METADATA_MODULE}.__builtins__"),
+        "a torch module's os": (_global("torch.serialization", "os") + b".",
+                                "global torch.serialization.os"),
+        "a dotted name into a class": (
+            pickle.PROTO + b"\x04" + b"\x8c" + bytes([len(METADATA_MODULE)])
+            + METADATA_MODULE.encode() + b"\x8c\x11Metadata.__init__\x93.",
+            f"global {METADATA_MODULE}.Metadata.__init__"),
+        "functools.partial": (_global("functools", "partial") + b".", "global functools.partial"),
+        "importlib.import_module": (_global("importlib", "import_module") + b".",
+                                    "global importlib.import_module"),
+        "__setstate__ setting __class__": (
+            new_tensor_metadata + b"(V__class__\n" + _global("torch", "Size") + b"db.",
+            "state setting '__class__'"),
+        "slot state setting __class__": (
+            new_tensor_metadata + b"N(V__class__\n" + _global("torch", "Size") + b"d\x86b.",
+            "state setting '__class__'"),
+        "state shadowing __setstate__": (
+            new_tensor_metadata + b"(V__setstate__\nI1\ndb.", "state setting '__setstate__'"),
+        "a callable as a field": (
+            new_tensor_metadata + b"(Vappend\n" + _global("torch", "Size") + b"db.",
+            "append set to a callable"),
+        "state set on a stand-in class": (_global("torch", "Size") + b"(Vx\nI1\ndb.",
+                                          "state set on a stand-in callable"),
+        "a dataclass called with arguments": (
+            _call(_global(METADATA_MODULE, "Metadata"), _text("x")) + b".",
+            "Metadata called with arguments"),
+        "torch.Size of a string": (_call(_global("torch", "Size"), _text("rm -rf")) + b".",
+                                   "torch.Size of other than"),
+        "a persistent id": (b"P0\n.", "not a readable pickle"),
+    }
+
+
+@pytest.mark.parametrize("attack", list(_attacks(Path("/nonexistent"))))
+def test_crafted_pickles_are_refused_in_one_line_and_run_nothing(tmp_path, attack):
+    marker = tmp_path / "pwned"
+    data, found = _attacks(marker)[attack]
+    with pytest.raises(MetadataRefused) as refused:
+        metadata_peek.read_tensors(data, "suffix=x: .metadata")
+    message = str(refused.value)
+    assert "\n" not in message and found in message, message
+    assert "refused as" in message and "not loaded" in message
+    assert not marker.exists()
+    assert metadata_peek._Size.__dict__.get("x") is None  # no stand-in was changed
+
+
+def test_damaged_and_oversized_files_are_refused(monkeypatch, tmp_path):
+    import torch
+
+    real = _save(tmp_path, {"model": {"w": torch.zeros(2)}})
+    for damaged in (real[: len(real) // 2], b"not a pickle", b"", pickle.dumps({"a": 1})):
+        with pytest.raises(MetadataRefused, match="damaged or possibly hostile"):
+            metadata_peek.read_tensors(damaged)
+    monkeypatch.setattr(metadata_peek, "MAX_METADATA_BYTES", len(real) - 1)
+    with pytest.raises(MetadataRefused, match="bytes, over the"):
+        metadata_peek.read_tensors(real)
+
+
+def test_the_screen_imports_no_torch():
+    code = ("import sys; from dcp_fsdp.storage import metadata_peek as m; "
+            "m.read_tensors(open(sys.argv[1], 'rb').read()); "
+            "print(sorted(n for n in sys.modules if n.split('.')[0] == 'torch'))")
+    result = subprocess.run([sys.executable, "-c", code, str(DATA / "torch215_adamw.metadata")],
+                            capture_output=True, text=True, cwd=REPO, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+# -- the pre-flight of a load -------------------------------------------------------------
+
+def _hostile_checkpoint(root: Path, marker: Path) -> None:
+    (root / "x").mkdir(parents=True)
+    (root / "x" / ".metadata").write_bytes(_getattr_chain(marker))
+
+
+def test_preflight_refuses_a_load_of_a_hostile_metadata(tmp_path):
+    from dcp_fsdp.config.compose import compose
+    from dcp_fsdp.launch.preflight import preflight
+
+    marker = tmp_path / "pwned"
+    _hostile_checkpoint(tmp_path / "ckpt", marker)
+    cfg = compose("load", ["storage=fs", f"storage.path={tmp_path / 'ckpt'}", "suffix=x"])
+    with pytest.raises(UserError) as refused:
+        preflight(cfg, {})
+    assert "suffix=x: .metadata: refused as possibly hostile" in str(refused.value)
+    assert not marker.exists()
+
+
+def test_a_load_of_a_hostile_metadata_exits_in_one_line_before_any_rank(tmp_path):
+    marker = tmp_path / "pwned"
+    _hostile_checkpoint(tmp_path / "ckpt", marker)
+    result = run_cli(["load", "storage=fs", f"storage.path={tmp_path / 'ckpt'}", "suffix=x",
+                      f"results_dir={tmp_path / 'results'}"], timeout_s=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "refused as" in line]
+    assert len(lines) == 1 and "global builtins.getattr" in lines[0], result.stderr
+    assert not marker.exists()
