@@ -81,7 +81,11 @@ def config_for_record(cfg) -> dict[str, Any]:
     """The resolved settings as plain data, with any credentials in URLs removed."""
     from omegaconf import OmegaConf
 
-    resolved = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    container = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True,
+                                       enum_to_str=True)
+    if not isinstance(container, dict):  # a structured config is a mapping, never a list
+        raise TypeError(f"settings resolved to {type(container).__name__}, not a mapping")
+    resolved = {str(key): value for key, value in container.items()}
     resolved["storage"]["endpoint"] = redact_url(resolved["storage"]["endpoint"])
     return resolved
 
