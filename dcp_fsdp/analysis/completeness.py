@@ -31,8 +31,9 @@ def incomplete_reason(run: dict[str, Any], samples: list[dict[str, Any]]) -> str
                 "a rank's sample is lost")
     ranks_per_op: dict[tuple[str, int], set[int]] = defaultdict(set)
     for sample in samples:
+        # rank is a required sample field (telemetry.record_checks): never absent here
         ranks_per_op[(str(sample.get("op")), int(sample.get("iteration") or 0))].add(
-            int(sample.get("rank")))
+            int(sample["rank"]))
     world_size = run.get("world_size")
     if isinstance(world_size, int) and world_size > 0:
         expected = set(range(world_size))
@@ -64,11 +65,12 @@ def incomplete_runs(runs: list[dict[str, Any]], samples: list[dict[str, Any]]
     per_run: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for sample in samples:
         per_run[sample.get("run_id")].append(sample)
-    found = {}
+    found: dict[str, str] = {}
     for run in runs:
         if run.get("status") != "ok":
             continue
-        reason = incomplete_reason(run, per_run.get(run.get("run_id"), []))
+        run_id = run["run_id"]  # required in a run line (telemetry.record_checks)
+        reason = incomplete_reason(run, per_run.get(run_id, []))
         if reason:
-            found[run.get("run_id")] = reason
+            found[run_id] = reason
     return found

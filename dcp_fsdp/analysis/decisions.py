@@ -110,8 +110,8 @@ def _startup_s(runs: list[dict[str, Any]], run_ids: set) -> float | None:
     per_run = []
     for run in runs:
         if run.get("run_id") in run_ids:
-            init = [r.get("init_s") for r in run.get("init") or [] if isinstance(r, dict)
-                    and r.get("init_s") is not None]
+            init_s = [r.get("init_s") for r in run.get("init") or [] if isinstance(r, dict)]
+            init = [s for s in init_s if s is not None]
             if init:
                 per_run.append(max(init))
     return sum(per_run) / len(per_run) if per_run else None
@@ -129,8 +129,9 @@ def gather(result: dict[str, Any], runs: list[dict[str, Any]]) -> list[GroupInpu
         labels = {k: row[k] for k in keys}
         ops = _select(result["operations"], labels, keys)
         samples = _select(result["samples"], labels, keys)
-        modes = samples["save_mode"].dropna().astype(str) if "save_mode" in samples else []
-        mode = "async" if "async" in set(modes) else "sync"
+        modes: set[str] = (set(samples["save_mode"].dropna().astype(str))
+                           if "save_mode" in samples else set())
+        mode = "async" if "async" in modes else "sync"
         stall = _mean(ops.get("stall_span_s", pd.Series(dtype=float)))
         persisted = _mean(ops.get("persisted_span_s", pd.Series(dtype=float)))
         if math.isnan(stall):  # records before stall_s: a sync save stalls for all of it
@@ -167,7 +168,7 @@ class Plan:
     young_s: float
     daly_s: float
     raised: bool  # the Daly interval was below the upload time (async)
-    at_daly: TimeLost
+    at_daly: TimeLost | None  # None: no Daly interval (a checkpoint that cost nothing)
     user_interval_s: float | None
     at_user: TimeLost | None
 

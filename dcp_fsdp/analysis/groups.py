@@ -129,7 +129,8 @@ def runs_frame(runs: list[dict[str, Any]], incomplete: dict[str, str] | None = N
                 settings[name] = attribute(run)
         settings_per_run.append(settings)
         status = run.get("status") or "unknown"
-        reason = incomplete.get(run.get("run_id")) if status == "ok" else None
+        run_id = run.get("run_id")
+        reason = incomplete.get(run_id) if status == "ok" and isinstance(run_id, str) else None
         rows.append({
             "run_id": run.get("run_id"),
             "status": "incomplete" if reason else status,
@@ -199,9 +200,9 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
 
     throughput, phases, types = [], [], []
     failed_runs = not_ok[(not_ok["status"] != "incomplete") & not_ok["matches_constants"]]
-    for key, group_ops in ops.groupby(group_keys, sort=True, dropna=False):
-        key = key if isinstance(key, tuple) else (key,)
-        labels = dict(zip(group_keys, key))
+    for group_key, group_ops in ops.groupby(group_keys, sort=True, dropna=False):
+        values = group_key if isinstance(group_key, tuple) else (group_key,)
+        labels: dict[str, Any] = dict(zip(group_keys, values))  # op text, nodes int, ...
         mask = pd.Series(True, index=frame.index)
         for name, value in labels.items():
             mask &= frame[name] == value

@@ -138,8 +138,11 @@ def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
     frame = add_operation_figures(frame)  # span_s, aggregate and slowest-rank MiB/s
     frame["end_skew_s"] = frame["last_end_wall_s"] - frame["first_end_wall_s"]
     frame["req_per_s"] = frame["req_count"] / frame["span_s"]
-    frame["latency_by_type"] = ([latency_by_type(group["requests"]) for _, group in grouped]
-                                if "requests" in samples else [{} for _ in range(len(frame))])
+    # a Series of objects (one dict per operation): pandas-stubs type a column assigned from
+    # a plain list as scalars only
+    frame["latency_by_type"] = pd.Series(
+        [latency_by_type(group["requests"]) for _, group in grouped] if "requests" in samples
+        else [{} for _ in range(len(frame))], index=frame.index, dtype=object)
     return frame
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -11,6 +11,9 @@ from dcp_fsdp.analysis.groups import OP_ORDER, mean_or_nan
 from dcp_fsdp.analysis.metrics import MIB, latency_histogram
 from dcp_fsdp.analysis.render import key_cell
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_quantile
+
+if TYPE_CHECKING:  # matplotlib is imported only when plotting
+    from matplotlib.artist import Artist
 
 MAX_PLOT_GROUPS = 6  # rows of the per-rank figure
 
@@ -34,7 +37,7 @@ def plot(result: dict[str, Any], directory: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     directory.mkdir(parents=True, exist_ok=True)
-    written = []
+    written: list[Path] = []
     ops = result["operations"]
     samples = result["samples"]
     keys = result["group_keys"]
@@ -111,7 +114,7 @@ def plot(result: dict[str, Any], directory: Path) -> list[Path]:
             axis.set_ylabel("seconds")
             axis.set_title(f"{op}{' · ' + label if label else ''}", fontsize=10)
             axis.grid(alpha=0.3, axis="y")
-    handles = {}
+    handles: dict[str, Artist] = {}
     for axis in axes.flat:
         for handle, name in zip(*axis.get_legend_handles_labels()):
             handles.setdefault(name, handle)

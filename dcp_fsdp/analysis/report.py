@@ -5,7 +5,8 @@ per save/load), and groups the saves and loads by node count, world size, model,
 operation, storage backend and every setting that differs between the runs.
 Failed and interrupted runs are left out of every figure, but counted per group
 and listed under the tables. Records from older versions that lack a field
-report it empty.
+report it empty. Lines and files that cannot be read, and second copies of a run, are
+skipped with one note per reason (analysis.intake).
 
 Output: the terminal (default; fits the terminal's width, 100 columns when not a
 terminal: a compact set of columns, `--wide` for all), Markdown (--format md, every
@@ -45,7 +46,8 @@ def parser() -> argparse.ArgumentParser:
         description="Tables (and plots) over run records, grouped by node count, world size, "
                     "model, operation, storage and every setting that differs between runs.")
     arguments.add_argument("paths", nargs="*", default=RUN_DEFAULT_PATHS,
-                           help="record files, directories (searched recursively) or globs "
+                           help="record files (read whatever their name), directories "
+                                "(searched recursively) or globs; these two take *.jsonl "
                                 "(default: results)")
     arguments.add_argument("--format", choices=("table", "md", "csv"), default="table",
                            help="table: terminal; md: Markdown; csv: the wide group table")

@@ -50,18 +50,21 @@ def async_lines(samples: list[Sample]) -> list[str]:
     saves = [s for s in samples if s.op == "save" and s.save_mode == "async"]
     for iteration in sorted({s.iteration for s in saves}):
         ranks = [s for s in saves if s.iteration == iteration]
-        if any(s.stall_s is None or s.persisted_s is None for s in ranks):
+        timed = [(s.begin_wall_s, s.stall_s, s.persisted_s) for s in ranks
+                 if s.stall_s is not None and s.persisted_s is not None]
+        if len(timed) < len(ranks):  # a rank without the figures: no line for this save
             continue
-        begin = min(s.begin_wall_s for s in ranks)
-        stall = max(s.begin_wall_s + s.stall_s for s in ranks) - begin
-        persisted = max(s.begin_wall_s + s.persisted_s for s in ranks) - begin
+        begin = min(begin_s for begin_s, _, _ in timed)
+        stall = max(begin_s + stall_s for begin_s, stall_s, _ in timed) - begin
+        persisted = max(begin_s + persisted_s for begin_s, _, persisted_s in timed) - begin
         line = f"async save {iteration}: training stalled {stall:.3f} s"
         waits = [s.previous_wait_s for s in ranks if s.previous_wait_s is not None]
         if waits and max(waits) >= 0.0005:  # shown to the millisecond
             line += f" (of which {max(waits):.3f} s waiting for the previous upload)"
-        lost = [s for s in ranks if s.train_lost_s is not None and s.interval_s]
+        lost = [(s.train_lost_share, s) for s in ranks if s.train_lost_s is not None
+                and s.interval_s and s.train_lost_share is not None]
         if lost:  # the slowest rank's: the others wait for it at the next collective
-            worst = max(lost, key=lambda s: s.train_lost_share)
+            _, worst = max(lost, key=lambda share_and_sample: share_and_sample[0])
             line += (f", training lost {worst.train_lost_s:.3f} s = "
                      f"{worst.train_lost_share:.1%} of a {worst.interval_s:.3f} s interval "
                      f"(rank {worst.rank})")

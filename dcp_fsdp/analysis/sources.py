@@ -2,52 +2,54 @@
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
+from dcp_fsdp.analysis.intake import Intake
 from dcp_fsdp.telemetry.records import read_record_file
+
+RECORD_SUFFIX = ".jsonl"  # what a run writes (telemetry.records.record_path)
+
+
+def _records_under(directory: Path) -> list[Path]:
+    return sorted(directory.rglob(f"*{RECORD_SUFFIX}"))
 
 
 def record_files(paths: Iterable[str]) -> list[Path]:
-    """Record files named by files, directories (searched recursively) or globs."""
-    found: list[Path] = []
+    """Record files named by files, directories (searched recursively) or globs.
+
+    A directory or a glob yields its *.jsonl files (beside them lie other files: tune.json,
+    plots); a file named on its own is read whatever its name (the reader says if it is
+    not a record)."""
+    found: dict[Path, None] = {}  # each file once, in order; a dict: thousands of records
     for text in paths:
         path = Path(text)
         if any(ch in text for ch in "*?["):
-            matches = [Path(m) for m in sorted(glob.glob(text, recursive=True))]
-            for match in matches:
-                found.extend(sorted(match.rglob("*.jsonl")) if match.is_dir() else [match])
+            for match in (Path(m) for m in sorted(glob.glob(text, recursive=True))):
+                if match.is_dir():
+                    found.update(dict.fromkeys(_records_under(match)))
+                elif match.suffix == RECORD_SUFFIX:
+                    found[match] = None
         elif path.is_dir():
-            found.extend(sorted(path.rglob("*.jsonl")))
+            found.update(dict.fromkeys(_records_under(path)))
         elif path.is_file():
-            found.append(path)
+            found[path] = None
         else:
             raise FileNotFoundError(f"{text}: no such file or directory")
-    unique = []
-    for path in found:
-        if path not in unique and path.suffix == ".jsonl":
-            unique.append(path)
-    return unique
+    return list(found)
 
 
-def read_records(files: Iterable[Path]) -> tuple[list[dict], list[dict], list[str]]:
-    """(runs, samples, warnings) as plain rows for the tables. Bad lines and files without
-    a run line are skipped, and said so; each run row carries `unreadable_lines`, its file's
-    count, so that a cut-off record is left out of the figures (analysis.completeness)."""
-    runs: list[dict] = []
-    samples: list[dict] = []
-    warnings: list[str] = []
+def read_records(files: Iterable[Path]
+                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    """(runs, samples, notes) as plain rows for the tables: each run_id once, lines and files
+    that cannot be read skipped (analysis.intake), one note per reason. Each run row carries
+    `unreadable_lines`, its file's count, so that a cut-off record is left out of the
+    figures (analysis.completeness)."""
+    intake = Intake()
     for path in files:
-        parsed = read_record_file(path)
-        if parsed.bad_lines:
-            warnings.append(f"{path}: {parsed.bad_lines} unreadable line(s) skipped")
-        if not parsed.runs:
-            warnings.append(f"{path}: no run line; not a dcp-fsdp record, skipped")
-            continue
-        runs.extend({**run.to_json(), "record_file": str(path),
-                     "unreadable_lines": parsed.bad_lines} for run in parsed.runs)
-        samples.extend({"record": "sample", **dataclasses.asdict(sample)}
-                       for sample in parsed.samples)
-    return runs, samples, warnings
+        try:
+            intake.add(read_record_file(path))
+        except OSError as error:  # unreadable (permissions, a directory named *.jsonl)
+            intake.add_unreadable(path, error.strerror or type(error).__name__)
+    return intake.runs(), intake.samples(), intake.notes()

@@ -130,8 +130,8 @@ def _slowest_rank(group_samples: pd.DataFrame) -> tuple[Any, float]:
     slowest = []
     lags = []
     for _, op in group_samples.groupby(["run_id", "op", "iteration"]):
-        worst = op.loc[op["duration_s"].idxmax()]
-        slowest.append(int(worst["rank"]))
+        # argmax: the position idxmax takes the label of (first maximum, NaN skipped)
+        slowest.append(int(op["rank"].iloc[int(op["duration_s"].argmax())]))
         lags.append(float(op["duration_s"].max() - op["duration_s"].median()))
     mode = pd.Series(slowest).mode()
     return (int(mode.iloc[0]) if len(mode) else None), float(pd.Series(lags).mean())

@@ -46,7 +46,8 @@ KEYS = ["run_id", "op", "iteration"]
 
 
 def _rows(samples: Iterable[Any]) -> list[dict[str, Any]]:
-    return [dataclasses.asdict(s) if dataclasses.is_dataclass(s) else dict(s) for s in samples]
+    return [dataclasses.asdict(s) if dataclasses.is_dataclass(s) and not isinstance(s, type)
+            else dict(s) for s in samples]
 
 
 def rate_mib_s(nbytes: Any, seconds: Any) -> Any:
@@ -178,7 +179,7 @@ def summary(samples: Iterable[Any]) -> dict[str, dict[str, Any]]:
     ops = operations(samples)
     found: dict[str, dict[str, Any]] = {}
     for op, group in ops.groupby("op", sort=False):
-        figures = pooled(group)
+        figures: dict[str, Any] = pooled(group)
         figures["per_iteration_mib_s"] = [float(v) for v in group["aggregate_mib_s"]]
         figures["mean_bytes"] = figures["bytes"] / len(group)
         figures["mean_span_s"] = figures["span_s"] / len(group)

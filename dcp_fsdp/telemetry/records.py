@@ -20,6 +20,7 @@ from typing import Any, Iterable
 from urllib.parse import urlsplit, urlunsplit
 
 from dcp_fsdp.contract import ARGV_ENV
+from dcp_fsdp.telemetry.record_checks import field_types, run_problem, sample_problem
 
 # Bumped whenever a field is added, renamed or changes meaning; readers accept every
 # earlier version (missing fields read as their defaults). 1: the first format.
@@ -80,7 +81,11 @@ def config_for_record(cfg) -> dict[str, Any]:
     """The resolved settings as plain data, with any credentials in URLs removed."""
     from omegaconf import OmegaConf
 
-    resolved = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    container = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True,
+                                       enum_to_str=True)
+    if not isinstance(container, dict):  # a structured config is a mapping, never a list
+        raise TypeError(f"settings resolved to {type(container).__name__}, not a mapping")
+    resolved = {str(key): value for key, value in container.items()}
     resolved["storage"]["endpoint"] = redact_url(resolved["storage"]["endpoint"])
     return resolved
 
@@ -239,37 +244,72 @@ def write_records(path: Path, run: RunRecord, samples: Iterable[Sample]) -> Path
     return path
 
 
+@dataclasses.dataclass(frozen=True)
+class SkippedLine:
+    """A line of a record file that was not read, and why."""
+
+    line: int  # 1-based, as an editor shows it
+    reason: str
+    # the line may have been a rank's measurement (not JSON, a broken sample line):
+    # the run's figures would be short of it (analysis.completeness)
+    lost_sample: bool = True
+
+
 @dataclasses.dataclass
 class RecordFile:
     path: Path
     runs: list[RunRecord]
     samples: list[Sample]
-    bad_lines: int = 0
+    skipped: list[SkippedLine] = dataclasses.field(default_factory=list)
+
+    @property
+    def bad_lines(self) -> int:
+        """Lines that may have held a measurement and could not be read."""
+        return sum(1 for skipped in self.skipped if skipped.lost_sample)
+
+
+_SAMPLE_FIELDS = field_types(Sample)
+_RUN_FIELDS = field_types(RunRecord)
+_INIT_FIELDS = field_types(InitRow)
+
+
+def _read_line(text: str, number: int, into: RecordFile) -> None:
+    """One line into `into`: a run, a sample, or a SkippedLine with the reason."""
+    try:
+        row = json.loads(text)
+    except ValueError:
+        into.skipped.append(SkippedLine(number, "not JSON (cut off or damaged)"))
+        return
+    if not isinstance(row, dict):
+        into.skipped.append(SkippedLine(number, "not a JSON object"))
+        return
+    kind = row.get("record")
+    if kind == "run":
+        problem = run_problem(row, _RUN_FIELDS, _INIT_FIELDS)
+        if problem:
+            # not a measurement: the file's other runs and samples lose nothing by it
+            into.skipped.append(SkippedLine(number, f"run line: {problem}", lost_sample=False))
+        else:
+            into.runs.append(run_from_json(row))
+    elif kind == "sample":
+        problem = sample_problem(row, _SAMPLE_FIELDS)
+        if problem:
+            into.skipped.append(SkippedLine(number, f"sample line: {problem}"))
+        else:
+            into.samples.append(sample_from_json(row))
+    else:  # not a measurement this reader knows: the figures lose nothing by it
+        into.skipped.append(SkippedLine(number, "not a run or sample line", lost_sample=False))
 
 
 def read_record_file(path: Path) -> RecordFile:
-    """A record file's run(s) and samples; lines that are not JSON objects are counted."""
-    runs, samples, bad = [], [], 0
+    """A record file's run(s) and samples; every line that cannot be read is skipped, with
+    its line number and reason (telemetry.record_checks)."""
+    parsed = RecordFile(Path(path), [], [])
     with open(path, errors="replace") as source:
-        for line in source:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                bad += 1
-                continue
-            if not isinstance(row, dict):
-                bad += 1
-            elif row.get("record") == "run":
-                runs.append(run_from_json(row))
-            elif row.get("record") == "sample":
-                try:
-                    samples.append(sample_from_json(row))
-                except TypeError:  # a sample line missing required fields
-                    bad += 1
-    return RecordFile(Path(path), runs, samples, bad)
+        for number, line in enumerate(source, start=1):
+            if line.strip():
+                _read_line(line.strip(), number, parsed)
+    return parsed
 
 
 def command_line() -> list[str]:

@@ -207,7 +207,7 @@ class RequestLog:
 
     def _split(self, items: list[Request], begin: float, end: float,
                untimed: list[Request]) -> list[Request]:
-        inside = []
+        inside: list[Request] = []
         for item in items:
             (inside if begin <= item.end_wall_s <= end else untimed).append(item)
         return inside

@@ -78,10 +78,10 @@ def control_plane_counts(calls: list["Request"]) -> dict[str, dict[str, int]]:
 
 def merge_summaries(summaries: Iterable[dict[str, Any] | None]) -> dict[str, Any] | None:
     """Add up counts of several summaries (e.g. every rank's untimed requests)."""
-    summaries = [s for s in summaries if s]
-    if not summaries:
+    present = [s for s in summaries if s]
+    if not present:
         return None
-    merged: dict[str, Any] = {key: sum(s.get(key) or 0 for s in summaries)
+    merged: dict[str, Any] = {key: sum(s.get(key) or 0 for s in present)
                               for key in ("count", "ok", "failed", "misses", "throttled",
                                           "retries", "canceled", "bytes_down")}
     merged["success_ratio"] = (round((merged["count"] - merged["failed"]) / merged["count"], 6)
@@ -89,7 +89,7 @@ def merge_summaries(summaries: Iterable[dict[str, Any] | None]) -> dict[str, Any
     status: collections.Counter = collections.Counter()
     by_type: dict[str, dict[str, Any]] = {}
     control: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for summary in summaries:
+    for summary in present:
         status.update(summary.get("status") or {})
         for kind, entry in (summary.get("by_type") or {}).items():
             into = by_type.setdefault(kind, {"count": 0, "failed": 0, "misses": 0,

@@ -1,0 +1,203 @@
+"""`dcp-fsdp report` on bad input: every file and line that cannot be read is skipped with
+its reason (one note per reason), the rest still reports, and a copy changes no figure."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from dcp_fsdp.analysis import report
+from dcp_fsdp.analysis.intake import EXAMPLES_PER_NOTE
+from dcp_fsdp.telemetry.record_checks import field_types, sample_problem
+from dcp_fsdp.telemetry.records import SCHEMA_VERSION, Sample
+from tests.unit.analysis_kit import ONE_ITERATION, cut_last_line, lines
+
+
+def write_record(path: Path, change: Callable[[list[dict[str, Any]]], None] | None = None,
+                 run_id: str | None = None) -> Path:
+    """The real one-iteration record, as `run_id`, with its rows passed through `change`."""
+    rows = lines(ONE_ITERATION)
+    for row in rows:
+        row["run_id"] = run_id or row["run_id"]
+    if change:
+        change(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def read(*paths: Path) -> tuple[dict[str, Any], list[str]]:
+    runs, samples, notes = report.read_records(report.record_files([str(p) for p in paths]))
+    return report.build(runs, samples), notes
+
+
+def run_report(capsys, *args: str) -> tuple[int, str, str]:
+    code = report.main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def aggregate_mib_s(result: dict[str, Any]) -> dict[str, float]:
+    table = result["throughput"]
+    return dict(zip(table["op"], table["aggregate_mib_s"]))
+
+
+@pytest.mark.parametrize("run_line", [{"record": "run"},
+                                      {"record": "run", "run_id": "x", "command": ["save"]}])
+def test_a_foreign_run_line_alone_is_one_clear_line_and_exit_2(tmp_path, capsys, run_line):
+    path = tmp_path / "foreign.jsonl"
+    path.write_text(json.dumps(run_line) + "\n")
+    code, out, err = run_report(capsys, str(path))
+    assert code == 2 and "Traceback" not in err
+    assert "no dcp-fsdp records among 1 file(s)" in err
+    assert "1 file(s) skipped, run line: " in err and str(path) in err
+
+
+def test_a_foreign_file_beside_a_record_is_skipped_and_the_record_reports(tmp_path, capsys):
+    write_record(tmp_path / "good.jsonl")
+    (tmp_path / "foreign.jsonl").write_text('{"record": "run"}\n{"record": "sample"}\n')
+    code, out, _ = run_report(capsys, str(tmp_path))
+    assert code == 0 and "Throughput" in out
+    assert "1 file(s) skipped, run line: no run_id:" in out and "foreign.jsonl" in out
+
+
+def test_a_schema_version_that_is_not_an_integer_skips_the_file_with_the_reason(tmp_path,
+                                                                                capsys):
+    path = write_record(tmp_path / "r.jsonl", lambda rows: rows[0].update(schema_version="two"))
+    code, _, err = run_report(capsys, str(path))
+    assert code == 2 and "Traceback" not in err
+    assert "run line: schema_version is not an integer" in err
+
+
+@pytest.mark.parametrize("field, value, reason", [
+    ("rank", "x", "rank is not an integer"),
+    ("bytes", "lots", "bytes is not an integer"),
+    ("duration_s", float("nan"), "duration_s is not a finite number"),
+    ("bytes", -5, "bytes is negative"),
+    ("end_wall_s", 0.0, "end_wall_s before begin_wall_s"),
+])
+def test_a_bad_sample_line_is_skipped_and_its_run_left_out(tmp_path, capsys, field, value,
+                                                           reason):
+    write_record(tmp_path / "bad.jsonl", lambda rows: rows[1].update({field: value}),
+                 run_id="bad")
+    write_record(tmp_path / "good.jsonl", run_id="good")
+    result, notes = read(tmp_path)
+    assert set(result["operations"]["run_id"]) == {"good"}  # the bad run's figures: none
+    assert result["not_ok"].set_index("run_id").loc["bad", "status"] == "incomplete"
+    assert notes == [f"1 line(s) skipped, sample line: {reason}: {tmp_path / 'bad.jsonl'}:2"]
+    code, out, err = run_report(capsys, str(tmp_path))
+    assert code == 0 and "Traceback" not in err and reason in out
+
+
+def test_negative_bytes_never_reach_a_figure(tmp_path):
+    def negative(rows):
+        for row in rows[1:]:
+            row["bytes"] = -row["bytes"]
+
+    write_record(tmp_path / "r.jsonl", negative)
+    result, notes = read(tmp_path)
+    assert result["throughput"].empty  # not agg -28.8 MiB/s
+    (note,) = notes
+    assert note.startswith("4 line(s) skipped, sample line: bytes is negative:")
+
+
+def test_a_copy_in_a_subdirectory_changes_no_figure_and_is_named(tmp_path):
+    alone = write_record(tmp_path / "alone" / "r.jsonl")
+    single, _ = read(alone.parent)
+    copies = tmp_path / "copies"
+    write_record(copies / "r.jsonl")
+    write_record(copies / "backup" / "r.jsonl")
+    result, notes = read(copies)
+    assert aggregate_mib_s(result) == aggregate_mib_s(single)
+    assert list(result["throughput"]["runs"]) == [1, 1]
+    assert len(result["runs"]) == 1 and len(result["samples"]) == len(single["samples"])
+    (note,) = notes
+    assert note.startswith("1 duplicate record(s) skipped") and "backup" in note
+
+
+def test_of_two_copies_the_whole_one_is_kept(tmp_path):
+    write_record(tmp_path / "a" / "r.jsonl")
+    cut_last_line(write_record(tmp_path / "b" / "r.jsonl"))
+    cut_last_line(write_record(tmp_path / "0" / "r.jsonl"))  # read first, cut off
+    result, notes = read(tmp_path)
+    assert result["not_ok"].empty and len(result["throughput"]) == 2
+    assert result["runs"]["run_id"].size == 1
+    assert any("2 duplicate record(s)" in note for note in notes)
+
+
+def test_a_record_newer_than_the_reader_is_read_with_one_note(tmp_path):
+    newer = SCHEMA_VERSION + 1
+
+    def from_the_future(rows):
+        for row in rows:
+            row["a_future_field"] = 1
+        rows[0]["schema_version"] = newer
+
+    write_record(tmp_path / "r.jsonl", from_the_future)
+    result, notes = read(tmp_path)
+    assert len(result["throughput"]) == 2
+    (note,) = notes
+    assert f"schema_version {newer}, newer than this reader's {SCHEMA_VERSION}" in note
+
+
+def test_a_record_file_named_json_given_by_name_is_read(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    shutil.copy(ONE_ITERATION, path)
+    code, out, err = run_report(capsys, str(path))
+    assert code == 0 and "Throughput" in out, err
+    (tmp_path / "tune.json").write_text('{"trials": []}')
+    assert report.record_files([str(tmp_path)]) == []  # a directory: *.jsonl only
+    code, _, err = run_report(capsys, str(tmp_path / "tune.json"))
+    assert code == 2 and "no run line: not a dcp-fsdp record" in err
+
+
+def test_many_bad_lines_make_one_note_per_reason(tmp_path):
+    def damaged(rows):
+        rows.extend([{**rows[1], "rank": "x"}] * 500 + [{**rows[1], "bytes": -1}] * 500
+                    + [{"record": "event"}] * 3)
+
+    write_record(tmp_path / "r.jsonl", damaged)
+    _, notes = read(tmp_path)
+    assert len(notes) == 3
+    rank, negative, kind = notes
+    assert rank.startswith("500 line(s) skipped, sample line: rank is not an integer:")
+    assert rank.endswith(f"+{500 - EXAMPLES_PER_NOTE} more")
+    assert negative.startswith("500 line(s) skipped, sample line: bytes is negative")
+    assert kind.startswith("3 line(s) skipped, not a run or sample line")
+
+
+def test_a_file_named_twice_is_read_once(tmp_path):
+    path = write_record(tmp_path / "r.jsonl")
+    assert report.record_files([str(path), str(tmp_path), str(tmp_path / "*.jsonl")]) == [path]
+
+
+def test_sample_checks_allow_signed_ratios_and_reject_bools():
+    expected = field_types(Sample)
+    row = {"op": "save", "iteration": 1, "suffix": "s", "rank": 0, "host": "h",
+           "begin_wall_s": 1.0, "end_wall_s": 2.0, "begin_mono_s": 1, "end_mono_s": 2,
+           "duration_s": 1.0, "bytes": 10, "barrier_wait_s": 0.0}
+    assert sample_problem(row, expected) is None
+    assert sample_problem({**row, "train_step_slowdown": -0.02, "train_lost_s": -0.1},
+                          expected) is None
+    assert sample_problem({**row, "rank": True}, expected) == "rank is not an integer"
+    assert sample_problem({**row, "requests": []}, expected) == "requests is not an object"
+    assert sample_problem({k: v for k, v in row.items() if k != "host"}, expected) == "no host"
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"world_size": "2"}, "world_size is not an integer"),
+    ({"config": {"storage": "s3"}}, "config.storage is not an object"),
+    ({"model": {"preset": ["tiny"]}}, "model.preset is not text"),
+    ({"init": [{"rank": -1}]}, "init: rank is negative"),
+])
+def test_a_run_line_with_a_field_of_the_wrong_type_skips_its_file(tmp_path, capsys, change,
+                                                                  reason):
+    write_record(tmp_path / "bad.jsonl", lambda rows: rows[0].update(change), run_id="bad")
+    write_record(tmp_path / "good.jsonl", run_id="good")
+    result, notes = read(tmp_path)
+    assert list(result["runs"]["run_id"]) == ["good"]
+    assert notes == [f"1 file(s) skipped, run line: {reason}: {tmp_path / 'bad.jsonl'}"]
