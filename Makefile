@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # The releases `make torch-smoke` runs: the lowest pyproject admits and the newest.
 SMOKE_TORCH ?= 2.11.0 2.15.0
 
-.PHONY: setup demo test lint clean torch-smoke
+.PHONY: setup demo test lint clean torch-smoke torch-smoke-venvs smoke-versions
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,11 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/dcp-fsdp save-and-load nproc=2 iterations=3
 
+# Test files run on PYTEST_WORKERS processes (pytest-xdist, one file per worker at a time:
+# a file's tests share fixtures); PYTEST_WORKERS=0 runs them in this process.
+PYTEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The package typed and linted (configuration in pyproject.toml): .ci/run runs it first.
 lint: setup
@@ -37,6 +40,13 @@ lint: setup
 # (thread, process) save-and-load, a resharded load and a report (scripts/torch_smoke.sh).
 torch-smoke:
 	@for version in $(SMOKE_TORCH); do scripts/torch_smoke.sh $$version || exit 1; done
+
+smoke-versions:
+	@echo $(SMOKE_TORCH)
+
+# Only their venvs (downloads): .ci/run builds them while the tests run.
+torch-smoke-venvs:
+	@for version in $(SMOKE_TORCH); do scripts/torch_smoke.sh $$version --install-only || exit 1; done
 
 clean:
 	rm -rf $(VENV) .venv-torch-* *.egg-info .pytest_cache

@@ -3,9 +3,12 @@
 # the next run): sync, async thread and async process save-and-load, a resharded load and a
 # report (scripts/torch_smoke.py). Exits non-zero on any failure.
 #   scripts/torch_smoke.sh 2.15.0      (PyPI's build: a CUDA one on Linux, ~3 GB; runs on CPU)
+#   scripts/torch_smoke.sh 2.15.0 --install-only   (the venv alone: .ci/run builds the venvs
+#                                                   while the tests run, then smokes them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VERSION=${1:?usage: scripts/torch_smoke.sh TORCH_VERSION (e.g. 2.11.0)}
+VERSION=${1:?usage: scripts/torch_smoke.sh TORCH_VERSION [--install-only] (e.g. 2.11.0)}
+INSTALL_ONLY=${2:-}
 PYTHON=${PYTHON:-python3}
 VENV=.venv-torch-$VERSION
 STAMP=$VENV/.installed
@@ -24,5 +27,6 @@ if [[ ! -f $STAMP || pyproject.toml -nt $STAMP || constraints.txt -nt $STAMP ]];
 fi
 installed=$(date +%s)
 echo "torch-smoke: torch $VERSION: venv ready in $((installed - started)) s"
+[[ $INSTALL_ONLY == --install-only ]] && exit 0
 "$VENV/bin/python" scripts/torch_smoke.py
 echo "torch-smoke: torch $VERSION: smoke took $(($(date +%s) - installed)) s"

@@ -10,11 +10,11 @@ multipart uploads, which are stored and billed until aborted: they are aborted h
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from pathlib import Path
 from dataclasses import dataclass, field
+from unittest import mock
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import BenchmarkConfig
@@ -126,7 +126,7 @@ def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, st
         return
     from dcp_fsdp.storage import make_store
 
-    with _environ({k: v for k, v in env.items() if k.startswith("AWS_")}):
+    with mock.patch.dict(os.environ, {k: v for k, v in env.items() if k.startswith("AWS_")}):
         try:
             store = make_store(cfg.storage)
             for suffix in dict.fromkeys(candidates):
@@ -143,15 +143,3 @@ def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, st
                         "shows it and its open uploads, `dcp-fsdp clean-uploads` aborts them")
 
 
-@contextlib.contextmanager
-def _environ(extra: dict[str, str]):
-    saved = {key: os.environ.get(key) for key in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

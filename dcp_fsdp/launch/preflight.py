@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from unittest import mock
 
 from omegaconf import OmegaConf
 
@@ -55,7 +56,7 @@ def storage_environment(cfg: BenchmarkConfig):
 def preflight(cfg: BenchmarkConfig, server_env: dict[str, str]) -> None:
     """The store answers, a configured save suffix is free, and (load) the checkpoint is
     complete and matches the model, dtype and state; UserError otherwise."""
-    with _patched_environ(server_env):
+    with mock.patch.dict(os.environ, server_env):
         if cfg.storage.kind == StorageKind.fs:
             check_fs_root(cfg.storage.path, must_exist=cfg.command == Command.load)
         store = make_store(cfg.storage)
@@ -130,15 +131,3 @@ def _dtype_of(tensors) -> str | None:
     return {"float32": "fp32", "bfloat16": "bf16"}.get(names.pop()) if len(names) == 1 else None
 
 
-@contextlib.contextmanager
-def _patched_environ(extra: dict[str, str]):
-    saved = {key: os.environ.get(key) for key in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

@@ -136,12 +136,12 @@ def test_async_save_and_load(s3, s3_uri, tmp_path, checkpointer):
         check_training_lost(s)
         load = next(l for l in loads if (l["rank"], l["iteration"]) == (s["rank"], s["iteration"]))
         assert s["bytes"] == load["bytes"] > 0  # what a rank wrote, it reads back
-        if checkpointer == "thread":
-            assert s["upload_s"] > 0 and s["stage_s"] >= 0
-            assert abs(s["stage_s"] + s["upload_s"] - s["io_s"]) < 1e-6
-            assert s["plan_s"] >= 0 and s["commit_s"] >= 0
-        else:  # the writer goes to the daemon pickled: no hooks timed there
-            assert s["io_s"] is None and s["upload_s"] is None
+        # Both checkpointers report the phases: the timed writer is a subclass, so the copy
+        # pickled into the process checkpointer's daemon is timed there and reports back.
+        assert s["upload_s"] > 0 and s["stage_s"] >= 0, s
+        assert abs(s["stage_s"] + s["upload_s"] - s["io_s"]) < 1e-6
+        assert s["plan_s"] >= 0 and s["commit_s"] >= 0
+        assert s["written_bytes"] > 0
     check_load_breakdown(loads)
     check_memory(run, samples)
     for suffix in run["suffixes"]:
