@@ -1,0 +1,129 @@
+"""An async save's figures, checked exactly with a fake `dcp` (torchtitan's way): its
+`async_save` returns futures that complete at chosen times of a fake clock, so blocked_s,
+staged_s, stall_s, persisted_s and previous_wait_s must equal the chosen times to the bit.
+No process group, no storage: rank/async_save.py's arithmetic alone."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from unittest import mock
+
+import pytest
+import torch
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+
+from dcp_fsdp.config.schema import AsyncSaveConfig
+from dcp_fsdp.rank import async_save
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class DueFuture(Future):
+    """Completes when waited for: the fake clock jumps to `due` (if not past it already)."""
+
+    def __init__(self, clock: Clock, due: float) -> None:
+        super().__init__()
+        self.clock, self.due = clock, due
+
+    def _complete(self) -> None:
+        # Its callbacks (the saver's marks) run at `due`, as if it completed on time;
+        # afterwards the clock is where the waiter would be.
+        later = max(self.clock.now, self.due)
+        self.clock.now = self.due
+        self.set_result(None)
+        self.clock.now = later
+
+    def result(self, timeout=None):
+        if not super().done():
+            self._complete()
+        return super().result(timeout)
+
+    def done(self) -> bool:
+        if not super().done() and self.clock.now >= self.due:
+            self._complete()
+        return super().done()
+
+
+class FakeDcp:
+    """dcp.async_save: the call takes `call_s`; staging is done `staged_after_s` after the
+    call began, the upload `persisted_after_s` after it."""
+
+    def __init__(self, clock: Clock, call_s: float, staged_after_s: float,
+                 persisted_after_s: float) -> None:
+        self.clock = clock
+        self.call_s, self.staged_after_s = call_s, staged_after_s
+        self.persisted_after_s = persisted_after_s
+        self.calls = 0
+
+    def async_save(self, state_dict, **kwargs):
+        self.calls += 1
+        began = self.clock.now
+        self.clock.now += self.call_s
+        return AsyncSaveResponse(staging_completion=DueFuture(self.clock, began + self.staged_after_s),
+                                 upload_completion=DueFuture(self.clock, began + self.persisted_after_s))
+
+
+class FakeSteps:
+    """The simulated training step: each takes `step_s` of the fake clock."""
+
+    def __init__(self, clock: Clock, step_s: float) -> None:
+        self.clock, self.step_s = clock, step_s
+
+    def run(self, count: int, before_update) -> list[float]:
+        steps = []
+        for index in range(count):
+            self.clock.now += self.step_s / 2
+            if index == 0:
+                before_update()  # the first update waits for the staging
+            self.clock.now += self.step_s / 2
+            steps.append(self.step_s)
+        return steps
+
+
+@pytest.fixture
+def clock():
+    clock = Clock()
+    with mock.patch.object(async_save.time, "monotonic", clock.monotonic):
+        yield clock
+
+
+def saver(fake: FakeDcp, steps: FakeSteps | None = None, cadence: int = 0):
+    with mock.patch.object(async_save, "stager_reusable", return_value=True):
+        made = async_save.AsyncSaver(AsyncSaveConfig(), torch.device("cpu"), 0.0, rank=0)
+    made.group, made.stager = object(), None  # "prepared": no process group needed
+    made.train_step, made.cadence = steps, cadence
+    return made
+
+
+def test_a_save_with_no_training_waits_for_staging_then_upload(clock):
+    fake = FakeDcp(clock, call_s=0.25, staged_after_s=0.75, persisted_after_s=2.0)
+    with mock.patch.object(async_save, "dcp", fake):
+        timing = saver(fake).save({}, writer=None, begin_mono=clock.now, baseline_s=[])
+    assert timing.blocked_s == 0.25
+    assert timing.staged_s == 0.75
+    assert timing.stall_s == 0.75  # the next update waits for the staged copy
+    assert timing.persisted_s == 2.0 and timing.end_mono == 102.0
+    assert timing.previous_wait_s == 0.0
+
+
+def test_a_cadence_overlaps_the_upload_and_the_next_save_waits_for_it(clock):
+    fake = FakeDcp(clock, call_s=0.5, staged_after_s=1.0, persisted_after_s=10.0)
+    made = saver(fake, FakeSteps(clock, step_s=2.0), cadence=3)
+    with mock.patch.object(async_save, "dcp", fake):
+        first = made.save({}, writer=None, begin_mono=clock.now, baseline_s=[1.0, 1.0])
+        # 3 steps of 2 s from 100.5 (the first update waits for staging at 101.0): 106.5
+        assert first.end_mono is None and clock.now == 106.5
+        assert first.stall_s == 1.0 and first.interval_s == 6.5
+        assert first.train_lost_s == 6.5 - 3 * 1.0
+        second = made.save({}, writer=None, begin_mono=clock.now, baseline_s=[1.0, 1.0])
+    # the first upload persists at 110.0: the second save waited 3.5 s for it
+    assert second.previous_wait_s == 3.5
+    assert second.previous_end_mono == 110.0
+    assert second.blocked_s == 3.5 + 0.5  # the wait is inside the call's blocked time
+    assert made.finish(first).persisted_s == 10.0
