@@ -94,6 +94,10 @@ def _run_agent(cfg: BenchmarkConfig, run_id: str, env: dict[str, str], module: s
                  contract.WRITING_SUFFIX_FILE_ENV: str(writing_path),
                  contract.ARGV_ENV: json.dumps(records.command_line()),
                  "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(RANK_STOP_GRACE_S),
+                 # torch makes $TMPDIR/torchinductor_$USER in every rank: inside the run's
+                 # own directory it goes with it (unless the user points it elsewhere)
+                 "TORCHINDUCTOR_CACHE_DIR": env.get("TORCHINDUCTOR_CACHE_DIR",
+                                                    str(run_dir / "torchinductor")),
                  # Each rank uses its share of the cores (torchrun would say 1, with a warning).
                  "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS",
                                             str(max(1, (os.cpu_count() or 1) // cfg.nproc)))}

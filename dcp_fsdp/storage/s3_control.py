@@ -256,11 +256,19 @@ class S3ControlPlane:
     def get_small(self, suffix: str, name: str, max_bytes: int | None = None) -> bytes | None:
         import botocore.exceptions as bx
 
+        key = self.target.key(suffix, name)
         try:
-            response = self.client().get_object(Bucket=self.target.bucket,
-                                                     Key=self.target.key(suffix, name))
-        except bx.ClientError:
-            return None
+            response = self.client().get_object(Bucket=self.target.bucket, Key=key)
+        except bx.ClientError as error:
+            code = str(error.response.get("Error", {}).get("Code", ""))
+            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status == 404 or code in ("NoSuchKey", "404"):
+                return None  # only a missing object is absent
+            # A refusal (403) or a server error (5xx) says nothing about whether it is
+            # there: a manifest or .metadata read as absent would let a load run unchecked.
+            raise UserError(f"s3://{self.target.bucket}/{key}: GET answered HTTP {status} "
+                            f"{code}; it could not be read (not absent: only a 404 is): check "
+                            "the credentials' read access and the server, then retry") from None
         with contextlib.closing(response["Body"]) as body:  # closed: the rest is not read
             return body.read(max_bytes)
 

@@ -66,3 +66,21 @@ def test_fs_store_deletes_a_checkpoint_and_probes_without_a_trace(tmp_path):
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
         "ckpt", "ckpt/kept", "ckpt/kept/.metadata"]
     assert store.data_object_prefix(3) == "__3_"
+
+
+def test_only_a_404_reads_as_absent(s3, s3_uri, monkeypatch):
+    """A manifest GET refused or failing on the server is an error, never "no manifest":
+    a load must not run unverified because S3 answered 503 (or 403)."""
+    from tests.kit.fault_proxy import FaultProxy
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.access_key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret_access_key)
+    direct = make_store(StorageConfig(kind=StorageKind.s3, uri=s3_uri, endpoint=s3.endpoint_url))
+    direct.put_small("ck", "dcp_fsdp.json", b'{"model": "tiny_llama"}')
+    with FaultProxy(s3.endpoint_url, error_503_rate=1.0, targets=("GetObject",),
+                    key_pattern=r"/dcp_fsdp\.json$") as proxy:
+        store = make_store(StorageConfig(kind=StorageKind.s3, uri=s3_uri, endpoint=proxy.url))
+        assert store.get_small("ck", "missing.json") is None  # a 404: absent
+        with pytest.raises(UserError, match=r"dcp_fsdp\.json: GET answered HTTP 503"):
+            store.get_small("ck", "dcp_fsdp.json")
+    assert direct.get_small("ck", "dcp_fsdp.json") == b'{"model": "tiny_llama"}'
