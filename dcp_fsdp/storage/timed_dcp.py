@@ -20,9 +20,9 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from dcp_fsdp.storage.timeline import HookTimeline, TimedFileSystem
 
 
-class TimedWriter:
-    """Mixin before a DCP `FileSystemWriter` subclass: times its hooks on `self.timeline`
-    and its object streams through `TimedFileSystem`."""
+class _TimedPlanning:
+    """What the timed writer and reader share: the timeline, the wrapped file system and
+    the two planning hooks."""
 
     timeline: HookTimeline
     fs: Any
@@ -38,6 +38,11 @@ class TimedWriter:
     def prepare_global_plan(self, plans):
         with self.timeline.span("prepare_global_plan"):
             return super().prepare_global_plan(plans)
+
+
+class TimedWriter(_TimedPlanning):
+    """Mixin before a DCP `FileSystemWriter` subclass: times its hooks on `self.timeline`
+    and its object streams through `TimedFileSystem`."""
 
     def write_data(self, plan, planner):
         started = self.timeline.io_started()
@@ -57,18 +62,11 @@ class TimedWriter:
         self.timeline.dump()
 
 
-class TimedReader:
+class TimedReader(_TimedPlanning):
     """Mixin before a DCP `FileSystemReader` subclass: times its hooks on `self.timeline`;
     a load's fetched bytes are what came through the object streams during read_data
     (a resharded load that reads a saved item whole for a part of it fetches more than the
     plan names)."""
-
-    timeline: HookTimeline
-    fs: Any
-
-    def _start_timing(self, timeline: HookTimeline) -> None:
-        self.timeline = timeline
-        self.fs = TimedFileSystem(self.fs, timeline)
 
     def read_metadata(self, *args, **kwargs):
         parent = super().read_metadata
