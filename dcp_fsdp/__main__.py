@@ -10,7 +10,7 @@ if os.environ.get(CONFIG_ENV) and "RANK" in os.environ:
     # handlers), and it dies with the agent, whatever kills the agent.
     import signal
 
-    from dcp_fsdp.lifeline import die_with_parent
+    from dcp_fsdp.process.lifeline import die_with_parent
 
     def _quiet_exit(signum, frame):
         os._exit(130)

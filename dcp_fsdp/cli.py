@@ -62,7 +62,7 @@ def execute(command: str, cfg) -> int:
     if under_torchrun():
         import signal
 
-        from dcp_fsdp.lifeline import die_with_parent
+        from dcp_fsdp.process.lifeline import die_with_parent
 
         die_with_parent(signal.SIGTERM)  # the agent killed: this rank ends too
         check_torchrun_rank(cfg)  # before torch is imported: bad input fails in a second
@@ -95,7 +95,7 @@ def end_rank(result) -> NoReturn:
     import signal
 
     from dcp_fsdp import contract, log
-    from dcp_fsdp.lifeline import end_process
+    from dcp_fsdp.process.lifeline import end_process
 
     # The outcome is known: a later Ctrl-C / SIGTERM (the agent stopping its ranks) must not
     # cut the record's lines or land inside an import (no torch is imported from here on).

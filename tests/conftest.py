@@ -85,7 +85,7 @@ def pytest_sessionstart(session):
     import os
     import tempfile
 
-    from dcp_fsdp.lifeline import owned_tempdir
+    from dcp_fsdp.process.lifeline import owned_tempdir
 
     # Named after this process: if the session is killed, the next dcp-fsdp run removes it.
     session_tmp = str(owned_tempdir("dcp-fsdp-tests-"))

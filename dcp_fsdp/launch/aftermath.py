@@ -48,7 +48,7 @@ def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
     succeeded: rank 0 recorded and printed everything)."""
     if outcome.status == "ok":
         return
-    from dcp_fsdp import lifeline
+    from dcp_fsdp.process import lifeline
 
     lifeline.remove_stale()  # a killed rank's request-log directory
     path = find_record(cfg.results_dir, run_id)

@@ -23,7 +23,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from dcp_fsdp import lifeline
+from dcp_fsdp.process import lifeline
 from dcp_fsdp.errors import UserError
 
 LOOPBACK = "127.0.0.1"
@@ -118,7 +118,7 @@ class EmbeddedS3:
 
     def start(self) -> S3Endpoint:
         # Named after this process: if it is killed, the next run removes the directory
-        # and the server's sockets (dcp_fsdp/lifeline.py).
+        # and the server's sockets (dcp_fsdp/process/lifeline.py).
         self.workdir = lifeline.owned_tempdir("dcp-fsdp-s3-")
         (self.workdir / "data").mkdir()
         (self.workdir / "logs").mkdir()

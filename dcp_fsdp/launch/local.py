@@ -3,7 +3,7 @@ S3 server if needed.
 
 The parent stays light (no torch import): it checks the storage (fast, clear failures
 before any rank starts), starts SeaweedFS when no S3 is configured, then starts torch's
-elastic agent (`python -m dcp_fsdp.rank.agent`: torchrun's own code, quiet) which starts
+elastic agent (`python -m dcp_fsdp.launch.agent`: torchrun's own code, quiet) which starts
 the ranks, exactly as `torchrun --standalone` on a cluster node. When the agent ends,
 the parent reads its outcome (per-rank exit codes and error files), makes sure a record
 says how the run ended, names a partial checkpoint, and aborts the multipart uploads a
@@ -12,7 +12,7 @@ stopped save left open.
 Signals: the agent runs in its own session, so a terminal's Ctrl-C reaches only this
 parent, which passes it on once (SIGINT or SIGTERM, as received); the agent stops its
 ranks with the same signal. If this parent is killed outright, Linux's parent-death
-signal stops the agent (and so the ranks) and the embedded server (dcp_fsdp/lifeline.py).
+signal stops the agent (and so the ranks) and the embedded server (dcp_fsdp/process/lifeline.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from dcp_fsdp import contract, lifeline
+from dcp_fsdp import contract
+from dcp_fsdp.process import lifeline
 from dcp_fsdp.config.schema import BenchmarkConfig
 from dcp_fsdp.launch.aftermath import RanksOutcome
 from dcp_fsdp.launch.checks import check_launch
@@ -78,7 +79,7 @@ def run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str],
 
 
 def _agent_command(cfg: BenchmarkConfig, module: str, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "dcp_fsdp.rank.agent", "--standalone",
+    return [sys.executable, "-m", "dcp_fsdp.launch.agent", "--standalone",
             f"--nproc-per-node={cfg.nproc}", "--max-restarts=0",
             f"--log-dir={run_dir / 'torchelastic'}", "-m", module]
 

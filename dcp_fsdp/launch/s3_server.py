@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from dcp_fsdp import lifeline, log
+from dcp_fsdp import log
+from dcp_fsdp.process import lifeline
 from dcp_fsdp.errors import UserError
 
 STATE_NAME = "state.json"

@@ -31,8 +31,8 @@ from typing import Any
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.rank.tune_report import override_line
-from dcp_fsdp.rank.tune_search import Settings
+from dcp_fsdp.tune.report import override_line
+from dcp_fsdp.tune.search import Settings
 
 __all__ = ["tune", "search_space", "override_line"]
 

@@ -51,7 +51,7 @@ import torch.distributed as dist
 from dcp_fsdp.config.schema import MIB
 from dcp_fsdp.errors import BenchmarkFailure
 from dcp_fsdp.rank.distributed import all_gather_object, rank0_decides
-from dcp_fsdp.rank.watchdog import Watchdog
+from dcp_fsdp.process.watchdog import Watchdog
 from dcp_fsdp.storage.base import CheckpointStore
 
 if TYPE_CHECKING:

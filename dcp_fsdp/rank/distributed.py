@@ -91,7 +91,7 @@ def rank0_decides(ctx: "RankContext", decide: Callable[[], Any]) -> Any:
         except UserError as error:
             outcome = ("error", str(error))
         except Exception as error:
-            from dcp_fsdp.rank.failures import root_cause
+            from dcp_fsdp.process.failures import root_cause
 
             outcome = ("failed", f"rank 0: {root_cause(error)}")
     outcome = broadcast_object(outcome)

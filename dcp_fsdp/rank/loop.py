@@ -25,15 +25,15 @@ from dcp_fsdp.config.schema import BenchmarkConfig, Command, ReplicaLoad
 from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.models import values
 from dcp_fsdp.models.build import ShardedModel, local_tensor, replica_of
-from dcp_fsdp.rank import verify
 from dcp_fsdp.rank.distributed import RankContext, all_gather_object, rank0_decides
 from dcp_fsdp.rank.sample_build import OpClocks, build_sample, fill_save_figures
 from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.rank.memory import PeakMemory
 from dcp_fsdp.rank.progress import Heartbeat
 from dcp_fsdp.rank.replicas import read_once_load, replica_share
-from dcp_fsdp.rank.state import apply_state_dict, flat_tensors
-from dcp_fsdp.rank.watchdog import Watchdog
+from dcp_fsdp.rank.state import (apply_state_dict, checkable_seed, first_mismatch, flat_tensors,
+                                 local_bytes)
+from dcp_fsdp.process.watchdog import Watchdog
 from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.base import CheckpointStore
 from dcp_fsdp.telemetry.records import Sample
@@ -88,7 +88,7 @@ class CheckpointLoop:
         """Where the process checkpointer's daemon writes one save's timeline (a directory
         of this rank's, named by its pid: a killed rank's is removed by the next launch)."""
         if self._timeline_dir is None:
-            from dcp_fsdp import lifeline
+            from dcp_fsdp.process import lifeline
 
             self._timeline_dir = lifeline.owned_tempdir("dcp-fsdp-timeline-")
         return str(self._timeline_dir / f"{suffix}.json")
@@ -216,7 +216,7 @@ class CheckpointLoop:
                               window_wall)
             sample = build_sample(
                 op, iteration, suffix, timeline, clocks, self.ctx.rank, self.host,
-                replica_share(verify.local_bytes(self.state_dict), self.replicas, self.replica),
+                replica_share(local_bytes(self.state_dict), self.replicas, self.replica),
                 self.replica if self.replicas > 1 else None, self.request_log)
             sample.peak_rss_bytes, sample.cuda_max_allocated_bytes = peak_rss, cuda_peak
             sample.cache_policy = cache_policy
@@ -235,7 +235,7 @@ class CheckpointLoop:
         if not (self.cfg.progress and self.ctx.is_coordinator):
             return contextlib.nullcontext()
         moved = None if timeline is None else (lambda: timeline.moved.total)
-        expected = verify.local_bytes(self.state_dict)
+        expected = local_bytes(self.state_dict)
         return Heartbeat(f"{op} iteration {iteration}", moved, expected,
                          self.cfg.progress_interval_s, self.log)
 
@@ -244,7 +244,7 @@ class CheckpointLoop:
         self.samples.append(sample)
         self.shared_samples.extend(all_gather_object(sample))
 
-    # -- verification (untimed; rank/verify.py) -----------------------------------------
+    # -- verification (untimed; rank/state.py) -----------------------------------------
     def _clear(self) -> None:
         """Zero every live tensor before a verified load: the model already holds the values
         a load must bring, so without this a load that read nothing would pass."""
@@ -255,7 +255,7 @@ class CheckpointLoop:
     def _verify_against(self, seed: int, what: str) -> None:
         """Every rank recomputes its shards' values and compares them bit for bit; all ranks
         raise together on a mismatch, naming the first one."""
-        reports = all_gather_object(verify.first_mismatch(self.state_dict, seed))
+        reports = all_gather_object(first_mismatch(self.state_dict, seed))
         for rank, report in enumerate(reports):
             if report:
                 key, index = report
@@ -268,7 +268,7 @@ class CheckpointLoop:
         if suffix in self._expected_checksums:
             return
         if self.cfg.integrity:
-            seed, reason = rank0_decides(self.ctx, lambda: verify.checkable_seed(
+            seed, reason = rank0_decides(self.ctx, lambda: checkable_seed(
                 layout.read_manifest(self.store, suffix)))
         else:
             seed, reason = None, "integrity=false"
@@ -389,6 +389,6 @@ class CheckpointLoop:
                     "state": self.cfg.state.value, "world_size": self.ctx.world_size,
                     "replicas": self.replicas,
                     "param_count": self.sharded.param_count,
-                    # what a load needs to recompute every value (rank/verify.py)
+                    # what a load needs to recompute every value (rank/state.py)
                     "values": values.GENERATOR, "seed": self.cfg.seed}
         self.store.put_small(suffix, layout.MANIFEST_NAME, layout.encode_manifest(manifest))

@@ -11,16 +11,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import resource
-import signal
 import time
 import traceback
 from typing import TYPE_CHECKING
 
 from dcp_fsdp import contract, log
-from dcp_fsdp.rank.failures import Terminated, caused_by_interrupt
+from dcp_fsdp.process.failures import caused_by_interrupt
+from dcp_fsdp.process.signals import InterruptGuard, PeerFailed, Terminated
 from dcp_fsdp.config.schema import BenchmarkConfig, Command, StorageKind
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.rank import peers  # first: it notes this rank's agent at import
+from dcp_fsdp.process import peers
 from dcp_fsdp.telemetry import records
 from dcp_fsdp.telemetry.records import InitRow, RunRecord, Sample
 
@@ -40,45 +40,6 @@ class RankResult:
     run: RunRecord | None = None  # the record, on the rank that wrote it (rank 0)
     samples: list[Sample] = dataclasses.field(default_factory=list)
     record_path: str | None = None
-
-
-class PeerFailed(BaseException):
-    """The launcher stopped this rank because another rank had failed."""
-
-
-class InterruptGuard:
-    """SIGINT / SIGTERM end the run as `interrupted`, whatever code they land in.
-
-    The first signal raises (KeyboardInterrupt / Terminated) so the rank leaves the
-    operation it is in; DCP may catch that and re-raise it wrapped in a
-    CheckpointException, so the signal is also remembered here. Later signals (the
-    terminal's Ctrl-C and the launcher's forwarded one both arrive) are only noted:
-    they must not cut the record being written.
-    """
-
-    def __init__(self) -> None:
-        self.signal_name: str | None = None
-        self.ended_peers: list[int] = []  # ranks of this node gone when a SIGTERM came
-        self.finishing = False  # the run has its outcome: a signal now must not cut the record
-
-    def install(self) -> None:
-        signal.signal(signal.SIGINT, self._on_signal)
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(getattr(signal, contract.PEER_FAILED_SIGNAL_NAME), self._on_signal)
-
-    def _on_signal(self, signum, frame) -> None:
-        if self.signal_name is not None or self.finishing:
-            return
-        self.signal_name = signal.Signals(signum).name
-        if signum == signal.SIGTERM:
-            # torch's elastic agent stops the survivors with SIGTERM when a rank ended
-            # first: that run failed, it was not interrupted (dcp_fsdp/rank/peers.py).
-            self.ended_peers = peers.ended_local_peers()
-            if self.ended_peers:
-                self.signal_name = contract.PEER_FAILED_SIGNAL_NAME
-        if self.signal_name == contract.PEER_FAILED_SIGNAL_NAME:
-            raise PeerFailed()
-        raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
 
 
 class RankSession:
@@ -280,7 +241,7 @@ class RankSession:
         init_rows = self.gather(status)
         samples = self.samples()
         if status != "ok":
-            from dcp_fsdp import lifeline
+            from dcp_fsdp.process import lifeline
 
             lifeline.remove_stale()  # a killed peer's request-log directory (under torchrun
             # or Slurm no launcher of ours runs afterwards)
@@ -340,7 +301,7 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:
 def _outcome(error: BaseException, guard: InterruptGuard,
              session: RankSession) -> tuple[str, str, int]:
     """(status, one-line error, exit code) of a run that raised; says it once."""
-    from dcp_fsdp.rank.failures import collective_error, root_cause
+    from dcp_fsdp.process.failures import collective_error, root_cause
 
     if guard.signal_name == contract.PEER_FAILED_SIGNAL_NAME or isinstance(error, PeerFailed):
         if guard.ended_peers:

@@ -1,4 +1,13 @@
-"""The sharded state dict DCP saves and loads, and what we measure of it."""
+"""The sharded state dict DCP saves and loads, what we measure of it, and whether a load
+put in it what the checkpoint must hold.
+
+DCP stores raw tensor bytes with no checksum, so a corrupted object would load silently.
+Every checkpoint's values are a pure function of (seed, tensor name, global element index)
+(models/values.py) and its manifest names the generator and the seed, so after a load each
+rank recomputes the values its own shards must hold (at whatever world size it loaded) and
+compares them bit for bit: every byte is checked, nothing is stored for it and no second copy
+of the model is held. It all happens outside the timed region.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +18,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_state_dict, set_model_state_dict,
                                                      set_state_dict)
 
-from dcp_fsdp.models.build import ShardedModel
+from dcp_fsdp.models import values
+from dcp_fsdp.models.build import ShardedModel, local_tensor, unique_shards
 
 
 def make_state_dict(sharded: ShardedModel) -> dict[str, Any]:
@@ -40,3 +50,33 @@ def flat_tensors(state_dict: dict[str, Any]) -> dict[str, torch.Tensor]:
 def state_bytes(state_dict: dict[str, Any]) -> int:
     """Bytes of all tensors in the checkpoint (global shapes: the whole model's state)."""
     return sum(t.numel() * t.element_size() for t in flat_tensors(state_dict).values())
+
+
+# -- verification (untimed) -------------------------------------------------------------
+
+def first_mismatch(state_dict: dict[str, Any], seed: int) -> tuple[str, list[int]] | None:
+    """(key, global index) of the first element of this rank's shards that differs from
+    its value, or None when every shard holds exactly its values."""
+    for key, local, global_shape, offset in unique_shards(state_dict):
+        index = values.first_mismatch(local, seed, key, global_shape, offset)
+        if index is not None:
+            return key, list(index)
+    return None
+
+
+def local_bytes(state_dict: dict[str, Any]) -> int:
+    """Bytes of this rank's shards of every checkpointed tensor: what a load puts in memory."""
+    return sum(local_tensor(t).numel() * local_tensor(t).element_size()
+               for t in flat_tensors(state_dict).values())
+
+
+def checkable_seed(manifest: dict[str, Any] | None) -> tuple[int | None, str | None]:
+    """(seed to recompute with, None) when the checkpoint's values are known, else
+    (None, why not)."""
+    if manifest is None:
+        return None, "no manifest stored with this checkpoint"
+    generator = manifest.get("values")
+    if generator != values.GENERATOR or not isinstance(manifest.get("seed"), int):
+        return None, (f"its manifest names values={generator or 'none'}, not "
+                      f"{values.GENERATOR}: saved by another version")
+    return manifest["seed"], None

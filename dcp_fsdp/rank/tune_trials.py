@@ -1,7 +1,7 @@
 """`dcp-fsdp tune` inside one launch: the ranks and the model are built once; only the
 storage settings change between trials.
 
-Rank 0 runs the search (rank/tune_search.py) and, for each trial, broadcasts the
+Rank 0 runs the search (tune/search.py) and, for each trial, broadcasts the
 trial's settings; every rank then runs one save-and-load iteration with the very loop
 and timers of a normal run (rank/loop.py), on a store made from the trial's settings
 (new writer, reader and S3 client configuration; the model is not rebuilt). The other
@@ -26,7 +26,7 @@ from typing import Any
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.errors import BenchmarkFailure, UserError
-from dcp_fsdp.rank.tune_search import Budget, Search, Trial
+from dcp_fsdp.tune.search import Budget, Search, Trial
 from dcp_fsdp.telemetry import records
 
 MIB = 2**20
@@ -132,7 +132,7 @@ class TuneTrials:
             broadcast_object(("stop", problem))
             raise BenchmarkFailure(problem) from None
         broadcast_object(("stop", None))
-        from dcp_fsdp.rank.tune_report import print_result, result_summary
+        from dcp_fsdp.tune.report import print_result, result_summary
 
         summary = result_summary(result, time.monotonic() - spec["started_mono"], self.session_dir,
                                  spec.get("requires"))
@@ -171,11 +171,11 @@ class TuneTrials:
         except (UserError, BenchmarkFailure) as error:  # raised on every rank alike
             status, error_line = "failed", str(error)
         except BaseException as error:  # DCP's CheckpointException: collective, every rank
-            from dcp_fsdp.rank.failures import caused_by_interrupt
+            from dcp_fsdp.process.failures import caused_by_interrupt
 
             if type(error).__name__ != "CheckpointException" or caused_by_interrupt(error):
                 raise
-            from dcp_fsdp.rank.failures import root_cause
+            from dcp_fsdp.process.failures import root_cause
 
             status, error_line = "failed", root_cause(error)
         self.async_saver = loop.async_saver

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from dcp_fsdp import log
-from dcp_fsdp.lifeline import owned_tempdir
+from dcp_fsdp.process.lifeline import owned_tempdir
 from dcp_fsdp.telemetry import summaries
 from dcp_fsdp.telemetry.control_plane import install_control_plane_hook
 from dcp_fsdp.telemetry.request import THROTTLE_STATUSES, Request  # noqa: F401 - re-exported
@@ -306,7 +306,7 @@ def open_for_rank(rank: int | str, keep_raw: bool = False) -> RequestLog | None:
                     "could be enabled; S3 request statistics are not recorded")
         return None
     # Named after this process: a rank killed before close() leaves it, the next run
-    # removes it (dcp_fsdp/lifeline.py).
+    # removes it (dcp_fsdp/process/lifeline.py).
     directory = owned_tempdir(f"dcp-fsdp-requests-r{rank}-")
     request_log = RequestLog(directory, keep_raw=keep_raw)
     install_control_plane_hook(request_log.record_control_call)

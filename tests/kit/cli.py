@@ -107,7 +107,7 @@ def assert_under_elastic_agent(ranks: dict[int, int]) -> None:
     parents = {parent_of(pid) for pid in ranks.values()}
     assert len(parents) == 1, parents
     agent_cmdline = Path(f"/proc/{parents.pop()}/cmdline").read_bytes().split(b"\0")
-    assert b"dcp_fsdp.rank.agent" in agent_cmdline or b"torch.distributed.run" in agent_cmdline, \
+    assert b"dcp_fsdp.launch.agent" in agent_cmdline or b"torch.distributed.run" in agent_cmdline, \
         agent_cmdline
     for pid in ranks.values():
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")

@@ -82,7 +82,7 @@ def test_built_shards_hold_their_values_in_the_target_dtype_on_the_device(one_ra
                                                                           preset, dtype):
     from dcp_fsdp.config.schema import CheckpointState, Dtype
     from dcp_fsdp.models.build import TORCH_DTYPES, build_sharded_model, local_tensor
-    from dcp_fsdp.rank import verify
+    from dcp_fsdp.rank import state as verify
     from dcp_fsdp.rank.state import flat_tensors, make_state_dict
 
     sharded = build_sharded_model(preset, Dtype(dtype), CheckpointState.model_and_optimizer,

@@ -1,10 +1,10 @@
-"""The tune search (rank/tune_search.py) against a fake trial function and a fake clock."""
+"""The tune search (tune/search.py) against a fake trial function and a fake clock."""
 
 from __future__ import annotations
 
 import pytest
 
-from dcp_fsdp.rank.tune_search import Budget, Search, Trial, settings_key
+from dcp_fsdp.tune.search import Budget, Search, Trial, settings_key
 
 SPACE = {"threads": [1, 2, 4, 8], "part": [8, 16, 32], "reader": ["a", "b"]}
 DEFAULTS = {"threads": 1, "part": 8, "reader": "a"}
@@ -186,7 +186,7 @@ def test_a_setting_that_needs_another_value_is_searched_only_under_it():
 
 
 def test_the_printed_verdict_keeps_the_defaults_and_shows_the_noise(tmp_path, capsys):
-    from dcp_fsdp.rank.tune_report import print_result, result_summary
+    from dcp_fsdp.tune.report import print_result, result_summary
 
     space = {"storage.reader": ["dcp_optimized", "sequential"],
              "storage.max_gap_size_mib": [32.0, 0.0]}
@@ -206,7 +206,7 @@ def test_the_printed_verdict_keeps_the_defaults_and_shows_the_noise(tmp_path, ca
 
 
 def test_an_override_line_leaves_out_a_setting_without_effect(tmp_path, capsys):
-    from dcp_fsdp.rank.tune_report import print_result, result_summary
+    from dcp_fsdp.tune.report import print_result, result_summary
 
     space = {"storage.reader": ["dcp_optimized", "sequential"],
              "storage.max_gap_size_mib": [32.0, 0.0]}

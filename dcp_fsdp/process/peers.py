@@ -1,4 +1,4 @@
-"""Which of this node's ranks have already ended, read from /proc (no torch, no network).
+"""Which of this node's ranks have already ended, read through psutil (no torch, no network).
 
 torch's elastic agent stops the surviving ranks with SIGTERM when one rank ends with an
 error or a signal; a scheduler (scancel) or a user sends the same SIGTERM. The survivors
@@ -10,44 +10,34 @@ so a signal sent to every process at once finds all siblings alive.
 from __future__ import annotations
 
 import os
-from pathlib import Path
+
+import psutil
 
 _START_PARENT = os.getppid()
 
 
-def _children(pid: int) -> set[int]:
-    found: set[int] = set()
-    tasks = Path(f"/proc/{pid}/task")
+def _live_children(pid: int) -> list[psutil.Process]:
     try:
-        for task in tasks.iterdir():
-            found.update(int(c) for c in (task / "children").read_text().split())
-        return found
-    except OSError:  # kernels without /proc/.../children: scan every process
-        pass
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.add(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    return found
+        children = psutil.Process(pid).children()
+    except psutil.Error:  # the agent is gone
+        return []
+    return [child for child in children if _running(child)]
 
 
-def _environ(pid: int) -> dict[str, str]:
+def _running(child: psutil.Process) -> bool:
     try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (entry.split(b"=", 1) for entry in raw.split(b"\0") if b"=" in entry)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
+        return child.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # it ended while we looked
+        return False
+    except psutil.Error:
         return True
+
+
+def _environ(child: psutil.Process) -> dict[str, str]:
+    try:
+        return child.environ()
+    except psutil.Error:
+        return {}
 
 
 def ended_local_peers() -> list[int]:
@@ -64,10 +54,10 @@ def ended_local_peers() -> list[int]:
     if parent != _START_PARENT or parent == 1:
         return []
     alive = {local_rank}
-    for pid in _children(parent):
-        if pid == os.getpid() or _zombie(pid):
+    for child in _live_children(parent):
+        if child.pid == os.getpid():
             continue
-        env = _environ(pid)
+        env = _environ(child)
         if env.get("TORCHELASTIC_RUN_ID") == run_id and env.get("LOCAL_RANK", "").isdigit():
             alive.add(int(env["LOCAL_RANK"]))
     base = rank - local_rank

@@ -3,23 +3,30 @@ and what a killed run could not remove is removed by the next one.
 
 Linux's PR_SET_PDEATHSIG delivers a signal to a process when its parent ends; it is set
 in the child (after fork, or first thing in a rank), so it holds for the embedded server,
-torch's elastic agent and the agent's ranks. Temporary directories carry an `owner.pid`
-name (`dcp-fsdp-...-p<pid>-...`); `remove_stale()` deletes those whose owner is gone.
+torch's elastic agent and the agent's ranks. Temporary directories carry their owner's pid
+and host in the name (`dcp-fsdp-...-p<pid>-h<host>-...`); `remove_stale()` deletes this
+host's whose owner is gone, never another host's.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import re
 import shutil
 import signal
+import socket
 import tempfile
 from pathlib import Path
 from typing import NoReturn
 
+import psutil
+
 _PR_SET_PDEATHSIG = 1
-_OWNER = re.compile(r"-p(\d+)-")
+# `-p<pid>-h<host>-`: a pid means nothing on another host, and a shared TMPDIR (NFS or
+# Lustre scratch) is seen by many. Names without the host tag are from older versions.
+_OWNER = re.compile(r"-p(\d+)-(?:h([0-9a-f]{8})-)?")
 SERVER_PID_FILE = "server.pid"  # a server using the directory: never removed under it
 # Every temporary directory of ours starts with this (run dirs, the server's data dir,
 # per-rank request logs).
@@ -43,36 +50,37 @@ def die_with_parent(signum: int = signal.SIGTERM) -> bool:
     return True
 
 
+def host_tag() -> str:
+    """8 hex digits naming this host (its hostname hashed): in temporary names, so that one
+    node never judges another node's directory by a pid of its own."""
+    return hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+
+
 def owned_tempdir(prefix: str, parent: str | None = None) -> Path:
     """A fresh directory in `parent` (default $TMPDIR) whose name carries this process's
-    pid."""
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}p{os.getpid()}-", dir=parent))
+    pid and host."""
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}p{os.getpid()}-h{host_tag()}-", dir=parent))
 
 
 def alive(pid: int) -> bool:
     """Whether process pid runs (a zombie counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    state = Path(f"/proc/{pid}/stat")
     try:  # a zombie is gone for our purposes
-        return state.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:  # another user's process: it exists
         return True
 
 
 def remove_stale(tmpdir: str | None = None) -> list[Path]:
     """Remove our temporary directories whose owner process is gone (a launcher or rank
     killed before it could clean up), and the SeaweedFS sockets named in them."""
-    removed = []
+    removed, here = [], host_tag()
     places = dict.fromkeys([tmpdir or tempfile.gettempdir(), *SEAWEED_SOCKET_DIRS])
     for path in (p for place in places for p in Path(place).glob(TEMP_PREFIX + "*")):
         owner = _OWNER.search(path.name[len(TEMP_PREFIX):])
-        if owner is None or alive(int(owner.group(1))):
-            continue
+        if owner is None or owner.group(2) not in (None, here) or alive(int(owner.group(1))):
+            continue  # not ours, another host's (its pid means nothing here), or alive
         try:
             if alive(int((path / SERVER_PID_FILE).read_text())):
                 continue  # its server is still stopping: the next run removes it

@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from dcp_fsdp.rank.tune_search import MIN_FINAL_SCORES, SearchResult, applies, settings_key
+from dcp_fsdp.tune.search import MIN_FINAL_SCORES, SearchResult, applies, settings_key
 
 RULE = (f"a setting is recommended only when each of its final scores (measured in rounds "
         f"beside the defaults) is above every final score of the defaults, with at least "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dcp_fsdp.errors import BenchmarkFailure, UserError
+from dcp_fsdp.process.signals import Terminated
 
 
 # The connector's errors once its CRT client has used up storage.max_attempts, and the fix.
@@ -54,10 +55,6 @@ def collective_error(error: BaseException) -> bool:
     from torch.distributed.checkpoint.api import CheckpointException
 
     return isinstance(error, (UserError, BenchmarkFailure, CheckpointException))
-
-
-class Terminated(BaseException):
-    """SIGTERM (scancel, torchrun stopping the group): end like Ctrl-C."""
 
 
 def caused_by_interrupt(error: BaseException) -> bool:

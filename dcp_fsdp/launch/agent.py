@@ -1,7 +1,7 @@
 """The elastic agent of a local run: torch's torchrun (`torch.distributed.run`), run in
 this process, so the ranks are its children exactly as on a cluster.
 
-`python -m dcp_fsdp.rank.agent TORCHRUN-ARGS` is what `dcp-fsdp COMMAND nproc=N` starts.
+`python -m dcp_fsdp.launch.agent TORCHRUN-ARGS` is what `dcp-fsdp COMMAND nproc=N` starts.
 It differs from plain `torchrun` only in what it prints: torchrun ends a failed or
 interrupted run with a Python traceback (ChildFailedError / SignalException); here the
 outcome goes, as JSON, to the file named by DCP_FSDP_AGENT_SUMMARY (per-rank exit codes,
@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     import time
 
     from dcp_fsdp import contract
-    from dcp_fsdp.lifeline import die_with_parent
+    from dcp_fsdp.process.lifeline import die_with_parent
 
     die_with_parent(signal.SIGTERM)  # the launcher killed (even by SIGKILL): stop the ranks
     summary_path = os.environ.get(contract.AGENT_SUMMARY_ENV)
