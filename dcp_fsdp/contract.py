@@ -7,6 +7,8 @@ another module's machinery.
 
 from __future__ import annotations
 
+import enum
+
 # -- environment variables ---------------------------------------------------------------
 CONFIG_ENV = "DCP_FSDP_CONFIG"  # launcher -> rank: path of the resolved config (YAML)
 RUN_ID_ENV = "DCP_FSDP_RUN_ID"  # launcher -> rank: the run id every rank records under
@@ -47,3 +49,21 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # a save or load failed (storage, timeout, corruption)
 EXIT_USER_ERROR = 2  # bad input: the message names the setting and the fix
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM: the record says "interrupted"
+
+
+# -- how a run ended ---------------------------------------------------------------------
+class EndCause(str, enum.Enum):
+    """Why a run (or one rank) ended: a field of the record, the rank's error file and the
+    agent's summary. Processes decide on it, never on the wording of an error line."""
+
+    OK = "ok"
+    ERROR = "error"  # this rank raised: the error line says what
+    USER_ERROR = "user_error"  # bad input, named with its fix
+    INTERRUPTED = "interrupted"  # SIGINT / SIGTERM from a user or the scheduler
+    PEER_ENDED = "peer_ended"  # stopped because another rank ended first (not the root cause)
+    KILLED = "killed"  # ended by a signal it could not handle (seen by the parent)
+    AGENT = "agent"  # torch's elastic agent failed, or no rank said why
+
+
+# The key of our own fields in a rank's TORCHELASTIC_ERROR_FILE (torch reads "message").
+ERROR_FILE_KEY = "dcp_fsdp"

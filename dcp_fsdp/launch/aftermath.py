@@ -32,6 +32,7 @@ class RanksOutcome:
     signal_name: str | None = None  # the signal an interrupt came with
     writing_suffix: str | None = None  # the suffix a save was writing when the run ended
     failures: dict[str, dict] = field(default_factory=dict)  # torchrun's, per global rank
+    cause: contract.EndCause = contract.EndCause.AGENT  # why, as a field (never read from `error`)
 
 
 def find_record(results_dir: str, run_id: str) -> Path | None:
@@ -58,44 +59,48 @@ def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
             status=outcome.status, error=outcome.error, finished_at=records.utc_now(),
             config=records.config_for_record(cfg), world_size=cfg.nproc,
             versions=records.versions(), slurm=records.slurm_environment(),
-            incomplete_suffix=outcome.writing_suffix, rank_failures=outcome.failures)
+            incomplete_suffix=outcome.writing_suffix, rank_failures=outcome.failures,
+            end_cause=outcome.cause.value)
         path = write_record(cfg.results_dir, run, [])
         log.info(f"record: {path} ({outcome.status})")
         rank_wrote = False
     else:
         rank_wrote = True
-    run_line = _amend(path, outcome)
+    run_line, replaced_root_cause = _amend(path, outcome)
     if outcome.status == "interrupted":
         log.error("interrupted")
-    elif outcome.error and (not rank_wrote or " was killed by " in outcome.error
-                            or run_line.get("_replaced_root_cause")):
+    elif outcome.error and (not rank_wrote or outcome.cause is contract.EndCause.KILLED
+                            or replaced_root_cause):
         log.error(outcome.error)  # no rank said it: it was killed, or never got going
     _partial_checkpoints(cfg, run_line, env or {})
 
 
-def _amend(path: Path, outcome: "RanksOutcome") -> dict:
-    """The run line, its status made the parent's where they differ: a rank stopped by
-    the agent after a peer died cannot always tell that from an interrupt."""
+def _amend(path: Path, outcome: "RanksOutcome") -> tuple[dict, bool]:
+    """(the run line, whether the parent's cause replaced the rank's), its status made the
+    parent's where they differ: a rank stopped by the agent after a peer died cannot always
+    tell that from an interrupt."""
     lines = path.read_text().splitlines()
     run_line = json.loads(lines[0])
-    changed = False
+    changed = replaced = False
     if outcome.status == "interrupted" and run_line.get("error") != outcome.error:
         # Only the parent knows a signal came from outside: a rank stuck in a collective
         # handles it late, when its peers are already gone, and may call it a failure.
         run_line["status"], run_line["error"] = outcome.status, outcome.error
+        run_line["end_cause"] = outcome.cause.value
         changed = True
     elif (outcome.status == "failed" and outcome.error
-          and "stopped after rank" in (run_line.get("error") or "")):
+          and run_line.get("end_cause") == contract.EndCause.PEER_ENDED.value):
         # The rank that recorded was stopped because another ended first: that rank's own
         # line (its error file) is the root cause.
         run_line["status"], run_line["error"] = outcome.status, outcome.error
-        changed = True
-        run_line["_replaced_root_cause"] = True
+        run_line["end_cause"] = outcome.cause.value
+        changed = replaced = True
     elif run_line.get("status") != outcome.status and run_line.get("status") != "ok":
         rank_said = run_line.get("error")
         run_line["status"] = outcome.status
         run_line["error"] = (outcome.error if not rank_said or rank_said == outcome.error
                              else f"{outcome.error}; the ranks recorded: {rank_said}")
+        run_line["end_cause"] = outcome.cause.value
         changed = True
     if outcome.failures and not run_line.get("rank_failures"):
         run_line["rank_failures"] = outcome.failures
@@ -103,13 +108,11 @@ def _amend(path: Path, outcome: "RanksOutcome") -> dict:
     if outcome.writing_suffix and not run_line.get("incomplete_suffix"):
         run_line["incomplete_suffix"] = outcome.writing_suffix
         changed = True
-    replaced = run_line.pop("_replaced_root_cause", False)
     if changed:
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("\n".join([json.dumps(run_line), *lines[1:]]) + "\n")
         os.replace(tmp, path)
-    run_line["_replaced_root_cause"] = replaced
-    return run_line
+    return run_line, replaced
 
 
 def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, str]) -> None:

@@ -54,7 +54,9 @@ def main(argv: list[str]) -> int:
                 "local_rank": failure.local_rank, "pid": failure.pid,
                 "exitcode": failure.exitcode,
                 "signal": failure.signal_name() if failure.exitcode < 0 else None,
-                "message": _message(failure.message), "timestamp": failure.timestamp}
+                "message": _message(failure.message), "timestamp": failure.timestamp,
+                # our rank's own fields (status, error, cause), when it wrote its error file
+                **_ours(failure.error_file_data, contract.ERROR_FILE_KEY)}
         code = 1
     except SignalException as error:
         summary["outcome"], summary["signal"] = "interrupted", error.sigval.name
@@ -85,6 +87,13 @@ class _Terminated(KeyboardInterrupt):
 
 def _raise_interrupt(signum, frame):
     raise _Terminated()
+
+
+def _ours(error_file_data, key: str) -> dict:
+    ours = error_file_data.get(key) if isinstance(error_file_data, dict) else None
+    if not isinstance(ours, dict):
+        return {}
+    return {name: ours.get(name) for name in ("status", "error", "cause")}
 
 
 def _message(message) -> str:

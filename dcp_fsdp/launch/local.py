@@ -159,40 +159,49 @@ def _read_summary(path: Path) -> dict:
 def _outcome(agent_code: int | None, summary: dict[str, Any],
              interrupted_by: int | None) -> RanksOutcome:
     failures: dict[str, dict[str, Any]] = summary.get("failures") or {}
+    cause = contract.EndCause
     if interrupted_by is not None:
         name = signal.Signals(interrupted_by).name
         return RanksOutcome(contract.EXIT_INTERRUPTED, "interrupted", f"interrupted by {name}",
-                            signal_name=name, failures=failures)
+                            signal_name=name, failures=failures, cause=cause.INTERRUPTED)
     if agent_code == 0:
-        return RanksOutcome(contract.EXIT_OK, "ok")
+        return RanksOutcome(contract.EXIT_OK, "ok", cause=cause.OK)
     if summary.get("outcome") == "interrupted":  # the agent itself was signalled
         name = summary.get("signal") or "SIGTERM"
         return RanksOutcome(contract.EXIT_INTERRUPTED, "interrupted", f"interrupted by {name}",
-                            signal_name=name, failures=failures)
+                            signal_name=name, failures=failures, cause=cause.INTERRUPTED)
     if not failures:
         why = summary.get("agent_error") or f"torch's elastic agent exited with {agent_code}"
-        return RanksOutcome(contract.EXIT_FAILED, "failed", why)
+        return RanksOutcome(contract.EXIT_FAILED, "failed", why, cause=cause.AGENT)
+    return _rank_failed(failures)
+
+
+def _rank_failed(failures: dict[str, dict[str, Any]]) -> RanksOutcome:
+    """The outcome named by the rank that ended first on its own."""
     rank, first = first_failure(failures)
     code = first["exitcode"]
     if code == contract.EXIT_INTERRUPTED:  # a rank alone was sent SIGINT / SIGTERM
         return RanksOutcome(code, "interrupted", f"rank {rank}: {first['message']}",
-                            failures=failures)
+                            failures=failures, cause=contract.EndCause.INTERRUPTED)
     if code < 0:
         line = f"rank {rank} was killed by {first['signal'] or f'signal {-code}'}"
-        return RanksOutcome(contract.EXIT_FAILED, "failed", line, failures=failures)
-    message = first["message"]
-    line = (f"rank {rank}: {message.split(': ', 1)[1]}" if message.startswith("failed: ")
+        return RanksOutcome(contract.EXIT_FAILED, "failed", line, failures=failures,
+                            cause=contract.EndCause.KILLED)
+    said, message = first.get("error"), first["message"]  # our rank's own line, or torch's text
+    line = (f"rank {rank}: {said}" if said
             else f"rank {rank} exited with {code}" + (f": {message}" if message else ""))
+    rank_cause = first.get("cause")
+    known = rank_cause in {c.value for c in contract.EndCause}
     return RanksOutcome(code if code in (contract.EXIT_FAILED, contract.EXIT_USER_ERROR)
-                        else contract.EXIT_FAILED, "failed", line, failures=failures)
+                        else contract.EXIT_FAILED, "failed", line, failures=failures,
+                        cause=contract.EndCause(rank_cause) if known else contract.EndCause.ERROR)
 
 
 def first_failure(failures: dict[str, dict]) -> tuple[int, dict]:
     """The rank that ended first on its own: not one stopped because a peer had ended
-    (their error files say "stopped after"), earliest timestamp, lowest rank."""
+    (its cause is `peer_ended`), earliest timestamp, lowest rank."""
     def stopped(entry: dict) -> bool:
-        return "stopped after rank" in entry.get("message", "") or \
-            "stopped by the launcher" in entry.get("message", "")
+        return entry.get("cause") == contract.EndCause.PEER_ENDED.value
     ordered = sorted(failures.items(),
                      key=lambda item: (stopped(item[1]), item[1].get("timestamp", 0),
                                        int(item[0])))

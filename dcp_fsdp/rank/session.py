@@ -13,7 +13,7 @@ import os
 import resource
 import time
 import traceback
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.process.failures import caused_by_interrupt
@@ -170,11 +170,12 @@ class RankSession:
         """From the watchdog thread, while the main thread is stuck in native code: record
         the failure (rank 0), say it once, and end the process."""
         log.error(f"rank {self.rank}: {message}")
+        self.run.end_cause = contract.EndCause.ERROR.value
         if self.is_coordinator:
             self.write_record("failed", message, self.samples(), [self.init])
         if self.request_log is not None:
             self.request_log.remove()  # os._exit skips every cleanup
-        write_error_file("failed", message)
+        write_error_file(RankEnding("failed", message, contract.EXIT_FAILED, contract.EndCause.ERROR))
         os._exit(contract.EXIT_FAILED)
 
     def samples(self) -> list:
@@ -225,8 +226,11 @@ class RankSession:
         return self.rank == min(r for r in range(self.rank + 1) if r not in ended)
 
     # -- the one way out -----------------------------------------------------------------
-    def finish(self, status: str, error_line: str | None) -> None:
+    def finish(self, status: str, error_line: str | None,
+               cause: contract.EndCause = contract.EndCause.OK) -> None:
         from dcp_fsdp.telemetry.summaries import merge_summaries
+
+        self.run.end_cause = cause.value
 
         self._untimed = None
         self._untimed_all = None
@@ -247,7 +251,7 @@ class RankSession:
             # or Slurm no launcher of ours runs afterwards)
         if not (self.writes_record(status) and self.run.run_id):
             return
-        if not self.is_coordinator and error_line and "stopped after rank" not in error_line:
+        if not self.is_coordinator and error_line and cause is not contract.EndCause.PEER_ENDED:
             ended = ", ".join(str(r) for r in self.guard.ended_peers)
             error_line = (f"rank {ended} ended first (killed or crashed); "
                           f"rank {self.rank}: {error_line}")
@@ -273,7 +277,7 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:
     guard = InterruptGuard()
     guard.install()
     session = RankSession(cfg, process_start_mono, guard)
-    status, error_line, exit_code = "ok", None, contract.EXIT_OK
+    ending = RankEnding("ok", None, contract.EXIT_OK, contract.EndCause.OK)
     try:
         session.start_telemetry()
         session.join()
@@ -281,11 +285,12 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:
         sharded, state_dict = session.build()
         session.run_loop(sharded, state_dict)
     except BaseException as error:
-        status, error_line, exit_code = _outcome(error, guard, session)
+        ending = _outcome(error, guard, session)
+    status, exit_code = ending.status, ending.exit_code
     guard.finishing = True  # e.g. the agent's SIGTERM while a survivor writes the record
-    session.finish(status, error_line)
+    session.finish(status, ending.error_line, ending.cause)
     if status != "ok":
-        write_error_file(status, error_line)
+        write_error_file(ending)
     if status != "interrupted":
         from dcp_fsdp.rank.distributed import shutdown
 
@@ -298,9 +303,18 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:
     return RankResult(exit_code, session.run, session.samples(), session.record_path)
 
 
-def _outcome(error: BaseException, guard: InterruptGuard,
-             session: RankSession) -> tuple[str, str, int]:
-    """(status, one-line error, exit code) of a run that raised; says it once."""
+class RankEnding(NamedTuple):
+    """How this rank's run ended: what the record says, the exit code, and why as a field."""
+
+    status: str  # ok | failed | interrupted
+    error_line: str | None
+    exit_code: int
+    cause: contract.EndCause
+
+
+def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) -> RankEnding:
+    """How a run that raised ended; says it once."""
+    cause = contract.EndCause
     from dcp_fsdp.process.failures import collective_error, root_cause
 
     if guard.signal_name == contract.PEER_FAILED_SIGNAL_NAME or isinstance(error, PeerFailed):
@@ -310,14 +324,15 @@ def _outcome(error: BaseException, guard: InterruptGuard,
                     "or the launcher's says why)")
         else:
             line = "stopped by the launcher after another rank failed (a rank died or raised first)"
-        return "failed", line, contract.EXIT_FAILED
+        return RankEnding("failed", line, contract.EXIT_FAILED, cause.PEER_ENDED)
     if guard.signal_name is not None or caused_by_interrupt(error):
         name = guard.signal_name or ("SIGTERM" if isinstance(error, Terminated) else "SIGINT")
-        return "interrupted", f"interrupted by {name}", contract.EXIT_INTERRUPTED
+        return RankEnding("interrupted", f"interrupted by {name}", contract.EXIT_INTERRUPTED,
+                          cause.INTERRUPTED)
     if isinstance(error, UserError):
         if session.is_coordinator:
             log.error(str(error))
-        return "failed", str(error), contract.EXIT_USER_ERROR
+        return RankEnding("failed", str(error), contract.EXIT_USER_ERROR, cause.USER_ERROR)
     # anything else, DCP's CheckpointException (a BaseException) included
     error_line = root_cause(error)
     if os.environ.get(contract.DEBUG_ENV):
@@ -326,13 +341,13 @@ def _outcome(error: BaseException, guard: InterruptGuard,
         prefix = (f"rank {session.rank}: "
                   if session.ctx is not None and not collective_error(error) else "")
         log.error(f"{prefix}{error_line}")
-    return "failed", error_line, contract.EXIT_FAILED
+    return RankEnding("failed", error_line, contract.EXIT_FAILED, cause.ERROR)
 
 
-def write_error_file(status: str, error_line: str | None) -> None:
+def write_error_file(ending: RankEnding) -> None:
     """This rank's outcome where torch's elastic agent reads it (TORCHELASTIC_ERROR_FILE,
-    the file torch's `record()` writes): the launcher names the failing rank and its
-    error, and tells a failed rank from an interrupted one."""
+    the file torch's `record()` writes): torchrun prints "message"; our agent passes the
+    fields under contract.ERROR_FILE_KEY to the launcher, which decides on the cause."""
     import json
 
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
@@ -340,6 +355,8 @@ def write_error_file(status: str, error_line: str | None) -> None:
         return
     try:
         with open(path, "w") as f:
-            json.dump({"message": f"{status}: {error_line}", "timestamp": int(time.time())}, f)
+            json.dump({"message": f"{ending.status}: {ending.error_line}", "timestamp": int(time.time()),
+                       contract.ERROR_FILE_KEY: {"status": ending.status, "error": ending.error_line,
+                                                 "cause": ending.cause.value}}, f)
     except OSError:
         pass  # the agent then reports the exit code alone

@@ -176,6 +176,7 @@ class RunRecord:
     run_id: str
     command: str
     status: str = "unknown"  # ok | failed | interrupted
+    end_cause: str | None = None  # contract.EndCause: why it ended (decided on, never the error text)
     error: str | None = None
     argv: list[str] = dataclasses.field(default_factory=list)
     started_at: str | None = None
