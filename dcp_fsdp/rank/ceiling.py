@@ -50,7 +50,7 @@ import torch.distributed as dist
 
 from dcp_fsdp.config.schema import MIB
 from dcp_fsdp.errors import BenchmarkFailure
-from dcp_fsdp.rank.distributed import all_gather_object, rank0_decides
+from dcp_fsdp.rank.distributed import first_problem, rank0_decides, sum_over_ranks
 from dcp_fsdp.process.watchdog import Watchdog
 from dcp_fsdp.storage.base import CheckpointStore
 
@@ -212,9 +212,9 @@ class Ceiling:
     def run(self) -> list["Sample"]:
         objects, suffix = self.objects()
         total = sum(o.size_bytes for o in objects)
-        counts = all_gather_object((len(objects), total))
-        self.loop.log(f"ceiling: {sum(c for c, _ in counts)} objects, "
-                      f"{sum(b for _, b in counts) / MIB:.1f} MiB in all, mirroring "
+        object_count, byte_count = sum_over_ranks(len(objects), total)
+        self.loop.log(f"ceiling: {object_count} objects, "
+                      f"{byte_count / MIB:.1f} MiB in all, mirroring "
                       f"{'suffix=' + suffix if suffix != 'ceiling' else 'the planned save'}; "
                       f"raw PUT then GET, {self.cfg.storage.thread_count} stream(s) per rank")
         samples = []
@@ -255,11 +255,10 @@ class Ceiling:
                 failure = f"{type(error).__name__}: {error}"
         end_mono = time.monotonic()
         end_wall = time.time()
-        failures = all_gather_object(failure)
-        if any(failures):
-            rank = next(r for r, f in enumerate(failures) if f)
-            raise BenchmarkFailure(f"ceiling {op} iteration {iteration} failed on rank {rank}: "
-                                   f"{failures[rank]}")
+        found = first_problem(failure)
+        if found is not None:
+            rank, text = found
+            raise BenchmarkFailure(f"ceiling {op} iteration {iteration} failed on rank {rank}: {text}")
         request_log = self.loop.request_log
         duration = end_mono - begin_mono
         return Sample(

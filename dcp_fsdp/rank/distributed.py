@@ -6,13 +6,16 @@ import dataclasses
 import datetime
 import os
 import socket
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
 
 from dcp_fsdp.config.schema import Backend
 from dcp_fsdp.errors import BenchmarkFailure, UserError
+
+if TYPE_CHECKING:
+    from dcp_fsdp.storage.base import CheckpointStore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,15 +26,12 @@ class RankContext:
     local_world_size: int
     backend: str
     device: torch.device
-    hostnames: tuple[str, ...]  # per rank, in rank order
+    node_count: int
+    hostnames: tuple[str, ...]  # per rank, in rank order: on the coordinator only (else ())
 
     @property
     def is_coordinator(self) -> bool:
         return self.rank == 0
-
-    @property
-    def node_count(self) -> int:
-        return len(set(self.hostnames))
 
 
 def choose_backend(setting: Backend) -> str:
@@ -55,7 +55,8 @@ def init_distributed(backend_setting: Backend, timeout_s: float) -> RankContext:
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=device if backend == "nccl" else None,
         )
-    hostnames = all_gather_object(socket.gethostname())
+    hostnames = gather_to_coordinator(socket.gethostname())
+    node_count, = sum_over_ranks(1 if local_rank == 0 else 0)  # one local rank 0 per node
     return RankContext(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
@@ -63,14 +64,66 @@ def init_distributed(backend_setting: Backend, timeout_s: float) -> RankContext:
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
         backend=backend,
         device=device,
-        hostnames=tuple(hostnames),
+        node_count=node_count,
+        hostnames=tuple(hostnames or ()),
     )
 
 
-def all_gather_object(obj: Any) -> list[Any]:
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, obj)
+# -- collectives whose cost per rank does not grow with the world size ---------------------
+# Nothing here hands a rank every other rank's objects: at 1,000 ranks that is the job
+# moving gigabytes per operation. Rank 0, which writes the record, gathers; every other rank
+# gets a fixed-size answer.
+
+def gather_to_coordinator(obj: Any) -> list[Any] | None:
+    """Every rank's `obj`, in rank order, on rank 0; None on the others."""
+    gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, gathered, dst=0)
     return gathered
+
+
+def _reduce_device() -> torch.device:
+    # NCCL reduces CUDA tensors only; gloo reduces CPU ones
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def sum_over_ranks(*values: int) -> tuple[int, ...]:
+    """Each value summed over all ranks, on every rank."""
+    tensor = torch.tensor(values, dtype=torch.int64, device=_reduce_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tuple(int(v) for v in tensor.tolist())
+
+
+def max_over_ranks(value: int) -> int:
+    """The largest `value` of any rank, on every rank."""
+    tensor = torch.tensor([value], dtype=torch.int64, device=_reduce_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def drop_cache_on_node(store: "CheckpointStore", suffix: str, ctx: RankContext) -> str | None:
+    """The page cache dropped for checkpoint `suffix` once per node: the node's ranks share
+    its files out by local rank; every rank gets the worst policy any rank met."""
+    from dcp_fsdp.storage.pagecache import POLICY_ORDER
+
+    policy = store.drop_cache(suffix, share=(ctx.local_rank, ctx.local_world_size))
+    if policy is None:  # no local cache (S3): the same on every rank, nothing to agree on
+        return None
+    return POLICY_ORDER[max_over_ranks(POLICY_ORDER.index(policy))]
+
+
+def first_problem(problem: str | None) -> tuple[int, str] | None:
+    """(the lowest rank with a problem, its text) on every rank, or None when no rank has
+    one: a reduce of one number, then one broadcast only when there is something to say."""
+    world = dist.get_world_size()
+    tensor = torch.tensor([dist.get_rank() if problem is not None else world],
+                          dtype=torch.int64, device=_reduce_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    rank = int(tensor.item())
+    if rank == world:
+        return None
+    return rank, broadcast_object(problem, src=rank)
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:

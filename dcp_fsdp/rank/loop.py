@@ -25,7 +25,8 @@ from dcp_fsdp.config.schema import BenchmarkConfig, Command, ReplicaLoad
 from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.models import values
 from dcp_fsdp.models.build import ShardedModel, local_tensor, replica_of
-from dcp_fsdp.rank.distributed import RankContext, all_gather_object, rank0_decides
+from dcp_fsdp.rank.distributed import (RankContext, drop_cache_on_node, first_problem,
+                                       gather_to_coordinator, rank0_decides)
 from dcp_fsdp.rank.sample_build import OpClocks, build_sample, fill_save_figures
 from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.rank.memory import PeakMemory
@@ -154,7 +155,7 @@ class CheckpointLoop:
         if not pickled:  # (a client built here would not be the one that uploads)
             self.store.warm_up(storage_io)
         # fs: the load reads the file system, not the page cache its save left (untimed)
-        cache_policy = self.store.drop_cache(suffix) if op == "load" else None
+        cache_policy = drop_cache_on_node(self.store, suffix, self.ctx) if op == "load" else None
         baseline_s: list[float] = []
         if saver is not None:
             saver.prepare()  # collective, first save only
@@ -240,9 +241,11 @@ class CheckpointLoop:
                          self.cfg.progress_interval_s, self.log)
 
     def keep(self, sample: Sample) -> None:
-        """Record one finished operation of this rank, and share it with rank 0's record."""
+        """Record one finished operation of this rank, and hand it to rank 0's record (the
+        other ranks keep their own: what a rank writes if rank 0 has died)."""
         self.samples.append(sample)
-        self.shared_samples.extend(all_gather_object(sample))
+        gathered = gather_to_coordinator(sample)
+        self.shared_samples.extend(gathered if gathered is not None else [sample])
 
     # -- verification (untimed; rank/state.py) -----------------------------------------
     def _clear(self) -> None:
@@ -255,12 +258,12 @@ class CheckpointLoop:
     def _verify_against(self, seed: int, what: str) -> None:
         """Every rank recomputes its shards' values and compares them bit for bit; all ranks
         raise together on a mismatch, naming the first one."""
-        reports = all_gather_object(first_mismatch(self.state_dict, seed))
-        for rank, report in enumerate(reports):
-            if report:
-                key, index = report
-                raise BenchmarkFailure(f"{what} (tensor '{key}' element {index}, rank {rank}'s "
-                                       "shard)")
+        mismatch = first_mismatch(self.state_dict, seed)
+        found = first_problem(None if mismatch is None else
+                              f"tensor '{mismatch[0]}' element {mismatch[1]}")
+        if found is not None:
+            rank, where = found
+            raise BenchmarkFailure(f"{what} ({where}, rank {rank}'s shard)")
 
     def _load_expected_checksums(self, suffix: str) -> None:
         """Once per suffix, untimed: the seed its values were made with (its manifest), or why

@@ -183,13 +183,15 @@ class RankSession:
         return list(self.loop.shared_samples) if self.loop is not None else []
 
     def gather(self, status: str) -> list[InitRow]:
-        """Every rank's init row, when every rank got here. After a failure ranks may be
-        out of step, so rank 0 records only its own rather than risk a hang."""
+        """Every rank's init row on rank 0, when every rank got here. After a failure ranks
+        may be out of step, so rank 0 records only its own rather than risk a hang."""
         if status != "ok":
             return [self.init]
-        from dcp_fsdp.rank.distributed import all_gather_object
+        from dcp_fsdp.rank.distributed import gather_to_coordinator
 
-        gathered = all_gather_object((self.init, self._untimed))
+        gathered = gather_to_coordinator((self.init, self._untimed))
+        if gathered is None:  # not rank 0: it records, this rank keeps its own
+            return [self.init]
         self._untimed_all = [untimed for _, untimed in gathered]
         return [row for row, _ in gathered]
 

@@ -83,11 +83,12 @@ class TuneTrials:
 
     # -- both sides ------------------------------------------------------------------------
     def run(self) -> None:
-        from dcp_fsdp.rank.distributed import all_gather_object
+        from dcp_fsdp.rank.distributed import gather_to_coordinator
 
         session = self.session
         session.init.init_s = time.monotonic() - session.process_start_mono
-        self.init_rows = all_gather_object(session.init)  # every trial's record carries them
+        # every trial's record (rank 0 writes them) carries them
+        self.init_rows = gather_to_coordinator(session.init) or [session.init]
         if session.is_coordinator:
             self._lead()
         else:

@@ -68,9 +68,11 @@ class CheckpointStore(Protocol):
     def warm_up(self, storage_io: Any) -> None:
         """Build any client the writer/reader would build lazily, outside the timed region."""
 
-    def drop_cache(self, suffix: str) -> str | None:
+    def drop_cache(self, suffix: str, share: tuple[int, int] = (0, 1)) -> str | None:
         """Before a timed load (untimed): make the load read storage, not a local cache; the
-        cache policy that held (storage/pagecache.py), or None where there is no such cache."""
+        cache policy that held (storage/pagecache.py), or None where there is no such cache.
+        `share` = (index, count): this caller handles every count-th file from index, so the
+        ranks of one node together drop each file once (the cache is the node's)."""
 
     # -- control plane ------------------------------------------------------------------
     def preflight(self) -> None:

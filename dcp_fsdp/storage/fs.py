@@ -44,12 +44,14 @@ class FsStore:
     def warm_up(self, storage_io) -> None:
         """Nothing to set up for a file system."""
 
-    def drop_cache(self, suffix: str) -> str:
-        """Before a timed load (untimed): evict the checkpoint's files from this node's page
-        cache, so the load reads the file system, not memory; the policy that held."""
+    def drop_cache(self, suffix: str, share: tuple[int, int] = (0, 1)) -> str:
+        """Before a timed load (untimed): evict this caller's share of the checkpoint's files
+        from this node's page cache, so the load reads the file system, not memory; the
+        policy that held for them."""
         import dcp_fsdp.storage.pagecache as pagecache
 
-        return pagecache.drop(pagecache.checkpoint_files(self.location(suffix)))
+        index, count = share
+        return pagecache.drop(pagecache.checkpoint_files(self.location(suffix))[index::count])
 
     def reader(self, suffix: str, timeline: HookTimeline | None = None):
         if timeline is None:

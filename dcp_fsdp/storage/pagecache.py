@@ -2,7 +2,9 @@
 
 A load right after a save (and the raw GET right after the raw PUT) would otherwise read
 what the kernel still holds in memory: a "file system" figure that is really RAM's. Before
-every timed fs read, each rank syncs and drops the files it may read (untimed):
+every timed fs read the ranks of each node share the checkpoint's files out among
+themselves (file i to local rank i mod ranks-per-node: each file once per node, whatever
+the world size) and each syncs and drops its share (untimed):
 
   fsync(fd)                                  dirty pages cannot be dropped (sync_files=false)
   posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)  the kernel evicts the file's clean pages
@@ -31,6 +33,8 @@ from typing import Iterable
 DROPPED = "dropped"
 TMPFS = "tmpfs-not-droppable"
 RESIDENT = "resident-after-drop"
+# Worst last: the ranks of a run record the worst policy any of them met.
+POLICY_ORDER = (DROPPED, RESIDENT, TMPFS)
 
 MEMORY_FS_TYPES = frozenset({"tmpfs", "ramfs"})  # the page cache is the storage itself
 
@@ -96,9 +100,11 @@ def file_system_type(path: str | os.PathLike) -> str | None:
 
 
 def checkpoint_files(directory: str | os.PathLike) -> list[Path]:
-    """Every regular file under a checkpoint directory (data files and .metadata)."""
-    root = Path(directory)
-    return sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+    """Every regular file under a checkpoint directory (data files and .metadata), sorted:
+    the same list on every rank, to be shared out. os.walk reads the file types from the
+    directory entries, so the listing stats no file."""
+    found = [Path(top, name) for top, _, names in os.walk(os.fspath(directory)) for name in names]
+    return sorted(found)
 
 
 def drop(paths: Iterable[str | os.PathLike]) -> str:

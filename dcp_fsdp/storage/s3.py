@@ -97,7 +97,7 @@ class S3Store:
 
         build_native_client(storage_io)  # warns once when it cannot
 
-    def drop_cache(self, suffix: str) -> None:
+    def drop_cache(self, suffix: str, share: tuple[int, int] = (0, 1)) -> None:
         """No local cache between a load and S3 (every read is a GET)."""
         return None
 

@@ -23,7 +23,7 @@ rank, init_file, decision, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys
 dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=2,
                         timeout=datetime.timedelta(seconds=%d))
 ctx = RankContext(rank=rank, world_size=2, local_rank=rank, local_world_size=2,
-                  backend="gloo", device=None, hostnames=("h", "h"))
+                  backend="gloo", device=None, node_count=1, hostnames=("h", "h"))
 
 def decide():
     if decision == "crash":
