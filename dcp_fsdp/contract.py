@@ -22,6 +22,9 @@ AGENT_SUMMARY_ENV = "DCP_FSDP_AGENT_SUMMARY"  # launcher -> agent: where to writ
 WRITING_SUFFIX_FILE_ENV = "DCP_FSDP_WRITING_SUFFIX_FILE"
 
 TUNE_ENV = "DCP_FSDP_TUNE"  # tune -> rank: path of the tune session's plan (JSON)
+# launcher -> rank 0: the load's .metadata as the launcher's screen read it (JSON: suffix and
+# facts), so the tool reads a checkpoint's .metadata once per run, not once per check
+METADATA_FACTS_ENV = "DCP_FSDP_METADATA_FACTS"
 
 # benchmarks/harness_cost.py -> rank, benchmark-only (not a setting): instrumentation pieces
 # left out of the timed path, comma-separated names from HARNESS_PIECES; recorded on the run
@@ -30,7 +33,7 @@ HARNESS_PIECES = ("hooks", "watchdog", "memory")  # stream/hook timing, op watch
 
 # Every variable above, for documentation and checks.
 ALL_ENV = (CONFIG_ENV, RUN_ID_ENV, PREFLIGHT_DONE_ENV, EMBEDDED_ENV, ARGV_ENV, DEBUG_ENV,
-           AGENT_SUMMARY_ENV, WRITING_SUFFIX_FILE_ENV, TUNE_ENV, HARNESS_OFF_ENV)
+           AGENT_SUMMARY_ENV, WRITING_SUFFIX_FILE_ENV, TUNE_ENV, HARNESS_OFF_ENV, METADATA_FACTS_ENV)
 
 
 def harness_off(value: str | None) -> tuple[frozenset[str], list[str]]:

@@ -30,6 +30,8 @@ from omegaconf import OmegaConf
 
 from dcp_fsdp import contract
 from dcp_fsdp.process import lifeline
+from dcp_fsdp.storage import layout
+from dcp_fsdp.storage.metadata_peek import MetadataFacts
 from dcp_fsdp.config.schema import BenchmarkConfig
 from dcp_fsdp.launch.aftermath import RanksOutcome
 from dcp_fsdp.launch.checks import check_launch
@@ -57,18 +59,22 @@ def launch_local(cfg: BenchmarkConfig) -> int:
     run_id = records.new_run_id(cfg.command.value)
     with storage_environment(cfg) as (cfg, server_env):
         env = {**os.environ, **server_env}
-        preflight(cfg, server_env)
-        return run_ranks(cfg, run_id, env)
+        facts = preflight(cfg, server_env)
+        return run_ranks(cfg, run_id, env, metadata_facts=facts)
 
 
 def run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str],
-              module: str = "dcp_fsdp") -> int:
+              module: str = "dcp_fsdp", metadata_facts: MetadataFacts | None = None) -> int:
     """Start cfg.nproc ranks (`python -m MODULE`, config in DCP_FSDP_CONFIG: cli.py's
     launched_rank takes it from there) under torch's elastic agent with `env`, wait for
     them, and leave a record of how they ended (the public entry for callers that manage
     storage themselves, e.g. tune). Exit code."""
     run_dir = lifeline.owned_tempdir("dcp-fsdp-run-")
     try:
+        if metadata_facts is not None and cfg.suffix:  # the load's, screened: rank 0 needs no GET
+            facts_path = run_dir / "metadata-facts.json"
+            layout.write_metadata_facts(facts_path, cfg.suffix, metadata_facts)
+            env = {**env, contract.METADATA_FACTS_ENV: str(facts_path)}
         outcome = _run_agent(cfg, run_id, env, module, run_dir)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -20,6 +20,7 @@ from dcp_fsdp.config.schema import MIB, BenchmarkConfig, Command, StorageKind, t
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 from dcp_fsdp.storage import layout, make_store, metadata_peek
+from dcp_fsdp.storage.metadata_peek import MetadataFacts
 from dcp_fsdp.storage.s3 import resolve_endpoint
 
 EMBEDDED_BUCKET = "dcp-fsdp"
@@ -53,9 +54,10 @@ def storage_environment(cfg: BenchmarkConfig):
         server.stop()
 
 
-def preflight(cfg: BenchmarkConfig, server_env: dict[str, str]) -> None:
+def preflight(cfg: BenchmarkConfig, server_env: dict[str, str]) -> MetadataFacts | None:
     """The store answers, a configured save suffix is free, and (load) the checkpoint is
-    complete and matches the model, dtype and state; UserError otherwise."""
+    complete and matches the model, dtype and state; UserError otherwise. A load's
+    screened .metadata, for the ranks (the run reads it once)."""
     with mock.patch.dict(os.environ, server_env):
         if cfg.storage.kind == StorageKind.fs:
             check_fs_root(cfg.storage.path, must_exist=cfg.command == Command.load)
@@ -63,9 +65,10 @@ def preflight(cfg: BenchmarkConfig, server_env: dict[str, str]) -> None:
         store.preflight()
         if cfg.command == Command.load:
             layout.check_loadable(store, _load_suffix(cfg))
-            check_compatible(store, cfg)
-        elif cfg.suffix and cfg.command in (Command.save, Command.save_and_load):
+            return check_compatible(store, cfg)
+        if cfg.suffix and cfg.command in (Command.save, Command.save_and_load):
             layout.check_save_suffixes_free(store, cfg.suffix, cfg.iterations)
+        return None
 
 
 def check_fs_root(path: str | None, must_exist: bool) -> None:
@@ -90,7 +93,7 @@ def _load_suffix(cfg: BenchmarkConfig) -> str:
     return cfg.suffix
 
 
-def check_compatible(store, cfg: BenchmarkConfig) -> None:
+def check_compatible(store, cfg: BenchmarkConfig) -> MetadataFacts:
     """Before any rank builds the model: DCP's .metadata passes the screen (MetadataRefused,
     a UserError, when it may be hostile or is damaged), and the checkpoint's model, dtype
     and state (from its manifest, else from .metadata) fit the settings. A model-only load
@@ -103,7 +106,8 @@ def check_compatible(store, cfg: BenchmarkConfig) -> None:
         raise UserError(f"suffix={suffix}: {layout.METADATA_NAME} could not be read for the "
                         "pre-load screen (removed since, or not readable with these "
                         "credentials); the checkpoint was not loaded")
-    tensors = metadata_peek.read_tensors(raw, f"suffix={suffix}: {layout.METADATA_NAME}")
+    facts = metadata_peek.read_facts(raw, f"suffix={suffix}: {layout.METADATA_NAME}")
+    tensors = facts.tensors
     parts = metadata_peek.bytes_by_part(tensors) if tensors else {}
     saved_state = manifest.get("state") or (
         ("model_and_optimizer" if "optim" in parts else "model") if parts else None)
@@ -123,6 +127,7 @@ def check_compatible(store, cfg: BenchmarkConfig) -> None:
                  if parts.get("model") else "")
         log.info(f"suffix={suffix} holds model and optimizer state; state=model loads the "
                  f"model state only{sizes} (add state=model_and_optimizer for all of it)")
+    return facts
 
 
 def _dtype_of(tensors) -> str | None:

@@ -40,6 +40,7 @@ import dataclasses
 import io
 import math
 import os
+import re
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +51,7 @@ import torch.distributed as dist
 
 from dcp_fsdp.config.schema import MIB
 from dcp_fsdp.errors import BenchmarkFailure
-from dcp_fsdp.rank.distributed import first_problem, rank0_decides, sum_over_ranks
+from dcp_fsdp.rank.distributed import first_problem, rank0_decides, rank0_scatters, sum_over_ranks
 from dcp_fsdp.process.watchdog import Watchdog
 from dcp_fsdp.storage.base import CheckpointStore
 
@@ -78,17 +79,18 @@ def owned_by(name: str, rank: int) -> bool:
 
 # -- which objects --------------------------------------------------------------------------
 
-def sizes_from_metadata(metadata) -> dict[str, int]:
-    """Every data object of a checkpoint -> its size: the end of its last item."""
-    sizes: dict[str, int] = {}
-    for info in (metadata.storage_data or {}).values():
-        end = int(info.offset) + int(info.length)
-        sizes[info.relative_path] = max(sizes.get(info.relative_path, 0), end)
-    return sizes
+_RANK_OF_OBJECT = re.compile(r"__(\d+)_\d+" + re.escape(DATA_OBJECT_SUFFIX) + "$")
 
 
-def objects_of_rank(sizes: dict[str, int], rank: int) -> list[RawObject]:
-    return [RawObject(name, size) for name, size in sorted(sizes.items()) if owned_by(name, rank)]
+def objects_by_rank(sizes: dict[str, int], world_size: int) -> list[list[RawObject]]:
+    """A checkpoint's data objects (name -> size, from its .metadata) per saving rank, in
+    one pass: rank 0 shares them out, each rank receives only its own."""
+    per_rank: list[list[RawObject]] = [[] for _ in range(world_size)]
+    for name, size in sorted(sizes.items()):
+        found = _RANK_OF_OBJECT.search(name.rsplit("/", 1)[-1])
+        if found and int(found.group(1)) < world_size:
+            per_rank[int(found.group(1))].append(RawObject(name, size))
+    return per_rank
 
 
 _FRAMING_BYTES: dict[tuple[torch.dtype, int], int] = {}
@@ -201,11 +203,9 @@ class Ceiling:
         if loop.suffixes:
             suffix = loop.suffixes[-1]
 
-            def read_sizes() -> dict[str, int]:
-                reader = loop.store.reader(suffix)
-                reader.reset(loop.store.location(suffix))
-                return sizes_from_metadata(reader.read_metadata())
-            return objects_of_rank(rank0_decides(loop.ctx, read_sizes), self.rank), suffix
+            def share_out() -> list[list[RawObject]]:  # the run's one read of it, screened
+                return objects_by_rank(loop.metadata_facts(suffix).object_sizes, loop.ctx.world_size)
+            return rank0_scatters(loop.ctx, share_out), suffix
         return planned_objects(loop.state_dict, self.rank, self.cfg.storage.thread_count,
                                loop.store.data_object_prefix(self.rank)), "ceiling"
 

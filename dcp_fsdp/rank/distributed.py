@@ -137,17 +137,35 @@ def rank0_decides(ctx: "RankContext", decide: Callable[[], Any]) -> Any:
     """Run `decide` on rank 0; every rank gets its result, or raises its UserError, or
     (any other exception on rank 0) a BenchmarkFailure with rank 0's error: the other
     ranks never wait in the broadcast for a rank 0 that has left it."""
-    outcome: tuple[str, Any] = ("ok", None)
-    if ctx.is_coordinator:
-        try:
-            outcome = ("ok", decide())
-        except UserError as error:
-            outcome = ("error", str(error))
-        except Exception as error:
-            from dcp_fsdp.process.failures import root_cause
+    return _raise_or_value(broadcast_object(_decided(ctx, decide)))
 
-            outcome = ("failed", f"rank 0: {root_cause(error)}")
-    outcome = broadcast_object(outcome)
+
+def rank0_scatters(ctx: "RankContext", decide: Callable[[], list[Any]]) -> Any:
+    """Run `decide` on rank 0 (a list: one item per rank); each rank gets its own item, or
+    every rank raises as in rank0_decides. Only the outcome's kind is broadcast."""
+    outcome = _decided(ctx, decide)
+    kind = broadcast_object(outcome[:1] if outcome[0] == "ok" else outcome)
+    if kind[0] != "ok":
+        _raise_or_value(kind)
+    mine: list[Any] = [None]
+    dist.scatter_object_list(mine, outcome[1] if ctx.is_coordinator else None, src=0)
+    return mine[0]
+
+
+def _decided(ctx: "RankContext", decide: Callable[[], Any]) -> tuple[str, Any]:
+    if not ctx.is_coordinator:
+        return ("ok", None)
+    try:
+        return ("ok", decide())
+    except UserError as error:
+        return ("error", str(error))
+    except Exception as error:
+        from dcp_fsdp.process.failures import root_cause
+
+        return ("failed", f"rank 0: {root_cause(error)}")
+
+
+def _raise_or_value(outcome: tuple[str, Any]) -> Any:
     if outcome[0] == "error":
         raise UserError(outcome[1])
     if outcome[0] == "failed":

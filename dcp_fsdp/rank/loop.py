@@ -32,11 +32,12 @@ from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.rank.memory import PeakMemory
 from dcp_fsdp.rank.progress import Heartbeat
 from dcp_fsdp.rank.replicas import read_once_load, replica_share
-from dcp_fsdp.rank.state import (apply_state_dict, checkable_seed, first_mismatch, flat_tensors,
-                                 local_bytes)
+from dcp_fsdp.rank.state import (apply_state_dict, checkable_seed, checkpoint_mismatch, first_mismatch,
+                                 flat_tensors, local_bytes)
 from dcp_fsdp.process.watchdog import Watchdog
 from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.base import CheckpointStore
+from dcp_fsdp.storage.metadata_peek import MetadataFacts
 from dcp_fsdp.telemetry.records import Sample
 
 
@@ -75,6 +76,7 @@ class CheckpointLoop:
         # Per suffix loaded: {"checked": bool, "reason": why not} (recorded on the run line).
         self.integrity: dict[str, dict[str, Any]] = {}
         self._expected_checksums: dict[str, int | None] = {}  # suffix -> seed to check with
+        self._metadata_facts: dict[str, MetadataFacts] = {}  # rank 0: suffix -> its .metadata
         self.host = socket.gethostname()
         # model.replicas > 1 (HSDP): this rank's replica group; bytes count its share
         self.replicas = sharded.replicas
@@ -94,6 +96,12 @@ class CheckpointLoop:
             self._timeline_dir = lifeline.owned_tempdir("dcp-fsdp-timeline-")
         return str(self._timeline_dir / f"{suffix}.json")
 
+    def metadata_facts(self, suffix: str) -> MetadataFacts:
+        """Rank 0: checkpoint `suffix`'s .metadata, read (screened) once per run."""
+        if suffix not in self._metadata_facts:
+            self._metadata_facts[suffix] = layout.metadata_facts(self.store, suffix)
+        return self._metadata_facts[suffix]
+
     def _choose_save_suffix(self, iteration: int) -> str:
         return rank0_decides(self.ctx, lambda: layout.save_suffix(
             self.store, self.cfg.suffix, self.cfg.iterations, iteration, self.suffixes))
@@ -101,22 +109,9 @@ class CheckpointLoop:
     def _check_matches_checkpoint(self, suffix: str) -> None:
         """Before timing a load: the checkpoint must hold this model's tensors and shapes."""
         def decide() -> None:
-            reader = self.store.reader(suffix)
-            reader.reset(self.store.location(suffix))
-            stored = reader.read_metadata().state_dict_metadata
-            problem = None
-            for key, tensor in flat_tensors(self.state_dict).items():
-                entry = stored.get(key)
-                if entry is None or not hasattr(entry, "size"):
-                    problem = f"it has no tensor '{key}'"
-                    break
-                if tuple(entry.size) != tuple(tensor.shape):
-                    problem = (f"'{key}' is {list(entry.size)} there but "
-                               f"{list(tensor.shape)} here")
-                    break
-                if entry.properties.dtype != tensor.dtype:
-                    problem = f"'{key}' is {entry.properties.dtype} there but {tensor.dtype} here"
-                    break
+            # the run's one read of this .metadata, screened (or the launcher's, handed over)
+            problem = checkpoint_mismatch(self.metadata_facts(suffix).tensors,
+                                          self.state_dict)
             if problem is None:
                 return
             manifest = layout.read_manifest(self.store, suffix) or {}

@@ -47,6 +47,21 @@ def flat_tensors(state_dict: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {key: value for key, value in flat.items() if isinstance(value, torch.Tensor)}
 
 
+def checkpoint_mismatch(stored: dict[str, Any], state_dict: dict[str, Any]) -> str | None:
+    """How a checkpoint's tensors (`MetadataFacts.tensors`: key -> shape and dtype name)
+    differ from this state dict's, or None when every tensor is there as it is here."""
+    for key, tensor in flat_tensors(state_dict).items():
+        entry = stored.get(key)
+        if entry is None:
+            return f"it has no tensor '{key}'"
+        if tuple(entry.shape) != tuple(tensor.shape):
+            return f"'{key}' is {list(entry.shape)} there but {list(tensor.shape)} here"
+        here = str(tensor.dtype).removeprefix("torch.")
+        if entry.dtype != here:
+            return f"'{key}' is torch.{entry.dtype} there but {tensor.dtype} here"
+    return None
+
+
 def state_bytes(state_dict: dict[str, Any]) -> int:
     """Bytes of all tensors in the checkpoint (global shapes: the whole model's state)."""
     return sum(t.numel() * t.element_size() for t in flat_tensors(state_dict).values())

@@ -16,14 +16,20 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 import secrets
+from pathlib import Path
 from typing import Any
 
+from dcp_fsdp import contract
 from dcp_fsdp.config.validate import check_suffix  # the setting's syntax: a config check
 from dcp_fsdp.errors import UserError
+from dcp_fsdp.storage import metadata_peek
+from dcp_fsdp.storage.metadata_peek import MetadataFacts
 
 __all__ = ["CEILING_ROOT", "MANIFEST_NAME", "METADATA_NAME", "CheckpointInfo", "check_loadable",
-           "check_suffix", "encode_manifest", "new_suffix", "read_manifest", "save_suffix"]
+           "check_suffix", "encode_manifest", "metadata_facts", "new_suffix", "read_manifest",
+           "save_suffix"]
 
 METADATA_NAME = ".metadata"
 MANIFEST_NAME = "dcp_fsdp.json"
@@ -126,3 +132,34 @@ def read_manifest(store, suffix: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return parsed if isinstance(parsed, dict) else None
+
+
+# -- .metadata: read once per run, always through the screen -------------------------------
+
+def metadata_facts(store, suffix: str) -> MetadataFacts:
+    """What checkpoint `suffix`'s `.metadata` holds, screened (MetadataRefused for a file
+    that may be hostile): the launcher's reading when it handed one over for this suffix
+    (contract.METADATA_FACTS_ENV), else one GET here."""
+    handed = handed_metadata_facts(suffix)
+    if handed is not None:
+        return handed
+    raw = store.get_small(suffix, METADATA_NAME, metadata_peek.MAX_METADATA_BYTES + 1)
+    if raw is None:
+        raise UserError(f"suffix={suffix}: {METADATA_NAME} could not be read (removed, or not "
+                        "readable with these credentials); the checkpoint was not loaded")
+    return metadata_peek.read_facts(raw, f"suffix={suffix}: {METADATA_NAME}")
+
+
+def handed_metadata_facts(suffix: str) -> MetadataFacts | None:
+    path = os.environ.get(contract.METADATA_FACTS_ENV)
+    if not path:
+        return None
+    try:
+        payload = json.loads(Path(path).read_text())
+        return MetadataFacts.from_json(payload["facts"]) if payload.get("suffix") == suffix else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # unreadable: read it again, screened
+
+
+def write_metadata_facts(path: Path, suffix: str, facts: MetadataFacts) -> None:
+    path.write_text(json.dumps({"suffix": suffix, "facts": facts.to_json()}))

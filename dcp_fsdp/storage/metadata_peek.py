@@ -252,11 +252,54 @@ class _ScreeningUnpickler(pickle.Unpickler):
         return standin
 
 
+@dataclasses.dataclass(frozen=True)
+class MetadataFacts:
+    """What the tool needs of a checkpoint's `.metadata`, from its one screened read per run
+    (the launcher's, handed to rank 0; or rank 0's own under a plain torchrun)."""
+
+    tensors: dict[str, TensorEntry]  # flattened key -> shape and dtype
+    object_sizes: dict[str, int]  # data object (relative path) -> bytes: its last item's end
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tensors": {k: [list(t.shape), t.dtype] for k, t in self.tensors.items()},
+                "object_sizes": dict(self.object_sizes)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> MetadataFacts:
+        return cls({k: TensorEntry(tuple(shape), dtype) for k, (shape, dtype) in data["tensors"].items()},
+                   {str(k): int(v) for k, v in data["object_sizes"].items()})
+
+
+# A data object's name as DCP writes it (`__0_0.distcp`): never a path out of the checkpoint.
+_OBJECT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
+
+
+def read_facts(data: bytes, source: str = ".metadata") -> MetadataFacts:
+    """The tensors and data-object sizes of a `.metadata`; MetadataRefused (one line naming
+    `source`) for a file the screen does not admit."""
+    metadata = screen(data, source)
+    sizes: dict[str, int] = {}
+    storage_data = getattr(metadata, "storage_data", None) or {}
+    if not isinstance(storage_data, dict):
+        raise _refusal(source, "its storage_data is not a dict", hostile=False)
+    for info in storage_data.values():
+        path, offset, length = (getattr(info, name, None) for name in ("relative_path", "offset", "length"))
+        if not (isinstance(path, str) and _OBJECT_NAME.fullmatch(path) and path not in (".", "..")
+                and type(offset) is int and type(length) is int and offset >= 0 and length >= 0):
+            raise _refusal(source, f"a storage entry names object {path!r} at {offset!r}+{length!r}",
+                           hostile=True)
+        sizes[path] = max(sizes.get(path, 0), offset + length)
+    return MetadataFacts(_tensors(metadata), sizes)
+
+
 def read_tensors(data: bytes, source: str = ".metadata") -> dict[str, TensorEntry]:
     """{flattened key ("model.x.weight", "optim.state..."): shape and dtype} of the tensors
     in a `.metadata`; MetadataRefused (one line naming `source`) for a file the screen does
     not admit: the ranks must then not read it (torch would unpickle anything)."""
-    metadata = screen(data, source)
+    return _tensors(screen(data, source))
+
+
+def _tensors(metadata: Any) -> dict[str, TensorEntry]:
     tensors = {}
     for key, entry in metadata.state_dict_metadata.items():
         if isinstance(entry, _TensorStorageMetadata):  # not bytes entries (e.g. lr, step ints)

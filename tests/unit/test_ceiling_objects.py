@@ -10,6 +10,7 @@ import torch.distributed.checkpoint as dcp
 
 from dcp_fsdp.config.schema import StorageConfig, StorageKind
 from dcp_fsdp.rank import ceiling
+from dcp_fsdp.storage.metadata_peek import read_facts
 from dcp_fsdp.storage import make_store
 from dcp_fsdp.storage.layout import CEILING_ROOT
 from dcp_fsdp.storage.raw import fs_ceiling_dir, s3_ceiling_prefix
@@ -20,13 +21,20 @@ def test_object_sizes_come_from_the_checkpoint_metadata(tmp_path):
              "step": 3}
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path), thread_count=2),
              no_dist=True)
-    metadata = dcp.FileSystemReader(str(tmp_path)).read_metadata()
-    sizes = ceiling.sizes_from_metadata(metadata)
+    # what rank 0 reads of .metadata: the screened facts (the run's one read of it)
+    sizes = read_facts((tmp_path / ".metadata").read_bytes()).object_sizes
     on_disk = {p.name: p.stat().st_size for p in tmp_path.glob("*.distcp")}
     assert sizes == on_disk and len(on_disk) == 2
-    assert ceiling.objects_of_rank(sizes, 0) == [ceiling.RawObject(n, s)
-                                                 for n, s in sorted(on_disk.items())]
-    assert ceiling.objects_of_rank(sizes, 1) == []
+    assert ceiling.objects_by_rank(sizes, 2) == [[ceiling.RawObject(n, s) for n, s in sorted(on_disk.items())],
+                                                 []]
+
+
+def test_objects_are_shared_out_by_the_rank_in_their_names():
+    sizes = {"__1_0.distcp": 5, "__0_1.distcp": 3, "__0_0.distcp": 2, "__10_0.distcp": 9,
+             "__7_0.distcp": 1}  # rank 7 is beyond a world of 2: a different world's file
+    per_rank = ceiling.objects_by_rank(sizes, 2)
+    assert [[o.name for o in objs] for objs in per_rank] == [["__0_0.distcp", "__0_1.distcp"],
+                                                              ["__1_0.distcp"]]
 
 
 def test_planned_objects_match_what_a_save_writes(tmp_path):

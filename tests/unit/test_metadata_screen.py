@@ -248,3 +248,20 @@ def test_a_load_of_a_hostile_metadata_exits_in_one_line_before_any_rank(tmp_path
     lines = [line for line in result.stderr.splitlines() if "refused as" in line]
     assert len(lines) == 1 and "global builtins.getattr" in lines[0], result.stderr
     assert not marker.exists()
+
+
+def test_facts_carry_the_object_sizes_and_refuse_a_path_out_of_the_checkpoint(tmp_path):
+    """The ceiling names its raw objects after the checkpoint's: a storage entry naming
+    `../..` would point an fs mirror outside its directory. Refused, not followed."""
+    import torch
+
+    raw = _save(tmp_path, {"model": {"w": torch.zeros(64, 8), "b": torch.ones(5)}})
+    facts = metadata_peek.read_facts(raw)
+    on_disk = {p.name: p.stat().st_size for p in tmp_path.glob("*.distcp")}
+    assert facts.object_sizes == on_disk and set(facts.tensors) == {"model.w", "model.b"}
+    assert metadata_peek.MetadataFacts.from_json(facts.to_json()) == facts
+    metadata = pickle.loads(raw)  # torch's own classes: the test builds the hostile file
+    for info in metadata.storage_data.values():
+        info.relative_path = "../../outside.distcp"
+    with pytest.raises(MetadataRefused, match="outside.distcp"):
+        metadata_peek.read_facts(pickle.dumps(metadata), "suffix=s: .metadata")
