@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import os
 import socket
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -111,6 +113,23 @@ def drop_cache_on_node(store: "CheckpointStore", suffix: str, ctx: RankContext) 
     if policy is None:  # no local cache (S3): the same on every rank, nothing to agree on
         return None
     return POLICY_ORDER[max_over_ranks(POLICY_ORDER.index(policy))]
+
+
+def wall_clock_spread_s(rounds: int = 5) -> float:
+    """How far apart the ranks' wall clocks (time.time, what spans across nodes subtract)
+    read at one instant, at most: after a barrier every rank reads its clock and the spread
+    of the readings (max - min) is taken; it includes the barrier's own exit jitter, so the
+    least of a few rounds is kept. Two reduces of one number per round, whatever the world."""
+    best_s = math.inf
+    device = _reduce_device()
+    for _ in range(rounds):
+        dist.barrier()
+        now = torch.tensor([time.time()], dtype=torch.float64, device=device)
+        latest, earliest = now.clone(), now.clone()
+        dist.all_reduce(latest, op=dist.ReduceOp.MAX)
+        dist.all_reduce(earliest, op=dist.ReduceOp.MIN)
+        best_s = min(best_s, float(latest.item() - earliest.item()))
+    return best_s
 
 
 def first_problem(problem: str | None) -> tuple[int, str] | None:

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from dcp_fsdp.telemetry.request_log import RequestLog
 
 
+# A spread of wall clocks worth a line: 10 ms is 1 % of a one-second span.
+CLOCK_SPREAD_NOTED_S = 0.010
+
+
 @dataclasses.dataclass
 class RankResult:
     """How a rank's run ended, for the entry point that started it (`cli.end_rank` prints
@@ -93,7 +97,7 @@ class RankSession:
             os.environ.update(self.request_log.environment())
 
     def join(self) -> None:
-        from dcp_fsdp.rank.distributed import broadcast_object, init_distributed
+        from dcp_fsdp.rank.distributed import broadcast_object, init_distributed, wall_clock_spread_s
 
         t0 = time.monotonic()
         ctx = self.ctx = init_distributed(self.cfg.backend, self.cfg.collective_timeout_s)
@@ -102,6 +106,8 @@ class RankSession:
         self.init.pg_init_s = time.monotonic() - t0
         self.run.run_id = broadcast_object(os.environ.get(contract.RUN_ID_ENV)
                                            or records.new_run_id(self.cfg.command.value))
+        # untimed, once: how much of a cross-node wall-clock span may be clock skew
+        self.run.clock_spread_s = wall_clock_spread_s()
 
     def open_store(self) -> None:
         from dcp_fsdp.rank.distributed import rank0_decides
@@ -150,6 +156,10 @@ class RankSession:
                     if cfg.model.replicas > 1 else "")
                  + f"backend={ctx.backend} "
                  f"storage={store.location('')}")
+        spread_s = run.clock_spread_s or 0.0
+        if ctx.node_count > 1 and spread_s > CLOCK_SPREAD_NOTED_S:
+            self.say(f"the nodes' wall clocks read up to {spread_s * 1e3:.0f} ms apart: spans across "
+                     "nodes (aggregate MiB/s) carry that much skew; slowest-rank figures carry none")
         self.init.init_s = time.monotonic() - self.process_start_mono
         return sharded, state_dict
 

@@ -186,6 +186,10 @@ class RunRecord:
     world_size: int | None = None
     node_count: int | None = None
     nproc_per_node: int | None = None
+    # After a barrier, how far apart the ranks' wall clocks read (max - min, least of a few
+    # rounds; barrier jitter included): the most skew a cross-node span_s can carry.
+    # slowest_rank figures (each rank's own monotonic clock) carry none.
+    clock_spread_s: float | None = None
     hostnames: list[str] = dataclasses.field(default_factory=list)
     backend: str | None = None
     device: str | None = None

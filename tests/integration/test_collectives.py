@@ -15,7 +15,8 @@ WORLD = 3
 RANK = """
 import datetime, json, os, sys
 import torch.distributed as dist
-from dcp_fsdp.rank.distributed import first_problem, gather_to_coordinator, sum_over_ranks
+from dcp_fsdp.rank.distributed import (first_problem, gather_to_coordinator, sum_over_ranks,
+                                       wall_clock_spread_s)
 
 rank, init_file, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=%d,
@@ -25,6 +26,7 @@ result = {
     "sums": sum_over_ranks(rank, 10),
     "none": first_problem(None),
     "first": first_problem("disk full on " + str(rank) if rank >= 1 else None),
+    "spread_s": wall_clock_spread_s(),
 }
 with open(out, "w") as f:
     json.dump(result, f)
@@ -47,6 +49,8 @@ def test_only_rank_0_receives_objects_and_the_rest_get_fixed_size_answers(tmp_pa
         assert result["sums"] == [0 + 1 + 2, 10 * WORLD]
         assert result["none"] is None
         assert result["first"] == [1, "disk full on 1"]  # the lowest rank with a problem
+        # one host, one clock: what is left is the barrier's exit jitter
+        assert 0.0 <= result["spread_s"] < 0.25
 
 
 def test_no_rank_module_gathers_every_object_to_every_rank():
