@@ -62,13 +62,19 @@ def preflight(cfg: BenchmarkConfig, server_env: dict[str, str]) -> MetadataFacts
         if cfg.storage.kind == StorageKind.fs:
             check_fs_root(cfg.storage.path, must_exist=cfg.command == Command.load)
         store = make_store(cfg.storage)
-        store.preflight()
+        store.preflight(writes=writes_storage(cfg))
         if cfg.command == Command.load:
             layout.check_loadable(store, _load_suffix(cfg))
             return check_compatible(store, cfg)
         if cfg.suffix and cfg.command in (Command.save, Command.save_and_load):
             layout.check_save_suffixes_free(store, cfg.suffix, cfg.iterations)
         return None
+
+
+def writes_storage(cfg: BenchmarkConfig) -> bool:
+    """Whether the run writes to storage: every command but a load, and a load with the raw
+    ceiling (its PUTs)."""
+    return cfg.command != Command.load or cfg.ceiling
 
 
 def check_fs_root(path: str | None, must_exist: bool) -> None:

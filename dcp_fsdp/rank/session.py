@@ -118,7 +118,7 @@ class RankSession:
 
         def preflight() -> None:
             if os.environ.get(contract.PREFLIGHT_DONE_ENV) != "1":
-                store.preflight()
+                store.preflight(writes=self.cfg.command != Command.load or self.cfg.ceiling)
                 if self.cfg.command == Command.load and self.cfg.suffix is not None:
                     layout.check_loadable(store, self.cfg.suffix)
         rank0_decides(self.joined(), preflight)

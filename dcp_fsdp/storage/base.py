@@ -75,8 +75,9 @@ class CheckpointStore(Protocol):
         ranks of one node together drop each file once (the cache is the node's)."""
 
     # -- control plane ------------------------------------------------------------------
-    def preflight(self) -> None:
-        """Fail in seconds, with a UserError naming the setting, if the store is unusable."""
+    def preflight(self, writes: bool = True) -> None:
+        """Fail in seconds, with a UserError naming the setting, if the store is unusable;
+        `writes=False` (a load, `list`): readable is enough (a snapshot, a read-only export)."""
 
     def list_checkpoints(self) -> list[CheckpointInfo]: ...
 

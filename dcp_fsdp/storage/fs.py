@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -62,12 +63,18 @@ class FsStore:
 
         return TimedFileSystemReader(self.location(suffix), timeline=timeline)
 
-    def preflight(self) -> None:
-        """Writable, or creatable by the first save; creates nothing (a mistyped path
-        must not appear because of a `list` or a `load`)."""
+    def preflight(self, writes: bool = True) -> None:
+        """Writable, or creatable by the first save; readable is enough for what only reads
+        (`writes=False`: a load from a snapshot or a read-only export). Creates nothing (a
+        mistyped path must not appear because of a `list` or a `load`)."""
         if self.root.exists() and not self.root.is_dir():
             raise UserError(f"storage.path={self.root}: is a file, not a directory; give the "
                             "directory the checkpoints are (or will be) in")
+        if not writes:
+            if self.root.is_dir() and not os.access(self.root, os.R_OK | os.X_OK):
+                raise UserError(f"storage.path={self.root}: not readable; choose a directory you "
+                                "can read")
+            return
         where = self.root
         while not where.exists() and where != where.parent:
             where = where.parent

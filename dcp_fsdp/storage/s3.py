@@ -123,8 +123,8 @@ class S3Store:
         return TimedS3StorageReader(timeline=timeline, **kwargs)
 
     # -- control plane (boto3), see s3_control.py ---------------------------------------
-    def preflight(self) -> None:
-        self.control.preflight()
+    def preflight(self, writes: bool = True) -> None:
+        self.control.preflight()  # HeadBucket: what a read needs, and a write's first check
 
     def list_checkpoints(self) -> list[CheckpointInfo]:
         return self.control.list_checkpoints()
