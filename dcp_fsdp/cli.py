@@ -144,6 +144,7 @@ def check_torchrun_rank(cfg) -> None:
 
         return torch.cuda.device_count()
     checks.check_devices(cfg.backend, ranks_here, torch_device_count)
+    checks.check_memory(cfg, ranks_here, int(os.environ["WORLD_SIZE"]))
 
 
 def run_command(command: str, overrides: list[str]) -> int:

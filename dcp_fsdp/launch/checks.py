@@ -186,6 +186,61 @@ def check_model(cfg: BenchmarkConfig) -> None:
                         f"{', '.join(PRESETS)} (dcp_fsdp/models/llama_model_config.py)")
 
 
+# -- memory ----------------------------------------------------------------------------------
+GIB = 1 << 30
+DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+# A rank holds more than its state at moments (the build, a save's staging, a load's
+# buffers): above this share of what is available the run is warned, not refused.
+MEMORY_WARN_SHARE = 0.5
+
+
+def state_bytes_per_rank(cfg: BenchmarkConfig, world_size: int) -> int:
+    """The checkpointed state one rank holds: its shard of the model's parameters, and of
+    AdamW's two moments with state=model_and_optimizer (each replica holds a whole copy)."""
+    from dcp_fsdp.models.llama_model_config import param_count
+    from dcp_fsdp.models.presets import PRESETS
+
+    copies = 3 if cfg.state.value == "model_and_optimizer" else 1
+    whole = param_count(PRESETS[cfg.model.preset]) * DTYPE_BYTES[cfg.model.dtype.value] * copies
+    return whole * cfg.model.replicas // max(1, world_size)
+
+
+def available_memory_bytes() -> int:
+    """What this node can still give: the kernel's MemAvailable, or less under a cgroup
+    memory limit (a container, a Slurm job's cgroup)."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    try:
+        limit = open("/sys/fs/cgroup/memory.max").read().strip()
+        current = int(open("/sys/fs/cgroup/memory.current").read())
+        if limit != "max":
+            available = min(available, int(limit) - current)
+    except (OSError, ValueError):
+        pass  # no cgroup v2 memory controller here
+    return available
+
+
+def check_memory(cfg: BenchmarkConfig, ranks_here: int, world_size: int) -> None:
+    """Ranks that keep their state in host memory (gloo) must fit it on this node: refused
+    before the build rather than killed by the kernel part way (SIGKILL, no record)."""
+    if cfg.backend == Backend.nccl or (cfg.backend == Backend.auto and _cuda_driver_present()):
+        return  # the state lives on the GPUs
+    per_rank = state_bytes_per_rank(cfg, world_size)
+    needed, available = per_rank * ranks_here, available_memory_bytes()
+    what = f"model={cfg.model.preset} model.dtype={cfg.model.dtype.value} state={cfg.state.value}"
+    if needed > available:
+        raise UserError(
+            f"{what}: the {ranks_here} rank(s) on this node hold {needed / GIB:.1f} GiB of state "
+            f"({per_rank / GIB:.2f} GiB each), more than the {available / GIB:.1f} GiB of memory "
+            "available here; the kernel would kill a rank part way. Choose a smaller model=, "
+            "model.dtype=bf16 or state=model, or spread the ranks over more nodes")
+    if needed > MEMORY_WARN_SHARE * available:
+        log.warning(f"{what}: the ranks on this node hold {needed / GIB:.1f} GiB of state, "
+                    f"{needed / available:.0%} of the {available / GIB:.1f} GiB available; a save's "
+                    "staging or a load's buffers may push a rank over (then killed by SIGKILL)")
+
+
 def check_launch(cfg: BenchmarkConfig) -> None:
     """Everything the local launcher checks before storage and ranks (about a millisecond
     without a CUDA driver; a torch import in a subprocess with one)."""
@@ -195,3 +250,5 @@ def check_launch(cfg: BenchmarkConfig) -> None:
     check_nproc(cfg.nproc)
     check_replicas(cfg.model.replicas, cfg.nproc, "nproc")
     check_devices(cfg.backend, cfg.nproc, cuda_device_count)
+    if cfg.command.value != "ceiling":
+        check_memory(cfg, cfg.nproc, cfg.nproc)

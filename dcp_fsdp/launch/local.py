@@ -191,6 +191,8 @@ def _rank_failed(failures: dict[str, dict[str, Any]]) -> RanksOutcome:
                             failures=failures, cause=contract.EndCause.INTERRUPTED)
     if code < 0:
         line = f"rank {rank} was killed by {first['signal'] or f'signal {-code}'}"
+        if code == -signal.SIGKILL:  # nobody of ours sends it: the kernel's OOM killer does
+            line += " (out of memory is the likely cause: `dmesg` or the job's memory record says)"
         return RanksOutcome(contract.EXIT_FAILED, "failed", line, failures=failures,
                             cause=contract.EndCause.KILLED)
     said, message = first.get("error"), first["message"]  # our rank's own line, or torch's text

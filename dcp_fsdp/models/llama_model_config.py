@@ -34,6 +34,21 @@ class ModelShape:
     rms_norm_eps: float = LLAMA_RMS_NORM_EPS
 
 
+def param_count(shape: ModelShape) -> int:
+    """The model's parameters, from its shape alone (no torch, no transformers): what the
+    light parent needs to size a run before any rank builds it. Matches the built model's
+    `sum(p.numel())` exactly (tests/unit/test_models.py)."""
+    h, layers, vocab = shape.hidden_size, shape.num_layers, shape.vocab_size
+    if shape.family == "llama":
+        assert shape.intermediate_size is not None and shape.num_kv_heads is not None
+        kv = h // shape.num_heads * shape.num_kv_heads
+        attention = 2 * h * h + 2 * h * kv  # q, o; k, v (no biases)
+        layer = attention + 3 * h * shape.intermediate_size + 2 * h  # gate/up/down, 2 norms
+        return 2 * vocab * h + layers * layer + h  # untied embeddings and head, final norm
+    layer = (h * 3 * h + 3 * h) + (h * h + h) + (h * 4 * h + 4 * h) + (4 * h * h + h) + 4 * h
+    return vocab * h + shape.max_positions * h + layers * layer + 2 * h  # tied head, ln_f
+
+
 def llama(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int,
           vocab_size: int = LLAMA_VOCAB_SIZE,
           max_positions: int = LLAMA_MAX_POSITIONS) -> ModelShape:

@@ -46,6 +46,15 @@ def test_unknown_preset(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_a_state_that_cannot_fit_in_memory_is_refused_before_the_build(tmp_path):
+    """L70b in fp32 is ~263 GiB: on a machine with less memory, one line in seconds, not a
+    rank killed by the kernel after 30-40 s of building."""
+    result = run_cli(["save", "model=L70b", "nproc=1", "storage=fs", f"storage.path={tmp_path / 'c'}",
+                      f"results_dir={tmp_path / 'r'}"])
+    assert_refused(result, "model=L70b", "GiB of state", "memory available", "model.dtype=bf16")
+    assert not (tmp_path / "c").exists()
+
+
 def test_malformed_uri(tmp_path):
     result = run_cli(["save", "storage.uri=my-bucket/ckpt", f"results_dir={tmp_path}"])
     assert_refused(result, "storage.uri=my-bucket/ckpt", "s3://bucket/prefix")

@@ -102,3 +102,11 @@ def test_built_shards_hold_their_values_in_the_target_dtype_on_the_device(one_ra
     assert verify.first_mismatch(state_dict, seed=8) is not None
     assert verify.local_bytes(state_dict) == sum(t.numel() * t.element_size()
                                                  for t in flat.values())
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_the_parameter_count_from_the_shape_alone_is_the_built_models(preset):
+    """What the light parent sizes a run with (no torch) is exactly what a rank builds."""
+    from dcp_fsdp.models.llama_model_config import param_count
+
+    assert param_count(PRESETS[preset]) == meta_param_count(preset)
