@@ -22,9 +22,18 @@ from dcp_fsdp.analysis.metrics import per_operation, samples_frame
 from dcp_fsdp.analysis.tables import (OP_ORDER, mean_or_nan, ordered, phase_row,
                                       throughput_row, type_rows)
 
-__all__ = ["OP_ORDER", "NOT_SETTINGS", "build", "mean_or_nan", "runs_frame", "storage_label"]
+__all__ = ["FIRST", "LATER", "OP_ORDER", "NOT_SETTINGS", "build", "mean_or_nan", "runs_frame", "storage_label"]
 
-FIXED_KEYS = ["nodes", "ranks", "model", "op", "storage"]
+# op_order: "first" (iteration 1, the process's first operation of that op: it pays page
+# faults for fresh buffers, as a restart's load does) or "later" (warm, as a long run's
+# periodic save): never pooled together (docs/report.md)
+FIXED_KEYS = ["nodes", "ranks", "model", "op", "op_order", "storage"]
+PER_OPERATION_KEYS = ("op", "op_order")  # not a run's attribute: from the sample
+FIRST, LATER = "first", "later"
+
+
+def op_order(iterations: pd.Series) -> list[str]:
+    return [FIRST if int(i) == 1 else LATER for i in iterations]
 # Settings never used to split groups: they name places or runs, or change what the tool
 # prints or keeps, not how a save or load behaves. `ceiling` only adds raw_put / raw_get
 # operations after the DCP ones (their own rows); tune.* steer the search, not a run.
@@ -184,13 +193,15 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
     if not ok_samples:
         return result
     frame = samples_frame(ok_samples)
-    attributes = run_rows[["run_id", *[k for k in group_keys if k != "op"]]]
+    attributes = run_rows[["run_id", *[k for k in group_keys if k not in PER_OPERATION_KEYS]]]
     # a setting named like a sample field (save_mode): the run's setting groups
     frame = frame.drop(columns=[k for k in attributes if k != "run_id" and k in frame])
     frame = frame.merge(attributes, on="run_id", how="left")
+    frame["op_order"] = op_order(frame["iteration"])
     for key in group_keys:
         frame[key] = frame[key].astype(object).where(frame[key].notna(), "")
     ops = per_operation(frame).drop(columns=["ranks"]).merge(attributes, on="run_id", how="left")
+    ops["op_order"] = op_order(ops["iteration"])
     for key in group_keys:
         ops[key] = ops[key].astype(object).where(ops[key].notna(), "")
     for key in varying:  # a setting that does not apply to an op: blank, one row
@@ -215,8 +226,9 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
                 continue
             same_group = same_group[same_group[name].astype(str) == str(labels[name])]
         commands = COMMANDS_OF_OP.get(labels["op"])
-        failed = (len(same_group[same_group["command"].isin(commands)]) if commands
-                  else math.nan)
+        # every run has a first operation: a failed run is counted on that row alone
+        failed = (len(same_group[same_group["command"].isin(commands)])
+                  if commands and labels["op_order"] == FIRST else math.nan)
         throughput.append(throughput_row(labels, group_ops, group_samples, untimed, failed, ops))
         phases.append(phase_row(labels, group_samples, group_ops))
         types.extend(type_rows(labels, group_samples, len(group_ops)))

@@ -9,7 +9,8 @@ from typing import Any
 import pandas as pd
 
 from dcp_fsdp.telemetry.figures import (amplification_note, efficiency, egress_mib,
-                                      noise_note, pooled, read_amplification)
+                                      noise_note, pooled, read_amplification,
+                                      union_s)
 from dcp_fsdp.analysis.metrics import GIB, MIB
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_merge, hist_quantile
 
@@ -51,10 +52,12 @@ def nan(value: float | None) -> float:
 
 
 def _span_mib_s(group_ops: pd.DataFrame, span: str) -> float:
-    """Bytes / MiB / the sum of another span (blocked, persisted) over the operations with it."""
+    """Bytes / MiB / another span (blocked, persisted) pooled over the operations with it: the
+    union of [first begin, first begin + span] per run (a cadence overlaps them)."""
     have = group_ops[group_ops[span].notna()]
-    return float(have["bytes"].sum() / MIB / have[span].sum()) if len(have) and \
-        have[span].sum() else math.nan
+    begins = have["first_begin_wall_s"].astype(float)
+    seconds = union_s(begins, begins + have[span].astype(float), have["run_id"])
+    return float(have["bytes"].sum() / MIB / seconds) if len(have) and seconds else math.nan
 
 
 def _slowest_mean(group_samples: pd.DataFrame, field: str) -> float:
@@ -171,6 +174,10 @@ def _request_bytes(summary: dict[str, Any]) -> dict[str, int]:
 
 def type_rows(labels: dict[str, Any], group_samples: pd.DataFrame, operations: int
               ) -> list[dict[str, Any]]:
+    """Per request type, per operation: none unless every sample has its requests (a sum of
+    what some samples have over all operations would read as fewer requests)."""
+    if not all(isinstance(r, dict) for r in group_samples["requests"]):
+        return []
     per_kind: dict[str, dict[str, Any]] = {}
     for summary in group_samples["requests"]:
         if not isinstance(summary, dict):
