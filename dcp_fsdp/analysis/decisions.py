@@ -5,10 +5,10 @@
 
   M  = H x 3600 / N             the job's mean time between failures, seconds (N: --nodes,
                                 default the run's node count)
-  C  = what one checkpoint costs training, from the warm saves (op_order "later"; the first
-       save only when there is no later one): sync, the save (stall span); async, the
+  C  = what one checkpoint costs training, from the warm saves (iterations 2 and on; the
+       first save only when there is no later one): sync, the save (stall span); async, the
        training lost per save when steps ran between saves (train_lost_s), else the stall
-  R  = restart: the first load (op_order "first": a restart loads in a fresh process) +
+  R  = restart: the first load (iteration 1: a restart loads in a fresh process) +
        start-up (the slowest rank's untimed init less its value fill, which a real restart
        does not do; mean over runs)
   L  = async only: the upload lag, persisted - stall: the last durable checkpoint is that
@@ -148,68 +148,69 @@ def _startup_s(runs: list[dict[str, Any]], run_ids: set) -> tuple[float | None, 
     return (sum(per_run) / len(per_run) if per_run else None), with_fill
 
 
-def _pick(rows: pd.DataFrame, prefer: str) -> pd.DataFrame:
-    """The rows of op_order `prefer`, else the others."""
-    chosen = rows[rows["op_order"] == prefer]
-    return chosen if not chosen.empty else rows
+def _of_order(frame: pd.DataFrame, order: str) -> tuple[pd.DataFrame, str]:
+    """The rows of op_order `order`, else all of them and the order they are."""
+    if frame.empty or "op_order" not in frame:
+        return frame, order
+    chosen = frame[frame["op_order"] == order]
+    if not chosen.empty:
+        return chosen, order
+    return frame, str(frame["op_order"].iloc[0])
 
 
-def _save_cost(mode: str, ops: pd.DataFrame, samples: pd.DataFrame, row
+def _save_cost(mode: str, ops: pd.DataFrame, samples: pd.DataFrame
                ) -> tuple[float, str, float]:
-    """(C, what it is, the persisted span) of one save group."""
+    """(C, what it is, the persisted span) of some saves (a group's warm ones)."""
+    span = _mean(ops["span_s"])
     stall = _mean(ops.get("stall_span_s", pd.Series(dtype=float)))
     persisted = _mean(ops.get("persisted_span_s", pd.Series(dtype=float)))
     if math.isnan(stall):  # records before stall_s: a sync save stalls for all of it
-        stall = float(row["duration_mean_s"]) if mode == "sync" else math.nan
+        stall = span if mode == "sync" else math.nan
     checkpoint_s, cost_is = stall, "save" if mode == "sync" else "stall (call + staging)"
     lost = samples.get("train_lost_s")
     if mode == "async" and lost is not None and lost.notna().any():
         per_op = samples.groupby(["run_id", "iteration"])["train_lost_s"].max()
         checkpoint_s, cost_is = float(per_op.mean()), "training lost per save"
     if math.isnan(persisted):
-        persisted = float(row["duration_mean_s"])
+        persisted = span
     return checkpoint_s, cost_is, persisted
 
 
 def gather(result: dict[str, Any], runs: list[dict[str, Any]]) -> list[GroupInputs]:
-    """Per save group of a report (first and later saves together): C, L, R and what
-    dollars need."""
+    """Per save group of a report: C (warm saves), L, R (first loads) and what dollars need."""
     throughput = result["throughput"]
     if throughput.empty:
         return []
     keys = result["group_keys"]
-    others = [k for k in keys if k not in ("op", "op_order")]
-    saves = throughput[throughput["op"] == "save"]
-    loads = throughput[throughput["op"] == "load"]
+    others = [k for k in keys if k != "op"]
     found = []
-    for _, group in saves.groupby(others, sort=False, dropna=False):
-        row = _pick(group, LATER).iloc[0]
+    for _, row in throughput[throughput["op"] == "save"].iterrows():
         labels = {k: row[k] for k in keys}
-        ops = _select(result["operations"], labels, keys)
-        samples = _select(result["samples"], labels, keys)
+        ops, save_from = _of_order(_select(result["operations"], labels, keys), LATER)
+        samples, _ = _of_order(_select(result["samples"], labels, keys), save_from)
         modes: set[str] = (set(samples["save_mode"].dropna().astype(str))
                            if "save_mode" in samples else set())
         mode = "async" if "async" in modes else "sync"
-        checkpoint_s, cost_is, persisted = _save_cost(mode, ops, samples, row)
+        checkpoint_s, cost_is, persisted = _save_cost(mode, ops, samples)
+        loads = throughput[throughput["op"] == "load"]
         load = _select(loads, labels, others)
         if load.empty:
             load = _select(loads, labels, MATCH_KEYS)
-        load = _pick(load, FIRST).iloc[:1] if not load.empty else load
         load_labels = {k: load.iloc[0][k] for k in keys} if not load.empty else None
+        load_ops, load_from = _of_order(_select(result["operations"], load_labels, keys), FIRST)
+        load_samples, _ = _of_order(_select(result["samples"], load_labels, keys), load_from)
         startup, with_fill = _startup_s(runs, set(ops["run_id"]))
         stall = _mean(ops.get("stall_span_s", pd.Series(dtype=float)))
         found.append(GroupInputs(
             labels=labels, save_mode=mode, checkpoint_s=checkpoint_s, cost_is=cost_is,
             lag_s=max(0.0, persisted - stall) if mode == "async" else 0.0,
             upload_s=persisted,
-            load_s=float(load["duration_mean_s"].mean()) if not load.empty else None,
+            load_s=float(load_ops["span_s"].mean()) if not load_ops.empty else None,
             startup_s=startup, fill_in_startup=with_fill and startup is not None,
             stored_bytes=float(row["checkpoint_gib"]) * GIB,
             save_requests=costs.request_counts(samples),
-            load_requests=(costs.request_counts(_select(result["samples"], load_labels, keys))
-                           if load_labels else None),
-            save_from=str(row["op_order"]),
-            load_from=str(load_labels["op_order"]) if load_labels else None))
+            load_requests=costs.request_counts(load_samples) if load_labels else None,
+            save_from=save_from, load_from=load_from if load_labels else None))
     return found
 
 

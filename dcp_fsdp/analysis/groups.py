@@ -24,11 +24,10 @@ from dcp_fsdp.analysis.tables import (OP_ORDER, mean_or_nan, ordered, phase_row,
 
 __all__ = ["FIRST", "LATER", "OP_ORDER", "NOT_SETTINGS", "build", "mean_or_nan", "runs_frame", "storage_label"]
 
-# op_order: "first" (iteration 1, the process's first operation of that op: it pays page
-# faults for fresh buffers, as a restart's load does) or "later" (warm, as a long run's
-# periodic save): never pooled together (docs/report.md)
-FIXED_KEYS = ["nodes", "ranks", "model", "op", "op_order", "storage"]
-PER_OPERATION_KEYS = ("op", "op_order")  # not a run's attribute: from the sample
+FIXED_KEYS = ["nodes", "ranks", "model", "op", "storage"]
+# An operation's order in its process: "first" (iteration 1: it pays page faults for fresh
+# buffers, as a restart's load does) or "later" (warm, as a long run's periodic save). The
+# tables show both apart (tables.order_figures); decisions pick the one they model.
 FIRST, LATER = "first", "later"
 
 
@@ -193,7 +192,7 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
     if not ok_samples:
         return result
     frame = samples_frame(ok_samples)
-    attributes = run_rows[["run_id", *[k for k in group_keys if k not in PER_OPERATION_KEYS]]]
+    attributes = run_rows[["run_id", *[k for k in group_keys if k != "op"]]]
     # a setting named like a sample field (save_mode): the run's setting groups
     frame = frame.drop(columns=[k for k in attributes if k != "run_id" and k in frame])
     frame = frame.merge(attributes, on="run_id", how="left")
@@ -226,9 +225,8 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
                 continue
             same_group = same_group[same_group[name].astype(str) == str(labels[name])]
         commands = COMMANDS_OF_OP.get(labels["op"])
-        # every run has a first operation: a failed run is counted on that row alone
-        failed = (len(same_group[same_group["command"].isin(commands)])
-                  if commands and labels["op_order"] == FIRST else math.nan)
+        failed = (len(same_group[same_group["command"].isin(commands)]) if commands
+                  else math.nan)
         throughput.append(throughput_row(labels, group_ops, group_samples, untimed, failed, ops))
         phases.append(phase_row(labels, group_samples, group_ops))
         types.extend(type_rows(labels, group_samples, len(group_ops)))

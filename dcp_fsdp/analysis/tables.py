@@ -68,6 +68,18 @@ def _slowest_mean(group_samples: pd.DataFrame, field: str) -> float:
     return mean_or_nan(per_op)
 
 
+def order_figures(group_ops: pd.DataFrame) -> dict[str, float]:
+    """The first operations of their processes (iteration 1: cold) and the later ones
+    (warm) apart: mean span and pooled aggregate of each (docs/report.md)."""
+    found = {}
+    for order in ("first", "later"):
+        ops = group_ops[group_ops["op_order"] == order] if "op_order" in group_ops \
+            else group_ops.iloc[0:0]
+        found[f"{order}_dur_s"] = float(ops["span_s"].mean()) if len(ops) else math.nan
+        found[f"{order}_mib_s"] = pooled(ops)["aggregate_mib_s"]
+    return found
+
+
 def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
                    group_samples: pd.DataFrame, untimed: pd.Series, failed_runs: float,
                    all_ops: pd.DataFrame) -> dict[str, Any]:
@@ -93,6 +105,7 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
         "duration_mean_s": group_ops["span_s"].mean(),
         "duration_p50_s": q(group_ops["span_s"], 0.5),
         "duration_p90_s": q(group_ops["span_s"], 0.9),
+        **order_figures(group_ops),
         "aggregate_mib_s": aggregate,
         "slowest_rank_mib_s": figures["slowest_rank_mib_s"],
         "spread": figures["spread"],
