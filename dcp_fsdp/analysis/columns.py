@@ -78,6 +78,7 @@ PHASES = [
     Column("train_step_slowdown", "step slowdown", ".3f", 4),
     Column("stall_s", "stall s", ".3f", 1),
     Column("train_lost_s", "train lost s", ".3f", 4),
+    Column("train_wait_s", "steps wait s", ".3f", 5),
     Column("peak_rss_gib", "peak RSS GiB", ".2f", 1),
     Column("cuda_max_allocated_gib", "CUDA max GiB", ".2f", 1),
     Column(("barrier_wait_mean_s", "barrier_wait_max_s"), "barrier wait mean/max s", ".3f", 7),

@@ -23,7 +23,8 @@ PHASE_MEANS = [("plan_s", "plan_s"), ("io_s", "io_s"), ("commit_s", "commit_s"),
                ("upload_s", "upload_s"), ("blocked_s", "blocked_s"), ("staged_s", "staged_s"),
                ("persisted_s", "persisted_s"), ("previous_wait_s", "previous_wait_s"),
                ("train_steps", "train_steps"), ("train_step_slowdown", "train_step_slowdown"),
-               ("stall_s", "stall_s"), ("train_lost_s", "train_lost_s")]
+               ("stall_s", "stall_s"), ("train_lost_s", "train_lost_s"),
+               ("train_wait_s", "train_wait_s")]
 # kinds of request that carry a rank's uploaded bytes (summaries only know bytes_up in all)
 UPLOAD_KINDS = ("UploadPart", "PutObject")
 

@@ -60,12 +60,14 @@ def check_stall(s):
 
 
 def check_training_lost(s):
-    """interval = the call + a gap of a few statements + the steps (the first one waits for
-    staging before its update); lost = interval - steps x baseline step, where baseline =
-    mean step / (1 + slowdown). Rebuilt from the other recorded figures without the gap, the
-    loss can only come out lower, by at most the gap (milliseconds, tens of them under load)."""
+    """interval = the call + a gap of a few statements + the steps' compute + their wait for
+    staging before the first update (train_wait_s); lost = interval - steps x baseline step,
+    where baseline = mean compute / (1 + slowdown): the slowdown counts compute alone. Rebuilt
+    from the other recorded figures without the gap, the loss can only come out lower, by at
+    most the gap (milliseconds, tens of them under load)."""
     assert s["interval_s"] >= s["stall_s"], s
-    steps_s = s["interval_s"] - s["blocked_s"]
+    assert 0 <= s["train_wait_s"] <= s["stall_s"], s
+    steps_s = s["interval_s"] - s["blocked_s"] - s["train_wait_s"]
     rebuilt = s["interval_s"] - steps_s / (1 + s["train_step_slowdown"])
     assert rebuilt - 1e-6 <= s["train_lost_s"] <= rebuilt + 0.1 * s["interval_s"], s
     assert s["train_lost_share"] == pytest.approx(s["train_lost_s"] / s["interval_s"]), s
