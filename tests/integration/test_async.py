@@ -136,7 +136,7 @@ def test_async_save_and_load(s3, s3_uri, tmp_path, checkpointer):
         assert s["previous_wait_s"] == 0, s
         assert s["train_steps"] > 0, s
         check_training_lost(s)
-        load = next(l for l in loads if (l["rank"], l["iteration"]) == (s["rank"], s["iteration"]))
+        load = next(x for x in loads if (x["rank"], x["iteration"]) == (s["rank"], s["iteration"]))
         assert s["bytes"] == load["bytes"] > 0  # what a rank wrote, it reads back
         # Both checkpointers report the phases: the timed writer is a subclass, so the copy
         # pickled into the process checkpointer's daemon is timed there and reports back.
