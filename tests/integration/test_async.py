@@ -66,7 +66,9 @@ def check_training_lost(s):
     from the other recorded figures without the gap, the loss can only come out lower, by at
     most the gap (milliseconds, tens of them under load)."""
     assert s["interval_s"] >= s["stall_s"], s
-    assert 0 <= s["train_wait_s"] <= s["stall_s"], s
+    # (not bounded by stall_s: the waiter wakes after the staging future's own mark, by
+    # tens of milliseconds on a loaded machine)
+    assert s["train_wait_s"] >= 0, s
     steps_s = s["interval_s"] - s["blocked_s"] - s["train_wait_s"]
     rebuilt = s["interval_s"] - steps_s / (1 + s["train_step_slowdown"])
     assert rebuilt - 1e-6 <= s["train_lost_s"] <= rebuilt + 0.1 * s["interval_s"], s
