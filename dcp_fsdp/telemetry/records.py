@@ -158,7 +158,7 @@ class Sample:
     broadcast_s: float | None = None
     # -- schema 5 -------------------------------------------------------------------------
     # async + train_step_s: seconds the steps waited before their update for the staging
-    # (in stall_s and train_lost_s; not in the steps' compute time, train_step_slowdown)
+    # (in train_lost_s; not in the steps' compute time, train_step_slowdown)
     train_wait_s: float | None = None
     run_id: str | None = None  # set when read back from a record file
 
