@@ -28,7 +28,10 @@ def _hours(seconds: float) -> str:
 
 
 def _minutes(seconds: float | None) -> str:
-    return "" if seconds is None or math.isnan(seconds) else f"{seconds / 60:.1f}"
+    if seconds is None or math.isnan(seconds):
+        return ""
+    minutes = seconds / 60
+    return f"{minutes:.1f}" if minutes >= 1 else f"{minutes:.3g}"  # 0.0036, not 0.0
 
 
 def _share(lost: TimeLost | None) -> str:
@@ -98,14 +101,14 @@ def warnings(p: Plan) -> list[str]:
                 "the restart (R) takes longer than the job's MTBF" if g.restart_s >= p.mtbf_s
                 else "the losses add up to all of it")
         lines.append(f"  WARNING: meaningless inputs: training lost >= 100 %: {what} "
-                     f"(C {g.checkpoint_s:.3g} s, R {g.restart_s:.3g} s, M {p.mtbf_s:.3g} s); "
-                     "the job would not progress: check --node-mtbf-hours and --nodes")
+                     f"(C {g.checkpoint_s:.3g} s, R {g.restart_s:.3g} s, M {p.mtbf_s:.3g} s"
+                     + ("; C >= 2M: beyond Daly's form, the interval is M"
+                        if g.checkpoint_s >= 2 * p.mtbf_s else "")
+                     + "); the job would not progress: check --node-mtbf-hours and --nodes")
     elif p.validity != HOLDS:
         lines.append(f"  WARNING: beyond the first-order model: (tau + C + L + R) / M = "
                      f"{p.first_order_x:.2f} > {FIRST_ORDER_LIMIT:g}; the shares lost are rough "
                      "(the model assumes failures rare within an interval)")
-    if g.checkpoint_s >= 2 * p.mtbf_s:
-        lines.append("  (C >= 2M: beyond Daly's higher-order form; the interval is M)")
     return lines
 
 

@@ -133,6 +133,8 @@ def test_inputs_beyond_the_model_are_warned_in_one_line(capsys):
     warned = [line for line in out.splitlines() if "WARNING" in line]
     assert len(warned) == 1 and "meaningless inputs: training lost >= 100 %" in warned[0]
     assert "the checkpoint (C) takes longer than the job's MTBF" in warned[0]
+    assert "C >= 2M: beyond Daly's form, the interval is M" in warned[0]
+    assert not any(line.startswith("  (") for line in out.splitlines())
     row = next(line for line in out.splitlines() if line.startswith("#1 "))
     assert decisions.MEANINGLESS in row
     quiet = report_out([ONE_ITERATION], capsys, "--node-mtbf-hours", "6000",
