@@ -30,7 +30,7 @@ THROUGHPUT = [
     Column("duration_p90_s", "dur p90 s", ".3f", None),
     Column("aggregate_mib_s", "agg MiB/s", ".1f", 0),
     # iteration 1 (a process's first: cold, as a restart) / the rest (warm)
-    Column(("first_mib_s", "later_mib_s"), "MiB/s first/later", ".1f", 4),
+    Column(("first_mib_s", "later_mib_s"), "MiB/s first/later", ".1f", 3),
     Column(("first_dur_s", "later_dur_s"), "dur s first/later", ".3f", None),
     Column("slowest_rank_mib_s", "slowest-rank MiB/s", ".1f", 6),
     Column("spread", "spread %", "%", 3),
