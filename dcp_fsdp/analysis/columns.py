@@ -29,6 +29,9 @@ THROUGHPUT = [
     Column("duration_p50_s", "dur p50 s", ".3f", 6),
     Column("duration_p90_s", "dur p90 s", ".3f", None),
     Column("aggregate_mib_s", "agg MiB/s", ".1f", 0),
+    # iteration 1 (a process's first: cold, as a restart) / the rest (warm)
+    Column(("first_mib_s", "later_mib_s"), "MiB/s first/later", ".1f", 3),
+    Column(("first_dur_s", "later_dur_s"), "dur s first/later", ".3f", None),
     Column("slowest_rank_mib_s", "slowest-rank MiB/s", ".1f", 6),
     Column("spread", "spread %", "%", 3),
     Column("efficiency", "efficiency", ".2f", 1),
@@ -75,6 +78,7 @@ PHASES = [
     Column("train_step_slowdown", "step slowdown", ".3f", 4),
     Column("stall_s", "stall s", ".3f", 1),
     Column("train_lost_s", "train lost s", ".3f", 4),
+    Column("train_wait_s", "steps wait s", ".3f", 5),
     Column("peak_rss_gib", "peak RSS GiB", ".2f", 1),
     Column("cuda_max_allocated_gib", "CUDA max GiB", ".2f", 1),
     Column(("barrier_wait_mean_s", "barrier_wait_max_s"), "barrier wait mean/max s", ".3f", 7),

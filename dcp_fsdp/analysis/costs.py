@@ -17,6 +17,10 @@ and per day at a checkpoint interval tau with K checkpoints kept and a job MTBF 
                      + K x storage_dollars_month x 12 / 365
 
 A file system has no request or storage charges to price here: no dollars, never zero.
+Requests are priced only from complete counts (`RequestCounts.complete`): every sample of
+the operations has its request summary, and no operation that moved bytes shows zero
+requests (the connector's log went unparsed). Otherwise: no dollar figure, and the report
+names what is missing (a partial sum divided by every operation would price low, quietly).
 """
 
 from __future__ import annotations
@@ -102,6 +106,47 @@ class RequestCharge:
     get_class: float
     free: float
     dollars: float
+
+
+@dataclasses.dataclass
+class RequestCounts:
+    """One group's requests per operation by type, or None unless every count is known."""
+
+    per_type: dict[str, float] | None  # {request type: requests per operation}
+    samples: int  # the group's samples (rank x operation)
+    missing: int  # samples without a request count (or in an operation showing none)
+
+    @property
+    def complete(self) -> bool:
+        return self.samples > 0 and self.missing == 0 and self.per_type is not None
+
+
+def _has_counts(requests: Any) -> bool:
+    return isinstance(requests, dict) and isinstance(requests.get("by_type"), dict)
+
+
+def request_counts(samples: Any) -> RequestCounts:
+    """From a group's samples (a frame with run_id, iteration, bytes, requests)."""
+    if samples is None or len(samples) == 0 or "requests" not in samples:
+        return RequestCounts(None, 0 if samples is None else len(samples),
+                             0 if samples is None else len(samples))
+    missing = 0
+    per_type: dict[str, float] = {}
+    operations = samples.groupby(["run_id", "iteration"], sort=False)
+    for _, op in operations:
+        summaries = list(op["requests"])
+        known = [s for s in summaries if _has_counts(s)]
+        counted = sum(entry.get("count") or 0 for s in known for entry in s["by_type"].values())
+        if len(known) < len(summaries) or (counted == 0 and float(op["bytes"].sum()) > 0):
+            missing += len(summaries) - (len(known) if counted else 0)
+            continue
+        for summary in known:
+            for kind, entry in summary["by_type"].items():
+                per_type[kind] = per_type.get(kind, 0.0) + (entry.get("count") or 0)
+    if missing:
+        return RequestCounts(None, len(samples), missing)
+    count = operations.ngroups
+    return RequestCounts({k: n / count for k, n in per_type.items()}, len(samples), 0)
 
 
 def request_charge(counts: dict[str, float], prices: Prices) -> RequestCharge:

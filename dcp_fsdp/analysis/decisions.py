@@ -5,17 +5,22 @@
 
   M  = H x 3600 / N             the job's mean time between failures, seconds (N: --nodes,
                                 default the run's node count)
-  C  = what one checkpoint costs training: sync, the save (stall span); async, the training
-       lost per save when steps ran between saves (train_lost_s), else the stall (the call
-       and the staging)
-  R  = restart: the load (the matching load group's mean span) + start-up (the slowest
-       rank's untimed init, mean over runs)
+  C  = what one checkpoint costs training, from the warm saves (iterations 2 and on; the
+       first save only when there is no later one): sync, the save (stall span); async, the
+       training lost per save when steps ran between saves (train_lost_s), else the stall
+  R  = restart: the first load (iteration 1: a restart loads in a fresh process) +
+       start-up (the slowest rank's untimed init less its value fill, which a real restart
+       does not do; mean over runs)
   L  = async only: the upload lag, persisted - stall: the last durable checkpoint is that
        much older when a failure strikes
   Young (1974):  tau = sqrt(2 C M)
-  Daly (2006):   tau = sqrt(2 C M) - C   (C < M / 2; else tau = M)
+  Daly (2006), higher order:
+                 tau = sqrt(2 C M) [1 + 1/3 sqrt(C / 2M) + 1/9 (C / 2M)] - C   (C < 2M)
+                 tau = M                                                       (C >= 2M)
   share of training time lost at tau ~ C / tau + (tau / 2 + L) / M + R / M
-                                     (stalls, expected rework, restarts)
+                                     (stalls, expected rework, restarts): first order in
+                                     (tau + C + L + R) / M; flagged above FIRST_ORDER_LIMIT,
+                                     meaningless at 100 % or more
 An async interval below the upload time (persisted span) would queue saves: it is raised to
 it, and said so.
 """
@@ -29,9 +34,15 @@ from typing import Any
 import pandas as pd
 
 from dcp_fsdp.analysis import costs
+from dcp_fsdp.analysis.groups import FIRST, LATER
 from dcp_fsdp.analysis.metrics import GIB
 
 MATCH_KEYS = ("nodes", "ranks", "model", "storage")
+# The first-order share drops terms of order x^2 / 2 beside x = (tau + C + L + R) / M (e^x - 1
+# ~ x in Daly's exact waste): above x = 0.2 they exceed ~10 % of the share.
+FIRST_ORDER_LIMIT = 0.2
+# Plan.validity: where the model stands for these inputs
+HOLDS, ROUGH, MEANINGLESS = "first order holds", "beyond first order", "meaningless"
 
 
 def job_mtbf_s(node_mtbf_hours: float, nodes: int) -> float:
@@ -44,10 +55,15 @@ def young_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
 
 
 def daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
-    """Daly's first-order optimum; beyond its range (C >= M/2) checkpoint every M."""
-    if checkpoint_s >= mtbf_s / 2:
+    """Daly's higher-order optimum (J. T. Daly, "A higher order estimate of the optimum
+    checkpoint interval for restart dumps", FGCS 22 (2006) 303-312), for C < 2M; from
+    C = 2M on, checkpoint every M. Smooth through M/2 (the first-order form's C < M/2 was
+    never its bound); at C = 2M it ends at 8/9 M, then M: Daly's own boundary."""
+    if checkpoint_s >= 2 * mtbf_s:
         return mtbf_s
-    return math.sqrt(2.0 * checkpoint_s * mtbf_s) - checkpoint_s
+    ratio = checkpoint_s / (2 * mtbf_s)
+    return (math.sqrt(2.0 * checkpoint_s * mtbf_s) * (1 + math.sqrt(ratio) / 3 + ratio / 9)
+            - checkpoint_s)
 
 
 @dataclasses.dataclass
@@ -67,6 +83,15 @@ def time_lost(interval_s: float, checkpoint_s: float, mtbf_s: float, restart_s: 
     return TimeLost(stalls, rework, restarts, stalls + rework + restarts)
 
 
+def validity(interval_s: float, checkpoint_s: float, mtbf_s: float, restart_s: float,
+             lag_s: float, lost: TimeLost | None) -> tuple[str, float]:
+    """(HOLDS, ROUGH or MEANINGLESS, x = (tau + C + L + R) / M) for one interval."""
+    x = (interval_s + checkpoint_s + lag_s + restart_s) / mtbf_s
+    if lost is not None and lost.total >= 1:
+        return MEANINGLESS, x
+    return (ROUGH if x > FIRST_ORDER_LIMIT else HOLDS), x
+
+
 @dataclasses.dataclass
 class GroupInputs:
     labels: dict[str, Any]
@@ -78,20 +103,23 @@ class GroupInputs:
     load_s: float | None
     startup_s: float | None
     stored_bytes: float
-    save_counts: dict[str, float]
-    load_counts: dict[str, float] | None
+    save_requests: costs.RequestCounts
+    load_requests: costs.RequestCounts | None
+    save_from: str = LATER  # op_order of the saves C comes from (FIRST: no later save)
+    load_from: str | None = None  # op_order of the loads R comes from (None: no load)
+    fill_in_startup: bool = False  # a record without fill_s: start-up includes the fill
 
     @property
     def restart_s(self) -> float:
         return (self.load_s or 0.0) + (self.startup_s or 0.0)
 
 
-def _select(frame: pd.DataFrame, labels: dict[str, Any], keys) -> pd.DataFrame:
-    if frame is None or frame.empty:
+def _select(frame: pd.DataFrame, labels: dict[str, Any] | None, keys) -> pd.DataFrame:
+    if frame is None or frame.empty or labels is None:
         return pd.DataFrame()
     mask = pd.Series(True, index=frame.index)
     for key in keys:
-        if key in frame:
+        if key in frame and key in labels:
             mask &= frame[key].astype(str) == str(labels[key])
     return frame[mask]
 
@@ -101,24 +129,55 @@ def _mean(series) -> float:
     return float(series.mean()) if len(series) else math.nan
 
 
-def _counts(types: pd.DataFrame, labels: dict[str, Any], keys) -> dict[str, float]:
-    rows = _select(types, labels, keys)
-    return {str(r["request_type"]): float(r["requests_per_op"]) for _, r in rows.iterrows()}
-
-
-def _startup_s(runs: list[dict[str, Any]], run_ids: set) -> float | None:
-    per_run = []
+def _startup_s(runs: list[dict[str, Any]], run_ids: set) -> tuple[float | None, bool]:
+    """(mean over runs of the slowest rank's init less its value fill, whether some rank had
+    no fill_s: its fill stays in)."""
+    per_run, with_fill = [], False
     for run in runs:
-        if run.get("run_id") in run_ids:
-            init_s = [r.get("init_s") for r in run.get("init") or [] if isinstance(r, dict)]
-            init = [s for s in init_s if s is not None]
-            if init:
-                per_run.append(max(init))
-    return sum(per_run) / len(per_run) if per_run else None
+        if run.get("run_id") not in run_ids:
+            continue
+        init = []
+        for row in run.get("init") or []:
+            if not isinstance(row, dict) or row.get("init_s") is None:
+                continue
+            fill = row.get("fill_s")
+            with_fill = with_fill or fill is None
+            init.append(row["init_s"] - (fill or 0.0))
+        if init:
+            per_run.append(max(init))
+    return (sum(per_run) / len(per_run) if per_run else None), with_fill
+
+
+def _of_order(frame: pd.DataFrame, order: str) -> tuple[pd.DataFrame, str]:
+    """The rows of op_order `order`, else all of them and the order they are."""
+    if frame.empty or "op_order" not in frame:
+        return frame, order
+    chosen = frame[frame["op_order"] == order]
+    if not chosen.empty:
+        return chosen, order
+    return frame, str(frame["op_order"].iloc[0])
+
+
+def _save_cost(mode: str, ops: pd.DataFrame, samples: pd.DataFrame
+               ) -> tuple[float, str, float]:
+    """(C, what it is, the persisted span) of some saves (a group's warm ones)."""
+    span = _mean(ops["span_s"])
+    stall = _mean(ops.get("stall_span_s", pd.Series(dtype=float)))
+    persisted = _mean(ops.get("persisted_span_s", pd.Series(dtype=float)))
+    if math.isnan(stall):  # records before stall_s: a sync save stalls for all of it
+        stall = span if mode == "sync" else math.nan
+    checkpoint_s, cost_is = stall, "save" if mode == "sync" else "stall (call + staging)"
+    lost = samples.get("train_lost_s")
+    if mode == "async" and lost is not None and lost.notna().any():
+        per_op = samples.groupby(["run_id", "iteration"])["train_lost_s"].max()
+        checkpoint_s, cost_is = float(per_op.mean()), "training lost per save"
+    if math.isnan(persisted):
+        persisted = span
+    return checkpoint_s, cost_is, persisted
 
 
 def gather(result: dict[str, Any], runs: list[dict[str, Any]]) -> list[GroupInputs]:
-    """Per save group of a report: C, L, R and what dollars need."""
+    """Per save group of a report: C (warm saves), L, R (first loads) and what dollars need."""
     throughput = result["throughput"]
     if throughput.empty:
         return []
@@ -127,36 +186,31 @@ def gather(result: dict[str, Any], runs: list[dict[str, Any]]) -> list[GroupInpu
     found = []
     for _, row in throughput[throughput["op"] == "save"].iterrows():
         labels = {k: row[k] for k in keys}
-        ops = _select(result["operations"], labels, keys)
-        samples = _select(result["samples"], labels, keys)
+        ops, save_from = _of_order(_select(result["operations"], labels, keys), LATER)
+        samples, _ = _of_order(_select(result["samples"], labels, keys), save_from)
         modes: set[str] = (set(samples["save_mode"].dropna().astype(str))
                            if "save_mode" in samples else set())
         mode = "async" if "async" in modes else "sync"
-        stall = _mean(ops.get("stall_span_s", pd.Series(dtype=float)))
-        persisted = _mean(ops.get("persisted_span_s", pd.Series(dtype=float)))
-        if math.isnan(stall):  # records before stall_s: a sync save stalls for all of it
-            stall = float(row["duration_mean_s"]) if mode == "sync" else math.nan
-        checkpoint_s, cost_is = stall, "save" if mode == "sync" else "stall (call + staging)"
-        lost = samples.get("train_lost_s")
-        if mode == "async" and lost is not None and lost.notna().any():
-            per_op = samples.groupby(["run_id", "iteration"])["train_lost_s"].max()
-            checkpoint_s, cost_is = float(per_op.mean()), "training lost per save"
-        if math.isnan(persisted):
-            persisted = float(row["duration_mean_s"])
+        checkpoint_s, cost_is, persisted = _save_cost(mode, ops, samples)
         loads = throughput[throughput["op"] == "load"]
         load = _select(loads, labels, others)
         if load.empty:
             load = _select(loads, labels, MATCH_KEYS)
         load_labels = {k: load.iloc[0][k] for k in keys} if not load.empty else None
+        load_ops, load_from = _of_order(_select(result["operations"], load_labels, keys), FIRST)
+        load_samples, _ = _of_order(_select(result["samples"], load_labels, keys), load_from)
+        startup, with_fill = _startup_s(runs, set(ops["run_id"]))
+        stall = _mean(ops.get("stall_span_s", pd.Series(dtype=float)))
         found.append(GroupInputs(
             labels=labels, save_mode=mode, checkpoint_s=checkpoint_s, cost_is=cost_is,
             lag_s=max(0.0, persisted - stall) if mode == "async" else 0.0,
             upload_s=persisted,
-            load_s=float(load["duration_mean_s"].mean()) if not load.empty else None,
-            startup_s=_startup_s(runs, set(ops["run_id"])),
+            load_s=float(load_ops["span_s"].mean()) if not load_ops.empty else None,
+            startup_s=startup, fill_in_startup=with_fill and startup is not None,
             stored_bytes=float(row["checkpoint_gib"]) * GIB,
-            save_counts=_counts(result["types"], labels, keys),
-            load_counts=_counts(result["types"], load_labels, keys) if load_labels else None))
+            save_requests=costs.request_counts(samples),
+            load_requests=costs.request_counts(load_samples) if load_labels else None,
+            save_from=save_from, load_from=load_from if load_labels else None))
     return found
 
 
@@ -164,6 +218,7 @@ def gather(result: dict[str, Any], runs: list[dict[str, Any]]) -> list[GroupInpu
 class Plan:
     inputs: GroupInputs
     nodes: int
+    nodes_given: bool  # --nodes; else the run's own node count
     mtbf_s: float
     young_s: float
     daly_s: float
@@ -171,6 +226,8 @@ class Plan:
     at_daly: TimeLost | None  # None: no Daly interval (a checkpoint that cost nothing)
     user_interval_s: float | None
     at_user: TimeLost | None
+    validity: str  # HOLDS, ROUGH or MEANINGLESS, the worse of the two intervals
+    first_order_x: float  # (tau + C + L + R) / M at the larger interval
 
 
 def plan(inputs: GroupInputs, node_mtbf_hours: float, nodes: int | None,
@@ -186,143 +243,11 @@ def plan(inputs: GroupInputs, node_mtbf_hours: float, nodes: int | None,
     at_daly = time_lost(daly, c, mtbf, inputs.restart_s, inputs.lag_s) if daly > 0 else None
     user_s = interval_minutes * 60 if interval_minutes else None
     at_user = time_lost(user_s, c, mtbf, inputs.restart_s, inputs.lag_s) if user_s else None
-    return Plan(inputs, node_count, mtbf, young, daly, raised, at_daly, user_s, at_user)
+    judged = [validity(tau, c, mtbf, inputs.restart_s, inputs.lag_s, lost)
+              for tau, lost in ((daly, at_daly), (user_s, at_user))
+              if tau is not None and not math.isnan(tau)]
+    order = (HOLDS, ROUGH, MEANINGLESS)
+    worst = max(judged, key=lambda j: (order.index(j[0]), j[1]), default=(HOLDS, math.nan))
+    return Plan(inputs, node_count, nodes is not None, mtbf, young, daly, raised, at_daly,
+                user_s, at_user, worst[0], worst[1])
 
-
-# -- what the report prints ---------------------------------------------------------------
-
-def _group_name(labels: dict[str, Any], keys: list[str]) -> str:
-    shown = [f"{labels['model']} {labels['ranks']} rank(s)/{labels['nodes']} node(s)",
-             str(labels["storage"])]
-    shown += [f"{k}={labels[k]}" for k in keys if k not in (*MATCH_KEYS, "op", "save_mode")
-              and labels.get(k) not in ("", None)]
-    return ", ".join(shown)
-
-
-def _hours(seconds: float) -> str:
-    hours = seconds / 3600
-    return f"{hours:,.0f}" if hours >= 100 else f"{hours:.3g}"
-
-
-def _minutes(seconds: float) -> str:
-    return "" if seconds is None or math.isnan(seconds) else f"{seconds / 60:.1f}"
-
-
-def _share(lost: TimeLost | None) -> str:
-    if lost is None:
-        return ""
-    return (f"{lost.total:.2%} ({lost.stalls:.2%} stalls, {lost.rework:.2%} rework, "
-            f"{lost.restarts:.2%} restarts)")
-
-
-def _dollars(value: float | None) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    return f"${value:.3g}" if value < 1 else f"${value:,.2f}"
-
-
-@dataclasses.dataclass
-class Dollars:
-    save: costs.RequestCharge
-    load: costs.RequestCharge | None
-    month: float  # one checkpoint stored for a month
-    day: dict[str, float] | None  # at the chosen interval, K kept
-
-
-def dollars(p: Plan, prices: costs.Prices, keep: int) -> Dollars | None:
-    """None for a file system: no dollars rather than zero."""
-    g = p.inputs
-    if not costs.is_priced(g.labels["storage"]):
-        return None
-    save = costs.request_charge(g.save_counts, prices)
-    load = costs.request_charge(g.load_counts, prices) if g.load_counts else None
-    month = costs.storage_dollars_per_month(g.stored_bytes, prices)
-    interval = p.user_interval_s or p.daly_s
-    day = None
-    if interval and not math.isnan(interval):
-        day = costs.dollars_per_day(interval, p.mtbf_s, save.dollars,
-                                    load.dollars if load else None, month, keep)
-    return Dollars(save, load, month, day)
-
-
-def _block(number: int, p: Plan, cost: Dollars | None, keys: list[str], keep: int,
-           interval_minutes: float | None) -> list[str]:
-    g = p.inputs
-    load = "load: none in these records" if g.load_s is None else f"load {g.load_s:.2f} s"
-    startup = "start-up unknown" if g.startup_s is None else f"start-up {g.startup_s:.1f} s"
-    lines = [f"#{number} {_group_name(g.labels, keys)}, {g.save_mode}",
-             f"  C = {g.checkpoint_s:.3f} s ({g.cost_is}); R = {g.restart_s:.2f} s ({load}; "
-             f"{startup})" + (f"; L = {g.lag_s:.3f} s (upload after the stall)"
-                              if g.save_mode == "async" else ""),
-             f"  interval: Young {_minutes(p.young_s)} min, Daly {_minutes(p.daly_s)} min"
-             + (" (raised to the upload time: saves would queue)" if p.raised else "")
-             + f"; training lost there {_share(p.at_daly)}"]
-    if p.at_user is not None:
-        lines.append(f"  at {interval_minutes:g} min: training lost {_share(p.at_user)}")
-    if cost is None:
-        lines.append("  dollars: none (a file system: no request or storage charges)")
-        return lines
-    lines.append(f"  dollars: save {_dollars(cost.save.dollars)} ({cost.save.put_class:.0f} "
-                 f"PUT-class + {cost.save.get_class:.0f} GET-class requests)"
-                 + ("" if cost.load is None else
-                    f", load {_dollars(cost.load.dollars)} ({cost.load.get_class:.0f} "
-                    f"GET-class + {cost.load.put_class:.0f} PUT-class)")
-                 + f"; {g.stored_bytes / GIB:.3f} GiB stored: {_dollars(cost.month)} per "
-                 "checkpoint-month")
-    if cost.day is not None:
-        at = f"{interval_minutes:g} min" if interval_minutes else "the Daly interval"
-        lines.append(f"  per day at {at}, {keep} kept: {_dollars(cost.day['total'])} (saves "
-                     f"{_dollars(cost.day['saves'])}, restarts "
-                     f"{_dollars(cost.day['restarts']) or 'not priced: no load measured'}"
-                     f", storage {_dollars(cost.day['storage'])})")
-    return lines
-
-
-def render(result: dict[str, Any], runs: list[dict[str, Any]], node_mtbf_hours: float,
-           nodes: int | None, interval_minutes: float | None, keep: int,
-           prices: costs.Prices, fmt: str = "table") -> str:
-    """The interval and dollars section of `report`: a side-by-side table of the save groups
-    (sync and async next to each other), then each group's inputs and figures."""
-    from tabulate import tabulate
-
-    heading = "## " if fmt == "md" else ""
-    groups = gather(result, runs)
-    if not groups:
-        return (f"\n{heading}Checkpoint interval: no save in these records (a save, and "
-                "ideally a load, are needed)\n")
-    plans = [plan(g, node_mtbf_hours, nodes, interval_minutes) for g in groups]
-    costs_of = [dollars(p, prices, keep) for p in plans]
-    keys = result["group_keys"]
-    node_counts = sorted({p.nodes for p in plans})
-    lines = [f"\n{heading}Checkpoint interval, training time lost, dollars",
-             f"inputs: node MTBF {node_mtbf_hours:g} h (--node-mtbf-hours); "
-             + ", ".join(f"{n} nodes: job MTBF M = {_hours(job_mtbf_s(node_mtbf_hours, n))} h"
-                         for n in node_counts)
-             + ("" if nodes else " (the run's node count; --nodes for the job's)")
-             + (f"; your interval {interval_minutes:g} min" if interval_minutes else "")
-             + f"; {keep} checkpoint(s) kept (--keep)",
-             f"prices: {prices.describe()}",
-             "C: what a checkpoint costs training; R: restart (load + start-up); L: async "
-             "upload lag; training lost ~ C/tau + (tau/2 + L)/M + R/M", ""]
-    headers = ["#", "mode", "C s", "R s", "Daly min", "lost at Daly"]
-    if interval_minutes:
-        headers.append(f"lost at {interval_minutes:g} min")
-    headers += ["$ per save", "$ per day"]
-    rows = []
-    for number, (p, cost) in enumerate(zip(plans, costs_of), 1):
-        row = [f"#{number}", p.inputs.save_mode, f"{p.inputs.checkpoint_s:.3f}",
-               f"{p.inputs.restart_s:.2f}", _minutes(p.daly_s),
-               "" if p.at_daly is None else f"{p.at_daly.total:.2%}"]
-        if interval_minutes:
-            row.append("" if p.at_user is None else f"{p.at_user.total:.2%}")
-        row += ["no dollars (fs)" if cost is None else _dollars(cost.save.dollars),
-                "" if cost is None or cost.day is None else _dollars(cost.day["total"])]
-        rows.append(row)
-    lines.append(tabulate(rows, headers=headers, tablefmt="github" if fmt == "md" else "simple",
-                          disable_numparse=True))
-    lines.append("")
-    for number, (p, cost) in enumerate(zip(plans, costs_of), 1):
-        lines += _block(number, p, cost, keys, keep, interval_minutes)
-    if any(str(p.inputs.labels["storage"]).startswith("s3 (embedded") for p in plans):
-        lines.append("(an embedded SeaweedFS run is priced as if its requests went to S3)")
-    return "\n".join(lines) + "\n"

@@ -22,9 +22,17 @@ from dcp_fsdp.analysis.metrics import per_operation, samples_frame
 from dcp_fsdp.analysis.tables import (OP_ORDER, mean_or_nan, ordered, phase_row,
                                       throughput_row, type_rows)
 
-__all__ = ["OP_ORDER", "NOT_SETTINGS", "build", "mean_or_nan", "runs_frame", "storage_label"]
+__all__ = ["FIRST", "LATER", "OP_ORDER", "NOT_SETTINGS", "build", "mean_or_nan", "runs_frame", "storage_label"]
 
 FIXED_KEYS = ["nodes", "ranks", "model", "op", "storage"]
+# An operation's order in its process: "first" (iteration 1: it pays page faults for fresh
+# buffers, as a restart's load does) or "later" (warm, as a long run's periodic save). The
+# tables show both apart (tables.order_figures); decisions pick the one they model.
+FIRST, LATER = "first", "later"
+
+
+def op_order(iterations: pd.Series) -> list[str]:
+    return [FIRST if int(i) == 1 else LATER for i in iterations]
 # Settings never used to split groups: they name places or runs, or change what the tool
 # prints or keeps, not how a save or load behaves. `ceiling` only adds raw_put / raw_get
 # operations after the DCP ones (their own rows); tune.* steer the search, not a run.
@@ -188,9 +196,11 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
     # a setting named like a sample field (save_mode): the run's setting groups
     frame = frame.drop(columns=[k for k in attributes if k != "run_id" and k in frame])
     frame = frame.merge(attributes, on="run_id", how="left")
+    frame["op_order"] = op_order(frame["iteration"])
     for key in group_keys:
         frame[key] = frame[key].astype(object).where(frame[key].notna(), "")
     ops = per_operation(frame).drop(columns=["ranks"]).merge(attributes, on="run_id", how="left")
+    ops["op_order"] = op_order(ops["iteration"])
     for key in group_keys:
         ops[key] = ops[key].astype(object).where(ops[key].notna(), "")
     for key in varying:  # a setting that does not apply to an op: blank, one row

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from dcp_fsdp.analysis.groups import OP_ORDER, mean_or_nan
-from dcp_fsdp.analysis.metrics import MIB, latency_histogram
+from dcp_fsdp.analysis.metrics import latency_histogram
 from dcp_fsdp.analysis.render import key_cell
+from dcp_fsdp.telemetry.figures import pooled
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_quantile
 
 if TYPE_CHECKING:  # matplotlib is imported only when plotting
@@ -56,7 +57,7 @@ def plot(result: dict[str, Any], directory: Path) -> list[Path]:
             xs = group[x].astype(float)
             axis.scatter(xs, group["aggregate_mib_s"], color=color, alpha=0.35, s=18)
             per_x = group.assign(_x=xs).groupby("_x").apply(
-                lambda g: g["bytes"].sum() / MIB / g["span_s"].sum(), include_groups=False)
+                lambda g: pooled(g)["aggregate_mib_s"], include_groups=False)
             axis.plot(per_x.index, per_x.values, marker="o", color=color, label=label)
     for axis, x, title in zip(axes, ("nodes", "ranks"), ("node count", "ranks (world size)")):
         axis.set_xlabel(title)

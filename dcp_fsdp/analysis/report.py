@@ -160,13 +160,13 @@ def main(argv: list[str] | None = None) -> int:
         width = shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
         sys.stdout.write(render(result, args.format, warnings, width=width,
                                 wide=args.columns == "all"))
-        from dcp_fsdp.analysis import decisions, scaling
+        from dcp_fsdp.analysis import decision_text, scaling
 
         sys.stdout.write(scaling.render(result, args.format))
         if args.node_mtbf_hours is not None:
-            sys.stdout.write(decisions.render(result, runs, args.node_mtbf_hours, args.nodes,
-                                              args.interval_minutes, args.keep, prices,
-                                              args.format))
+            sys.stdout.write(decision_text.render(result, runs, args.node_mtbf_hours,
+                                                  args.nodes, args.interval_minutes, args.keep,
+                                                  prices, args.format))
             if args.nodes:
                 for line in scaling.prefix_warnings(result, runs, args.nodes, prices):
                     print(f"warning: {line}")

@@ -9,7 +9,8 @@ from typing import Any
 import pandas as pd
 
 from dcp_fsdp.telemetry.figures import (amplification_note, efficiency, egress_mib,
-                                      noise_note, pooled, read_amplification)
+                                      noise_note, pooled, read_amplification,
+                                      union_s)
 from dcp_fsdp.analysis.metrics import GIB, MIB
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_merge, hist_quantile
 
@@ -22,7 +23,8 @@ PHASE_MEANS = [("plan_s", "plan_s"), ("io_s", "io_s"), ("commit_s", "commit_s"),
                ("upload_s", "upload_s"), ("blocked_s", "blocked_s"), ("staged_s", "staged_s"),
                ("persisted_s", "persisted_s"), ("previous_wait_s", "previous_wait_s"),
                ("train_steps", "train_steps"), ("train_step_slowdown", "train_step_slowdown"),
-               ("stall_s", "stall_s"), ("train_lost_s", "train_lost_s")]
+               ("stall_s", "stall_s"), ("train_lost_s", "train_lost_s"),
+               ("train_wait_s", "train_wait_s")]
 # kinds of request that carry a rank's uploaded bytes (summaries only know bytes_up in all)
 UPLOAD_KINDS = ("UploadPart", "PutObject")
 
@@ -51,10 +53,12 @@ def nan(value: float | None) -> float:
 
 
 def _span_mib_s(group_ops: pd.DataFrame, span: str) -> float:
-    """Bytes / MiB / the sum of another span (blocked, persisted) over the operations with it."""
+    """Bytes / MiB / another span (blocked, persisted) pooled over the operations with it: the
+    union of [first begin, first begin + span] per run (a cadence overlaps them)."""
     have = group_ops[group_ops[span].notna()]
-    return float(have["bytes"].sum() / MIB / have[span].sum()) if len(have) and \
-        have[span].sum() else math.nan
+    begins = have["first_begin_wall_s"].astype(float)
+    seconds = union_s(begins, begins + have[span].astype(float), have["run_id"])
+    return float(have["bytes"].sum() / MIB / seconds) if len(have) and seconds else math.nan
 
 
 def _slowest_mean(group_samples: pd.DataFrame, field: str) -> float:
@@ -63,6 +67,18 @@ def _slowest_mean(group_samples: pd.DataFrame, field: str) -> float:
         return math.nan
     per_op = group_samples.assign(_v=values).groupby(["run_id", "iteration"])["_v"].max()
     return mean_or_nan(per_op)
+
+
+def order_figures(group_ops: pd.DataFrame) -> dict[str, float]:
+    """The first operations of their processes (iteration 1: cold) and the later ones
+    (warm) apart: mean span and pooled aggregate of each (docs/report.md)."""
+    found = {}
+    for order in ("first", "later"):
+        ops = group_ops[group_ops["op_order"] == order] if "op_order" in group_ops \
+            else group_ops.iloc[0:0]
+        found[f"{order}_dur_s"] = float(ops["span_s"].mean()) if len(ops) else math.nan
+        found[f"{order}_mib_s"] = pooled(ops)["aggregate_mib_s"]
+    return found
 
 
 def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
@@ -90,6 +106,7 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
         "duration_mean_s": group_ops["span_s"].mean(),
         "duration_p50_s": q(group_ops["span_s"], 0.5),
         "duration_p90_s": q(group_ops["span_s"], 0.9),
+        **order_figures(group_ops),
         "aggregate_mib_s": aggregate,
         "slowest_rank_mib_s": figures["slowest_rank_mib_s"],
         "spread": figures["spread"],
@@ -171,6 +188,10 @@ def _request_bytes(summary: dict[str, Any]) -> dict[str, int]:
 
 def type_rows(labels: dict[str, Any], group_samples: pd.DataFrame, operations: int
               ) -> list[dict[str, Any]]:
+    """Per request type, per operation: none unless every sample has its requests (a sum of
+    what some samples have over all operations would read as fewer requests)."""
+    if not all(isinstance(r, dict) for r in group_samples["requests"]):
+        return []
     per_kind: dict[str, dict[str, Any]] = {}
     for summary in group_samples["requests"]:
         if not isinstance(summary, dict):

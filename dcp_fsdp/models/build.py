@@ -18,6 +18,7 @@ then about (parameters x R / world size).
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import torch
@@ -44,6 +45,7 @@ class ShardedModel:
     # along "replicate" needs its groups (rank/replicas.py)
     mesh: Any = None
     replicas: int = 1
+    fill_s: float | None = None  # filling the values (a restart loads them instead)
 
 
 REPLICATE_DIM, SHARD_DIM = "replicate", "shard"
@@ -97,8 +99,12 @@ def build_sharded_model(preset: str, dtype: Dtype, state: CheckpointState,
     if state == CheckpointState.model_and_optimizer:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         _create_optimizer_state(optimizer)
+    filling = time.monotonic()
     fill_state(dcp_state_dict(model, optimizer), seed)
-    return ShardedModel(model, optimizer, param_count, param_bytes, mesh, replicas)
+    if device.type == "cuda":  # the fill's kernels are done, not only queued
+        torch.cuda.synchronize(device)
+    return ShardedModel(model, optimizer, param_count, param_bytes, mesh, replicas,
+                        fill_s=time.monotonic() - filling)
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:

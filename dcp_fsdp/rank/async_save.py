@@ -22,6 +22,9 @@ not done yet (previous_wait_s). Then, per save:
   interval_s        the call until the K steps are done (the save's training interval)
   train_lost_s      interval_s - steps x the baseline step time: training time the save cost
   train_lost_share  train_lost_s / interval_s
+  train_wait_s      what the steps waited before their update for the staging (the first
+                    step's wait): apart from their compute time, which alone makes
+                    train_step_slowdown
 
 The upload runs DCP's collectives on a gloo group of its own, created once (untimed), so the
 training loop's group is never used from two threads at once (and nccl-only default groups,
@@ -64,6 +67,7 @@ class AsyncTiming:
     interval_s: float | None = None
     train_lost_s: float | None = None
     train_lost_share: float | None = None
+    train_wait_s: float | None = None
     # In flight (cadence): the upload, its completion marks, and the previous upload's end.
     begin_mono: float = 0.0
     upload: Future | None = dataclasses.field(default=None, repr=False)
@@ -261,13 +265,15 @@ class AsyncSaver:
         timing.staged_s = None if staged is None else staged - begin_mono
         timing.stall_s = max(blocked_end, staged or blocked_end) - begin_mono
         if steps is not None:
-            timing.train_steps = len(steps)
-            timing.train_step_slowdown = slowdown(steps, baseline_s)
-            timing.interval_s = (steps_end if steps else max(blocked_end, staged or 0.0)) \
+            timing.train_wait_s = steps.wait_s
+            steps_s = steps.compute_s
+            timing.train_steps = len(steps_s)
+            timing.train_step_slowdown = slowdown(steps_s, baseline_s)
+            timing.interval_s = (steps_end if steps_s else max(blocked_end, staged or 0.0)) \
                 - begin_mono
             if baseline_s and timing.interval_s > 0:
                 baseline_step_s = sum(baseline_s) / len(baseline_s)
-                timing.train_lost_s = timing.interval_s - len(steps) * baseline_step_s
+                timing.train_lost_s = timing.interval_s - len(steps_s) * baseline_step_s
                 timing.train_lost_share = timing.train_lost_s / timing.interval_s
         if self.cadence:
             return timing

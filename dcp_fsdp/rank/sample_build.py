@@ -91,6 +91,7 @@ def fill_save_figures(sample: Sample, save_mode: str, timing: Any, pickled: bool
     sample.previous_wait_s = timing.previous_wait_s
     sample.train_steps = timing.train_steps
     sample.train_step_slowdown = timing.train_step_slowdown
+    sample.train_wait_s = timing.train_wait_s
     sample.stall_s, sample.interval_s = timing.stall_s, timing.interval_s
     sample.train_lost_s = timing.train_lost_s
     sample.train_lost_share = timing.train_lost_share

@@ -133,6 +133,7 @@ class RankSession:
         sharded = build_sharded_model(cfg.model.preset, cfg.model.dtype, cfg.state, ctx.device,
                                       ctx.world_size, cfg.seed, cfg.model.replicas)
         self.init.build_s = time.monotonic() - t0
+        self.init.fill_s = sharded.fill_s
         t0 = time.monotonic()
         state_dict = make_state_dict(sharded)
         self.init.state_dict_s = time.monotonic() - t0

@@ -6,9 +6,11 @@ memory bandwidth and PCIe). The step is sized once, untimed (`calibrate`), so th
 takes about `step_s` with no checkpoint in flight; right before each save a few steps
 give the baseline; during the upload the same steps are timed again:
 
-    train_step_slowdown = mean step time while uploading / baseline mean - 1
+    train_step_slowdown = mean compute time of a step while uploading / baseline mean - 1
 
-The work is fixed (same matrices, same count of matmuls), so a slower step means the
+A step's compute time is its time less its wait before the update (below): the wait for
+staging is the stall (stall_s, train_lost_s), not interference, and is reported apart
+(StepTimes.wait_s). The work is fixed (same matrices, same count of matmuls), so a slower step means the
 device or host was busy with the checkpoint, not that the step changed.
 
 A step respects staging as a real optimizer must: its forward/backward (the matmuls) may run
@@ -20,7 +22,7 @@ waits on `before_update()` between the two, and `stall_wait_s` says how long it 
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -29,6 +31,14 @@ BASELINE_STEPS = 5  # steps timed right before each save, no checkpoint in fligh
 _CPU_SIZE = 256  # matrix side: small enough that a step can be tens of milliseconds on CPU
 _CUDA_SIZE = 4096  # large enough to keep a GPU busy per kernel
 _PROBE_S = 0.2  # calibration: run matmuls for at least this long to time one
+
+
+class StepTimes(NamedTuple):
+    """Steps run back to back: each one's compute time (its time less its wait before the
+    update), and the seconds they waited before their updates (staging) in all."""
+
+    compute_s: list[float]
+    wait_s: float
 
 
 def matmuls_for(step_s: float, matmul_s: float) -> int:
@@ -108,21 +118,22 @@ class TrainStep:
         return [self.step() for _ in range(steps)]
 
     def run_until(self, done: Callable[[], bool],
-                  before_update: Callable[[], object] | None = None) -> list[float]:
-        """Steps, back to back, until `done()` (checked between steps): their durations.
-        The first step waits on `before_update` before its update (staging)."""
-        times = []
+                  before_update: Callable[[], object] | None = None) -> StepTimes:
+        """Steps, back to back, until `done()` (checked between steps). The first step waits
+        on `before_update` before its update (staging)."""
+        compute, waited = [], 0.0
         while not done():
-            times.append(self.step(before_update))
+            compute.append(self.step(before_update) - self.stall_wait_s)
+            waited += self.stall_wait_s
             before_update = None
-        return times
+        return StepTimes(compute, waited)
 
-    def run(self, count: int, before_update: Callable[[], object] | None = None) -> list[float]:
+    def run(self, count: int, before_update: Callable[[], object] | None = None) -> StepTimes:
         """`count` steps back to back (the training between two saves), whatever the upload
         does; the first waits on `before_update` before its update (staging)."""
-        times = []
+        compute, waited = [], 0.0
         for _ in range(count):
-            times.append(self.step(before_update))
+            compute.append(self.step(before_update) - self.stall_wait_s)
+            waited += self.stall_wait_s
             before_update = None
-        return times
-
+        return StepTimes(compute, waited)

@@ -10,9 +10,13 @@ iteration of one run, over all its ranks:
                         the slowest rank's own time; >= aggregate, which also counts start skew)
 Several operations (a report group, an end-of-run "(all)" row, a tune trial) are *pooled*:
 every byte over every second, so a slow iteration weighs by its length (a median of
-per-iteration rates would hide it):
-  aggregate_mib_s     = sum(bytes) / MiB / sum(span_s)
-  slowest_rank_mib_s  = sum(bytes) / MiB / sum(slowest_rank_s)
+per-iteration rates would hide it). A second counts once: operations of one run that
+overlap (async saves with a cadence: save N persists after save N+1 began) share it:
+  pooled span_s       = the length of the union of the operations' [first begin, last end]
+                        per run, summed over runs (= sum(span_s) when none overlap)
+  overlap_s           = sum(span_s) - pooled span_s (the seconds counted twice)
+  aggregate_mib_s     = sum(bytes) / MiB / pooled span_s
+  slowest_rank_mib_s  = sum(bytes) / MiB / (sum(slowest_rank_s) - overlap_s)
   spread              = (max - min) / median of the operations' own aggregate_mib_s
                         (2 or more operations; above NOISY_SPREAD the group is marked noisy)
   efficiency          = aggregate_mib_s / the aggregate_mib_s of the raw operations
@@ -93,19 +97,52 @@ def is_noisy(value: float) -> bool:
     return not pd.isna(value) and value > NOISY_SPREAD
 
 
+def union_s(begins: Iterable[float], ends: Iterable[float], runs: Iterable[Any]) -> float:
+    """Seconds covered by the intervals [begin, end] of each run (their union), summed over
+    runs: time two operations of one run share counts once. Runs are apart: their clocks
+    need not be comparable (other hosts, other days)."""
+    per_run: dict[Any, list[tuple[float, float]]] = {}
+    for begin, end, run in zip(begins, ends, runs):
+        if not (pd.isna(begin) or pd.isna(end)):
+            per_run.setdefault(run, []).append((float(begin), float(end)))
+    covered = 0.0
+    for intervals in per_run.values():
+        intervals.sort()
+        start, stop = intervals[0]
+        for begin, end in intervals[1:]:
+            if begin > stop:
+                covered += stop - start
+                start, stop = begin, end
+            else:
+                stop = max(stop, end)
+        covered += stop - start
+    return covered
+
+
+def pooled_span_s(ops: pd.DataFrame) -> float:
+    """The pooled span of some operations: the union of their spans per run (module
+    docstring); the plain sum where the operations carry no wall-clock bounds."""
+    if "first_begin_wall_s" not in ops or "last_end_wall_s" not in ops:
+        return float(ops["span_s"].sum())
+    runs = ops["run_id"] if "run_id" in ops else pd.Series("", index=ops.index)
+    return union_s(ops["first_begin_wall_s"], ops["last_end_wall_s"], runs.fillna(""))
+
+
 def pooled(ops: pd.DataFrame) -> dict[str, float]:
     """The pooled figures of some operations (of one op): see the module docstring."""
     if ops.empty:
         return {"operations": 0, "bytes": math.nan, "span_s": math.nan,
                 "aggregate_mib_s": math.nan, "slowest_rank_mib_s": math.nan,
-                "spread": math.nan}
-    span_s = float(ops["span_s"].sum())
-    slowest_s = float(ops["slowest_rank_s"].sum()) if "slowest_rank_s" in ops else math.nan
+                "spread": math.nan, "overlap_s": math.nan}
+    span_s = pooled_span_s(ops)
+    overlap_s = max(0.0, float(ops["span_s"].sum()) - span_s)
+    slowest_s = (float(ops["slowest_rank_s"].sum()) - overlap_s if "slowest_rank_s" in ops
+                 else math.nan)
     nbytes = float(ops["bytes"].sum())
     return {"operations": len(ops), "bytes": nbytes, "span_s": span_s,
             "aggregate_mib_s": rate_mib_s(nbytes, span_s),
             "slowest_rank_mib_s": rate_mib_s(nbytes, slowest_s),
-            "spread": spread(ops["aggregate_mib_s"])}
+            "spread": spread(ops["aggregate_mib_s"]), "overlap_s": overlap_s}
 
 
 def _raw_pairs(ops: pd.DataFrame, all_ops: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -31,7 +31,9 @@ from dcp_fsdp.telemetry.record_checks import field_types, run_problem, sample_pr
 # 4: model.replicas > 1 (HSDP): samples carry replica (the rank's replica group) and, for
 # loads with model.replica_load=read_once, broadcast_s; bytes is the rank's share of its
 # replica's shards (the ranks' sum stays the checkpoint's state bytes).
-SCHEMA_VERSION = 4
+# 5: train_step_slowdown from the steps' compute time alone (before: their wait for staging
+# included); samples carry train_wait_s; init rows fill_s (the value fill inside build_s).
+SCHEMA_VERSION = 5
 # Job id, node count, node list and tasks per node (SLURM_NTASKS_PER_NODE is set only when
 # --ntasks-per-node was given; SLURM_TASKS_PER_NODE always is, e.g. "1(x8)").
 SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NUM_NODES", "SLURM_NNODES",
@@ -126,7 +128,8 @@ class Sample:
     persisted_s: float | None = None  # save: call -> upload and .metadata commit done
     previous_wait_s: float | None = None  # async: waiting for the previous upload to finish
     train_steps: int | None = None  # async + train_step_s: steps run while uploading
-    train_step_slowdown: float | None = None  # mean step time with upload / without - 1
+    # mean step compute time with upload / without - 1 (schema 5; before, waits included)
+    train_step_slowdown: float | None = None
     fetched_bytes: int | None = None  # load: bytes read from storage (>= bytes if amplified)
     written_bytes: int | None = None  # save: tensor bytes written to storage by this rank
     io_wait_s: float | None = None  # load: waiting for bytes from storage (inside io_s)
@@ -153,6 +156,10 @@ class Sample:
     # load, replica_load=read_once: seconds in the broadcast along the replicate dimension
     # (inside duration_s; replica 0 after its own read, the others waiting for it)
     broadcast_s: float | None = None
+    # -- schema 5 -------------------------------------------------------------------------
+    # async + train_step_s: seconds the steps waited before their update for the staging
+    # (in train_lost_s; not in the steps' compute time, train_step_slowdown)
+    train_wait_s: float | None = None
     run_id: str | None = None  # set when read back from a record file
 
 
@@ -167,6 +174,9 @@ class InitRow:
     init_s: float | None = None  # process start -> ready for the first timed operation
     peak_rss_bytes: int | None = None  # peak resident memory of the rank process
     untimed_request_count: int | None = None  # S3 requests outside every timed region
+    # the value fill inside build_s (schema 5): a real restart loads instead, so the
+    # restart time of `report --node-mtbf-hours` leaves it out
+    fill_s: float | None = None
 
 
 @dataclasses.dataclass

@@ -13,7 +13,8 @@ import torch
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from dcp_fsdp.config.schema import AsyncSaveConfig
-from dcp_fsdp.rank import async_save
+from dcp_fsdp.rank import async_save, train_step
+from dcp_fsdp.rank.train_step import StepTimes, TrainStep
 
 
 class Clock:
@@ -75,15 +76,17 @@ class FakeSteps:
     def __init__(self, clock: Clock, step_s: float) -> None:
         self.clock, self.step_s = clock, step_s
 
-    def run(self, count: int, before_update) -> list[float]:
-        steps = []
+    def run(self, count: int, before_update) -> StepTimes:
+        steps, waited = [], 0.0
         for index in range(count):
             self.clock.now += self.step_s / 2
             if index == 0:
+                before = self.clock.now
                 before_update()  # the first update waits for the staging
+                waited = self.clock.now - before
             self.clock.now += self.step_s / 2
             steps.append(self.step_s)
-        return steps
+        return StepTimes(steps, waited)
 
 
 @pytest.fixture
@@ -127,3 +130,33 @@ def test_a_cadence_overlaps_the_upload_and_the_next_save_waits_for_it(clock):
     assert second.previous_end_mono == 110.0
     assert second.blocked_s == 3.5 + 0.5  # the wait is inside the call's blocked time
     assert made.finish(first).persisted_s == 10.0
+
+
+def test_step_slowdown_is_compute_time_alone_and_the_staging_wait_is_reported_apart(clock):
+    """The real TrainStep on the fake clock (each matmul takes 0.5 s of it): the first step
+    computes 1 s, waits 1.5 s for staging before its update, and is as fast as the
+    baseline. Its wait is a stall (train_lost_s), not interference: slowdown 0, not
+    (3.5 + 2 + 2) / 3 / 2 - 1 = 0.25 as when the wait was counted in the step."""
+    fake = FakeDcp(clock, call_s=0.5, staged_after_s=3.0, persisted_after_s=20.0)
+    steps = TrainStep(torch.device("cpu"), step_s=1.0)
+    steps._a = steps._b = torch.zeros(1, 1)
+    steps.matmuls = 2
+
+    def matmul(a, b):
+        clock.now += 0.5
+        return a
+
+    made = saver(fake, steps, cadence=3)
+    with mock.patch.object(async_save, "dcp", fake), \
+            mock.patch.object(train_step.time, "perf_counter", clock.monotonic), \
+            mock.patch.object(train_step.torch, "mm", matmul):
+        baseline = steps.baseline(2)
+        assert baseline == [1.0, 1.0]
+        begin = clock.now
+        timing = made.save({}, writer=None, begin_mono=begin, baseline_s=baseline)
+    # 0.5 s call, step 1: 1 s compute, 1.5 s wait (staged at +3.0), steps 2 and 3: 1 s each
+    assert timing.train_wait_s == 1.5
+    assert timing.train_step_slowdown == 0.0
+    assert timing.interval_s == 0.5 + 1.0 + 1.5 + 2.0
+    assert timing.train_lost_s == timing.interval_s - 3 * 1.0  # the call and the wait
+    assert timing.stall_s == 3.0

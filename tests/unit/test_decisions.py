@@ -15,11 +15,40 @@ from tests.unit.analysis_kit import ONE_ITERATION, lines, variant
 def test_job_mtbf_young_and_daly_by_hand():
     # 6000 h per node over 512 nodes: 6000 x 3600 / 512 = 42,187.5 s
     assert decisions.job_mtbf_s(6000, 512) == 42187.5
-    # C = 60 s: sqrt(2 x 60 x 42,187.5) = sqrt(5,062,500) = 2,250 s; Daly 2,250 - 60
+    # C = 60 s: sqrt(2 x 60 x 42,187.5) = sqrt(5,062,500) = 2,250 s; Daly's higher order:
+    # C / 2M = 1 / 1,406.25, its root 1 / 37.5: 2,250 x (1 + 1/112.5 + 1/12,656.25) - 60
+    # = 2,250 + 20 + 0.1778 - 60 = 2,210.18 s
     assert decisions.young_interval_s(60, 42187.5) == pytest.approx(2250.0)
-    assert decisions.daly_interval_s(60, 42187.5) == pytest.approx(2190.0)
-    # C >= M / 2 is beyond Daly's first-order range: checkpoint every M
-    assert decisions.daly_interval_s(30000, 42187.5) == 42187.5
+    assert decisions.daly_interval_s(60, 42187.5) == pytest.approx(2210.1778, abs=1e-4)
+    # C >= 2M is beyond Daly's range: checkpoint every M
+    assert decisions.daly_interval_s(2 * 42187.5, 42187.5) == 42187.5
+
+
+@pytest.mark.parametrize("mtbf_s", [1.0, 42187.5])
+def test_daly_has_no_step_at_half_the_mtbf_and_ends_at_eight_ninths_of_it(mtbf_s):
+    """The first-order form's sqrt(2CM) - C is M/2 at C = M/2, where the old code jumped to M;
+    the higher-order form goes smoothly through it: M (1 + 1/6 + 1/36) - M/2 = 25/36 M."""
+    half = mtbf_s / 2
+    below, at, above = (decisions.daly_interval_s(c, mtbf_s)
+                        for c in (half * (1 - 1e-9), half, half * (1 + 1e-9)))
+    assert at == pytest.approx(25 / 36 * mtbf_s)
+    assert below == pytest.approx(at) and above == pytest.approx(at)
+    # just below 2M: 2M (1 + 1/3 + 1/9) - 2M = 8/9 M; from 2M on, M
+    assert decisions.daly_interval_s(2 * mtbf_s * (1 - 1e-12), mtbf_s) == \
+        pytest.approx(8 / 9 * mtbf_s)
+    assert decisions.daly_interval_s(2 * mtbf_s, mtbf_s) == mtbf_s
+
+
+def test_the_model_says_where_it_stops_holding():
+    m = 1000.0
+    # x = (tau + C + L + R) / M: 0.2 is the first-order model's limit
+    assert decisions.validity(150, 40, m, 10, 0, None) == (decisions.HOLDS, pytest.approx(0.2))
+    assert decisions.validity(150, 40, m, 10.1, 0, None)[0] == decisions.ROUGH
+    lost = decisions.time_lost(150, 40, m, 10)
+    assert decisions.validity(150, 40, m, 10, 0, lost)[0] == decisions.HOLDS
+    whole = decisions.time_lost(10, 9, m, 100)  # 90 % stalls + 0.5 % rework + 10 % restarts
+    assert whole.total >= 1
+    assert decisions.validity(10, 9, m, 100, 0, whole)[0] == decisions.MEANINGLESS
 
 
 def test_llama3_failure_rate_is_about_6000_node_hours():
@@ -92,7 +121,7 @@ def test_report_prints_interval_share_and_dollars_with_inputs(tmp_path, capsys):
     r = (max(s["end_wall_s"] for s in loads) - min(s["begin_wall_s"] for s in loads)
          + max(i["init_s"] for i in run["init"]))
     m = 6000 * 3600 / 512
-    daly = math.sqrt(2 * c * m) - c
+    daly = decisions.daly_interval_s(c, m)
     assert f"{daly / 60:.1f}" in out and f"{math.sqrt(2 * c * m) / 60:.1f}" in out
     assert f"{decisions.time_lost(daly, c, m, r).total:.2%}" in out
     assert f"{decisions.time_lost(1800, c, m, r).total:.2%}" in out
@@ -116,7 +145,8 @@ def test_a_file_system_shows_no_dollars(tmp_path, capsys):
     assert "dollars: none (a file system: no request or storage charges)" in out
     row = next(line for line in out.splitlines() if line.startswith("#1 "))
     assert "no dollars (fs)" in row and "$" not in row
-    assert "1 nodes: job MTBF M = 6,000 h (the run's node count" in out
+    assert "1 nodes: job MTBF M = 6,000 h" in out
+    assert "NOTE: no --nodes: M is for the runs' own 1 node(s), not the training job's" in out
 
 
 @pytest.mark.parametrize("argv, message", [
