@@ -24,8 +24,7 @@ from typing import Any
 from dcp_fsdp import contract
 from dcp_fsdp.config.validate import check_suffix  # the setting's syntax: a config check
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.storage import metadata_peek
-from dcp_fsdp.storage.metadata_peek import MetadataFacts
+from dcp_fsdp.storage.metadata_peek import MAX_METADATA_BYTES, MetadataFacts, read_facts
 
 __all__ = ["CEILING_ROOT", "MANIFEST_NAME", "METADATA_NAME", "CheckpointInfo", "check_loadable",
            "check_suffix", "encode_manifest", "metadata_facts", "new_suffix", "read_manifest",
@@ -143,11 +142,11 @@ def metadata_facts(store, suffix: str) -> MetadataFacts:
     handed = handed_metadata_facts(suffix)
     if handed is not None:
         return handed
-    raw = store.get_small(suffix, METADATA_NAME, metadata_peek.MAX_METADATA_BYTES + 1)
+    raw = store.get_small(suffix, METADATA_NAME, MAX_METADATA_BYTES + 1)
     if raw is None:
         raise UserError(f"suffix={suffix}: {METADATA_NAME} could not be read (removed, or not "
                         "readable with these credentials); the checkpoint was not loaded")
-    return metadata_peek.read_facts(raw, f"suffix={suffix}: {METADATA_NAME}")
+    return read_facts(raw, f"suffix={suffix}: {METADATA_NAME}")
 
 
 def handed_metadata_facts(suffix: str) -> MetadataFacts | None:
