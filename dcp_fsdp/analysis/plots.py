@@ -32,23 +32,43 @@ def _series_label(row: pd.Series, keys: list[str]) -> str:
 
 
 def plot(result: dict[str, Any], directory: Path) -> list[Path]:
+    """The report's figures as PNG files in `directory`; the paths written."""
     import matplotlib
 
     matplotlib.use("Agg")
+    directory.mkdir(parents=True, exist_ok=True)
+    if result["operations"].empty:
+        return []
+    samples = result["samples"]
+    op_names = sorted(dict.fromkeys(samples["op"]), key=lambda op: OP_ORDER.get(op, 9))
+    written = [_throughput_plot(result, directory / "throughput_vs_nodes.png"),
+               _rank_durations_plot(result, op_names, directory / "rank_durations.png")]
+    latency = _latency_plot(samples, op_names, directory / "request_latency.png")
+    return written + ([latency] if latency else [])
+
+
+def _colors() -> list[str]:
     import matplotlib.pyplot as plt
 
-    directory.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    ops = result["operations"]
-    samples = result["samples"]
-    keys = result["group_keys"]
-    if ops.empty:
-        return written
-    series_keys = [k for k in keys if k not in ("nodes", "ranks")]
-    varying = [k for k in series_keys if ops[k].astype(str).nunique() > 1 or k == "op"]
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
-    # 1. aggregate MiB/s vs node count (and vs ranks), one line per operation / setting
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _throughput_plot(result: dict[str, Any], path: Path) -> Path:
+    """Aggregate MiB/s vs node count (and vs ranks), one line per operation / setting."""
+    import matplotlib.pyplot as plt
+
+    ops = result["operations"]
+    series_keys = [k for k in result["group_keys"] if k not in ("nodes", "ranks")]
+    varying = [k for k in series_keys if ops[k].astype(str).nunique() > 1 or k == "op"]
+    colors = _colors()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
     for index, (_label, group) in enumerate(ops.groupby(varying, sort=True)):
         label = _series_label(group.iloc[0], varying)
@@ -70,51 +90,23 @@ def plot(result: dict[str, Any], directory: Path) -> list[Path]:
     axes[1].legend(fontsize=8, loc="best")
     fig.suptitle("Checkpoint throughput: line = group aggregate, dots = single operations")
     fig.tight_layout()
-    path = directory / "throughput_vs_nodes.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    return _save(fig, path)
 
-    # 2. per-rank durations and where they went: rows = groups, columns = operations
-    op_names = sorted(dict.fromkeys(samples["op"]), key=lambda op: OP_ORDER.get(op, 9))
+
+def _rank_durations_plot(result: dict[str, Any], op_names: list[str], path: Path) -> Path:
+    """Per-rank durations and where they went: rows = groups, columns = operations."""
+    import matplotlib.pyplot as plt
+
+    samples, keys = result["samples"], result["group_keys"]
     other = [k for k in keys if k != "op" and samples[k].astype(str).nunique() > 1]
     groups = list(samples.groupby(other, sort=True)) if other else [(None, samples)]
     shown = groups[:MAX_PLOT_GROUPS]
     fig, axes = plt.subplots(len(shown), len(op_names), squeeze=False,
                              figsize=(6.2 * len(op_names), 3.6 * len(shown) + 0.6))
-    phase_colors = {"plan": "#9ecae1", "io": "#3182bd", "commit": "#fd8d3c"}
     for row, (_, group) in enumerate(shown):
         label = _series_label(group.iloc[0], other) if other else ""
         for column, op in enumerate(op_names):
-            axis = axes[row][column]
-            op_samples = group[group["op"] == op]
-            if op_samples.empty:
-                axis.set_visible(False)
-                continue
-            per_rank = op_samples.groupby("rank").agg(
-                plan=("plan_s", lambda v: mean_or_nan(v.astype(float))),
-                io=("io_s", lambda v: mean_or_nan(v.astype(float))),
-                commit=("commit_s", lambda v: mean_or_nan(v.astype(float))),
-                duration=("duration_s", "mean"))
-            ranks = per_rank.index.to_numpy()
-            if per_rank[["plan", "io", "commit"]].notna().all(axis=None):
-                bottom = 0.0
-                for phase in ("plan", "io", "commit"):
-                    axis.bar(ranks, per_rank[phase], bottom=bottom, width=0.7,
-                             color=phase_colors[phase], label=f"{phase} (mean)")
-                    bottom = bottom + per_rank[phase]
-            else:  # older records: no phase breakdown
-                axis.bar(ranks, per_rank["duration"], width=0.7, color="#bdbdbd",
-                         label="duration (mean)")
-            axis.scatter(op_samples["rank"], op_samples["duration_s"], color="black", s=14,
-                         zorder=3, label="each iteration")
-            axis.set_ylim(0, float(op_samples["duration_s"].max()) * 1.15)
-            step = max(1, len(ranks) // 16)
-            axis.set_xticks(ranks[::step])
-            axis.set_xlabel("rank")
-            axis.set_ylabel("seconds")
-            axis.set_title(f"{op}{' · ' + label if label else ''}", fontsize=10)
-            axis.grid(alpha=0.3, axis="y")
+            _rank_panel(axes[row][column], group[group["op"] == op], f"{op}{' · ' + label if label else ''}")
     handles: dict[str, Artist] = {}
     for axis in axes.flat:
         for handle, name in zip(*axis.get_legend_handles_labels()):
@@ -126,52 +118,87 @@ def plot(result: dict[str, Any], directory: Path) -> list[Path]:
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles),
                fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.05 if len(shown) == 1 else 0.03, 1, 1))
-    path = directory / "rank_durations.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    return _save(fig, path)
 
-    # 3. request latency distribution: CDF per request type, one panel per operation
-    # (only operations with request statistics: the raw ceiling's have none)
+
+_PHASE_COLORS = {"plan": "#9ecae1", "io": "#3182bd", "commit": "#fd8d3c"}
+
+
+def _rank_panel(axis, op_samples: pd.DataFrame, title: str) -> None:
+    if op_samples.empty:
+        axis.set_visible(False)
+        return
+    per_rank = op_samples.groupby("rank").agg(
+        plan=("plan_s", lambda v: mean_or_nan(v.astype(float))),
+        io=("io_s", lambda v: mean_or_nan(v.astype(float))),
+        commit=("commit_s", lambda v: mean_or_nan(v.astype(float))),
+        duration=("duration_s", "mean"))
+    ranks = per_rank.index.to_numpy()
+    if per_rank[["plan", "io", "commit"]].notna().all(axis=None):
+        bottom: Any = 0.0
+        for phase in ("plan", "io", "commit"):
+            axis.bar(ranks, per_rank[phase], bottom=bottom, width=0.7,
+                     color=_PHASE_COLORS[phase], label=f"{phase} (mean)")
+            bottom = bottom + per_rank[phase]
+    else:  # older records: no phase breakdown
+        axis.bar(ranks, per_rank["duration"], width=0.7, color="#bdbdbd", label="duration (mean)")
+    axis.scatter(op_samples["rank"], op_samples["duration_s"], color="black", s=14,
+                 zorder=3, label="each iteration")
+    axis.set_ylim(0, float(op_samples["duration_s"].max()) * 1.15)
+    step = max(1, len(ranks) // 16)
+    axis.set_xticks(ranks[::step])
+    axis.set_xlabel("rank")
+    axis.set_ylabel("seconds")
+    axis.set_title(title, fontsize=10)
+    axis.grid(alpha=0.3, axis="y")
+
+
+def _latency_plot(samples: pd.DataFrame, op_names: list[str], path: Path) -> Path | None:
+    """Request latency distribution: CDF per request type, one panel per operation (only
+    operations with request statistics: the raw ceiling's have none)."""
+    import matplotlib.pyplot as plt
+
     has_requests = samples["requests"].map(lambda r: isinstance(r, dict))
     request_ops = [op for op in op_names if has_requests[samples["op"] == op].any()]
-    if request_ops:
-        fig, axes = plt.subplots(1, len(request_ops), figsize=(6 * len(request_ops), 4.6),
-                                 squeeze=False)
-        for axis, op in zip(axes[0], request_ops):
-            requests = samples.loc[samples["op"] == op, "requests"]
-            kinds: dict[str, int] = {}
-            for summary in requests:
-                for kind, entry in ((summary or {}).get("by_type") or {}).items() \
-                        if isinstance(summary, dict) else []:
-                    kinds[kind] = kinds.get(kind, 0) + (entry.get("count") or 0)
-            for index, kind in enumerate(sorted(kinds, key=lambda k: -kinds[k])):
-                hist = latency_histogram(requests, kinds=[kind])
-                items = sorted((int(i), n) for i, n in hist.items())
-                total = sum(n for _, n in items)
-                xs, ys, seen = [], [], 0
-                for bucket, n in items:
-                    low, high = bucket_bounds_ms(bucket)
-                    xs += [low, high]
-                    ys += [seen / total, (seen + n) / total]
-                    seen += n
-                p50, p99 = hist_quantile(hist, 0.5), hist_quantile(hist, 0.99)
-                axis.plot(xs, ys, color=colors[index % len(colors)],
-                          label=f"{kind} (n={total}, p50 {p50:.1f} ms, p99 {p99:.1f} ms)")
-            axis.set_xscale("log")
-            # decade labels only: minor labels overlap on a narrow span
-            axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-            axis.set_xlabel("request latency ms (log scale)")
-            axis.set_ylabel("fraction of requests at or below")
-            axis.set_ylim(0, 1.02)
-            axis.axhline(0.5, color="grey", linewidth=0.6, linestyle=":")
-            axis.axhline(0.99, color="grey", linewidth=0.6, linestyle=":")
-            axis.set_title(f"{op}: S3 request latency by type (all groups)")
-            axis.grid(alpha=0.3, which="both")
-            axis.legend(fontsize=7, loc="lower right")
-        fig.tight_layout()
-        path = directory / "request_latency.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
-    return written
+    if not request_ops:
+        return None
+    fig, axes = plt.subplots(1, len(request_ops), figsize=(6 * len(request_ops), 4.6), squeeze=False)
+    for axis, op in zip(axes[0], request_ops):
+        _latency_panel(axis, samples.loc[samples["op"] == op, "requests"], op)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _latency_panel(axis, requests: pd.Series, op: str) -> None:
+    import matplotlib
+
+    colors = _colors()
+    kinds: dict[str, int] = {}
+    for summary in requests:
+        for kind, entry in ((summary or {}).get("by_type") or {}).items() \
+                if isinstance(summary, dict) else []:
+            kinds[kind] = kinds.get(kind, 0) + (entry.get("count") or 0)
+    for index, kind in enumerate(sorted(kinds, key=lambda k: -kinds[k])):
+        hist = latency_histogram(requests, kinds=[kind])
+        items = sorted((int(i), n) for i, n in hist.items())
+        total = sum(n for _, n in items)
+        xs, ys, seen = [], [], 0
+        for bucket, n in items:
+            low, high = bucket_bounds_ms(bucket)
+            xs += [low, high]
+            ys += [seen / total, (seen + n) / total]
+            seen += n
+        p50, p99 = hist_quantile(hist, 0.5), hist_quantile(hist, 0.99)
+        axis.plot(xs, ys, color=colors[index % len(colors)],
+                  label=f"{kind} (n={total}, p50 {p50:.1f} ms, p99 {p99:.1f} ms)")
+    axis.set_xscale("log")
+    # decade labels only: minor labels overlap on a narrow span
+    axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    axis.set_xlabel("request latency ms (log scale)")
+    axis.set_ylabel("fraction of requests at or below")
+    axis.set_ylim(0, 1.02)
+    axis.axhline(0.5, color="grey", linewidth=0.6, linestyle=":")
+    axis.axhline(0.99, color="grey", linewidth=0.6, linestyle=":")
+    axis.set_title(f"{op}: S3 request latency by type (all groups)")
+    axis.grid(alpha=0.3, which="both")
+    axis.legend(fontsize=7, loc="lower right")

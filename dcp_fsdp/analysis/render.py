@@ -170,94 +170,110 @@ def _differing_keys(result: dict[str, Any]) -> tuple[list[str], list[str]]:
     return differ, shared
 
 
+class _Page:
+    """The report's text as it is written: lines, wrapped for a terminal (fmt "table") or
+    left whole for markdown (fmt "md"), and its tables compact or full."""
+
+    def __init__(self, fmt: str, width: int, compact: bool, keys: list[str], legend) -> None:
+        self.fmt, self.width, self.compact = fmt, width, compact
+        self.keys, self.legend = keys, legend
+        self.out: list[str] = []
+
+    def wrapped(self, text: str, indent: str = "") -> None:
+        if self.fmt == "table":
+            self.out.extend(textwrap.wrap(text, self.width, subsequent_indent=indent + "    ",
+                                          initial_indent=indent, break_on_hyphens=False))
+        else:
+            self.out.append(indent + text)
+
+    def heading(self, text: str) -> None:
+        self.out.append(f"### {text}\n" if self.fmt == "md" else f"{text}\n{'-' * len(text)}")
+
+    def table(self, frame: pd.DataFrame, columns: list[Column]) -> None:
+        if not self.compact and self.legend is None:
+            self.out.append(full_table(frame, self.keys, columns, "github" if self.fmt == "md" else "simple"))
+        else:
+            keys = self.keys
+            if self.legend is not None:
+                frame, keys = _with_legend(frame, self.keys, self.legend)
+            text, dropped = compact_table(frame, keys, columns, self.width)
+            self.out.append(text)
+            if dropped:
+                self.wrapped(f"(to fit {self.width} columns, left out: {', '.join(dropped)}; "
+                             "--wide shows every column)")
+        self.out.append("")
+
+    def text(self) -> str:
+        return "\n".join(self.out).rstrip() + "\n"
+
+
 def render(result: dict[str, Any], fmt: str, warnings: list[str], width: int | None = None,
            wide: bool = False) -> str:
     """fmt "table" (the terminal; compact to `width` unless `wide`) or "md"."""
     width = width or DEFAULT_WIDTH
     compact = fmt == "table" and not wide
-    out: list[str] = []
-
-    def wrapped(text: str, indent: str = "") -> None:
-        if fmt == "table":
-            out.extend(textwrap.wrap(text, width, subsequent_indent=indent + "    ",
-                                     initial_indent=indent, break_on_hyphens=False))
-        else:
-            out.append(indent + text)
-
-    def heading(text: str) -> None:
-        out.append(f"### {text}\n" if fmt == "md" else f"{text}\n{'-' * len(text)}")
-
-    keys = result["group_keys"]
-    legend = None
+    keys, legend, shared = result["group_keys"], None, list[str]()
     if compact and not result["throughput"].empty:
         keys, shared = _differing_keys(result)
         legend = _legend(result["throughput"], keys, width)
-    else:
-        shared = []
+    page = _Page(fmt, width, compact, keys, legend)
+    _summary(page, result["runs"], shared)
+    _figures(page, result)
+    if legend is not None:
+        page.heading("Groups (the group column above)")
+        rest = [k for k in keys if k != "op"]
+        for values, name in legend.items():
+            page.wrapped(f"{name}: " + ", ".join(f"{k}={v}" for k, v in zip(rest, values)), "  ")
+        page.out.append("")
+    _left_out(page, result["not_ok"])
+    for warning in warnings:
+        page.wrapped(f"note: {warning}")
+    return page.text()
 
-    def table(frame: pd.DataFrame, columns: list[Column]) -> None:
-        if legend is not None:
-            frame, shown_keys = _with_legend(frame, keys, legend)
-            text, dropped = compact_table(frame, shown_keys, columns, width)
-            out.append(text)
-            if dropped:
-                wrapped(f"(to fit {width} columns, left out: {', '.join(dropped)}; "
-                        "--wide shows every column)")
-        elif not compact:
-            out.append(full_table(frame, keys, columns, "github" if fmt == "md" else "simple"))
-        else:
-            text, dropped = compact_table(frame, keys, columns, width)
-            out.append(text)
-            if dropped:
-                wrapped(f"(to fit {width} columns, left out: {', '.join(dropped)}; "
-                        "--wide shows every column)")
-        out.append("")
 
-    runs = result["runs"]
+def _summary(page: _Page, runs: pd.DataFrame, shared: list[str]) -> None:
     ok = int((runs["status"] == "ok").sum()) if len(runs) else 0
     incomplete = int((runs["status"] == "incomplete").sum()) if len(runs) else 0
     failed = len(runs) - ok - incomplete
-    wrapped(f"{len(runs)} run(s) read: {ok} ok, {failed} failed or interrupted"
-            + (f", {incomplete} incomplete record(s)" if incomplete else "")
-            + " (left out of every figure)." + ("\n" if fmt == "md" else ""))
+    page.wrapped(f"{len(runs)} run(s) read: {ok} ok, {failed} failed or interrupted"
+                 + (f", {incomplete} incomplete record(s)" if incomplete else "")
+                 + " (left out of every figure)." + ("\n" if page.fmt == "md" else ""))
     if shared:
-        wrapped("All groups: " + ", ".join(shared) + ".")
-    renamed = _key_headers([k for k in keys if "." in k]) if compact and legend is None else {}
+        page.wrapped("All groups: " + ", ".join(shared) + ".")
+    renamed = (_key_headers([k for k in page.keys if "." in k])
+               if page.compact and page.legend is None else {})
     if renamed:
-        wrapped("Settings: " + ", ".join(f"{h}={k}" for k, h in renamed.items()) + ".")
+        page.wrapped("Settings: " + ", ".join(f"{h}={k}" for k, h in renamed.items()) + ".")
     if shared or renamed:
-        out.append("")
+        page.out.append("")
+
+
+def _figures(page: _Page, result: dict[str, Any]) -> None:
     if result["throughput"].empty:
-        out.append("no successful save or load to report.")
-    else:
-        heading("Throughput (one row per group)")
-        table(result["throughput"], cols.THROUGHPUT)
-        heading("S3 requests in the timed regions (all ranks)")
-        table(result["throughput"], cols.REQUESTS)
-        heading("DCP phases, memory and coordination (mean per rank and operation)")
-        table(result["phases"], cols.PHASES)
-        if not result["types"].empty:
-            heading("S3 requests by type (timed regions, all ranks)")
-            table(result["types"], cols.TYPES)
-    if legend is not None:
-        heading("Groups (the group column above)")
-        rest = [k for k in keys if k != "op"]
-        for values, name in legend.items():
-            wrapped(f"{name}: " + ", ".join(f"{k}={v}" for k, v in zip(rest, values)), "  ")
-        out.append("")
-    not_ok = result["not_ok"]
-    if len(not_ok):
-        wrapped(f"Left out of every figure: {len(not_ok)} run(s) that did not finish or whose "
-                "record is not whole:" + ("\n" if fmt == "md" else ""))
-        for _, run in not_ok.iterrows():
-            error = run["error"] if isinstance(run["error"], str) else ""
-            error = " ".join(error.split())[:200]
-            wrapped(f"{run['run_id']} ({run['command']}, {run['status']})"
-                    f"{': ' + error if error else ''}", "- " if fmt == "md" else "  ")
-        out.append("")
-    for warning in warnings:
-        wrapped(f"note: {warning}")
-    return "\n".join(out).rstrip() + "\n"
+        page.out.append("no successful save or load to report.")
+        return
+    page.heading("Throughput (one row per group)")
+    page.table(result["throughput"], cols.THROUGHPUT)
+    page.heading("S3 requests in the timed regions (all ranks)")
+    page.table(result["throughput"], cols.REQUESTS)
+    page.heading("DCP phases, memory and coordination (mean per rank and operation)")
+    page.table(result["phases"], cols.PHASES)
+    if not result["types"].empty:
+        page.heading("S3 requests by type (timed regions, all ranks)")
+        page.table(result["types"], cols.TYPES)
+
+
+def _left_out(page: _Page, not_ok: pd.DataFrame) -> None:
+    if not len(not_ok):
+        return
+    page.wrapped(f"Left out of every figure: {len(not_ok)} run(s) that did not finish or whose "
+                 "record is not whole:" + ("\n" if page.fmt == "md" else ""))
+    for _, run in not_ok.iterrows():
+        error = run["error"] if isinstance(run["error"], str) else ""
+        error = " ".join(error.split())[:200]
+        page.wrapped(f"{run['run_id']} ({run['command']}, {run['status']})"
+                     f"{': ' + error if error else ''}", "- " if page.fmt == "md" else "  ")
+    page.out.append("")
 
 
 def wide_csv(result: dict[str, Any]) -> pd.DataFrame:
