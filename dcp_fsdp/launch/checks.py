@@ -69,16 +69,19 @@ def cuda_device_count() -> int:
         return 0
 
 
-def check_devices(backend: Backend, ranks_here: int, device_count) -> None:
+def check_devices(backend: Backend, ranks_here: int, device_count,
+                  bound_per_task: bool = False) -> None:
     """`ranks_here` ranks on this machine, one CUDA device each under nccl.
-    `device_count` is called only when the backend may use CUDA."""
+    `device_count` is called only when the backend may use CUDA. `bound_per_task`: a
+    torchrun rank that sees exactly the one GPU its task is bound to (Slurm's
+    --gpus-per-task=1: CUDA_VISIBLE_DEVICES names one device), which is its own."""
     if backend == Backend.gloo:
         return
     count = device_count()
     if backend == Backend.nccl and count == 0:
         raise UserError("backend=nccl needs CUDA devices, and none is visible here (check "
                         "CUDA_VISIBLE_DEVICES and the driver); use backend=gloo or backend=auto")
-    if count and ranks_here > count:
+    if count and ranks_here > count and not (count == 1 and bound_per_task):
         raise UserError(f"nproc={ranks_here}: only {count} CUDA device(s) visible here and "
                         f"backend={backend.value} gives each rank its own; use nproc={count} or "
                         "fewer, or backend=gloo for CPU ranks")

@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 
 from dcp_fsdp.config.schema import AsyncCheckpointer, AsyncSaveConfig
+from dcp_fsdp.rank.device import sync_device
 from dcp_fsdp.rank.train_step import TrainStep, slowdown
 
 _RANK_FILE = re.compile(r"(?:^|/)__(\d+)_\d+\.distcp$")
@@ -122,7 +123,10 @@ class AsyncSaver:
         self.config = config
         self.rank = rank
         self.process = config.checkpointer == AsyncCheckpointer.process
-        self.options = staging_options(config, torch.accelerator.is_available())
+        self.device = device
+        # Pinned staging by the rank's device, not the machine's: a gloo rank on a GPU host
+        # would pin host memory, and open a CUDA context on GPU 0 to do it.
+        self.options = staging_options(config, accelerator=device.type != "cpu")
         self.stager: DefaultStager | None = None
         self.reuse_stager = True  # False where torch's stager stages once (stager_reusable)
         self._stager_used = False
@@ -246,6 +250,7 @@ class AsyncSaver:
         def staging_done() -> None:  # what an optimizer step must wait for before updating
             if staging is not None:
                 staging.result()
+                sync_device(self.device)  # (torch syncs its staging stream; any other copy)
                 marks.setdefault("staged", time.monotonic())  # its callback may not have run yet
 
         steps = None
