@@ -150,7 +150,7 @@ class AsyncSaver:
             return
         self.group = dist.new_group(backend="gloo")
         self.reuse_stager = stager_reusable()
-        self.stager = DefaultStager(self.options)
+        self.stager = self.new_stager()
         if self.process:
             # What async_save would do inside the first timed save: spawn the daemon and
             # join its process group (seconds). Started from the main thread, which lives as
@@ -162,6 +162,15 @@ class AsyncSaver:
         if self.train_step is not None:
             self.train_step.calibrate()
 
+    def new_stager(self) -> DefaultStager:
+        """torch's stager; on a CPU rank, one with no accelerator stream (compat.host_stager:
+        torch's would open a CUDA context on a GPU host)."""
+        if self.device.type == "cpu" and self.options.use_async_staging:
+            from dcp_fsdp import compat
+
+            return compat.host_stager(self.options)
+        return DefaultStager(self.options)
+
     def renew_stager(self) -> None:
         """A fresh stager for the next save, where torch's cannot stage twice. Called once
         the previous save is persisted (in `finish`, outside every timed region; with a
@@ -171,7 +180,7 @@ class AsyncSaver:
             return
         if self.stager is not None:
             self.stager.close()
-        self.stager = DefaultStager(self.options)
+        self.stager = self.new_stager()
         self._stager_used = False
 
     def baseline(self) -> list[float]:

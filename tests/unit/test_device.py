@@ -213,6 +213,25 @@ def test_pinned_staging_follows_the_ranks_device_not_the_machine(monkeypatch):
     assert nccl_rank.options.use_pinned_memory and nccl_rank.options.use_non_blocking_copy
 
 
+def test_a_cpu_ranks_stager_stages_in_its_thread_without_an_accelerator_stream(monkeypatch):
+    """torch's DefaultStager makes torch.Stream() (a CUDA context on GPU 0) whenever the
+    machine has an accelerator; a gloo rank's must not."""
+    def no_stream(*args, **kwargs):
+        raise AssertionError("a CPU rank made an accelerator stream")
+
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "Stream", no_stream)
+    saver = async_save.AsyncSaver(AsyncSaveConfig(), torch.device("cpu"), 0.0, rank=0)
+    assert saver.options.use_async_staging
+    stager = saver.new_stager()
+    try:
+        staged = stager.stage({"weight": torch.arange(4.0)})
+        assert isinstance(staged, Future)  # staged in the stager's thread
+        assert torch.equal(staged.result()["weight"], torch.arange(4.0))
+    finally:
+        stager.close()
+
+
 # -- a process group that fails in bounded time (item 12) ------------------------------------
 
 @pytest.mark.parametrize("backend", ["nccl", "gloo"])
