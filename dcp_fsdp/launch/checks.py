@@ -4,7 +4,8 @@ The settings themselves are checked by `config/validate.py`; here: can the recor
 written (results_dir), are there the cores and CUDA devices the ranks will claim, and do
 the environment variables we read make sense. Each failure is one UserError line naming
 the setting or variable and the fix. No torch import here: the launcher stays light
-(CUDA devices are counted in a subprocess, and only when the backend may use them).
+(CUDA devices are counted from the driver, launch/gpus.py, only when the backend may use
+them).
 
 And, should the record still not be writable at the end of a run, `write_record`
 puts it in a fallback directory rather than lose the measurement.
@@ -16,8 +17,6 @@ import functools
 import json
 import os
 import re
-import subprocess
-import sys
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import Backend, BenchmarkConfig, StorageKind
@@ -57,16 +56,13 @@ def _cuda_driver_present() -> bool:
 @functools.cache
 def cuda_device_count() -> int:
     """CUDA devices this process could use; 0 without a driver (answered at once), else
-    counted by torch in a subprocess (the launcher itself never imports torch)."""
+    counted from the driver and CUDA_VISIBLE_DEVICES (launch/gpus.py: no torch import, no
+    CUDA start-up)."""
     if not _cuda_driver_present():
         return 0
-    try:
-        answer = subprocess.run([sys.executable, "-c",
-                                 "import torch; print(torch.cuda.device_count())"],
-                                capture_output=True, text=True, timeout=120)
-        return int(answer.stdout.strip().splitlines()[-1])
-    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-        return 0
+    from dcp_fsdp.launch.gpus import visible_gpu_count
+
+    return visible_gpu_count()
 
 
 def check_devices(backend: Backend, ranks_here: int, device_count,
@@ -191,7 +187,7 @@ def check_model(cfg: BenchmarkConfig) -> None:
 
 def check_launch(cfg: BenchmarkConfig) -> None:
     """Everything the local launcher checks before storage and ranks (about a millisecond
-    without a CUDA driver; a torch import in a subprocess with one)."""
+    without a CUDA driver; an `nvidia-smi -L` with one)."""
     check_model(cfg)
     check_environment(cfg)
     check_results_dir(cfg.results_dir)
