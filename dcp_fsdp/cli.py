@@ -146,6 +146,7 @@ def check_torchrun_rank(cfg) -> None:
         return torch.cuda.device_count()
     checks.check_devices(cfg.backend, ranks_here, torch_device_count,
                          bound_per_task=one_device_per_task())
+    checks.check_staging_space(cfg, ranks_here, int(os.environ["WORLD_SIZE"]))
 
 
 def run_command(command: str, overrides: list[str]) -> int:

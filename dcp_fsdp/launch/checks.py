@@ -17,15 +17,18 @@ import functools
 import json
 import os
 import re
+import shutil
 
 from dcp_fsdp import contract, log
-from dcp_fsdp.config.schema import Backend, BenchmarkConfig, StorageKind
+from dcp_fsdp.config.schema import (AsyncCheckpointer, Backend, BenchmarkConfig, Command,
+                                    StorageKind)
 from dcp_fsdp.config.validate import check_endpoint, check_region, check_replicas
 from dcp_fsdp.errors import UserError
 # where records go (and their fallback), shared with the ranks and `report`:
 from dcp_fsdp.telemetry.results_dir import (fallback_results_dir, record_written,  # noqa: F401
                                             writable_dir_problem, write_record)
 
+GIB = 2**30
 RANKS_PER_CORE = 4  # more ranks than this per core only measures the scheduler
 CONNECTOR_LOG_ENV = ("S3_TORCH_CONNECTOR_DEBUG_LOGS", "S3_TORCH_CONNECTOR_LOGS_DIR_PATH")
 
@@ -81,6 +84,45 @@ def check_devices(backend: Backend, ranks_here: int, device_count,
         raise UserError(f"nproc={ranks_here}: only {count} CUDA device(s) visible here and "
                         f"backend={backend.value} gives each rank its own; use nproc={count} or "
                         "fewer, or backend=gloo for CPU ranks")
+
+
+SHM_PATH = "/dev/shm"
+_DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+
+
+def state_bytes_estimate(cfg: BenchmarkConfig) -> int:
+    """The checkpoint's bytes from the model's shape, dtype and state (no torch): weights,
+    plus AdamW's two moments of the same dtype with state=model_and_optimizer."""
+    from dcp_fsdp.models.llama_model_config import param_count
+    from dcp_fsdp.models.presets import PRESETS
+
+    weights = param_count(PRESETS[cfg.model.preset]) * _DTYPE_BYTES[cfg.model.dtype.value]
+    return weights * (3 if cfg.state.value == "model_and_optimizer" else 1)
+
+
+def check_staging_space(cfg: BenchmarkConfig, ranks_here: int, world_size: int,
+                        shm_path: str = SHM_PATH) -> None:
+    """save_mode=async with the process checkpointer stages each rank's shard in shared
+    memory (/dev/shm, 64 MiB in a Docker container by default): too small, and the
+    checkpoint daemon dies mid-staging. Checked against this node's shards."""
+    saves = cfg.command in (Command.save, Command.save_and_load)
+    if not (saves and cfg.save_mode.value == "async" and cfg.async_save.shared_memory
+            and cfg.async_save.checkpointer == AsyncCheckpointer.process):
+        return
+    try:
+        free_bytes = shutil.disk_usage(shm_path).free
+    except OSError:  # no /dev/shm (not Linux): torch shares memory another way
+        return
+    # each rank holds 1 / (world / replicas) of the state (replicas hold copies)
+    need_bytes = -(-state_bytes_estimate(cfg) * cfg.model.replicas * ranks_here // world_size)
+    if need_bytes > free_bytes:
+        size_gib = -(-need_bytes * 5 // 4 // GIB)  # a quarter more, whole GiB
+        raise UserError(
+            f"async_save.checkpointer=process stages each rank's shard in {shm_path} "
+            f"(async_save.shared_memory=true): the {ranks_here} rank(s) here need about "
+            f"{need_bytes / GIB:.2f} GiB and it has {free_bytes / GIB:.2f} GiB free; enlarge it "
+            f"(docker run --shm-size={size_gib}g, or a larger tmpfs), or use "
+            "async_save.checkpointer=thread or async_save.shared_memory=false")
 
 
 def check_nproc(nproc: int) -> None:
@@ -194,3 +236,4 @@ def check_launch(cfg: BenchmarkConfig) -> None:
     check_nproc(cfg.nproc)
     check_replicas(cfg.model.replicas, cfg.nproc, "nproc")
     check_devices(cfg.backend, cfg.nproc, cuda_device_count)
+    check_staging_space(cfg, cfg.nproc, cfg.nproc)

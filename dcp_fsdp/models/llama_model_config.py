@@ -68,6 +68,25 @@ GPT_SHAPES: dict[str, ModelShape] = {
 }
 
 
+def param_count(shape: ModelShape) -> int:
+    """The parameters `hf_config(shape)` builds, by arithmetic (no torch, no transformers:
+    the light parent sizes a run with it). Llama: untied embeddings, no biases; GPT-2: tied
+    embeddings, learned positions, biases and two LayerNorm vectors per norm."""
+    hidden, layers = shape.hidden_size, shape.num_layers
+    if shape.family == "llama":
+        kv_dim = hidden // shape.num_heads * (shape.num_kv_heads or shape.num_heads)
+        intermediate = shape.intermediate_size or 4 * hidden
+        per_layer = 2 * hidden * hidden + 2 * hidden * kv_dim + 3 * hidden * intermediate \
+            + 2 * hidden
+        return 2 * shape.vocab_size * hidden + layers * per_layer + hidden
+    per_layer = (2 * 2 * hidden  # two LayerNorms
+                 + hidden * 3 * hidden + 3 * hidden  # c_attn
+                 + hidden * hidden + hidden  # attention c_proj
+                 + hidden * 4 * hidden + 4 * hidden  # c_fc
+                 + 4 * hidden * hidden + hidden)  # mlp c_proj
+    return (shape.vocab_size + shape.max_positions) * hidden + layers * per_layer + 2 * hidden
+
+
 def hf_config(shape: ModelShape):
     """The transformers config object for a shape."""
     if shape.family == "llama":

@@ -102,3 +102,12 @@ def test_built_shards_hold_their_values_in_the_target_dtype_on_the_device(one_ra
     assert verify.first_mismatch(state_dict, seed=8) is not None
     assert verify.local_bytes(state_dict) == sum(t.numel() * t.element_size()
                                                  for t in flat.values())
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_param_count_by_arithmetic_is_what_transformers_builds(preset):
+    """The light parent sizes a run (e.g. /dev/shm for the process checkpointer) without
+    building the model: its count must be the built model's, for every preset."""
+    from dcp_fsdp.models.llama_model_config import param_count
+
+    assert param_count(PRESETS[preset]) == meta_param_count(preset)
