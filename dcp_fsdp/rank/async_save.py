@@ -65,6 +65,7 @@ class AsyncTiming:
     interval_s: float | None = None
     train_lost_s: float | None = None
     train_lost_share: float | None = None
+    stager_renewed: bool | None = None  # torch's stager stages once: a fresh one per save
     # In flight (cadence): the upload, its completion marks, and the previous upload's end.
     begin_mono: float = 0.0
     upload: Future | None = dataclasses.field(default=None, repr=False)
@@ -253,7 +254,8 @@ class AsyncSaver:
         timing = AsyncTiming(blocked_s=blocked_end - begin_mono, staged_s=None, persisted_s=0.0,
                              previous_wait_s=previous_wait_s, end_mono=None,
                              begin_mono=begin_mono, upload=upload, marks=marks,
-                             previous_end_mono=previous_end)
+                             previous_end_mono=previous_end,
+                             stager_renewed=not self.reuse_stager)
         self._pending = timing
 
         def staging_done() -> None:  # what an optimizer step must wait for before updating

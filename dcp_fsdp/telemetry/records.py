@@ -31,7 +31,7 @@ from dcp_fsdp.telemetry.record_checks import field_types, run_problem, sample_pr
 # 4: model.replicas > 1 (HSDP): samples carry replica (the rank's replica group) and, for
 # loads with model.replica_load=read_once, broadcast_s; bytes is the rank's share of its
 # replica's shards (the ranks' sum stays the checkpoint's state bytes).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Job id, node count, node list and tasks per node (SLURM_NTASKS_PER_NODE is set only when
 # --ntasks-per-node was given; SLURM_TASKS_PER_NODE always is, e.g. "1(x8)").
 SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NUM_NODES", "SLURM_NNODES",
@@ -153,6 +153,11 @@ class Sample:
     # load, replica_load=read_once: seconds in the broadcast along the replicate dimension
     # (inside duration_s; replica 0 after its own read, the others waiting for it)
     broadcast_s: float | None = None
+    # -- schema 5 -------------------------------------------------------------------------
+    # async save: torch's stager stages once (2.11), so this save ran on a fresh one whose
+    # staging allocated its pinned / shared buffers again (inside staged_s and stall_s);
+    # False: the stager and its buffers are reused from save to save; None: sync
+    stager_renewed: bool | None = None
     run_id: str | None = None  # set when read back from a record file
 
 
