@@ -234,6 +234,8 @@ class AsyncSaver:
             async_checkpointer_type=(AsyncCheckpointerType.PROCESS if self.process
                                      else AsyncCheckpointerType.THREAD),
             async_stager=self.stager)
+        # No device synchronize here: with async staging the copies run on torch's staging
+        # stream after the call returns, and a device-wide sync would put them in blocked_s.
         blocked_end = time.monotonic()
         self._stager_used = True
         marks: dict[str, float] = {}
