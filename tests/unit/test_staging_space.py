@@ -71,3 +71,20 @@ def test_the_need_is_this_nodes_share_of_the_shards(shm_free):
     shm_free["free"] -= 1
     with pytest.raises(UserError, match="the 4 rank"):
         checks.check_staging_space(cfg, 4, 16)
+
+
+def test_each_torchrun_rank_checks_its_nodes_share_before_joining(shm_free, monkeypatch,
+                                                                  tmp_path):
+    from dcp_fsdp.cli import check_torchrun_rank
+
+    for name, value in {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0",
+                        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("DCP_FSDP_RUN_ID", raising=False)
+    monkeypatch.delenv("DCP_FSDP_ARGV", raising=False)
+    cfg = config(*PROCESS_ASYNC, f"results_dir={tmp_path}", "backend=gloo")
+    with pytest.raises(UserError, match="the 2 rank"):
+        check_torchrun_rank(cfg)
+    shm_free["free"] = checks.state_bytes_estimate(cfg) // 2  # 2 of 4 ranks on this node
+    check_torchrun_rank(cfg)
