@@ -126,6 +126,7 @@ def check_torchrun_rank(cfg) -> None:
     from dcp_fsdp.errors import UserError
     from dcp_fsdp.launch import checks
     from dcp_fsdp.launch.preflight import needs_embedded_server
+    from dcp_fsdp.rank.device import one_device_per_task
 
     ranks_here = checks.check_torchrun_environment()
     checks.check_model(cfg)
@@ -143,8 +144,9 @@ def check_torchrun_rank(cfg) -> None:
         import torch
 
         return torch.cuda.device_count()
-    checks.check_devices(cfg.backend, ranks_here, torch_device_count)
-    checks.check_memory(cfg, ranks_here, int(os.environ["WORLD_SIZE"]))
+    checks.check_devices(cfg.backend, ranks_here, torch_device_count,
+                         bound_per_task=one_device_per_task())
+    checks.check_staging_space(cfg, ranks_here, int(os.environ["WORLD_SIZE"]))
 
 
 def run_command(command: str, overrides: list[str]) -> int:

@@ -223,3 +223,26 @@ def save_planner(plan_caching: bool, cache_key: str):
     planner = DefaultSavePlanner(enable_plan_caching=True)
     planner._cached_plans_key = f"{type(planner).__name__}:{cache_key}"
     return planner
+
+
+def host_stager(options: Any) -> Any:
+    """A DefaultStager that stages in its background thread (`options.use_async_staging`)
+    without an accelerator stream: for CPU (gloo) ranks. torch's own creates
+    `torch.Stream()` whenever an accelerator is available on the machine, which opens a CUDA
+    context on GPU 0 in every gloo rank of a GPU host. Private: `_config` and
+    `_staging_executor`, set as DefaultStager.__init__ would (torch 2.11-2.15)."""
+    import dataclasses
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torch.distributed.checkpoint.staging import DefaultStager
+
+    if options.use_pinned_memory or options.use_non_blocking_copy:
+        raise ValueError("host_stager: pinned memory and non-blocking copies need a device")
+    stager = DefaultStager(dataclasses.replace(options, use_async_staging=False))
+    if not all(hasattr(stager, name) for name in ("_config", "_staging_executor")):
+        raise _missing("DefaultStager._config/_staging_executor", "torch",
+                       "use async_save.async_staging=false on CPU ranks")
+    if options.use_async_staging:
+        stager._config = options
+        stager._staging_executor = ThreadPoolExecutor(max_workers=1)
+    return stager

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from dcp_fsdp.analysis.caveats import stager_note
 from dcp_fsdp.analysis.completeness import incomplete_runs
 from dcp_fsdp.telemetry.figures import NOISE_HINT, NOISY_SPREAD
 from dcp_fsdp.analysis.metrics import per_operation, samples_frame
@@ -233,10 +234,12 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
     result["throughput"] = ordered(pd.DataFrame(throughput), group_keys)
     noisy = int(result["throughput"]["spread"].gt(NOISY_SPREAD).sum())
     if noisy:
-        result["notes"] = [f"{noisy} group(s) marked noisy: their iterations' aggregate MiB/s "
+        result["notes"] += [f"{noisy} group(s) marked noisy: their iterations' aggregate MiB/s "
                            f"differ by more than {100 * NOISY_SPREAD:.0f} % of their median "
                            f"(spread); {NOISE_HINT}. Differences smaller than the spread are "
                            "not a result."]
+    if "stager_renewed" in frame and (note := stager_note(frame["stager_renewed"])):
+        result["notes"].append(note)
     result["phases"] = ordered(pd.DataFrame(phases), group_keys)
     result["types"] = ordered(pd.DataFrame(types), group_keys)
     return result

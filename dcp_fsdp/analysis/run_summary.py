@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from dcp_fsdp.analysis.caveats import stager_note
 from dcp_fsdp.telemetry.records import RunRecord, Sample
 
 
@@ -69,4 +70,5 @@ def async_lines(samples: list[Sample]) -> list[str]:
                      f"{worst.train_lost_share:.1%} of a {worst.interval_s:.3f} s interval "
                      f"(rank {worst.rank})")
         lines.append(line + f"; persisted {persisted:.3f} s")
-    return lines
+    note = stager_note(s.stager_renewed for s in saves)
+    return lines + ([note] if note else [])

@@ -4,7 +4,8 @@ The settings themselves are checked by `config/validate.py`; here: can the recor
 written (results_dir), are there the cores and CUDA devices the ranks will claim, and do
 the environment variables we read make sense. Each failure is one UserError line naming
 the setting or variable and the fix. No torch import here: the launcher stays light
-(CUDA devices are counted in a subprocess, and only when the backend may use them).
+(CUDA devices are counted from the driver, launch/gpus.py, only when the backend may use
+them).
 
 And, should the record still not be writable at the end of a run, `write_record`
 puts it in a fallback directory rather than lose the measurement.
@@ -16,17 +17,18 @@ import functools
 import json
 import os
 import re
-import subprocess
-import sys
+import shutil
 
 from dcp_fsdp import contract, log
-from dcp_fsdp.config.schema import Backend, BenchmarkConfig, StorageKind
+from dcp_fsdp.config.schema import (AsyncCheckpointer, Backend, BenchmarkConfig, Command,
+                                    StorageKind)
 from dcp_fsdp.config.validate import check_endpoint, check_region, check_replicas
 from dcp_fsdp.errors import UserError
 # where records go (and their fallback), shared with the ranks and `report`:
 from dcp_fsdp.telemetry.results_dir import (fallback_results_dir, record_written,  # noqa: F401
                                             writable_dir_problem, write_record)
 
+GIB = 2**30
 RANKS_PER_CORE = 4  # more ranks than this per core only measures the scheduler
 CONNECTOR_LOG_ENV = ("S3_TORCH_CONNECTOR_DEBUG_LOGS", "S3_TORCH_CONNECTOR_LOGS_DIR_PATH")
 
@@ -57,31 +59,70 @@ def _cuda_driver_present() -> bool:
 @functools.cache
 def cuda_device_count() -> int:
     """CUDA devices this process could use; 0 without a driver (answered at once), else
-    counted by torch in a subprocess (the launcher itself never imports torch)."""
+    counted from the driver and CUDA_VISIBLE_DEVICES (launch/gpus.py: no torch import, no
+    CUDA start-up)."""
     if not _cuda_driver_present():
         return 0
-    try:
-        answer = subprocess.run([sys.executable, "-c",
-                                 "import torch; print(torch.cuda.device_count())"],
-                                capture_output=True, text=True, timeout=120)
-        return int(answer.stdout.strip().splitlines()[-1])
-    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-        return 0
+    from dcp_fsdp.launch.gpus import visible_gpu_count
+
+    return visible_gpu_count()
 
 
-def check_devices(backend: Backend, ranks_here: int, device_count) -> None:
+def check_devices(backend: Backend, ranks_here: int, device_count,
+                  bound_per_task: bool = False) -> None:
     """`ranks_here` ranks on this machine, one CUDA device each under nccl.
-    `device_count` is called only when the backend may use CUDA."""
+    `device_count` is called only when the backend may use CUDA. `bound_per_task`: a
+    torchrun rank that sees exactly the one GPU its task is bound to (Slurm's
+    --gpus-per-task=1: CUDA_VISIBLE_DEVICES names one device), which is its own."""
     if backend == Backend.gloo:
         return
     count = device_count()
     if backend == Backend.nccl and count == 0:
         raise UserError("backend=nccl needs CUDA devices, and none is visible here (check "
                         "CUDA_VISIBLE_DEVICES and the driver); use backend=gloo or backend=auto")
-    if count and ranks_here > count:
+    if count and ranks_here > count and not (count == 1 and bound_per_task):
         raise UserError(f"nproc={ranks_here}: only {count} CUDA device(s) visible here and "
                         f"backend={backend.value} gives each rank its own; use nproc={count} or "
                         "fewer, or backend=gloo for CPU ranks")
+
+
+SHM_PATH = "/dev/shm"
+_DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+
+
+def state_bytes_estimate(cfg: BenchmarkConfig) -> int:
+    """The checkpoint's bytes from the model's shape, dtype and state (no torch): weights,
+    plus AdamW's two moments of the same dtype with state=model_and_optimizer."""
+    from dcp_fsdp.models.llama_model_config import param_count
+    from dcp_fsdp.models.presets import PRESETS
+
+    weights = param_count(PRESETS[cfg.model.preset]) * _DTYPE_BYTES[cfg.model.dtype.value]
+    return weights * (3 if cfg.state.value == "model_and_optimizer" else 1)
+
+
+def check_staging_space(cfg: BenchmarkConfig, ranks_here: int, world_size: int,
+                        shm_path: str = SHM_PATH) -> None:
+    """save_mode=async with the process checkpointer stages each rank's shard in shared
+    memory (/dev/shm, 64 MiB in a Docker container by default): too small, and the
+    checkpoint daemon dies mid-staging. Checked against this node's shards."""
+    saves = cfg.command in (Command.save, Command.save_and_load)
+    if not (saves and cfg.save_mode.value == "async" and cfg.async_save.shared_memory
+            and cfg.async_save.checkpointer == AsyncCheckpointer.process):
+        return
+    try:
+        free_bytes = shutil.disk_usage(shm_path).free
+    except OSError:  # no /dev/shm (not Linux): torch shares memory another way
+        return
+    # each rank holds 1 / (world / replicas) of the state (replicas hold copies)
+    need_bytes = -(-state_bytes_estimate(cfg) * cfg.model.replicas * ranks_here // world_size)
+    if need_bytes > free_bytes:
+        size_gib = -(-need_bytes * 5 // 4 // GIB)  # a quarter more, whole GiB
+        raise UserError(
+            f"async_save.checkpointer=process stages each rank's shard in {shm_path} "
+            f"(async_save.shared_memory=true): the {ranks_here} rank(s) here need about "
+            f"{need_bytes / GIB:.2f} GiB and it has {free_bytes / GIB:.2f} GiB free; enlarge it "
+            f"(docker run --shm-size={size_gib}g, or a larger tmpfs), or use "
+            "async_save.checkpointer=thread or async_save.shared_memory=false")
 
 
 def check_nproc(nproc: int) -> None:
@@ -187,22 +228,9 @@ def check_model(cfg: BenchmarkConfig) -> None:
 
 
 # -- memory ----------------------------------------------------------------------------------
-GIB = 1 << 30
-DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 # A rank holds more than its state at moments (the build, a save's staging, a load's
 # buffers): above this share of what is available the run is warned, not refused.
 MEMORY_WARN_SHARE = 0.5
-
-
-def state_bytes_per_rank(cfg: BenchmarkConfig, world_size: int) -> int:
-    """The checkpointed state one rank holds: its shard of the model's parameters, and of
-    AdamW's two moments with state=model_and_optimizer (each replica holds a whole copy)."""
-    from dcp_fsdp.models.llama_model_config import param_count
-    from dcp_fsdp.models.presets import PRESETS
-
-    copies = 3 if cfg.state.value == "model_and_optimizer" else 1
-    whole = param_count(PRESETS[cfg.model.preset]) * DTYPE_BYTES[cfg.model.dtype.value] * copies
-    return whole * cfg.model.replicas // max(1, world_size)
 
 
 def available_memory_bytes() -> int:
@@ -226,7 +254,8 @@ def check_memory(cfg: BenchmarkConfig, ranks_here: int, world_size: int) -> None
     before the build rather than killed by the kernel part way (SIGKILL, no record)."""
     if cfg.backend == Backend.nccl or (cfg.backend == Backend.auto and _cuda_driver_present()):
         return  # the state lives on the GPUs
-    per_rank = state_bytes_per_rank(cfg, world_size)
+    # each rank holds 1 / (world / replicas) of the state (replicas hold copies)
+    per_rank = state_bytes_estimate(cfg) * cfg.model.replicas // max(1, world_size)
     needed, available = per_rank * ranks_here, available_memory_bytes()
     what = f"model={cfg.model.preset} model.dtype={cfg.model.dtype.value} state={cfg.state.value}"
     if needed > available:
@@ -243,7 +272,7 @@ def check_memory(cfg: BenchmarkConfig, ranks_here: int, world_size: int) -> None
 
 def check_launch(cfg: BenchmarkConfig) -> None:
     """Everything the local launcher checks before storage and ranks (about a millisecond
-    without a CUDA driver; a torch import in a subprocess with one)."""
+    without a CUDA driver; an `nvidia-smi -L` with one)."""
     check_model(cfg)
     check_environment(cfg)
     check_results_dir(cfg.results_dir)
@@ -252,3 +281,4 @@ def check_launch(cfg: BenchmarkConfig) -> None:
     check_devices(cfg.backend, cfg.nproc, cuda_device_count)
     if cfg.command.value != "ceiling":
         check_memory(cfg, cfg.nproc, cfg.nproc)
+    check_staging_space(cfg, cfg.nproc, cfg.nproc)

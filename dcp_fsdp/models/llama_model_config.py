@@ -34,21 +34,6 @@ class ModelShape:
     rms_norm_eps: float = LLAMA_RMS_NORM_EPS
 
 
-def param_count(shape: ModelShape) -> int:
-    """The model's parameters, from its shape alone (no torch, no transformers): what the
-    light parent needs to size a run before any rank builds it. Matches the built model's
-    `sum(p.numel())` exactly (tests/unit/test_models.py)."""
-    h, layers, vocab = shape.hidden_size, shape.num_layers, shape.vocab_size
-    if shape.family == "llama":
-        assert shape.intermediate_size is not None and shape.num_kv_heads is not None
-        kv = h // shape.num_heads * shape.num_kv_heads
-        attention = 2 * h * h + 2 * h * kv  # q, o; k, v (no biases)
-        layer = attention + 3 * h * shape.intermediate_size + 2 * h  # gate/up/down, 2 norms
-        return 2 * vocab * h + layers * layer + h  # untied embeddings and head, final norm
-    layer = (h * 3 * h + 3 * h) + (h * h + h) + (h * 4 * h + 4 * h) + (4 * h * h + h) + 4 * h
-    return vocab * h + shape.max_positions * h + layers * layer + 2 * h  # tied head, ln_f
-
-
 def llama(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int,
           vocab_size: int = LLAMA_VOCAB_SIZE,
           max_positions: int = LLAMA_MAX_POSITIONS) -> ModelShape:
@@ -81,6 +66,25 @@ GPT_SHAPES: dict[str, ModelShape] = {
     "GPT-4B": gpt2(2560, 32, 32),
     "tiny_gpt2": gpt2(256, 4, 4, vocab_size=8192, n_positions=512),
 }
+
+
+def param_count(shape: ModelShape) -> int:
+    """The parameters `hf_config(shape)` builds, by arithmetic (no torch, no transformers:
+    the light parent sizes a run with it). Llama: untied embeddings, no biases; GPT-2: tied
+    embeddings, learned positions, biases and two LayerNorm vectors per norm."""
+    hidden, layers = shape.hidden_size, shape.num_layers
+    if shape.family == "llama":
+        kv_dim = hidden // shape.num_heads * (shape.num_kv_heads or shape.num_heads)
+        intermediate = shape.intermediate_size or 4 * hidden
+        per_layer = 2 * hidden * hidden + 2 * hidden * kv_dim + 3 * hidden * intermediate \
+            + 2 * hidden
+        return 2 * shape.vocab_size * hidden + layers * per_layer + hidden
+    per_layer = (2 * 2 * hidden  # two LayerNorms
+                 + hidden * 3 * hidden + 3 * hidden  # c_attn
+                 + hidden * hidden + hidden  # attention c_proj
+                 + hidden * 4 * hidden + 4 * hidden  # c_fc
+                 + 4 * hidden * hidden + hidden)  # mlp c_proj
+    return (shape.vocab_size + shape.max_positions) * hidden + layers * per_layer + 2 * hidden
 
 
 def hf_config(shape: ModelShape):

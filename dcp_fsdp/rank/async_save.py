@@ -48,6 +48,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 
 from dcp_fsdp.config.schema import AsyncCheckpointer, AsyncSaveConfig
+from dcp_fsdp.rank.device import sync_device
 from dcp_fsdp.rank.train_step import TrainStep, slowdown
 
 _RANK_FILE = re.compile(r"(?:^|/)__(\d+)_\d+\.distcp$")
@@ -68,6 +69,7 @@ class AsyncTiming:
     train_lost_s: float | None = None
     train_lost_share: float | None = None
     train_wait_s: float | None = None
+    stager_renewed: bool | None = None  # torch's stager stages once: a fresh one per save
     # In flight (cadence): the upload, its completion marks, and the previous upload's end.
     begin_mono: float = 0.0
     upload: Future | None = dataclasses.field(default=None, repr=False)
@@ -126,7 +128,10 @@ class AsyncSaver:
         self.config = config
         self.rank = rank
         self.process = config.checkpointer == AsyncCheckpointer.process
-        self.options = staging_options(config, torch.accelerator.is_available())
+        self.device = device
+        # Pinned staging by the rank's device, not the machine's: a gloo rank on a GPU host
+        # would pin host memory, and open a CUDA context on GPU 0 to do it.
+        self.options = staging_options(config, accelerator=device.type != "cpu")
         self.stager: DefaultStager | None = None
         self.reuse_stager = True  # False where torch's stager stages once (stager_reusable)
         self._stager_used = False
@@ -150,7 +155,7 @@ class AsyncSaver:
             return
         self.group = dist.new_group(backend="gloo")
         self.reuse_stager = stager_reusable()
-        self.stager = DefaultStager(self.options)
+        self.stager = self.new_stager()
         if self.process:
             # What async_save would do inside the first timed save: spawn the daemon and
             # join its process group (seconds). Started from the main thread, which lives as
@@ -162,6 +167,15 @@ class AsyncSaver:
         if self.train_step is not None:
             self.train_step.calibrate()
 
+    def new_stager(self) -> DefaultStager:
+        """torch's stager; on a CPU rank, one with no accelerator stream (compat.host_stager:
+        torch's would open a CUDA context on a GPU host)."""
+        if self.device.type == "cpu" and self.options.use_async_staging:
+            from dcp_fsdp import compat
+
+            return compat.host_stager(self.options)
+        return DefaultStager(self.options)
+
     def renew_stager(self) -> None:
         """A fresh stager for the next save, where torch's cannot stage twice. Called once
         the previous save is persisted (in `finish`, outside every timed region; with a
@@ -171,7 +185,7 @@ class AsyncSaver:
             return
         if self.stager is not None:
             self.stager.close()
-        self.stager = DefaultStager(self.options)
+        self.stager = self.new_stager()
         self._stager_used = False
 
     def baseline(self) -> list[float]:
@@ -224,6 +238,8 @@ class AsyncSaver:
             async_checkpointer_type=(AsyncCheckpointerType.PROCESS if self.process
                                      else AsyncCheckpointerType.THREAD),
             async_stager=self.stager)
+        # No device synchronize here: with async staging the copies run on torch's staging
+        # stream after the call returns, and a device-wide sync would put them in blocked_s.
         blocked_end = time.monotonic()
         self._stager_used = True
         marks: dict[str, float] = {}
@@ -244,12 +260,14 @@ class AsyncSaver:
         timing = AsyncTiming(blocked_s=blocked_end - begin_mono, staged_s=None, persisted_s=0.0,
                              previous_wait_s=previous_wait_s, end_mono=None,
                              begin_mono=begin_mono, upload=upload, marks=marks,
-                             previous_end_mono=previous_end)
+                             previous_end_mono=previous_end,
+                             stager_renewed=not self.reuse_stager)
         self._pending = timing
 
         def staging_done() -> None:  # what an optimizer step must wait for before updating
             if staging is not None:
                 staging.result()
+                sync_device(self.device)  # (torch syncs its staging stream; any other copy)
                 marks.setdefault("staged", time.monotonic())  # its callback may not have run yet
 
         steps = None

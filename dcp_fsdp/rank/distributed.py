@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from dcp_fsdp.config.schema import Backend
 from dcp_fsdp.errors import BenchmarkFailure, UserError
+from dcp_fsdp.rank.device import cuda_index, nccl_environment, one_device_per_task
 
 if TYPE_CHECKING:
     from dcp_fsdp.storage.base import CheckpointStore
@@ -42,15 +43,26 @@ def choose_backend(setting: Backend) -> str:
     return setting.value
 
 
+def rank_device(backend: str, local_rank: int, local_world_size: int) -> torch.device:
+    """nccl: one of the CUDA devices this process sees (rank/device.py's cuda_index: all of
+    the node's, or the one its task is bound to); gloo: the CPU (no CUDA context)."""
+    if backend != "nccl":
+        return torch.device("cpu")
+    return torch.device("cuda", cuda_index(local_rank, local_world_size,
+                                           torch.cuda.device_count(), one_device_per_task()))
+
+
 def init_distributed(backend_setting: Backend, timeout_s: float) -> RankContext:
-    """Join the process group torchrun (or our launcher) described in the environment."""
+    """Join the process group torchrun (or our launcher) described in the environment.
+    `timeout_s` (collective_timeout_s) bounds every collective: with nccl's async error
+    handling on, a collective stuck on a dead peer ends the rank after it."""
     backend = choose_backend(backend_setting)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if backend == "nccl":
-        device = torch.device("cuda", local_rank)
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    device = rank_device(backend, local_rank, local_world_size)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+    os.environ.update(nccl_environment(backend))  # read when the nccl group is made
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend, init_method="env://",

@@ -25,12 +25,13 @@ from dcp_fsdp.config.schema import BenchmarkConfig, Command, ReplicaLoad
 from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.models import values
 from dcp_fsdp.models.build import ShardedModel, local_tensor, replica_of
+from dcp_fsdp.rank.device import sync_device
 from dcp_fsdp.rank.distributed import (RankContext, drop_cache_on_node, first_problem,
                                        gather_to_coordinator, rank0_decides)
 from dcp_fsdp.rank.sample_build import OpClocks, build_sample, fill_save_figures
 from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.rank.memory import PeakMemory
-from dcp_fsdp.rank.progress import Heartbeat
+from dcp_fsdp.process.progress import Heartbeat
 from dcp_fsdp.rank.replicas import read_once_load, replica_share
 from dcp_fsdp.rank.state import (apply_state_dict, checkable_seed, checkpoint_mismatch, first_mismatch,
                                  flat_tensors, local_bytes)
@@ -187,9 +188,10 @@ class CheckpointLoop:
                 dcp.save(self.state_dict, storage_writer=storage_io, planner=planner)
             elif self.read_once:  # replica 0 reads, the others receive (rank/replicas.py)
                 broadcast_s = read_once_load(self.state_dict, storage_io, self.sharded.mesh,
-                                             self.replica)
+                                             self.replica, self.ctx.device)
             else:
                 dcp.load(self.state_dict, storage_reader=storage_io)
+            sync_device(self.ctx.device)  # queued CUDA work ends before end_mono is read
         peak_rss, cuda_peak = memory.end() if marks else (None, None)
         minor_faults = memory.minor_faults if marks else None  # (finish may run later)
 

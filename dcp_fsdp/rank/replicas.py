@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from dcp_fsdp.models.build import REPLICATE_DIM, SHARD_DIM, unique_shards
+from dcp_fsdp.rank.device import sync_device
 
 
 def replica_share(nbytes: int, replicas: int, replica: int) -> int:
@@ -33,14 +34,18 @@ def replica_share(nbytes: int, replicas: int, replica: int) -> int:
     return nbytes * (replica + 1) // replicas - nbytes * replica // replicas
 
 
-def read_once_load(state_dict: dict[str, Any], storage_reader, mesh, replica: int) -> float:
+def read_once_load(state_dict: dict[str, Any], storage_reader, mesh, replica: int,
+                   device: Any = None) -> float:
     """Replica 0 loads from storage, then the replicate dimension broadcasts what it read.
-    Returns the seconds this rank spent in the broadcast (on replica 0: after its load)."""
+    Returns the seconds this rank spent in the broadcast (on replica 0: after its load),
+    `device` (the rank's) synchronized at both ends."""
     if replica == 0:
         dcp.load(state_dict, storage_reader=storage_reader,
                  process_group=mesh.get_group(SHARD_DIM))
+    sync_device(device)  # the load's copies are not the broadcast's
     started = time.monotonic()
     broadcast_from_first_replica(state_dict, mesh.get_group(REPLICATE_DIM))
+    sync_device(device)  # NCCL: wait() returns before the copy has landed
     return time.monotonic() - started
 
 

@@ -95,5 +95,6 @@ def fill_save_figures(sample: Sample, save_mode: str, timing: Any, pickled: bool
     sample.stall_s, sample.interval_s = timing.stall_s, timing.interval_s
     sample.train_lost_s = timing.train_lost_s
     sample.train_lost_share = timing.train_lost_share
+    sample.stager_renewed = timing.stager_renewed
     if pickled and timing.bytes_written is not None:
         sample.written_bytes = timing.bytes_written

@@ -160,6 +160,10 @@ class Sample:
     # async + train_step_s: seconds the steps waited before their update for the staging
     # (in train_lost_s; not in the steps' compute time, train_step_slowdown)
     train_wait_s: float | None = None
+    # async save: torch's stager stages once (2.11), so this save ran on a fresh one whose
+    # staging allocated its pinned / shared buffers again (inside staged_s and stall_s);
+    # False: the stager and its buffers are reused from save to save; None: sync
+    stager_renewed: bool | None = None
     run_id: str | None = None  # set when read back from a record file
 
 

@@ -160,3 +160,21 @@ def test_step_slowdown_is_compute_time_alone_and_the_staging_wait_is_reported_ap
     assert timing.interval_s == 0.5 + 1.0 + 1.5 + 2.0
     assert timing.train_lost_s == timing.interval_s - 3 * 1.0  # the call and the wait
     assert timing.stall_s == 3.0
+@pytest.mark.parametrize("reusable", [True, False])
+def test_a_save_records_whether_torchs_stager_was_renewed_for_it(clock, reusable):
+    """torch 2.11's stager stages once (stager_reusable() is False there): every save then
+    runs on a fresh stager and allocates its staging buffers again; the sample says so."""
+    from dcp_fsdp.rank.sample_build import fill_save_figures
+    from dcp_fsdp.telemetry.records import Sample
+
+    fake = FakeDcp(clock, call_s=0.25, staged_after_s=0.5, persisted_after_s=1.0)
+    made = saver(fake)
+    made.reuse_stager = reusable  # what prepare()'s probe found
+    with mock.patch.object(async_save, "dcp", fake):
+        timing = made.save({}, writer=None, begin_mono=clock.now, baseline_s=[])
+    assert timing.stager_renewed is (not reusable)
+    sample = Sample(op="save", iteration=1, suffix="s", rank=0, host="h", begin_wall_s=0.0,
+                    end_wall_s=1.0, begin_mono_s=0.0, end_mono_s=1.0, duration_s=1.0, bytes=1,
+                    barrier_wait_s=0.0)
+    fill_save_figures(sample, "async", timing, pickled=False)
+    assert sample.stager_renewed is (not reusable)
