@@ -9,6 +9,7 @@ delay all happen outside the timers.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import socket
@@ -28,7 +29,7 @@ from dcp_fsdp.models.build import ShardedModel, local_tensor, replica_of
 from dcp_fsdp.rank.device import sync_device
 from dcp_fsdp.rank.distributed import (RankContext, drop_cache_on_node, first_problem,
                                        gather_to_coordinator, rank0_decides)
-from dcp_fsdp.rank.sample_build import OpClocks, build_sample, fill_save_figures
+from dcp_fsdp.rank.sample_build import OpInProgress, build_sample, fill_save_figures
 from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.rank.memory import PeakMemory
 from dcp_fsdp.process.progress import Heartbeat
@@ -129,44 +130,11 @@ class CheckpointLoop:
     def _timed(self, op: str, iteration: int, suffix: str) -> Sample | Callable[[], Sample]:
         """The operation's sample, or (an async save with a cadence, its upload in flight)
         a function that waits for the upload and returns it."""
-        # Created on first use (per rank, untimed): the async saver and the memory marks.
-        saver = None
-        if op == "save" and self.cfg.save_mode.value == "async":
-            saver = self.async_saver
-            if saver is None:
-                from dcp_fsdp.rank.async_save import AsyncSaver
-
-                saver = self.async_saver = AsyncSaver(
-                    self.cfg.async_save, self.ctx.device, self.cfg.train_step_s, self.ctx.rank)
-        memory = getattr(self, "_memory", None)
-        if memory is None:
-            memory = self._memory = PeakMemory(self.ctx.device, self.log)
-        # The process checkpointer pickles the writer into its daemon: the timed writer's
-        # copy there writes its timeline to a file, read back once the upload is done.
-        pickled = op == "save" and saver is not None and saver.pickles_writer
-        timeline = HookTimeline(dump_path=self._timeline_file(suffix) if pickled else None)
-        timed = None if "hooks" in self.harness_off else timeline
-        storage_io = (self.store.writer(suffix, timed) if op == "save"
-                      else self.store.reader(suffix, timed))
-        if not pickled:  # (a client built here would not be the one that uploads)
-            self.store.warm_up(storage_io)
-        # fs: the load reads the file system, not the page cache its save left (untimed)
-        cache_policy = drop_cache_on_node(self.store, suffix, self.ctx) if op == "load" else None
-        baseline_s: list[float] = []
-        if saver is not None:
-            saver.prepare()  # collective, first save only
-            baseline_s = saver.baseline()
-
-        planner = None
-        if op == "save" and saver is None:
-            from dcp_fsdp.compat import save_planner
-
-            storage = self.cfg.storage  # plans carry file prefixes: one cache per layout
-            planner = save_planner(self.cfg.plan_caching, f"{storage.kind.value}:"
-                                   f"{storage.prefix_strategy.value}:{storage.prefix_count}:"
-                                   f"{','.join(storage.round_robin_prefixes)}")
+        saver = self._async_saver_for(op)
+        run = self._prepare(op, iteration, suffix, saver)
+        memory = self._memory_marks()
         # Built before the barrier: its expected-bytes sum walks the state dict.
-        heartbeat = self._heartbeat(op, iteration, None if pickled else timeline)
+        heartbeat = self._heartbeat(op, iteration, None if run.pickled else run.timeline)
         marks = "memory" not in self.harness_off
         if marks:
             memory.begin()
@@ -175,58 +143,92 @@ class CheckpointLoop:
                    "too slow: raise op_timeout_s or check the endpoint")
         watchdog = contextlib.nullcontext() if "watchdog" in self.harness_off else Watchdog(
             self.cfg.op_timeout_s, self.on_timeout, message)
-        barrier_start = time.monotonic()
+        run.barrier_start = time.monotonic()
         dist.barrier()
-        begin_mono = time.monotonic()
-        begin_wall = time.time()
-        timing = None
-        broadcast_s = None
+        run.begin_mono = time.monotonic()
+        run.begin_wall = time.time()
         with watchdog, heartbeat:
             if saver is not None:
-                timing = saver.save(self.state_dict, storage_io, begin_mono, baseline_s)
+                run.timing = saver.save(self.state_dict, run.storage_io, run.begin_mono, run.baseline_s)
             elif op == "save":
-                dcp.save(self.state_dict, storage_writer=storage_io, planner=planner)
+                dcp.save(self.state_dict, storage_writer=run.storage_io, planner=run.planner)
             elif self.read_once:  # replica 0 reads, the others receive (rank/replicas.py)
-                broadcast_s = read_once_load(self.state_dict, storage_io, self.sharded.mesh,
-                                             self.replica, self.ctx.device)
+                run.broadcast_s = read_once_load(self.state_dict, run.storage_io, self.sharded.mesh,
+                                                 self.replica, self.ctx.device)
             else:
-                dcp.load(self.state_dict, storage_reader=storage_io)
+                dcp.load(self.state_dict, storage_reader=run.storage_io)
             sync_device(self.ctx.device)  # queued CUDA work ends before end_mono is read
-        peak_rss, cuda_peak = memory.end() if marks else (None, None)
-        minor_faults = memory.minor_faults if marks else None  # (finish may run later)
-
-        def finish() -> Sample:
-            if saver is not None and timing is not None and timing.end_mono is None:
-                # the upload is still in flight
-                with Watchdog(self.cfg.op_timeout_s, self.on_timeout, message):
-                    saver.finish(timing)
-            if pickled:
-                take_timeline_file(timeline)
-            end_mono = time.monotonic() if timing is None else timing.end_mono
-            if end_mono is None:
-                raise RuntimeError(f"{op} iteration {iteration}: the upload never ended")
-            end_wall = begin_wall + (end_mono - begin_mono)
-            # A cadence overlaps saves: this one's requests start after the previous upload's.
-            window_wall = begin_wall
-            if timing is not None and timing.previous_end_mono is not None:
-                window_wall += max(0.0, timing.previous_end_mono - begin_mono)
-            clocks = OpClocks(barrier_start, begin_mono, begin_wall, end_mono, end_wall,
-                              window_wall)
-            sample = build_sample(
-                op, iteration, suffix, timeline, clocks, self.ctx.rank, self.host,
-                replica_share(local_bytes(self.state_dict), self.replicas, self.replica),
-                self.replica if self.replicas > 1 else None, self.request_log)
-            sample.peak_rss_bytes, sample.cuda_max_allocated_bytes = peak_rss, cuda_peak
-            sample.cache_policy = cache_policy
-            sample.minor_faults = minor_faults
-            sample.broadcast_s = broadcast_s
-            if op == "save":
-                fill_save_figures(sample, self.cfg.save_mode.value, timing, pickled)
-            return sample
-
-        if timing is not None and timing.end_mono is None:
+        run.peak_rss, run.cuda_peak = memory.end() if marks else (None, None)
+        run.minor_faults = memory.minor_faults if marks else None  # (finish may run later)
+        finish = functools.partial(self._complete, run, saver, message)
+        if run.timing is not None and run.timing.end_mono is None:
             return finish  # the loop completes it once the upload is waited for
         return finish()
+
+    def _async_saver_for(self, op: str):
+        """The async saver (created on first use, per rank, untimed), for an async save."""
+        if op != "save" or self.cfg.save_mode.value != "async":
+            return None
+        if self.async_saver is None:
+            from dcp_fsdp.rank.async_save import AsyncSaver
+
+            self.async_saver = AsyncSaver(self.cfg.async_save, self.ctx.device, self.cfg.train_step_s,
+                                          self.ctx.rank)
+        return self.async_saver
+
+    def _memory_marks(self) -> PeakMemory:
+        if getattr(self, "_memory", None) is None:
+            self._memory = PeakMemory(self.ctx.device, self.log)
+        return self._memory
+
+    def _prepare(self, op: str, iteration: int, suffix: str, saver) -> OpInProgress:
+        """Everything an operation needs before its barrier (untimed)."""
+        # The process checkpointer pickles the writer into its daemon: the timed writer's
+        # copy there writes its timeline to a file, read back once the upload is done.
+        pickled = op == "save" and saver is not None and saver.pickles_writer
+        run = OpInProgress(op, iteration, suffix, pickled=pickled, timeline=HookTimeline(
+            dump_path=self._timeline_file(suffix) if pickled else None))
+        timed = None if "hooks" in self.harness_off else run.timeline
+        run.storage_io = (self.store.writer(suffix, timed) if op == "save"
+                          else self.store.reader(suffix, timed))
+        if not pickled:  # (a client built here would not be the one that uploads)
+            self.store.warm_up(run.storage_io)
+        # fs: the load reads the file system, not the page cache its save left (untimed)
+        run.cache_policy = drop_cache_on_node(self.store, suffix, self.ctx) if op == "load" else None
+        if saver is not None:
+            saver.prepare()  # collective, first save only
+            run.baseline_s = saver.baseline()
+        if op == "save" and saver is None:
+            from dcp_fsdp.compat import save_planner
+
+            storage = self.cfg.storage  # plans carry file prefixes: one cache per layout
+            run.planner = save_planner(self.cfg.plan_caching, f"{storage.kind.value}:"
+                                       f"{storage.prefix_strategy.value}:{storage.prefix_count}:"
+                                       f"{','.join(storage.round_robin_prefixes)}")
+        return run
+
+    def _complete(self, run: OpInProgress, saver, message: str) -> Sample:
+        """The operation's sample, once it is done (an async save: its upload waited for)."""
+        timing = run.timing
+        if saver is not None and timing is not None and timing.end_mono is None:
+            with Watchdog(self.cfg.op_timeout_s, self.on_timeout, message):  # upload in flight
+                saver.finish(timing)
+        if run.pickled:
+            take_timeline_file(run.timeline)
+        end_mono = time.monotonic() if timing is None else timing.end_mono
+        if end_mono is None:
+            raise RuntimeError(f"{run.op} iteration {run.iteration}: the upload never ended")
+        sample = build_sample(
+            run.op, run.iteration, run.suffix, run.timeline, run.clocks(end_mono), self.ctx.rank,
+            self.host, replica_share(local_bytes(self.state_dict), self.replicas, self.replica),
+            self.replica if self.replicas > 1 else None, self.request_log)
+        sample.peak_rss_bytes, sample.cuda_max_allocated_bytes = run.peak_rss, run.cuda_peak
+        sample.cache_policy = run.cache_policy
+        sample.minor_faults = run.minor_faults
+        sample.broadcast_s = run.broadcast_s
+        if run.op == "save":
+            fill_save_figures(sample, self.cfg.save_mode.value, timing, run.pickled)
+        return sample
 
     def _heartbeat(self, op: str, iteration: int, timeline: HookTimeline | None):
         """Rank 0's progress lines during the operation (progress=true), else nothing."""

@@ -31,6 +31,38 @@ class OpClocks:
     window_wall: float | None = None
 
 
+@dataclasses.dataclass
+class OpInProgress:
+    """One timed operation from its set-up to its sample: what was prepared untimed, the
+    clocks read at its barrier, and what the timed block measured."""
+
+    op: str
+    iteration: int
+    suffix: str
+    timeline: HookTimeline
+    pickled: bool  # the process checkpointer's daemon holds the writer (and its timeline)
+    storage_io: Any = None
+    cache_policy: str | None = None
+    baseline_s: list[float] = dataclasses.field(default_factory=list)
+    planner: Any = None
+    barrier_start: float = 0.0
+    begin_mono: float = 0.0
+    begin_wall: float = 0.0
+    timing: Any = None  # an async save's AsyncTiming
+    broadcast_s: float | None = None
+    peak_rss: int | None = None
+    cuda_peak: int | None = None
+    minor_faults: int | None = None
+
+    def clocks(self, end_mono: float) -> OpClocks:
+        # A cadence overlaps saves: this one's requests start after the previous upload's.
+        window_wall = self.begin_wall
+        if self.timing is not None and self.timing.previous_end_mono is not None:
+            window_wall += max(0.0, self.timing.previous_end_mono - self.begin_mono)
+        return OpClocks(self.barrier_start, self.begin_mono, self.begin_wall, end_mono,
+                        self.begin_wall + (end_mono - self.begin_mono), window_wall)
+
+
 def io_split(timeline: HookTimeline, op: str) -> tuple[float | None, tuple[float, float] | None]:
     """(io_s, (inside the streams, the rest) or None)."""
     io_span = timeline.spans.get("write_data" if op == "save" else "read_data")
