@@ -188,6 +188,11 @@ def run_table(samples: Iterable[dict[str, Any]]) -> tuple[list[str], list[list[A
     return headers, rows
 
 
+_RUN_HEADERS = ["op", "iter", "suffix", "MiB", "egress MiB", "span s", "aggregate MiB/s",
+                "efficiency", "slowest-rank MiB/s", "rank s min/med/max", "rank MiB/s min/med/max",
+                "requests", "req/s", "failed/throttled", "latency p50/p99 ms by type", "note"]
+
+
 def run_figures(samples: Iterable[dict[str, Any]]
                 ) -> tuple[list[str], list[list[Any]], list[str]]:
     """The end-of-run table: one row per op and iteration, then a pooled "(all)" row per op
@@ -197,69 +202,69 @@ def run_figures(samples: Iterable[dict[str, Any]]
     request statistics, egress without a load, note when no row has one (read
     amplification, spread)."""
     frame = samples_frame(samples)
-    headers = ["op", "iter", "suffix", "MiB", "egress MiB", "span s", "aggregate MiB/s",
-               "efficiency",
-               "slowest-rank MiB/s", "rank s min/med/max", "rank MiB/s min/med/max", "requests",
-               "req/s", "failed/throttled", "latency p50/p99 ms by type", "note"]
     if frame.empty:
-        return headers, [], []
+        return list(_RUN_HEADERS), [], []
     ops = per_operation(frame)
     ops["efficiency"] = efficiency_per_operation(ops)
-    rows: list[list[Any]] = []
-    notes: list[str] = []
-
-    def request_cells(count, span_s, failed, throttled, by_type) -> list[str]:
-        if pd.isna(count):
-            return ["", "", "", ""]
-        return [_int_or_blank(count), _fmt(count / span_s if span_s else math.nan),
-                f"{_int_or_blank(failed)}/{_int_or_blank(throttled)}", _latency_cell(by_type)]
-
-    def row_cells(op, iteration, suffix, figures, egress, eff, rank_s, rank_mib_s, requests,
-                  note):
-        return [op, iteration, suffix, f"{figures['bytes'] / MIB:.1f}", _fmt(egress),
-                f"{figures['span_s']:.3f}", _fmt(figures["aggregate_mib_s"]),
-                _fmt(eff, ".2f"),
-                _fmt(figures["slowest_rank_mib_s"]),
-                "/".join(f"{v:.3f}" for v in rank_s), "/".join(f"{v:.1f}" for v in rank_mib_s),
-                *requests, note]
-
-    for index, row in ops.iterrows():
-        rows.append(row_cells(
-            row["op"], row["iteration"], row["suffix"], row, egress_mib(ops.loc[[index]]),
-            row["efficiency"],
-            (row["rank_s_min"], row["rank_s_median"], row["rank_s_max"]),
-            (row["rank_mib_s_min"], row["rank_mib_s_median"], row["rank_mib_s_max"]),
-            request_cells(row["req_count"], row["span_s"], row["req_failed"],
-                          row["req_throttled"], row["latency_by_type"]),
-            amplification_note(read_amplification(ops.loc[[index]]))))
+    rows = [_operation_row(ops, index, row) for index, row in ops.iterrows()]
     noisy = False
     for op, group in ops.groupby("op", sort=False):
-        if len(group) < 2:
-            continue
-        figures = pooled(group)
-        op_samples = frame[frame["op"] == op]
-        noisy = noisy or bool(noise_note(figures["spread"]))
-        spread = ("" if pd.isna(figures["spread"]) else
-                  f"spread {100 * figures['spread']:.0f} %"
-                  + (" NOISY" if noise_note(figures["spread"]) else ""))
-        note = ", ".join(n for n in (amplification_note(read_amplification(group)), spread) if n)
-        durations, rates = op_samples["duration_s"], op_samples["rank_mib_s"]
-        rows.append(row_cells(
-            f"{op} (all)", f"{len(group)}", "", figures, egress_mib(group),
-            efficiency(group, ops),
-            (durations.min(), durations.median(), durations.max()),
-            (rates.min(), rates.median(), rates.max()),
-            request_cells(_complete_sum(group["req_count"]), figures["span_s"],
-                          _complete_sum(group["req_failed"]),
-                          _complete_sum(group["req_throttled"]),
-                          latency_by_type(op_samples["requests"])), note))
+        if len(group) >= 2:
+            pooled_row, group_noisy = _pooled_row(frame, ops, str(op), group)
+            rows.append(pooled_row)
+            noisy = noisy or group_noisy
     # a column empty in every row says nothing (efficiency without a ceiling, requests
     # without request statistics, a note nobody needed): left out
-    shown = [i for i in range(len(headers)) if any(row[i] != "" for row in rows)]
-    headers = [headers[i] for i in shown]
-    rows = [[row[i] for i in shown] for row in rows]
+    shown = [i for i in range(len(_RUN_HEADERS)) if any(row[i] != "" for row in rows)]
+    notes = []
     if noisy:
         notes.append(f"NOISY: the iterations' aggregate MiB/s differ by more than "
                      f"{100 * NOISY_SPREAD:.0f} % of their median (spread); {NOISE_HINT}.")
-    return headers, rows, notes
+    return [_RUN_HEADERS[i] for i in shown], [[row[i] for i in shown] for row in rows], notes
+
+
+def _request_cells(count, span_s, failed, throttled, by_type) -> list[str]:
+    if pd.isna(count):
+        return ["", "", "", ""]
+    return [_int_or_blank(count), _fmt(count / span_s if span_s else math.nan),
+            f"{_int_or_blank(failed)}/{_int_or_blank(throttled)}", _latency_cell(by_type)]
+
+
+def _row_cells(op, iteration, suffix, figures, egress, eff, rank_s, rank_mib_s, requests,
+               note) -> list[Any]:
+    return [op, iteration, suffix, f"{figures['bytes'] / MIB:.1f}", _fmt(egress),
+            f"{figures['span_s']:.3f}", _fmt(figures["aggregate_mib_s"]), _fmt(eff, ".2f"),
+            _fmt(figures["slowest_rank_mib_s"]),
+            "/".join(f"{v:.3f}" for v in rank_s), "/".join(f"{v:.1f}" for v in rank_mib_s),
+            *requests, note]
+
+
+def _operation_row(ops: pd.DataFrame, index, row: pd.Series) -> list[Any]:
+    return _row_cells(
+        row["op"], row["iteration"], row["suffix"], row, egress_mib(ops.loc[[index]]),
+        row["efficiency"],
+        (row["rank_s_min"], row["rank_s_median"], row["rank_s_max"]),
+        (row["rank_mib_s_min"], row["rank_mib_s_median"], row["rank_mib_s_max"]),
+        _request_cells(row["req_count"], row["span_s"], row["req_failed"],
+                       row["req_throttled"], row["latency_by_type"]),
+        amplification_note(read_amplification(ops.loc[[index]])))
+
+
+def _pooled_row(frame: pd.DataFrame, ops: pd.DataFrame, op: str,
+                group: pd.DataFrame) -> tuple[list[Any], bool]:
+    """The "(all)" row of one op's iterations, and whether they were noisy."""
+    figures = pooled(group)
+    op_samples = frame[frame["op"] == op]
+    noisy = bool(noise_note(figures["spread"]))
+    spread = ("" if pd.isna(figures["spread"]) else
+              f"spread {100 * figures['spread']:.0f} %" + (" NOISY" if noisy else ""))
+    note = ", ".join(n for n in (amplification_note(read_amplification(group)), spread) if n)
+    durations, rates = op_samples["duration_s"], op_samples["rank_mib_s"]
+    return _row_cells(
+        f"{op} (all)", f"{len(group)}", "", figures, egress_mib(group), efficiency(group, ops),
+        (durations.min(), durations.median(), durations.max()),
+        (rates.min(), rates.median(), rates.max()),
+        _request_cells(_complete_sum(group["req_count"]), figures["span_s"],
+                       _complete_sum(group["req_failed"]), _complete_sum(group["req_throttled"]),
+                       latency_by_type(op_samples["requests"])), note), noisy
 
