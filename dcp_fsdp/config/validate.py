@@ -206,6 +206,20 @@ def validate(cfg: BenchmarkConfig, conf_dir: Path) -> None:
     if not cfg.results_dir.strip():
         raise UserError("results_dir is empty: give the directory for the record, e.g. "
                         "results_dir=results")
+    _check_combinations(cfg)
+    if cfg.command == Command.load and not cfg.suffix:
+        raise UserError("suffix is not set: `load` needs the suffix a save printed, e.g. "
+                        "suffix=2026-11-22-13-45-ab12 (`dcp-fsdp list` shows them)")
+    if cfg.suffix is not None:
+        check_suffix(cfg.suffix)
+        prefix = parse_s3_uri(cfg.storage.uri)[1] if cfg.storage.uri else ""
+        check_suffix_length(cfg.suffix, cfg.iterations if cfg.command != Command.load else 1,
+                            cfg.storage.kind.value, prefix)
+    _check_storage(cfg.storage)
+
+
+def _check_combinations(cfg: BenchmarkConfig) -> None:
+    """Settings that only mean something together."""
     if cfg.train_step_s > 0 and cfg.save_mode != SaveMode["async"]:
         raise UserError(f"train_step_s={cfg.train_step_s:g}: training steps run only while an "
                         "async save uploads; add save_mode=async (or drop train_step_s)")
@@ -221,15 +235,9 @@ def validate(cfg: BenchmarkConfig, conf_dir: Path) -> None:
     if cfg.plan_caching and cfg.save_mode != SaveMode.sync:
         raise UserError("plan_caching=true: applies to sync saves only; remove it, or "
                         "use save_mode=sync")
-    if cfg.command == Command.load and not cfg.suffix:
-        raise UserError("suffix is not set: `load` needs the suffix a save printed, e.g. "
-                        "suffix=2026-11-22-13-45-ab12 (`dcp-fsdp list` shows them)")
-    if cfg.suffix is not None:
-        check_suffix(cfg.suffix)
-        prefix = parse_s3_uri(cfg.storage.uri)[1] if cfg.storage.uri else ""
-        check_suffix_length(cfg.suffix, cfg.iterations if cfg.command != Command.load else 1,
-                            cfg.storage.kind.value, prefix)
-    storage = cfg.storage
+
+
+def _check_storage(storage) -> None:
     if storage.kind == StorageKind.fs:
         if not storage.path:
             raise UserError("storage.path is not set: give the directory for storage=fs, "
