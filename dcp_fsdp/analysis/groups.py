@@ -177,6 +177,36 @@ def runs_frame(runs: list[dict[str, Any]], incomplete: dict[str, str] | None = N
 COMMANDS_OF_OP = {"save": ("save", "save-and-load"), "load": ("load", "save-and-load")}
 
 
+def _with_settings(frame: pd.DataFrame, run_rows: pd.DataFrame, group_keys: list[str],
+                   varying: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(samples, operations), each row with its run's settings (blank where a setting does
+    not apply to the op)."""
+    attributes = run_rows[["run_id", *[k for k in group_keys if k != "op"]]]
+    # a setting named like a sample field (save_mode): the run's setting groups
+    frame = frame.drop(columns=[k for k in attributes if k != "run_id" and k in frame])
+    frame = frame.merge(attributes, on="run_id", how="left")
+    frame["op_order"] = op_order(frame["iteration"])
+    ops = per_operation(frame).drop(columns=["ranks"]).merge(attributes, on="run_id", how="left")
+    ops["op_order"] = op_order(ops["iteration"])
+    for table in (frame, ops):
+        for key in group_keys:
+            table[key] = table[key].astype(object).where(table[key].notna(), "")
+        for key in varying:  # a setting that does not apply to an op: blank, one row
+            table.loc[[not _applies(key, op) for op in table["op"]], key] = ""
+    return frame, ops
+
+
+def _failed_like(failed_runs: pd.DataFrame, labels: dict[str, Any], varying: list[str]) -> float:
+    """Failed runs that would have made a row of this group (its op's commands, its
+    settings)."""
+    same_group = failed_runs
+    for name in ("nodes", "ranks", "model", "storage", *varying):
+        if _applies(name, labels["op"]):
+            same_group = same_group[same_group[name].astype(str) == str(labels[name])]
+    commands = COMMANDS_OF_OP.get(labels["op"])
+    return len(same_group[same_group["command"].isin(commands)]) if commands else math.nan
+
+
 def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
     """Every table the report prints, as DataFrames of raw numbers."""
     run_rows, varying = runs_frame(runs, incomplete_runs(runs, samples))
@@ -192,23 +222,8 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
     result["not_ok"] = not_ok
     if not ok_samples:
         return result
-    frame = samples_frame(ok_samples)
-    attributes = run_rows[["run_id", *[k for k in group_keys if k != "op"]]]
-    # a setting named like a sample field (save_mode): the run's setting groups
-    frame = frame.drop(columns=[k for k in attributes if k != "run_id" and k in frame])
-    frame = frame.merge(attributes, on="run_id", how="left")
-    frame["op_order"] = op_order(frame["iteration"])
-    for key in group_keys:
-        frame[key] = frame[key].astype(object).where(frame[key].notna(), "")
-    ops = per_operation(frame).drop(columns=["ranks"]).merge(attributes, on="run_id", how="left")
-    ops["op_order"] = op_order(ops["iteration"])
-    for key in group_keys:
-        ops[key] = ops[key].astype(object).where(ops[key].notna(), "")
-    for key in varying:  # a setting that does not apply to an op: blank, one row
-        frame.loc[[not _applies(key, op) for op in frame["op"]], key] = ""
-        ops.loc[[not _applies(key, op) for op in ops["op"]], key] = ""
+    frame, ops = _with_settings(samples_frame(ok_samples), run_rows, group_keys, varying)
     result["samples"], result["operations"] = frame, ops
-
     throughput, phases, types = [], [], []
     failed_runs = not_ok[(not_ok["status"] != "incomplete") & not_ok["matches_constants"]]
     for group_key, group_ops in ops.groupby(group_keys, sort=True, dropna=False):
@@ -220,14 +235,7 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
         group_samples = frame[mask]
         untimed = run_rows.loc[run_rows["run_id"].isin(set(group_ops["run_id"])),
                                "untimed_requests"].astype(float)
-        same_group = failed_runs
-        for name in ("nodes", "ranks", "model", "storage", *varying):
-            if not _applies(name, labels["op"]):
-                continue
-            same_group = same_group[same_group[name].astype(str) == str(labels[name])]
-        commands = COMMANDS_OF_OP.get(labels["op"])
-        failed = (len(same_group[same_group["command"].isin(commands)]) if commands
-                  else math.nan)
+        failed = _failed_like(failed_runs, labels, varying)
         throughput.append(throughput_row(labels, group_ops, group_samples, untimed, failed, ops))
         phases.append(phase_row(labels, group_samples, group_ops))
         types.extend(type_rows(labels, group_samples, len(group_ops)))
