@@ -120,6 +120,20 @@ def rank_bytes(metadata: Any, rank: int) -> int | None:
     return total
 
 
+def _fill_training(timing: AsyncTiming, steps, baseline_s: list[float], interval_s: float) -> None:
+    """What the training steps between this save and the next paid: their slowdown (compute
+    time alone, against the baseline steps), their wait for staging, and the time lost."""
+    timing.train_wait_s = steps.wait_s
+    steps_s = steps.compute_s
+    timing.train_steps = len(steps_s)
+    timing.train_step_slowdown = slowdown(steps_s, baseline_s)
+    timing.interval_s = interval_s
+    if baseline_s and interval_s > 0:
+        baseline_step_s = sum(baseline_s) / len(baseline_s)
+        timing.train_lost_s = interval_s - len(steps_s) * baseline_step_s
+        timing.train_lost_share = timing.train_lost_s / interval_s
+
+
 class AsyncSaver:
     """One per rank: the stager, the upload group, the daemon and the step (all untimed)."""
 
@@ -283,16 +297,8 @@ class AsyncSaver:
         timing.staged_s = None if staged is None else staged - begin_mono
         timing.stall_s = max(blocked_end, staged or blocked_end) - begin_mono
         if steps is not None:
-            timing.train_wait_s = steps.wait_s
-            steps_s = steps.compute_s
-            timing.train_steps = len(steps_s)
-            timing.train_step_slowdown = slowdown(steps_s, baseline_s)
-            timing.interval_s = (steps_end if steps_s else max(blocked_end, staged or 0.0)) \
-                - begin_mono
-            if baseline_s and timing.interval_s > 0:
-                baseline_step_s = sum(baseline_s) / len(baseline_s)
-                timing.train_lost_s = timing.interval_s - len(steps_s) * baseline_step_s
-                timing.train_lost_share = timing.train_lost_s / timing.interval_s
+            _fill_training(timing, steps, baseline_s,
+                           (steps_end if steps.compute_s else max(blocked_end, staged or 0.0)) - begin_mono)
         if self.cadence:
             return timing
         return self.finish(timing)
