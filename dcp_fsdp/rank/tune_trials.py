@@ -166,19 +166,7 @@ class TuneTrials:
                                              # thread or upload process are set up once, as in
                                              # a run of many saves): only storage settings change.
                                              async_saver=self.async_saver)
-        status, error_line = "ok", None
-        try:
-            loop.run()
-        except (UserError, BenchmarkFailure) as error:  # raised on every rank alike
-            status, error_line = "failed", str(error)
-        except BaseException as error:  # DCP's CheckpointException: collective, every rank
-            from dcp_fsdp.process.failures import caused_by_interrupt
-
-            if type(error).__name__ != "CheckpointException" or caused_by_interrupt(error):
-                raise
-            from dcp_fsdp.process.failures import root_cause
-
-            status, error_line = "failed", root_cause(error)
+        status, error_line = _run_trial(loop)
         self.async_saver = loop.async_saver
         if not session.is_coordinator:
             session.loop, session.run = None, dataclasses.replace(self.base_run)
@@ -224,3 +212,19 @@ def load_spec() -> dict[str, Any] | None:
     """The tune session's plan, when the launcher started these ranks for `tune`."""
     path = os.environ.get(contract.TUNE_ENV)
     return json.loads(Path(path).read_text()) if path else None
+
+
+def _run_trial(loop) -> tuple[str, str | None]:
+    """(status, error line) of one trial's loop: a failure every rank raises alike ends the
+    trial, not the session; anything else (an interrupt) ends the session."""
+    try:
+        loop.run()
+    except (UserError, BenchmarkFailure) as error:  # raised on every rank alike
+        return "failed", str(error)
+    except BaseException as error:  # DCP's CheckpointException: collective, every rank
+        from dcp_fsdp.process.failures import caused_by_interrupt, root_cause
+
+        if type(error).__name__ != "CheckpointException" or caused_by_interrupt(error):
+            raise
+        return "failed", root_cause(error)
+    return "ok", None
