@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import functools
 import time
 from concurrent.futures import Future
 from typing import Any, Callable
@@ -118,6 +119,13 @@ def rank_bytes(metadata: Any, rank: int) -> int | None:
         if match and int(match[1]) == rank:
             total += int(getattr(info, "length", 0) or 0)
     return total
+
+
+def _marker(marks: dict[str, float], name: str) -> Callable[[Future], None]:
+    """A future's callback that notes when it completed, under `name` (first time only)."""
+    def note(_future: Future) -> None:
+        marks.setdefault(name, time.monotonic())
+    return note
 
 
 def _fill_training(timing: AsyncTiming, steps, baseline_s: list[float], interval_s: float) -> None:
@@ -257,12 +265,7 @@ class AsyncSaver:
         blocked_end = time.monotonic()
         self._stager_used = True
         marks: dict[str, float] = {}
-
-        def mark(name: str) -> Callable[[Future], None]:
-            def note(_future: Future) -> None:
-                marks.setdefault(name, time.monotonic())
-            return note
-
+        mark = functools.partial(_marker, marks)
         staging = None
         if isinstance(response, AsyncSaveResponse):
             staging = response.staging_completion

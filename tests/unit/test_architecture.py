@@ -16,6 +16,8 @@ from tests.kit.cli import REPO
 
 PACKAGE = REPO / "dcp_fsdp"
 MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+MAX_RANK_MODULES = 12  # one rank's jobs; process life and death, tune's search live elsewhere
 
 
 def _module_name(path: Path) -> str:
@@ -40,6 +42,23 @@ def test_no_module_is_oversized():
     sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines())
              for p in PACKAGE.rglob("*.py")}
     assert {k: v for k, v in sizes.items() if v > MAX_MODULE_LINES} == {}
+
+
+def test_no_function_is_oversized():
+    """A function does one thing: at most MAX_FUNCTION_LINES lines, docstring included."""
+    long = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{path.relative_to(REPO)}:{node.name}"] = lines
+    assert long == {}
+
+
+def test_rank_holds_only_what_one_rank_runs():
+    modules = [p.name for p in (PACKAGE / "rank").glob("*.py") if p.name != "__init__.py"]
+    assert len(modules) <= MAX_RANK_MODULES, sorted(modules)
 
 
 def test_no_import_cycles():
