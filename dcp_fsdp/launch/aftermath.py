@@ -109,10 +109,13 @@ def _amend(path: Path, outcome: "RanksOutcome") -> tuple[dict, bool]:
         run_line["incomplete_suffix"] = outcome.writing_suffix
         changed = True
     if changed:
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("\n".join([json.dumps(run_line), *lines[1:]]) + "\n")
-        os.replace(tmp, path)
+        text = "\n".join([json.dumps(run_line), *lines[1:]]) + "\n"
+        records.replace_atomically(path, lambda out: _write(out, text))
     return run_line, replaced
+
+
+def _write(out, text: str) -> None:
+    out.write(text)
 
 
 def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, str]) -> None:

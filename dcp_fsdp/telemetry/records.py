@@ -16,7 +16,7 @@ import secrets
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable
+from typing import IO, Any, Callable, Iterable
 from urllib.parse import urlsplit, urlunsplit
 
 from dcp_fsdp.contract import ARGV_ENV
@@ -252,15 +252,28 @@ def sample_from_json(row: dict[str, Any]) -> Sample:
 def write_records(path: Path, run: RunRecord, samples: Iterable[Sample]) -> Path:
     """Write the run line and sample lines atomically (a reader never sees half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".jsonl.tmp")
-    with open(tmp, "w") as out:
+
+    def write(out: IO[str]) -> None:
         out.write(json.dumps(run.to_json()) + "\n")
         for sample in samples:
             row = {key: value for key, value in dataclasses.asdict(sample).items()
                    if key != "run_id"}
             out.write(json.dumps({"record": "sample", "run_id": run.run_id, **row}) + "\n")
-    os.replace(tmp, path)
+    replace_atomically(path, write)
     return path
+
+
+def replace_atomically(path: Path, write: Callable[[IO[str]], None]) -> None:
+    """`path` holds what `write` wrote, or is as it was: written beside it and renamed over
+    it. A write that fails (the disk full) leaves no temporary file behind."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    try:
+        with open(tmp, "w") as out:
+            write(out)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @dataclasses.dataclass(frozen=True)

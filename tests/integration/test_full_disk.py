@@ -1,0 +1,40 @@
+"""A results_dir that fills up: the record goes to the fallback directory (said in a
+warning) and nothing half-written stays behind. The full disk is a real 64 KiB tmpfs, in a
+mount namespace of the test's own (unshare -m)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.kit.cli import REPO, clean_env
+
+WRITE = """
+import sys
+from dcp_fsdp.telemetry.records import RunRecord, Sample, write_records
+run = RunRecord(run_id="r-full", command="save")
+samples = [Sample(op="save", iteration=i, suffix="s", rank=0, host="h", begin_wall_s=0.0,
+                  end_wall_s=1.0, begin_mono_s=0.0, end_mono_s=1.0, duration_s=1.0, bytes=1,
+                  barrier_wait_s=0.0) for i in range(2000)]  # ~1 MiB of lines: over 64 KiB
+try:
+    write_records(__import__("pathlib").Path(sys.argv[1]) / "r-full.jsonl", run, samples)
+except OSError as error:
+    print("ENOSPC" if error.errno == 28 else f"errno {error.errno}")
+"""
+
+
+def test_a_record_that_fills_the_disk_leaves_no_temporary_file(tmp_path):
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.fail("unshare -m is needed (root, util-linux): the full disk cannot be made")
+    full = tmp_path / "full"
+    full.mkdir()
+    script = (f"mount -t tmpfs -o size=64k tmpfs {full} && "
+              f"{sys.executable} -c '{WRITE}' {full} && ls -A {full}")
+    result = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=REPO, env=clean_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split()
+    assert lines == ["ENOSPC"], f"left on the full disk: {lines[1:]}"
