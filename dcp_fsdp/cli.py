@@ -68,7 +68,8 @@ def execute(command: str, cfg) -> int:
         check_torchrun_rank(cfg)  # before torch is imported: bad input fails in a second
         from dcp_fsdp.rank.session import run_rank
 
-        end_rank(run_rank(cfg, PROCESS_START_MONO))
+        own_dir = _own_torch_cache_dir()
+        end_rank(run_rank(cfg, PROCESS_START_MONO), own_dir)
     from dcp_fsdp.launch.local import launch_local
 
     return launch_local(cfg)
@@ -88,7 +89,20 @@ def launched_rank() -> NoReturn:
     end_rank(run_rank(cfg, PROCESS_START_MONO))
 
 
-def end_rank(result) -> NoReturn:
+def _own_torch_cache_dir():
+    """Under a plain torchrun, torch makes $TMPDIR/torchinductor_$USER in every rank and
+    leaves it; a rank-owned directory instead (unless the user chose one), removed at the
+    end (the local launcher points it into its run directory)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return None
+    from dcp_fsdp.process.lifeline import owned_tempdir
+
+    own = owned_tempdir("dcp-fsdp-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(own)
+    return own
+
+
+def end_rank(result, own_dir=None) -> NoReturn:
     """The end of a rank's process (a `rank.session.RankResult`): on the rank that wrote
     the record, the run's table, where the record is and the suffixes a save made (the
     batch scripts read the SUFFIXES= line); then the exit code."""
@@ -117,6 +131,10 @@ def end_rank(result) -> NoReturn:
                          "dcp-fsdp s3-server start (then export what it prints)")
             else:
                 log.info(f"SUFFIXES={','.join(run.suffixes)}")
+    if own_dir is not None:
+        import shutil
+
+        shutil.rmtree(own_dir, ignore_errors=True)
     end_process(result.exit_code)
 
 

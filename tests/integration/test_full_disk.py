@@ -38,3 +38,18 @@ def test_a_record_that_fills_the_disk_leaves_no_temporary_file(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.split()
     assert lines == ["ENOSPC"], f"left on the full disk: {lines[1:]}"
+
+
+def test_a_rank_under_plain_torchrun_leaves_no_torch_cache_in_tmpdir(tmp_path):
+    """torch makes $TMPDIR/torchinductor_$USER in every rank; ours is the rank's own and
+    goes with it. (torchrun's own torchelastic_* directory is the batch scripts' to place.)"""
+    from tests.kit.cli import run_cli
+
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    result = run_cli(["save", "storage=fs", f"storage.path={tmp_path / 'store'}",
+                      f"results_dir={tmp_path / 'results'}"], env={"TMPDIR": str(tmpdir)},
+                     torchrun_nproc=1)
+    assert result.returncode == 0, result.stderr
+    left = sorted(p.name for p in tmpdir.iterdir() if not p.name.startswith("torchelastic_"))
+    assert left == []
