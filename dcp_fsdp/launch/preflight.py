@@ -113,6 +113,8 @@ def check_compatible(store, cfg: BenchmarkConfig) -> MetadataFacts:
                         "pre-load screen (removed since, or not readable with these "
                         "credentials); the checkpoint was not loaded")
     facts = metadata_peek.read_facts(raw, f"suffix={suffix}: {layout.METADATA_NAME}")
+    if cfg.ceiling:
+        layout.check_mirrorable(facts, cfg.nproc, suffix)
     tensors = facts.tensors
     parts = metadata_peek.bytes_by_part(tensors) if tensors else {}
     saved_state = manifest.get("state") or (

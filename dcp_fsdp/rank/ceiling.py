@@ -53,6 +53,7 @@ from dcp_fsdp.config.schema import MIB
 from dcp_fsdp.errors import BenchmarkFailure
 from dcp_fsdp.rank.distributed import first_problem, rank0_decides, rank0_scatters, sum_over_ranks
 from dcp_fsdp.process.watchdog import Watchdog
+from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.base import CheckpointStore
 
 if TYPE_CHECKING:
@@ -204,7 +205,9 @@ class Ceiling:
             suffix = loop.suffixes[-1]
 
             def share_out() -> list[list[RawObject]]:  # the run's one read of it, screened
-                return objects_by_rank(loop.metadata_facts(suffix).object_sizes, loop.ctx.world_size)
+                facts = loop.metadata_facts(suffix)
+                layout.check_mirrorable(facts, loop.ctx.world_size, suffix)
+                return objects_by_rank(facts.object_sizes, loop.ctx.world_size)
             return rank0_scatters(loop.ctx, share_out), suffix
         return planned_objects(loop.state_dict, self.rank, self.cfg.storage.thread_count,
                                loop.store.data_object_prefix(self.rank)), "ceiling"

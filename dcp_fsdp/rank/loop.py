@@ -112,8 +112,10 @@ class CheckpointLoop:
         """Before timing a load: the checkpoint must hold this model's tensors and shapes."""
         def decide() -> None:
             # the run's one read of this .metadata, screened (or the launcher's, handed over)
-            problem = checkpoint_mismatch(self.metadata_facts(suffix).tensors,
-                                          self.state_dict)
+            facts = self.metadata_facts(suffix)
+            if self.cfg.ceiling:
+                layout.check_mirrorable(facts, self.ctx.world_size, suffix)
+            problem = checkpoint_mismatch(facts.tensors, self.state_dict)
             if problem is None:
                 return
             manifest = layout.read_manifest(self.store, suffix) or {}

@@ -162,3 +162,15 @@ def handed_metadata_facts(suffix: str) -> MetadataFacts | None:
 
 def write_metadata_facts(path: Path, suffix: str, facts: MetadataFacts) -> None:
     path.write_text(json.dumps({"suffix": suffix, "facts": facts.to_json()}))
+
+
+def check_mirrorable(facts: MetadataFacts, world_size: int, suffix: str) -> None:
+    """The raw ceiling mirrors each saving rank's objects on the rank of the same number: a
+    load at another world size (resharded) would move a share of the bytes on some ranks
+    and nothing on others, a figure of nothing. Refused (UserError) before any timing."""
+    saved = facts.saving_world_size
+    if saved and saved != world_size:
+        raise UserError(
+            f"ceiling=true: suffix={suffix} was saved by {saved} rank(s) and this run has "
+            f"{world_size}; the raw ceiling mirrors the saving ranks' objects rank for rank, so "
+            f"it cannot stand for a resharded load: drop ceiling=true, or load with {saved} ranks")

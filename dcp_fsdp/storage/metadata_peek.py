@@ -260,6 +260,13 @@ class MetadataFacts:
     tensors: dict[str, TensorEntry]  # flattened key -> shape and dtype
     object_sizes: dict[str, int]  # data object (relative path) -> bytes: its last item's end
 
+    @property
+    def saving_world_size(self) -> int:
+        """How many ranks wrote the data objects (DCP names them `__<rank>_<n>.distcp`)."""
+        ranks = [int(found.group(1)) for name in self.object_sizes
+                 if (found := _SAVING_RANK.fullmatch(name))]
+        return 1 + max(ranks) if ranks else 0
+
     def to_json(self) -> dict[str, Any]:
         return {"tensors": {k: [list(t.shape), t.dtype] for k, t in self.tensors.items()},
                 "object_sizes": dict(self.object_sizes)}
@@ -270,6 +277,7 @@ class MetadataFacts:
                    {str(k): int(v) for k, v in data["object_sizes"].items()})
 
 
+_SAVING_RANK = re.compile(r"__(\d+)_\d+\.distcp")
 # A data object's name as DCP writes it (`__0_0.distcp`): never a path out of the checkpoint.
 _OBJECT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
 

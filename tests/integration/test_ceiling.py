@@ -127,3 +127,19 @@ def test_fs_ceiling_writes_files_beside_the_checkpoints_and_removes_them(tmp_pat
         assert by_op[("raw_put", 1)]["requests"] is None
     assert not (tmp_path / "ckpt.ceiling").exists()
     assert sorted(p.name for p in root.iterdir()) == sorted(suffixes)
+
+
+def test_a_resharded_load_with_a_ceiling_is_refused_before_any_rank(tmp_path):
+    """The raw ceiling mirrors the saving ranks' objects rank for rank: at another world
+    size it would measure a share of the bytes (issue 25, item 3). One line, no rank."""
+    store = tmp_path / "store"
+    save = run_cli(["save", "storage=fs", f"storage.path={store}", "nproc=2", "suffix=two",
+                    f"results_dir={tmp_path / 's'}"])
+    assert save.returncode == 0, save.stderr
+    load = run_cli(["load", "storage=fs", f"storage.path={store}", "nproc=1", "suffix=two",
+                    "ceiling=true", f"results_dir={tmp_path / 'l'}"])
+    assert load.returncode == 2, load.stderr
+    errors = [line for line in load.stderr.splitlines() if line.startswith("dcp-fsdp: error:")]
+    assert len(errors) == 1, load.stderr
+    assert "ceiling=true: suffix=two was saved by 2 rank(s)" in errors[0] and "load with 2 ranks" in errors[0]
+    assert not (tmp_path / "l").exists() or not list((tmp_path / "l").glob("*.jsonl"))
