@@ -202,6 +202,8 @@ class RunRecord:
     versions: dict[str, str | None] = dataclasses.field(default_factory=dict)
     slurm: dict[str, str] | None = None
     untimed_requests: dict[str, Any] | None = None
+    # storage.metrics_url: the record's request counts against the server's own (the launcher)
+    server_requests: dict[str, Any] | None = None
     request_log_dir: str | None = None
     # `dcp-fsdp tune` trials: {"trial": n, "role": defaults|search|repeat, "settings": {...}}
     tune: dict[str, Any] | None = None
