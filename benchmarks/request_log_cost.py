@@ -15,11 +15,12 @@ threads, two workloads on objects of its own:
 
 Every round runs `on` and `off` once, in an order that alternates round by round. Per
 workload and direction: the paired ratio on / off of each round, their geometric mean
-with a 95 % confidence interval (t on the log-ratios), and what the `on` process logged
-(lines per second). 1.00 = no cost. The 1-minute load average is printed per round: on a
+with a 95 % confidence interval (t on the log-ratios), the requests the `on` process
+logged, the `off` process's request rate, and the median extra seconds per logged request.
+1.00 = no cost. The 1-minute load average is printed per round: on a
 shared machine a round under another load is noise, not logging.
 
-  python -m benchmarks.request_log_cost --rounds 6             (~3 minutes on 2 cores)
+  python -m benchmarks.request_log_cost --rounds 10            (~4 minutes on 2 cores)
 """
 
 from __future__ import annotations
@@ -73,13 +74,23 @@ def worker(args) -> None:
     large = [(f"{prefix}/large/{i}", LARGE_OBJECT_BYTES)
              for i in range(max(1, args.large_mib * MIB // LARGE_OBJECT_BYTES))]
     small = [(f"{prefix}/small/{i}", SMALL_OBJECT_BYTES) for i in range(args.small_count)]
-    figures = {}
+    figures: dict[str, float] = {}
     for name, items in (("large", large), ("small", small)):
-        figures[f"{name} put_s"] = _timed(args.threads, put, items)
-        figures[f"{name} get_s"] = _timed(args.threads, get, items)
+        for direction, work in (("put", put), ("get", get)):
+            lines_before = _logged_lines()
+            figures[f"{name} {direction}_s"] = _timed(args.threads, work, items)
+            figures[f"{name} {direction} requests"] = _logged_lines() - lines_before
     figures["large_bytes"] = sum(size for _, size in large)
-    figures["small_requests"] = len(small)
     print(json.dumps(figures))
+
+
+def _logged_lines() -> int:
+    """Request lines the connector has logged so far (0 with the log off)."""
+    directory = os.environ.get("S3_TORCH_CONNECTOR_LOGS_DIR_PATH")
+    if not directory:
+        return 0
+    return sum(p.read_bytes().count(b" S3 request ") for p in Path(directory).iterdir()
+               if p.is_file())
 
 
 def run_variant(args, variant: str, env: dict[str, str]) -> dict[str, float]:
@@ -92,36 +103,41 @@ def run_variant(args, variant: str, env: dict[str, str]) -> dict[str, float]:
                                "--small-count", str(args.small_count)],
                               cwd=REPO, env={**env, **extra}, check=True, capture_output=True,
                               text=True)
-        figures = json.loads(done.stdout.strip().splitlines()[-1])
-        figures["log_lines"] = sum(p.read_text(errors="replace").count("S3 request ")
-                                   for p in Path(logs).iterdir() if p.is_file())
-    return figures
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+WORKLOADS = ("large put", "large get", "small put", "small get")
 
 
 def summarise(rounds: list[dict[str, dict[str, float]]]) -> list[str]:
+    """Per workload: requests (the `on` process's logged lines), the paired on/off ratio,
+    the `off` median rate, and the median extra time per logged request."""
+    import statistics
+
     from benchmarks.harness_cost import ratio_ci
 
-    first = rounds[0]["on"]
-    lines = [f"{'workload':<10} {'n':>2} {'on/off geo-mean':>15} {'95 % CI':>17} "
-             f"{'off median':>16} {'on: log lines/s':>15}"]
-    for key in ("large put_s", "large get_s", "small put_s", "small get_s"):
+    lines = [f"{'workload':<10} {'n':>2} {'requests':>8} {'off req/s':>9} {'off MiB/s':>9} "
+             f"{'on/off geo-mean':>15} {'95 % CI':>17} {'on-off per request':>18}"]
+    for name in WORKLOADS:
+        key = f"{name}_s"
         ratios = [r["on"][key] / r["off"][key] for r in rounds]
         mean, low, high = ratio_ci(ratios)
-        off = sorted(r["off"][key] for r in rounds)[len(rounds) // 2]
-        rate = (f"{first['large_bytes'] / MIB / off:8.1f} MiB/s" if key.startswith("large")
-                else f"{first['small_requests'] / off:8.1f} obj/s")
-        lines_per_s = sum(r["on"]["log_lines"] / sum(r["on"][k] for k in r["on"]
-                                                     if k.endswith("_s")) for r in rounds)
-        lines.append(f"{key:<12} {len(ratios):>2} {mean:>13.4f} "
-                     f"{f'[{low:.4f}, {high:.4f}]':>17} {rate:>16} "
-                     f"{lines_per_s / len(rounds):>15.0f}")
+        requests = statistics.median(r["on"][f"{name} requests"] for r in rounds)
+        off_s = statistics.median(r["off"][key] for r in rounds)
+        mib_s = (f"{rounds[0]['off']['large_bytes'] / MIB / off_s:9.1f}"
+                 if name.startswith("large") else f"{'':>9}")
+        extra_us = statistics.median((r["on"][key] - r["off"][key]) / max(1, requests) * 1e6
+                                     for r in rounds)
+        lines.append(f"{name:<10} {len(ratios):>2} {requests:>8.0f} {requests / off_s:>9.0f} "
+                     f"{mib_s} {mean:>15.4f} {f'[{low:.4f}, {high:.4f}]':>17} "
+                     f"{extra_us:>15.1f} us")
     return lines
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--large-mib", type=int, default=256)
     parser.add_argument("--small-count", type=int, default=300)
@@ -149,8 +165,7 @@ def main() -> int:
             load = load_average()
             rounds.append({variant: run_variant(args, variant, env) for variant in order})
             print(f"round {index + 1}: load {load:.2f}  " + "  ".join(
-                f"{v} " + " ".join(f"{rounds[-1][v][k]:.3f}" for k in
-                                   ("large put_s", "large get_s", "small put_s", "small get_s"))
+                f"{v} " + " ".join(f"{rounds[-1][v][f'{k}_s']:.3f}" for k in WORKLOADS)
                 for v in ("on", "off")), flush=True)
     finally:
         server.stop()
