@@ -51,11 +51,17 @@ def utc_now() -> str:
 
 def versions() -> dict[str, str | None]:
     found: dict[str, str | None] = {"python": platform.python_version()}
-    for package in ("dcp_fsdp", "torch", "s3torchconnector", "transformers", "boto3"):
+    for package in ("dcp_fsdp", "torch", "s3torchconnector", "s3torchconnectorclient",
+                    "transformers", "boto3"):
         try:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             found[package] = None
+    from dcp_fsdp.telemetry.connector_log import PARSER_FORMAT, version_problem
+
+    # the request-log parser's format; null: the installed connector is not a release it
+    # was checked on, so it read nothing (telemetry/connector_log.py)
+    found["request_parser"] = None if version_problem() else PARSER_FORMAT
     return found
 
 

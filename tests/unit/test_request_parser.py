@@ -103,6 +103,15 @@ def test_an_unchecked_release_blanks_the_rank_request_log(monkeypatch, capsys):
     assert "S3 request statistics are not recorded" in capsys.readouterr().err
 
 
+def test_the_run_record_names_the_parser_or_null_when_it_was_refused(monkeypatch):
+    from dcp_fsdp.telemetry.records import versions
+
+    assert versions()["request_parser"] == PARSER_FORMAT
+    assert versions()["s3torchconnectorclient"] == metadata.version("s3torchconnectorclient")
+    monkeypatch.setitem(connector_log.CHECKED_RELEASES, "s3torchconnector", ("9.9.9",))
+    assert versions()["request_parser"] is None
+
+
 def test_the_launcher_refuses_an_unchecked_connector_in_one_line(tmp_path):
     """A newer connector (its package metadata first on the path) with request_stats=true:
     refused before any rank, naming the setting that lets the run go on."""
