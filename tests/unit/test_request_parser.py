@@ -200,3 +200,14 @@ def test_a_meta_request_begun_outside_the_operation_is_not_its(tmp_path, begun, 
     log = RequestLog(directory)
     assert log.window(epoch("27.10"), epoch("27.30"))["count"] == 0
     assert log.finish()["count"] == 1
+
+
+def test_the_report_takes_counts_with_unparsed_lines_as_unknown():
+    import math
+
+    from dcp_fsdp.analysis.metrics import samples_frame
+
+    base = {"op": "save", "bytes": 10, "duration_s": 1.0}
+    frame = samples_frame([{**base, "requests": {"count": 5, "unparsed": 0}},
+                           {**base, "requests": {"count": 4, "unparsed": 1}}])
+    assert frame["req_count"][0] == 5 and math.isnan(frame["req_count"][1])
