@@ -16,8 +16,10 @@ threads, two workloads on objects of its own:
 Every round runs `on` and `off` once, in an order that alternates round by round. Per
 workload and direction: the paired ratio on / off of each round, their geometric mean
 with a 95 % confidence interval (t on the log-ratios), the requests the `on` process
-logged, the `off` process's request rate, and the median extra seconds per logged request.
-1.00 = no cost. The 1-minute load average is printed per round: on a
+logged, the `off` process's request rate, the same ratio of the process's CPU seconds (all
+its threads: the log lines are formatted and written on the CRT's threads) and the median
+extra CPU time per logged request. 1.00 = no cost. On a shared machine the CPU figures are
+the steadier ones: wall time moves with whatever else runs. The 1-minute load average is printed per round: on a
 shared machine a round under another load is noise, not logging.
 
   python -m benchmarks.request_log_cost --rounds 10            (~4 minutes on 2 cores)
@@ -42,11 +44,12 @@ SMALL_OBJECT_BYTES = 16 * 1024
 PART_BYTES = 8 * MIB
 
 
-def _timed(threads: int, work, items) -> float:
-    t0 = time.perf_counter()
+def _timed(threads: int, work, items) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the whole process: every thread, the CRT's included)."""
+    t0, cpu0 = time.perf_counter(), time.process_time()
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(work, items))
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - cpu0
 
 
 def worker(args) -> None:
@@ -78,7 +81,8 @@ def worker(args) -> None:
     for name, items in (("large", large), ("small", small)):
         for direction, work in (("put", put), ("get", get)):
             lines_before = _logged_lines()
-            figures[f"{name} {direction}_s"] = _timed(args.threads, work, items)
+            wall_s, cpu_s = _timed(args.threads, work, items)
+            figures[f"{name} {direction}_s"], figures[f"{name} {direction} cpu_s"] = wall_s, cpu_s
             figures[f"{name} {direction} requests"] = _logged_lines() - lines_before
     figures["large_bytes"] = sum(size for _, size in large)
     print(json.dumps(figures))
@@ -117,7 +121,8 @@ def summarise(rounds: list[dict[str, dict[str, float]]]) -> list[str]:
     from benchmarks.harness_cost import ratio_ci
 
     lines = [f"{'workload':<10} {'n':>2} {'requests':>8} {'off req/s':>9} {'off MiB/s':>9} "
-             f"{'on/off geo-mean':>15} {'95 % CI':>17} {'on-off per request':>18}"]
+             f"{'wall on/off':>11} {'95 % CI':>17} {'CPU on/off':>10} {'95 % CI':>17} "
+             f"{'+CPU/request':>12}"]
     for name in WORKLOADS:
         key = f"{name}_s"
         ratios = [r["on"][key] / r["off"][key] for r in rounds]
@@ -126,11 +131,14 @@ def summarise(rounds: list[dict[str, dict[str, float]]]) -> list[str]:
         off_s = statistics.median(r["off"][key] for r in rounds)
         mib_s = (f"{rounds[0]['off']['large_bytes'] / MIB / off_s:9.1f}"
                  if name.startswith("large") else f"{'':>9}")
-        extra_us = statistics.median((r["on"][key] - r["off"][key]) / max(1, requests) * 1e6
+        cpu = f"{name} cpu_s"
+        cpu_mean, cpu_low, cpu_high = ratio_ci([r["on"][cpu] / r["off"][cpu] for r in rounds])
+        extra_us = statistics.median((r["on"][cpu] - r["off"][cpu]) / max(1, requests) * 1e6
                                      for r in rounds)
         lines.append(f"{name:<10} {len(ratios):>2} {requests:>8.0f} {requests / off_s:>9.0f} "
-                     f"{mib_s} {mean:>15.4f} {f'[{low:.4f}, {high:.4f}]':>17} "
-                     f"{extra_us:>15.1f} us")
+                     f"{mib_s} {mean:>11.4f} {f'[{low:.4f}, {high:.4f}]':>17} "
+                     f"{cpu_mean:>10.4f} {f'[{cpu_low:.4f}, {cpu_high:.4f}]':>17} "
+                     f"{extra_us:>9.1f} us")
     return lines
 
 
