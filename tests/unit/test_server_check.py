@@ -86,3 +86,22 @@ def test_an_unreadable_metrics_url_is_one_warning_and_no_check(tmp_path, capsys)
     check.end(path)
     assert "server_requests" not in json.loads(path.read_text().splitlines()[0])
     assert "could not be read" in capsys.readouterr().err
+
+
+def test_report_notes_runs_whose_counts_the_server_contradicts(tmp_path, capsys):
+    from dcp_fsdp.analysis import report
+    from tests.unit.analysis_kit import ONE_ITERATION, variant
+
+    agree = {"source": "http://h:1/metrics", "match": True, "record": {"PUT 200": 3},
+             "server": {"PUT 200": 3}, "differences": {}, "incomplete": []}
+    variant(tmp_path, "agrees", ONE_ITERATION, run={"server_requests": agree})
+    assert report.main([str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # notes are wrapped to the terminal
+    assert ("request counts of 1 run(s) checked against their S3 server's own counters "
+            "(storage.metrics_url): all match") in out
+    differ = {**agree, "match": False, "server": {"PUT 200": 4}, "differences": {"PUT 200": -1}}
+    variant(tmp_path, "differs", ONE_ITERATION, run={"server_requests": differ})
+    assert report.main([str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("run differs: its request counts differ from the S3 server's own counters "
+            "(record - server: PUT 200 -1)") in out and "all match" not in out
