@@ -41,7 +41,8 @@ def op_order(iterations: pd.Series) -> list[str]:
 NOT_SETTINGS = {
     "command", "suffix", "results_dir", "nproc", "iterations", "seed", "op_timeout_s",
     "collective_timeout_s", "model.preset", "storage.kind", "storage.uri", "storage.endpoint",
-    "storage.path", "storage.region", "storage.connect_timeout_s", "keep_request_log",
+    "storage.path", "storage.region", "storage.connect_timeout_s", "storage.metrics_url",
+    "keep_request_log",
     "progress", "progress_interval_s", "ceiling", "tune.budget_s", "tune.trials",
     "tune.repeats",
 }

@@ -48,8 +48,8 @@ REQUEST_COLUMNS = {"req_count": "count", "req_failed": "failed", "req_throttled"
 
 
 def _request_value(requests: Any, key: str) -> float:
-    if not isinstance(requests, dict):
-        return math.nan
+    if not isinstance(requests, dict) or requests.get("unparsed"):
+        return math.nan  # unknown; lines the parser could not read make every count short
     value = requests.get(key)
     return math.nan if value is None else float(value)
 

@@ -153,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: {warning}", file=sys.stderr)
         return 2
     result = build(runs, samples)
-    warnings = [*warnings, *result.get("notes", [])]  # e.g. which groups are too noisy
+    from dcp_fsdp.analysis.server_checks import server_check_notes
+
+    # e.g. which groups are too noisy; runs whose request counts the server contradicts
+    warnings = [*warnings, *result.get("notes", []), *server_check_notes(runs)]
     if args.format == "csv":
         sys.stdout.write(wide_csv(result).to_csv(index=False))
     else:

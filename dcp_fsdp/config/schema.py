@@ -138,6 +138,10 @@ class StorageConfig:
                                      "may end with data still in the page cache")
     connect_timeout_s: float = setting(3.0, "s3: seconds the pre-flight check waits to "
                                                     "connect (0..600]")
+    metrics_url: Optional[str] = setting(None, "s3: the server's Prometheus endpoint "
+                                               "(SeaweedFS: its -metricsPort /metrics): the run's "
+                                               "request counts are checked against its counters; "
+                                               "the embedded server sets it")
 
 
 @dataclasses.dataclass

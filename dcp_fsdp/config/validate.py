@@ -33,7 +33,8 @@ S3_ONLY = frozenset({"storage.uri", "storage.region", "storage.endpoint", "stora
                      "storage.throughput_target_gbps", "storage.max_attempts",
                      "storage.force_path_style", "storage.prefix_strategy", "storage.prefix_count",
                      "storage.round_robin_prefixes", "storage.reader",
-                     "storage.connect_timeout_s", "storage.max_gap_size_mib"})
+                     "storage.connect_timeout_s", "storage.max_gap_size_mib",
+                     "storage.metrics_url"})
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[^/]+)(?:/(?P<prefix>.*))?$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -252,6 +253,10 @@ def _check_storage(storage) -> None:
         check_endpoint(storage.endpoint, "storage.endpoint")
     if storage.region is not None:
         check_region(storage.region, "storage.region")
+    if storage.metrics_url is not None and not re.match(r"^https?://[^/\s]+/\S*$",
+                                                        storage.metrics_url):
+        raise UserError(f"storage.metrics_url={storage.metrics_url}: write it as "
+                        "http(s)://host:port/metrics (the server's Prometheus endpoint)")
     if not S3_MIN_PART_SIZE_MIB <= storage.part_size_mib <= S3_MAX_PART_SIZE_MIB:
         raise UserError(f"storage.part_size_mib={storage.part_size_mib}: S3 multipart parts must "
                         f"be {S3_MIN_PART_SIZE_MIB}..{S3_MAX_PART_SIZE_MIB} MiB")

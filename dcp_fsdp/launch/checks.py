@@ -175,6 +175,11 @@ def check_environment(cfg: BenchmarkConfig) -> None:
                 check_region(value, name)
                 break
         if cfg.request_stats:
+            from dcp_fsdp.telemetry.connector_log import version_problem
+
+            problem = version_problem()  # its counts could be silently wrong otherwise
+            if problem:
+                raise UserError(f"request_stats=true: {problem}")
             for name in CONNECTOR_LOG_ENV:
                 if name in os.environ:
                     raise UserError(f"{name} is set, but request_stats=true sets the "

@@ -36,6 +36,7 @@ from dcp_fsdp.config.schema import BenchmarkConfig
 from dcp_fsdp.launch.aftermath import RanksOutcome
 from dcp_fsdp.launch.checks import check_launch
 from dcp_fsdp.launch.preflight import preflight, storage_environment
+from dcp_fsdp.launch.server_check import ServerCheck
 from dcp_fsdp.telemetry import records
 
 # After the agent has been told to stop: how long it gets to stop its ranks (they record
@@ -59,8 +60,16 @@ def launch_local(cfg: BenchmarkConfig) -> int:
     run_id = records.new_run_id(cfg.command.value)
     with storage_environment(cfg) as (cfg, server_env):
         env = {**os.environ, **server_env}
+        check = ServerCheck.for_run(cfg)  # storage.metrics_url: the server's own counters
+        if check is not None:
+            check.begin()
         facts = preflight(cfg, server_env)
-        return run_ranks(cfg, run_id, env, metadata_facts=facts)
+        code = run_ranks(cfg, run_id, env, metadata_facts=facts)
+        if check is not None and code == 0:
+            from dcp_fsdp.launch.aftermath import find_record
+
+            check.end(find_record(cfg.results_dir, run_id))
+        return code
 
 
 def run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str],

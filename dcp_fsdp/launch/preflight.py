@@ -48,7 +48,7 @@ def storage_environment(cfg: BenchmarkConfig):
     try:
         cfg = to_config(OmegaConf.merge(OmegaConf.structured(cfg), {"storage": {
             "uri": f"s3://{endpoint.bucket}/checkpoints", "endpoint": endpoint.endpoint_url,
-            "region": endpoint.region}}))
+            "region": endpoint.region, "metrics_url": endpoint.metrics_url}}))
         yield cfg, {**endpoint.client_env(), contract.EMBEDDED_ENV: "1"}
     finally:
         server.stop()

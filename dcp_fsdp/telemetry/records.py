@@ -33,6 +33,7 @@ from dcp_fsdp.telemetry.record_checks import field_types, run_problem, sample_pr
 # replica's shards (the ranks' sum stays the checkpoint's state bytes).
 # 5: train_step_slowdown from the steps' compute time alone (before: their wait for staging
 # included); samples carry train_wait_s; init rows fill_s (the value fill inside build_s).
+# 5: request summaries carry unparsed and parser (untimed: late); run.server_requests.
 SCHEMA_VERSION = 5
 # Job id, node count, node list and tasks per node (SLURM_NTASKS_PER_NODE is set only when
 # --ntasks-per-node was given; SLURM_TASKS_PER_NODE always is, e.g. "1(x8)").
@@ -52,11 +53,17 @@ def utc_now() -> str:
 
 def versions() -> dict[str, str | None]:
     found: dict[str, str | None] = {"python": platform.python_version()}
-    for package in ("dcp_fsdp", "torch", "s3torchconnector", "transformers", "boto3"):
+    for package in ("dcp_fsdp", "torch", "s3torchconnector", "s3torchconnectorclient",
+                    "transformers", "boto3"):
         try:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             found[package] = None
+    from dcp_fsdp.telemetry.connector_log import PARSER_FORMAT, version_problem
+
+    # the request-log parser's format; null: the installed connector is not a release it
+    # was checked on, so it read nothing (telemetry/connector_log.py)
+    found["request_parser"] = None if version_problem() else PARSER_FORMAT
     return found
 
 
@@ -221,6 +228,8 @@ class RunRecord:
     versions: dict[str, str | None] = dataclasses.field(default_factory=dict)
     slurm: dict[str, str] | None = None
     untimed_requests: dict[str, Any] | None = None
+    # storage.metrics_url: the record's request counts against the server's own (the launcher)
+    server_requests: dict[str, Any] | None = None
     request_log_dir: str | None = None
     # `dcp-fsdp tune` trials: {"trial": n, "role": defaults|search|repeat, "settings": {...}}
     tune: dict[str, Any] | None = None

@@ -24,6 +24,13 @@ class Request:
     retryable: bool = False
     retried: bool = False
     key: str | None = None
+    # when its meta request began (the connector's "new request" line, written by the
+    # calling thread inside the operation): which operation the request belongs to
+    opened_wall_s: float | None = None
+
+    @property
+    def at_s(self) -> float:
+        return self.end_wall_s if self.opened_wall_s is None else self.opened_wall_s
 
     @property
     def throttled(self) -> bool:

@@ -7,13 +7,18 @@ native module is first imported, so `enable()` must run at rank start, before
 anything imports s3torchconnector. Each rank gets its own directory (processes
 sharing one would interleave lines).
 
-A line looks like (one line, wrapped here):
-    2026-11-22T23:14:27.131010Z DEBUG put_object{id=1 bucket="b" key="k"}:
-    mountpoint_s3_client::s3_crt_client: S3 request finished request_type=UploadPart
-    crt_error=None http_status=200 range=None duration=120.88ms ttfb=Some(98.5ms) request_id=..
-Its timestamp is UTC wall-clock time taken when the request ended, the same clock
-as `time.time()`, so a request belongs to the timed operation whose
-[begin_wall_s, end_wall_s] holds it; all others are "untimed".
+Parsing the lines (and the connector releases it is checked on): `connector_log.py`.
+
+Which operation a request belongs to: the one during which its meta request began (its
+"new request" line, written synchronously by the thread that called the connector, so
+inside the operation), not when its line reached the file. A meta request's later lines
+(its parts, its Complete, a retry, a cancellation) are written by the CRT's threads and may
+reach the file after the operation returned, even after its window was read; so a window
+is read once the meta requests begun in it have logged their end ("meta request
+finished|failed|canceled"), waiting at most SETTLE_S after the operation, outside any timed
+region. A request line without a known beginning falls back to its own timestamp (UTC wall
+clock at its end, the same clock as `time.time()`). A request whose operation was already
+summarised when its line arrived (SETTLE_S passed) is counted untimed, and as `late` there.
 
 Classification of one request (an HTTP attempt; retries are separate attempts):
   ok        "S3 request finished" (HTTP 2xx)
@@ -37,132 +42,25 @@ connector's requests. Summaries of windows: `summaries.py`.
 
 from __future__ import annotations
 
-import datetime
-import re
 import shutil
 import threading
+import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from dcp_fsdp import log
 from dcp_fsdp.process.lifeline import owned_tempdir
 from dcp_fsdp.telemetry import summaries
+from dcp_fsdp.telemetry.connector_log import (  # noqa: F401 - parse_lines re-exported
+    LogParser, Unparsed, parse_lines, version_problem)
 from dcp_fsdp.telemetry.control_plane import install_control_plane_hook
 from dcp_fsdp.telemetry.request import THROTTLE_STATUSES, Request  # noqa: F401 - re-exported
 
 DEBUG_LOGS_ENV = "S3_TORCH_CONNECTOR_DEBUG_LOGS"
 LOGS_DIR_ENV = "S3_TORCH_CONNECTOR_LOGS_DIR_PATH"
 LOG_FILTER = "debug,awscrt=off"  # the connector's request lines; none of the CRT's own
-
-# The connector logs some requests as request_type=Default; its span names what they were.
-_DEFAULT_BY_SPAN = {"delete_object": "DeleteObject", "list_objects": "ListObjectsV2",
-                    "delete_objects": "DeleteObjects", "get_object_attributes": "GetObjectAttributes",
-                    "rename_object": "RenameObject"}
-
-_LINE = re.compile(
-    r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z)\s+(?P<level>[A-Z]+)\s+(?P<rest>.*)$")
-_REQUEST = re.compile(r"^(?P<span>.*?): (?P<target>[\w:]+): S3 request "
-                      r"(?P<outcome>finished|failed|canceled) (?P<fields>.*)$")
-_META = re.compile(r"^(?P<span>.*?): (?P<target>[\w:]+): (?:.* )?meta request (?P<end>finished|failed|canceled)")
-_NEW = re.compile(r"^(?P<span>.*?): (?P<target>[\w:]+): new request$")
-_TYPE = re.compile(r"\brequest_type=(\w+)")
-_STATUS = re.compile(r"\bhttp_status=(\d+)")
-_RANGE = re.compile(r"\brange=Some\((\d+)\.\.(\d+)\)")
-_DURATION = re.compile(r"\bduration=([\d.]+)(ns|µs|us|ms|s)\b")
-_TTFB = re.compile(r"\bttfb=Some\(([\d.]+)(ns|µs|us|ms|s)\)")
-_KEY = re.compile(r'\b(?:destination_)?key="((?:[^"\\]|\\.)*)"')
-_UNIT_S = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
-
-
-def _seconds(value: str, unit: str) -> float:
-    return float(value) * _UNIT_S[unit]
-
-
-def _epoch(stamp: str) -> float:
-    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
-def _span_name(span: str) -> str:
-    # "put_object{id=1 ...}" (or nested "outer{..}:put_object{..}"): the innermost name
-    last = span.rsplit("}:", 1)[-1]
-    return last.split("{", 1)[0].strip()
-
-
-def request_kind(request_type: str, span: str) -> str:
-    if request_type == "Default":
-        name = _span_name(span)
-        return _DEFAULT_BY_SPAN.get(name, f"Default:{name}")
-    return request_type
-
-
-def classify(kind: str, finished: str, status: int | None) -> str:
-    """ok | miss | failed | canceled (see the module docstring)."""
-    if finished == "finished":
-        return "ok"
-    if finished == "canceled":
-        return "canceled"
-    if status == 404 and kind == "HeadObject":
-        return "miss"
-    return "failed"
-
-
-def _retryable(status: int | None) -> bool:
-    return status is None or status >= 500 or status in (408, 429)
-
-
-class LogParser:
-    """Turns connector log lines into Requests, tracking each meta request for retries."""
-
-    def __init__(self) -> None:
-        self._attempts: dict[str, list[Request]] = {}  # span -> attempts of its meta request
-
-    def feed(self, line: str) -> Request | None:
-        match = _LINE.match(line)
-        if not match:
-            return None
-        rest = match["rest"]
-        request = _REQUEST.match(rest)
-        if request is None:
-            if rest.endswith("new request"):
-                new = _NEW.match(rest)
-                if new:
-                    self._attempts.pop(new["span"], None)
-            elif "meta request" in rest:
-                meta = _META.match(rest)
-                if meta:
-                    attempts = self._attempts.pop(meta["span"], [])
-                    if meta["end"] == "failed" and attempts:
-                        last = attempts[-1]
-                        if last.outcome == "failed" and last.retryable:
-                            last.retried = False  # the final attempt: given up, not retried
-            return None
-        fields = request["fields"]
-        kind_match = _TYPE.search(fields)
-        kind = request_kind(kind_match[1] if kind_match else "Unknown", request["span"])
-        status_match = _STATUS.search(fields)
-        status = int(status_match[1]) if status_match else None
-        outcome = classify(kind, request["outcome"], status)
-        duration = _DURATION.search(fields)
-        ttfb = _TTFB.search(fields)
-        byte_range = _RANGE.search(fields)
-        key = _KEY.search(request["span"])
-        item = Request(
-            end_wall_s=_epoch(match["ts"]), kind=kind, outcome=outcome, status=status,
-            duration_s=_seconds(*duration.groups()) if duration else None,
-            ttfb_s=_seconds(*ttfb.groups()) if ttfb else None,
-            nbytes=(int(byte_range[2]) - int(byte_range[1])) if byte_range else None,
-            key=key[1] if key else None)
-        if outcome == "failed" and _retryable(status):
-            item.retryable = True
-            item.retried = True  # until its meta request turns out to have failed on it
-        self._attempts.setdefault(request["span"], []).append(item)
-        return item
-
-
-def parse_lines(lines: Iterable[str]) -> list[Request]:
-    parser = LogParser()
-    return [r for r in (parser.feed(line) for line in lines) if r is not None]
-
+SETTLE_S = 2.0  # the longest wait after an operation for its meta requests to log their end
+_POLL_S = 0.01
 
 
 # -- the per-process log -----------------------------------------------------------------
@@ -170,17 +68,23 @@ def parse_lines(lines: Iterable[str]) -> list[Request]:
 class RequestLog:
     """This process's connector log: read incrementally, split into timed windows."""
 
-    def __init__(self, directory: Path, keep_raw: bool = False) -> None:
+    def __init__(self, directory: Path, keep_raw: bool = False,
+                 settle_s: float = SETTLE_S) -> None:
         self.directory = Path(directory)
         self.keep_raw = keep_raw
+        self.settle_s = settle_s
         self._offsets: dict[str, int] = {}
         self._parser = LogParser()
-        self._pending: list[Request] = []  # read but not yet assigned to a window
+        self._pending: list[Request | Unparsed] = []  # read but not yet assigned to a window
+        self._summarised: list[tuple[float, float]] = []  # windows already summarised
         self.untimed: list[Request] = []
+        self._untimed_unparsed = 0
+        self._late = 0  # requests of a summarised window that reached the file after it
         self._control: list[Request] = []
         self._control_lock = threading.Lock()
         self.untimed_control: list[Request] = []
         self._warned_unparsed = False
+        self._warned_lines = False
 
     def _read_new(self) -> None:
         if not self.directory.is_dir():
@@ -197,45 +101,89 @@ class RequestLog:
                 continue
             self._offsets[path.name] = offset + end + 1
             for line in data[:end].decode("utf-8", errors="replace").splitlines():
-                request = self._parser.feed(line)
-                if request is not None:
-                    self._pending.append(request)
+                item = self._parser.feed(line)
+                if item is not None:
+                    self._pending.append(item)
+
+    def _settle(self, begin_wall_s: float, end_wall_s: float) -> None:
+        """Read until every meta request begun in [begin, end] has logged its end (at most
+        settle_s): its parts and Complete are then in the file, whatever thread wrote them."""
+        deadline = time.monotonic() + self.settle_s
+        while True:
+            self._read_new()
+            if not any(begin_wall_s <= at <= end_wall_s
+                       for at in self._parser.open_spans.values()):
+                return
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(_POLL_S)
 
     def record_control_call(self, call: Request) -> None:
         with self._control_lock:
             self._control.append(call)
 
-    def _split(self, items: list[Request], begin: float, end: float,
-               untimed: list[Request]) -> list[Request]:
-        inside: list[Request] = []
-        for item in items:
-            (inside if begin <= item.end_wall_s <= end else untimed).append(item)
-        return inside
+    def _in_summarised(self, at: float) -> bool:
+        return any(begin <= at <= end for begin, end in self._summarised)
+
+    def _untimed_item(self, item: Request | Unparsed, at: float | None) -> None:
+        if at is not None and self._in_summarised(at):
+            self._late += 1
+        if isinstance(item, Unparsed):
+            self._untimed_unparsed += 1
+        else:
+            self.untimed.append(item)
 
     def window(self, begin_wall_s: float, end_wall_s: float,
                bytes_up: int | None = None, moved_bytes: int | None = None
                ) -> dict[str, Any] | None:
-        """Summary of the requests that ended within [begin, end]; earlier ones go untimed.
+        """Summary of the requests whose meta request began within [begin, end] (see the
+        module docstring); those begun earlier and not yet counted go untimed.
 
-        Call right after the timed operation, before any further request. `moved_bytes`:
-        what the operation moved; when it moved some and no request was parsed, the log no
-        longer reads as we expect (a connector release reworded it): None (unknown), never
-        a summary of zero requests and zero failures, and one warning per process.
-        Requests that ended after `end` stay for the next window: an async save with
-        steps between saves is summarised once its upload is done, after the next save began.
+        Call right after the timed operation. `moved_bytes`: what the operation moved; when
+        it moved some and no request was parsed, the log no longer reads as we expect: None
+        (unknown), never a summary of zero requests, and one warning per process. Request
+        lines that parse only in part count as `unparsed` (one warning per process).
+        Requests begun after `end` stay for the next window: an async save with steps
+        between saves is summarised once its upload is done, after the next save began.
         """
-        self._read_new()
-        pending = [r for r in self._pending if r.end_wall_s <= end_wall_s]
-        self._pending = [r for r in self._pending if r.end_wall_s > end_wall_s]
+        self._settle(begin_wall_s, end_wall_s)
+        timed: list[Request] = []
+        unparsed = 0
+        later: list[Request | Unparsed] = []
+        for item in self._pending:
+            at = item.at_s
+            if at is not None and at > end_wall_s:
+                later.append(item)
+            elif at is None or at >= begin_wall_s:
+                if isinstance(item, Unparsed):
+                    unparsed += 1
+                else:
+                    timed.append(item)
+            else:
+                self._untimed_item(item, at)
+        self._pending = later
+        self._summarised.append((begin_wall_s, end_wall_s))
         with self._control_lock:
             control = [c for c in self._control if c.end_wall_s <= end_wall_s]
             self._control = [c for c in self._control if c.end_wall_s > end_wall_s]
-        timed = self._split(pending, begin_wall_s, end_wall_s, self.untimed)
-        timed_control = self._split(control, begin_wall_s, end_wall_s, self.untimed_control)
-        if moved_bytes and not timed:
+        timed_control: list[Request] = []
+        for call in control:
+            (timed_control if call.end_wall_s >= begin_wall_s
+             else self.untimed_control).append(call)
+        if unparsed:
+            self._warn_lines()
+        if moved_bytes and not timed and not unparsed:
             self._warn_unparsed()
             return None
-        return summaries.summarize(timed, end_wall_s - begin_wall_s, bytes_up, timed_control)
+        return summaries.summarize(timed, end_wall_s - begin_wall_s, bytes_up, timed_control,
+                                   unparsed=unparsed)
+
+    def _warn_lines(self) -> None:
+        if not self._warned_lines:
+            self._warned_lines = True
+            log.warning("some S3 request lines of the connector's log could not be parsed in "
+                        "full: they are counted as `unparsed` in the record's request "
+                        "statistics, not as requests (telemetry/connector_log.py)")
 
     def _warn_unparsed(self) -> None:
         if self._warned_unparsed:
@@ -250,17 +198,21 @@ class RequestLog:
         log.warning(f"no S3 request was parsed from the log of s3torchconnector {version} "
                     "for an operation that moved bytes: request statistics are left empty "
                     "(unknown), not zero; this release may word its request lines "
-                    "differently (telemetry/request_log.py)")
+                    "differently (telemetry/connector_log.py)")
 
     def finish(self) -> dict[str, Any]:
-        """Summary of everything outside the timed windows (call at the end of the run)."""
+        """Summary of everything outside the timed windows (call at the end of the run);
+        `late` counts the requests among them whose operation was summarised before their
+        line reached the file."""
         self._read_new()
-        self.untimed.extend(self._pending)
+        for item in self._pending:
+            self._untimed_item(item, item.at_s)
         self._pending = []
         with self._control_lock:
             self.untimed_control.extend(self._control)
             self._control = []
-        return summaries.summarize(self.untimed, None, None, self.untimed_control)
+        return summaries.summarize(self.untimed, None, None, self.untimed_control,
+                                   unparsed=self._untimed_unparsed, late=self._late)
 
     def copy_raw(self, destination: Path) -> Path | None:
         """The raw log lines (all hourly files, in order) into one file."""
@@ -301,6 +253,10 @@ def open_for_rank(rank: int | str, keep_raw: bool = False) -> RequestLog | None:
     """
     from dcp_fsdp.compat import connector_native_loaded
 
+    problem = version_problem()  # the launcher refuses it; a rank started otherwise blanks
+    if problem:
+        log.warning(f"rank {rank}: S3 request statistics are not recorded: {problem}")
+        return None
     if connector_native_loaded():
         log.warning(f"rank {rank}: s3torchconnector was imported before the request log "
                     "could be enabled; S3 request statistics are not recorded")

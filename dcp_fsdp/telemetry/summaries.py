@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, Any, Iterable
 
+from dcp_fsdp.telemetry.connector_log import PARSER_FORMAT
 from dcp_fsdp.telemetry.histograms import histogram, hist_merge, percentiles_ms
 
 if TYPE_CHECKING:
@@ -14,34 +15,21 @@ if TYPE_CHECKING:
 
 def summarize(requests: list["Request"], seconds: float | None = None,
               bytes_up: int | None = None,
-              control_plane: list["Request"] | None = None) -> dict[str, Any]:
+              control_plane: list["Request"] | None = None, unparsed: int = 0,
+              late: int | None = None) -> dict[str, Any]:
     """Figures for one window (one rank's save or load, or everything untimed).
 
     `seconds`: the window's length, for req_per_s. `bytes_up`: bytes this rank wrote
-    into objects (the connector's log does not give upload sizes).
+    into objects (the connector's log does not give upload sizes). `unparsed`: request
+    lines in the window that did not parse in full (the counts lack them); `late` (untimed
+    only): requests of a timed operation whose line reached the log after its window was
+    summarised. `parser`: the format of the parser that read the lines.
     """
     count = len(requests)
     failed = sum(r.outcome == "failed" for r in requests)
     status = collections.Counter("none" if r.status is None else str(r.status) for r in requests)
-    by_type: dict[str, dict[str, Any]] = {}
-    for kind in sorted({r.kind for r in requests}):
-        rows = [r for r in requests if r.kind == kind]
-        durations = [r.duration_s for r in rows if r.duration_s is not None]
-        entry: dict[str, Any] = {
-            "count": len(rows),
-            "failed": sum(r.outcome == "failed" for r in rows),
-            "misses": sum(r.outcome == "miss" for r in rows),
-            "throttled": sum(r.throttled for r in rows),
-            "retries": sum(r.retried for r in rows),
-            "status": dict(sorted(collections.Counter(
-                "none" if r.status is None else str(r.status) for r in rows).items())),
-            "latency_ms": percentiles_ms(durations),
-            "latency_hist": histogram(d * 1e3 for d in durations),
-        }
-        sizes = [r.nbytes for r in rows if r.nbytes is not None]
-        if sizes:
-            entry["bytes"] = sum(sizes)
-        by_type[kind] = entry
+    by_type = {kind: _type_entry([r for r in requests if r.kind == kind])
+               for kind in sorted({r.kind for r in requests})}
     durations = [r.duration_s for r in requests if r.duration_s is not None]
     ttfbs = [r.ttfb_s for r in requests if r.ttfb_s is not None]
     summary: dict[str, Any] = {
@@ -62,10 +50,34 @@ def summarize(requests: list["Request"], seconds: float | None = None,
         "ttfb_ms": percentiles_ms(ttfbs),
         "ttfb_hist": histogram(t * 1e3 for t in ttfbs),
         "by_type": by_type,
+        "unparsed": unparsed,
+        "parser": PARSER_FORMAT,
     }
+    if late is not None:
+        summary["late"] = late
     if control_plane:
         summary["control_plane"] = control_plane_counts(control_plane)
     return summary
+
+
+def _type_entry(rows: list["Request"]) -> dict[str, Any]:
+    """The figures of one request type in a window."""
+    durations = [r.duration_s for r in rows if r.duration_s is not None]
+    entry: dict[str, Any] = {
+        "count": len(rows),
+        "failed": sum(r.outcome == "failed" for r in rows),
+        "misses": sum(r.outcome == "miss" for r in rows),
+        "throttled": sum(r.throttled for r in rows),
+        "retries": sum(r.retried for r in rows),
+        "status": dict(sorted(collections.Counter(
+            "none" if r.status is None else str(r.status) for r in rows).items())),
+        "latency_ms": percentiles_ms(durations),
+        "latency_hist": histogram(d * 1e3 for d in durations),
+    }
+    sizes = [r.nbytes for r in rows if r.nbytes is not None]
+    if sizes:
+        entry["bytes"] = sum(sizes)
+    return entry
 
 
 def control_plane_counts(calls: list["Request"]) -> dict[str, dict[str, int]]:
@@ -83,7 +95,10 @@ def merge_summaries(summaries: Iterable[dict[str, Any] | None]) -> dict[str, Any
         return None
     merged: dict[str, Any] = {key: sum(s.get(key) or 0 for s in present)
                               for key in ("count", "ok", "failed", "misses", "throttled",
-                                          "retries", "canceled", "bytes_down")}
+                                          "retries", "canceled", "bytes_down", "unparsed")}
+    if any("late" in s for s in present):
+        merged["late"] = sum(s.get("late") or 0 for s in present)
+    merged["parser"] = ",".join(sorted({str(s.get("parser")) for s in present}))
     merged["success_ratio"] = (round((merged["count"] - merged["failed"]) / merged["count"], 6)
                                if merged["count"] else None)
     status: collections.Counter = collections.Counter()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from dcp_fsdp.telemetry.connector_log import PARSER_FORMAT
 from dcp_fsdp.telemetry.request_log import parse_lines
 from dcp_fsdp.telemetry.summaries import merge_summaries
 from tests.kit.cli import read_run, run_cli, s3_args, s3_env
@@ -52,14 +53,17 @@ def test_request_counts_match_the_servers_own_counters(s3_server, s3, s3_uri, tm
         model / dtype / state compatibility check, launch/preflight.py) as well.
     """
     env = s3_env(s3)
+    metrics = f"storage.metrics_url={s3.metrics_url}"  # the run checks itself (ServerCheck)
     before = _settled_counts(s3_server)
-    save = run_cli(["save", *s3_args(s3, s3_uri), "nproc=2", f"results_dir={tmp_path / 'save'}"],
-                   env=env)
+    save = run_cli(["save", *s3_args(s3, s3_uri), "nproc=2", f"results_dir={tmp_path / 'save'}",
+                    metrics], env=env)
     assert save.returncode == 0, save.stdout + save.stderr
     save_run, save_samples = read_run(tmp_path / "save")
     suffix = save_run["suffixes"][0]
+    middle = _settled_counts(s3_server)
     load = run_cli(["load", *s3_args(s3, s3_uri), "nproc=2", f"suffix={suffix}",
-                    f"results_dir={tmp_path / 'load'}", "keep_request_log=true"], env=env)
+                    f"results_dir={tmp_path / 'load'}", "keep_request_log=true", metrics],
+                   env=env)
     assert load.returncode == 0, load.stdout + load.stderr
     after = _settled_counts(s3_server)
     server = after - before
@@ -75,6 +79,12 @@ def test_request_counts_match_the_servers_own_counters(s3_server, s3, s3_uri, tm
         print(f"{key[0]:<6} {key[1]:<5} {client[key]:>26}  {server[key]:>6}")
     assert dict(sorted(client.items())) == dict(sorted(server.items())), (
         f"client {dict(sorted(client.items()))}\nserver {dict(sorted(server.items()))}")
+    # storage.metrics_url: each run made the same check itself (its launcher's calls counted)
+    for run, window in ((save_run, middle - before), (load_run, after - middle)):
+        check = run["server_requests"]
+        assert check["match"] and check["differences"] == {} and check["incomplete"] == [], check
+        assert check["server"] == {f"{t} {c}": n for (t, c), n in sorted(window.items()) if n}
+    assert "match the server's own counters" in save.stderr + save.stdout
 
     # What a 2-rank FSDP save of tiny_llama is made of (one file per rank, then .metadata).
     timed_save = save_parts["timed"]["by_type"]
@@ -110,7 +120,8 @@ def test_request_counts_match_the_servers_own_counters(s3_server, s3, s3_uri, tm
     assert [p.name for p in kept] == ["rank-00000.log", "rank-00001.log"]
     raw = parse_lines(kept[0].read_text().splitlines())
     rank0 = [s for s in load_samples if s["rank"] == 0][0]
-    inside = [r for r in raw if rank0["begin_wall_s"] <= r.end_wall_s <= rank0["end_wall_s"]]
+    # a request is its operation's when its meta request began inside it (request_log.py)
+    inside = [r for r in raw if rank0["begin_wall_s"] <= r.at_s <= rank0["end_wall_s"]]
     assert len(inside) == rank0["requests"]["count"] and len(raw) > len(inside)
     assert "record: " in load.stdout and "requests" in load.stdout  # end-of-run table column
     assert not list((tmp_path / "save").glob("*.requests"))  # off by default
@@ -134,6 +145,21 @@ def test_request_counts_match_the_servers_own_counters(s3_server, s3, s3_uri, tm
 
 def timed_count(samples: list[dict]) -> int:
     return sum(s["requests"]["count"] for s in samples)
+
+
+def test_an_embedded_server_run_checks_its_request_counts_against_the_servers(tmp_path):
+    """No storage configured: the embedded SeaweedFS's metrics URL is known, so the run
+    compares its record's per-type counts with the server's counters by itself."""
+    result = run_cli(["save-and-load", "nproc=2", "iterations=2", f"results_dir={tmp_path}"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    run, samples = read_run(tmp_path)
+    check = run["server_requests"]
+    assert run["config"]["storage"]["metrics_url"] == check["source"]
+    assert check["match"], check
+    assert check["record"] == check["server"] and check["server"]["PUT 200"] >= 4
+    timed = merge_summaries(s["requests"] for s in samples)
+    assert timed["unparsed"] == 0 and run["untimed_requests"]["late"] == 0
+    assert {s["requests"]["parser"] for s in samples} == {PARSER_FORMAT}
 
 
 def test_throttles_and_retries_match_what_a_fault_proxy_injected(s3, s3_uri, tmp_path):

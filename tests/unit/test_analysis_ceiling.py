@@ -149,10 +149,13 @@ def test_async_and_sync_side_by_side_with_memory_and_read_amplification(tmp_path
 
 
 def test_request_stats_splits_groups_keep_request_log_does_not(tmp_path):
-    variant(tmp_path, "on", ONE_ITERATION, settings={"request_stats": True,
-                                                      "keep_request_log": True})
-    variant(tmp_path, "off", ONE_ITERATION, settings={"request_stats": False,
-                                                       "tune.budget_s": 5.0})
+    # two embedded servers: two metrics URLs (new ports each run), one setup
+    variant(tmp_path, "on", ONE_ITERATION, settings={
+        "request_stats": True, "keep_request_log": True,
+        "storage.metrics_url": "http://127.0.0.1:40001/metrics"})
+    variant(tmp_path, "off", ONE_ITERATION, settings={
+        "request_stats": False, "tune.budget_s": 5.0,
+        "storage.metrics_url": "http://127.0.0.1:40002/metrics"})
     result = build(tmp_path)
     assert result["varying"] == ["request_stats"]
     assert list(result["throughput"]["runs"]) == [1, 1, 1, 1]

@@ -55,6 +55,8 @@ def test_every_preset_has_a_config_file_and_back():
     (["storage.uri=s3://ab/x"], "not a valid S3 bucket name"),
     (["storage.uri=s3://bucket/x", "storage.part_size_mib=4"], "storage.part_size_mib=4"),
     (["storage.endpoint=http://127.0.0.1:9000"], "storage.uri is not set"),
+    (["storage.uri=s3://bucket/x", "storage.metrics_url=127.0.0.1:9327"],
+     "storage.metrics_url=127.0.0.1:9327: write it as http(s)://host:port/metrics"),
     (["storage=fs"], "storage.path is not set"),
     (["nproc=0"], "nproc=0"),
 ])

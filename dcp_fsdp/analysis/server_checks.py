@@ -1,0 +1,25 @@
+"""What the records' `server_requests` say (storage.metrics_url, launch/server_check.py): a
+report note per run whose request counts differ from its S3 server's own counters, and one
+for the runs that were checked and agree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def server_check_notes(runs: list[dict[str, Any]]) -> list[str]:
+    checked = [run for run in runs if isinstance(run.get("server_requests"), dict)]
+    differing = [run for run in checked if not run["server_requests"].get("match")]
+    notes = []
+    for run in differing:
+        check = run["server_requests"]
+        differences = ", ".join(f"{k} {v:+d}" for k, v in (check.get("differences") or {}).items())
+        incomplete = "; ".join(check.get("incomplete") or [])
+        notes.append(f"run {run.get('run_id')}: its request counts differ from the S3 server's "
+                     f"own counters (record - server: {differences or 'none'}"
+                     + (f"; {incomplete}" if incomplete else "") + "): another client of the "
+                     "bucket, or a misread request log")
+    if checked and not differing:
+        notes.append(f"request counts of {len(checked)} run(s) checked against their S3 "
+                     "server's own counters (storage.metrics_url): all match")
+    return notes

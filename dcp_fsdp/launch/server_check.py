@@ -1,0 +1,84 @@
+"""storage.metrics_url: a run's request counts checked against the S3 server's own counters.
+
+When the server's Prometheus counters are known (the embedded SeaweedFS always; a server of
+the user's with `storage.metrics_url=`), the launcher reads them before its pre-flight and
+after the ranks ended, counts its own boto3 calls in between, and compares the difference
+with what the record says was sent (telemetry/server_counters.py). The outcome goes into
+the run line as `server_requests` (docs/record-format.md) and one line is printed: a match,
+or the differences. Another client of the same bucket during the run shows as a
+difference: the check is exact only on a bucket the run has to itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import urllib.error
+from pathlib import Path
+
+from dcp_fsdp import log
+from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
+from dcp_fsdp.telemetry import server_counters
+from dcp_fsdp.telemetry.control_plane import install_control_plane_hook
+from dcp_fsdp.telemetry.request import Request
+from dcp_fsdp.telemetry.summaries import control_plane_counts
+
+
+class ServerCheck:
+    def __init__(self, metrics_url: str, bucket: str) -> None:
+        self.metrics_url, self.bucket = metrics_url, bucket
+        self.before: collections.Counter | None = None
+        self._calls: list[Request] = []  # the launcher's own boto3 calls (pre-flight)
+
+    @classmethod
+    def for_run(cls, cfg: BenchmarkConfig) -> "ServerCheck | None":
+        storage = cfg.storage
+        if (storage.kind != StorageKind.s3 or not cfg.request_stats or not storage.metrics_url
+                or not storage.uri):
+            return None
+        from dcp_fsdp.config.validate import parse_s3_uri
+
+        return cls(storage.metrics_url, parse_s3_uri(storage.uri)[0])
+
+    def begin(self) -> None:
+        """Before the launcher's first request to the bucket."""
+        try:
+            self.before = server_counters.settled_counters(self.metrics_url, self.bucket)
+        except (OSError, urllib.error.URLError, ValueError) as error:
+            log.warning(f"storage.metrics_url={self.metrics_url} could not be read ({error}): "
+                        "the request counts are not checked against the server's")
+            return
+        install_control_plane_hook(self._calls.append)
+
+    def end(self, record: Path | None) -> None:
+        """After the ranks ended and recorded: compare, amend the run line, say it."""
+        if self.before is None or record is None:
+            return
+        try:
+            after = server_counters.settled_counters(self.metrics_url, self.bucket)
+        except (OSError, urllib.error.URLError, ValueError) as error:
+            log.warning(f"storage.metrics_url={self.metrics_url} could not be read after the "
+                        f"run ({error}): the request counts are not checked")
+            return
+        lines = record.read_text().splitlines()
+        run = json.loads(lines[0])
+        samples = [row for row in map(json.loads, lines[1:]) if row.get("record") == "sample"]
+        view, gaps = server_counters.record_view(samples, run.get("untimed_requests"),
+                                                 control_plane_counts(self._calls))
+        result = server_counters.compare(view, after - self.before, gaps, self.metrics_url)
+        run["server_requests"] = result
+        tmp = record.with_suffix(".jsonl.tmp")
+        tmp.write_text("\n".join([json.dumps(run), *lines[1:]]) + "\n")
+        os.replace(tmp, record)
+        total = sum(result["server"].values())
+        if result["match"]:
+            log.info(f"requests: the record's {total} match the server's own counters "
+                     f"(storage.metrics_url)")
+        else:
+            differences = ", ".join(f"{k} {v:+d}" for k, v in result["differences"].items())
+            log.warning("requests: the record's counts differ from the server's own counters "
+                        f"(record - server: {differences or 'none'}"
+                        + (f"; {'; '.join(result['incomplete'])}" if result["incomplete"] else "")
+                        + f"); another client of bucket {self.bucket} during the run would "
+                        "explain it, otherwise the request log was misread")

@@ -1,0 +1,229 @@
+"""The parser of the connector's per-request log lines, tied to the releases it was checked on.
+
+The lines are not an API: they are debug text of the mountpoint-s3-client bundled in
+s3torchconnectorclient. A partial rewording parses into wrong figures without a word
+(`http_status=` renamed: every HEAD 404 a failed, retried request; Rust's Duration debug
+format changed: latencies blank; `range=` changed: GET bytes 0). Hence:
+
+  - the parser runs only on the releases in CHECKED_RELEASES (`version_problem`): the
+    launcher refuses request_stats=true on any other, in one line;
+  - it is strict: a line that says "S3 request finished|failed|canceled" but lacks a field
+    it needs, or carries one in a shape it does not know, is *unparsed* (`Unparsed`),
+    counted and reported per window (`unparsed`), never a request of 0 bytes or a failure;
+  - every summary names the format it was parsed with (`PARSER_FORMAT`).
+
+A line looks like (one line, wrapped here):
+    2026-11-22T23:14:27.131010Z DEBUG put_object{id=1 bucket="b" key="k"}:
+    mountpoint_s3_client::s3_crt_client: S3 request finished request_type=UploadPart
+    crt_error=None http_status=200 range=None duration=120.88ms ttfb=Some(98.5ms) request_id=..
+Fields each request line must carry: request_type=<word>; duration=<Rust Duration debug>;
+ttfb=Some(<duration>)|None; range=Some(<a>..<b>)|None (a GetObject that finished: Some);
+http_status=<n>, except on a canceled request or a failure with no response at all (a
+crt_error that is not AWS_ERROR_S3_INVALID_RESPONSE_STATUS, the CRT's "a response came").
+Classification of a parsed request: `request_log.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import re
+from importlib import metadata
+from typing import Iterable
+
+from dcp_fsdp.telemetry.request import Request
+
+# Bump when the parser's reading of a line changes; recorded with every request summary.
+PARSER_FORMAT = "mountpoint-s3-client-debug/2"
+# The releases whose lines this parser was checked against (unit tests on recorded lines,
+# tests/integration/test_request_counts.py against SeaweedFS's own counters). The version
+# that matters is the native client's (it writes the lines); the Python package pins it.
+CHECKED_RELEASES = {"s3torchconnectorclient": ("1.5.0",), "s3torchconnector": ("1.5.0",)}
+
+# The connector logs some requests as request_type=Default; its span names what they were.
+_DEFAULT_BY_SPAN = {"delete_object": "DeleteObject", "list_objects": "ListObjectsV2",
+                    "delete_objects": "DeleteObjects", "get_object_attributes": "GetObjectAttributes",
+                    "rename_object": "RenameObject"}
+_DUR = r"([\d.]+)(ns|µs|us|ms|s)"
+_LINE = re.compile(
+    r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z)\s+(?P<level>[A-Z]+)\s+(?P<rest>.*)$")
+_REQUEST_WORDS = re.compile(r": S3 request (?:finished|failed|canceled) ")
+_REQUEST = re.compile(r"^(?P<span>.*?): (?P<target>[\w:]+): S3 request "
+                      r"(?P<outcome>finished|failed|canceled) (?P<fields>.*)$")
+_META = re.compile(r"^(?P<span>.*?): (?P<target>[\w:]+): (?:.* )?meta request (?P<end>finished|failed|canceled)")
+_NEW = re.compile(r"^(?P<span>.*?): (?P<target>[\w:]+): new request$")
+_TYPE = re.compile(r"\brequest_type=(\w+)")
+_STATUS = re.compile(r"\bhttp_status=(\S+)")
+_RANGE = re.compile(r"\brange=(\S+)")
+_RANGE_SOME = re.compile(r"^Some\((\d+)\.\.(\d+)\)$")
+_DURATION = re.compile(r"\bduration=(\S+)")
+_TTFB = re.compile(r"\bttfb=(\S+)")
+_CRT_ERROR = re.compile(r"\bcrt_error=(None|Some\()")
+_KEY = re.compile(r'\b(?:destination_)?key="((?:[^"\\]|\\.)*)"')
+_UNIT_S = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+@dataclasses.dataclass(slots=True)
+class Unparsed:
+    """A request line the parser could not read in full: counted, never guessed at."""
+
+    end_wall_s: float | None  # its timestamp, when that much parsed
+    reason: str  # the field it lacked or carried in an unknown shape
+    opened_wall_s: float | None = None  # when its meta request began, if known
+
+    @property
+    def at_s(self) -> float | None:
+        return self.end_wall_s if self.opened_wall_s is None else self.opened_wall_s
+
+
+def version_problem() -> str | None:
+    """Why this parser must not read the installed connector's log (None: it may)."""
+    for package, checked in CHECKED_RELEASES.items():
+        try:
+            version = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            version = "(not installed)"
+        if version not in checked:
+            return (f"{package} {version} is not a release the request-log parser was checked "
+                    f"against ({', '.join(checked)}): its request counts could be silently "
+                    f"wrong; add request_stats=false, or install {package}=={checked[-1]}")
+    return None
+
+
+def _seconds(text: str) -> float | None:
+    match = re.fullmatch(_DUR, text)
+    return float(match[1]) * _UNIT_S[match[2]] if match else None
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _span_name(span: str) -> str:
+    # "put_object{id=1 ...}" (or nested "outer{..}:put_object{..}"): the innermost name
+    last = span.rsplit("}:", 1)[-1]
+    return last.split("{", 1)[0].strip()
+
+
+def request_kind(request_type: str, span: str) -> str:
+    if request_type == "Default":
+        name = _span_name(span)
+        return _DEFAULT_BY_SPAN.get(name, f"Default:{name}")
+    return request_type
+
+
+def classify(kind: str, finished: str, status: int | None) -> str:
+    """ok | miss | failed | canceled (request_log.py)."""
+    if finished == "finished":
+        return "ok"
+    if finished == "canceled":
+        return "canceled"
+    if status == 404 and kind == "HeadObject":
+        return "miss"
+    return "failed"
+
+
+def _retryable(status: int | None) -> bool:
+    return status is None or status >= 500 or status in (408, 429)
+
+
+def _status(fields: str, outcome: str) -> tuple[int | None, str | None]:
+    """(HTTP status, None) or (None, why the line is unparsed)."""
+    found = _STATUS.search(fields)
+    if found:
+        return (int(found[1]), None) if found[1].isdigit() else (None, "http_status")
+    crt = _CRT_ERROR.search(fields)
+    if outcome == "canceled" or (outcome == "failed" and crt and crt[1] != "None"
+                                 and "INVALID_RESPONSE_STATUS" not in fields):
+        return None, None  # no response arrived: no status to give
+    return None, "http_status"
+
+
+def _nbytes(fields: str, kind: str, outcome: str) -> tuple[int | None, str | None]:
+    found = _RANGE.search(fields)
+    if found is None:
+        return None, "range"
+    some = _RANGE_SOME.match(found[1])
+    if some:
+        return int(some[2]) - int(some[1]), None
+    if found[1] != "None" or (kind == "GetObject" and outcome == "finished"):
+        return None, "range"  # a GET's bytes come from its range: none is no figure
+    return None, None
+
+
+class LogParser:
+    """Turns connector log lines into Requests (or Unparsed), tracking each meta request
+    (a span) for retries and for the time it was opened."""
+
+    def __init__(self) -> None:
+        self._attempts: dict[str, list[Request]] = {}  # span -> attempts of its meta request
+        # meta requests begun and not ended yet: span -> when it began (its "new request")
+        self.open_spans: dict[str, float] = {}
+
+    def feed(self, line: str) -> Request | Unparsed | None:
+        match = _LINE.match(line)
+        if not match:
+            if _REQUEST_WORDS.search(line):
+                return Unparsed(None, "timestamp")
+            return None
+        rest = match["rest"]
+        request = _REQUEST.match(rest)
+        if request is None:
+            self._control_line(rest, _epoch(match["ts"]))
+            return None
+        return self._request(request, _epoch(match["ts"]))
+
+    def _control_line(self, rest: str, stamp: float) -> None:
+        if rest.endswith("new request"):
+            new = _NEW.match(rest)
+            if new:
+                self._attempts.pop(new["span"], None)
+                self.open_spans[new["span"]] = stamp
+        elif "meta request" in rest:
+            meta = _META.match(rest)
+            if meta:
+                self.open_spans.pop(meta["span"], None)
+                attempts = self._attempts.pop(meta["span"], [])
+                if meta["end"] == "failed" and attempts:
+                    last = attempts[-1]
+                    if last.outcome == "failed" and last.retryable:
+                        last.retried = False  # the final attempt: given up, not retried
+
+    def _request(self, request: re.Match, end_wall_s: float) -> Request | Unparsed:
+        fields, span = request["fields"], request["span"]
+        kind_match = _TYPE.search(fields)
+        opened = self.open_spans.get(span)
+        if kind_match is None:
+            return Unparsed(end_wall_s, "request_type", opened)
+        kind = request_kind(kind_match[1], span)
+        status, missing = _status(fields, request["outcome"])
+        duration = _DURATION.search(fields)
+        duration_s = _seconds(duration[1]) if duration else None
+        ttfb = _TTFB.search(fields)
+        ttfb_s = _seconds(ttfb[1][5:-1]) if ttfb and ttfb[1].startswith("Some(") else None
+        nbytes, range_missing = _nbytes(fields, kind, request["outcome"])
+        missing = (missing or ("duration" if duration_s is None else None)
+                   or ("ttfb" if ttfb is None or (ttfb_s is None and ttfb[1] != "None") else None)
+                   or range_missing)
+        if missing:
+            return Unparsed(end_wall_s, missing, opened)
+        outcome = classify(kind, request["outcome"], status)
+        key = _KEY.search(span)
+        item = Request(end_wall_s=end_wall_s, kind=kind, outcome=outcome, status=status,
+                       duration_s=duration_s, ttfb_s=ttfb_s, nbytes=nbytes,
+                       key=key[1] if key else None, opened_wall_s=opened)
+        if outcome == "failed" and _retryable(status):
+            item.retryable = True
+            item.retried = True  # until its meta request turns out to have failed on it
+        self._attempts.setdefault(span, []).append(item)
+        return item
+
+
+def parse_lines(lines: Iterable[str]) -> list[Request]:
+    """The requests of these lines (unparsed ones left out: `parse_all` keeps them)."""
+    return [r for r in parse_all(lines) if isinstance(r, Request)]
+
+
+def parse_all(lines: Iterable[str]) -> list[Request | Unparsed]:
+    parser = LogParser()
+    return [r for r in (parser.feed(line) for line in lines) if r is not None]

@@ -1,0 +1,116 @@
+"""A server's own request counters against the request counts of a record: the check from
+outside that the connector-log parser (connector_log.py) counted what was really sent.
+
+SeaweedFS counts S3 requests in its Prometheus metrics as
+`SeaweedFS_s3_request_total{bucket,code,type}` (its `-metricsPort`, `/metrics`). It names
+HEAD as GET, UploadPart as PUT, Create/CompleteMultipartUpload as POST (SERVER_TYPE).
+What a record says was sent: every rank's timed requests (the samples), its untimed ones and
+the boto3 calls of the control plane (run.untimed_requests), and the launcher's own boto3
+calls (pre-flight), which the launcher counts while it checks (launch/server_check.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import time
+import urllib.request
+from typing import Any, Iterable
+
+# How SeaweedFS's SeaweedFS_s3_request_total{type} names what a client sent.
+SERVER_TYPE = {
+    "CreateMultipartUpload": "POST", "CompleteMultipartUpload": "POST", "UploadPart": "PUT",
+    "PutObject": "PUT", "GetObject": "GET", "HeadObject": "GET", "CopyObject": "COPY",
+    "UploadPartCopy": "PUT", "DeleteObject": "DELETE", "AbortMultipartUpload": "DELETE",
+    "ListObjectsV2": "LIST", "ListParts": "GET", "HeadBucket": "GET",
+}
+SETTLE_POLL_S = 0.25  # it updates its counters just after answering
+
+
+def server_view(by_type: dict[str, dict[str, Any]] | None = None,
+                control_plane: dict[str, dict[str, int]] | None = None) -> collections.Counter:
+    """What SeaweedFS should count for these requests: {(server type, code): n}.
+
+    `by_type`: a summary's by_type (each kind's `status` counts); `control_plane`:
+    boto3 calls per operation and status.
+    """
+    view: collections.Counter = collections.Counter()
+    for kind, entry in (by_type or {}).items():
+        for code, n in (entry.get("status") or {}).items():
+            view[(SERVER_TYPE.get(kind, kind), code)] += n
+    for kind, per_status in (control_plane or {}).items():
+        for code, n in per_status.items():
+            view[(SERVER_TYPE.get(kind, kind), code)] += n
+    return view
+
+
+def parse_server_metrics(text: str, bucket: str | None = None) -> collections.Counter:
+    """SeaweedFS_s3_request_total{bucket,code,type} from its Prometheus text: {(type, code): n}."""
+    found: collections.Counter = collections.Counter()
+    for line in text.splitlines():
+        if not line.startswith("SeaweedFS_s3_request_total{"):
+            continue
+        labels_text, _, value = line.partition("} ")
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', labels_text))
+        if bucket is not None and labels.get("bucket") != bucket:
+            continue
+        found[(labels.get("type", "?"), labels.get("code", "?"))] += int(float(value))
+    return found
+
+
+def read_counters(metrics_url: str, bucket: str, timeout_s: float = 5.0) -> collections.Counter:
+    with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:  # noqa: S310
+        return parse_server_metrics(response.read().decode(), bucket)
+
+
+def settled_counters(metrics_url: str, bucket: str, tries: int = 20) -> collections.Counter:
+    """The counters once two reads SETTLE_POLL_S apart agree."""
+    previous = read_counters(metrics_url, bucket)
+    for _ in range(tries):
+        time.sleep(SETTLE_POLL_S)
+        current = read_counters(metrics_url, bucket)
+        if current == previous:
+            return current
+        previous = current
+    return previous
+
+
+def record_view(samples: Iterable[dict[str, Any]], untimed: dict[str, Any] | None,
+                launcher_calls: dict[str, dict[str, int]] | None = None
+                ) -> tuple[collections.Counter, list[str]]:
+    """({(server type, code): n} of what the record says was sent, why it is incomplete)."""
+    view: collections.Counter = collections.Counter()
+    gaps: list[str] = []
+    for sample in samples:
+        requests = sample.get("requests")
+        if not isinstance(requests, dict):
+            gaps.append(f"{sample.get('op')} rank {sample.get('rank')}: no request counts")
+            continue
+        view += server_view(requests.get("by_type"), requests.get("control_plane"))
+        if requests.get("unparsed"):
+            gaps.append(f"{sample.get('op')} rank {sample.get('rank')}: "
+                        f"{requests['unparsed']} unparsed request lines")
+    if untimed is None:
+        gaps.append("no untimed request counts")
+    else:
+        view += server_view(untimed.get("by_type"), untimed.get("control_plane"))
+    view += server_view(None, launcher_calls)
+    return view, gaps
+
+
+def _label(key: tuple[str, str]) -> str:
+    return f"{key[0]} {key[1]}"
+
+
+def compare(record: collections.Counter, server: collections.Counter,
+            gaps: list[str], source: str) -> dict[str, Any]:
+    """The run record's `server_requests` field: both views and whether they agree."""
+    keys = sorted(set(record) | set(server))
+    return {
+        "source": source,
+        "match": not gaps and all(record[k] == server[k] for k in keys),
+        "record": {_label(k): record[k] for k in keys if record[k]},
+        "server": {_label(k): server[k] for k in keys if server[k]},
+        "differences": {_label(k): record[k] - server[k] for k in keys if record[k] != server[k]},
+        "incomplete": gaps,
+    }
