@@ -4,10 +4,20 @@ the survivors) means a peer failed first (`peers.py`)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
+import time
+from typing import Callable
 
 from dcp_fsdp import contract
 from dcp_fsdp.process import peers  # first in a rank: it notes this rank's agent at import
+
+
+# After SIGINT / SIGTERM a rank has this long to leave what it was doing and record (twice
+# this once it is writing its record) before the signal watcher ends it: below torch's
+# agent's shutdown timeout (launch/local.py RANK_STOP_GRACE_S), which would SIGKILL it.
+STUCK_AFTER_SIGNAL_S = 8.0
 
 
 class Terminated(BaseException):
@@ -28,15 +38,42 @@ class InterruptGuard:
     they must not cut the record being written.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stuck_after_s: float = STUCK_AFTER_SIGNAL_S) -> None:
         self.signal_name: str | None = None
         self.ended_peers: list[int] = []  # ranks of this node gone when a SIGTERM came
         self.finishing = False  # the run has its outcome: a signal now must not cut the record
+        self.stuck_after_s = stuck_after_s
 
-    def install(self) -> None:
+    def install(self, on_stuck: Callable[[str], None] | None = None) -> None:
+        """The handlers; with `on_stuck`, also a watcher that ends a process whose main thread
+        is still running `stuck_after_s` after a signal (twice that once it is finishing):
+        `on_stuck(signal name)` is called from the watcher's thread and must end the process."""
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(getattr(signal, contract.PEER_FAILED_SIGNAL_NAME), self._on_signal)
+        if on_stuck is not None:
+            self._watch_for_a_stuck_main_thread(on_stuck)
+
+    def _watch_for_a_stuck_main_thread(self, on_stuck: Callable[[str], None]) -> None:
+        # A Python handler runs only between bytecodes of the main thread: a main thread
+        # blocked in native code (an S3 request that stalled, a pool joining stuck uploads)
+        # never ends, and torch's agent waits its whole shutdown timeout for it. The C-level
+        # handler writes each signal to the wakeup fd at once, whatever the main thread does.
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, args=(read_fd, on_stuck), daemon=True,
+                         name="dcp-fsdp-signal-watch").start()
+
+    def _watch(self, read_fd: int, on_stuck: Callable[[str], None]) -> None:
+        ending = {signal.SIGINT, signal.SIGTERM, getattr(signal, contract.PEER_FAILED_SIGNAL_NAME)}
+        while not set(os.read(read_fd, 64)) & {int(s) for s in ending}:
+            pass
+        deadline = time.monotonic() + self.stuck_after_s
+        while time.monotonic() < deadline or (self.finishing and time.monotonic() < deadline
+                                               + self.stuck_after_s):
+            time.sleep(0.05)
+        on_stuck(self.signal_name or "SIGTERM")
 
     def _on_signal(self, signum, frame) -> None:
         if self.signal_name is not None or self.finishing:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.process.failures import caused_by_interrupt
-from dcp_fsdp.process.signals import InterruptGuard, PeerFailed, Terminated
+from dcp_fsdp.process.signals import STUCK_AFTER_SIGNAL_S, InterruptGuard, PeerFailed, Terminated
 from dcp_fsdp.config.schema import BenchmarkConfig, Command, StorageKind
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.process import peers
@@ -288,7 +288,7 @@ def gpus() -> dict | None:
 
 def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:
     guard = InterruptGuard()
-    guard.install()
+    guard.install(on_stuck=_end_stuck_rank)
     session = RankSession(cfg, process_start_mono, guard)
     ending = RankEnding("ok", None, contract.EXIT_OK, contract.EndCause.OK)
     try:
@@ -355,6 +355,19 @@ def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) 
                   if session.ctx is not None and not collective_error(error) else "")
         log.error(f"{prefix}{error_line}")
     return RankEnding("failed", error_line, contract.EXIT_FAILED, cause.ERROR)
+
+
+def _end_stuck_rank(signal_name: str) -> None:
+    """The signal watcher's end of a rank whose main thread stayed in native code after a
+    signal: say it, leave the outcome where the agent reads it, and end now."""
+    peer_ended = signal_name == contract.PEER_FAILED_SIGNAL_NAME
+    line = (f"still in native code (storage stalled?) {STUCK_AFTER_SIGNAL_S:g} s after {signal_name}: "
+            "ended without its record")
+    log.error(f"rank {os.environ.get('RANK', '?')}: {line}")
+    write_error_file(RankEnding("failed" if peer_ended else "interrupted", line,
+                                contract.EXIT_FAILED if peer_ended else contract.EXIT_INTERRUPTED,
+                                contract.EndCause.PEER_ENDED if peer_ended else contract.EndCause.INTERRUPTED))
+    os._exit(contract.EXIT_FAILED if peer_ended else contract.EXIT_INTERRUPTED)
 
 
 def write_error_file(ending: RankEnding) -> None:
