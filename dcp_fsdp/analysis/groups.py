@@ -152,6 +152,7 @@ def runs_frame(runs: list[dict[str, Any]], incomplete: dict[str, str] | None = N
             "model": model.get("preset") or (config.get("model") or {}).get("preset"),
             "storage": storage_label(run),
             "untimed_requests": _untimed_count(run.get("untimed_requests")),
+            "clock_spread_s": run.get("clock_spread_s"),
         })
     included = [s for s, row in zip(settings_per_run, rows) if row["status"] == "ok"]
     varying, constants = [], {}
@@ -195,6 +196,27 @@ def _with_settings(frame: pd.DataFrame, run_rows: pd.DataFrame, group_keys: list
         for key in varying:  # a setting that does not apply to an op: blank, one row
             table.loc[[not _applies(key, op) for op in table["op"]], key] = ""
     return frame, ops
+
+
+# A run's wall-clock spread worth a note: 1 % of an operation's span.
+SKEW_NOTED_SHARE = 0.01
+
+
+def skew_notes(run_rows: pd.DataFrame, ops: pd.DataFrame) -> list[str]:
+    """Runs on more than one node whose wall clocks read far enough apart (clock_spread_s)
+    to move their spans: aggregate MiB/s subtracts clocks of different hosts; slowest-rank
+    figures (each rank's own monotonic clock) do not."""
+    notes = []
+    for _, run in run_rows.iterrows():
+        spread_s = run.get("clock_spread_s")
+        if not isinstance(spread_s, (int, float)) or not (run.get("nodes") or 0) > 1:
+            continue
+        spans = ops.loc[ops["run_id"] == run["run_id"], "span_s"].astype(float)
+        if len(spans) and spread_s > SKEW_NOTED_SHARE * spans.min():
+            notes.append(f"run {run['run_id']}: its nodes' wall clocks read up to {spread_s * 1e3:.0f} ms "
+                         f"apart, {100 * spread_s / spans.min():.0f} % of its shortest span; its "
+                         "aggregate MiB/s carries that skew, its slowest-rank MiB/s does not")
+    return notes
 
 
 def _failed_like(failed_runs: pd.DataFrame, labels: dict[str, Any], varying: list[str]) -> float:
@@ -247,6 +269,7 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
                            f"differ by more than {100 * NOISY_SPREAD:.0f} % of their median "
                            f"(spread); {NOISE_HINT}. Differences smaller than the spread are "
                            "not a result."]
+    result["notes"] += skew_notes(run_rows, ops)
     if "stager_renewed" in frame and (note := stager_note(frame["stager_renewed"])):
         result["notes"].append(note)
     result["phases"] = ordered(pd.DataFrame(phases), group_keys)

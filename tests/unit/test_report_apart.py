@@ -196,3 +196,19 @@ def test_partial_request_counts_are_not_priced_and_named(tmp_path, capsys, chang
 def test_complete_counts_are_priced_and_the_column_left_out(capsys):
     out = report_out([ONE_ITERATION], capsys, "--node-mtbf-hours", "6000")
     assert "no request counts" not in out and "per day at the Daly interval" in out
+
+
+# -- clock spread across nodes (issue 23, item 6) -----------------------------------------
+
+def test_a_run_whose_nodes_clocks_disagree_is_named_and_one_node_is_not(tmp_path):
+    path = cadenced(tmp_path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[0].update(node_count=2, clock_spread_s=0.08)  # 80 ms: 2 % of a 4 s span
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result, _ = build(tmp_path)
+    skew = [note for note in result["notes"] if "wall clocks" in note]
+    assert len(skew) == 1 and "run cad" in skew[0] and "80 ms" in skew[0]
+    rows[0].update(node_count=1)  # one host: one clock, whatever the barrier jitter
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result, _ = build(tmp_path)
+    assert not [note for note in result["notes"] if "wall clocks" in note]
