@@ -66,6 +66,7 @@ class CheckpointLoop:
         # a run cut short by an interrupt or a failure still records whole operations.
         self.shared_samples: list[Sample] = []
         self.suffixes: list[str] = []
+        self.suffix_claim: str | None = None  # how the saves' suffixes were claimed (layout)
         self.writing_suffix: str | None = None  # a save in progress: incomplete if we stop
         # The last save, recorded once its upload is done: (sample or a wait for it, suffix,
         # iteration).
@@ -94,8 +95,10 @@ class CheckpointLoop:
         return str(self._timeline_dir / f"{suffix}.json")
 
     def _choose_save_suffix(self, iteration: int) -> str:
-        return rank0_decides(self.ctx, lambda: layout.save_suffix(
+        """Rank 0 claims the suffix (layout.save_suffix) before any rank writes into it."""
+        suffix, self.suffix_claim = rank0_decides(self.ctx, lambda: layout.save_suffix(
             self.store, self.cfg.suffix, self.cfg.iterations, iteration, self.suffixes))
+        return suffix
 
     def _check_matches_checkpoint(self, suffix: str) -> None:
         """Before timing a load: the checkpoint must hold this model's tensors and shapes."""

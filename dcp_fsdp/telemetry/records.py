@@ -198,6 +198,10 @@ class RunRecord:
     # by the launcher): {global rank: {exitcode, signal, message, timestamp}}.
     rank_failures: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     integrity: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    # How the saves claimed their suffixes (storage/layout.py): conditional_write (S3
+    # If-None-Match: *), exclusive_create (fs O_EXCL), not_atomic (the server ignores the
+    # condition: a check, then a write); None when no save chose one.
+    suffix_claim: str | None = None
     init: list[InitRow] = dataclasses.field(default_factory=list)
     versions: dict[str, str | None] = dataclasses.field(default_factory=dict)
     slurm: dict[str, str] | None = None
