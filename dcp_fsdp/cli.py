@@ -50,15 +50,15 @@ def prepare(command: str, overrides: list[str]):
     return cfg
 
 
-def execute(command: str, cfg) -> int:
+def execute(command: str, cfg, min_age_s: float | None = None) -> int:
     if command == "list":
         from dcp_fsdp.launch.listing import list_checkpoints
 
         return list_checkpoints(cfg)
-    if command == "clean-uploads":
-        from dcp_fsdp.launch.listing import clean_uploads
+    if command == "clean-uploads":  # min_age_s: its --min-age-s / --force (main)
+        from dcp_fsdp.launch.listing import DEFAULT_MIN_AGE_S, clean_uploads
 
-        return clean_uploads(cfg)
+        return clean_uploads(cfg, DEFAULT_MIN_AGE_S if min_age_s is None else min_age_s)
     if under_torchrun():
         import signal
 
@@ -146,7 +146,7 @@ def check_torchrun_rank(cfg) -> None:
     checks.check_devices(cfg.backend, ranks_here, torch_device_count)
 
 
-def run_command(command: str, overrides: list[str]) -> int:
+def run_command(command: str, overrides: list[str], min_age_s: float | None = None) -> int:
     from dcp_fsdp.contract import EXIT_INTERRUPTED
     from dcp_fsdp.errors import UserError
 
@@ -155,14 +155,14 @@ def run_command(command: str, overrides: list[str]) -> int:
             from dcp_fsdp.launch.tune import tune
 
             return tune(overrides, PROCESS_START_MONO)
-        return execute(command, prepare(command, overrides))
+        return execute(command, prepare(command, overrides), min_age_s)
     except UserError as error:
         return _fail(str(error))
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_INTERRUPTED)
 
 
-def run_sweep(command: str, jobs: list[list[str]]) -> int:
+def run_sweep(command: str, jobs: list[list[str]], min_age_s: float | None = None) -> int:
     """Every job composed and checked first: a bad value in the last job fails before the
     first one runs."""
     from dcp_fsdp import log
@@ -180,7 +180,7 @@ def run_sweep(command: str, jobs: list[list[str]]) -> int:
     for number, (job, cfg) in enumerate(zip(jobs, configs)):
         log.info(f"multirun job {number + 1}/{len(jobs)}: {' '.join(job)}")
         try:
-            code = execute(command, cfg)
+            code = execute(command, cfg, min_age_s)
         except UserError as error:
             code = _fail(str(error))
         except KeyboardInterrupt:
@@ -237,6 +237,15 @@ def main(argv: list[str] | None = None) -> int:
     from dcp_fsdp.config.compose import expand_config_files, expand_sweeps, parse_error_line
     from dcp_fsdp.errors import UserError
 
+    min_age_s = None
+    if command == "clean-uploads":  # its own options, beside the settings
+        from dcp_fsdp.launch.listing import clean_options
+
+        try:
+            rest, min_age_s = clean_options(rest)
+        except UserError as error:
+            return _fail(str(error))
+
     multirun = any(arg in ("-m", "--multirun") for arg in rest)
     overrides = [arg for arg in rest if arg not in ("-m", "--multirun")]
     if multirun and command == "tune":
@@ -252,12 +261,12 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(f"'{arg}': settings are written key=value without dashes, e.g. "
                          f"{name}=VALUE (dcp-fsdp {command} --help lists them)")
     if not multirun:
-        return run_command(command, overrides)
+        return run_command(command, overrides, min_age_s)
     try:
         jobs = expand_sweeps(overrides)
     except Exception as error:  # Hydra's parser raises its own exception types
         return _fail(parse_error_line(overrides, error))
-    return run_sweep(command, jobs)
+    return run_sweep(command, jobs, min_age_s)
 
 
 if __name__ == "__main__":

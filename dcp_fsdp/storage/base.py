@@ -115,5 +115,5 @@ class CheckpointStore(Protocol):
         """Uploads started and neither completed nor aborted, under `suffix` (None: all
         under the store's root). A file system has none."""
 
-    def abort_uploads(self, suffix: str | None = None) -> int:
-        """Abort those uploads; how many were aborted."""
+    def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0) -> int:
+        """Abort those uploads started at least `min_age_s` ago; how many were aborted."""

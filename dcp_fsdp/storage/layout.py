@@ -77,6 +77,11 @@ class OpenUpload:
     part_count: int
     size_bytes: int
 
+    def age_s(self, now: datetime.datetime | None = None) -> float:
+        """Seconds since it was started (by the server's clock; never negative)."""
+        now = now or datetime.datetime.now(datetime.timezone.utc)
+        return max(0.0, (now - datetime.datetime.fromisoformat(self.initiated)).total_seconds())
+
 
 # -- suffixes ------------------------------------------------------------------------------
 

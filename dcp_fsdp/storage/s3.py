@@ -170,6 +170,6 @@ class S3Store:
     def open_uploads(self, suffix: str | None = None):
         return self.control.open_uploads(suffix)
 
-    def abort_uploads(self, suffix: str | None = None) -> int:
-        return self.control.abort_uploads(suffix)
+    def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0) -> int:
+        return self.control.abort_uploads(suffix, min_age_s)
 
