@@ -31,7 +31,8 @@ from dcp_fsdp.telemetry.record_checks import field_types, run_problem, sample_pr
 # 4: model.replicas > 1 (HSDP): samples carry replica (the rank's replica group) and, for
 # loads with model.replica_load=read_once, broadcast_s; bytes is the rank's share of its
 # replica's shards (the ranks' sum stays the checkpoint's state bytes).
-SCHEMA_VERSION = 4
+# 5: the run line carries suffix_claim (how the saves claimed their suffixes).
+SCHEMA_VERSION = 5
 # Job id, node count, node list and tasks per node (SLURM_NTASKS_PER_NODE is set only when
 # --ntasks-per-node was given; SLURM_TASKS_PER_NODE always is, e.g. "1(x8)").
 SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NUM_NODES", "SLURM_NNODES",
