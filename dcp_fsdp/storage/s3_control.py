@@ -85,11 +85,10 @@ class S3ControlPlane:
         return self._boto_client
 
     def _make_client(self, boto3, botocore_config):
-        # A broken profile or shared file fails here: botocore resolves credentials now.
-        # A session of its own: boto3's default session caches the credentials it read
-        # first, and a later store in this process (the next job of a sweep, on its own
-        # embedded server with its own keys) would sign with them (HTTP 403).
-        client = boto3.Session().client(
+        # A broken profile or shared file fails here: botocore resolves credentials now
+        # (once per process: boto3's default session keeps them; a launcher running several
+        # jobs starts each with a fresh one, launch/preflight.py).
+        client = boto3.client(
             "s3", region_name=self.target.region, endpoint_url=self.target.endpoint,
             config=botocore_config.Config(
                 connect_timeout=self.connect_timeout_s, read_timeout=30,

@@ -24,6 +24,7 @@ import botocore.exceptions
 import pytest
 
 from dcp_fsdp.config.schema import StorageConfig
+from dcp_fsdp.launch.preflight import forget_aws_credentials
 from dcp_fsdp.storage import layout, make_store
 from tests.kit.cli import REPO, clean_env, read_run, run_cli, s3_args, s3_env
 from tests.kit.fault_proxy import FaultProxy
@@ -47,6 +48,9 @@ def _client(endpoint):
 
 
 def _store(endpoint, uri):
+    """A store as a fresh process would make it: with the credentials in the environment
+    now (boto3's default session keeps the first it read: the other server's, here)."""
+    forget_aws_credentials()
     return make_store(StorageConfig(uri=uri, endpoint=endpoint.endpoint_url,
                                     region=endpoint.region))
 
