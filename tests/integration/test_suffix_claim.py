@@ -2,10 +2,12 @@
 
 A save claims its suffix (rank 0, before any rank writes) by a conditional write of
 `<suffix>/dcp_fsdp.claim` (PutObject with If-None-Match: *). On SeaweedFS and moto, each a
-real server on loopback: the support probe, an atomic race of in-process claims, and two
-real CLI saves with one suffix= where the first one's data is held by the fault proxy, so
-the second checks the suffix while the first is writing into it (before the claim, the
-second saw nothing committed there and both wrote: a mixed checkpoint, both exit 0).
+real server on loopback: the support probe, an atomic race of in-process claims, and real
+CLI saves with one suffix=: the first one's data held by the fault proxy, so the second
+checks the suffix while the first is writing into it (before the claim, the second saw
+nothing committed there and both wrote: a mixed checkpoint, both exit 0); the first one's
+claim held, so both pass the check and the server's answer to two conditional PUTs
+decides; and two started together.
 """
 
 from __future__ import annotations
@@ -179,3 +181,58 @@ def test_two_saves_started_at_once_on_seaweedfs_one_proceeds(s3, s3_uri, tmp_pat
     loaded = run_cli(["load", *s3_args(s3, s3_uri), "model=tiny_llama", "nproc=1",
                       "suffix=same", f"results_dir={tmp_path / 'load'}"], env=s3_env(s3))
     assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+
+
+def test_two_saves_past_the_check_at_once_the_conditional_write_decides(server, tmp_path):
+    """Both saves find the suffix empty: the first one's claim is held by the fault proxy
+    until the second has claimed it, so the server receives two conditional PUTs of one
+    key; the first is refused (412) by rank 0 before any rank writes."""
+    endpoint, uri = server
+    env = s3_env(endpoint)
+    bucket, prefix = uri[len("s3://"):].split("/", 1)
+    client = _client(endpoint)
+    claim_key = f"{prefix}/both/{layout.CLAIM_NAME}"
+    with FaultProxy(endpoint.endpoint_url, stall_rate=1.0, stall_s=240, targets=["PutObject"],
+                    key_pattern=rf"/both/{layout.CLAIM_NAME}$") as held:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "dcp_fsdp", *_save(held.url, uri, tmp_path / "first", "both")],
+            env=clean_env(env), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        try:
+            deadline = time.monotonic() + 240
+            while not held.injected()["stall"]:  # the first save's claim is on its way
+                assert first.poll() is None, first.communicate()
+                assert time.monotonic() < deadline, "the first save never claimed"
+                time.sleep(0.2)
+            second = subprocess.Popen(
+                [sys.executable, "-m", "dcp_fsdp",
+                 *_save(endpoint.endpoint_url, uri, tmp_path / "second", "both")],
+                env=clean_env(env), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True)
+            while "Contents" not in client.list_objects_v2(Bucket=bucket, Prefix=claim_key):
+                assert second.poll() is None, second.communicate()
+                assert time.monotonic() < deadline, "the second save never claimed"
+                time.sleep(0.1)
+            held.release_stalls()
+            first_output = first.communicate(timeout=240)
+            second_output = second.communicate(timeout=240)
+        finally:
+            for process in (first, locals().get("second")):
+                if process is not None and process.poll() is None:
+                    process.kill()
+                    process.wait()
+        first_writes = {t: n for t, n in held.counts["requests"].items()
+                        if t in WRITES and t != "PutObject"}
+    assert second.returncode == 0, second_output
+    assert first.returncode == 2, first_output
+    second_run, _ = read_run(tmp_path / "second")
+    line = next(line for line in first_output[1].splitlines() if "error:" in line)
+    assert "suffix=both: another save claimed it a moment ago" in line, first_output
+    assert f"(run {second_run['run_id']} on host" in line and "this save wrote nothing" in line
+    assert first_writes == {}, first_writes  # no data, no .metadata: only the refused claim
+    claim = json.loads(client.get_object(Bucket=bucket, Key=claim_key)["Body"].read())
+    assert claim["run_id"] == second_run["run_id"]
+    loaded = run_cli(["load", *s3_args(endpoint, uri), "model=tiny_llama", "nproc=1",
+                      "suffix=both", f"results_dir={tmp_path / 'load'}"], env=env)
+    assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+    assert read_run(tmp_path / "load")[0]["integrity"]["both"]["checked"] is True
