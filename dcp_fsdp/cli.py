@@ -50,15 +50,15 @@ def prepare(command: str, overrides: list[str]):
     return cfg
 
 
-def execute(command: str, cfg) -> int:
+def execute(command: str, cfg, min_age_s: float | None = None) -> int:
     if command == "list":
         from dcp_fsdp.launch.listing import list_checkpoints
 
         return list_checkpoints(cfg)
-    if command == "clean-uploads":
-        from dcp_fsdp.launch.listing import clean_uploads
+    if command == "clean-uploads":  # min_age_s: its --min-age-s / --force (main)
+        from dcp_fsdp.launch.listing import DEFAULT_MIN_AGE_S, clean_uploads
 
-        return clean_uploads(cfg)
+        return clean_uploads(cfg, DEFAULT_MIN_AGE_S if min_age_s is None else min_age_s)
     if under_torchrun():
         import signal
 
@@ -167,7 +167,7 @@ def check_torchrun_rank(cfg) -> None:
     checks.check_staging_space(cfg, ranks_here, int(os.environ["WORLD_SIZE"]))
 
 
-def run_command(command: str, overrides: list[str]) -> int:
+def run_command(command: str, overrides: list[str], min_age_s: float | None = None) -> int:
     from dcp_fsdp.contract import EXIT_INTERRUPTED
     from dcp_fsdp.errors import UserError
 
@@ -176,14 +176,14 @@ def run_command(command: str, overrides: list[str]) -> int:
             from dcp_fsdp.launch.tune import tune
 
             return tune(overrides, PROCESS_START_MONO)
-        return execute(command, prepare(command, overrides))
+        return execute(command, prepare(command, overrides), min_age_s)
     except UserError as error:
         return _fail(str(error))
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_INTERRUPTED)
 
 
-def run_sweep(command: str, jobs: list[list[str]]) -> int:
+def run_sweep(command: str, jobs: list[list[str]], min_age_s: float | None = None) -> int:
     """Every job composed and checked first: a bad value in the last job fails before the
     first one runs."""
     from dcp_fsdp import log
@@ -201,7 +201,7 @@ def run_sweep(command: str, jobs: list[list[str]]) -> int:
     for number, (job, cfg) in enumerate(zip(jobs, configs)):
         log.info(f"multirun job {number + 1}/{len(jobs)}: {' '.join(job)}")
         try:
-            code = execute(command, cfg)
+            code = execute(command, cfg, min_age_s)
         except UserError as error:
             code = _fail(str(error))
         except KeyboardInterrupt:
@@ -229,22 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dcp-fsdp {__version__}")
         return 0
     command, rest = args[0], args[1:]
-    if command == "wait":  # no Hydra, no torch: see dcp_fsdp/wait.py
-        from dcp_fsdp.wait import main as wait_main
-        return wait_main(rest)
-    if command == "report":  # no Hydra, no torch: its own argparse (dcp-fsdp report --help)
-        from dcp_fsdp.analysis.report import main as report_main
-        return report_main(rest)
-    if command == "s3-server":  # a local S3 that outlives one run: launch/s3_server.py
-        from dcp_fsdp.errors import UserError
-        from dcp_fsdp.launch.s3_server import main as s3_server_main
-
-        try:
-            return s3_server_main(rest)
-        except UserError as error:
-            return _fail(str(error))
-        except KeyboardInterrupt:
-            return _fail("interrupted", 130)
+    own = _own_parser_command(command, rest)
+    if own is not None:
+        return own
     if command not in helptext.SETTINGS_COMMANDS:
         import difflib
 
@@ -255,30 +242,60 @@ def main(argv: list[str] | None = None) -> int:
     if any(arg in ("-h", "--help") for arg in rest):
         print(helptext.command_help(command))
         return 0
+    return _settings_command(command, rest)
+
+
+def _own_parser_command(command: str, rest: list[str]) -> int | None:
+    """Commands with their own arguments (no Hydra, no torch); None for the others."""
+    if command == "wait":  # see dcp_fsdp/wait.py
+        from dcp_fsdp.wait import main as wait_main
+        return wait_main(rest)
+    if command == "report":  # its own argparse (dcp-fsdp report --help)
+        from dcp_fsdp.analysis.report import main as report_main
+        return report_main(rest)
+    if command != "s3-server":
+        return None
+    from dcp_fsdp.errors import UserError  # a local S3 that outlives one run: launch/s3_server.py
+    from dcp_fsdp.launch.s3_server import main as s3_server_main
+
+    try:
+        return s3_server_main(rest)
+    except UserError as error:
+        return _fail(str(error))
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+
+
+def _settings_command(command: str, rest: list[str]) -> int:
+    """A command of settings (key=value, `--config FILE`, `-m` sweeps): one run or a sweep."""
     from dcp_fsdp.config.compose import expand_config_files, expand_sweeps, parse_error_line
     from dcp_fsdp.errors import UserError
 
+    min_age_s = None
     multirun = any(arg in ("-m", "--multirun") for arg in rest)
-    overrides = [arg for arg in rest if arg not in ("-m", "--multirun")]
+    try:
+        if command == "clean-uploads":  # its own options, beside the settings
+            from dcp_fsdp.launch.listing import clean_options
+
+            rest, min_age_s = clean_options(rest)
+        overrides = expand_config_files([arg for arg in rest if arg not in ("-m", "--multirun")])
+    except UserError as error:
+        return _fail(str(error))
     if multirun and command == "tune":
         return _fail("-m: tune runs its own search over the connector settings; drop -m "
                      "(and give the fixed settings, e.g. model=L7b nproc=8)")
-    try:
-        overrides = expand_config_files(overrides)
-    except UserError as error:
-        return _fail(str(error))
     for arg in overrides:
         if arg.startswith("-"):
             name = arg.lstrip("-").split("=", 1)[0]
             return _fail(f"'{arg}': settings are written key=value without dashes, e.g. "
                          f"{name}=VALUE (dcp-fsdp {command} --help lists them)")
     if not multirun:
-        return run_command(command, overrides)
+        return run_command(command, overrides, min_age_s)
     try:
         jobs = expand_sweeps(overrides)
     except Exception as error:  # Hydra's parser raises its own exception types
         return _fail(parse_error_line(overrides, error))
-    return run_sweep(command, jobs)
+    return run_sweep(command, jobs, min_age_s)
 
 
 if __name__ == "__main__":

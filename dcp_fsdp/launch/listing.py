@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dcp_fsdp import log
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
+from dcp_fsdp.config.usage import CLEAN_UPLOADS_MIN_AGE_S as DEFAULT_MIN_AGE_S
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch.preflight import check_fs_root, needs_embedded_server
 from dcp_fsdp.storage import make_store
@@ -48,14 +49,61 @@ def list_checkpoints(cfg: BenchmarkConfig) -> int:
     return 0
 
 
-def clean_uploads(cfg: BenchmarkConfig) -> int:
-    """Abort every open multipart upload under the location (suffix=...: under that
-    checkpoint only). A save running there now would fail: run it when none is."""
+def clean_options(args: list[str]) -> tuple[list[str], float]:
+    """(the other arguments, the minimum age in seconds) from `--min-age-s N` / `--force`."""
+    rest, min_age_s, index = [], DEFAULT_MIN_AGE_S, 0
+    while index < len(args):
+        arg = args[index]
+        if arg == "--force":
+            min_age_s = 0.0
+        elif arg == "--min-age-s" or arg.startswith("--min-age-s="):
+            value = arg.split("=", 1)[1] if "=" in arg else (
+                args[index + 1] if index + 1 < len(args) else "")
+            index += 0 if "=" in arg else 1
+            try:
+                min_age_s = float(value)
+            except ValueError:
+                min_age_s = -1.0
+            if not min_age_s >= 0 or min_age_s == float("inf"):
+                raise UserError(f"clean-uploads --min-age-s={value}: give seconds, a number >= 0 "
+                                "(e.g. --min-age-s 3600), or --force for every upload")
+        else:
+            rest.append(arg)
+        index += 1
+    return rest, min_age_s
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def clean_uploads(cfg: BenchmarkConfig, min_age_s: float = DEFAULT_MIN_AGE_S) -> int:
+    """Abort the open multipart uploads under the location (suffix=...: under that
+    checkpoint only) started at least `min_age_s` ago; each is listed with its age. A
+    younger one may belong to a save running now (aborting it fails that save)."""
+    from tabulate import tabulate
+
     store = _store(cfg, "clean")
     uploads = store.open_uploads(cfg.suffix)
-    aborted = store.abort_uploads(cfg.suffix)
     where = store.location(cfg.suffix or "")
-    size_mib = sum(u.size_bytes for u in uploads) / 2**20
+    old = [u for u in uploads if u.age_s() >= min_age_s]
+    young = [u for u in uploads if u.age_s() < min_age_s]
+    if uploads:
+        rows = [[u.suffix or "(root)", u.key.rsplit("/", 1)[-1], _age(u.age_s()), u.part_count,
+                 f"{u.size_bytes / 2**20:.1f}",
+                 "abort" if u in old else f"leave (younger than {_age(min_age_s)})"]
+                for u in uploads]
+        print(f"open multipart uploads under {where}")
+        print(tabulate(rows, headers=["suffix", "object", "age", "parts", "MiB", "action"],
+                       tablefmt="github"))
+    aborted = store.abort_uploads(cfg.suffix, min_age_s)
+    size_mib = sum(u.size_bytes for u in old) / 2**20
     log.info(f"aborted {aborted} open multipart upload(s) under {where} "
-             f"({sum(u.part_count for u in uploads)} parts, {size_mib:.1f} MiB)")
+             f"({sum(u.part_count for u in old)} parts, {size_mib:.1f} MiB)")
+    if young:
+        log.info(f"left {len(young)} upload(s) younger than {_age(min_age_s)} alone: a save may "
+                 "still be writing them (--min-age-s SECONDS or --force to abort them too)")
     return 0

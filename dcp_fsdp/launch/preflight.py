@@ -31,9 +31,20 @@ def needs_embedded_server(cfg: BenchmarkConfig) -> bool:
             and resolve_endpoint(cfg.storage) is None)
 
 
+def forget_aws_credentials() -> None:
+    """A job's storage reads its own credentials: boto3's default session keeps the ones it
+    resolved first, and the next job of a sweep (its own embedded server, its own keys) was
+    signed with job 1's (HTTP 403). A fresh default session resolves them again."""
+    import sys
+
+    if "boto3" in sys.modules:
+        sys.modules["boto3"].setup_default_session()
+
+
 @contextlib.contextmanager
 def storage_environment(cfg: BenchmarkConfig):
     """Yield (cfg, extra env): the embedded server's when nothing is configured."""
+    forget_aws_credentials()
     if not needs_embedded_server(cfg):
         yield cfg, {}
         return

@@ -8,10 +8,18 @@ them as `export` lines; `stop` ends the daemon, which stops SeaweedFS, and remov
 state directory with the data. Everything lives in one directory,
 $XDG_RUNTIME_DIR/dcp-fsdp-s3 (else ~/.cache/dcp-fsdp-s3): SeaweedFS's sockets and temporary
 files too (the daemon's TMPDIR points there), so nothing is left in /tmp.
+
+One start or stop at a time: each holds an flock on `dcp-fsdp-s3.lock` beside that
+directory (not in it: stop removes the directory). A second start waits, then finds the
+server up and hands out the same endpoint and keys; a start during a stop starts a fresh
+one after it. `stop` refuses while a local dcp-fsdp run points at the server (its data
+would go from under the run) unless `--force`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shlex
@@ -30,11 +38,12 @@ STATE_NAME = "state.json"
 LOG_NAME = "server.log"
 START_TIMEOUT_S = 90.0  # SeaweedFS answers in ~1 s idle; a loaded 2-core machine is slower
 STOP_TIMEOUT_S = 30.0
-USAGE = ("usage: dcp-fsdp s3-server start|status|env|stop [bucket=NAME]\n"
+LOCK_WAIT_S = START_TIMEOUT_S + STOP_TIMEOUT_S + 30.0  # the longest start or stop, and some
+USAGE = ("usage: dcp-fsdp s3-server start|status|env|stop [bucket=NAME] [--force]\n"
          "  start   start a local SeaweedFS S3 server that stays up across runs\n"
          "  status  say whether it is up, and where\n"
          "  env     print its settings as export lines: eval \"$(dcp-fsdp s3-server env)\"\n"
-         "  stop    stop it and delete its data\n"
+         "  stop    stop it and delete its data (refused while a run uses it, unless --force)\n"
          "state and data: $XDG_RUNTIME_DIR/dcp-fsdp-s3 (else ~/.cache/dcp-fsdp-s3)")
 
 
@@ -57,6 +66,62 @@ def state_dir() -> Path:
     raise UserError(f"s3-server: {candidates[-1] / 'dcp-fsdp-s3'} is too long a path for the "
                     f"server's sockets ({SOCKET_PATH_MAX} bytes with their names); set "
                     "XDG_RUNTIME_DIR to a short directory, e.g. XDG_RUNTIME_DIR=/run/user/$(id -u)")
+
+
+@contextlib.contextmanager
+def locked(where: Path, action: str):
+    """Hold the lock of the server's state (an flock on `<where>.lock`) for one start or
+    stop; a second caller waits for the first (said once), at most LOCK_WAIT_S."""
+    where.parent.mkdir(parents=True, exist_ok=True)
+    path = where.parent / f"{where.name}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # not inherited by the daemon
+    try:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        said = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not said:
+                    log.info(f"s3-server {action}: another start or stop is under way; "
+                             "waiting for it")
+                    said = True
+                if time.monotonic() > deadline:
+                    raise UserError(f"s3-server {action}: another start or stop has held {path} "
+                                    f"for {LOCK_WAIT_S:g} s; try again when it has ended") from None
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def runs_using(state: dict) -> list[tuple[int, str]]:
+    """Local dcp-fsdp processes pointed at this server (AWS_ENDPOINT_URL in their environment,
+    or storage.endpoint= on their command line), outermost first: (pid, command line).
+    Other users' processes and other machines cannot be seen."""
+    url = state["endpoint_url"]
+    own = {os.getpid(), state.get("daemon_pid"), state.get("server_pid")}
+    found: dict[int, tuple[int, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in own:
+            continue
+        try:
+            words = [w.decode(errors="replace") for w in (entry / "cmdline").read_bytes()
+                     .split(b"\0") if w]
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        text = " ".join(words)
+        if ("dcp_fsdp" not in text and "dcp-fsdp" not in text) or "s3-server" in words \
+                or "dcp_fsdp.launch.s3_server" in words:
+            continue
+        if any(e.split(b"=", 1)[-1].decode(errors="replace").rstrip("/") == url for e in environ
+               if e.startswith((b"AWS_ENDPOINT_URL=", b"AWS_ENDPOINT_URL_S3="))) \
+                or f"storage.endpoint={url}" in text:
+            found[int(entry.name)] = (parent, text)
+    return [(pid, text) for pid, (parent, text) in sorted(found.items()) if parent not in found]
 
 
 def _alive(pid: int | None) -> bool:
@@ -155,7 +220,7 @@ def _tail(path: Path) -> str:
     return (fatal or lines or ["no log"])[0 if fatal else -1]
 
 
-def stop(where: Path) -> int:
+def stop(where: Path, force: bool = False) -> int:
     path = where / STATE_NAME
     if not path.exists():
         shutil.rmtree(where, ignore_errors=True)
@@ -165,6 +230,16 @@ def stop(where: Path) -> int:
     if state is None:
         log.info("s3-server: not running (removed what a stopped server left)")
         return 0
+    users = runs_using(state)
+    if users:
+        named = "; ".join(f"pid {pid}: {text[:80]}" for pid, text in users[:3]) + (
+            f"; and {len(users) - 3} more" if len(users) > 3 else "")
+        if not force:
+            raise UserError(f"s3-server stop: {len(users)} run(s) use the server at "
+                            f"{state['endpoint_url']} ({named}); stopping deletes their data: "
+                            "wait for them to end, or stop anyway: dcp-fsdp s3-server stop --force")
+        log.warning(f"s3-server stop --force: stopping the server {len(users)} run(s) use "
+                    f"({named}); they will fail")
     os.kill(state["daemon_pid"], signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT_S
     while _alive(state["daemon_pid"]) and time.monotonic() < deadline:
@@ -218,7 +293,8 @@ def main(args: list[str]) -> int:
         return 0 if args else 2
     action, rest = args[0], args[1:]
     bucket = "dcp-fsdp"
-    for arg in rest:
+    force = action == "stop" and "--force" in rest
+    for arg in (a for a in rest if not (force and a == "--force")):
         if not arg.startswith("bucket=") or action != "start":
             raise UserError(f"s3-server {action}: unexpected '{arg}'; {USAGE.splitlines()[0]}")
         bucket = arg.split("=", 1)[1]
@@ -231,10 +307,9 @@ def main(args: list[str]) -> int:
                             "lowercase letters, digits, dots and hyphens, e.g. bucket=ckpt"
                             ) from None
     where = state_dir()
-    if action == "start":
-        return start(where, bucket)
-    if action == "stop":
-        return stop(where)
+    if action in ("start", "stop"):
+        with locked(where, action):
+            return start(where, bucket) if action == "start" else stop(where, force)
     if action in ("status", "env"):
         state = read_state(where)
         if state is None:

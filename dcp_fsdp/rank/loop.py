@@ -35,7 +35,7 @@ from dcp_fsdp.rank.memory import PeakMemory
 from dcp_fsdp.process.progress import Heartbeat
 from dcp_fsdp.rank.replicas import read_once_load, replica_share
 from dcp_fsdp.rank.state import (apply_state_dict, checkable_seed, checkpoint_mismatch, first_mismatch,
-                                 flat_tensors, local_bytes)
+                                 flat_tensors, local_bytes, mismatch_error)
 from dcp_fsdp.process.watchdog import Watchdog
 from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.base import CheckpointStore
@@ -70,6 +70,7 @@ class CheckpointLoop:
         # a run cut short by an interrupt or a failure still records whole operations.
         self.shared_samples: list[Sample] = []
         self.suffixes: list[str] = []
+        self.suffix_claim: str | None = None  # how the saves' suffixes were claimed (layout)
         self.writing_suffix: str | None = None  # a save in progress: incomplete if we stop
         # The last save, recorded once its upload is done: (sample or a wait for it, suffix,
         # iteration).
@@ -105,8 +106,10 @@ class CheckpointLoop:
         return self._metadata_facts[suffix]
 
     def _choose_save_suffix(self, iteration: int) -> str:
-        return rank0_decides(self.ctx, lambda: layout.save_suffix(
+        """Rank 0 claims the suffix (layout.save_suffix) before any rank writes into it."""
+        suffix, self.suffix_claim = rank0_decides(self.ctx, lambda: layout.save_suffix(
             self.store, self.cfg.suffix, self.cfg.iterations, iteration, self.suffixes))
+        return suffix
 
     def _check_matches_checkpoint(self, suffix: str) -> None:
         """Before timing a load: the checkpoint must hold this model's tensors and shapes."""
@@ -116,16 +119,8 @@ class CheckpointLoop:
             if self.cfg.ceiling:
                 layout.check_mirrorable(facts, self.ctx.world_size, suffix)
             problem = checkpoint_mismatch(facts.tensors, self.state_dict)
-            if problem is None:
-                return
-            manifest = layout.read_manifest(self.store, suffix) or {}
-            saved_with = " ".join(f"{k}={manifest[k]}" for k in
-                                  ("model", "model.dtype", "state") if k in manifest)
-            fix = f"load it with {saved_with}" if saved_with else "load it with the settings it was saved with"
-            raise UserError(
-                f"suffix={suffix}: checkpoint does not match model={self.cfg.model.preset} "
-                f"model.dtype={self.cfg.model.dtype.value} state={self.cfg.state.value} "
-                f"({problem}); {fix}")
+            if problem is not None:
+                raise mismatch_error(suffix, self.cfg, problem, layout.read_manifest(self.store, suffix))
         rank0_decides(self.ctx, decide)
 
     # -- one timed operation -------------------------------------------------------------

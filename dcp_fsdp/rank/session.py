@@ -213,6 +213,7 @@ class RankSession:
         if status != "ok" and self.loop is not None:
             run.incomplete_suffix = self.loop.writing_suffix
         run.integrity = dict(self.loop.integrity) if self.loop is not None else {}
+        run.suffix_claim = self.loop.suffix_claim if self.loop is not None else None
         run.init, run.versions = list(init_rows), records.versions()
         run.slurm = records.slurm_environment()
         off, _ = contract.harness_off(os.environ.get(contract.HARNESS_OFF_ENV))

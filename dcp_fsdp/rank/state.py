@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_state_dict, set_model_state_dict,
                                                      set_state_dict)
 
+from dcp_fsdp.errors import UserError
 from dcp_fsdp.models import values
 from dcp_fsdp.models.build import ShardedModel, local_tensor, unique_shards
 
@@ -60,6 +61,16 @@ def checkpoint_mismatch(stored: dict[str, Any], state_dict: dict[str, Any]) -> s
         if entry.dtype != here:
             return f"'{key}' is torch.{entry.dtype} there but {tensor.dtype} here"
     return None
+
+
+def mismatch_error(suffix: str, cfg: Any, problem: str, manifest: dict[str, Any] | None) -> UserError:
+    """The one line for a checkpoint that does not match the settings, with the settings it
+    was saved with (its manifest) as the fix."""
+    manifest = manifest or {}
+    saved_with = " ".join(f"{k}={manifest[k]}" for k in ("model", "model.dtype", "state") if k in manifest)
+    fix = f"load it with {saved_with}" if saved_with else "load it with the settings it was saved with"
+    return UserError(f"suffix={suffix}: checkpoint does not match model={cfg.model.preset} "
+                     f"model.dtype={cfg.model.dtype.value} state={cfg.state.value} ({problem}); {fix}")
 
 
 def state_bytes(state_dict: dict[str, Any]) -> int:

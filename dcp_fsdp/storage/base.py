@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Protocol, runtime_checkable
 
-from dcp_fsdp.storage.layout import CheckpointInfo, OpenUpload
+from dcp_fsdp.storage.layout import CheckpointInfo, OpenUpload, SuffixClaim
 from dcp_fsdp.storage.timeline import HookTimeline
 
 
@@ -86,6 +86,11 @@ class CheckpointStore(Protocol):
     def is_complete(self, suffix: str) -> bool:
         """True when `suffix` has DCP's `.metadata` (the commit point)."""
 
+    def claim(self, suffix: str, data: bytes) -> SuffixClaim:
+        """Create `suffix`'s claim object (layout.CLAIM_NAME) holding `data`, only if it does
+        not exist, atomically where the store can (S3 If-None-Match: *, O_EXCL): of racing
+        claims exactly one is `won`. Rank 0, before any rank writes into `suffix`."""
+
     def put_small(self, suffix: str, name: str, data: bytes) -> None: ...
 
     def get_small(self, suffix: str, name: str, max_bytes: int | None = None) -> bytes | None:
@@ -113,5 +118,5 @@ class CheckpointStore(Protocol):
         """Uploads started and neither completed nor aborted, under `suffix` (None: all
         under the store's root). A file system has none."""
 
-    def abort_uploads(self, suffix: str | None = None) -> int:
-        """Abort those uploads; how many were aborted."""
+    def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0) -> int:
+        """Abort those uploads started at least `min_age_s` ago; how many were aborted."""

@@ -10,7 +10,8 @@ from typing import Any
 
 from dcp_fsdp.config.schema import MIB, StorageConfig
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.storage.layout import METADATA_NAME, CheckpointInfo, check_suffix
+from dcp_fsdp.storage.layout import (CLAIM_EXCLUSIVE, CLAIM_NAME, METADATA_NAME, CheckpointInfo,
+                                     SuffixClaim, check_suffix)
 from dcp_fsdp.storage.raw import FsRawArea, fs_ceiling_dir
 from dcp_fsdp.storage.timeline import HookTimeline
 
@@ -110,6 +111,18 @@ class FsStore:
     def is_complete(self, suffix: str) -> bool:
         return (self.root / suffix / METADATA_NAME).exists()
 
+    def claim(self, suffix: str, data: bytes) -> SuffixClaim:
+        """O_CREAT|O_EXCL: the kernel (and NFS v3+) creates the file for one caller only."""
+        path = self.root / suffix / CLAIM_NAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return SuffixClaim(False, CLAIM_EXCLUSIVE)
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+        return SuffixClaim(True, CLAIM_EXCLUSIVE)
+
     def put_small(self, suffix: str, name: str, data: bytes) -> None:
         path = self.root / suffix / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +131,7 @@ class FsStore:
     def open_uploads(self, suffix: str | None = None) -> list:
         return []  # files are written in place: nothing is left open and billed
 
-    def abort_uploads(self, suffix: str | None = None) -> int:
+    def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0) -> int:
         return 0
 
     def get_small(self, suffix: str, name: str, max_bytes: int | None = None) -> bytes | None:

@@ -2,13 +2,19 @@
 
 A checkpoint is `<root>/<suffix>/`: DCP's data objects, `.metadata` (written last by
 DCP: its presence is the commit point, so a checkpoint without it is incomplete and
-never loadable), and our manifest `dcp_fsdp.json` (what was saved: model, dtype, state,
+never loadable), our manifest `dcp_fsdp.json` (what was saved: model, dtype, state,
 world size, and the seed and version of the value function every load verifies against;
-written after the commit).
+written after the commit), and the claim `dcp_fsdp.claim` (which run took the suffix:
+written first, by rank 0, before any rank writes).
 
 Suffixes: a save without `suffix=` gets a fresh `YYYY-MM-DD-HH-MM-xxxx` (sorts by time;
 the random tail keeps parallel runs apart); `suffix=NAME` with iterations > 1 becomes
-`NAME-1`, `NAME-2`, ...; an existing suffix is never overwritten.
+`NAME-1`, `NAME-2`, ...; an existing suffix is never overwritten. A save claims its suffix
+before it writes: the store creates the claim object only if it does not exist (S3:
+PutObject with `If-None-Match: *`; a file system: O_CREAT|O_EXCL), so of two saves that
+race for one suffix exactly one proceeds; the other is refused before it writes anything.
+Where an S3 server ignores the condition (a probe finds out), the claim is a check then a
+write: not atomic, said in the log and recorded as `suffix_claim=not_atomic`.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import datetime
 import json
 import os
 import secrets
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +33,17 @@ from dcp_fsdp.config.validate import check_suffix  # the setting's syntax: a con
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.metadata_peek import MAX_METADATA_BYTES, MetadataFacts, read_facts
 
-__all__ = ["CEILING_ROOT", "MANIFEST_NAME", "METADATA_NAME", "CheckpointInfo", "check_loadable",
-           "check_suffix", "encode_manifest", "metadata_facts", "new_suffix", "read_manifest",
-           "save_suffix"]
+__all__ = ["CEILING_ROOT", "CLAIM_NAME", "MANIFEST_NAME", "METADATA_NAME", "CheckpointInfo",
+           "SuffixClaim", "check_loadable", "check_suffix", "encode_manifest", "metadata_facts",
+           "new_suffix", "read_manifest", "save_suffix"]
 
 METADATA_NAME = ".metadata"
 MANIFEST_NAME = "dcp_fsdp.json"
+CLAIM_NAME = "dcp_fsdp.claim"
+# How a save's suffix was claimed (the record's `suffix_claim`):
+CLAIM_CONDITIONAL = "conditional_write"  # S3 PutObject If-None-Match: * (the server honours it)
+CLAIM_EXCLUSIVE = "exclusive_create"  # file system: open(O_CREAT | O_EXCL)
+CLAIM_NOT_ATOMIC = "not_atomic"  # the server ignores the condition: a check, then a write
 # The raw ceiling's objects (rank/ceiling.py) go beside the checkpoints' prefix, in
 # `<prefix>.ceiling/`; under a bare bucket, in this folder: no suffix can take its name
 # (suffixes start with a letter or digit) and `list` skips it.
@@ -48,6 +60,14 @@ class CheckpointInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class SuffixClaim:
+    """A store's answer to a claim: did this save get the suffix, and how it was decided."""
+
+    won: bool  # False: another save's claim object is there
+    method: str  # CLAIM_CONDITIONAL | CLAIM_EXCLUSIVE | CLAIM_NOT_ATOMIC
+
+
+@dataclasses.dataclass(frozen=True)
 class OpenUpload:
     """A multipart upload neither completed nor aborted: its parts are stored (and, on
     AWS, billed) until it is aborted."""
@@ -58,6 +78,11 @@ class OpenUpload:
     initiated: str  # ISO 8601, UTC
     part_count: int
     size_bytes: int
+
+    def age_s(self, now: datetime.datetime | None = None) -> float:
+        """Seconds since it was started (by the server's clock; never negative)."""
+        now = now or datetime.datetime.now(datetime.timezone.utc)
+        return max(0.0, (now - datetime.datetime.fromisoformat(self.initiated)).total_seconds())
 
 
 # -- suffixes ------------------------------------------------------------------------------
@@ -79,25 +104,53 @@ def check_save_suffixes_free(store, configured: str, iterations: int) -> None:
     """Before any rank starts: a save never overwrites; say so now, not after the build."""
     for suffix in configured_save_suffixes(configured, iterations)[:100]:
         if store.has_objects(suffix):
-            raise UserError(f"suffix={suffix}: a checkpoint already exists at "
-                            f"{store.location(suffix)}; choose another suffix or omit it to "
-                            "get a fresh one")
+            raise _exists(store, suffix)
+
+
+def _exists(store, suffix: str) -> UserError:
+    return UserError(f"suffix={suffix}: a checkpoint already exists at {store.location(suffix)} "
+                     "(or another save is writing it); choose another suffix or omit it to get "
+                     "a fresh one")
 
 
 def save_suffix(store, configured: str | None, iterations: int, iteration: int,
-                used: list[str]) -> str:
-    """The suffix for save `iteration` (1-based) in `store`; never one that holds objects."""
+                used: list[str]) -> tuple[str, str]:
+    """The suffix for save `iteration` (1-based) in `store`, claimed for this save (never
+    one that holds objects, nor one another save claimed first), and how it was claimed."""
     if configured:
         suffix = configured if iterations == 1 else f"{configured}-{iteration}"
         if store.has_objects(suffix):
-            raise UserError(f"suffix={suffix}: a checkpoint already exists at "
-                            f"{store.location(suffix)}; choose another suffix or omit it to "
-                            "get a fresh one")
-        return suffix
+            raise _exists(store, suffix)
+        claim = store.claim(suffix, _claim_body())
+        if not claim.won:
+            raise UserError(f"suffix={suffix}: another save claimed it a moment ago"
+                            f"{_claimed_by(store, suffix)} and writes there; this save wrote "
+                            "nothing: choose another suffix or omit it to get a fresh one")
+        return suffix, claim.method
     while True:
         suffix = new_suffix()
         if suffix not in used and not store.has_objects(suffix):
-            return suffix
+            claim = store.claim(suffix, _claim_body())
+            if claim.won:
+                return suffix, claim.method
+
+
+def _claim_body() -> bytes:
+    """Who claims (no secrets): the run, host and process, and when."""
+    return json.dumps({"run_id": os.environ.get(contract.RUN_ID_ENV), "host": socket.gethostname(),
+                       "pid": os.getpid(), "claimed_at": datetime.datetime.now(
+                           datetime.timezone.utc).isoformat(timespec="seconds")}).encode()
+
+
+def _claimed_by(store, suffix: str) -> str:
+    """' (run R on host H)' from the other save's claim object, when it can be read."""
+    try:
+        claim = json.loads(store.get_small(suffix, CLAIM_NAME, 4096) or b"{}")
+    except (ValueError, UserError):
+        return ""
+    if not isinstance(claim, dict) or not claim.get("host"):
+        return ""
+    return f" (run {claim.get('run_id') or '?'} on host {claim['host']})"
 
 
 # -- loadability ---------------------------------------------------------------------------

@@ -13,7 +13,8 @@ import secrets
 from typing import Any
 
 from dcp_fsdp.config.schema import MIB, PrefixStrategy, ReaderKind, StorageConfig
-from dcp_fsdp.storage.layout import CheckpointInfo, check_suffix
+from dcp_fsdp.storage.layout import (CLAIM_CONDITIONAL, CLAIM_NAME, CLAIM_NOT_ATOMIC,
+                                     CheckpointInfo, SuffixClaim, check_suffix)
 from dcp_fsdp.storage.raw import S3RawArea, s3_ceiling_prefix
 from dcp_fsdp.storage.s3_control import S3ControlPlane
 from dcp_fsdp.storage.s3_target import S3Target, resolve_endpoint, resolve_region
@@ -135,6 +136,13 @@ class S3Store:
     def is_complete(self, suffix: str) -> bool:
         return self.control.is_complete(suffix)
 
+    def claim(self, suffix: str, data: bytes) -> SuffixClaim:
+        key = self.target.key(suffix, CLAIM_NAME)
+        if self.control.honours_if_none_match():
+            return SuffixClaim(self.control.put_if_absent(key, data), CLAIM_CONDITIONAL)
+        self.control.put_key(key, data)  # the caller found no objects there just before
+        return SuffixClaim(True, CLAIM_NOT_ATOMIC)
+
     def put_small(self, suffix: str, name: str, data: bytes) -> None:
         self.control.put_small(suffix, name, data)
 
@@ -162,6 +170,6 @@ class S3Store:
     def open_uploads(self, suffix: str | None = None):
         return self.control.open_uploads(suffix)
 
-    def abort_uploads(self, suffix: str | None = None) -> int:
-        return self.control.abort_uploads(suffix)
+    def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0) -> int:
+        return self.control.abort_uploads(suffix, min_age_s)
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
+import secrets
 from typing import Any
 
+from dcp_fsdp import log
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.layout import CEILING_ROOT, METADATA_NAME, CheckpointInfo, OpenUpload
 from dcp_fsdp.storage.s3_target import S3Target
@@ -66,6 +69,7 @@ class S3ControlPlane:
         self.target = target
         self.connect_timeout_s = connect_timeout_s
         self._boto_client = None
+        self._honours_if_none_match: bool | None = None  # asked once, on the first claim
 
     def client(self):
         """boto3's client; the AWS credential chain is read here (UserError if broken)."""
@@ -81,7 +85,9 @@ class S3ControlPlane:
         return self._boto_client
 
     def _make_client(self, boto3, botocore_config):
-        # A broken profile or shared file fails here: botocore resolves credentials now.
+        # A broken profile or shared file fails here: botocore resolves credentials now
+        # (once per process: boto3's default session keeps them; a launcher running several
+        # jobs starts each with a fresh one, launch/preflight.py).
         client = boto3.client(
             "s3", region_name=self.target.region, endpoint_url=self.target.endpoint,
             config=botocore_config.Config(
@@ -275,6 +281,45 @@ class S3ControlPlane:
     def put_key(self, key: str, data: bytes) -> None:
         self.client().put_object(Bucket=self.target.bucket, Key=key, Body=data)
 
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """PutObject with If-None-Match: *; False when the key exists (412) or another
+        conditional write of it is in flight (409), as S3 answers."""
+        import botocore.exceptions as bx
+
+        try:
+            self.client().put_object(Bucket=self.target.bucket, Key=key, Body=data,
+                                     IfNoneMatch="*")
+            return True
+        except bx.ClientError as error:
+            code = str(error.response.get("Error", {}).get("Code", ""))
+            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise self._explain(error) from None
+
+    def honours_if_none_match(self) -> bool:
+        """Does the server honour If-None-Match: * on PutObject? A key of its own, beside
+        the checkpoints, is written twice with it: the second must be refused (412). A
+        server that ignores the header accepts both; one that rejects it (400, 501) does
+        not support it. Asked once per control plane; said in the log when not honoured."""
+        if self._honours_if_none_match is None:
+            key = self.target.key(f"_dcp_fsdp.claim-probe-{os.getpid()}-{secrets.token_hex(4)}")
+            try:
+                honoured = self.put_if_absent(key, b"probe") and not self.put_if_absent(key, b"probe")
+            except UserError:
+                honoured = False
+            finally:
+                with contextlib.suppress(Exception):  # a probe left behind is harmless
+                    self.delete_key(key)
+            self._honours_if_none_match = honoured
+            if not honoured:
+                log.warning(f"{self.target.endpoint_source}={self.target.endpoint or 'AWS S3'} "
+                            "does not honour If-None-Match: * (a second conditional PUT of one "
+                            "key was not refused): a save claims its suffix by a check, then a "
+                            "write, not atomically; two saves started at once with one suffix= "
+                            "could both write it (recorded as suffix_claim=not_atomic)")
+        return self._honours_if_none_match
+
     def delete_key(self, key: str) -> None:
         self.client().delete_object(Bucket=self.target.bucket, Key=key)
 
@@ -313,11 +358,13 @@ class S3ControlPlane:
             raise self._explain(error) from None
         return found
 
-    def abort_uploads(self, suffix: str | None = None) -> int:
+    def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0) -> int:
         import botocore.exceptions as bx
 
         aborted = 0
         for upload in self.open_uploads(suffix):
+            if min_age_s > 0 and upload.age_s() < min_age_s:
+                continue  # maybe a save still writing it
             try:
                 self.client().abort_multipart_upload(Bucket=self.target.bucket, Key=upload.key,
                                                      UploadId=upload.upload_id)

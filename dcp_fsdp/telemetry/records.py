@@ -34,6 +34,7 @@ from dcp_fsdp.telemetry.record_checks import field_types, run_problem, sample_pr
 # 5: train_step_slowdown from the steps' compute time alone (before: their wait for staging
 # included); samples carry train_wait_s; init rows fill_s (the value fill inside build_s).
 # 5: request summaries carry unparsed and parser (untimed: late); run.server_requests.
+# 5: the run line carries suffix_claim (how the saves claimed their suffixes).
 SCHEMA_VERSION = 5
 # Job id, node count, node list and tasks per node (SLURM_NTASKS_PER_NODE is set only when
 # --ntasks-per-node was given; SLURM_TASKS_PER_NODE always is, e.g. "1(x8)").
@@ -224,6 +225,10 @@ class RunRecord:
     # by the launcher): {global rank: {exitcode, signal, message, timestamp}}.
     rank_failures: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     integrity: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    # How the saves claimed their suffixes (storage/layout.py): conditional_write (S3
+    # If-None-Match: *), exclusive_create (fs O_EXCL), not_atomic (the server ignores the
+    # condition: a check, then a write); None when no save chose one.
+    suffix_claim: str | None = None
     init: list[InitRow] = dataclasses.field(default_factory=list)
     versions: dict[str, str | None] = dataclasses.field(default_factory=dict)
     slurm: dict[str, str] | None = None

@@ -131,3 +131,19 @@ def test_multirun_sweep_runs_each_job(s3, s3_uri, tmp_path):
         import json
         presets.add(json.loads(path.read_text().splitlines()[0])["model"]["preset"])
     assert presets == {"tiny_llama", "tiny_gpt2"}
+
+
+def test_a_sweep_on_the_embedded_server_gives_each_job_its_own_keys(tmp_path):
+    """Each job starts its own embedded server with fresh keys: nothing of job 1 (boto3's
+    default session once kept the first keys it read) may sign job 2's requests (403)."""
+    import json
+
+    result = run_cli(["save-and-load", "-m", "nproc=1,2", "model=tiny_llama",
+                      f"results_dir={tmp_path}"])
+    assert_ok(result)
+    assert "refused the credentials" not in result.stdout + result.stderr
+    runs = [json.loads(path.read_text().splitlines()[0]) for path in tmp_path.glob("*.jsonl")]
+    assert sorted(run["world_size"] for run in runs) == [1, 2]
+    assert [run["status"] for run in runs] == ["ok", "ok"]
+    endpoints = {run["storage"]["endpoint"] for run in runs}
+    assert len(endpoints) == 2 and all(run["storage"]["embedded"] for run in runs)

@@ -143,9 +143,40 @@ def test_list_shows_open_uploads_and_clean_uploads_aborts_them(s3, s3_uri, tmp_p
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[:3] == ["2026-01-01-00-00-abcd", "1", "1"], listing.stdout  # uploads, parts
     assert float(cells[3]) == 5.0, listing.stdout  # MiB
-    clean = run_cli(["clean-uploads", *s3_args(s3, s3_uri)], env=s3_env(s3))
+    clean = run_cli(["clean-uploads", "--force", *s3_args(s3, s3_uri)], env=s3_env(s3))
     assert clean.returncode == 0, clean.stderr
     assert "aborted 1 open multipart upload(s)" in clean.stdout, clean.stdout
+    assert open_uploads(s3, s3_uri) == []
+
+
+def test_clean_uploads_leaves_young_uploads_alone_and_shows_every_age(s3, s3_uri):
+    """A save's uploads are seconds old while it runs: aborting them fails it. Only uploads
+    older than --min-age-s (default 1 h) go, unless --force; each is listed with its age."""
+    bucket, prefix = s3_uri[len("s3://"):].split("/", 1)
+    client = s3_client(s3)
+    keys = [f"{prefix}/2026-01-01-00-00-{tail}/__0_0.distcp" for tail in ("0old", "0new")]
+    client.create_multipart_upload(Bucket=bucket, Key=keys[0])
+    time.sleep(10)
+    client.create_multipart_upload(Bucket=bucket, Key=keys[1])
+    args, env = s3_args(s3, s3_uri), s3_env(s3)
+
+    default = run_cli(["clean-uploads", *args], env=env)
+    assert default.returncode == 0, default.stderr
+    assert "aborted 0 open multipart upload(s)" in default.stdout, default.stdout
+    assert "left 2 upload(s) younger than 1.0 h alone" in default.stdout, default.stdout
+    assert len(open_uploads(s3, s3_uri)) == 2
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")]
+            for line in default.stdout.splitlines() if "2026-01-01-00-00-" in line}
+    assert rows["2026-01-01-00-00-0old"][2].endswith(" s"), rows  # its age
+    assert rows["2026-01-01-00-00-0old"][5] == "leave (younger than 1.0 h)", rows
+
+    older = run_cli(["clean-uploads", "--min-age-s", "8", *args], env=env)
+    assert older.returncode == 0, older.stderr
+    assert "aborted 1 open multipart upload(s)" in older.stdout, older.stdout
+    assert [u["Key"] for u in open_uploads(s3, s3_uri)] == [keys[1]]
+
+    forced = run_cli(["clean-uploads", "--force", *args], env=env)
+    assert "aborted 1 open multipart upload(s)" in forced.stdout, forced.stdout
     assert open_uploads(s3, s3_uri) == []
 
 

@@ -84,3 +84,117 @@ def _start_save_load_by_suffix_stop(tmp_path, runtime):
     status = run_cli(["s3-server", "status"], env=env)
     assert status.returncode == 3 and "not running" in status.stdout
     assert not (runtime / "dcp-fsdp-s3").exists()  # status creates nothing
+
+
+def _serve_daemons(runtime: Path) -> list[int]:
+    """The s3-server daemons whose state lives under `runtime` (one per server started)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"dcp_fsdp.launch.s3_server" in words and str(runtime).encode() in b" ".join(words):
+            found.append(int(entry.name))
+    return found
+
+
+def _lock_held(path: Path) -> bool:
+    import fcntl
+
+    with open(path, "a") as probe:
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
+
+
+def _answers(variables: dict[str, str], bucket: str = "dcp-fsdp") -> bool:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=variables["AWS_ENDPOINT_URL"],
+                          region_name=variables["AWS_REGION"],
+                          aws_access_key_id=variables["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=variables["AWS_SECRET_ACCESS_KEY"])
+    try:
+        client.head_bucket(Bucket=bucket)
+        return True
+    except Exception:
+        return False
+
+
+def _cli(args: list[str], env: dict[str, str], merged: bool = False):
+    import subprocess
+    import sys
+
+    from tests.kit.cli import REPO, clean_env
+
+    return subprocess.Popen([sys.executable, "-m", "dcp_fsdp", *args], env=clean_env(env),
+                            cwd=REPO, stdout=subprocess.PIPE, text=True,
+                            stderr=subprocess.STDOUT if merged else subprocess.PIPE)
+
+
+def test_starts_and_stops_at_once_leave_one_server_and_no_orphan(tmp_path):
+    """Two starts at once: one server, the same endpoint and keys for both callers (they
+    were two servers, one an orphan whose data the next stop deleted). A start during a
+    stop waits for it and starts a fresh server that answers."""
+    runtime = Path(tempfile.mkdtemp(prefix="s3l-", dir="/tmp"))
+    env = {"XDG_RUNTIME_DIR": str(runtime), "TMPDIR": str(tmp_path)}
+    try:
+        starts = [_cli(["s3-server", "start"], env) for _ in range(2)]
+        outputs = [start.communicate(timeout=240) for start in starts]
+        assert [start.returncode for start in starts] == [0, 0], outputs
+        first, second = (_exports(out) for out, _ in outputs)
+        assert first == second, outputs
+        assert len(_serve_daemons(runtime)) == 1
+        assert _answers(first)
+
+        stop = _cli(["s3-server", "stop"], env)
+        deadline = time.monotonic() + 30
+        while not _lock_held(runtime / "dcp-fsdp-s3.lock") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        start = _cli(["s3-server", "start"], env)
+        stopped, started = stop.communicate(timeout=120), start.communicate(timeout=240)
+        assert stop.returncode == 0 and start.returncode == 0, (stopped, started)
+        assert "waiting for it" in started[0], started
+        fresh = _exports(started[0])
+        assert fresh["AWS_ENDPOINT_URL"] != first["AWS_ENDPOINT_URL"] and _answers(fresh)
+        assert len(_serve_daemons(runtime)) == 1
+    finally:
+        run_cli(["s3-server", "stop", "--force"], env=env, timeout_s=60)
+        shutil.rmtree(runtime, ignore_errors=True)
+    deadline = time.monotonic() + 10
+    while _serve_daemons(runtime) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _serve_daemons(runtime) == []
+
+
+def test_stop_refuses_while_a_run_uses_the_server(tmp_path):
+    runtime = Path(tempfile.mkdtemp(prefix="s3u-", dir="/tmp"))
+    env = {"XDG_RUNTIME_DIR": str(runtime), "TMPDIR": str(tmp_path)}
+    try:
+        start = run_cli(["s3-server", "start"], env=env, timeout_s=240)
+        assert start.returncode == 0, start.stderr
+        variables = _exports(start.stdout)
+        uri = re.search(r"storage\.uri=(s3://\S+)", start.stdout).group(1)
+        run = _cli(["save", f"storage.uri={uri}", "model=tiny_llama", "nproc=1",
+                    "iterations=3", "delay_s=5", f"results_dir={tmp_path / 'run'}"],
+                   {**env, **variables}, merged=True)
+        seen = []
+        while not any("saved suffix=" in line for line in seen):  # it is writing there
+            seen.append(run.stdout.readline())
+            assert seen[-1] or run.poll() is None, seen
+        refused = run_cli(["s3-server", "stop"], env=env)
+        output = run.communicate(timeout=240)
+        assert run.returncode == 0, output  # its server was left running
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        line = refused.stderr.strip()
+        assert "1 run(s) use the server" in line and f"pid {run.pid}:" in line, line
+        assert "dcp-fsdp s3-server stop --force" in line and "\n" not in line
+        assert _answers(variables)
+        stop = run_cli(["s3-server", "stop"], env=env)  # the run has ended
+        assert stop.returncode == 0 and "stopped" in stop.stdout, stop.stderr
+    finally:
+        run_cli(["s3-server", "stop", "--force"], env=env, timeout_s=60)
+        shutil.rmtree(runtime, ignore_errors=True)

@@ -380,6 +380,7 @@ class FaultProxy:
         self.connections = 0  # client connections accepted (keep-alive reuses one)
         self.events: list[FaultEvent] = []
         self._stopping = threading.Event()
+        self._released = threading.Event()  # release_stalls(): held requests go on now
         self._listener: socket.socket | None = None
         self._threads: set[threading.Thread] = set()
         self._sockets: set[socket.socket] = set()
@@ -408,6 +409,10 @@ class FaultProxy:
                 counter.clear()
             self.events.clear()
             self.connections = 0
+
+    def release_stalls(self) -> None:
+        """Forward every held request now, and hold no more (stall_s cut short)."""
+        self._released.set()
 
     def start(self) -> "FaultProxy":
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -600,8 +605,10 @@ class FaultProxy:
             raise _Closed("reset injected")
         if fault == "stall":
             self._count("stall", rtype, method, target)
-            if self._stopping.wait(self.stall_s):
-                return False
+            deadline = time.monotonic() + self.stall_s
+            while not self._released.is_set() and time.monotonic() < deadline:
+                if self._stopping.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
+                    return False
         if self.latency_s > 0 and self._targeted(rtype, target):
             self._count("latency", rtype, method, target)
             if self._stopping.wait(self.latency_s):

@@ -55,18 +55,53 @@ def test_bad_suffixes_are_refused_with_the_rule(bad):
 
 
 def test_configured_suffix_gets_iteration_numbers_and_never_overwrites(store):
-    assert layout.save_suffix(store, "mine", 1, 1, []) == "mine"
-    assert layout.save_suffix(store, "mine", 3, 2, []) == "mine-2"
-    store.put_small("mine-2", "x", b"1")
+    assert layout.save_suffix(store, "mine", 1, 1, []) == ("mine", layout.CLAIM_EXCLUSIVE)
+    assert layout.save_suffix(store, "mine", 3, 2, [])[0] == "mine-2"
     with pytest.raises(UserError, match="suffix=mine-2: a checkpoint already exists"):
-        layout.save_suffix(store, "mine", 3, 2, [])
+        layout.save_suffix(store, "mine", 3, 2, [])  # its claim is there
 
 
 def test_fresh_suffixes_avoid_used_and_existing_ones(store, monkeypatch):
     names = iter(["taken", "used", "free"])
     monkeypatch.setattr(layout, "new_suffix", lambda now=None: next(names))
     store.put_small("taken", "x", b"1")
-    assert layout.save_suffix(store, None, 5, 1, ["used"]) == "free"
+    assert layout.save_suffix(store, None, 5, 1, ["used"])[0] == "free"
+    assert store.has_objects("free")  # a fresh suffix is claimed too
+
+
+def test_a_save_that_loses_the_claim_is_refused_in_one_line_before_writing(store, monkeypatch):
+    """Two saves checked the suffix empty at once: the first claim wins, the second is
+    refused naming the suffix, the other run and the fix (fs: O_EXCL decides)."""
+    monkeypatch.setenv("DCP_FSDP_RUN_ID", "run-first")
+    assert layout.save_suffix(store, "race", 1, 1, []) == ("race", layout.CLAIM_EXCLUSIVE)
+    monkeypatch.setattr(store, "has_objects", lambda suffix: False)  # it checked before
+    with pytest.raises(UserError) as refused:
+        layout.save_suffix(store, "race", 1, 1, [])
+    assert "suffix=race: another save claimed it" in str(refused.value)
+    assert "run run-first" in str(refused.value) and "omit it" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert [p.name for p in (store.root / "race").iterdir()] == [layout.CLAIM_NAME]
+
+
+def test_fs_claims_are_exclusive_across_processes(store):
+    """8 processes claim one suffix at the same moment: exactly one gets it."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    start, results = context.Barrier(8), context.Queue()
+    claimers = [context.Process(target=_claim_after, args=(store.root, start, results))
+                for _ in range(8)]
+    for claimer in claimers:
+        claimer.start()
+    won = sorted(results.get(timeout=60) for _ in claimers)
+    for claimer in claimers:
+        claimer.join()
+    assert won == [False] * 7 + [True]
+
+
+def _claim_after(root, start, results) -> None:
+    start.wait()
+    results.put(FsStore(StorageConfig(kind=StorageKind.fs, path=str(root))).claim("one", b"x").won)
 
 
 def test_a_checkpoint_is_loadable_only_with_its_metadata(store):
