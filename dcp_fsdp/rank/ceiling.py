@@ -42,15 +42,14 @@ import math
 import os
 import re
 import secrets
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
-import torch.distributed as dist
 
 from dcp_fsdp.config.schema import MIB
 from dcp_fsdp.errors import BenchmarkFailure
+from dcp_fsdp.rank.sample_build import timed_region
 from dcp_fsdp.rank.distributed import first_problem, rank0_decides, rank0_scatters, sum_over_ranks
 from dcp_fsdp.process.watchdog import Watchdog
 from dcp_fsdp.storage import layout
@@ -243,21 +242,18 @@ class Ceiling:
 
         client = self.mover.new_client()
         cache_policy = self.mover.drop_cache(iteration, objects) if op == "raw_get" else None
-        barrier_start = time.monotonic()
-        dist.barrier()
-        begin_mono = time.monotonic()
-        begin_wall = time.time()
-        with Watchdog(self.cfg.op_timeout_s, self.loop.on_timeout,
-                      f"ceiling {op} iteration {iteration} did not finish within "
-                      f"op_timeout_s={self.cfg.op_timeout_s:g}; the storage stalled or is too "
-                      "slow: raise op_timeout_s or check the endpoint"):
-            failure = None
+        watchdog = Watchdog(self.cfg.op_timeout_s, self.loop.on_timeout,
+                            f"ceiling {op} iteration {iteration} did not finish within "
+                            f"op_timeout_s={self.cfg.op_timeout_s:g}; the storage stalled or is too "
+                            "slow: raise op_timeout_s or check the endpoint")
+        failure = None
+        with timed_region(self.loop.ctx.device, watchdog) as region:  # the one DCP's ops use
             try:  # list(): re-raises the first failure of any stream
                 list(pool.map(lambda obj: move(client, iteration, obj), objects))
             except Exception as error:  # every rank learns of it below, none hangs
                 failure = f"{type(error).__name__}: {error}"
-        end_mono = time.monotonic()
-        end_wall = time.time()
+        barrier_start, begin_mono, begin_wall = region.barrier_start, region.begin_mono, region.begin_wall
+        end_mono, end_wall = float(region.end_mono or 0.0), float(region.end_wall or 0.0)
         found = first_problem(failure)
         if found is not None:
             rank, text = found

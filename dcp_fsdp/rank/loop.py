@@ -26,10 +26,9 @@ from dcp_fsdp.config.schema import BenchmarkConfig, Command, ReplicaLoad
 from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.models import values
 from dcp_fsdp.models.build import ShardedModel, local_tensor, replica_of
-from dcp_fsdp.rank.device import sync_device
 from dcp_fsdp.rank.distributed import (RankContext, drop_cache_on_node, first_problem,
                                        gather_to_coordinator, rank0_decides)
-from dcp_fsdp.rank.sample_build import OpInProgress, build_sample, fill_save_figures
+from dcp_fsdp.rank.sample_build import OpInProgress, build_sample, fill_save_figures, timed_region
 from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.rank.memory import PeakMemory
 from dcp_fsdp.process.progress import Heartbeat
@@ -140,13 +139,10 @@ class CheckpointLoop:
                    "too slow: raise op_timeout_s or check the endpoint")
         watchdog = contextlib.nullcontext() if "watchdog" in self.harness_off else Watchdog(
             self.cfg.op_timeout_s, self.on_timeout, message)
-        run.barrier_start = time.monotonic()
-        dist.barrier()
-        run.begin_mono = time.monotonic()
-        run.begin_wall = time.time()
-        with watchdog, heartbeat:
+        with timed_region(self.ctx.device, watchdog) as run.region, heartbeat:
             if saver is not None:
-                run.timing = saver.save(self.state_dict, run.storage_io, run.begin_mono, run.baseline_s)
+                run.timing = saver.save(self.state_dict, run.storage_io, run.region.begin_mono,
+                                        run.baseline_s)
             elif op == "save":
                 dcp.save(self.state_dict, storage_writer=run.storage_io, planner=run.planner)
             elif self.read_once:  # replica 0 reads, the others receive (rank/replicas.py)
@@ -154,7 +150,6 @@ class CheckpointLoop:
                                                  self.replica, self.ctx.device)
             else:
                 dcp.load(self.state_dict, storage_reader=run.storage_io)
-            sync_device(self.ctx.device)  # queued CUDA work ends before end_mono is read
         run.peak_rss, run.cuda_peak = memory.end() if marks else (None, None)
         run.minor_faults = memory.minor_faults if marks else None  # (finish may run later)
         finish = functools.partial(self._complete, run, saver, message)
@@ -212,7 +207,7 @@ class CheckpointLoop:
                 saver.finish(timing)
         if run.pickled:
             take_timeline_file(run.timeline)
-        end_mono = time.monotonic() if timing is None else timing.end_mono
+        end_mono = run.region.end_mono if timing is None else timing.end_mono
         if end_mono is None:
             raise RuntimeError(f"{run.op} iteration {run.iteration}: the upload never ended")
         sample = build_sample(

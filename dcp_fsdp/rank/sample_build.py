@@ -11,9 +11,12 @@ recorded (storage/timeline.py): the phases are defined once, here (docs/metrics.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any
+import time
+from typing import Any, Iterator
 
+from dcp_fsdp.rank.device import sync_device
 from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.telemetry.records import Sample
 
@@ -32,6 +35,33 @@ class OpClocks:
 
 
 @dataclasses.dataclass
+class RegionClocks:
+    """The clock reads of one timed region (monotonic and wall, seconds)."""
+
+    barrier_start: float = 0.0  # monotonic, entering the aligning barrier
+    begin_mono: float = 0.0  # the barrier's release
+    begin_wall: float = 0.0
+    end_mono: float | None = None  # after the work and the device's queued work are done
+    end_wall: float | None = None
+
+
+@contextlib.contextmanager
+def timed_region(device: Any, watchdog: Any) -> Iterator[RegionClocks]:
+    """The one timed region of every operation (DCP's and the raw ceiling's): the ranks
+    aligned by a barrier, the clocks read at its release, `watchdog` armed around the work,
+    and the clocks closed only after the device's queued work is done (a no-op on CPU)."""
+    import torch.distributed as dist
+
+    clocks = RegionClocks(barrier_start=time.monotonic())
+    dist.barrier()
+    clocks.begin_mono, clocks.begin_wall = time.monotonic(), time.time()
+    with watchdog:
+        yield clocks
+        sync_device(device)  # queued CUDA work ends before the clock is read
+        clocks.end_mono, clocks.end_wall = time.monotonic(), time.time()
+
+
+@dataclasses.dataclass
 class OpInProgress:
     """One timed operation from its set-up to its sample: what was prepared untimed, the
     clocks read at its barrier, and what the timed block measured."""
@@ -45,9 +75,7 @@ class OpInProgress:
     cache_policy: str | None = None
     baseline_s: list[float] = dataclasses.field(default_factory=list)
     planner: Any = None
-    barrier_start: float = 0.0
-    begin_mono: float = 0.0
-    begin_wall: float = 0.0
+    region: RegionClocks = dataclasses.field(default_factory=RegionClocks)
     timing: Any = None  # an async save's AsyncTiming
     broadcast_s: float | None = None
     peak_rss: int | None = None
@@ -56,11 +84,12 @@ class OpInProgress:
 
     def clocks(self, end_mono: float) -> OpClocks:
         # A cadence overlaps saves: this one's requests start after the previous upload's.
-        window_wall = self.begin_wall
+        region = self.region
+        window_wall = region.begin_wall
         if self.timing is not None and self.timing.previous_end_mono is not None:
-            window_wall += max(0.0, self.timing.previous_end_mono - self.begin_mono)
-        return OpClocks(self.barrier_start, self.begin_mono, self.begin_wall, end_mono,
-                        self.begin_wall + (end_mono - self.begin_mono), window_wall)
+            window_wall += max(0.0, self.timing.previous_end_mono - region.begin_mono)
+        return OpClocks(region.barrier_start, region.begin_mono, region.begin_wall, end_mono,
+                        region.begin_wall + (end_mono - region.begin_mono), window_wall)
 
 
 def io_split(timeline: HookTimeline, op: str) -> tuple[float | None, tuple[float, float] | None]:

@@ -144,7 +144,9 @@ def test_the_timed_operation_ends_its_clock_after_the_device_sync(one_rank_group
 
     monkeypatch.setattr(loop_module, "dcp", types.SimpleNamespace(
         load=noted(real_load), save=noted(real_save)))
-    monkeypatch.setattr(loop_module, "time", events.clock_module())
+    from dcp_fsdp.rank import sample_build
+
+    monkeypatch.setattr(sample_build, "time", events.clock_module())  # the timed region's clocks
     events.seen.clear()
     sample = loop._timed(op, 1, "x")
     assert not callable(sample) and sample.duration_s > 0
