@@ -3,6 +3,8 @@
 #SBATCH --output=logs/%x-%j.out
 #SBATCH --ntasks-per-node=1
 #SBATCH --exclusive
+# Warned 60 s before the time limit (-t): the step is stopped and the aftermath has time to run.
+#SBATCH --signal=B:USR1@60
 #
 # Load a checkpoint written by savebatch.sh from every node of the allocation (`dcp-fsdp load`).
 # Give the suffix from savebatch's log, and the same node count and ranks per node it had:

@@ -3,6 +3,8 @@
 #SBATCH --output=logs/%x-%j.out
 #SBATCH --ntasks-per-node=1
 #SBATCH --exclusive
+# Warned 60 s before the time limit (-t): the step is stopped and the aftermath has time to run.
+#SBATCH --signal=B:USR1@60
 #
 # Save checkpoints of an FSDP-sharded model to S3 from every node of the allocation
 # (`dcp-fsdp save`), and end the log with the suffixes written:
