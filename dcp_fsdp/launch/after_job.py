@@ -92,8 +92,11 @@ def _candidates(reports: list[dict], srun_ends: list[tuple[str, str]]) -> list[t
         if summary is None:
             code = report["agent_exit"]
             if code is None:  # the task itself is gone: srun says how
-                how = dict(srun_ends).get(host, "ended without a word")
-                line = f"{host}: the node's torchrun agent and its task ended ({how})"
+                how = dict(srun_ends).get(host)
+                line = (f"{host}: the node's task ended ({how}, says srun) and its torchrun "
+                        "agent wrote no outcome" if how else
+                        f"{host}: the node's torchrun agent and its task were killed (neither "
+                        "wrote an outcome)")
                 stamp = -1 if host in srun_order else float("inf")
             elif code > 128:
                 line = f"{host}: the node's torchrun agent was killed by {_signal_name(code)}"
