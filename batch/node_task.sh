@@ -16,6 +16,9 @@ hostname >"$node_dir/host"
 export DCP_FSDP_AGENT_SUMMARY=$node_dir/agent.json
 # torch makes $TMPDIR/torchinductor_$USER in every rank: in the job's directory it goes with it
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$node_dir/torchinductor}
+# torch's C++ warnings (a rendezvous store gone with a killed node: a 25-line trace) only
+# with DCP_FSDP_DEBUG=1; the aftermath names the cause in one line
+[[ -n ${DCP_FSDP_DEBUG:-} ]] || export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-ERROR}
 "$python" -m dcp_fsdp.launch.agent --log-dir "$node_dir/torchelastic" "$@" &
 pid=$!
 # Slurm signals every process of the step (this one, the agent and the ranks) itself:
