@@ -14,6 +14,7 @@
 #   NPROC_PER_NODE  ranks per node                      [GPUs per node, 1 without GPUs]
 #   RDZV_PORT       c10d rendezvous port on the first node [29500 + job id % 2500]
 #   SRUN_ARGS       extra srun options, space-separated [none]
+#   JOB_DIR         where the job makes its own .dcp-fsdp-job-<id>/ (all nodes reach it) [the job's cwd]
 # Arguments given to the script (`sbatch batch/savebatch.sh model=L13b iterations=10`) are
 # Hydra overrides placed after those from the environment, so they win.
 # Credentials and endpoints: the standard AWS variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
@@ -118,15 +119,19 @@ on_signal() {  # $1 = signal name, $2 = srun's pid
     kill -TERM "$2" 2>/dev/null || true
 }
 
-# The job's own directory (JOB_DIR: every node must reach it; the job's working directory
-# by default), the run id every rank records under and the file where rank 0 notes the
-# suffix a save is writing: what the aftermath after the step reads. Removed at the end.
+# The job's own directory (.dcp-fsdp-job-<id> in JOB_DIR, which every node must reach; the
+# job's working directory by default), the run id every rank records under and the file where
+# rank 0 notes the suffix a save is writing: what the aftermath after the step reads. Only
+# that directory of the job's own is removed at the end, never JOB_DIR itself.
 job_dir_init() {  # $1 = dcp-fsdp command
-    JOB_DIR=${JOB_DIR:-$PWD/.dcp-fsdp-job-$SLURM_JOB_ID}
-    mkdir -p "$JOB_DIR" || batch_fail "JOB_DIR=$JOB_DIR: cannot create it; give a directory every node can reach"
-    JOB_DIR=$(cd "$JOB_DIR" && pwd)
+    local base=${JOB_DIR:-$PWD}
+    [[ -d $base && -w $base ]] || batch_fail "JOB_DIR=$base: not a writable directory; give one every node can reach"
+    JOB_DIR=$(cd "$base" && pwd)/.dcp-fsdp-job-$SLURM_JOB_ID
+    mkdir -p "$JOB_DIR" || batch_fail "cannot create $JOB_DIR; set JOB_DIR to a directory every node can reach"
     export DCP_FSDP_JOB_DIR=$JOB_DIR
-    export DCP_FSDP_RUN_ID=${DCP_FSDP_RUN_ID:-$(date +%Y%m%d-%H%M%S)-$1-$(printf '%06x' $(((RANDOM << 15 | RANDOM) & 0xffffff)))}
+    # a fresh one per job (one exported in the submitting shell would make two jobs one run)
+    export DCP_FSDP_RUN_ID
+    DCP_FSDP_RUN_ID=$(date +%Y%m%d-%H%M%S)-$1-$(printf '%06x' $(((RANDOM << 15 | RANDOM) & 0xffffff)))
     export DCP_FSDP_WRITING_SUFFIX_FILE=$JOB_DIR/writing-suffix
 }
 

@@ -26,6 +26,7 @@
 #   RDZV_PORT       rendezvous port on the first node            [29500 + job id % 2500]
 #   PYTHON          interpreter with dcp_fsdp installed          [<repo>/.venv/bin/python, else python3]
 #   SRUN_ARGS       extra srun options, space-separated          [none]
+#   JOB_DIR         where the job makes its own .dcp-fsdp-job-<id>/ (all nodes reach it) [the job's cwd]
 # Credentials: the standard AWS variables or the instance role (sbatch passes the environment).
 set -euo pipefail
 # sbatch runs a copy of this file from its spool directory: find batch/ from the submitted path.

@@ -84,7 +84,7 @@ def _candidates(reports: list[dict], srun_ends: list[tuple[str, str]]) -> list[t
     own, or a node's agent that ended without saying why. Earliest first; at one second
     (torch's timestamps are whole seconds) a kill before an error, an error before a
     rank stopped because a peer had ended."""
-    found = []
+    found: list[tuple] = []
     srun_order = {host: n for n, (host, _) in enumerate(srun_ends)}
     for report in reports:
         host, summary = report["host"], report["summary"]
