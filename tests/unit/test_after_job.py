@@ -107,3 +107,25 @@ def test_the_ranks_error_files_are_read_where_the_agent_wrote_none(tmp_path):
     assert report["error_files"] == {"0": {"status": "interrupted",
                                            "error": "interrupted by SIGTERM",
                                            "cause": "interrupted"}}
+
+
+def test_a_kill_replaces_the_error_a_rank_recorded_and_keeps_its_words(tmp_path):
+    """The record a rank wrote with the zip error its cut-short write raised: the node's
+    killed agent, seen after the step, is the cause; the rank's line stays beside it."""
+    from dcp_fsdp.launch import aftermath
+    from dcp_fsdp.launch.aftermath import RanksOutcome
+
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps({"record": "run", "status": "failed", "end_cause": "error",
+                                "error": "rank 1: RuntimeError: [enforce fail at "
+                                         "inline_container.cc:672]"}) + "\n")
+    line = "node2: the node's torchrun agent was killed by SIGKILL"
+    run, replaced = aftermath._amend(path, RanksOutcome(1, "failed", line,
+                                                        cause=contract.EndCause.KILLED))
+    assert replaced and run["end_cause"] == "killed"
+    assert run["error"] == (f"{line}; the ranks recorded: rank 1: RuntimeError: [enforce fail "
+                            "at inline_container.cc:672]")
+    # a record that already names a kill keeps it
+    again, replaced_again = aftermath._amend(path, RanksOutcome(
+        1, "failed", "rank 0 was killed by SIGKILL", cause=contract.EndCause.KILLED))
+    assert not replaced_again and again["error"].startswith(line)
