@@ -53,11 +53,12 @@ def node_reports(job_dir: Path) -> list[dict]:
                 entry["host"] = f"node task {entry['node']}"
         for path in node.glob(f"torchelastic/{_ERROR_FILES}"):
             try:
-                ours = json.loads(path.read_text()).get(contract.ERROR_FILE_KEY)
+                data = json.loads(path.read_text())
+                ours = data.get(contract.ERROR_FILE_KEY)
             except (OSError, ValueError, AttributeError):
                 continue
             if isinstance(ours, dict):
-                entry["error_files"][path.parent.name] = ours
+                entry["error_files"][path.parent.name] = {**ours, "timestamp": data.get("timestamp")}
         reports.append(entry)
     return reports
 
@@ -105,6 +106,7 @@ def _candidates(reports: list[dict], srun_ends: list[tuple[str, str]]) -> list[t
                 line = f"{host}: the node's torchrun agent exited with {code} before any rank"
                 stamp = report["ended_s"]
             found.append(((0, stamp, 0, order), line, contract.EndCause.KILLED, {}))
+            found.extend(_own_errors(report, order))
             continue
         for rank, failure in (summary.get("failures") or {}).items():
             stopped = failure.get("cause") in (contract.EndCause.PEER_ENDED.value,
@@ -117,6 +119,18 @@ def _candidates(reports: list[dict], srun_ends: list[tuple[str, str]]) -> list[t
             found.append(((1, report["ended_s"] or 0, 1, order),
                           f"{host}: {summary['agent_error']}", contract.EndCause.AGENT, {}))
     return sorted(found, key=lambda item: item[0])
+
+
+def _own_errors(report: dict, order: int) -> list[tuple]:
+    """A node whose agent wrote no outcome: its ranks' own errors, from their error files
+    (torch's --log-dir), as causes on offer."""
+    found: list[tuple] = []
+    for local_rank, ours in sorted(report["error_files"].items()):
+        if ours.get("cause") in (contract.EndCause.ERROR.value, contract.EndCause.USER_ERROR.value):
+            line = f"{report['host']} (local rank {local_rank}): {ours.get('error')}"
+            found.append(((0, ours.get("timestamp") or 0, 1, order), line,
+                          contract.EndCause(ours["cause"]), {}))
+    return found
 
 
 def _rank_outcome(rank: str, failure: dict) -> RanksOutcome:

@@ -13,7 +13,8 @@ from dcp_fsdp.launch.after_job import job_outcome, node_reports, srun_task_ends
 
 
 def node(job_dir: Path, number: int, host: str, summary: dict | None = None,
-         agent_exit: tuple[int, int] | None = None, error_file: dict | None = None) -> None:
+         agent_exit: tuple[int, int] | None = None, error_file: dict | None = None,
+         error_time_s: int = 0) -> None:
     """What one node's task leaves: its host, the agent's outcome, the task's exit line."""
     path = job_dir / f"node-{number}"
     path.mkdir(parents=True)
@@ -26,7 +27,7 @@ def node(job_dir: Path, number: int, host: str, summary: dict | None = None,
         rank_dir = path / "torchelastic" / "7_abc" / "attempt_0" / "0"
         rank_dir.mkdir(parents=True)
         (rank_dir / "error.json").write_text(json.dumps(
-            {"message": "x", contract.ERROR_FILE_KEY: error_file}))
+            {"message": "x", "timestamp": error_time_s, contract.ERROR_FILE_KEY: error_file}))
 
 
 def rank_failure(exitcode: int, timestamp: int, cause: str | None = None,
@@ -100,13 +101,20 @@ def test_bad_input_keeps_its_exit_code_and_success_is_ok(tmp_path):
 
 
 def test_the_ranks_error_files_are_read_where_the_agent_wrote_none(tmp_path):
+    """A rank's own error before its node's agent died is the cause; one written after (its
+    write cut short by the kill) is not."""
     node(tmp_path, 0, "node2", None, (137, 1000),
-         error_file={"status": "interrupted", "error": "interrupted by SIGTERM",
-                     "cause": "interrupted"})
+         error_file={"status": "failed", "error": "OSError: boom", "cause": "error"},
+         error_time_s=999)
     (report,) = node_reports(tmp_path)
-    assert report["error_files"] == {"0": {"status": "interrupted",
-                                           "error": "interrupted by SIGTERM",
-                                           "cause": "interrupted"}}
+    assert report["error_files"] == {"0": {"status": "failed", "error": "OSError: boom",
+                                           "cause": "error", "timestamp": 999}}
+    assert outcome_of(tmp_path).error == "node2 (local rank 0): OSError: boom"
+    later = tmp_path / "later"
+    node(later, 0, "node2", None, (137, 1000),
+         error_file={"status": "failed", "error": "RuntimeError: zip", "cause": "error"},
+         error_time_s=1030)
+    assert outcome_of(later).error == "node2: the node's torchrun agent was killed by SIGKILL"
 
 
 def test_a_kill_replaces_the_error_a_rank_recorded_and_keeps_its_words(tmp_path):
