@@ -7,8 +7,9 @@ and address on a bridge the script creates), munged, and a SeaweedFS S3 server o
 bridge address. Then, as a user would: savebatch at 1 and 2 nodes, loadbatch with each
 printed suffix, the stress batch with 2 iterations at 2 and 1 nodes, loadbatch without a
 suffix (fails at once), and waitbatch cancelled with scancel; then the exit states, logs
-and records. The cluster is torn down even when something fails, and nothing may be left
-running.
+and records. Then the faults of issue 24 on a 2-node save (a rank, node2's agent, node1's
+processes killed; scancel; the time-limit warning) and the printed load line run verbatim.
+The cluster is torn down even when something fails, and nothing may be left running.
 
 Needs root (network namespaces, munge, slurmd) and installs slurm-wlm and munge with
 apt-get when missing. It is never skipped silently: without root, or when the cluster
@@ -370,9 +371,10 @@ def _cut_save_short(cluster: Cluster, name: str, fault) -> tuple[dict, str, dict
     log = cluster.log(job)
     runs = runs_by_job(results)
     assert job in runs, f"no record for job {job}\n{log}"
-    # Nothing of the job left behind: torch's agent's directories, the job's own directory,
+    # Nothing of the job left behind: torch's agent's and inductor's directories, the job's own directory,
     # and no open (billed) upload under the run's prefix.
-    assert not list(tmp.glob("torchelastic_*")), f"{list(tmp.iterdir())}\n{log}"
+    left = [*tmp.glob("torchelastic_*"), *tmp.glob("torchinductor_*")]
+    assert not left, f"{list(tmp.iterdir())}\n{log}"
     assert not list(Path(tempfile.gettempdir()).glob(f"torchelastic_*{job}*"))
     assert not list(cluster.work.glob(".dcp-fsdp-job-*")), log
     assert _open_uploads(cluster) == [], log
