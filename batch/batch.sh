@@ -3,6 +3,8 @@
 #SBATCH --output=logs/%x-%j.out
 #SBATCH --ntasks-per-node=1
 #SBATCH --exclusive
+# Warned 60 s before the time limit (-t): the step is stopped and the aftermath has time to run.
+#SBATCH --signal=B:USR1@60
 #
 # The stress job: ITERATIONS x (save, load, bit-exact check) from every node of the
 # allocation (`dcp-fsdp save-and-load`). Run it at several node counts, then tabulate:
@@ -24,6 +26,7 @@
 #   RDZV_PORT       rendezvous port on the first node            [29500 + job id % 2500]
 #   PYTHON          interpreter with dcp_fsdp installed          [<repo>/.venv/bin/python, else python3]
 #   SRUN_ARGS       extra srun options, space-separated          [none]
+#   JOB_DIR         where the job makes its own .dcp-fsdp-job-<id>/ (all nodes reach it) [the job's cwd]
 # Credentials: the standard AWS variables or the instance role (sbatch passes the environment).
 set -euo pipefail
 # sbatch runs a copy of this file from its spool directory: find batch/ from the submitted path.

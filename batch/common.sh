@@ -14,6 +14,7 @@
 #   NPROC_PER_NODE  ranks per node                      [GPUs per node, 1 without GPUs]
 #   RDZV_PORT       c10d rendezvous port on the first node [29500 + job id % 2500]
 #   SRUN_ARGS       extra srun options, space-separated [none]
+#   JOB_DIR         where the job makes its own .dcp-fsdp-job-<id>/ (all nodes reach it) [the job's cwd]
 # Arguments given to the script (`sbatch batch/savebatch.sh model=L13b iterations=10`) are
 # Hydra overrides placed after those from the environment, so they win.
 # Credentials and endpoints: the standard AWS variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
@@ -77,38 +78,90 @@ gpus_per_node() {
 }
 
 # srun one task per node running "$@"; SIGTERM/SIGINT to this script (scancel, the time
-# limit) go to the step, and the script still logs how the step ended. Returns its status.
+# limit) and SIGUSR1 (the time limit is near: #SBATCH --signal=B:USR1@60) go to the step as
+# SIGTERM, and the script still logs how the step ended. The signal that came is left in
+# BATCH_SIGNAL; srun's own lines also go to $JOB_DIR/srun.err when there is a JOB_DIR.
+# Returns the step's status.
 run_per_node() {
     local srun_args pid rc=0
     # shellcheck disable=SC2206
     srun_args=(${SRUN_ARGS:-})
     echo "[$BATCH_NAME] srun on $NODES node(s): $*"
-    srun --nodes "$NODES" --ntasks "$NODES" --ntasks-per-node 1 --kill-on-bad-exit=1 \
-        "${srun_args[@]}" "$@" &
+    if [[ -n ${JOB_DIR:-} ]]; then
+        srun --nodes "$NODES" --ntasks "$NODES" --ntasks-per-node 1 --kill-on-bad-exit=1 \
+            "${srun_args[@]}" "$@" 2> >(tee -a "$JOB_DIR/srun.err" >&2) &
+    else
+        srun --nodes "$NODES" --ntasks "$NODES" --ntasks-per-node 1 --kill-on-bad-exit=1 \
+            "${srun_args[@]}" "$@" &
+    fi
     pid=$!
-    trap 'echo "[$BATCH_NAME] SIGTERM: passing it to the job step"; kill -TERM "$pid" 2>/dev/null || true' TERM
-    trap 'echo "[$BATCH_NAME] SIGINT: stopping the job step"; kill -TERM "$pid" 2>/dev/null || true' INT
+    BATCH_SIGNAL=
+    trap 'on_signal SIGTERM "$pid"' TERM
+    trap 'on_signal SIGINT "$pid"' INT
+    trap 'on_signal SIGUSR1 "$pid"' USR1
     wait "$pid" || rc=$?
     while kill -0 "$pid" 2>/dev/null; do  # a trapped signal interrupted wait
         rc=0
         wait "$pid" || rc=$?
     done
-    trap - TERM INT
+    # What follows (the aftermath) must finish: Slurm's SIGKILL comes KillWait s after its SIGTERM.
+    trap '' TERM INT USR1
     return "$rc"
 }
 
+on_signal() {  # $1 = signal name, $2 = srun's pid
+    [[ -n $BATCH_SIGNAL ]] && return 0  # the step has been told already
+    BATCH_SIGNAL=$1
+    case $1 in
+        SIGUSR1) echo "[$BATCH_NAME] the job's time limit is near (SIGUSR1 from Slurm): stopping the job step" ;;
+        *) echo "[$BATCH_NAME] $1: stopping the job step" ;;
+    esac
+    kill -TERM "$2" 2>/dev/null || true
+}
+
+# The job's own directory (.dcp-fsdp-job-<id> in JOB_DIR, which every node must reach; the
+# job's working directory by default), the run id every rank records under and the file where
+# rank 0 notes the suffix a save is writing: what the aftermath after the step reads. Only
+# that directory of the job's own is removed at the end, never JOB_DIR itself.
+job_dir_init() {  # $1 = dcp-fsdp command
+    local base=${JOB_DIR:-$PWD}
+    [[ -d $base && -w $base ]] || batch_fail "JOB_DIR=$base: not a writable directory; give one every node can reach"
+    JOB_DIR=$(cd "$base" && pwd)/.dcp-fsdp-job-$SLURM_JOB_ID
+    mkdir -p "$JOB_DIR" || batch_fail "cannot create $JOB_DIR; set JOB_DIR to a directory every node can reach"
+    export DCP_FSDP_JOB_DIR=$JOB_DIR
+    # a fresh one per job (one exported in the submitting shell would make two jobs one run)
+    export DCP_FSDP_RUN_ID
+    DCP_FSDP_RUN_ID=$(date +%Y%m%d-%H%M%S)-$1-$(printf '%06x' $(((RANDOM << 15 | RANDOM) & 0xffffff)))
+    export DCP_FSDP_WRITING_SUFFIX_FILE=$JOB_DIR/writing-suffix
+}
+
 # torchrun on every node: --nnodes = the job's node count, c10d rendezvous on the first node.
-# $1 = dcp-fsdp command; the rest are its Hydra overrides.
+# $1 = dcp-fsdp command; the rest are its Hydra overrides. Each node's task is
+# batch/node_task.sh (torch's agent, quiet, with its log directory in JOB_DIR); after the
+# step, the aftermath (python -m dcp_fsdp.launch.after_job) writes or amends the record
+# with the first cause, aborts the open uploads of a partial checkpoint and says so.
+# Returns the exit code of the docs' table (docs/reliability.md, "How a run ends").
 run_torchrun() {
-    local first port nproc
+    local first port nproc command=$1 rc=0
     first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
     [[ -n $first ]] || batch_fail "cannot list the hosts of $SLURM_JOB_NODELIST (scontrol show hostnames)"
     port=${RDZV_PORT:-$((29500 + SLURM_JOB_ID % 2500))}
     nproc=${NPROC_PER_NODE:-$(gpus_per_node)}
-    run_per_node "$PYTHON" -m torch.distributed.run \
+    job_dir_init "$command"
+    run_per_node bash "$BATCH_DIR/node_task.sh" "$PYTHON" \
         --nnodes "$NODES" --nproc-per-node "$nproc" \
         --rdzv-backend c10d --rdzv-endpoint "$first:$port" --rdzv-id "$SLURM_JOB_ID" \
-        -m dcp_fsdp "$@"
+        -m dcp_fsdp "$@" || rc=$?
+    local after=0
+    "$PYTHON" -m dcp_fsdp.launch.after_job --job-dir "$JOB_DIR" --step-exit "$rc" \
+        ${BATCH_SIGNAL:+--signal "$BATCH_SIGNAL"} --world-size $((NODES * nproc)) -- \
+        "$@" || after=$?
+    case $after in
+        0 | 1 | 2 | 130) rc=$after ;;
+        *) if [[ -n $BATCH_SIGNAL ]]; then rc=130; elif ((rc != 0)); then rc=1; fi ;;
+    esac
+    rm -rf "$JOB_DIR"
+    return "$rc"
 }
 
 # The end of every job's log: how it ended (exit status and wall time), then $2 if given

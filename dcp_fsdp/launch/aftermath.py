@@ -89,10 +89,17 @@ def _amend(path: Path, outcome: "RanksOutcome") -> tuple[dict, bool]:
         run_line["end_cause"] = outcome.cause.value
         changed = True
     elif (outcome.status == "failed" and outcome.error
-          and run_line.get("end_cause") == contract.EndCause.PEER_ENDED.value):
-        # The rank that recorded was stopped because another ended first: that rank's own
-        # line (its error file) is the root cause.
-        run_line["status"], run_line["error"] = outcome.status, outcome.error
+          and (run_line.get("end_cause") == contract.EndCause.PEER_ENDED.value
+               or (outcome.cause is contract.EndCause.KILLED
+                   and run_line.get("end_cause") != contract.EndCause.KILLED.value))):
+        # The rank that recorded was stopped because another ended first, or failed because
+        # a rank or a node's agent was killed (its I/O cut short): the kill, or that rank's
+        # own line (its error file), is the root cause; what the ranks said is kept.
+        rank_said = run_line.get("error")
+        run_line["status"] = outcome.status
+        run_line["error"] = (outcome.error if not rank_said or rank_said == outcome.error
+                             or run_line.get("end_cause") == contract.EndCause.PEER_ENDED.value
+                             else f"{outcome.error}; the ranks recorded: {rank_said}")
         run_line["end_cause"] = outcome.cause.value
         changed = replaced = True
     elif run_line.get("status") != outcome.status and run_line.get("status") != "ok":

@@ -1,7 +1,8 @@
 """The elastic agent of a local run: torch's torchrun (`torch.distributed.run`), run in
 this process, so the ranks are its children exactly as on a cluster.
 
-`python -m dcp_fsdp.launch.agent TORCHRUN-ARGS` is what `dcp-fsdp COMMAND nproc=N` starts.
+`python -m dcp_fsdp.launch.agent TORCHRUN-ARGS` is what `dcp-fsdp COMMAND nproc=N` starts,
+and what each node's task of the Slurm batch scripts runs (batch/node_task.sh).
 It differs from plain `torchrun` only in what it prints: torchrun ends a failed or
 interrupted run with a Python traceback (ChildFailedError / SignalException); here the
 outcome goes, as JSON, to the file named by DCP_FSDP_AGENT_SUMMARY (per-rank exit codes,

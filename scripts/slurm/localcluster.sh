@@ -210,9 +210,10 @@ ReturnToService=2
 MailProg=/bin/true
 # Gives jobs that bring no S3 settings of their own this cluster's S3 server (see task-prolog.sh).
 TaskProlog=$TASK_PROLOG
-# scancel: SIGTERM, then SIGKILL after KillWait seconds. Finished jobs stay visible to
+# scancel: SIGTERM, then SIGKILL after KillWait seconds (30: Slurm's default; the batch
+# scripts' aftermath runs in it). Finished jobs stay visible to
 # 'scontrol show job' for MinJobAge seconds (there is no accounting database here).
-KillWait=10
+KillWait=30
 MinJobAge=3600
 InactiveLimit=0
 SlurmdTimeout=60
@@ -223,14 +224,15 @@ EOF
     done
     echo "PartitionName=local Nodes=$nodes Default=YES MaxTime=INFINITE State=UP" >>"$CONF"
     # Slurm runs this before every task (the batch script's too) and applies the 'export'
-    # lines it prints. It adds the local S3 server's endpoint, keys and URI only to jobs
-    # that set none of URI, AWS_ENDPOINT_URL and AWS_ACCESS_KEY_ID themselves, so that
-    # 'sbatch batch/savebatch.sh' works here as it does on a cluster with an instance role.
+    # lines it prints. It adds the local S3 server's endpoint and keys only to jobs that
+    # bring none of their own (no AWS_ENDPOINT_URL or AWS_ACCESS_KEY_ID), and its URI only to
+    # jobs without one, so that 'sbatch batch/savebatch.sh' works here as it does on a
+    # cluster with an instance role, and so does the 'load with:' line it prints (URI=...).
     cat >"$TASK_PROLOG" <<EOF
 #!/bin/sh
 # Written by scripts/slurm/localcluster.sh: default S3 settings for jobs on the local test cluster.
-if [ -z "\${URI:-}" ] && [ -z "\${AWS_ENDPOINT_URL:-}" ] && [ -z "\${AWS_ACCESS_KEY_ID:-}" ] && [ -r "$DIR/s3.env" ]; then
-    cat "$DIR/s3.env"
+if [ -z "\${AWS_ENDPOINT_URL:-}" ] && [ -z "\${AWS_ACCESS_KEY_ID:-}" ] && [ -r "$DIR/s3.env" ]; then
+    if [ -n "\${URI:-}" ]; then grep -v '^export URI=' "$DIR/s3.env"; else cat "$DIR/s3.env"; fi
 fi
 exit 0
 EOF

@@ -7,8 +7,9 @@ and address on a bridge the script creates), munged, and a SeaweedFS S3 server o
 bridge address. Then, as a user would: savebatch at 1 and 2 nodes, loadbatch with each
 printed suffix, the stress batch with 2 iterations at 2 and 1 nodes, loadbatch without a
 suffix (fails at once), and waitbatch cancelled with scancel; then the exit states, logs
-and records. The cluster is torn down even when something fails, and nothing may be left
-running.
+and records. Then the faults of issue 24 on a 2-node save (a rank, node2's agent, node1's
+processes killed; scancel; the time-limit warning) and the printed load line run verbatim.
+The cluster is torn down even when something fails, and nothing may be left running.
 
 Needs root (network namespaces, munge, slurmd) and installs slurm-wlm and munge with
 apt-get when missing. It is never skipped silently: without root, or when the cluster
@@ -311,3 +312,151 @@ def test_a_killed_rank_0_is_recorded_as_failed_on_slurm(cluster: Cluster):
     assert job in runs, f"no record for job {job}\n{log}"
     run = runs[job]["run"]
     assert run["status"] == "failed" and "rank 0" in run["error"], run
+
+
+# -- faults under Slurm (issue 24): a 2-node save of L660m in bf16, cut short mid-save --------
+FAULT_SAVE = {"MODEL": "L660m", "OVERRIDES": "model.dtype=bf16 progress_interval_s=1"}
+
+
+def _step_processes(job_id: str, host: str) -> dict[str, list[int]]:
+    """{"agent": [...], "ranks": [...], "task": [...]} of a job on one emulated node: torch's
+    agent, the ranks (RANK set by the agent) and batch/node_task.sh (srun's task)."""
+    found: dict[str, list[int]] = {"agent": [], "ranks": [], "task": []}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = dict(entry.split(b"=", 1) for entry in (proc / "environ").read_bytes()
+                       .split(b"\0") if b"=" in entry)
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if env.get(b"SLURM_JOB_ID") != job_id.encode() or env.get(b"SLURMD_NODENAME") != host.encode():
+            continue
+        if b"dcp_fsdp.launch.agent" in argv:
+            found["agent"].append(int(proc.name))
+        elif b"RANK" in env and b"TORCHELASTIC_RUN_ID" in env:
+            found["ranks"].append(int(proc.name))
+        elif len(argv) > 1 and argv[1].endswith(b"node_task.sh"):
+            found["task"].append(int(proc.name))
+    return found
+
+
+def _open_uploads(cluster: Cluster) -> list[str]:
+    import boto3
+
+    bucket, _, prefix = cluster.env["URI"].removeprefix("s3://").partition("/")
+    client = boto3.client("s3", endpoint_url=cluster.env["AWS_ENDPOINT_URL"],
+                          aws_access_key_id=cluster.env["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=cluster.env["AWS_SECRET_ACCESS_KEY"],
+                          region_name="us-east-1")
+    answer = client.list_multipart_uploads(Bucket=bucket, Prefix=prefix)
+    return [upload["Key"] for upload in answer.get("Uploads", [])]
+
+
+def _cut_save_short(cluster: Cluster, name: str, fault) -> tuple[dict, str, dict]:
+    """Submit the fault save with its own results dir and TMPDIR, apply `fault(job_id)` at
+    the first "still running" line, wait for the job: (scontrol fields, log, run line)."""
+    tmp = cluster.work / f"tmp-{name}"
+    tmp.mkdir()
+    results = cluster.results / name
+    job = cluster.submit("savebatch.sh", 2, **FAULT_SAVE, RESULTS_DIR=str(results), TMPDIR=str(tmp))
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while "still running" not in cluster.log(job):
+        assert cluster.job(job).get("JobState") in ("PENDING", "RUNNING"), cluster.log(job)
+        assert time.monotonic() < deadline, cluster.log(job) + cluster.diagnostics()
+        time.sleep(0.2)
+    fault(job)
+    info = cluster.wait(job)[job]
+    log = cluster.log(job)
+    runs = runs_by_job(results)
+    assert job in runs, f"no record for job {job}\n{log}"
+    # Nothing of the job left behind: torch's agent's and inductor's directories, the job's own directory,
+    # and no open (billed) upload under the run's prefix.
+    left = [*tmp.glob("torchelastic_*"), *tmp.glob("torchinductor_*")]
+    assert not left, f"{list(tmp.iterdir())}\n{log}"
+    assert not list(Path(tempfile.gettempdir()).glob(f"torchelastic_*{job}*"))
+    assert not list(cluster.work.glob(".dcp-fsdp-job-*")), log
+    assert _open_uploads(cluster) == [], log
+    # The log names what was aborted, says the cause in one line, and no torchrun trace.
+    run = runs[job]["run"]
+    assert run["incomplete_suffix"], run
+    assert re.search(rf"partial checkpoint suffix={run['incomplete_suffix']} at \S+ \(.*"
+                     r"\d+ open multipart upload\(s\) aborted\)", log), log
+    assert "ChildFailedError" not in log and "Traceback" not in log, log
+    assert re.search(rf"job {job} on 2 node\(s\): exit {info['ExitCode'].split(':')[0]} after", log)
+    return info, log, run
+
+
+def _kill(pids: list[int]) -> None:
+    assert pids, "nothing to kill"
+    for pid in pids:
+        os.kill(pid, 9)
+
+
+def test_a_rank_killed_on_the_second_node_mid_save(cluster: Cluster):
+    info, log, run = _cut_save_short(
+        cluster, "kill-rank", lambda job: _kill(_step_processes(job, "node2")["ranks"]))
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", log
+    assert run["status"] == "failed" and run["end_cause"] == "killed", run
+    assert run["error"].startswith("rank 1 was killed by SIGKILL"), run
+    assert "dcp-fsdp: error: rank 1 was killed by SIGKILL" in log
+
+
+def test_the_second_nodes_agent_killed_mid_save(cluster: Cluster):
+    info, log, run = _cut_save_short(
+        cluster, "kill-agent", lambda job: _kill(_step_processes(job, "node2")["agent"]))
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", log
+    assert run["status"] == "failed" and run["end_cause"] == "killed", run
+    assert run["error"].startswith("node2: the node's torchrun agent was killed by SIGKILL"), run
+
+
+def test_the_first_nodes_processes_killed_mid_save(cluster: Cluster):
+    """node1 holds rank 0 and the rendezvous: its task, agent and ranks all killed."""
+    def kill_node1(job: str) -> None:
+        found = _step_processes(job, "node1")
+        _kill(found["task"] + found["agent"] + found["ranks"])
+    info, log, run = _cut_save_short(cluster, "kill-node1", kill_node1)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", log
+    assert run["status"] == "failed" and run["end_cause"] == "killed", run
+    assert run["error"].startswith("node1: the node's"), run
+
+
+def test_scancel_mid_save(cluster: Cluster):
+    info, log, run = _cut_save_short(cluster, "scancel",
+                                     lambda job: cluster.slurm("scancel", job))
+    assert info["JobState"] == "CANCELLED" and info["ExitCode"] == "130:0", log  # docs: 130
+    assert (run["status"], run["error"]) == ("interrupted", "interrupted by SIGTERM"), run
+
+
+def test_the_time_limit_warning_mid_save(cluster: Cluster):
+    """What #SBATCH --signal=B:USR1@60 sends 60 s before the time limit, sent now."""
+    info, log, run = _cut_save_short(
+        cluster, "time-limit",
+        lambda job: cluster.slurm("scancel", "--batch", "--signal=USR1", job))
+    assert info["ExitCode"] == "130:0", log
+    assert run["status"] == "interrupted" and "time limit" in run["error"], run
+    assert "the job's time limit is near" in log
+
+
+def test_the_printed_load_line_works_verbatim(cluster: Cluster, tmp_path):
+    """savebatch's `load with:` line, pasted into a shell that has only SLURM_CONF: the
+    cluster's TaskProlog must still give the job its endpoint and keys."""
+    plain = {key: value for key, value in cluster.env.items()
+             if not key.startswith("AWS_") and key != "URI"}
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "batch").symlink_to(BATCH)
+    save = subprocess.run(["sbatch", "--parsable", "--nodes", "2", "batch/savebatch.sh"],
+                          env=plain, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    job = save.stdout.strip().split(";")[0]
+    cluster.wait(job)
+    log = (tmp_path / "logs" / f"savebatch-{job}.out").read_text()
+    line = re.search(r"\[savebatch\] load with: (.*)", log)
+    assert line, log
+    loaded = subprocess.run(["bash", "-c", line[1]], env=plain, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    load = re.search(r"Submitted batch job (\d+)", loaded.stdout)
+    assert load, loaded.stdout + loaded.stderr
+    info = cluster.wait(load[1])[load[1]]
+    load_log = (tmp_path / "logs" / f"loadbatch-{load[1]}.out").read_text()
+    assert info["ExitCode"] == "0:0" and "no AWS credentials" not in load_log, load_log
