@@ -87,6 +87,10 @@ def pytest_sessionstart(session):
 
     from dcp_fsdp.process.lifeline import owned_tempdir
 
+    # An xdist worker started inside the controller's: no second level (AF_UNIX socket
+    # paths under TMPDIR, e.g. the process checkpointer's, must stay under 108 bytes).
+    if os.path.basename(os.environ.get("TMPDIR", "")).startswith("dcp-fsdp-tests-"):
+        return
     # Named after this process: if the session is killed, the next dcp-fsdp run removes it.
     session_tmp = str(owned_tempdir("dcp-fsdp-tests-"))
     session.config._dcp_fsdp_tmp = session_tmp
