@@ -98,8 +98,9 @@ def test_request_counts_match_the_servers_own_counters(s3_server, s3, s3_uri, tm
     assert set(save_parts["untimed"]["control_plane"]) >= {"ListObjectsV2", "PutObject"}
     timed_load = load_parts["timed"]["by_type"]
     assert set(timed_load) == {"GetObject"} and timed_load["GetObject"]["status"].keys() == {"206"}
-    # the load's rank 0 reads .metadata once before the timer, to check the model matches
-    assert load_parts["untimed"]["by_type"]["GetObject"]["count"] >= 1
+    # the load's rank 0 checks the model against the launcher's screened read of .metadata
+    # (handed over): no GET of its own outside the timer (the tool reads it once per run)
+    assert "GetObject" not in load_parts["untimed"]["by_type"]
 
     # Per sample: timed requests line up with the timer, bytes with DCP's own counts.
     for sample in save_samples + load_samples:
@@ -122,7 +123,8 @@ def test_request_counts_match_the_servers_own_counters(s3_server, s3, s3_uri, tm
     rank0 = [s for s in load_samples if s["rank"] == 0][0]
     # a request is its operation's when its meta request began inside it (request_log.py)
     inside = [r for r in raw if rank0["begin_wall_s"] <= r.at_s <= rank0["end_wall_s"]]
-    assert len(inside) == rank0["requests"]["count"] and len(raw) > len(inside)
+    # (the raw log may hold nothing else: rank 0's model check reads the launcher's facts)
+    assert len(inside) == rank0["requests"]["count"] and len(raw) >= len(inside)
     assert "record: " in load.stdout and "requests" in load.stdout  # end-of-run table column
     assert not list((tmp_path / "save").glob("*.requests"))  # off by default
 
