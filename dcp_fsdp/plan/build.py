@@ -1,0 +1,172 @@
+"""DCP's own save plan for a world, run in one process: objects, bytes and `.metadata`.
+
+Each rank's local plan (plan/state.py) goes through a pickle round trip, as DCP's gather to
+the coordinator does (rank 0 works on unpickled copies: no object is shared between ranks),
+then DefaultSavePlanner.create_global_plan runs over all of them (deduplication, index
+hints, validation: rank 0's global planning, timed). Each rank's final plan is binned into
+`thread_count` files by DCP's own `_split_by_size_and_type` and written in DCP's order
+(non-tensors first, then tensors); an item's length is what `torch.save` of the contiguous
+local chunk writes (measured once per dtype and shape into a counting sink: the bytes
+are never held). The write results come back through a pickle round trip too, and the
+`.metadata` is the Metadata that FileSystemWriter.finish pickles: version, storage data,
+storage meta. It is pickled here (its bytes, rank 0's time to pickle) and unpickled (what
+each rank pays on a load, and the memory the object takes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+import pickle
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.distributed.checkpoint import DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+
+from dcp_fsdp.compat import dcp_metadata_version, split_by_size_and_type, storage_info
+from dcp_fsdp.plan.state import StateTemplate, local_plan
+
+DATA_OBJECT_SUFFIX = ".distcp"  # DCP's DEFAULT_SUFFIX
+
+
+@dataclasses.dataclass(frozen=True)
+class DataObject:
+    rank: int
+    name: str  # relative to the checkpoint, as DCP names it: <prefix><n>.distcp
+    size_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalPlan:
+    world_size: int
+    objects: tuple[DataObject, ...]  # every data object, rank order
+    items: int  # write items after deduplication (= storage_data entries)
+    local_plan_bytes_max: int  # the largest pickled local plan (gathered to rank 0)
+    local_plan_bytes_total: int
+    planning_s: float  # rank 0's create_global_plan over all local plans
+    metadata_bytes: int
+    metadata_pickle_s: float  # rank 0, at the commit
+    metadata_unpickle_s: float  # every rank, at a load
+    metadata_memory_bytes: int  # the unpickled Metadata's resident memory, measured
+
+    def rank_bytes(self) -> list[int]:
+        sizes = [0] * self.world_size
+        for obj in self.objects:
+            sizes[obj.rank] += obj.size_bytes
+        return sizes
+
+
+class _CountingSink(io.RawIOBase):
+    def __init__(self) -> None:
+        self.count = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        size = memoryview(data).nbytes
+        self.count += size
+        return size
+
+
+@functools.lru_cache(maxsize=4096)
+def tensor_item_bytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    """What DCP writes for one local chunk: torch.save of a contiguous tensor of that shape.
+    The tensor is allocated but never touched (its pages stay unmapped)."""
+    sink = _CountingSink()
+    torch.save(torch.empty(shape, dtype=dtype), sink)
+    return sink.count
+
+
+def _bytes_item_size(value: Any) -> int:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.tell()
+
+
+def _round_trip(value: Any) -> tuple[Any, int]:
+    """What a collective hands the other side: an unpickled copy (and its pickled size)."""
+    blob = pickle.dumps(value)
+    return pickle.loads(blob), len(blob)
+
+
+def _rank_results(plan: SavePlan, rank_prefix: str, thread_count: int,
+                  value_bytes: dict[str, int]) -> tuple[list[WriteResult], list[tuple[str, int]]]:
+    """One rank's write results and files, in FileSystemWriter.write_data's order."""
+    results: list[WriteResult] = []
+    files = []
+    for number, bucket in enumerate(split_by_size_and_type(thread_count, list(plan.items))):
+        name = f"{rank_prefix}{number}{DATA_OBJECT_SUFFIX}"
+        ordered = ([i for i in bucket if i.type == WriteItemType.BYTE_IO]
+                   + [i for i in bucket if i.type != WriteItemType.BYTE_IO])
+        offset = 0
+        for item in ordered:
+            length = _item_length(item, value_bytes)
+            results.append(WriteResult(index=item.index, size_in_bytes=length,
+                                       storage_data=storage_info(name, offset, length)))
+            offset += length
+        files.append((name, offset))
+    return results, files
+
+
+def _item_length(item: WriteItem, value_bytes: dict[str, int]) -> int:
+    if item.type == WriteItemType.BYTE_IO:
+        return value_bytes[item.index.fqn]
+    assert item.tensor_data is not None
+    return tensor_item_bytes(item.tensor_data.properties.dtype, tuple(item.tensor_data.chunk.sizes))
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux /proc), 0 where unreadable."""
+    try:
+        with open("/proc/self/statm") as statm:
+            import os
+
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def build_global_plan(template: StateTemplate, world_size: int, replicas: int, thread_count: int,
+                      rank_prefix: Callable[[int], str], checkpoint_id: str | Path) -> GlobalPlan:
+    """DCP's save of `template` by `world_size` ranks, planned and laid out in this process."""
+    plans, plan_sizes = [], []
+    for rank in range(world_size):
+        plan, size = _round_trip(local_plan(template, rank, world_size, replicas))
+        plans.append(plan)
+        plan_sizes.append(size)
+    start = time.perf_counter()
+    global_plans, metadata = DefaultSavePlanner().create_global_plan(plans)
+    planning_s = time.perf_counter() - start
+    del plans
+    value_bytes = {e.fqn: _bytes_item_size(e.value) for e in template.entries if e.shape is None}
+    objects, storage_data = [], {}
+    for rank, plan in enumerate(global_plans):
+        results, files = _rank_results(plan, rank_prefix(rank), thread_count, value_bytes)
+        results, _ = _round_trip(results)  # gathered to the coordinator at the commit
+        storage_data.update({r.index: r.storage_data for r in results})
+        objects.extend(DataObject(rank, name, size) for name, size in files)
+    items = len(storage_data)
+    del global_plans
+    metadata.version = dcp_metadata_version()
+    metadata.storage_data = storage_data
+    metadata.storage_meta = StorageMeta(checkpoint_id=checkpoint_id, save_id=str(uuid.uuid4()))
+    start = time.perf_counter()
+    blob = pickle.dumps(metadata)
+    pickle_s = time.perf_counter() - start
+    del metadata, storage_data
+    before = resident_bytes()
+    start = time.perf_counter()
+    loaded = pickle.loads(blob)
+    unpickle_s = time.perf_counter() - start
+    memory = max(0, resident_bytes() - before)
+    del loaded
+    return GlobalPlan(world_size, tuple(objects), items, max(plan_sizes), sum(plan_sizes),
+                      planning_s, len(blob), pickle_s, unpickle_s, memory)
