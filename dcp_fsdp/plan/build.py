@@ -1,16 +1,15 @@
 """DCP's own save plan for a world, run in one process: objects, bytes and `.metadata`.
 
-Each rank's local plan (plan/state.py) goes through a pickle round trip, as DCP's gather to
-the coordinator does (rank 0 works on unpickled copies: no object is shared between ranks),
-then DefaultSavePlanner.create_global_plan runs over all of them (deduplication, index
+Each rank's local plan (plan/state.py, its objects its own, as rank 0 holds the unpickled
+copies DCP gathers), then DefaultSavePlanner.create_global_plan runs over all of them (deduplication, index
 hints, validation: rank 0's global planning, timed). Each rank's final plan is binned into
 `thread_count` files by DCP's own `_split_by_size_and_type` and written in DCP's order
 (non-tensors first, then tensors); an item's length is what `torch.save` of the contiguous
 local chunk writes (measured once per dtype and shape into a counting sink: the bytes
-are never held). The write results come back through a pickle round trip too, and the
-`.metadata` is the Metadata that FileSystemWriter.finish pickles: version, storage data,
-storage meta. It is pickled here (its bytes, rank 0's time to pickle) and unpickled (what
-each rank pays on a load, and the memory the object takes).
+are never held). The write results' indexes are fresh objects too (rank 0 unpickles them
+from each rank's results), and the `.metadata` is the Metadata that FileSystemWriter.finish pickles: version, storage data,
+storage meta. It is pickled here (its bytes, rank 0's time to pickle) and unpickled in a
+fresh child process (what each rank pays on a load, and the memory the object takes).
 """
 
 from __future__ import annotations
@@ -26,12 +25,12 @@ from typing import Any, Callable
 
 import torch
 from torch.distributed.checkpoint import DefaultSavePlanner
-from torch.distributed.checkpoint.metadata import StorageMeta
+from torch.distributed.checkpoint.metadata import MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
 from dcp_fsdp.compat import dcp_metadata_version, split_by_size_and_type, storage_info
-from dcp_fsdp.plan.state import StateTemplate, local_plan
+from dcp_fsdp.plan.state import StateTemplate, local_plan, own_copy
 
 DATA_OBJECT_SUFFIX = ".distcp"  # DCP's DEFAULT_SUFFIX
 
@@ -91,12 +90,6 @@ def _bytes_item_size(value: Any) -> int:
     return buffer.tell()
 
 
-def _round_trip(value: Any) -> tuple[Any, int]:
-    """What a collective hands the other side: an unpickled copy (and its pickled size)."""
-    blob = pickle.dumps(value)
-    return pickle.loads(blob), len(blob)
-
-
 def _rank_results(plan: SavePlan, rank_prefix: str, thread_count: int,
                   value_bytes: dict[str, int]) -> tuple[list[WriteResult], list[tuple[str, int]]]:
     """One rank's write results and files, in FileSystemWriter.write_data's order."""
@@ -109,11 +102,19 @@ def _rank_results(plan: SavePlan, rank_prefix: str, thread_count: int,
         offset = 0
         for item in ordered:
             length = _item_length(item, value_bytes)
-            results.append(WriteResult(index=item.index, size_in_bytes=length,
+            # the index as the coordinator unpickles it from this rank's results: its own
+            # objects (the file name is one object per file, as in the rank's pickle)
+            index = MetadataIndex(own_copy(item.index.fqn), _copy_offset(item.index.offset),
+                                  item.index.index)
+            results.append(WriteResult(index=index, size_in_bytes=length,
                                        storage_data=storage_info(name, offset, length)))
             offset += length
         files.append((name, offset))
     return results, files
+
+
+def _copy_offset(offset: torch.Size | None) -> torch.Size | None:
+    return None if offset is None else torch.Size(tuple(offset))
 
 
 def _item_length(item: WriteItem, value_bytes: dict[str, int]) -> int:
@@ -123,50 +124,59 @@ def _item_length(item: WriteItem, value_bytes: dict[str, int]) -> int:
     return tensor_item_bytes(item.tensor_data.properties.dtype, tuple(item.tensor_data.chunk.sizes))
 
 
-def resident_bytes() -> int:
-    """This process's resident memory now (Linux /proc), 0 where unreadable."""
-    try:
-        with open("/proc/self/statm") as statm:
-            import os
-
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def build_global_plan(template: StateTemplate, world_size: int, replicas: int, thread_count: int,
                       rank_prefix: Callable[[int], str], checkpoint_id: str | Path) -> GlobalPlan:
     """DCP's save of `template` by `world_size` ranks, planned and laid out in this process."""
-    plans, plan_sizes = [], []
-    for rank in range(world_size):
-        plan, size = _round_trip(local_plan(template, rank, world_size, replicas))
-        plans.append(plan)
-        plan_sizes.append(size)
+    plans = [local_plan(template, rank, world_size, replicas) for rank in range(world_size)]
+    plan_sizes = [len(pickle.dumps(plan)) for plan in plans[:1]]  # what each rank sends
     start = time.perf_counter()
     global_plans, metadata = DefaultSavePlanner().create_global_plan(plans)
     planning_s = time.perf_counter() - start
     del plans
     value_bytes = {e.fqn: _bytes_item_size(e.value) for e in template.entries if e.shape is None}
-    objects, storage_data = [], {}
-    for rank, plan in enumerate(global_plans):
-        results, files = _rank_results(plan, rank_prefix(rank), thread_count, value_bytes)
-        results, _ = _round_trip(results)  # gathered to the coordinator at the commit
+    objects: list[DataObject] = []
+    storage_data: dict[Any, Any] = {}
+    for rank in range(world_size):
+        results, files = _rank_results(global_plans[rank], rank_prefix(rank), thread_count,
+                                       value_bytes)
+        global_plans[rank] = SavePlan([])  # done with: memory goes back as we go
         storage_data.update({r.index: r.storage_data for r in results})
         objects.extend(DataObject(rank, name, size) for name, size in files)
-    items = len(storage_data)
-    del global_plans
     metadata.version = dcp_metadata_version()
     metadata.storage_data = storage_data
     metadata.storage_meta = StorageMeta(checkpoint_id=checkpoint_id, save_id=str(uuid.uuid4()))
     start = time.perf_counter()
     blob = pickle.dumps(metadata)
     pickle_s = time.perf_counter() - start
-    del metadata, storage_data
-    before = resident_bytes()
-    start = time.perf_counter()
-    loaded = pickle.loads(blob)
-    unpickle_s = time.perf_counter() - start
-    memory = max(0, resident_bytes() - before)
-    del loaded
-    return GlobalPlan(world_size, tuple(objects), items, max(plan_sizes), sum(plan_sizes),
+    items = len(storage_data)
+    del metadata, storage_data, global_plans
+    unpickle_s, memory = unpickle_cost(blob)
+    return GlobalPlan(world_size, tuple(objects), items, plan_sizes[0], plan_sizes[0] * world_size,
                       planning_s, len(blob), pickle_s, unpickle_s, memory)
+
+
+_UNPICKLE_CHILD = """
+import os, pickle, sys, time
+import torch.distributed.checkpoint  # DCP's classes, as a rank has them imported
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+blob = sys.stdin.buffer.read()
+before = rss()
+start = time.perf_counter()
+metadata = pickle.loads(blob)
+seconds = time.perf_counter() - start
+print(seconds, rss() - before)
+"""
+
+
+def unpickle_cost(blob: bytes) -> tuple[float, int]:
+    """(seconds, resident bytes) to unpickle `.metadata` in a fresh process, as each rank of
+    a load does: measured in a child so this process's freed memory does not hide it."""
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", _UNPICKLE_CHILD], input=blob,
+                           capture_output=True, check=True)
+    seconds, memory = child.stdout.split()
+    return float(seconds), int(memory)

@@ -119,22 +119,34 @@ def _tensor_item(fqn: str, global_shape: tuple[int, ...], dtype: torch.dtype,
             properties=copy.copy(_properties(dtype)), size=torch.Size(global_shape)))
 
 
+def own_copy(text: str) -> str:
+    """A distinct str object of equal value. Rank 0 works on unpickled copies of every
+    rank's plan and results, so no two ranks share a key object: pickle would otherwise
+    write a shared one once and a `.metadata` built here would come out smaller than DCP's."""
+    return text.encode().decode()
+
+
 def local_plan(template: StateTemplate, rank: int, world_size: int, replicas: int = 1) -> SavePlan:
-    """DefaultSavePlanner.create_local_plan's plan on `rank` (flattened state dict, FSDP2)."""
+    """DefaultSavePlanner.create_local_plan's plan on `rank` (flattened state dict, FSDP2).
+    Its planner_data is the rank's flatten mapping, keyed by the same key objects as its
+    items (as the rank's pickled plan has them)."""
     shards = world_size // replicas
     shard = rank % shards  # the mesh (replicate, shard) is laid out row-major
     items = []
+    mappings = {}
     for entry in template.entries:
+        fqn = own_copy(entry.fqn)
+        mappings[fqn] = template.mappings[entry.fqn]
         if entry.shape is None:
-            items.append(WriteItem(index=MetadataIndex(entry.fqn), type=WriteItemType.BYTE_IO))
+            items.append(WriteItem(index=MetadataIndex(fqn), type=WriteItemType.BYTE_IO))
             continue
         assert entry.dtype is not None
         if not entry.sharded:
-            items.append(_tensor_item(entry.fqn, entry.shape, entry.dtype, (0,) * len(entry.shape),
+            items.append(_tensor_item(fqn, entry.shape, entry.dtype, (0,) * len(entry.shape),
                                       entry.shape, WriteItemType.TENSOR))
             continue
         start, rows = shard_rows(entry.shape[0], shards, shard)
         rest = entry.shape[1:]
-        items.append(_tensor_item(entry.fqn, entry.shape, entry.dtype, (start,) + (0,) * len(rest),
+        items.append(_tensor_item(fqn, entry.shape, entry.dtype, (start,) + (0,) * len(rest),
                                   (rows, *rest), WriteItemType.SHARD))
-    return SavePlan(items, planner_data=template.mappings)
+    return SavePlan(items, planner_data=mappings)
