@@ -92,6 +92,8 @@ def markdown_table() -> str:
 PLAN_SETTINGS = (
     ("world_size", "int", "(required)", "ranks of the world to plan"),
     ("ranks_per_node", "int", "min(8, world_size)", "ranks per node; world_size must be a multiple"),
+    ("exact", "bool", "false", "build every layer even above 300,000 write items (else a "
+                               "subset of the layers, the rest added per layer: docs/plan.md)"),
     ("record", "path", "null", "a run's record (.jsonl) or results directory: project save and "
                                "load times per node count from its per-rank MiB/s"),
 )

@@ -54,6 +54,7 @@ class GlobalPlan:
     metadata_pickle_s: float  # rank 0, at the commit
     metadata_unpickle_s: float  # every rank, at a load
     metadata_memory_bytes: int  # the unpickled Metadata's resident memory, measured
+    sampled: str | None = None  # how a large world was built from a subset (plan/sample.py)
 
     def rank_bytes(self) -> list[int]:
         sizes = [0] * self.world_size

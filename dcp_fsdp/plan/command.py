@@ -14,7 +14,10 @@ from typing import Any
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
 from dcp_fsdp.errors import UserError
 
-PLAN_KEYS = ("world_size", "ranks_per_node", "record")
+PLAN_KEYS = ("world_size", "ranks_per_node", "record", "exact")
+# Above this many write items (world size x state values) the plan is built from a subset
+# of the layers (plan/sample.py) unless exact=true: ~0.3 M items take ~1 min and ~1 GB here.
+EXACT_MAX_ITEMS = 300_000
 DEFAULT_RANKS_PER_NODE = 8  # a GPU node's usual count; capped at world_size
 
 
@@ -24,6 +27,7 @@ class PlanRequest:
     ranks_per_node: int
     record: Path | None
     cfg: BenchmarkConfig
+    exact: bool = False  # build every layer even for a large world
 
 
 def _whole(name: str, text: str) -> int:
@@ -72,7 +76,10 @@ def parse_request(args: list[str]) -> PlanRequest:
                         f"{', '.join(PRESETS)}")
     check_replicas(cfg.model.replicas, world_size, "world_size")
     record = Path(own["record"]) if own.get("record") else None
-    return PlanRequest(world_size, ranks_per_node, record, cfg)
+    exact = own.get("exact", "false").lower()
+    if exact not in ("true", "false"):
+        raise UserError(f"exact={own['exact']}: give true or false")
+    return PlanRequest(world_size, ranks_per_node, record, cfg, exact == "true")
 
 
 def rank_prefix_function(cfg: BenchmarkConfig, world_size: int):
@@ -103,13 +110,16 @@ def checkpoint_id(cfg: BenchmarkConfig) -> Any:
 
 def plan_world(request: PlanRequest, world_size: int):
     from dcp_fsdp.plan.build import build_global_plan
+    from dcp_fsdp.plan.sample import can_sample, sampled_global_plan
     from dcp_fsdp.plan.state import state_template
 
     cfg = request.cfg
     template = state_template(cfg.model.preset, cfg.model.dtype, cfg.state)
-    return template, build_global_plan(template, world_size, cfg.model.replicas,
-                                       cfg.storage.thread_count,
-                                       rank_prefix_function(cfg, world_size), checkpoint_id(cfg))
+    sample = (not request.exact and world_size * len(template.entries) > EXACT_MAX_ITEMS
+              and can_sample(template))
+    build = sampled_global_plan if sample else build_global_plan
+    return template, build(template, world_size, cfg.model.replicas, cfg.storage.thread_count,
+                           rank_prefix_function(cfg, world_size), checkpoint_id(cfg))
 
 
 def main(args: list[str]) -> int:

@@ -63,6 +63,9 @@ def render_plan(request, template, plan, elapsed_s: float) -> str:
     else:
         lines.append(f"load: {len(sizes):,} data files read once + .metadata read by each of "
                      f"{plan.world_size:,} ranks")
+    if plan.sampled:
+        lines.append(f"built from a subset: {plan.sampled}; times scaled by items (exact=true "
+                     "builds every layer)")
     lines += _metadata_lines(plan)
     lines += _prefix_lines(request, plan, part)
     shard = max(per_rank)
