@@ -7,9 +7,9 @@ hints, validation: rank 0's global planning, timed). Each rank's final plan is b
 (non-tensors first, then tensors); an item's length is what `torch.save` of the contiguous
 local chunk writes (measured once per dtype and shape into a counting sink: the bytes
 are never held). The write results' indexes are fresh objects too (rank 0 unpickles them
-from each rank's results), and the `.metadata` is the Metadata that FileSystemWriter.finish pickles: version, storage data,
-storage meta. It is pickled here (its bytes, rank 0's time to pickle) and unpickled in a
-fresh child process (what each rank pays on a load, and the memory the object takes).
+from each rank's results), and the `.metadata` is the Metadata that FileSystemWriter.finish
+pickles: version, storage data, storage meta. It is pickled here (its bytes, rank 0's time
+to pickle) and unpickled in a fresh child process (what each rank pays on a load, and the memory the object takes).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def tensor_item_bytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
     """What DCP writes for one local chunk: torch.save of a contiguous tensor of that shape.
     The tensor is allocated but never touched (its pages stay unmapped)."""
     sink = _CountingSink()
-    torch.save(torch.empty(shape, dtype=dtype), sink)
+    torch.save(torch.empty(shape, dtype=dtype), sink)  # type: ignore[arg-type]  # a raw stream
     return sink.count
 
 

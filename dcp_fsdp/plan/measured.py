@@ -44,11 +44,11 @@ def read_rates(path: Path) -> MeasuredRates:
         parsed = read_record_file(file)
         finished = {run.run_id: run for run in parsed.runs if run.status == "ok"}
         for sample in parsed.samples:
-            run = finished.get(sample.run_id)
+            run = finished.get(sample.run_id or "")
             if run is None or sample.op not in rates or not sample.duration_s or not sample.bytes:
                 continue
-            rates[sample.op].append(sample.bytes / sample.duration_s)
-            worlds.add(int(run.world_size))
+            rates[str(sample.op)].append(sample.bytes / sample.duration_s)
+            worlds.add(int(run.world_size or 0))
             kinds.add(str((run.storage or {}).get("kind", "?")))
     if not rates["save"] and not rates["load"]:
         raise UserError(f"record={path}: no finished save or load samples in "

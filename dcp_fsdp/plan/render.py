@@ -57,7 +57,8 @@ def render_plan(request, template, plan, elapsed_s: float) -> str:
         lines.append(f"  requests: {reqs.save_put:,} PUT-class (multipart: create, parts, "
                      f"complete; .metadata renamed: 1 CopyObject) + {reqs.save_delete} "
                      "DeleteObject")
-        lines.append(f"load: {reqs.load_get:,} GETs ({reqs.load_get - plan.world_size * reqs.metadata_gets_per_rank:,} "
+        data_gets = reqs.load_get - plan.world_size * reqs.metadata_gets_per_rank
+        lines.append(f"load: {reqs.load_get:,} GETs ({data_gets:,} "
                      f"ranged GETs of the data objects + {plan.world_size:,} ranks x "
                      f"{reqs.metadata_gets_per_rank} of .metadata)")
     else:

@@ -72,7 +72,8 @@ def state_template(preset: str, dtype: Dtype, state: CheckpointState) -> StateTe
     shape = PRESETS[preset]
     with torch.device("meta"):
         model_class = LlamaForCausalLM if shape.family == "llama" else GPT2LMHeadModel
-        model: torch.nn.Module = model_class(hf_config(shape)).to(TORCH_DTYPES[dtype])
+        model: torch.nn.Module = model_class(hf_config(shape))
+        model = model.to(TORCH_DTYPES[dtype])
     optimizer = None
     if state == CheckpointState.model_and_optimizer:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

@@ -51,7 +51,8 @@ def test_replicas_shard_over_their_group():
     world, replicas = 4, 2
     first, mirror = local_plan(template, 1, world, replicas), local_plan(template, 3, world, replicas)
     assert [i.index.offset for i in first.items] == [i.index.offset for i in mirror.items]
-    assert [i.index.offset for i in first.items] != [i.index.offset for i in local_plan(template, 0, world, replicas).items]
+    other = local_plan(template, 0, world, replicas)
+    assert [i.index.offset for i in first.items] != [i.index.offset for i in other.items]
 
 
 def test_requests_of_a_save_and_a_load():
