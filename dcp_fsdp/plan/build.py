@@ -167,13 +167,20 @@ before = rss()
 start = time.perf_counter()
 metadata = pickle.loads(blob)
 seconds = time.perf_counter() - start
-print(seconds, rss() - before)
+memory = rss() - before
+for _ in range(2):  # the best of 3: on a shared machine one try may wait for a core
+    del metadata
+    start = time.perf_counter()
+    metadata = pickle.loads(blob)
+    seconds = min(seconds, time.perf_counter() - start)
+print(seconds, memory)
 """
 
 
 def unpickle_cost(blob: bytes) -> tuple[float, int]:
     """(seconds, resident bytes) to unpickle `.metadata` in a fresh process, as each rank of
-    a load does: measured in a child so this process's freed memory does not hide it."""
+    a load does: measured in a child so this process's freed memory and its millions of
+    objects (the cyclic GC walks them) do not distort it; the best of 3 tries."""
     import subprocess
     import sys
 
