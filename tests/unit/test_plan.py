@@ -27,6 +27,17 @@ def test_shard_rows_splits_as_torch_chunk(rows, shards):
     assert sum(shard_rows(rows, shards, i)[1] for i in range(shards)) == rows
 
 
+@pytest.mark.parametrize("rows", [1, 1024, 8192, 50432])
+@pytest.mark.parametrize("shards", [3, 1024, 4096])
+def test_shard_rows_is_dtensors_own_split(rows, shards):
+    """The same (offset, size) as DTensor's Shard(0) computes for each shard."""
+    from torch.distributed.tensor.placement_types import Shard
+
+    for index in range(shards):
+        size, offset = Shard.local_shard_size_and_offset(rows, shards, index)
+        assert shard_rows(rows, shards, index) == (offset, size)
+
+
 def test_local_plans_cover_every_tensor_once():
     """Over the world, each sharded tensor's chunks tile its rows exactly; 0-dim tensors
     and non-tensors are on every rank (DCP's coordinator deduplicates them)."""
