@@ -42,7 +42,7 @@ def row(request, plan, elapsed_s: float) -> str:
 
 
 HEADER = ("| ranks | nodes | MiB per rank | objects per save | PUT-class per save | GETs per load "
-          "| .metadata MiB | rank 0 planning s | unpickle s per rank | .metadata in memory MiB "
+          "| .metadata MiB | rank 0 planning CPU s | unpickle CPU s per rank | .metadata in memory MiB "
           "| peak PUT/s / GET/s per prefix (default) | hex prefix_count for S3's limits "
           "| plan s here |\n|" + "---|" * 13)
 
