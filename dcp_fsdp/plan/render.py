@@ -70,9 +70,10 @@ def render_plan(request, template, plan, elapsed_s: float) -> str:
     lines += _metadata_lines(plan)
     lines += _prefix_lines(request, plan, part)
     shard = max(per_rank)
+    how = "scaled from the subset" if plan.sampled else "measured"
     lines.append(f"memory per rank: {_size(shard + plan.metadata_memory_bytes)} = the state's "
                  f"shard ({_size(shard)}) + .metadata unpickled on a load "
-                 f"({_size(plan.metadata_memory_bytes)}, measured)")
+                 f"({_size(plan.metadata_memory_bytes)}, {how})")
     return "\n".join(lines)
 
 
