@@ -213,6 +213,24 @@ def run_sweep(command: str, jobs: list[list[str]], min_age_s: float | None = Non
     return worst
 
 
+def run_plan(args: list[str]) -> int:
+    """`dcp-fsdp plan`: no rank, no storage; its own keys beside a save's settings."""
+    from dcp_fsdp.config import usage as helptext
+    from dcp_fsdp.errors import UserError
+
+    if any(arg in ("-h", "--help") for arg in args):
+        print(helptext.plan_help())
+        return 0
+    try:
+        from dcp_fsdp.plan.command import main as plan_main
+
+        return plan_main(args)
+    except UserError as error:
+        return _fail(str(error))
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+
+
 def main(argv: list[str] | None = None) -> int:
     from dcp_fsdp.config import usage as helptext
     from dcp_fsdp.contract import CONFIG_ENV
@@ -253,6 +271,8 @@ def _own_parser_command(command: str, rest: list[str]) -> int | None:
     if command == "report":  # its own argparse (dcp-fsdp report --help)
         from dcp_fsdp.analysis.report import main as report_main
         return report_main(rest)
+    if command == "plan":  # DCP's plan for a world you do not have: dcp_fsdp/plan/
+        return run_plan(rest)
     if command != "s3-server":
         return None
     from dcp_fsdp.errors import UserError  # a local S3 that outlives one run: launch/s3_server.py

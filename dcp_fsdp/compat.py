@@ -111,6 +111,20 @@ def split_by_size_and_type(bins: int, items: list) -> list[list]:
     return split(bins, items)
 
 
+def storage_info(relative_path: str, offset: int, length: int) -> Any:
+    """What DCP's FileSystemWriter records for one write item in `.metadata`'s storage_data
+    (`dcp-fsdp plan` builds the `.metadata` a save would write, without writing one)."""
+    info_class = _internal("torch.distributed.checkpoint.filesystem", "_StorageInfo", "torch",
+                           _TORCH_RANGE)
+    return info_class(relative_path, offset, length)
+
+
+def dcp_metadata_version() -> str:
+    """The version string DCP's FileSystemWriter stamps into `.metadata`."""
+    return str(_internal("torch.distributed.checkpoint.filesystem", "CURRENT_DCP_VERSION",
+                         "torch", _TORCH_RANGE))
+
+
 # -- torch: the process checkpointer's daemon -----------------------------------------------
 
 _PROCESS_WAY_OUT = "use async_save.checkpointer=thread"

@@ -16,6 +16,8 @@ COMMANDS = {
     "wait": "hold an allocation doing nothing: duration=2m (batch/waitbatch.sh)",
     "report": "tables and plots over records: report [PATHS] [--format md|csv] [--plot DIR]",
     "s3-server": "a local S3 server kept up across runs: s3-server start|status|env|stop",
+    "plan": "DCP's save plan for world_size=N ranks_per_node=K, no ranks: objects, requests, "
+            ".metadata, prefixes, memory; record=PATH projects times",
 }
 RUN_COMMANDS = ("save", "load", "save-and-load", "ceiling")
 SETTINGS_COMMANDS = (*RUN_COMMANDS, "tune", "list", "clean-uploads")
@@ -37,7 +39,8 @@ EXAMPLES = """examples:
   dcp-fsdp save -m model=tiny_llama,tiny_gpt2 nproc=2
   dcp-fsdp save-and-load ceiling=true nproc=2     # DCP vs the raw storage, same bytes
   dcp-fsdp tune nproc=2 tune.budget_s=600         # best connector settings, as overrides
-  dcp-fsdp report results/ --format md --plot plots/"""
+  dcp-fsdp report results/ --format md --plot plots/
+  dcp-fsdp plan model=L70b state=model_and_optimizer world_size=1024 ranks_per_node=8"""
 
 
 def usage() -> str:
@@ -95,3 +98,28 @@ def markdown_table() -> str:
         lines.append(f"| `{name}` | {type_name.replace('|', bar)} | `{default}` | "
                      f"{text.replace('|', bar)} |")
     return "\n".join(lines)
+
+
+PLAN_SETTINGS = (
+    ("world_size", "int", "(required)", "ranks of the world to plan"),
+    ("ranks_per_node", "int", "min(8, world_size)", "ranks per node; world_size must be a multiple"),
+    ("exact", "bool", "false", "build every layer even above 300,000 write items (else a "
+                               "subset of the layers, the rest added per layer: docs/plan.md)"),
+    ("record", "path", "null", "a run's record (.jsonl) or results directory: project save and "
+                               "load times per node count from its per-rank MiB/s"),
+)
+
+
+def plan_help() -> str:
+    """`dcp-fsdp plan --help`: the plan's own keys, then a save's settings it reads."""
+    from tabulate import tabulate
+
+    own = tabulate([list(row) for row in PLAN_SETTINGS],
+                   headers=["setting", "type", "default", "meaning"], tablefmt="simple",
+                   disable_numparse=True)
+    return (f"usage: dcp-fsdp plan world_size=N [ranks_per_node=K] [record=PATH] [key=value ...]\n"
+            f"  {COMMANDS['plan']}\n  nothing starts: no rank, no storage request "
+            "(docs/plan.md)\n\nthe plan's own settings:\n" + own + "\n\nand a save's "
+            "settings (model=, state=, storage=s3|fs, model.replicas, storage.part_size_mib, "
+            "storage.thread_count, storage.prefix_strategy, storage.prefix_count, ...): "
+            "dcp-fsdp save --help")

@@ -98,7 +98,7 @@ def build_sharded_model(preset: str, dtype: Dtype, state: CheckpointState,
     optimizer = None
     if state == CheckpointState.model_and_optimizer:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        _create_optimizer_state(optimizer)
+        create_optimizer_state(optimizer)
     filling = time.monotonic()
     fill_state(dcp_state_dict(model, optimizer), seed)
     if device.type == "cuda":  # the fill's kernels are done, not only queued
@@ -153,7 +153,7 @@ def fill_state(state_dict: dict[str, Any], seed: int) -> None:
             values.fill(local, seed, key, global_shape, offset)
 
 
-def _create_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+def create_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     """AdamW's state as its first step would create it (step, exp_avg, exp_avg_sq), left for
     fill_state to set: no gradients and no optimizer step (a full pass over the model)."""
     for group in optimizer.param_groups:

@@ -1,0 +1,192 @@
+"""DCP's own save plan for a world, run in one process: objects, bytes and `.metadata`.
+
+Each rank's local plan (plan/state.py, its objects its own, as rank 0 holds the unpickled
+copies DCP gathers), then DefaultSavePlanner.create_global_plan runs over all of them (deduplication, index
+hints, validation: rank 0's global planning, timed). Each rank's final plan is binned into
+`thread_count` files by DCP's own `_split_by_size_and_type` and written in DCP's order
+(non-tensors first, then tensors); an item's length is what `torch.save` of the contiguous
+local chunk writes (measured once per dtype and shape into a counting sink: the bytes
+are never held). The write results' indexes are fresh objects too (rank 0 unpickles them
+from each rank's results), and the `.metadata` is the Metadata that FileSystemWriter.finish
+pickles: version, storage data, storage meta. It is pickled here (its bytes, rank 0's time
+to pickle) and unpickled in a fresh child process (what each rank pays on a load, and the memory the object takes).
+Times are the process's CPU seconds (time.process_time): what the step takes on a core of
+its own, which a rank has; wall time on a shared machine would add other work's turns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+import pickle
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.distributed.checkpoint import DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+
+from dcp_fsdp.compat import dcp_metadata_version, split_by_size_and_type, storage_info
+from dcp_fsdp.plan.state import StateTemplate, local_plan, own_copy
+
+DATA_OBJECT_SUFFIX = ".distcp"  # DCP's DEFAULT_SUFFIX
+
+
+@dataclasses.dataclass(frozen=True)
+class DataObject:
+    rank: int
+    name: str  # relative to the checkpoint, as DCP names it: <prefix><n>.distcp
+    size_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalPlan:
+    world_size: int
+    objects: tuple[DataObject, ...]  # every data object, rank order
+    items: int  # write items after deduplication (= storage_data entries)
+    local_plan_bytes_max: int  # the largest pickled local plan (gathered to rank 0)
+    local_plan_bytes_total: int
+    planning_s: float  # rank 0's create_global_plan over all local plans
+    metadata_bytes: int
+    metadata_pickle_s: float  # rank 0, at the commit
+    metadata_unpickle_s: float  # every rank, at a load
+    metadata_memory_bytes: int  # the unpickled Metadata's resident memory, measured
+    sampled: str | None = None  # how a large world was built from a subset (plan/sample.py)
+
+    def rank_bytes(self) -> list[int]:
+        sizes = [0] * self.world_size
+        for obj in self.objects:
+            sizes[obj.rank] += obj.size_bytes
+        return sizes
+
+
+class _CountingSink(io.RawIOBase):
+    def __init__(self) -> None:
+        self.count = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        size = memoryview(data).nbytes
+        self.count += size
+        return size
+
+
+@functools.lru_cache(maxsize=4096)
+def tensor_item_bytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    """What DCP writes for one local chunk: torch.save of a contiguous tensor of that shape.
+    The tensor is allocated but never touched (its pages stay unmapped)."""
+    sink = _CountingSink()
+    torch.save(torch.empty(shape, dtype=dtype), sink)  # type: ignore[arg-type]  # a raw stream
+    return sink.count
+
+
+def _bytes_item_size(value: Any) -> int:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.tell()
+
+
+def _rank_results(plan: SavePlan, rank_prefix: str, thread_count: int,
+                  value_bytes: dict[str, int]) -> tuple[list[WriteResult], list[tuple[str, int]]]:
+    """One rank's write results and files, in FileSystemWriter.write_data's order."""
+    results: list[WriteResult] = []
+    files = []
+    for number, bucket in enumerate(split_by_size_and_type(thread_count, list(plan.items))):
+        name = f"{rank_prefix}{number}{DATA_OBJECT_SUFFIX}"
+        ordered = ([i for i in bucket if i.type == WriteItemType.BYTE_IO]
+                   + [i for i in bucket if i.type != WriteItemType.BYTE_IO])
+        offset = 0
+        for item in ordered:
+            length = _item_length(item, value_bytes)
+            # the index as the coordinator unpickles it from this rank's results: its own
+            # objects (the file name is one object per file, as in the rank's pickle)
+            index = MetadataIndex(own_copy(item.index.fqn), _copy_offset(item.index.offset),
+                                  item.index.index)
+            results.append(WriteResult(index=index, size_in_bytes=length,
+                                       storage_data=storage_info(name, offset, length)))
+            offset += length
+        files.append((name, offset))
+    return results, files
+
+
+def _copy_offset(offset: torch.Size | None) -> torch.Size | None:
+    return None if offset is None else torch.Size(tuple(offset))
+
+
+def _item_length(item: WriteItem, value_bytes: dict[str, int]) -> int:
+    if item.type == WriteItemType.BYTE_IO:
+        return value_bytes[item.index.fqn]
+    assert item.tensor_data is not None
+    return tensor_item_bytes(item.tensor_data.properties.dtype, tuple(item.tensor_data.chunk.sizes))
+
+
+def build_global_plan(template: StateTemplate, world_size: int, replicas: int, thread_count: int,
+                      rank_prefix: Callable[[int], str], checkpoint_id: str | Path) -> GlobalPlan:
+    """DCP's save of `template` by `world_size` ranks, planned and laid out in this process."""
+    plans = [local_plan(template, rank, world_size, replicas) for rank in range(world_size)]
+    plan_sizes = [len(pickle.dumps(plan)) for plan in plans[:1]]  # what each rank sends
+    start = time.process_time()
+    global_plans, metadata = DefaultSavePlanner().create_global_plan(plans)
+    planning_s = time.process_time() - start
+    del plans
+    value_bytes = {e.fqn: _bytes_item_size(e.value) for e in template.entries if e.shape is None}
+    objects: list[DataObject] = []
+    storage_data: dict[Any, Any] = {}
+    for rank in range(world_size):
+        results, files = _rank_results(global_plans[rank], rank_prefix(rank), thread_count,
+                                       value_bytes)
+        global_plans[rank] = SavePlan([])  # done with: memory goes back as we go
+        storage_data.update({r.index: r.storage_data for r in results})
+        objects.extend(DataObject(rank, name, size) for name, size in files)
+    metadata.version = dcp_metadata_version()
+    metadata.storage_data = storage_data
+    metadata.storage_meta = StorageMeta(checkpoint_id=checkpoint_id, save_id=str(uuid.uuid4()))
+    start = time.process_time()
+    blob = pickle.dumps(metadata)
+    pickle_s = time.process_time() - start
+    items = len(storage_data)
+    del metadata, storage_data, global_plans
+    unpickle_s, memory = unpickle_cost(blob)
+    return GlobalPlan(world_size, tuple(objects), items, plan_sizes[0], plan_sizes[0] * world_size,
+                      planning_s, len(blob), pickle_s, unpickle_s, memory)
+
+
+_UNPICKLE_CHILD = """
+import os, pickle, sys, time
+import torch.distributed.checkpoint  # DCP's classes, as a rank has them imported
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+blob = sys.stdin.buffer.read()
+before = rss()
+start = time.process_time()
+metadata = pickle.loads(blob)
+seconds = time.process_time() - start
+memory = rss() - before
+for _ in range(2):  # the best of 3: on a shared machine one try may wait for a core
+    del metadata
+    start = time.process_time()
+    metadata = pickle.loads(blob)
+    seconds = min(seconds, time.process_time() - start)
+print(seconds, memory)
+"""
+
+
+def unpickle_cost(blob: bytes) -> tuple[float, int]:
+    """(seconds, resident bytes) to unpickle `.metadata` in a fresh process, as each rank of
+    a load does: measured in a child so this process's freed memory and its millions of
+    objects (the cyclic GC walks them) do not distort it; the best of 3 tries."""
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", _UNPICKLE_CHILD], input=blob,
+                           capture_output=True, check=True)
+    seconds, memory = child.stdout.split()
+    return float(seconds), int(memory)

@@ -1,0 +1,154 @@
+"""The plan's printout: what a save and a load of this world cost, and how it projects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dcp_fsdp.config.schema import MIB, StorageKind
+from dcp_fsdp.plan import requests as rq
+
+GIB = 1 << 30
+
+
+def _size(value: float) -> str:
+    if value >= GIB:
+        return f"{value / GIB:,.2f} GiB"
+    if value >= MIB:
+        return f"{value / MIB:,.1f} MiB"
+    return f"{value / 1024:,.1f} KiB"
+
+
+def rank_objects(plan) -> list[list[int]]:
+    """Each rank's object sizes, rank order."""
+    out: list[list[int]] = [[] for _ in range(plan.world_size)]
+    for obj in plan.objects:
+        out[obj.rank].append(obj.size_bytes)
+    return out
+
+
+def prefixes(request, world_size: int) -> rq.Prefixes:
+    storage = request.cfg.storage
+    return rq.prefixes_for(storage.prefix_strategy.value, storage.prefix_count,
+                           storage.round_robin_prefixes, world_size)
+
+
+def render_plan(request, template, plan, elapsed_s: float) -> str:
+    cfg = request.cfg
+    storage = cfg.storage
+    part = storage.part_size_mib * MIB
+    per_rank = plan.rank_bytes()
+    sizes = [obj.size_bytes for obj in plan.objects]
+    reqs = rq.count_requests(sizes, plan.metadata_bytes, plan.world_size, part)
+    nodes = plan.world_size // request.ranks_per_node
+    lines = [
+        f"plan: {cfg.model.preset} {cfg.model.dtype.value} {cfg.state.value}, {plan.world_size} "
+        f"rank(s) = {nodes} node(s) x {request.ranks_per_node}, replicas {cfg.model.replicas}; "
+        f"storage {storage.kind.value}, thread_count {storage.thread_count}, part "
+        f"{storage.part_size_mib} MiB (DCP's planner, torch's own classes; nothing started; "
+        f"{elapsed_s:.1f} s)",
+        f"state: {_size(template.state_bytes)} in {len(template.entries)} values; "
+        f"{plan.items:,} write items after DCP's deduplication",
+        f"bytes per rank: max {_size(max(per_rank))}, min {_size(min(per_rank))}, total "
+        f"{_size(sum(per_rank))} ({sum(per_rank):,} B)",
+        f"save: {len(sizes) + 1:,} objects ({len(sizes):,} data objects + .metadata; the "
+        f"tool adds its manifest)",
+    ]
+    if storage.kind == StorageKind.s3:
+        lines.append(f"  requests: {reqs.save_put:,} PUT-class (multipart: create, parts, "
+                     f"complete; .metadata renamed: 1 CopyObject) + {reqs.save_delete} "
+                     "DeleteObject")
+        data_gets = reqs.load_get - plan.world_size * reqs.metadata_gets_per_rank
+        lines.append(f"load: {reqs.load_get:,} GETs ({data_gets:,} "
+                     f"ranged GETs of the data objects + {plan.world_size:,} ranks x "
+                     f"{reqs.metadata_gets_per_rank} of .metadata)")
+    else:
+        lines.append(f"load: {len(sizes):,} data files read once + .metadata read by each of "
+                     f"{plan.world_size:,} ranks")
+    if plan.sampled:
+        lines.append(f"built from a subset: {plan.sampled}; times scaled by items (exact=true "
+                     "builds every layer)")
+    lines += _metadata_lines(plan)
+    lines += _prefix_lines(request, plan, part)
+    shard = max(per_rank)
+    how = "scaled from the subset" if plan.sampled else "measured"
+    lines.append(f"memory per rank: {_size(shard + plan.metadata_memory_bytes)} = the state's "
+                 f"shard ({_size(shard)}) + .metadata unpickled on a load "
+                 f"({_size(plan.metadata_memory_bytes)}, {how})")
+    return "\n".join(lines)
+
+
+def _metadata_lines(plan) -> list[str]:
+    return [
+        f".metadata: {_size(plan.metadata_bytes)} ({plan.metadata_bytes:,} B, the pickle DCP "
+        f"writes); rank 0 pickles it in {plan.metadata_pickle_s:.2f} s; each rank of a load "
+        f"fetches and unpickles it: {plan.metadata_unpickle_s:.2f} s per rank, "
+        f"{plan.metadata_unpickle_s * plan.world_size:,.0f} CPU-s over the world",
+        f"rank 0 global planning (create_global_plan over {plan.world_size:,} local plans of "
+        f"{_size(plan.local_plan_bytes_max)} pickled, {_size(plan.local_plan_bytes_total)} "
+        f"gathered): {plan.planning_s:.2f} s",
+    ]
+
+
+def _prefix_lines(request, plan, part: int) -> list[str]:
+    storage = request.cfg.storage
+    if storage.kind != StorageKind.s3:
+        return ["prefixes: storage=fs has no request limits (S3's per-prefix limits apply to "
+                "storage=s3)"]
+    chosen = prefixes(request, plan.world_size)
+    rate = storage.throughput_target_gbps * 1e9 / 8
+    reqs = rq.count_requests([o.size_bytes for o in plan.objects], plan.metadata_bytes,
+                             plan.world_size, part)
+    load = rq.prefix_load(rank_objects(plan), chosen, part, rate, reqs.metadata_gets_per_rank)
+    lines = [
+        f"prefixes: storage.prefix_strategy={chosen.strategy} spreads the keys over "
+        f"{chosen.count:,} prefix(es); every rank at the CRT's throughput target "
+        f"({storage.throughput_target_gbps:g} Gbit/s, an upper bound): peak "
+        f"{load.peak_put_per_s:,.0f} PUT/s and {load.peak_get_per_s:,.0f} GET/s on the busiest "
+        f"prefix (S3: {rq.PUT_LIMIT_PER_S:,} / {rq.GET_LIMIT_PER_S:,} per second per prefix); "
+        f".metadata: {load.metadata_get_burst:,} GETs of one key at a load's start (no prefix "
+        f"strategy spreads them: {load.metadata_get_burst / rq.GET_LIMIT_PER_S:.1f} s at S3's limit)"]
+    if load.single_rank_over:
+        lines.append("  one rank alone passes a limit at this rate: no prefix count helps; raise "
+                     "storage.part_size_mib (fewer parts per byte)")
+    elif (load.peak_put_per_s > rq.PUT_LIMIT_PER_S or load.peak_get_per_s > rq.GET_LIMIT_PER_S):
+        lines.append(f"  over S3's limit: use storage.prefix_strategy=hex "
+                     f"storage.prefix_count={load.recommended_count} (or more)")
+    else:
+        lines.append("  within S3's limits with these settings")
+    return lines
+
+
+def render_projection(request, plans: list[Any], rates) -> str:
+    """Save and load times per node count from the record's per-rank rates."""
+    from tabulate import tabulate
+
+    storage = request.cfg.storage
+    part = storage.part_size_mib * MIB
+    save_rate = rates.save_bytes_s or rates.load_bytes_s
+    load_rate = rates.load_bytes_s or rates.save_bytes_s
+    rows = []
+    for plan in plans:
+        objects = rank_objects(plan)
+        chosen = prefixes(request, plan.world_size)
+        puts, gets = rq.busiest_prefix_requests(objects, chosen, part)
+        metadata_gets = rq.parts(plan.metadata_bytes, part) * plan.world_size
+        if storage.kind != StorageKind.s3:
+            puts = gets = metadata_gets = 0
+        projection = rq.project(plan.world_size // request.ranks_per_node, plan.world_size,
+                                max(plan.rank_bytes()), plan.planning_s, plan.metadata_bytes,
+                                plan.metadata_pickle_s, plan.metadata_unpickle_s, save_rate,
+                                load_rate, puts, gets, metadata_gets)
+        rows.append([projection.nodes, projection.ranks, _size(max(plan.rank_bytes())),
+                     _size(plan.metadata_bytes),
+                     f"{projection.save_s:.2f}" + (" (prefix-bound)" if projection.save_throttled else ""),
+                     f"{projection.load_s:.2f}" + (" (prefix-bound)" if projection.load_throttled else "")])
+    head = (f"\nprojection from {rates.source} ({rates.samples} samples; world size(s) "
+            f"{', '.join(map(str, rates.world_sizes))}; storage {', '.join(rates.storage)}): "
+            f"per-rank save {(save_rate or 0) / MIB:,.1f} MiB/s, load {(load_rate or 0) / MIB:,.1f} "
+            "MiB/s (medians)\nassumes: each rank keeps the measured rate at every size (the "
+            "storage and the network scale out); save = rank 0's planning + the slowest rank's "
+            "bytes (or its prefix's requests at S3's limit) + pickling and writing .metadata; "
+            "load = every rank's .metadata GET (one key: S3's GET limit) and unpickle + its bytes")
+    table = tabulate(rows, headers=["nodes", "ranks", "bytes/rank", ".metadata", "save s",
+                                    "load s"], tablefmt="simple", disable_numparse=True)
+    return head + "\n" + table

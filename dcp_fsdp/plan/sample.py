@@ -1,0 +1,108 @@
+"""Large worlds from a representative subset of the decoder layers.
+
+A full build holds every rank's write items at once (DCP's coordinator does the same): at
+1,024 ranks of L70b with AdamW state that is 3 M items, minutes of CPU and GBs here. The
+layers of a preset are identical but for their index, so each layer adds the same to what a
+save writes and to `.metadata`: its tensors' chunks (one per rank), their storage entries and
+their flatten mappings. Only the index's digits differ (`layers.7.` vs `layers.17.`). So the
+plan is built in full for the same world with a few layers only (the first BASE_LAYERS, then
+that plus one layer of each digit count) and the rest added per layer:
+
+    figure(all) = figure(base) + sum over digit counts d of
+                  (layers with d digits outside the base) x (figure(base + one d-digit layer)
+                                                             - figure(base))
+
+for `.metadata` bytes, write items and each rank's bytes. Non-layer values (embeddings,
+norms, param_groups with every parameter's name) are in every subset, whole. What is not
+additive: pickle's 64 KiB frame headers (9 B each) and an integer's width where a file offset
+crosses 2^16 or 2^31; both well under 0.1 % (docs/plan.md has the check against full builds).
+Times and the unpickled `.metadata`'s memory grow with the items; they are scaled from the
+largest subset by items (DCP's planning, pickle and unpickle each walk every item once).
+With thread_count > 1 a rank's added bytes spread over its objects in proportion to size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+from typing import Any, Callable
+
+from dcp_fsdp.plan.build import DataObject, GlobalPlan, build_global_plan
+from dcp_fsdp.plan.state import StateTemplate
+
+BASE_LAYERS = 2
+_LAYER = re.compile(r"\.(?:layers|h)\.(\d+)\.")
+
+
+def layer_of(fqn: str) -> int | None:
+    found = _LAYER.search(fqn)
+    return int(found.group(1)) if found else None
+
+
+def layers_of(template: StateTemplate) -> list[int]:
+    return sorted({i for i in (layer_of(e.fqn) for e in template.entries) if i is not None})
+
+
+def subset(template: StateTemplate, keep: set[int]) -> StateTemplate:
+    """The template with only the decoder layers in `keep` (everything else whole)."""
+    entries = tuple(e for e in template.entries if layer_of(e.fqn) in keep or layer_of(e.fqn) is None)
+    names = {e.fqn for e in entries}
+    return StateTemplate(entries, {k: v for k, v in template.mappings.items() if k in names})
+
+
+def can_sample(template: StateTemplate) -> bool:
+    layers = layers_of(template)
+    return len(layers) > BASE_LAYERS + 2
+
+
+def _spread(objects: tuple[DataObject, ...], added: list[int]) -> tuple[DataObject, ...]:
+    """Each rank's added bytes over its objects, in proportion to their size."""
+    by_rank: dict[int, list[DataObject]] = {}
+    for obj in objects:
+        by_rank.setdefault(obj.rank, []).append(obj)
+    out = []
+    for rank, mine in sorted(by_rank.items()):
+        total = sum(o.size_bytes for o in mine) or 1
+        given = 0
+        for number, obj in enumerate(mine):
+            share = (added[rank] - given if number == len(mine) - 1
+                     else added[rank] * obj.size_bytes // total)
+            given += share
+            out.append(dataclasses.replace(obj, size_bytes=obj.size_bytes + share))
+    return tuple(out)
+
+
+def sampled_global_plan(template: StateTemplate, world_size: int, replicas: int,
+                        thread_count: int, rank_prefix: Callable[[int], str],
+                        checkpoint_id: Any) -> GlobalPlan:
+    layers = layers_of(template)
+    base = set(layers[:BASE_LAYERS])
+    rest = [i for i in layers if i not in base]
+    counts = Counter(len(str(i)) for i in rest)
+
+    def build(keep: set[int]) -> GlobalPlan:
+        return build_global_plan(subset(template, keep), world_size, replicas, thread_count,
+                                 rank_prefix, checkpoint_id)
+
+    first = build(base)
+    metadata, items = first.metadata_bytes, first.items
+    rank_bytes = first.rank_bytes()
+    largest = first
+    for digits, count in sorted(counts.items()):
+        one = next(i for i in rest if len(str(i)) == digits)
+        plus = build(base | {one})
+        metadata += count * (plus.metadata_bytes - first.metadata_bytes)
+        items += count * (plus.items - first.items)
+        plus_bytes = plus.rank_bytes()
+        rank_bytes = [r + count * (p - f) for r, p, f in zip(rank_bytes, plus_bytes, first.rank_bytes())]
+        largest = plus
+    added = [after - before for after, before in zip(rank_bytes, first.rank_bytes())]
+    scale = items / largest.items
+    return GlobalPlan(
+        world_size, _spread(first.objects, added), items,
+        round(largest.local_plan_bytes_max * scale), round(largest.local_plan_bytes_total * scale),
+        largest.planning_s * scale, metadata, largest.metadata_pickle_s * scale,
+        largest.metadata_unpickle_s * scale, round(largest.metadata_memory_bytes * scale),
+        sampled=f"{BASE_LAYERS} + 1 of {len(layers)} layers built in full, the rest added per "
+                "layer (docs/plan.md)")

@@ -1,0 +1,159 @@
+"""What each rank of a world would hand DCP's planner, without a rank or a shard in memory.
+
+The state dict's keys, shapes and non-tensor values come from the preset's model built on
+the meta device (no memory), with AdamW state as `models.build` creates it, through the same
+`dcp_state_dict` and DCP's own flattening: the keys are those a real save writes. Each rank's
+local plan is then the one DefaultSavePlanner.create_local_plan makes for FSDP2's dim-0
+sharding: every tensor of one or more dimensions is a DTensor sharded along dim 0 over the
+world (with `replicas` R > 1: over the R groups' world / R ranks, as the HSDP mesh
+(replicate, shard) does), split as torch's Shard(0) splits (chunks of ceil(rows / shards)
+rows; the last ones short or empty); 0-dim tensors (AdamW's `step`) and non-tensors
+(param_groups) are written by every rank and left for the coordinator to deduplicate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex,
+                                                   TensorProperties)
+from torch.distributed.checkpoint.planner import (SavePlan, TensorWriteData, WriteItem,
+                                                  WriteItemType)
+
+from dcp_fsdp.config.schema import CheckpointState, Dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One value of the flattened state dict."""
+
+    fqn: str
+    shape: tuple[int, ...] | None  # None: not a tensor (written as torch.save bytes)
+    dtype: torch.dtype | None
+    value: Any = None  # a non-tensor's value (its bytes are torch.save's)
+
+    @property
+    def sharded(self) -> bool:
+        """FSDP2 shards every parameter (and its AdamW moments) along dim 0."""
+        return self.shape is not None and len(self.shape) > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StateTemplate:
+    entries: tuple[Entry, ...]
+    mappings: dict[str, Any]  # DCP's flatten mapping: the plans' planner_data
+
+    @property
+    def state_bytes(self) -> int:
+        """The whole state's tensor bytes (each tensor once, unsharded)."""
+        return sum(_numel(e.shape) * e.dtype.itemsize for e in self.entries
+                   if e.shape is not None and e.dtype is not None)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+@functools.lru_cache(maxsize=8)
+def state_template(preset: str, dtype: Dtype, state: CheckpointState) -> StateTemplate:
+    """The flattened state dict a save of `preset` hands DCP, as shapes and values."""
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM
+
+    from dcp_fsdp.compat import flatten_state_dict
+    from dcp_fsdp.models.build import TORCH_DTYPES, create_optimizer_state, dcp_state_dict
+    from dcp_fsdp.models.presets import PRESETS, hf_config
+
+    shape = PRESETS[preset]
+    with torch.device("meta"):
+        model_class = LlamaForCausalLM if shape.family == "llama" else GPT2LMHeadModel
+        model: torch.nn.Module = model_class(hf_config(shape))
+        model = model.to(TORCH_DTYPES[dtype])
+    optimizer = None
+    if state == CheckpointState.model_and_optimizer:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        create_optimizer_state(optimizer)
+    flat, mappings = flatten_state_dict(dcp_state_dict(model, optimizer))
+    entries = []
+    for fqn, value in flat.items():
+        if isinstance(value, torch.Tensor):
+            entries.append(Entry(fqn, tuple(value.shape), value.dtype))
+        else:
+            entries.append(Entry(fqn, None, None, value))
+    return StateTemplate(tuple(entries), dict(mappings))
+
+
+def shard_rows(rows: int, shards: int, index: int) -> tuple[int, int]:
+    """(first row, row count) of shard `index` of `shards` along dim 0, as torch's Shard(0)
+    splits a DTensor (torch.chunk: ceil(rows / shards) per shard; empty shards start at
+    `rows`)."""
+    if rows % shards == 0:
+        size = rows // shards
+        return size * index, size
+    size = -(-rows // shards)
+    start = size * index
+    if start >= rows:
+        return rows, 0
+    return start, min(rows, start + size) - start
+
+
+@functools.lru_cache(maxsize=64)
+def _properties(dtype: torch.dtype) -> TensorProperties:
+    return TensorProperties.create_from_tensor(torch.empty(0, dtype=dtype, device="meta"))
+
+
+def _fresh(properties: TensorProperties) -> TensorProperties:
+    """A copy of its own (each rank's items have their own; copy.copy is 10x slower)."""
+    fresh = TensorProperties.__new__(TensorProperties)
+    fresh.__dict__.update(properties.__dict__)
+    return fresh
+
+
+def _tensor_item(fqn: str, global_shape: tuple[int, ...], dtype: torch.dtype,
+                 offsets: tuple[int, ...], sizes: tuple[int, ...], kind: WriteItemType) -> WriteItem:
+    """What DCP's planner_helpers make for one tensor chunk (fresh objects per item, as each
+    rank's own plan has them)."""
+    offset_size = torch.Size(offsets)
+    return WriteItem(
+        index=MetadataIndex(fqn, offset_size), type=kind,
+        tensor_data=TensorWriteData(
+            chunk=ChunkStorageMetadata(offsets=offset_size, sizes=torch.Size(sizes)),
+            properties=_fresh(_properties(dtype)), size=torch.Size(global_shape)))
+
+
+def own_copy(text: str) -> str:
+    """A distinct str object of equal value. Rank 0 works on unpickled copies of every
+    rank's plan and results, so no two ranks share a key object: pickle would otherwise
+    write a shared one once and a `.metadata` built here would come out smaller than DCP's."""
+    return text.encode().decode()
+
+
+def local_plan(template: StateTemplate, rank: int, world_size: int, replicas: int = 1) -> SavePlan:
+    """DefaultSavePlanner.create_local_plan's plan on `rank` (flattened state dict, FSDP2).
+    Its planner_data is the rank's flatten mapping, keyed by the same key objects as its
+    items (as the rank's pickled plan has them)."""
+    shards = world_size // replicas
+    shard = rank % shards  # the mesh (replicate, shard) is laid out row-major
+    items = []
+    mappings = {}
+    for entry in template.entries:
+        fqn = own_copy(entry.fqn)
+        mappings[fqn] = template.mappings[entry.fqn]
+        if entry.shape is None:
+            items.append(WriteItem(index=MetadataIndex(fqn), type=WriteItemType.BYTE_IO))
+            continue
+        assert entry.dtype is not None
+        if not entry.sharded:
+            items.append(_tensor_item(fqn, entry.shape, entry.dtype, (0,) * len(entry.shape),
+                                      entry.shape, WriteItemType.TENSOR))
+            continue
+        start, rows = shard_rows(entry.shape[0], shards, shard)
+        rest = entry.shape[1:]
+        items.append(_tensor_item(fqn, entry.shape, entry.dtype, (start,) + (0,) * len(rest),
+                                  (rows, *rest), WriteItemType.SHARD))
+    return SavePlan(items, planner_data=mappings)

@@ -1,0 +1,169 @@
+"""`dcp-fsdp plan`'s pure parts: FSDP2's dim-0 split, the synthesized local plans, the S3
+request arithmetic, the prefix recommendation, the projection and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dcp_fsdp.config.schema import CheckpointState, Dtype
+from dcp_fsdp.errors import UserError
+from dcp_fsdp.plan import requests as rq
+from dcp_fsdp.plan.state import local_plan, shard_rows, state_template
+
+
+@pytest.mark.parametrize("rows", [1, 7, 8, 100, 1024, 1025])
+@pytest.mark.parametrize("shards", [1, 2, 3, 8, 64, 2048])
+def test_shard_rows_splits_as_torch_chunk(rows, shards):
+    """DTensor's Shard(0) splits as torch.chunk does; shards past its last chunk are empty
+    and start at `rows` (torch's compute_local_shape_and_global_offset)."""
+    chunks = torch.arange(rows).chunk(shards)
+    for index in range(shards):
+        start, count = shard_rows(rows, shards, index)
+        if index < len(chunks):
+            assert (start, count) == (int(chunks[index][0]), len(chunks[index]))
+        else:
+            assert (start, count) == (rows, 0)
+    assert sum(shard_rows(rows, shards, i)[1] for i in range(shards)) == rows
+
+
+@pytest.mark.parametrize("rows", [1, 1024, 8192, 50432])
+@pytest.mark.parametrize("shards", [3, 1024, 4096])
+def test_shard_rows_is_dtensors_own_split(rows, shards):
+    """The same (offset, size) as DTensor's Shard(0) computes for each shard."""
+    from torch.distributed.tensor.placement_types import Shard
+
+    for index in range(shards):
+        size, offset = Shard.local_shard_size_and_offset(rows, shards, index)
+        assert shard_rows(rows, shards, index) == (offset, size)
+
+
+def test_local_plans_cover_every_tensor_once():
+    """Over the world, each sharded tensor's chunks tile its rows exactly; 0-dim tensors
+    and non-tensors are on every rank (DCP's coordinator deduplicates them)."""
+    template = state_template("tiny_llama", Dtype.fp32, CheckpointState.model_and_optimizer)
+    world = 3
+    plans = [local_plan(template, rank, world) for rank in range(world)]
+    rows: dict[str, int] = {}
+    for plan in plans:
+        assert len(plan.items) == len(template.entries)
+        for item in plan.items:
+            if item.tensor_data is not None and len(item.tensor_data.size) > 0:
+                rows[item.index.fqn] = rows.get(item.index.fqn, 0) + item.tensor_data.chunk.sizes[0]
+    sharded = {e.fqn: e.shape[0] for e in template.entries if e.sharded}
+    assert rows == sharded
+    assert any(not e.sharded and e.shape is not None for e in template.entries)  # AdamW's step
+    assert any(e.shape is None for e in template.entries)  # param_groups
+
+
+def test_replicas_shard_over_their_group():
+    """HSDP: rank r holds shard r mod (world / replicas); the replicas hold equal chunks."""
+    template = state_template("tiny_llama", Dtype.bf16, CheckpointState.model)
+    world, replicas = 4, 2
+    first, mirror = local_plan(template, 1, world, replicas), local_plan(template, 3, world, replicas)
+    assert [i.index.offset for i in first.items] == [i.index.offset for i in mirror.items]
+    other = local_plan(template, 0, world, replicas)
+    assert [i.index.offset for i in first.items] != [i.index.offset for i in other.items]
+
+
+def test_requests_of_a_save_and_a_load():
+    part = 8 << 20
+    sizes = [0, 1, part, part + 1, 5 * part]
+    metadata = 3 * part - 7
+    reqs = rq.count_requests(sizes, metadata, world_size=4, part_bytes=part)
+    parts = [1, 1, 1, 2, 5]
+    assert reqs.save_put == sum(2 + p for p in parts) + (2 + 3) + 1
+    assert reqs.metadata_gets_per_rank == 3
+    assert reqs.load_get == sum(parts) + 4 * 3
+
+
+def test_prefixes_follow_the_strategy():
+    assert rq.prefixes_for("default", None, [], 64).count == 1
+    assert rq.prefixes_for("hex", None, [], 64).count == 64  # the connector's default count
+    assert rq.prefixes_for("hex", 16, [], 64).count == 16
+    assert rq.prefixes_for("round_robin", None, ["a", "b", "c"], 64).count == 3
+
+
+def test_prefix_recommendation_keeps_each_prefix_under_the_limit():
+    part = 8 << 20
+    world = 512
+    objects = [[64 * part] for _ in range(world)]  # 66 PUTs, 64 GETs per rank
+    rate = 1 << 30  # bytes/s per rank: 8 s per rank
+    crowded = rq.prefix_load(objects, rq.Prefixes("default", 1), part, rate, 1)
+    per_rank_puts = 66 / (64 * part / rate)
+    assert crowded.peak_put_per_s == pytest.approx(world * per_rank_puts)
+    assert crowded.peak_put_per_s > rq.PUT_LIMIT_PER_S
+    count = crowded.recommended_count
+    spread = rq.prefix_load(objects, rq.Prefixes("hex", count), part, rate, 1)
+    assert spread.peak_put_per_s <= rq.PUT_LIMIT_PER_S
+    assert spread.peak_get_per_s <= rq.GET_LIMIT_PER_S
+    fewer = rq.prefix_load(objects, rq.Prefixes("hex", count - 1), part, rate, 1)
+    assert max(fewer.peak_put_per_s / rq.PUT_LIMIT_PER_S, fewer.peak_get_per_s / rq.GET_LIMIT_PER_S) > 1
+    assert crowded.metadata_get_burst == world
+
+
+def test_projection_adds_the_coordinator_and_the_prefix_floor():
+    rate = 100 << 20
+    plain = rq.project(1, 8, 800 << 20, 0.5, 10 << 20, 0.2, 0.3, rate, rate, 10, 10, 8)
+    assert plain.save_s == pytest.approx(0.5 + 8 + 0.2 + 0.1)
+    assert plain.load_s == pytest.approx(0.1 + 0.3 + 8)
+    assert not plain.save_throttled
+    bound = rq.project(1, 8, 800 << 20, 0.5, 10 << 20, 0.2, 0.3, rate, rate,
+                       100 * rq.PUT_LIMIT_PER_S, 10, 8)
+    assert bound.save_throttled and bound.save_s == pytest.approx(0.5 + 100 + 0.2 + 0.1)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["world_size=12", "ranks_per_node=8"], "world_size=12: not a multiple of ranks_per_node=8"),
+    (["world_size=0"], "world_size=0: must be 1 or more"),
+    (["world_size=many"], "world_size=many: give a whole number"),
+    (["ranks_per_node=8"], "world_size: required"),
+    (["world_size=8", "model=L71b"], "model=L71b: unknown preset"),
+    (["world_size=6", "ranks_per_node=2", "model.replicas=4"], "model.replicas=4: world_size=6"),
+])
+def test_bad_input_is_one_line(args, words):
+    from dcp_fsdp.plan.command import parse_request
+
+    with pytest.raises(UserError) as error:
+        parse_request(args)
+    assert words in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_cli_refuses_bad_input_before_planning(capsys):
+    from dcp_fsdp.cli import main
+
+    assert main(["plan", "model=tiny_llama", "world_size=10", "ranks_per_node=4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "ranks_per_node=4" in err
+
+
+def test_template_bytes_are_the_models():
+    """The template's tensors are the preset's parameters, and with AdamW two moments of
+    each plus a 4-byte step per parameter."""
+    from dcp_fsdp.models.presets import PRESETS
+
+    shape = PRESETS["tiny_llama"]
+    template = state_template("tiny_llama", Dtype.fp32, CheckpointState.model)
+    embedding = shape.vocab_size * shape.hidden_size * 4
+    assert template.state_bytes > 2 * embedding  # embed_tokens and the untied lm_head
+    with_adam = state_template("tiny_llama", Dtype.fp32, CheckpointState.model_and_optimizer)
+    params = sum(1 for e in template.entries if e.sharded)
+    assert with_adam.state_bytes == 3 * template.state_bytes + params * 4
+
+
+def test_a_world_from_a_subset_of_the_layers_is_the_full_build():
+    """plan/sample.py against a full build: the same write items and total bytes, and a
+    `.metadata` within 0.5 % (pickle's frame headers and integer widths are not additive)."""
+    from dcp_fsdp.plan.build import build_global_plan
+    from dcp_fsdp.plan.sample import can_sample, sampled_global_plan
+
+    template = state_template("L660m", Dtype.bf16, CheckpointState.model_and_optimizer)
+    assert can_sample(template)
+    args = (template, 4, 1, 1, lambda rank: f"__{rank}_", "s3://bucket/checkpoints/a-suffix")
+    full, sampled = build_global_plan(*args), sampled_global_plan(*args)
+    assert sampled.sampled and not full.sampled
+    assert sampled.items == full.items
+    assert sum(sampled.rank_bytes()) == sum(full.rank_bytes())
+    assert [o.name for o in sampled.objects] == [o.name for o in full.objects]
+    assert abs(sampled.metadata_bytes - full.metadata_bytes) <= 0.005 * full.metadata_bytes
