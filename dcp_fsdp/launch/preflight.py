@@ -124,6 +124,7 @@ def check_compatible(store, cfg: BenchmarkConfig) -> MetadataFacts:
                         "pre-load screen (removed since, or not readable with these "
                         "credentials); the checkpoint was not loaded")
     facts = metadata_peek.read_facts(raw, f"suffix={suffix}: {layout.METADATA_NAME}")
+    layout.check_objects_whole(store, suffix, facts, cfg.storage.prefix_strategy.value)
     if cfg.ceiling:
         layout.check_mirrorable(facts, cfg.nproc, suffix)
     tensors = facts.tensors

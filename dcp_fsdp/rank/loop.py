@@ -115,6 +115,8 @@ class CheckpointLoop:
         def decide() -> None:
             # the run's one read of this .metadata, screened (or the launcher's, handed over)
             facts = self.metadata_facts(suffix)
+            if layout.handed_metadata_facts(suffix) is None:  # (else the launcher checked them)
+                layout.check_objects_whole(self.store, suffix, facts, self.cfg.storage.prefix_strategy.value)
             if self.cfg.ceiling:
                 layout.check_mirrorable(facts, self.ctx.world_size, suffix)
             problem = checkpoint_mismatch(facts.tensors, self.state_dict)

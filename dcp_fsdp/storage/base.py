@@ -83,6 +83,10 @@ class CheckpointStore(Protocol):
 
     def has_objects(self, suffix: str) -> bool: ...
 
+    def object_sizes(self, suffix: str) -> dict[str, int]:
+        """Every object of checkpoint `suffix` (its name under the suffix -> bytes)."""
+        ...
+
     def is_complete(self, suffix: str) -> bool:
         """True when `suffix` has DCP's `.metadata` (the commit point)."""
 

@@ -104,6 +104,11 @@ class FsStore:
                 datetime.datetime.fromtimestamp(newest, datetime.timezone.utc).isoformat()))
         return found
 
+    def object_sizes(self, suffix: str) -> dict[str, int]:
+        root = self.root / suffix
+        return {str(path.relative_to(root)): path.stat().st_size
+                for path in root.rglob("*") if path.is_file()} if root.is_dir() else {}
+
     def has_objects(self, suffix: str) -> bool:
         path = self.root / suffix
         return path.exists() and any(path.iterdir())

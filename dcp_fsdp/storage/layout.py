@@ -227,3 +227,25 @@ def check_mirrorable(facts: MetadataFacts, world_size: int, suffix: str) -> None
             f"ceiling=true: suffix={suffix} was saved by {saved} rank(s) and this run has "
             f"{world_size}; the raw ceiling mirrors the saving ranks' objects rank for rank, so "
             f"it cannot stand for a resharded load: drop ceiling=true, or load with {saved} ranks")
+
+
+def check_objects_whole(store, suffix: str, facts: MetadataFacts, prefix_strategy: str) -> None:
+    """Every data object `.metadata` names is there, at least as long as its last item ends:
+    a deleted or truncated object is refused in one line naming it, before any rank reads
+    (DCP would fail part way with "The key does not exist" or "stream exhausted").
+    Checked where the objects lie under the suffix (storage.prefix_strategy=default)."""
+    if prefix_strategy != "default" or not facts.object_sizes:
+        return
+    stored = store.object_sizes(suffix)
+    missing = sorted(name for name in facts.object_sizes if name not in stored)
+    short = sorted(name for name, size in facts.object_sizes.items()
+                   if name in stored and stored[name] < size)
+    if not (missing or short):
+        return
+    name = (missing or short)[0]
+    what = ("is missing" if missing else
+            f"holds {stored[name]} of the {facts.object_sizes[name]} bytes .metadata places in it")
+    more = len(missing) + len(short) - 1
+    raise UserError(f"suffix={suffix}: damaged checkpoint: data object {name} {what}"
+                    + (f" (and {more} more object(s) damaged)" if more else "")
+                    + f"; it cannot load: save it again, or load another suffix ({store.location(suffix)})")

@@ -133,6 +133,9 @@ class S3Store:
     def has_objects(self, suffix: str) -> bool:
         return self.control.has_objects(suffix)
 
+    def object_sizes(self, suffix: str) -> dict[str, int]:
+        return self.control.object_sizes(suffix)
+
     def is_complete(self, suffix: str) -> bool:
         return self.control.is_complete(suffix)
 

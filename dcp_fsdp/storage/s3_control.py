@@ -240,6 +240,20 @@ class S3ControlPlane:
                                e["modified"].astimezone(datetime.timezone.utc).isoformat())
                 for suffix, e in sorted(found.items())]
 
+    def object_sizes(self, suffix: str) -> dict[str, int]:
+        """Every object under `suffix`/ (its name there -> bytes), one listing."""
+        import botocore.exceptions as bx
+
+        base = self.target.key(suffix) + "/"
+        sizes: dict[str, int] = {}
+        try:
+            for page in self.client().get_paginator("list_objects_v2").paginate(
+                    Bucket=self.target.bucket, Prefix=base):
+                sizes.update((obj["Key"][len(base):], obj["Size"]) for obj in page.get("Contents", []))
+        except (bx.BotoCoreError, bx.ClientError) as error:
+            raise self._explain(error) from None
+        return sizes
+
     def has_objects(self, suffix: str) -> bool:
         response = self.client().list_objects_v2(
             Bucket=self.target.bucket, Prefix=self.target.key(suffix) + "/", MaxKeys=1)

@@ -71,8 +71,9 @@ def test_request_counts_match_the_servers_own_counters(s3_server, s3, s3_uri, tm
 
     save_view, save_parts = _client_view(save_run, save_samples)
     load_view, load_parts = _client_view(load_run, load_samples)
-    # 2 x HeadBucket, 1 x HeadObject, 2 x GetObject (manifest, .metadata)
-    launcher = collections.Counter({("GET", "200"): 2 + 1 + 2})
+    # 2 x HeadBucket, 1 x HeadObject, 2 x GetObject (manifest, .metadata); the load's listing
+    # of its objects (every data object whole, before any rank)
+    launcher = collections.Counter({("GET", "200"): 2 + 1 + 2, ("LIST", "200"): 1})
     client = save_view + load_view + launcher
     print("\ntype   code  record(save+load+launcher)  server")
     for key in sorted(set(client) | set(server)):
