@@ -348,7 +348,7 @@ def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) 
             log.error(str(error))
         return RankEnding("failed", str(error), contract.EXIT_USER_ERROR, cause.USER_ERROR)
     # anything else, DCP's CheckpointException (a BaseException) included
-    error_line = root_cause(error)
+    error_line = _storage_first(session.store, root_cause(error))
     if os.environ.get(contract.DEBUG_ENV):
         traceback.print_exception(error)
     if session.ctx is None or not collective_error(error) or session.is_coordinator:
@@ -356,6 +356,23 @@ def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) 
                   if session.ctx is not None and not collective_error(error) else "")
         log.error(f"{prefix}{error_line}")
     return RankEnding("failed", error_line, contract.EXIT_FAILED, cause.ERROR)
+
+
+def _storage_first(store, error_line: str) -> str:
+    """A failed operation's line, led by what the storage says when probed once afterwards
+    (untimed): a full file system or an endpoint that stopped answering is the first cause,
+    which DCP's own error hides ("enforce fail at inline_container.cc ... unexpected pos")."""
+    if store is None:
+        return error_line
+    try:
+        store.probe()
+    except UserError as problem:
+        return f"{problem} (found by probing the storage after the failure: {error_line})"
+    except Exception as problem:  # the store's client raised something it does not explain
+        text = " ".join(str(problem).split())[:300]
+        return (f"the storage failed a probe after the failure: {type(problem).__name__}: {text} "
+                f"({error_line})")
+    return error_line
 
 
 def _end_stuck_rank(signal_name: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import errno
 import os
 import secrets
 from pathlib import Path
@@ -86,6 +87,9 @@ class FsStore:
             probe.write_bytes(b"probe")
             probe.unlink()
         except OSError as error:
+            if error.errno == errno.ENOSPC:
+                raise UserError(f"storage.path={self.root}: the file system is full ({error.strerror}); "
+                                "free space there or choose another directory") from None
             raise UserError(f"storage.path={self.root}: not writable ({error.strerror or error}); "
                             "choose a directory you can write to") from None
 

@@ -53,3 +53,21 @@ def test_a_rank_under_plain_torchrun_leaves_no_torch_cache_in_tmpdir(tmp_path):
     assert result.returncode == 0, result.stderr
     left = sorted(p.name for p in tmpdir.iterdir() if not p.name.startswith("torchelastic_"))
     assert left == []
+
+
+def test_a_save_to_a_full_file_system_names_the_full_disk(tmp_path):
+    """DCP's error for a full disk is torch's zip writer's "unexpected pos": the rank probes
+    the storage after the failure and the record leads with "No space left on device"."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.fail("unshare -m is needed (root, util-linux): the full disk cannot be made")
+    full = tmp_path / "full"
+    full.mkdir()
+    results = tmp_path / "results"
+    script = (f"mount -t tmpfs -o size=4m tmpfs {full} && exec {sys.executable} -m dcp_fsdp save "
+              f"model=tiny_llama nproc=1 storage=fs storage.path={full}/store results_dir={results}")
+    result = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=REPO, env=clean_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    record = json.loads(next(results.glob("*.jsonl")).read_text().splitlines()[0])
+    assert record["status"] == "failed" and "No space left on device" in record["error"], record["error"]
+    assert "No space left on device" in result.stderr
