@@ -29,7 +29,7 @@ demo: setup
 # a file's tests share fixtures); PYTEST_WORKERS=0 runs them in this process.
 PYTEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q -rs -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs --durations=12 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The package typed and linted (configuration in pyproject.toml): .ci/run runs it first.
 lint: setup
