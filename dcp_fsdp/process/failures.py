@@ -69,3 +69,20 @@ def caused_by_interrupt(error: BaseException) -> bool:
                 return True
     cause = error.__cause__ or error.__context__
     return cause is not None and cause is not error and caused_by_interrupt(cause)
+
+
+def storage_first(store, error_line: str) -> str:
+    """A failed operation's line, led by what the storage says when probed once afterwards
+    (untimed): a full file system or an endpoint that stopped answering is the first cause,
+    which DCP's own error hides ("enforce fail at inline_container.cc ... unexpected pos")."""
+    if store is None:
+        return error_line
+    try:
+        store.probe()
+    except UserError as problem:
+        return f"{problem} (found by probing the storage after the failure: {error_line})"
+    except Exception as problem:  # the store's client raised something it does not explain
+        text = " ".join(str(problem).split())[:300]
+        return (f"the storage failed a probe after the failure: {type(problem).__name__}: {text} "
+                f"({error_line})")
+    return error_line

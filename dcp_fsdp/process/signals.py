@@ -78,6 +78,12 @@ class InterruptGuard:
     def _on_signal(self, signum, frame) -> None:
         if self.signal_name is not None or self.finishing:
             return
+        if frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+            # Inside the import machinery (torch still importing): an exception raised here
+            # lands in an import lock's callback, is printed as "Exception ignored" and lost,
+            # and the rank would run on. Nothing has run yet to record: end quietly.
+            os._exit(contract.EXIT_FAILED if signum == getattr(signal, contract.PEER_FAILED_SIGNAL_NAME)
+                     else contract.EXIT_INTERRUPTED)
         self.signal_name = signal.Signals(signum).name
         if signum == signal.SIGTERM:
             # torch's elastic agent stops the survivors with SIGTERM when a rank ended

@@ -299,6 +299,9 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:
         sharded, state_dict = session.build()
         session.run_loop(sharded, state_dict)
     except BaseException as error:
+        # The outcome is this error: a signal now (the agent's SIGTERM once a peer died) must
+        # not raise inside _outcome (its storage probe takes a moment) and lose the record.
+        guard.finishing = True
         ending = _outcome(error, guard, session)
     status, exit_code = ending.status, ending.exit_code
     guard.finishing = True  # e.g. the agent's SIGTERM while a survivor writes the record
@@ -329,7 +332,7 @@ class RankEnding(NamedTuple):
 def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) -> RankEnding:
     """How a run that raised ended; says it once."""
     cause = contract.EndCause
-    from dcp_fsdp.process.failures import collective_error, root_cause
+    from dcp_fsdp.process.failures import collective_error, root_cause, storage_first
 
     if guard.signal_name == contract.PEER_FAILED_SIGNAL_NAME or isinstance(error, PeerFailed):
         if guard.ended_peers:
@@ -348,7 +351,7 @@ def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) 
             log.error(str(error))
         return RankEnding("failed", str(error), contract.EXIT_USER_ERROR, cause.USER_ERROR)
     # anything else, DCP's CheckpointException (a BaseException) included
-    error_line = _storage_first(session.store, root_cause(error))
+    error_line = storage_first(session.store, root_cause(error))
     if os.environ.get(contract.DEBUG_ENV):
         traceback.print_exception(error)
     if session.ctx is None or not collective_error(error) or session.is_coordinator:
@@ -356,23 +359,6 @@ def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) 
                   if session.ctx is not None and not collective_error(error) else "")
         log.error(f"{prefix}{error_line}")
     return RankEnding("failed", error_line, contract.EXIT_FAILED, cause.ERROR)
-
-
-def _storage_first(store, error_line: str) -> str:
-    """A failed operation's line, led by what the storage says when probed once afterwards
-    (untimed): a full file system or an endpoint that stopped answering is the first cause,
-    which DCP's own error hides ("enforce fail at inline_container.cc ... unexpected pos")."""
-    if store is None:
-        return error_line
-    try:
-        store.probe()
-    except UserError as problem:
-        return f"{problem} (found by probing the storage after the failure: {error_line})"
-    except Exception as problem:  # the store's client raised something it does not explain
-        text = " ".join(str(problem).split())[:300]
-        return (f"the storage failed a probe after the failure: {type(problem).__name__}: {text} "
-                f"({error_line})")
-    return error_line
 
 
 def _end_stuck_rank(signal_name: str) -> None:
