@@ -218,7 +218,8 @@ class Ceiling:
         self.loop.log(f"ceiling: {object_count} objects, "
                       f"{byte_count / MIB:.1f} MiB in all, mirroring "
                       f"{'suffix=' + suffix if suffix != 'ceiling' else 'the planned save'}; "
-                      f"raw PUT then GET, {self.cfg.storage.thread_count} stream(s) per rank")
+                      f"raw PUT with {self.cfg.storage.thread_count} stream(s) per rank, then GET "
+                      "with one (as DCP's reader)")
         samples = []
         threads = max(1, self.cfg.storage.thread_count)
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ceiling") as pool:
@@ -231,8 +232,10 @@ class Ceiling:
                 try:
                     samples.append(self._timed("raw_put", iteration, own, objects, total,
                                                pool, self.mover.put))
+                    # one stream, the objects in turn: how DCP's reader reads a rank's
+                    # files (FileSystemReader.read_data, the connector's reader with it)
                     samples.append(self._timed("raw_get", iteration, own, objects, total,
-                                               pool, self.mover.get))
+                                               None, self.mover.get))
                 finally:
                     self._remove(iteration, objects)
         return samples
@@ -249,7 +252,7 @@ class Ceiling:
         failure = None
         with timed_region(self.loop.ctx.device, watchdog) as region:  # the one DCP's ops use
             try:  # list(): re-raises the first failure of any stream
-                list(pool.map(lambda obj: move(client, iteration, obj), objects))
+                list((pool.map if pool is not None else map)(lambda obj: move(client, iteration, obj), objects))
             except Exception as error:  # every rank learns of it below, none hangs
                 failure = f"{type(error).__name__}: {error}"
         barrier_start, begin_mono, begin_wall = region.barrier_start, region.begin_mono, region.begin_wall
