@@ -95,6 +95,20 @@ def gather_to_coordinator(obj: Any) -> list[Any] | None:
     return gathered
 
 
+def gather_to_keepers(obj: Any) -> list[Any] | None:
+    """Every rank's `obj`, in rank order, on rank 0 (which records the run) and on rank 1
+    (which records it when rank 0 has died: session.writes_record); None on the others. Two
+    gathers: still nothing per rank that grows with the world, but on two ranks."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mine: list[Any] | None = None
+    for keeper in range(min(2, world)):
+        gathered: list[Any] | None = [None] * world if rank == keeper else None
+        dist.gather_object(obj, gathered, dst=keeper)
+        if rank == keeper:
+            mine = gathered
+    return mine
+
+
 def _reduce_device() -> torch.device:
     # NCCL reduces CUDA tensors only; gloo reduces CPU ones
     if dist.get_backend() == "nccl":

@@ -27,7 +27,7 @@ from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.models import values
 from dcp_fsdp.models.build import ShardedModel, local_tensor, replica_of
 from dcp_fsdp.rank.distributed import (RankContext, drop_cache_on_node, first_problem,
-                                       gather_to_coordinator, rank0_decides)
+                                       gather_to_keepers, rank0_decides)
 from dcp_fsdp.rank.sample_build import OpInProgress, build_sample, fill_save_figures, timed_region
 from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.rank.memory import PeakMemory
@@ -234,10 +234,10 @@ class CheckpointLoop:
                          self.cfg.progress_interval_s, self.log)
 
     def keep(self, sample: Sample) -> None:
-        """Record one finished operation of this rank, and hand it to rank 0's record (the
-        other ranks keep their own: what a rank writes if rank 0 has died)."""
+        """Record one finished operation of this rank, and hand it to rank 0's record and to
+        rank 1, which writes the record if rank 0 has died (the others keep their own)."""
         self.samples.append(sample)
-        gathered = gather_to_coordinator(sample)
+        gathered = gather_to_keepers(sample)  # rank 1 holds them too, should rank 0 die
         self.shared_samples.extend(gathered if gathered is not None else [sample])
 
     # -- verification (untimed; rank/state.py) -----------------------------------------

@@ -15,7 +15,8 @@ WORLD = 3
 RANK = """
 import datetime, json, os, sys
 import torch.distributed as dist
-from dcp_fsdp.rank.distributed import (first_problem, gather_to_coordinator, sum_over_ranks,
+from dcp_fsdp.rank.distributed import (first_problem, gather_to_coordinator, gather_to_keepers,
+                                       sum_over_ranks,
                                        wall_clock_spread_s)
 
 rank, init_file, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -23,6 +24,7 @@ dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, wo
                         timeout=datetime.timedelta(seconds=60))
 result = {
     "gathered": gather_to_coordinator({"rank": rank, "payload": "x" * (rank + 1)}),
+    "kept": gather_to_keepers(rank),
     "sums": sum_over_ranks(rank, 10),
     "none": first_problem(None),
     "first": first_problem("disk full on " + str(rank) if rank >= 1 else None),
@@ -45,6 +47,8 @@ def test_only_rank_0_receives_objects_and_the_rest_get_fixed_size_answers(tmp_pa
     results = [json.loads((tmp_path / f"out{r}").read_text()) for r in range(WORLD)]
     assert results[0]["gathered"] == [{"rank": r, "payload": "x" * (r + 1)} for r in range(WORLD)]
     assert all(results[r]["gathered"] is None for r in range(1, WORLD))
+    # rank 1 keeps every rank's too (it writes the record if rank 0 dies); rank 2 keeps none
+    assert results[0]["kept"] == results[1]["kept"] == list(range(WORLD)) and results[2]["kept"] is None
     for result in results:
         assert result["sums"] == [0 + 1 + 2, 10 * WORLD]
         assert result["none"] is None
