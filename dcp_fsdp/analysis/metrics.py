@@ -24,7 +24,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from dcp_fsdp.telemetry.figures import (CEILING_OPS, MIB, NOISE_HINT, NOISY_SPREAD,
+from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, CEILING_OPS, MIB, NOISE_HINT,
+                                      NOISY_SPREAD, above_ceiling_note,
                                       add_operation_figures, amplification_note,
                                       efficiency, efficiency_per_operation, egress_mib,
                                       noise_note, pooled, read_amplification)
@@ -198,7 +199,7 @@ def run_figures(samples: Iterable[dict[str, Any]]
     """The end-of-run table: one row per op and iteration, then a pooled "(all)" row per op
     with two or more iterations (the same figures as `report`: telemetry/figures.py); and the
     lines to print under it. Columns empty in every row are left out: efficiency without a
-    save or load that has raw rows of its own iteration (its ceiling), requests without
+    save or load whose run has raw rows of its op (its ceiling), requests without
     request statistics, egress without a load, note when no row has one (read
     amplification, spread)."""
     frame = samples_frame(samples)
@@ -217,6 +218,8 @@ def run_figures(samples: Iterable[dict[str, Any]]
     # without request statistics, a note nobody needed): left out
     shown = [i for i in range(len(_RUN_HEADERS)) if any(row[i] != "" for row in rows)]
     notes = []
+    if (ops["efficiency"] > 1).any():
+        notes.append(ABOVE_CEILING_LINE)
     if noisy:
         notes.append(f"NOISY: the iterations' aggregate MiB/s differ by more than "
                      f"{100 * NOISY_SPREAD:.0f} % of their median (spread); {NOISE_HINT}.")
@@ -247,7 +250,8 @@ def _operation_row(ops: pd.DataFrame, index, row: pd.Series) -> list[Any]:
         (row["rank_mib_s_min"], row["rank_mib_s_median"], row["rank_mib_s_max"]),
         _request_cells(row["req_count"], row["span_s"], row["req_failed"],
                        row["req_throttled"], row["latency_by_type"]),
-        amplification_note(read_amplification(ops.loc[[index]])))
+        ", ".join(n for n in (amplification_note(read_amplification(ops.loc[[index]])),
+                              above_ceiling_note(row["efficiency"])) if n))
 
 
 def _pooled_row(frame: pd.DataFrame, ops: pd.DataFrame, op: str,
@@ -258,10 +262,12 @@ def _pooled_row(frame: pd.DataFrame, ops: pd.DataFrame, op: str,
     noisy = bool(noise_note(figures["spread"]))
     spread = ("" if pd.isna(figures["spread"]) else
               f"spread {100 * figures['spread']:.0f} %" + (" NOISY" if noisy else ""))
-    note = ", ".join(n for n in (amplification_note(read_amplification(group)), spread) if n)
+    pooled_efficiency = efficiency(group, ops)
+    note = ", ".join(n for n in (amplification_note(read_amplification(group)), spread,
+                                 above_ceiling_note(pooled_efficiency)) if n)
     durations, rates = op_samples["duration_s"], op_samples["rank_mib_s"]
     return _row_cells(
-        f"{op} (all)", f"{len(group)}", "", figures, egress_mib(group), efficiency(group, ops),
+        f"{op} (all)", f"{len(group)}", "", figures, egress_mib(group), pooled_efficiency,
         (durations.min(), durations.median(), durations.max()),
         (rates.min(), rates.median(), rates.max()),
         _request_cells(_complete_sum(group["req_count"]), figures["span_s"],

@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from dcp_fsdp.telemetry.figures import (amplification_note, efficiency, egress_mib,
-                                      noise_note, pooled, read_amplification,
+from dcp_fsdp.telemetry.figures import (above_ceiling_note, amplification_note, efficiency,
+                                      egress_mib, noise_note, pooled, read_amplification,
                                       union_s)
 from dcp_fsdp.analysis.metrics import GIB, MIB
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_merge, hist_quantile
@@ -84,8 +84,8 @@ def order_figures(group_ops: pd.DataFrame) -> dict[str, float]:
 def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
                    group_samples: pd.DataFrame, untimed: pd.Series, failed_runs: float,
                    all_ops: pd.DataFrame) -> dict[str, Any]:
-    """`all_ops`: every operation of the report (a save's efficiency pairs it with the
-    raw_put of its own run and iteration, in another group)."""
+    """`all_ops`: every operation of the report (a save's efficiency divides by its run's
+    best raw_put, in another group)."""
     nodes = labels["nodes"]
     figures = pooled(group_ops)  # the one definition (telemetry/figures.py)
     span_total = figures["span_s"]
@@ -98,6 +98,7 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
     ttfb = hist_merge(r.get("ttfb_hist") for r in group_samples["requests"]
                       if isinstance(r, dict))
     amplification = read_amplification(group_ops)
+    group_efficiency = efficiency(group_ops, all_ops)
     return {
         **labels,
         "runs": group_ops["run_id"].nunique(),
@@ -110,7 +111,7 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
         "aggregate_mib_s": aggregate,
         "slowest_rank_mib_s": figures["slowest_rank_mib_s"],
         "spread": figures["spread"],
-        "efficiency": efficiency(group_ops, all_ops),
+        "efficiency": group_efficiency,
         "mib_s_per_node": aggregate / nodes if nodes else math.nan,
         # what training pays per save: seconds it may not update weights, and the share of
         # the training interval lost (async with steps between saves)
@@ -123,7 +124,8 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
         "egress_mib_per_op": egress_mib(group_ops) / len(group_ops) if len(group_ops)
         else math.nan,
         "note": ", ".join(n for n in (amplification_note(amplification),
-                                      noise_note(figures["spread"])) if n),
+                                      noise_note(figures["spread"]),
+                                      above_ceiling_note(group_efficiency)) if n),
         "rank_s_min": group_samples["duration_s"].min(),
         "rank_s_median": group_samples["duration_s"].median(),
         "rank_s_max": group_samples["duration_s"].max(),

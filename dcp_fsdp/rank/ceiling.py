@@ -51,6 +51,7 @@ from dcp_fsdp.config.schema import MIB
 from dcp_fsdp.errors import BenchmarkFailure
 from dcp_fsdp.rank.sample_build import timed_region
 from dcp_fsdp.rank.distributed import first_problem, rank0_decides, rank0_scatters, sum_over_ranks
+from dcp_fsdp.rank.replicas import replica_share
 from dcp_fsdp.process.watchdog import Watchdog
 from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.base import CheckpointStore
@@ -91,6 +92,21 @@ def objects_by_rank(sizes: dict[str, int], world_size: int) -> list[list[RawObje
         if found and int(found.group(1)) < world_size:
             per_rank[int(found.group(1))].append(RawObject(name, size))
     return per_rank
+
+
+def read_by_rank(written: list[list[RawObject]], replicas: int,
+                 read_once: bool) -> list[list[RawObject]]:
+    """What each rank's raw GET reads: what its DCP load reads. With R replica groups
+    (model.replicas) the save wrote each shard once, spread over the ranks that hold it
+    (the same shard index in every replica); a plain load then reads every shard once per
+    replica (R x the bytes), a read-once load only on replica 0 (rank/replicas.py)."""
+    if replicas <= 1:
+        return written
+    shards = len(written) // replicas
+    per_shard = [[obj for replica in range(replicas) for obj in written[replica * shards + shard]]
+                 for shard in range(shards)]
+    return [per_shard[rank % shards] if not read_once or rank < shards else []
+            for rank in range(len(written))]
 
 
 _FRAMING_BYTES: dict[tuple[torch.dtype, int], int] = {}
@@ -197,50 +213,69 @@ class Ceiling:
         self.mover = Mover(loop.store, token, self.cfg.storage.part_size_mib * MIB)
         self.token = token
 
-    def objects(self) -> tuple[list[RawObject], str]:
-        """This rank's objects and the suffix they mirror ("ceiling" when none)."""
+    def objects(self) -> tuple[list[RawObject], list[RawObject], str]:
+        """This rank's objects to PUT (what its save wrote) and to GET (what its load reads),
+        and the suffix they mirror ("ceiling" when none)."""
         loop = self.loop
+        replicas, read_once = loop.replicas, loop.read_once
         if loop.suffixes:
             suffix = loop.suffixes[-1]
 
-            def share_out() -> list[list[RawObject]]:  # the run's one read of it, screened
-                facts = loop.metadata_facts(suffix)
+            def share_out() -> list[tuple[list[RawObject], list[RawObject]]]:
+                facts = loop.metadata_facts(suffix)  # the run's one read of it, screened
                 layout.check_mirrorable(facts, loop.ctx.world_size, suffix)
-                return objects_by_rank(facts.object_sizes, loop.ctx.world_size)
-            return rank0_scatters(loop.ctx, share_out), suffix
-        return planned_objects(loop.state_dict, self.rank, self.cfg.storage.thread_count,
-                               loop.store.data_object_prefix(self.rank)), "ceiling"
+                written = objects_by_rank(facts.object_sizes, loop.ctx.world_size)
+                return list(zip(written, read_by_rank(written, replicas, read_once)))
+            put, get = rank0_scatters(loop.ctx, share_out)
+            return put, get, suffix
+        # planned (no checkpoint): the ranks of one shard index plan the same objects; a
+        # deduplicated save writes them once (replica 0 here), the load reads as above
+        shard = self.rank % (loop.ctx.world_size // replicas)
+        planned = planned_objects(loop.state_dict, shard, self.cfg.storage.thread_count,
+                                  loop.store.data_object_prefix(shard))
+        reads = not read_once or self.rank == shard
+        return (planned if self.rank == shard else []), (planned if reads else []), "ceiling"
 
     def run(self) -> list["Sample"]:
-        objects, suffix = self.objects()
-        total = sum(o.size_bytes for o in objects)
-        object_count, byte_count = sum_over_ranks(len(objects), total)
+        put_objects, get_objects, suffix = self.objects()
+        put_bytes, get_bytes = (sum(o.size_bytes for o in objects)
+                                for objects in (put_objects, get_objects))
+        object_count, byte_count, read_count = sum_over_ranks(
+            len(put_objects), put_bytes, get_bytes)
+        loop = self.loop
         self.loop.log(f"ceiling: {object_count} objects, "
                       f"{byte_count / MIB:.1f} MiB in all, mirroring "
                       f"{'suffix=' + suffix if suffix != 'ceiling' else 'the planned save'}; "
                       f"raw PUT with {self.cfg.storage.thread_count} stream(s) per rank, then GET "
-                      "with one (as DCP's reader)")
+                      "with one (as DCP's reader)"
+                      + (f", {read_count / MIB:.1f} MiB read as the load reads them "
+                         f"(model.replicas={loop.replicas})" if read_count != byte_count else ""))
+        # the bytes a load counts are the checkpoint's once, whoever reads (rank/replicas.py)
+        counted_get_bytes = (replica_share(get_bytes, loop.replicas, loop.replica)
+                             if loop.replicas > 1 and not loop.read_once else get_bytes)
         samples = []
         threads = max(1, self.cfg.storage.thread_count)
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ceiling") as pool:
             for iteration in range(1, self.cfg.iterations + 1):
-                self.mover.prepare(iteration, objects)
+                self.mover.prepare(iteration, put_objects)
                 # each raw row carries the suffix of its own iteration's DCP operation (the
                 # one it is paired with for efficiency), not the suffix whose sizes it mirrors
                 own = self.loop.suffixes[iteration - 1] \
                     if len(self.loop.suffixes) >= iteration else suffix
                 try:
-                    samples.append(self._timed("raw_put", iteration, own, objects, total,
-                                               pool, self.mover.put))
+                    samples.append(self._timed("raw_put", iteration, own, put_objects,
+                                               (put_bytes, put_bytes), pool, self.mover.put))
                     # one stream, the objects in turn: how DCP's reader reads a rank's
                     # files (FileSystemReader.read_data, the connector's reader with it)
-                    samples.append(self._timed("raw_get", iteration, own, objects, total,
-                                               None, self.mover.get))
-                finally:
-                    self._remove(iteration, objects)
+                    samples.append(self._timed("raw_get", iteration, own, get_objects,
+                                               (counted_get_bytes, get_bytes), None,
+                                               self.mover.get))
+                finally:  # after the GET's collective: no rank still reads these
+                    self._remove(iteration, put_objects)
         return samples
 
-    def _timed(self, op, iteration, suffix, objects, total, pool, move) -> "Sample":
+    def _timed(self, op, iteration, suffix, objects, nbytes, pool, move) -> "Sample":
+        """`nbytes`: (the bytes the sample counts, the bytes it moves)."""
         from dcp_fsdp.telemetry.records import Sample
 
         client = self.mover.new_client()
@@ -263,13 +298,15 @@ class Ceiling:
             raise BenchmarkFailure(f"ceiling {op} iteration {iteration} failed on rank {rank}: {text}")
         request_log = self.loop.request_log
         duration = end_mono - begin_mono
+        counted, moved = nbytes
         return Sample(
             op=op, iteration=iteration, suffix=suffix, rank=self.rank, host=self.loop.host,
             begin_wall_s=begin_wall, end_wall_s=end_wall, begin_mono_s=begin_mono,
-            end_mono_s=end_mono, duration_s=duration, bytes=total,
+            end_mono_s=end_mono, duration_s=duration, bytes=counted,
+            fetched_bytes=moved if op == "raw_get" else None,
             barrier_wait_s=begin_mono - barrier_start, io_s=duration, cache_policy=cache_policy,
             requests=(None if request_log is None else request_log.window(
-                begin_wall, end_wall, total if op == "raw_put" else None, moved_bytes=total)))
+                begin_wall, end_wall, moved if op == "raw_put" else None, moved_bytes=moved)))
 
     def _remove(self, iteration: int, objects: list[RawObject]) -> None:
         """Untimed: each rank removes its own objects (no collective: also after a failure)."""

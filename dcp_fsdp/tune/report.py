@@ -9,11 +9,13 @@ prints from that data alone.
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Any
 
-from dcp_fsdp.tune.search import MIN_FINAL_SCORES, SearchResult, applies, settings_key
+from dcp_fsdp.tune.search import (CEILING_ROUNDS, MIN_FINAL_SCORES, SearchResult, Trial, applies,
+                                  settings_key)
 
 RULE = (f"a setting is recommended only when each of its final scores (measured in rounds "
         f"beside the defaults) is above every final score of the defaults, with at least "
@@ -28,8 +30,24 @@ def _changed(settings: dict[str, Any], defaults: dict[str, Any]) -> dict[str, An
     return {k: v for k, v in settings.items() if str(v) != str(defaults.get(k))}
 
 
+def ceiling_summary(trial: Trial | None) -> dict[str, Any]:
+    """The recommendation's efficiency trial (rank/tune_trials.py): its DCP figures, its
+    ceiling (the best of its raw rounds) and their ratio, per op; {} when it did not run."""
+    if trial is None or trial.score is None:
+        return {}
+    figures = trial.figures
+    found: dict[str, Any] = {"settings": trial.settings, "record": figures.get("record")}
+    for op, raw in (("save", "raw_put"), ("load", "raw_get")):
+        found.update({f"{op}_mib_s": figures.get(f"{op}_mib_s"),
+                      f"{raw}_mib_s": figures.get(f"{raw}_best_mib_s"),
+                      f"{raw}_spread": figures.get(f"{raw}_spread"),
+                      f"{op}_efficiency": figures.get(f"{op}_efficiency")})
+    return found
+
+
 def result_summary(result: SearchResult, wall_s: float, session_dir: Path,
-                   requires: dict[str, Any] | None = None) -> dict[str, Any]:
+                   requires: dict[str, Any] | None = None,
+                   ceiling_trial: Trial | None = None) -> dict[str, Any]:
     finalist_keys = {settings_key(s) for s in result.finalists}
     ranking = []
     for ranked in result.ranking:
@@ -40,7 +58,6 @@ def result_summary(result: SearchResult, wall_s: float, session_dir: Path,
             "final_scores_mib_s": result.final_scores(ranked.settings),
             "save_mib_s": [t.figures.get("save_mib_s") for t in ok],
             "load_mib_s": [t.figures.get("load_mib_s") for t in ok]})
-    ceiling = next((t.figures for t in result.trials if t.role == "defaults"), {})
     return {
         "trials": [{"settings": t.settings, "role": t.role, "score_mib_s": t.score,
                     "wall_s": t.wall_s, **{k: v for k, v in t.figures.items()
@@ -53,7 +70,7 @@ def result_summary(result: SearchResult, wall_s: float, session_dir: Path,
         "overrides": {k: v for k, v in result.best.settings.items()
                       if applies(k, result.best.settings, requires or {})},
         "gain": result.gain, "noise": result.noise, "rule": RULE,
-        "ceiling": {k: ceiling[k] for k in ("raw_put_mib_s", "raw_get_mib_s") if k in ceiling},
+        "ceiling": ceiling_summary(ceiling_trial),
         "wall_s": wall_s, "session_dir": str(session_dir)}
 
 
@@ -94,6 +111,31 @@ def verdict_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def efficiency_lines(ceiling: dict[str, Any]) -> list[str]:
+    """What the recommendation's efficiency trial found, or why there is none."""
+    if not ceiling:
+        return ["efficiency against the ceiling: not measured (the budget had no time left "
+                "for the recommendation's trial with ceiling=true; raise tune.budget_s)"]
+    parts, above = [], []
+    for op, raw in (("save", "raw_put"), ("load", "raw_get")):
+        dcp, best, ratio = ceiling[f"{op}_mib_s"], ceiling[f"{raw}_mib_s"], ceiling[f"{op}_efficiency"]
+        if dcp is None or not best or ratio is None or math.isnan(ratio):
+            continue
+        spread = ceiling[f"{raw}_spread"]
+        noise = "" if spread is None or math.isnan(spread) else f", raw rounds spread {spread * 100:.0f} %"
+        parts.append(f"{op} {dcp:.1f} of {best:.1f} MiB/s ({ratio:.2f}{noise})")
+        if ratio > 1:
+            above.append(op)
+    lines = ["efficiency of the recommendation against the ceiling (its own trial: "
+             f"{CEILING_ROUNDS} save-and-load rounds, each followed by a raw PUT/GET of the same "
+             "objects with the same client settings; the ceiling is the best raw round): "
+             + ("; ".join(parts) or "no figures")]
+    if above:
+        lines.append(f"  above 1 ({', '.join(above)}): DCP beat every raw round, so they are no "
+                     "ceiling here (a stalled round, or too few); see the record")
+    return lines
+
+
 def print_result(summary: dict[str, Any]) -> None:
     from tabulate import tabulate
 
@@ -115,17 +157,7 @@ def print_result(summary: dict[str, Any]) -> None:
     print()
     for line in verdict_lines(summary):
         print(line)
-    best = next(r for r in summary["ranking"]
-                if override_line(r["settings"]) == override_line(summary["best"]))
-    parts = []
-    for op, raw in (("save", "raw_put"), ("load", "raw_get")):
-        raw_mib_s = summary["ceiling"].get(f"{raw}_mib_s")
-        measured = [v for v in best[f"{op}_mib_s"] if v is not None]
-        if raw_mib_s and measured:
-            dcp = statistics.median(measured)
-            parts.append(f"{op} {dcp:.1f} of {raw_mib_s:.1f} MiB/s ({dcp / raw_mib_s:.2f})")
-    if parts:
-        print("efficiency of the recommendation against the ceiling (raw PUT/GET of the same "
-              "objects with the defaults' client settings): " + "; ".join(parts))
+    for line in efficiency_lines(summary["ceiling"]):
+        print(line)
     print(f"records: {summary['session_dir']} (dcp-fsdp report {summary['session_dir']})")
     print(f"OVERRIDES={override_line(summary['overrides'])}", flush=True)

@@ -34,6 +34,12 @@ from typing import Any, Callable
 
 Settings = dict[str, Any]
 SEARCH_SHARE = 0.6  # of the budget and of tune.trials, for the search; the rest: the finals
+# The recommendation's efficiency trial after the finals (rank/tune_trials.py): this many
+# save-and-load iterations, each followed by its raw round (ceiling=true); the ceiling is
+# the best of those raw rounds. Its time is kept from the finals: about two trials' worth
+# per round (DCP's save and load, then the raw PUT and GET).
+CEILING_ROUNDS = 3
+CEILING_RESERVE_TRIALS = 2.0 * CEILING_ROUNDS
 MIN_FINAL_SCORES = 2  # final measurements of the defaults and of a winner, at the least
 
 
@@ -138,6 +144,9 @@ class Budget:
         self.started_s = started_s
         self.clock = clock
         self.walls: list[float] = []
+        # trials' worth of time kept for after the finals (tune's efficiency trial): the
+        # finals stop that much earlier
+        self.reserve_trials = 0.0
         # time already spent when the trials began (start-up): a share of the budget is a
         # share of what is left for trials, so a slow start-up cannot eat the search
         self.before_trials_s = 0.0
@@ -158,9 +167,13 @@ class Budget:
         if self.max_trials is not None and len(self.walls) + 1 > max(1, int(self.max_trials * share)):
             return f"tune.trials={self.max_trials} reached"
         limit_s = self.before_trials_s + (self.budget_s - self.before_trials_s) * share
-        if self.elapsed_s() + self.estimate_s() > limit_s:
+        if self.elapsed_s() + self.estimate_s() * (1 + self.reserve_trials) > limit_s:
             return f"tune.budget_s={self.budget_s:g} would be exceeded"
         return None
+
+    def reserve_fits(self) -> bool:
+        """Whether the reserved trials' worth of time still fits in the budget."""
+        return self.elapsed_s() + self.estimate_s() * self.reserve_trials <= self.budget_s
 
 
 class Search:

@@ -56,9 +56,9 @@ def runs(s3_server, tmp_path_factory):
     s3 = s3_server.endpoint
     uri = f"s3://{s3.bucket}/replicas"
     root = tmp_path_factory.mktemp("replicas")
-    every = _run(s3, uri, root / "every", "save-and-load", "model.replicas=2")
+    every = _run(s3, uri, root / "every", "save-and-load", "model.replicas=2", "ceiling=true")
     once = _run(s3, uri, root / "once", "save-and-load", "model.replicas=2",
-                "model.replica_load=read_once")
+                "model.replica_load=read_once", "ceiling=true")
     stored = {name: _stored_data_bytes(s3, uri, run["suffixes"][0])
               for name, (_, run, _) in (("every", every), ("once", once))}
     return {"every": every, "once": once, "stored": stored}
@@ -107,6 +107,22 @@ def test_every_replica_reads_the_checkpoint_twice_and_read_once_reads_it_once(ru
         assert f" {_egress(loads) / 2**20:.1f} " in line
         assert ("reads 2.0" in line) == note
     assert "as 2 replicas (loads: read_once)" in runs["once"][0].stdout
+
+
+def test_the_raw_ceiling_moves_what_the_replicated_save_and_load_move(runs):
+    """raw_put writes the checkpoint once (as the deduplicated save); raw_get reads it as the
+    load does: twice with every replica reading, once with read_once. Both count the
+    checkpoint's bytes once, as the DCP rows do, so efficiency compares like with like."""
+    stored = runs["stored"]["every"]
+    for name, reads in (("every", 2), ("once", 1)):
+        samples = runs[name][2]
+        puts, gets = _op(samples, "raw_put"), _op(samples, "raw_get")
+        assert sum(s["bytes"] for s in puts) == stored
+        assert sum(s["bytes"] for s in gets) == stored
+        assert _egress(gets) == reads * stored
+        # the load fetched a little more: the reader's ranges overlap (see the test above)
+        assert _egress(gets) == pytest.approx(_egress(_op(samples, "load")), rel=0.02)
+    assert [s["fetched_bytes"] for s in _op(runs["once"][2], "raw_get")][2:] == [0, 0]
 
 
 def test_every_load_is_verified_bit_for_bit(runs):

@@ -33,7 +33,8 @@ def test_tune_runs_every_trial_in_one_launch_and_its_override_line_runs(s3, s3_u
     assert tuned.returncode == 0, f"{tuned.stdout}\n{tuned.stderr}"
     # One launch: the model was built (and announced) once for all the trials.
     assert tuned.stdout.count(": save-and-load model=tiny_llama") == 1, tuned.stdout
-    assert tuned.stdout.count("tune: trial ") == TRIALS, tuned.stdout
+    # the search's trials, then the recommendation's efficiency trial
+    assert tuned.stdout.count("tune: trial ") == TRIALS + 1, tuned.stdout
     lines = [line for line in tuned.stdout.splitlines() if line.startswith("OVERRIDES=")]
     assert len(lines) == 1, tuned.stdout
     overrides = lines[0].removeprefix("OVERRIDES=").split()
@@ -46,14 +47,26 @@ def test_tune_runs_every_trial_in_one_launch_and_its_override_line_runs(s3, s3_u
     assert "recommended: " in tuned.stdout and "noise seen: " in tuned.stdout
     # Every trial is a normal run record in one session directory, with its role.
     session, runs = _records(results)
-    assert len(runs) == TRIALS
+    assert len(runs) == TRIALS + 1
     assert all(r["command"] == "save-and-load" and r["status"] == "ok" for r in runs)
     assert [r["tune"]["role"] for r in runs][:1] == ["defaults"]
-    assert sum(r["config"]["ceiling"] for r in runs) == 1  # the defaults' first trial
+    # The ceiling: the recommendation's own trial, last, with its settings and raw rounds
+    # beside its DCP rounds (not the defaults' client settings measured once at the start).
+    efficiency_run = runs[-1]
+    assert efficiency_run["tune"]["role"] == "ceiling"
+    assert [r["config"]["ceiling"] for r in runs] == [False] * TRIALS + [True]
+    summary = json.loads((session / "tune.json").read_text())
+    assert efficiency_run["tune"]["settings"] == summary["best"]
+    assert efficiency_run["config"]["iterations"] == 3
+    ceiling = summary["ceiling"]
+    assert ceiling["save_mib_s"] > 0 and ceiling["raw_put_mib_s"] > 0
+    assert ceiling["save_efficiency"] == pytest.approx(
+        ceiling["save_mib_s"] / ceiling["raw_put_mib_s"], rel=1e-6)
+    assert "efficiency of the recommendation against the ceiling (its own trial" in tuned.stdout
+    runs = runs[:TRIALS]
     trial_settings = {json.dumps(r["tune"]["settings"], sort_keys=True) for r in runs}
     assert len(trial_settings) >= 2  # the storage settings changed between trials...
     assert len({json.dumps(r["init"]) for r in runs}) == 1  # ... the ranks did not
-    summary = json.loads((session / "tune.json").read_text())
     assert len(summary["trials"]) == TRIALS
     # ... and the trials' checkpoints are gone.
     listing = run_cli(["list", *s3_args(s3, s3_uri)], env=s3_env(s3))

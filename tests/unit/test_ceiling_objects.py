@@ -87,3 +87,16 @@ def test_fs_mover_round_trip_and_cleanup(tmp_path):
         assert mover.get(client, 1, obj) == obj.size_bytes
     mover.remove(client, 1, objects)
     assert not (tmp_path / "ckpt.ceiling").exists()
+
+
+def test_the_raw_get_reads_what_a_replicated_load_reads():
+    """4 ranks as 2 replicas of 2 shards: the save spread shard 0 over ranks 0 and 2 (DCP's
+    dedup), shard 1 over ranks 1 and 3. A plain load reads every shard once per replica;
+    read_once only on replica 0; without replicas each rank reads what it wrote."""
+    obj = ceiling.RawObject
+    written = [[obj("__0_0.distcp", 4)], [obj("__1_0.distcp", 5)], [obj("__2_0.distcp", 6)], []]
+    shard0 = [obj("__0_0.distcp", 4), obj("__2_0.distcp", 6)]
+    shard1 = [obj("__1_0.distcp", 5)]
+    assert ceiling.read_by_rank(written, 2, read_once=False) == [shard0, shard1, shard0, shard1]
+    assert ceiling.read_by_rank(written, 2, read_once=True) == [shard0, shard1, [], []]
+    assert ceiling.read_by_rank(written, 1, read_once=False) == written
