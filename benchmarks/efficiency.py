@@ -6,8 +6,8 @@ the aggregate MiB/s of DCP and of the raw PUT/GET of the same objects, and the e
   python -m benchmarks.efficiency model=L660m model.dtype=bf16 nproc=2 iterations=2
 
 Figures as the report defines them (telemetry/figures.py): aggregate MiB/s pooled over the
-iterations (min-max of the iterations beside it); efficiency = DCP / the raw rows of the
-same iterations, a ratio.
+iterations (min-max of the iterations beside it); the ceiling = the best raw round;
+efficiency = DCP / the ceiling, a ratio (pooled over the iterations).
 """
 
 from __future__ import annotations
@@ -50,14 +50,15 @@ def main() -> int:
         def cell(figures):
             values = figures["per_iteration_mib_s"]
             return f"{figures['aggregate_mib_s']:.1f} ({min(values):.1f}-{max(values):.1f})"
-        rows.append([dcp_op, cell(dcp), cell(raw), f"{dcp['efficiency']:.2f}"])
+        rows.append([dcp_op, cell(dcp), cell(raw), f"{max(raw['per_iteration_mib_s']):.1f}",
+                     f"{dcp['efficiency']:.2f}"])
     model, storage = run.model, run.storage
     print(f"{model['preset']} {model['dtype']} {model['state']}, "
           f"{model['state_bytes'] / MIB:.1f} MiB, {run.world_size} ranks, storage "
           f"{storage['kind']}{' (embedded SeaweedFS)' if storage.get('embedded') else ''}, "
           f"{len(run.suffixes)} iteration(s); record {record}")
     print(tabulate(rows, headers=["op", "DCP MiB/s (min-max)", "raw MiB/s (min-max)",
-                                  "efficiency"],
+                                  "ceiling MiB/s", "efficiency"],
                    tablefmt="github"))
     return 0
 

@@ -5,9 +5,9 @@ is configured, writes the session's plan (the space, the budget, where records g
 launches the ranks ONCE, through the launcher's public entry (`launch_local`). The ranks
 build the model once and run every trial (rank/tune_trials.py): rank 0 runs the search
 (tune_search.py) and prints the verdict (tune_report.py). Each trial is a normal
-save-and-load iteration with its own record in `<results_dir>/tune-<stamp>/`; the
-defaults' first trial also measures the raw ceiling (ceiling=true), for the efficiency
-of the recommendation.
+save-and-load iteration with its own record in `<results_dir>/tune-<stamp>/`; after the
+finals one more trial of the recommended settings measures the raw ceiling beside DCP
+(ceiling=true, 3 iterations), for the efficiency of the recommendation.
 
 Tuned: storage.thread_count, part_size_mib, reader, prefix_strategy,
 throughput_target_gbps (s3); storage.thread_count only (fs). A tuned setting given on
