@@ -72,8 +72,11 @@ def test_requests_pass_through_signed_and_byte_exact(s3):
     """SigV4 (SeaweedFS checks it) survives the proxy; keep-alive and 100-continue work."""
     data = bytes(range(256)) * 20_000 + b"tail"  # ~5 MiB
     with FaultProxy(s3.endpoint_url, targets=None) as proxy:
+        proxy.record_timeline()
         client = boto(s3, proxy.url)
+        before_s = time.time()
         client.put_object(Bucket=s3.bucket, Key="fp/pass/one", Body=data)
+        after_s = time.time()
         client.upload_fileobj(io.BytesIO(data * 3), s3.bucket, "fp/pass/multi",
                               Config=boto3.s3.transfer.TransferConfig(
                                   multipart_threshold=5 * 2**20, multipart_chunksize=5 * 2**20,
@@ -88,6 +91,14 @@ def test_requests_pass_through_signed_and_byte_exact(s3):
         listed = client.list_objects_v2(Bucket=s3.bucket, Prefix="fp/pass/")
         assert {o["Key"] for o in listed["Contents"]} == {"fp/pass/one", "fp/pass/multi"}
         counts = proxy.counts
+    # the timeline (an outside clock for the tool's timer): every exchange, in order, each
+    # inside the client's own call
+    timeline = proxy.timeline
+    assert len(timeline) == sum(counts["requests"].values())
+    put = timeline[0]
+    assert (put.request_type, put.method) == ("PutObject", "PUT") and put.target.endswith("/fp/pass/one")
+    assert before_s <= put.head_s <= put.end_s <= after_s
+    assert all(e.end_s is not None and e.head_s <= e.end_s for e in timeline)
     assert counts["requests"]["UploadPart"] == 3
     assert counts["requests"]["CreateMultipartUpload"] == 1
     assert counts["requests"]["CompleteMultipartUpload"] == 1

@@ -103,6 +103,17 @@ class FaultEvent:
     target: str  # request target (path and query)
 
 
+@dataclasses.dataclass
+class Exchange:
+    """One request the proxy relayed, timed on the proxy's own wall clock."""
+
+    request_type: str
+    method: str
+    target: str
+    head_s: float  # time.time() when its head had been read
+    end_s: float | None = None  # just before the last piece of its response was sent
+
+
 class _Closed(Exception):
     """The peer closed the connection (or it was reset)."""
 
@@ -379,6 +390,10 @@ class FaultProxy:
             kind: collections.Counter() for kind in ("requests", "expect_continue", *FAULT_KINDS)}
         self.connections = 0  # client connections accepted (keep-alive reuses one)
         self.events: list[FaultEvent] = []
+        # With record_timeline(): every exchange as an Exchange (wall clock), an outside
+        # clock for the tool's timer (benchmarks/outside_clock.py).
+        self.timeline: list[Exchange] | None = None
+        self._local = threading.local()
         self._stopping = threading.Event()
         self._released = threading.Event()  # release_stalls(): held requests go on now
         self._listener: socket.socket | None = None
@@ -409,6 +424,11 @@ class FaultProxy:
                 counter.clear()
             self.events.clear()
             self.connections = 0
+
+    def record_timeline(self) -> "FaultProxy":
+        """From now on, keep every exchange with its proxy-side times in `timeline`."""
+        self.timeline = []
+        return self
 
     def release_stalls(self) -> None:
         """Forward every held request now, and hold no more (stall_s cut short)."""
@@ -509,7 +529,10 @@ class FaultProxy:
         upstream: list = [None, None]  # socket, reader
         try:
             while not self._stopping.is_set():
-                keep = self._one_exchange(client, reader, upstream)
+                try:
+                    keep = self._one_exchange(client, reader, upstream)
+                finally:
+                    self._close_exchange()
                 if not keep:
                     break
         except (_Closed, OSError, ValueError):
@@ -522,6 +545,25 @@ class FaultProxy:
             _close(client, reader)
             with self._lock:
                 self._threads.discard(threading.current_thread())
+
+    def _open_exchange(self, exchange: Exchange) -> None:
+        if self.timeline is not None:
+            self._local.exchange = exchange
+            with self._lock:
+                self.timeline.append(exchange)
+
+    def _stamp_end(self) -> None:
+        exchange = getattr(self._local, "exchange", None)
+        if exchange is not None:
+            exchange.end_s = time.time()
+
+    def _close_exchange(self) -> None:
+        """An exchange that ended without a response relayed (a fault) ends now."""
+        exchange = getattr(self._local, "exchange", None)
+        if exchange is not None:
+            if exchange.end_s is None:
+                exchange.end_s = time.time()
+            self._local.exchange = None
 
     def _upstream(self, upstream: list):
         if upstream[0] is None:
@@ -551,6 +593,7 @@ class FaultProxy:
         method, target, version = parts
         rtype = request_type(method, target, request.headers)
         self._count("requests", rtype)
+        self._open_exchange(Exchange(rtype, method, target, time.time()))
         framing = _body_framing(request)
         if framing[0] == "eof":  # a request without length has no body (RFC 9112 6.3)
             framing = ("none", 0)
@@ -669,11 +712,17 @@ class FaultProxy:
 
     def _relay_response(self, client, up_reader, response: _Message, head_only: bool,
                         limit: int | None) -> bool:
-        client.sendall(response.head)
+        def send(data: bytes) -> None:
+            # stamped before each piece goes out: after the last, the exchange's end is
+            # no later than the client's receipt of its last byte
+            self._stamp_end()
+            client.sendall(data)
+
+        send(response.head)
         status = _status(response)
         if head_only or status in (204, 304):
             return True
-        return _relay_body(up_reader, client.sendall, _body_framing(response), limit)
+        return _relay_body(up_reader, send, _body_framing(response), limit)
 
 
 def _status(response: _Message) -> int:
