@@ -71,12 +71,17 @@ def read_until(process: subprocess.Popen, needle: str, timeout_s: float = 240) -
         seen.append(line)
         if needle in line:
             return seen
+    stop(process)
+    raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)}")
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGKILL a start_cli process's whole session (its ranks too) and reap it."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass  # it had ended, with all of its session
     process.wait(timeout=30)
-    raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)}")
 
 
 def alive(pid: int) -> bool:
