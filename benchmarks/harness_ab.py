@@ -129,7 +129,8 @@ def main() -> int:
         print(f"harness_ab: error: --variants {','.join(unknown)}: not a variant; choose from "
               f"{','.join(TOGGLES)}", file=sys.stderr)
         return 2
-    from benchmarks.harness_cost import load_average, summarise
+    from benchmarks.harness_cost import summarise
+    from benchmarks.paired import load_average
     from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 
     variants = ["bare", *(chosen or (TOGGLES if args.toggles else ["tool"]))]

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import statistics
@@ -45,13 +44,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.paired import PairedRatio, load_average
+
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2**20
-# t quantiles (two-sided 95 %) by degrees of freedom; beyond 30, 1.96 is close enough
-_T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-        9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120,
-        17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042}
-
 TOGGLES = {  # variant -> (settings, DCP_FSDP_HARNESS_OFF)
     "no-hooks": ([], "hooks"),
     "no-watchdog": ([], "watchdog"),
@@ -60,25 +56,6 @@ TOGGLES = {  # variant -> (settings, DCP_FSDP_HARNESS_OFF)
     "no-reqlog": (["request_stats=false"], ""),
     "all-off": (["progress=false", "request_stats=false"], "hooks,watchdog,memory"),
 }
-
-
-def t95(df: int) -> float:
-    known = [d for d in _T95 if d <= df]
-    return _T95[max(known)] if df <= 30 else 1.96
-
-
-def ratio_ci(ratios: list[float]) -> tuple[float, float, float]:
-    """Geometric mean of paired ratios and its 95 % CI (t on the log-ratios)."""
-    logs = [math.log(r) for r in ratios]
-    mean = statistics.fmean(logs)
-    if len(logs) < 2:
-        return math.exp(mean), float("nan"), float("nan")
-    half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
-
-
-def load_average() -> float:
-    return os.getloadavg()[0]
 
 
 def _env(extra: dict[str, str], nproc: int) -> dict[str, str]:
@@ -126,14 +103,13 @@ def summarise(figures: dict[str, list[dict[str, float]]], variants: list[str]) -
         if variant == "bare":
             continue
         for op in ("save", "load"):
-            ratios = [v[f"{op}_s"] / b[f"{op}_s"]
-                      for v, b in zip(figures[variant], figures["bare"])]
-            mean, low, high = ratio_ci(ratios)
-            medians = (statistics.median(v[f"{op}_s"] for v in figures[variant]) /
-                       statistics.median(b[f"{op}_s"] for b in figures["bare"]))
-            lines.append(f"{variant:<13} {op:<5} {len(ratios):>3} {mean:>14.4f} "
-                         f"{f'[{low:.4f}, {high:.4f}]':>17} {medians:>15.4f} "
-                         f"{f'{min(ratios):.3f}..{max(ratios):.3f}':>13}")
+            seconds = [v[f"{op}_s"] for v in figures[variant]]
+            bare_s = [b[f"{op}_s"] for b in figures["bare"]]
+            paired = PairedRatio.of(seconds, bare_s)
+            medians = statistics.median(seconds) / statistics.median(bare_s)
+            lines.append(f"{variant:<13} {op:<5} {len(paired.ratios):>3} {paired.cells(14)} "
+                         f"{medians:>15.4f} "
+                         f"{f'{min(paired.ratios):.3f}..{max(paired.ratios):.3f}':>13}")
     return lines
 
 
