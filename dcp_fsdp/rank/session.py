@@ -332,7 +332,7 @@ class RankEnding(NamedTuple):
 def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) -> RankEnding:
     """How a run that raised ended; says it once."""
     cause = contract.EndCause
-    from dcp_fsdp.process.failures import collective_error, root_cause, storage_first
+    from dcp_fsdp.process.failures import collective_error, failure_line, says_the_line
 
     if guard.signal_name == contract.PEER_FAILED_SIGNAL_NAME or isinstance(error, PeerFailed):
         if guard.ended_peers:
@@ -351,10 +351,11 @@ def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) 
             log.error(str(error))
         return RankEnding("failed", str(error), contract.EXIT_USER_ERROR, cause.USER_ERROR)
     # anything else, DCP's CheckpointException (a BaseException) included
-    error_line = storage_first(session.store, root_cause(error))
+    says_it = says_the_line(error, session.is_coordinator, joined=session.ctx is not None)
+    error_line = failure_line(session.store, error, probe=says_it)
     if os.environ.get(contract.DEBUG_ENV):
         traceback.print_exception(error)
-    if session.ctx is None or not collective_error(error) or session.is_coordinator:
+    if says_it:
         prefix = (f"rank {session.rank}: "
                   if session.ctx is not None and not collective_error(error) else "")
         log.error(f"{prefix}{error_line}")
