@@ -145,7 +145,7 @@ class RankSession:
         run.world_size, run.node_count = ctx.world_size, ctx.node_count
         run.nproc_per_node, run.hostnames = ctx.local_world_size, list(ctx.hostnames)
         run.backend, run.device = ctx.backend, str(ctx.device)
-        run.gpus = gpus()
+        run.gpus = gpus(ctx.device)
         run.storage = {**store.describe(),
                        "embedded": os.environ.get(contract.EMBEDDED_ENV) == "1"}
         model = run.model
@@ -278,13 +278,15 @@ class RankSession:
         self.record_path = str(self.write_record(status, error_line, samples, init_rows))
 
 
-def gpus() -> dict | None:
-    """The GPU model and count of this node, when CUDA is available."""
+def gpus(device) -> dict | None:
+    """The GPU model of this rank's device and the node's count, when the rank runs on
+    CUDA; None on a CPU rank, also on a GPU host: get_device_name initialises CUDA in the
+    process, and a gloo rank must open no CUDA context."""
+    if device.type != "cuda":
+        return None
     import torch
 
-    if not torch.cuda.is_available():
-        return None
-    return {"model": torch.cuda.get_device_name(), "count": torch.cuda.device_count()}
+    return {"model": torch.cuda.get_device_name(device), "count": torch.cuda.device_count()}
 
 
 def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:

@@ -160,6 +160,7 @@ def test_gloo_ranks_on_a_gpu_host_open_no_cuda_context(s3, s3_uri, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     run, samples = read_run(tmp_path)
     assert run["status"] == "ok" and run["backend"] == "gloo" and run["device"] == "cpu"
+    assert run["gpus"] is None  # naming the host's GPUs would initialise CUDA in the rank
     assert all(s["cuda_max_allocated_bytes"] is None for s in samples)
     assert not seen, f"processes that opened a CUDA context during a gloo run: {sorted(seen)}"
 
