@@ -69,21 +69,26 @@ def _env(extra: dict[str, str], nproc: int) -> dict[str, str]:
 def run_bare(args, location: str, env, log) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bare.json"
+        # torch's agent logs and the ranks' inductor cache in tmp, as dcp-fsdp's launcher
+        # keeps them in its run directory (not torchelastic_* / torchinductor_* in /tmp)
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        f"--nproc-per-node={args.nproc}", "-m", "benchmarks.bare_dcp",
-                        args.model, args.dtype, location, str(out)],
-                       cwd=REPO, env=env, stdout=log, stderr=log, check=True)
+                        f"--nproc-per-node={args.nproc}", f"--log-dir={Path(tmp) / 'torchelastic'}",
+                        "-m", "benchmarks.bare_dcp", args.model, args.dtype, location, str(out)],
+                       cwd=REPO, env={"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "torchinductor"),
+                                      **env},
+                       stdout=log, stderr=log, check=True)
         result = json.loads(out.read_text())
     return {f"{op}_s": max(r[f"{op}_s"][0] for r in result["ranks"]) for op in ("save", "load")}
 
 
 def run_tool(args, storage_args: list[str], variant: str, env, log) -> dict[str, float]:
     settings, off = TOGGLES.get(variant, ([], ""))
-    # tool-torchrun: the same ranks started by a user's torchrun, without dcp-fsdp's parent
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                 f"--nproc-per-node={args.nproc}"] if variant == "tool-torchrun" else
-                [sys.executable])
     with tempfile.TemporaryDirectory() as results:
+        # tool-torchrun: the same ranks started by a user's torchrun, without dcp-fsdp's
+        # parent (its agent's logs in the temporary dir, not torchelastic_* in /tmp)
+        launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                     f"--nproc-per-node={args.nproc}", f"--log-dir={Path(results) / 'torchelastic'}"]
+                    if variant == "tool-torchrun" else [sys.executable])
         subprocess.run([*launcher, "-m", "dcp_fsdp", "save-and-load",
                         f"model={args.model}", f"model.dtype={args.dtype}", f"nproc={args.nproc}",
                         *storage_args, "iterations=1", f"results_dir={results}", *settings],
