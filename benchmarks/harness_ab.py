@@ -129,7 +129,8 @@ def main() -> int:
         print(f"harness_ab: error: --variants {','.join(unknown)}: not a variant; choose from "
               f"{','.join(TOGGLES)}", file=sys.stderr)
         return 2
-    from benchmarks.harness_cost import load_average, summarise
+    from benchmarks.harness_cost import summarise
+    from benchmarks.paired import load_average
     from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 
     variants = ["bare", *(chosen or (TOGGLES if args.toggles else ["tool"]))]
@@ -152,10 +153,15 @@ def main() -> int:
             out = Path(tmp) / "ab.json"
             env.update({"PYTHONPATH": str(REPO), "AB_OUT": str(out),
                         "AB_TOKEN": os.urandom(3).hex(), "AB_VARIANTS": ",".join(variants),
-                        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // args.nproc))})
+                        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // args.nproc)),
+                        # as dcp-fsdp's launcher: torch's per-rank inductor cache goes with tmp
+                        "TORCHINDUCTOR_CACHE_DIR": env.get("TORCHINDUCTOR_CACHE_DIR",
+                                                           str(Path(tmp) / "torchinductor"))})
             env.pop("DCP_FSDP_HARNESS_OFF", None)
+            # torch's agent keeps its logs and error files here (not torchelastic_* in /tmp)
             subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                            f"--nproc-per-node={args.nproc}", "-m", "benchmarks.harness_ab",
+                            f"--nproc-per-node={args.nproc}", f"--log-dir={Path(tmp) / 'torchelastic'}",
+                            "-m", "benchmarks.harness_ab",
                             "--rounds", str(args.rounds), f"model={args.model}",
                             f"model.dtype={args.dtype}", *storage,
                             f"request_stats={args.request_stats}"],

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import statistics
@@ -45,13 +44,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.paired import PairedRatio, load_average
+
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2**20
-# t quantiles (two-sided 95 %) by degrees of freedom; beyond 30, 1.96 is close enough
-_T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-        9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120,
-        17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 25: 2.060, 30: 2.042}
-
 TOGGLES = {  # variant -> (settings, DCP_FSDP_HARNESS_OFF)
     "no-hooks": ([], "hooks"),
     "no-watchdog": ([], "watchdog"),
@@ -60,25 +56,6 @@ TOGGLES = {  # variant -> (settings, DCP_FSDP_HARNESS_OFF)
     "no-reqlog": (["request_stats=false"], ""),
     "all-off": (["progress=false", "request_stats=false"], "hooks,watchdog,memory"),
 }
-
-
-def t95(df: int) -> float:
-    known = [d for d in _T95 if d <= df]
-    return _T95[max(known)] if df <= 30 else 1.96
-
-
-def ratio_ci(ratios: list[float]) -> tuple[float, float, float]:
-    """Geometric mean of paired ratios and its 95 % CI (t on the log-ratios)."""
-    logs = [math.log(r) for r in ratios]
-    mean = statistics.fmean(logs)
-    if len(logs) < 2:
-        return math.exp(mean), float("nan"), float("nan")
-    half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
-
-
-def load_average() -> float:
-    return os.getloadavg()[0]
 
 
 def _env(extra: dict[str, str], nproc: int) -> dict[str, str]:
@@ -92,21 +69,26 @@ def _env(extra: dict[str, str], nproc: int) -> dict[str, str]:
 def run_bare(args, location: str, env, log) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bare.json"
+        # torch's agent logs and the ranks' inductor cache in tmp, as dcp-fsdp's launcher
+        # keeps them in its run directory (not torchelastic_* / torchinductor_* in /tmp)
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        f"--nproc-per-node={args.nproc}", "-m", "benchmarks.bare_dcp",
-                        args.model, args.dtype, location, str(out)],
-                       cwd=REPO, env=env, stdout=log, stderr=log, check=True)
+                        f"--nproc-per-node={args.nproc}", f"--log-dir={Path(tmp) / 'torchelastic'}",
+                        "-m", "benchmarks.bare_dcp", args.model, args.dtype, location, str(out)],
+                       cwd=REPO, env={"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "torchinductor"),
+                                      **env},
+                       stdout=log, stderr=log, check=True)
         result = json.loads(out.read_text())
     return {f"{op}_s": max(r[f"{op}_s"][0] for r in result["ranks"]) for op in ("save", "load")}
 
 
 def run_tool(args, storage_args: list[str], variant: str, env, log) -> dict[str, float]:
     settings, off = TOGGLES.get(variant, ([], ""))
-    # tool-torchrun: the same ranks started by a user's torchrun, without dcp-fsdp's parent
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                 f"--nproc-per-node={args.nproc}"] if variant == "tool-torchrun" else
-                [sys.executable])
     with tempfile.TemporaryDirectory() as results:
+        # tool-torchrun: the same ranks started by a user's torchrun, without dcp-fsdp's
+        # parent (its agent's logs in the temporary dir, not torchelastic_* in /tmp)
+        launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                     f"--nproc-per-node={args.nproc}", f"--log-dir={Path(results) / 'torchelastic'}"]
+                    if variant == "tool-torchrun" else [sys.executable])
         subprocess.run([*launcher, "-m", "dcp_fsdp", "save-and-load",
                         f"model={args.model}", f"model.dtype={args.dtype}", f"nproc={args.nproc}",
                         *storage_args, "iterations=1", f"results_dir={results}", *settings],
@@ -126,14 +108,13 @@ def summarise(figures: dict[str, list[dict[str, float]]], variants: list[str]) -
         if variant == "bare":
             continue
         for op in ("save", "load"):
-            ratios = [v[f"{op}_s"] / b[f"{op}_s"]
-                      for v, b in zip(figures[variant], figures["bare"])]
-            mean, low, high = ratio_ci(ratios)
-            medians = (statistics.median(v[f"{op}_s"] for v in figures[variant]) /
-                       statistics.median(b[f"{op}_s"] for b in figures["bare"]))
-            lines.append(f"{variant:<13} {op:<5} {len(ratios):>3} {mean:>14.4f} "
-                         f"{f'[{low:.4f}, {high:.4f}]':>17} {medians:>15.4f} "
-                         f"{f'{min(ratios):.3f}..{max(ratios):.3f}':>13}")
+            seconds = [v[f"{op}_s"] for v in figures[variant]]
+            bare_s = [b[f"{op}_s"] for b in figures["bare"]]
+            paired = PairedRatio.of(seconds, bare_s)
+            medians = statistics.median(seconds) / statistics.median(bare_s)
+            lines.append(f"{variant:<13} {op:<5} {len(paired.ratios):>3} {paired.cells(14)} "
+                         f"{medians:>15.4f} "
+                         f"{f'{min(paired.ratios):.3f}..{max(paired.ratios):.3f}':>13}")
     return lines
 
 

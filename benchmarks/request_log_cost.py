@@ -118,27 +118,24 @@ def summarise(rounds: list[dict[str, dict[str, float]]]) -> list[str]:
     the `off` median rate, and the median extra time per logged request."""
     import statistics
 
-    from benchmarks.harness_cost import ratio_ci
+    from benchmarks.paired import PairedRatio
 
     lines = [f"{'workload':<10} {'n':>2} {'requests':>8} {'off req/s':>9} {'off MiB/s':>9} "
              f"{'wall on/off':>11} {'95 % CI':>17} {'CPU on/off':>10} {'95 % CI':>17} "
              f"{'+CPU/request':>12}"]
     for name in WORKLOADS:
         key = f"{name}_s"
-        ratios = [r["on"][key] / r["off"][key] for r in rounds]
-        mean, low, high = ratio_ci(ratios)
+        wall = PairedRatio.of([r["on"][key] for r in rounds], [r["off"][key] for r in rounds])
         requests = statistics.median(r["on"][f"{name} requests"] for r in rounds)
         off_s = statistics.median(r["off"][key] for r in rounds)
         mib_s = (f"{rounds[0]['off']['large_bytes'] / MIB / off_s:9.1f}"
                  if name.startswith("large") else f"{'':>9}")
         cpu = f"{name} cpu_s"
-        cpu_mean, cpu_low, cpu_high = ratio_ci([r["on"][cpu] / r["off"][cpu] for r in rounds])
+        cpu_ratio = PairedRatio.of([r["on"][cpu] for r in rounds], [r["off"][cpu] for r in rounds])
         extra_us = statistics.median((r["on"][cpu] - r["off"][cpu]) / max(1, requests) * 1e6
                                      for r in rounds)
-        lines.append(f"{name:<10} {len(ratios):>2} {requests:>8.0f} {requests / off_s:>9.0f} "
-                     f"{mib_s} {mean:>11.4f} {f'[{low:.4f}, {high:.4f}]':>17} "
-                     f"{cpu_mean:>10.4f} {f'[{cpu_low:.4f}, {cpu_high:.4f}]':>17} "
-                     f"{extra_us:>9.1f} us")
+        lines.append(f"{name:<10} {len(wall.ratios):>2} {requests:>8.0f} {requests / off_s:>9.0f} "
+                     f"{mib_s} {wall.cells(11)} {cpu_ratio.cells(10)} {extra_us:>9.1f} us")
     return lines
 
 
@@ -157,7 +154,7 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
-    from benchmarks.harness_cost import load_average
+    from benchmarks.paired import load_average
     from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 
     server = EmbeddedS3(bucket=args.bucket)

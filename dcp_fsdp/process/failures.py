@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.process.signals import Terminated
 
@@ -71,18 +73,56 @@ def caused_by_interrupt(error: BaseException) -> bool:
     return cause is not None and cause is not error and caused_by_interrupt(cause)
 
 
-def storage_first(store, error_line: str) -> str:
+# How long a failing rank waits for the storage's answer to its probe: well inside the time
+# a finishing rank keeps after the agent's SIGTERM (process/signals.py: twice
+# STUCK_AFTER_SIGNAL_S), so an endpoint that hangs cannot cost the rank its record.
+PROBE_DEADLINE_S = 5.0
+
+
+def says_the_line(error: BaseException, is_coordinator: bool, joined: bool = True) -> bool:
+    """Whether this rank prints a failure's line and probes the storage for it: for an error
+    every rank raises together (collective_error: DCP's CheckpointException) the
+    coordinator only, whose line is the one recorded; a rank's own error (or any error
+    before the ranks joined) that rank. So a failure is probed once, not once per rank (at
+    1,024 ranks against a dead endpoint: one probe, not 1,024)."""
+    return not joined or not collective_error(error) or is_coordinator
+
+
+def failure_line(store, error: BaseException, probe: bool) -> str:
+    """A failed operation's line (root_cause), led by the storage's answer to a probe when
+    `probe` (says_the_line)."""
+    line = root_cause(error)
+    return storage_first(store, line) if probe else line
+
+
+def storage_first(store, error_line: str, deadline_s: float | None = None) -> str:
     """A failed operation's line, led by what the storage says when probed once afterwards
     (untimed): a full file system or an endpoint that stopped answering is the first cause,
     which DCP's own error hides ("enforce fail at inline_container.cc ... unexpected pos")."""
     if store is None:
         return error_line
-    try:
-        store.probe()
-    except UserError as problem:
-        return f"{problem} (found by probing the storage after the failure: {error_line})"
-    except Exception as problem:  # the store's client raised something it does not explain
-        text = " ".join(str(problem).split())[:300]
-        return (f"the storage failed a probe after the failure: {type(problem).__name__}: {text} "
+    answers: list[BaseException | None] = []
+
+    def probe() -> None:
+        try:
+            store.probe()
+            answers.append(None)
+        except Exception as problem:
+            answers.append(problem)
+
+    prober = threading.Thread(target=probe, daemon=True, name="dcp-fsdp-failure-probe")
+    prober.start()
+    deadline_s = PROBE_DEADLINE_S if deadline_s is None else deadline_s
+    prober.join(deadline_s)
+    if not answers:
+        return (f"the storage did not answer a probe within {deadline_s:g} s after the failure "
                 f"({error_line})")
-    return error_line
+    problem = answers[0]
+    if problem is None:
+        return error_line
+    if isinstance(problem, UserError):
+        return f"{problem} (found by probing the storage after the failure: {error_line})"
+    # the store's client raised something it does not explain
+    text = " ".join(str(problem).split())[:300]
+    return (f"the storage failed a probe after the failure: {type(problem).__name__}: {text} "
+            f"({error_line})")

@@ -145,7 +145,7 @@ class RankSession:
         run.world_size, run.node_count = ctx.world_size, ctx.node_count
         run.nproc_per_node, run.hostnames = ctx.local_world_size, list(ctx.hostnames)
         run.backend, run.device = ctx.backend, str(ctx.device)
-        run.gpus = gpus()
+        run.gpus = gpus(ctx.device)
         run.storage = {**store.describe(),
                        "embedded": os.environ.get(contract.EMBEDDED_ENV) == "1"}
         model = run.model
@@ -278,13 +278,15 @@ class RankSession:
         self.record_path = str(self.write_record(status, error_line, samples, init_rows))
 
 
-def gpus() -> dict | None:
-    """The GPU model and count of this node, when CUDA is available."""
+def gpus(device) -> dict | None:
+    """The GPU model of this rank's device and the node's count, when the rank runs on
+    CUDA; None on a CPU rank, also on a GPU host: get_device_name initialises CUDA in the
+    process, and a gloo rank must open no CUDA context."""
+    if device.type != "cuda":
+        return None
     import torch
 
-    if not torch.cuda.is_available():
-        return None
-    return {"model": torch.cuda.get_device_name(), "count": torch.cuda.device_count()}
+    return {"model": torch.cuda.get_device_name(device), "count": torch.cuda.device_count()}
 
 
 def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:
@@ -332,7 +334,7 @@ class RankEnding(NamedTuple):
 def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) -> RankEnding:
     """How a run that raised ended; says it once."""
     cause = contract.EndCause
-    from dcp_fsdp.process.failures import collective_error, root_cause, storage_first
+    from dcp_fsdp.process.failures import collective_error, failure_line, says_the_line
 
     if guard.signal_name == contract.PEER_FAILED_SIGNAL_NAME or isinstance(error, PeerFailed):
         if guard.ended_peers:
@@ -351,10 +353,11 @@ def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) 
             log.error(str(error))
         return RankEnding("failed", str(error), contract.EXIT_USER_ERROR, cause.USER_ERROR)
     # anything else, DCP's CheckpointException (a BaseException) included
-    error_line = storage_first(session.store, root_cause(error))
+    says_it = says_the_line(error, session.is_coordinator, joined=session.ctx is not None)
+    error_line = failure_line(session.store, error, probe=says_it)
     if os.environ.get(contract.DEBUG_ENV):
         traceback.print_exception(error)
-    if session.ctx is None or not collective_error(error) or session.is_coordinator:
+    if says_it:
         prefix = (f"rank {session.rank}: "
                   if session.ctx is not None and not collective_error(error) else "")
         log.error(f"{prefix}{error_line}")

@@ -21,13 +21,14 @@ from dcp_fsdp.storage.timeline import HookTimeline, TimedFileSystem
 
 
 class _TimedPlanning:
-    """What the timed writer and reader share: the timeline, the wrapped file system and
-    the two planning hooks."""
+    """What the timed writer and reader share: the `timeline=` argument and the set-up
+    (the timeline, the wrapped file system) and the two planning hooks."""
 
     timeline: HookTimeline
     fs: Any
 
-    def _start_timing(self, timeline: HookTimeline) -> None:
+    def __init__(self, *args: Any, timeline: HookTimeline, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # the DCP class after the mixin builds self.fs
         self.timeline = timeline
         self.fs = TimedFileSystem(self.fs, timeline)
 
@@ -75,14 +76,6 @@ class TimedReader(_TimedPlanning):
         with self.timeline.span("read_metadata"):
             return parent(*args, **kwargs)
 
-    def prepare_local_plan(self, plan):
-        with self.timeline.span("prepare_local_plan"):
-            return super().prepare_local_plan(plan)
-
-    def prepare_global_plan(self, plans):
-        with self.timeline.span("prepare_global_plan"):
-            return super().prepare_global_plan(plans)
-
     def read_data(self, plan, planner):
         started = self.timeline.io_started()
         try:
@@ -95,12 +88,8 @@ class TimedReader(_TimedPlanning):
 
 
 class TimedFileSystemWriter(TimedWriter, FileSystemWriter):
-    def __init__(self, *args, timeline: HookTimeline, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._start_timing(timeline)
+    pass  # the timeline= argument and set-up: _TimedPlanning.__init__
 
 
 class TimedFileSystemReader(TimedReader, FileSystemReader):
-    def __init__(self, *args, timeline: HookTimeline, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._start_timing(timeline)
+    pass

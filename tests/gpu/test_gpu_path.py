@@ -15,14 +15,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
 from tests.gpu.test_gpu import check_run, cuda_count, ranks
-from tests.kit.cli import REPO, clean_env, read_run, run_cli, s3_args, s3_env
+from tests.kit.cli import read_run, read_until, run_cli, s3_args, s3_env, start_cli
 
 COLLECTIVE_TIMEOUT_S = 30  # the killed-rank test's collective_timeout_s
 END_SLACK_S = 90  # what the survivor may take beyond it (the watchdog's poll, the abort, exit)
@@ -93,19 +92,6 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _read_until(process: subprocess.Popen, needle: str, timeout_s: float = 300) -> list[str]:
-    seen: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if needle in line:
-            return seen
-    raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)}")
-
-
 def test_a_killed_rank_under_nccl_ends_its_peer_in_bounded_time(s3, s3_uri, tmp_path):
     """Two ranks started as a scheduler without torchrun would (srun: no agent to kill the
     survivor): SIGKILL rank 1 after the first save. Rank 0 then waits in an NCCL collective,
@@ -114,21 +100,17 @@ def test_a_killed_rank_under_nccl_ends_its_peer_in_bounded_time(s3, s3_uri, tmp_
     time (not torch's 600 s default)."""
     need_two_gpus()
     port = _free_port()
-    args = [sys.executable, "-m", "dcp_fsdp", "save-and-load", *s3_args(s3, s3_uri),
-            "backend=nccl", "model=tiny_llama", "iterations=200", "integrity=false",
-            f"collective_timeout_s={COLLECTIVE_TIMEOUT_S}", f"results_dir={tmp_path}"]
-    processes = []
-    for rank in (0, 1):
-        env = clean_env({**s3_env(s3), "RANK": str(rank), "LOCAL_RANK": str(rank),
-                         "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-        env.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)  # ours must set it
-        processes.append(subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True,
-                                          start_new_session=True))
+    args = ["save-and-load", *s3_args(s3, s3_uri), "backend=nccl", "model=tiny_llama",
+            "iterations=200", "integrity=false", f"collective_timeout_s={COLLECTIVE_TIMEOUT_S}",
+            f"results_dir={tmp_path}"]
+    processes = [start_cli(args, {**s3_env(s3), "RANK": str(rank), "LOCAL_RANK": str(rank),
+                                  "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                           unset=("TORCH_NCCL_ASYNC_ERROR_HANDLING",))  # ours must set it
+                 for rank in (0, 1)]
     survivor, victim = processes
     try:
-        _read_until(survivor, "saved suffix=")
+        read_until(survivor, "saved suffix=", timeout_s=300)
         victim.kill()
         victim.wait(timeout=30)
         killed_at = time.monotonic()
@@ -178,6 +160,7 @@ def test_gloo_ranks_on_a_gpu_host_open_no_cuda_context(s3, s3_uri, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     run, samples = read_run(tmp_path)
     assert run["status"] == "ok" and run["backend"] == "gloo" and run["device"] == "cpu"
+    assert run["gpus"] is None  # naming the host's GPUs would initialise CUDA in the rank
     assert all(s["cuda_max_allocated_bytes"] is None for s in samples)
     assert not seen, f"processes that opened a CUDA context during a gloo run: {sorted(seen)}"
 

@@ -14,13 +14,12 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from pathlib import Path
 
 import boto3
 import pytest
 
-from tests.kit.cli import (REPO, assert_under_elastic_agent, clean_env, rank_pids, read_run,
-                           run_cli, s3_args, s3_env, wait_for_committed_object)
+from tests.kit.cli import (REPO, alive, assert_under_elastic_agent, clean_env, rank_pids,
+                           read_run, run_cli, s3_args, s3_env, wait_for_committed_object)
 from tests.kit.fault_proxy import DATA_PLANE, FaultProxy
 
 TRAIN_STEP_S = 0.05
@@ -214,14 +213,6 @@ OBJECT_WRITES = ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMu
 def children(pid: int) -> list[int]:
     found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
     return [int(p) for p in found.stdout.split()]
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.parametrize("checkpointer, held_object", [

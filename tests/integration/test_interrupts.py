@@ -6,43 +6,22 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.kit.cli import REPO, clean_env, read_run, s3_args, s3_env
+from tests.kit.cli import read_run, read_until, s3_args, s3_env, start_cli
 
 INTERRUPT_DEADLINE_S = 20  # ranks record and exit well within this on 2 busy cores
-
-
-def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "dcp_fsdp", *args], env=clean_env(env),
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-
-
-def _wait_for_line(process: subprocess.Popen, needle: str, timeout_s: float = 120) -> list[str]:
-    seen: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if needle in line:
-            return seen
-    process.kill()
-    raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)}")
 
 
 @pytest.mark.parametrize("how", ["group-sigint", "launcher-sigint", "launcher-sigterm"])
 def test_an_interrupt_mid_run_is_recorded_as_interrupted(s3, s3_uri, tmp_path, how):
     """Ctrl-C in a terminal signals the whole group; `kill -INT/-TERM <launcher>` only the
     launcher. Either way: exit 130 in seconds, status interrupted, no further saves."""
-    process = _start(["save-and-load", "nproc=2", "iterations=200", *s3_args(s3, s3_uri),
-                      f"results_dir={tmp_path}", "integrity=false"], s3_env(s3))
-    _wait_for_line(process, "saved suffix=")  # iteration 1's save finished: mid-run now
+    process = start_cli(["save-and-load", "nproc=2", "iterations=200", *s3_args(s3, s3_uri),
+                         f"results_dir={tmp_path}", "integrity=false"], s3_env(s3))
+    read_until(process, "saved suffix=", timeout_s=120)  # iteration 1's save finished: mid-run now
     signalled_at = time.monotonic()
     if how == "group-sigint":
         os.killpg(process.pid, signal.SIGINT)
@@ -52,7 +31,7 @@ def test_an_interrupt_mid_run_is_recorded_as_interrupted(s3, s3_uri, tmp_path, h
         output, _ = process.communicate(timeout=INTERRUPT_DEADLINE_S)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        raise AssertionError(f"{how}: still running {INTERRUPT_DEADLINE_S} s after the signal")
+        raise AssertionError(f"{how}: still running {INTERRUPT_DEADLINE_S} s after the signal") from None
     stopped_s = time.monotonic() - signalled_at
     assert process.returncode == 130, output
     run, samples = read_run(tmp_path)

@@ -6,14 +6,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import boto3
 
-from tests.kit.cli import (REPO, assert_under_elastic_agent, clean_env, descendants, rank_pids,
-                           read_run, run_cli, s3_args, s3_env)
+from tests.kit.cli import (alive, assert_under_elastic_agent, descendants, rank_pids, read_run,
+                           read_until, run_cli, s3_args, s3_env, start_cli)
 from tests.kit.fault_proxy import FaultProxy
 
 STOP_DEADLINE_S = 30  # everything gone this long after a kill, on 2 busy cores
@@ -29,33 +28,6 @@ def open_uploads(s3, s3_uri) -> list[dict]:
     bucket, prefix = s3_uri[len("s3://"):].split("/", 1)
     found = s3_client(s3).list_multipart_uploads(Bucket=bucket, Prefix=prefix + "/")
     return found.get("Uploads", [])
-
-
-def start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "dcp_fsdp", *args], env=clean_env(env),
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-
-
-def read_until(process: subprocess.Popen, needle: str, timeout_s: float = 240) -> list[str]:
-    seen: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if needle in line:
-            return seen
-    os.killpg(process.pid, signal.SIGKILL)
-    raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)}")
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_gone(pids: list[int], timeout_s: float = STOP_DEADLINE_S) -> list[int]:
@@ -76,8 +48,8 @@ def test_kill_9_of_the_launcher_takes_agent_ranks_and_server_with_it(tmp_path):
     sockets in /tmp."""
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    process = start(["save-and-load", "nproc=2", "iterations=200", "integrity=false",
-                     f"results_dir={tmp_path / 'r'}"], {"TMPDIR": str(tmpdir)})
+    process = start_cli(["save-and-load", "nproc=2", "iterations=200", "integrity=false",
+                         f"results_dir={tmp_path / 'r'}"], {"TMPDIR": str(tmpdir)})
     read_until(process, "saved suffix=")
     ranks = rank_pids(process.pid)
     assert sorted(ranks) == [0, 1], ranks
@@ -106,8 +78,8 @@ def test_ctrl_c_during_an_s3_save_aborts_its_uploads_and_names_the_suffix(s3, s3
     exit 130, `interrupted`, the partial suffix named, no open upload left, no traceback."""
     with FaultProxy(s3.endpoint_url, stall_rate=1.0, stall_s=600, targets=OBJECT_WRITES,
                     key_pattern=r"__1_\d+\.distcp") as proxy:
-        process = start(["save", f"storage.uri={s3_uri}", f"storage.endpoint={proxy.url}",
-                         "nproc=2", f"results_dir={tmp_path}"], s3_env(s3))
+        process = start_cli(["save", f"storage.uri={s3_uri}", f"storage.endpoint={proxy.url}",
+                             "nproc=2", f"results_dir={tmp_path}"], s3_env(s3))
         deadline = time.monotonic() + 240
         while not proxy.events and time.monotonic() < deadline and process.poll() is None:
             time.sleep(0.1)
@@ -118,7 +90,7 @@ def test_ctrl_c_during_an_s3_save_aborts_its_uploads_and_names_the_suffix(s3, s3
             output, _ = process.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
-            raise AssertionError("still running 60 s after Ctrl-C")
+            raise AssertionError("still running 60 s after Ctrl-C") from None
     assert process.returncode == 130, output
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
     assert "dcp-fsdp: error: interrupted" in output, output
@@ -139,7 +111,7 @@ def test_list_shows_open_uploads_and_clean_uploads_aborts_them(s3, s3_uri, tmp_p
                        Body=b"x" * (5 * 2**20))
     listing = run_cli(["list", *s3_args(s3, s3_uri)], env=s3_env(s3))
     assert listing.returncode == 0, listing.stderr
-    line = next(l for l in listing.stdout.splitlines()[2:] if "2026-01-01-00-00-abcd" in l)
+    line = next(ln for ln in listing.stdout.splitlines()[2:] if "2026-01-01-00-00-abcd" in ln)
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[:3] == ["2026-01-01-00-00-abcd", "1", "1"], listing.stdout  # uploads, parts
     assert float(cells[3]) == 5.0, listing.stdout  # MiB
@@ -183,8 +155,8 @@ def test_clean_uploads_leaves_young_uploads_alone_and_shows_every_age(s3, s3_uri
 def test_ctrl_c_in_the_first_seconds_prints_no_traceback(tmp_path):
     """Ctrl-C while the ranks still import torch: one `interrupted` line, exit 130, an
     interrupted record, no KeyboardInterrupt traceback from any rank or the agent."""
-    process = start(["save", "storage=fs", f"storage.path={tmp_path / 'ckpt'}", "nproc=2",
-                     f"results_dir={tmp_path / 'r'}"], {})
+    process = start_cli(["save", "storage=fs", f"storage.path={tmp_path / 'ckpt'}", "nproc=2",
+                         f"results_dir={tmp_path / 'r'}"], {})
     deadline = time.monotonic() + 60
     while len(rank_pids(process.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -216,12 +188,9 @@ def test_a_failed_run_leaves_nothing_in_tmpdir(s3, s3_uri, tmp_path):
 def test_under_plain_torchrun_a_killed_rank_0_still_leaves_a_failed_record(s3, s3_uri, tmp_path):
     """A user's own torchrun: SIGKILL rank 0 mid-run. Rank 1, stopped by the agent, sees
     rank 0 gone and records the run as failed (not interrupted), naming rank 0."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node=2", "-m", "dcp_fsdp", "save-and-load", "iterations=200",
-               "integrity=false", *s3_args(s3, s3_uri), f"results_dir={tmp_path}"]
-    process = subprocess.Popen(command, env=clean_env(s3_env(s3)), cwd=REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+    process = start_cli(["save-and-load", "iterations=200", "integrity=false",
+                         *s3_args(s3, s3_uri), f"results_dir={tmp_path}"], s3_env(s3),
+                        torchrun_nproc=2)
     read_until(process, "saved suffix=")
     ranks = rank_pids(process.pid)
     assert sorted(ranks) == [0, 1], ranks
@@ -231,7 +200,7 @@ def test_under_plain_torchrun_a_killed_rank_0_still_leaves_a_failed_record(s3, s
         output, _ = process.communicate(timeout=90)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        raise AssertionError("torchrun still running 90 s after rank 0 was killed")
+        raise AssertionError("torchrun still running 90 s after rank 0 was killed") from None
     assert len(list(tmp_path.glob("*.jsonl"))) == 1, output
     run, samples = read_run(tmp_path)
     assert run["status"] == "failed", run

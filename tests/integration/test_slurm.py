@@ -387,38 +387,43 @@ def _cut_save_short(cluster: Cluster, name: str, fault) -> tuple[dict, str, dict
     return info, log, run
 
 
-def _kill(pids: list[int]) -> None:
-    assert pids, "nothing to kill"
-    for pid in pids:
-        os.kill(pid, 9)
+def _kill_on(host: str, *kinds: str):
+    """A fault for _cut_save_short: SIGKILL the job's processes of `kinds` on `host`
+    (_step_processes' "task", "agent", "ranks")."""
+    def kill(job: str) -> None:
+        found = _step_processes(job, host)
+        pids = [pid for kind in kinds for pid in found[kind]]
+        assert pids, f"no {'/'.join(kinds)} of job {job} on {host} to kill"
+        for pid in pids:
+            os.kill(pid, 9)
+    return kill
+
+
+def _killed_mid_save(cluster: Cluster, name: str, fault, error_start: str) -> str:
+    """_cut_save_short for a fault that kills processes: the job failed with exit 1, the run
+    is recorded as failed by a kill, its error starting with `error_start`; the job's log."""
+    info, log, run = _cut_save_short(cluster, name, fault)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", log
+    assert run["status"] == "failed" and run["end_cause"] == "killed", run
+    assert run["error"].startswith(error_start), run
+    return log
 
 
 def test_a_rank_killed_on_the_second_node_mid_save(cluster: Cluster):
-    info, log, run = _cut_save_short(
-        cluster, "kill-rank", lambda job: _kill(_step_processes(job, "node2")["ranks"]))
-    assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", log
-    assert run["status"] == "failed" and run["end_cause"] == "killed", run
-    assert run["error"].startswith("rank 1 was killed by SIGKILL"), run
+    log = _killed_mid_save(cluster, "kill-rank", _kill_on("node2", "ranks"),
+                           "rank 1 was killed by SIGKILL")
     assert "dcp-fsdp: error: rank 1 was killed by SIGKILL" in log
 
 
 def test_the_second_nodes_agent_killed_mid_save(cluster: Cluster):
-    info, log, run = _cut_save_short(
-        cluster, "kill-agent", lambda job: _kill(_step_processes(job, "node2")["agent"]))
-    assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", log
-    assert run["status"] == "failed" and run["end_cause"] == "killed", run
-    assert run["error"].startswith("node2: the node's torchrun agent was killed by SIGKILL"), run
+    _killed_mid_save(cluster, "kill-agent", _kill_on("node2", "agent"),
+                     "node2: the node's torchrun agent was killed by SIGKILL")
 
 
 def test_the_first_nodes_processes_killed_mid_save(cluster: Cluster):
     """node1 holds rank 0 and the rendezvous: its task, agent and ranks all killed."""
-    def kill_node1(job: str) -> None:
-        found = _step_processes(job, "node1")
-        _kill(found["task"] + found["agent"] + found["ranks"])
-    info, log, run = _cut_save_short(cluster, "kill-node1", kill_node1)
-    assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", log
-    assert run["status"] == "failed" and run["end_cause"] == "killed", run
-    assert run["error"].startswith("node1: the node's"), run
+    _killed_mid_save(cluster, "kill-node1", _kill_on("node1", "task", "agent", "ranks"),
+                     "node1: the node's")
 
 
 def test_scancel_mid_save(cluster: Cluster):

@@ -28,7 +28,7 @@ import pytest
 from dcp_fsdp.config.schema import StorageConfig
 from dcp_fsdp.launch.preflight import forget_aws_credentials
 from dcp_fsdp.storage import layout, make_store
-from tests.kit.cli import REPO, clean_env, read_run, run_cli, s3_args, s3_env
+from tests.kit.cli import REPO, clean_env, read_run, run_cli, s3_args, s3_env, start_cli, stop
 from tests.kit.fault_proxy import FaultProxy
 
 # Requests that write an object: none may come from the save that is refused.
@@ -115,6 +115,21 @@ def _save(endpoint_url: str, uri: str, results_dir, suffix: str) -> list[str]:
             "model=tiny_llama", "nproc=1", f"suffix={suffix}", f"results_dir={results_dir}"]
 
 
+def _start_held_save(proxy: FaultProxy, uri: str, results_dir, suffix: str,
+                     env: dict[str, str]) -> subprocess.Popen:
+    """A save through `proxy` (stdout and stderr merged), returned once the proxy holds one
+    of its requests; stopped, and the test failed, if it ends or takes 240 s first."""
+    process = start_cli(_save(proxy.url, uri, results_dir, suffix), env)
+    deadline = time.monotonic() + 240
+    while not proxy.injected()["stall"]:
+        if process.poll() is not None or time.monotonic() >= deadline:
+            stop(process)
+            raise AssertionError(f"the save never reached the held request:\n"
+                                 f"{process.stdout.read()}")
+        time.sleep(0.2)
+    return process
+
+
 def test_two_saves_to_one_suffix_one_writes_the_other_is_refused_before_writing(
         server, tmp_path):
     endpoint, uri = server
@@ -124,23 +139,14 @@ def test_two_saves_to_one_suffix_one_writes_the_other_is_refused_before_writing(
     with FaultProxy(endpoint.endpoint_url, stall_rate=1.0, stall_s=240,
                     targets=["UploadPart"]) as first_proxy, \
             FaultProxy(endpoint.endpoint_url) as second_proxy:
-        first = subprocess.Popen(
-            [sys.executable, "-m", "dcp_fsdp", *_save(first_proxy.url, uri, tmp_path / "first", "race")],
-            env=clean_env(env), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True)
+        first = _start_held_save(first_proxy, uri, tmp_path / "first", "race", env)
         try:
-            deadline = time.monotonic() + 240
-            while not first_proxy.injected()["stall"]:
-                assert first.poll() is None, first.communicate()[0]
-                assert time.monotonic() < deadline, "the first save never wrote"
-                time.sleep(0.2)
             second = run_cli(_save(second_proxy.url, uri, tmp_path / "second", "race"), env=env)
             first_proxy.release_stalls()
             first_output = first.communicate(timeout=240)[0]
         finally:
             if first.poll() is None:
-                first.kill()
-                first.wait()
+                stop(first)
         second_writes = {t: n for t, n in second_proxy.counts["requests"].items() if t in WRITES}
     assert first.returncode == 0, first_output
     assert second.returncode == 2, f"{second.returncode}\n{second.stdout}\n{second.stderr}"
@@ -194,39 +200,30 @@ def test_two_saves_past_the_check_at_once_the_conditional_write_decides(server, 
     claim_key = f"{prefix}/both/{layout.CLAIM_NAME}"
     with FaultProxy(endpoint.endpoint_url, stall_rate=1.0, stall_s=240, targets=["PutObject"],
                     key_pattern=rf"/both/{layout.CLAIM_NAME}$") as held:
-        first = subprocess.Popen(
-            [sys.executable, "-m", "dcp_fsdp", *_save(held.url, uri, tmp_path / "first", "both")],
-            env=clean_env(env), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True)
+        # the first save's claim is on its way
+        first = _start_held_save(held, uri, tmp_path / "first", "both", env)
+        second = None
         try:
+            second = start_cli(_save(endpoint.endpoint_url, uri, tmp_path / "second", "both"),
+                               env)
             deadline = time.monotonic() + 240
-            while not held.injected()["stall"]:  # the first save's claim is on its way
-                assert first.poll() is None, first.communicate()
-                assert time.monotonic() < deadline, "the first save never claimed"
-                time.sleep(0.2)
-            second = subprocess.Popen(
-                [sys.executable, "-m", "dcp_fsdp",
-                 *_save(endpoint.endpoint_url, uri, tmp_path / "second", "both")],
-                env=clean_env(env), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True)
             while "Contents" not in client.list_objects_v2(Bucket=bucket, Prefix=claim_key):
                 assert second.poll() is None, second.communicate()
                 assert time.monotonic() < deadline, "the second save never claimed"
                 time.sleep(0.1)
             held.release_stalls()
-            first_output = first.communicate(timeout=240)
-            second_output = second.communicate(timeout=240)
+            first_output = first.communicate(timeout=240)[0]
+            second_output = second.communicate(timeout=240)[0]
         finally:
-            for process in (first, locals().get("second")):
+            for process in (first, second):
                 if process is not None and process.poll() is None:
-                    process.kill()
-                    process.wait()
+                    stop(process)
         first_writes = {t: n for t, n in held.counts["requests"].items()
                         if t in WRITES and t != "PutObject"}
     assert second.returncode == 0, second_output
     assert first.returncode == 2, first_output
     second_run, _ = read_run(tmp_path / "second")
-    line = next(line for line in first_output[1].splitlines() if "error:" in line)
+    line = next(line for line in first_output.splitlines() if "error:" in line)
     assert "suffix=both: another save claimed it a moment ago" in line, first_output
     assert f"(run {second_run['run_id']} on host" in line and "this save wrote nothing" in line
     assert first_writes == {}, first_writes  # no data, no .metadata: only the refused claim

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from tests.integration.test_interrupts import INTERRUPT_DEADLINE_S, _start, _wait_for_line
-from tests.kit.cli import run_cli, s3_args, s3_env
+from tests.integration.test_interrupts import INTERRUPT_DEADLINE_S
+from tests.kit.cli import read_until, run_cli, s3_args, s3_env, start_cli
 
 TRIALS = 6
 
@@ -81,10 +81,10 @@ def test_tune_runs_every_trial_in_one_launch_and_its_override_line_runs(s3, s3_u
 def test_an_interrupt_stops_the_whole_tune_without_a_recommendation(s3, s3_uri, tmp_path, how):
     """Ctrl-C (the terminal's whole group) or SIGTERM to the launcher (scancel, kill)."""
     results = tmp_path / "results"
-    process = _start(["tune", *s3_args(s3, s3_uri), "nproc=2", "tune.budget_s=3000",
-                      f"results_dir={results}"], s3_env(s3))
+    process = start_cli(["tune", *s3_args(s3, s3_uri), "nproc=2", "tune.budget_s=3000",
+                         f"results_dir={results}"], s3_env(s3))
     # one trial recorded: mid-search now (start-up takes minutes on a loaded machine)
-    _wait_for_line(process, "tune: trial 1 ", timeout_s=300)
+    read_until(process, "tune: trial 1 ", timeout_s=300)
     signalled_at = time.monotonic()
     if how == "group-sigint":
         os.killpg(process.pid, signal.SIGINT)
@@ -94,7 +94,7 @@ def test_an_interrupt_stops_the_whole_tune_without_a_recommendation(s3, s3_uri, 
         output, _ = process.communicate(timeout=INTERRUPT_DEADLINE_S)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        raise AssertionError(f"{how}: still running {INTERRUPT_DEADLINE_S} s after the signal")
+        raise AssertionError(f"{how}: still running {INTERRUPT_DEADLINE_S} s after the signal") from None
     assert process.returncode == 130, output
     assert time.monotonic() - signalled_at < INTERRUPT_DEADLINE_S
     assert "OVERRIDES=" not in output and "recommended" not in output, output

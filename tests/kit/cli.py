@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,19 +26,70 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def cli_command(args: list[str], torchrun_nproc: int | None = None) -> list[str]:
+    """`dcp-fsdp ARGS` (or under `torchrun --nproc-per-node N -m dcp_fsdp ARGS`)."""
+    if torchrun_nproc:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={torchrun_nproc}", "-m", "dcp_fsdp", *args]
+    return [sys.executable, "-m", "dcp_fsdp", *args]
+
+
 def run_cli(args: list[str], env: dict[str, str] | None = None, timeout_s: float = 300,
             torchrun_nproc: int | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """`dcp-fsdp ARGS` (or under `torchrun --nproc-per-node N -m dcp_fsdp ARGS`)."""
-    if torchrun_nproc:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={torchrun_nproc}", "-m", "dcp_fsdp", *args]
-    else:
-        command = [sys.executable, "-m", "dcp_fsdp", *args]
     started = time.monotonic()
-    result = subprocess.run(command, env=clean_env(env), cwd=cwd, capture_output=True, text=True,
-                            timeout=timeout_s, stdin=subprocess.DEVNULL)
+    result = subprocess.run(cli_command(args, torchrun_nproc), env=clean_env(env), cwd=cwd,
+                            capture_output=True, text=True, timeout=timeout_s,
+                            stdin=subprocess.DEVNULL)
     result.elapsed_s = time.monotonic() - started
     return result
+
+
+def start_cli(args: list[str], env: dict[str, str] | None = None,
+              torchrun_nproc: int | None = None, unset: tuple[str, ...] = ()) -> subprocess.Popen:
+    """run_cli's command, started and left running: stdout and stderr merged into
+    `process.stdout`, in a session of its own (os.killpg(process.pid, ...) reaches every
+    process below it). `unset`: variables of this environment the process must not see."""
+    full_env = clean_env(env)
+    for name in unset:
+        full_env.pop(name, None)
+    return subprocess.Popen(cli_command(args, torchrun_nproc), env=full_env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def read_until(process: subprocess.Popen, needle: str, timeout_s: float = 240) -> list[str]:
+    """The lines of a start_cli process up to the first that holds `needle`; without one
+    (it ended, or `timeout_s` passed between lines), its session is killed and reaped and
+    the test fails with what it printed."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if needle in line:
+            return seen
+    stop(process)
+    raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)}")
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGKILL a start_cli process's whole session (its ranks too) and reap it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it had ended, with all of its session
+    process.wait(timeout=30)
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def read_run(results_dir: Path) -> tuple[dict, list[dict]]:

@@ -261,3 +261,29 @@ def test_nccl_gets_async_error_handling_and_the_collective_timeout(monkeypatch, 
         assert seen["env"] == "1" and ctx.device == torch.device("cuda", 1)
     else:
         assert seen["env"] is None and ctx.device == torch.device("cpu")
+
+
+# -- the record's GPUs: a gloo rank on a GPU host initialises no CUDA ------------------------
+
+def test_a_cpu_ranks_record_asks_cuda_nothing_on_a_gpu_host(monkeypatch):
+    """torch.cuda.get_device_name initialises CUDA in the process (a context on a GPU
+    host): a CPU rank's run.gpus stays empty without it; a CUDA rank names its own device."""
+    from dcp_fsdp.rank import session
+
+    asked: list = []
+
+    def lazy_init() -> None:
+        asked.append("_lazy_init")
+
+    def device_name(which=None) -> str:
+        asked.append(("get_device_name", which))
+        return "NVIDIA H100 80GB HBM3"
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU host
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "_lazy_init", lazy_init)
+    monkeypatch.setattr(torch.cuda, "get_device_name", device_name)
+    assert session.gpus(torch.device("cpu")) is None
+    assert asked == []
+    assert session.gpus(FAKE_CUDA) == {"model": "NVIDIA H100 80GB HBM3", "count": 4}
+    assert asked == [("get_device_name", FAKE_CUDA)]

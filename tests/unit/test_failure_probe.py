@@ -1,0 +1,74 @@
+"""A failed operation probes the storage once per failure, not once per rank: the ranks'
+outcome (rank/session.py's _outcome) with a store that counts its probes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+from torch.distributed.checkpoint.api import CheckpointException
+
+from dcp_fsdp.errors import UserError
+from dcp_fsdp.process import failures
+from dcp_fsdp.process.signals import InterruptGuard
+from dcp_fsdp.rank.session import _outcome
+
+FULL = "the file system is full (No space left on device)"
+
+
+class CountedStore:
+    """A store whose probe finds the file system full, and counts how often it was asked."""
+
+    def __init__(self) -> None:
+        self.probes = 0
+        self._lock = threading.Lock()
+
+    def probe(self) -> None:
+        with self._lock:
+            self.probes += 1
+        raise UserError(FULL)
+
+
+def _rank(store, rank: int) -> SimpleNamespace:
+    """What _outcome reads of a joined rank's session."""
+    return SimpleNamespace(store=store, ctx=object(), rank=rank, is_coordinator=rank == 0)
+
+
+def test_an_error_every_rank_raises_is_probed_once_by_the_coordinator():
+    store = CountedStore()
+    error = CheckpointException("save", {3: RuntimeError("unexpected pos 2048 vs 1024")})
+    world_size = 1024
+    endings = [_outcome(error, InterruptGuard(), _rank(store, rank)) for rank in range(world_size)]
+    assert store.probes == 1
+    assert endings[0].error_line.startswith(FULL)  # the line rank 0 prints and records
+    assert "unexpected pos" in endings[0].error_line
+    assert all(not ending.error_line.startswith(FULL) for ending in endings[1:])
+    assert {ending.status for ending in endings} == {"failed"}
+
+
+def test_a_ranks_own_error_is_probed_by_that_rank():
+    store = CountedStore()
+    ending = _outcome(RuntimeError("unexpected pos"), InterruptGuard(), _rank(store, 5))
+    assert store.probes == 1
+    assert ending.error_line.startswith(FULL)
+
+
+def test_a_probe_that_hangs_is_given_up_within_its_deadline(monkeypatch):
+    """An endpoint that accepts and never answers: the rank must still write its record
+    before the agent's SIGTERM grace ends (process/signals.py)."""
+    answered = threading.Event()
+
+    class HangingStore:
+        def probe(self) -> None:
+            answered.wait(30)
+
+    monkeypatch.setattr(failures, "PROBE_DEADLINE_S", 0.2)
+    started = time.monotonic()
+    try:
+        ending = _outcome(RuntimeError("unexpected pos"), InterruptGuard(), _rank(HangingStore(), 0))
+    finally:
+        answered.set()
+    assert time.monotonic() - started < 5
+    assert ending.error_line.startswith("the storage did not answer a probe within 0.2 s")
+    assert ending.error_line.endswith("(RuntimeError: unexpected pos)")
