@@ -224,17 +224,22 @@ class Ceiling:
             def share_out() -> list[tuple[list[RawObject], list[RawObject]]]:
                 facts = loop.metadata_facts(suffix)  # the run's one read of it, screened
                 layout.check_mirrorable(facts, loop.ctx.world_size, suffix)
+                if replicas > 1:  # which files a shard's ranks read depends on the saving mesh
+                    layout.check_replicas_mirrorable(layout.read_manifest(loop.store, suffix),
+                                                     replicas, suffix)
                 written = objects_by_rank(facts.object_sizes, loop.ctx.world_size)
                 return list(zip(written, read_by_rank(written, replicas, read_once)))
             put, get = rank0_scatters(loop.ctx, share_out)
             return put, get, suffix
         # planned (no checkpoint): the ranks of one shard index plan the same objects; a
-        # deduplicated save writes them once (replica 0 here), the load reads as above
+        # deduplicated save spreads them over the shard's replicas (torch's dedup_save_plans
+        # gives each item to the least loaded rank holding it): object i to replica i mod R
         shard = self.rank % (loop.ctx.world_size // replicas)
         planned = planned_objects(loop.state_dict, shard, self.cfg.storage.thread_count,
                                   loop.store.data_object_prefix(shard))
+        writes = [obj for number, obj in enumerate(planned) if number % replicas == loop.replica]
         reads = not read_once or self.rank == shard
-        return (planned if self.rank == shard else []), (planned if reads else []), "ceiling"
+        return writes, (planned if reads else []), "ceiling"
 
     def run(self) -> list["Sample"]:
         put_objects, get_objects, suffix = self.objects()
@@ -258,8 +263,8 @@ class Ceiling:
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ceiling") as pool:
             for iteration in range(1, self.cfg.iterations + 1):
                 self.mover.prepare(iteration, put_objects)
-                # each raw row carries the suffix of its own iteration's DCP operation (the
-                # one it is paired with for efficiency), not the suffix whose sizes it mirrors
+                # each raw row carries the suffix of its own iteration's DCP operation, not
+                # the suffix whose sizes it mirrors
                 own = self.loop.suffixes[iteration - 1] \
                     if len(self.loop.suffixes) >= iteration else suffix
                 try:
@@ -278,16 +283,22 @@ class Ceiling:
         """`nbytes`: (the bytes the sample counts, the bytes it moves)."""
         from dcp_fsdp.telemetry.records import Sample
 
-        client = self.mover.new_client()
-        cache_policy = self.mover.drop_cache(iteration, objects) if op == "raw_get" else None
+        failure = client = cache_policy = None
+        try:  # a rank that fails here still meets the others in the collectives below (it
+            # must not remove objects another rank is about to read)
+            client = self.mover.new_client()
+            cache_policy = self.mover.drop_cache(iteration, objects) if op == "raw_get" else None
+        except Exception as error:
+            failure = f"{type(error).__name__}: {error}"
         watchdog = Watchdog(self.cfg.op_timeout_s, self.loop.on_timeout,
                             f"ceiling {op} iteration {iteration} did not finish within "
                             f"op_timeout_s={self.cfg.op_timeout_s:g}; the storage stalled or is too "
                             "slow: raise op_timeout_s or check the endpoint")
-        failure = None
         with timed_region(self.loop.ctx.device, watchdog) as region:  # the one DCP's ops use
             try:  # list(): re-raises the first failure of any stream
-                list((pool.map if pool is not None else map)(lambda obj: move(client, iteration, obj), objects))
+                if failure is None:
+                    list((pool.map if pool is not None else map)(
+                        lambda obj: move(client, iteration, obj), objects))
             except Exception as error:  # every rank learns of it below, none hangs
                 failure = f"{type(error).__name__}: {error}"
         barrier_start, begin_mono, begin_wall = region.barrier_start, region.begin_mono, region.begin_wall

@@ -26,6 +26,7 @@ from typing import Any
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.errors import BenchmarkFailure, UserError
+from dcp_fsdp.tune.report import ceiling_summary as ceiling_summary_of
 from dcp_fsdp.tune.search import CEILING_RESERVE_TRIALS, CEILING_ROUNDS, Budget, Search, Trial
 from dcp_fsdp.telemetry import records
 
@@ -117,8 +118,7 @@ class TuneTrials:
 
         spec = self.spec
         budget = Budget(spec["budget_s"], spec["trials"], spec["started_mono"])
-        if spec.get("ceiling", True):
-            budget.reserve_trials = CEILING_RESERVE_TRIALS
+        budget.reserve_trials = CEILING_RESERVE_TRIALS
         if budget.why_not() is not None:  # start-up alone spent the budget
             problem = (f"tune.budget_s={spec['budget_s']:g} was spent before the first trial "
                        f"(start-up took {budget.elapsed_s():.0f} s); give more, e.g. "
@@ -138,17 +138,25 @@ class TuneTrials:
             problem = f"tune: {error} (records in {self.session_dir})"
             broadcast_object(("stop", problem))
             raise BenchmarkFailure(problem) from None
-        # The recommendation's efficiency: its own trial, DCP and raw rounds side by side
-        # with its own client settings (not the defaults', measured once at the start).
-        ceiling = (run_trial(result.best.settings, "ceiling")
-                   if spec.get("ceiling", True) and budget.reserve_fits() else None)
-        broadcast_object(("stop", None))
-        from dcp_fsdp.tune.report import print_result, result_summary
+        from dcp_fsdp.tune.report import efficiency_lines, print_result, result_summary
 
         summary = result_summary(result, time.monotonic() - spec["started_mono"], self.session_dir,
-                                 spec.get("requires"), ceiling)
-        (self.session_dir / "tune.json").write_text(json.dumps(summary, indent=1) + "\n")
+                                 spec.get("requires"))
+        # The verdict stands before the efficiency trial: an interrupt there loses only it.
+        self._write_summary(summary)
         print_result(summary)
+        # The recommendation's efficiency: its own trial, with its own client settings (not
+        # the defaults', measured once at the start), when the time kept for it is left.
+        if budget.reserve_fits():
+            summary["ceiling"] = {"trial": ceiling_summary_of(run_trial(result.best.settings,
+                                                                        "ceiling"))}
+        broadcast_object(("stop", None))
+        self._write_summary(summary)
+        for line in efficiency_lines(summary["ceiling"]):
+            print(line, flush=True)
+
+    def _write_summary(self, summary: dict[str, Any]) -> None:
+        (self.session_dir / "tune.json").write_text(json.dumps(summary, indent=1) + "\n")
 
     # -- one trial, on every rank -----------------------------------------------------------
     def _trial(self, settings: dict[str, Any], role: str) -> Trial:
@@ -185,7 +193,7 @@ class TuneTrials:
         path = session.write_record(status, error_line, loop.shared_samples, self.init_rows)
         # Between trials an interrupt records the session's own line, with no samples.
         session.loop, session.run = None, dataclasses.replace(self.base_run)
-        figures.update(status=status, record=str(path))
+        figures.update(status=status, record=str(path), error=error_line)
         score = figures.get("score_mib_s")
         wall_s = time.monotonic() - started
         shown = " ".join(f"{k}={v}" for k, v in settings.items()

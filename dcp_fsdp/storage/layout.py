@@ -229,6 +229,20 @@ def check_mirrorable(facts: MetadataFacts, world_size: int, suffix: str) -> None
             f"it cannot stand for a resharded load: drop ceiling=true, or load with {saved} ranks")
 
 
+def check_replicas_mirrorable(manifest: dict[str, Any] | None, replicas: int, suffix: str) -> None:
+    """With model.replicas=R the raw GET reads, on each rank, the files its shard's ranks
+    wrote: that holds only for a checkpoint saved on the same (R, shards) mesh, which its
+    manifest says. Refused (UserError) otherwise, before any timing."""
+    saved = (manifest or {}).get("replicas")
+    if saved != replicas:
+        said = f"was saved with model.replicas={saved}" if saved is not None else \
+            "has no manifest naming its model.replicas"
+        raise UserError(
+            f"ceiling=true: suffix={suffix} {said} and this run has model.replicas={replicas}; "
+            "the raw ceiling reads the files each shard's ranks wrote, which depends on the "
+            f"saving mesh: drop ceiling=true, or load with model.replicas={saved or 1}")
+
+
 def check_objects_whole(store, suffix: str, facts: MetadataFacts, prefix_strategy: str) -> None:
     """Every data object `.metadata` names is there, at least as long as its last item ends:
     a deleted or truncated object is refused in one line naming it, before any rank reads

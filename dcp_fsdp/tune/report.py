@@ -30,13 +30,14 @@ def _changed(settings: dict[str, Any], defaults: dict[str, Any]) -> dict[str, An
     return {k: v for k, v in settings.items() if str(v) != str(defaults.get(k))}
 
 
-def ceiling_summary(trial: Trial | None) -> dict[str, Any]:
+def ceiling_summary(trial: Trial) -> dict[str, Any]:
     """The recommendation's efficiency trial (rank/tune_trials.py): its DCP figures, its
-    ceiling (the best of its raw rounds) and their ratio, per op; {} when it did not run."""
-    if trial is None or trial.score is None:
-        return {}
+    ceiling (the best of its raw rounds) and their ratio, per op; or why it has none."""
     figures = trial.figures
-    found: dict[str, Any] = {"settings": trial.settings, "record": figures.get("record")}
+    found: dict[str, Any] = {"settings": trial.settings, "record": figures.get("record"),
+                             "status": figures.get("status"), "error": figures.get("error")}
+    if trial.score is None:
+        return found
     for op, raw in (("save", "raw_put"), ("load", "raw_get")):
         found.update({f"{op}_mib_s": figures.get(f"{op}_mib_s"),
                       f"{raw}_mib_s": figures.get(f"{raw}_best_mib_s"),
@@ -46,8 +47,7 @@ def ceiling_summary(trial: Trial | None) -> dict[str, Any]:
 
 
 def result_summary(result: SearchResult, wall_s: float, session_dir: Path,
-                   requires: dict[str, Any] | None = None,
-                   ceiling_trial: Trial | None = None) -> dict[str, Any]:
+                   requires: dict[str, Any] | None = None) -> dict[str, Any]:
     finalist_keys = {settings_key(s) for s in result.finalists}
     ranking = []
     for ranked in result.ranking:
@@ -70,7 +70,9 @@ def result_summary(result: SearchResult, wall_s: float, session_dir: Path,
         "overrides": {k: v for k, v in result.best.settings.items()
                       if applies(k, result.best.settings, requires or {})},
         "gain": result.gain, "noise": result.noise, "rule": RULE,
-        "ceiling": ceiling_summary(ceiling_trial),
+        # the recommendation's efficiency trial, run after the verdict (its "trial": what
+        # ceiling_summary found); {} while it has not run or when no time was left for it
+        "ceiling": {},
         "wall_s": wall_s, "session_dir": str(session_dir)}
 
 
@@ -113,23 +115,27 @@ def verdict_lines(summary: dict[str, Any]) -> list[str]:
 
 def efficiency_lines(ceiling: dict[str, Any]) -> list[str]:
     """What the recommendation's efficiency trial found, or why there is none."""
-    if not ceiling:
+    found = ceiling.get("trial")
+    if not found:
         return ["efficiency against the ceiling: not measured (the budget had no time left "
                 "for the recommendation's trial with ceiling=true; raise tune.budget_s)"]
+    if found.get("save_mib_s") is None and found.get("load_mib_s") is None:
+        return [f"efficiency against the ceiling: its trial failed ({found.get('error')}; "
+                f"record {found.get('record')})"]
     parts, above = [], []
     for op, raw in (("save", "raw_put"), ("load", "raw_get")):
-        dcp, best, ratio = ceiling[f"{op}_mib_s"], ceiling[f"{raw}_mib_s"], ceiling[f"{op}_efficiency"]
+        dcp, best, ratio = found[f"{op}_mib_s"], found[f"{raw}_mib_s"], found[f"{op}_efficiency"]
         if dcp is None or not best or ratio is None or math.isnan(ratio):
             continue
-        spread = ceiling[f"{raw}_spread"]
+        spread = found[f"{raw}_spread"]
         noise = "" if spread is None or math.isnan(spread) else f", raw rounds spread {spread * 100:.0f} %"
         parts.append(f"{op} {dcp:.1f} of {best:.1f} MiB/s ({ratio:.2f}{noise})")
         if ratio > 1:
             above.append(op)
     lines = ["efficiency of the recommendation against the ceiling (its own trial: "
-             f"{CEILING_ROUNDS} save-and-load rounds, each followed by a raw PUT/GET of the same "
-             "objects with the same client settings; the ceiling is the best raw round): "
-             + ("; ".join(parts) or "no figures")]
+             f"{CEILING_ROUNDS} save-and-load iterations, then a raw PUT/GET round of the same "
+             "objects per iteration with the same client settings; the ceiling is the best raw "
+             "round): " + ("; ".join(parts) or "no figures")]
     if above:
         lines.append(f"  above 1 ({', '.join(above)}): DCP beat every raw round, so they are no "
                      "ceiling here (a stalled round, or too few); see the record")
@@ -156,8 +162,6 @@ def print_result(summary: dict[str, Any]) -> None:
                    tablefmt="github"))
     print()
     for line in verdict_lines(summary):
-        print(line)
-    for line in efficiency_lines(summary["ceiling"]):
         print(line)
     print(f"records: {summary['session_dir']} (dcp-fsdp report {summary['session_dir']})")
     print(f"OVERRIDES={override_line(summary['overrides'])}", flush=True)

@@ -35,9 +35,9 @@ from typing import Any, Callable
 Settings = dict[str, Any]
 SEARCH_SHARE = 0.6  # of the budget and of tune.trials, for the search; the rest: the finals
 # The recommendation's efficiency trial after the finals (rank/tune_trials.py): this many
-# save-and-load iterations, each followed by its raw round (ceiling=true); the ceiling is
+# save-and-load iterations, then a raw round per iteration (ceiling=true); the ceiling is
 # the best of those raw rounds. Its time is kept from the finals: about two trials' worth
-# per round (DCP's save and load, then the raw PUT and GET).
+# per iteration (DCP's save and load, then the raw PUT and GET).
 CEILING_ROUNDS = 3
 CEILING_RESERVE_TRIALS = 2.0 * CEILING_ROUNDS
 MIN_FINAL_SCORES = 2  # final measurements of the defaults and of a winner, at the least
@@ -58,7 +58,7 @@ def settings_key(settings: Settings) -> tuple:
 @dataclasses.dataclass
 class Trial:
     settings: Settings
-    role: str  # "defaults" | "search" | "repeat"
+    role: str  # "defaults" | "search" | "repeat" | "ceiling" (the efficiency trial)
     score: float | None  # None: the trial failed
     wall_s: float
     figures: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -167,7 +167,9 @@ class Budget:
         if self.max_trials is not None and len(self.walls) + 1 > max(1, int(self.max_trials * share)):
             return f"tune.trials={self.max_trials} reached"
         limit_s = self.before_trials_s + (self.budget_s - self.before_trials_s) * share
-        if self.elapsed_s() + self.estimate_s() * (1 + self.reserve_trials) > limit_s:
+        # the reserve comes off the finals (the whole budget), never the search's share
+        reserve_s = self.estimate_s() * self.reserve_trials if share >= 1.0 else 0.0
+        if self.elapsed_s() + self.estimate_s() + reserve_s > limit_s:
             return f"tune.budget_s={self.budget_s:g} would be exceeded"
         return None
 

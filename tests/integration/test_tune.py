@@ -58,7 +58,7 @@ def test_tune_runs_every_trial_in_one_launch_and_its_override_line_runs(s3, s3_u
     summary = json.loads((session / "tune.json").read_text())
     assert efficiency_run["tune"]["settings"] == summary["best"]
     assert efficiency_run["config"]["iterations"] == 3
-    ceiling = summary["ceiling"]
+    ceiling = summary["ceiling"]["trial"]
     assert ceiling["save_mib_s"] > 0 and ceiling["raw_put_mib_s"] > 0
     assert ceiling["save_efficiency"] == pytest.approx(
         ceiling["save_mib_s"] / ceiling["raw_put_mib_s"], rel=1e-6)

@@ -231,3 +231,37 @@ def test_a_slow_start_up_leaves_the_search_its_share_of_the_time_left():
     assert roles.count("search") >= 5
     assert runs.now <= 120.0
     assert len(result.finalists) == 3
+
+
+def test_the_efficiency_trials_reserve_comes_off_the_finals_not_the_search():
+    """6 trials' worth kept for the efficiency trial: the search keeps its whole share, the
+    finals stop early enough that the reserve still fits the budget afterwards."""
+    plain, kept = FakeRuns(peak, cost_s=10.0), FakeRuns(peak, cost_s=10.0)
+    search(plain, budget_s=180.0).run()
+    budget = Budget(180.0, None, 0.0, clock=kept.clock)
+    budget.reserve_trials = 6.0
+    Search(SPACE, DEFAULTS, kept, budget, 3).run()
+    roles = [[role for _, role in runs.calls] for runs in (plain, kept)]
+    assert roles[0].count("search") == roles[1].count("search") > 0
+    assert roles[1].count("repeat") < roles[0].count("repeat")
+    assert budget.reserve_fits() and kept.now + 6 * 10.0 <= 180.0
+
+
+def test_the_efficiency_lines_say_the_ceiling_its_noise_or_why_there_is_none():
+    from dcp_fsdp.tune.report import ceiling_summary, efficiency_lines
+
+    figures = {"save_mib_s": 40.0, "load_mib_s": 300.0, "raw_put_best_mib_s": 50.0,
+               "raw_get_best_mib_s": 250.0, "raw_put_spread": 0.2, "raw_get_spread": 0.1,
+               "save_efficiency": 0.8, "load_efficiency": 1.2, "record": "r.jsonl",
+               "status": "ok", "error": None}
+    lines = efficiency_lines({"trial": ceiling_summary(Trial(DEFAULTS, "ceiling", 1.0, 5.0,
+                                                              figures))})
+    assert "save 40.0 of 50.0 MiB/s (0.80, raw rounds spread 20 %)" in lines[0]
+    assert "load 300.0 of 250.0 MiB/s (1.20, raw rounds spread 10 %)" in lines[0]
+    assert "above 1 (load)" in lines[1]
+    failed = {"record": "f.jsonl", "status": "failed", "error": "rank 1: ConnectionError"}
+    (line,) = efficiency_lines({"trial": ceiling_summary(Trial(DEFAULTS, "ceiling", None, 5.0,
+                                                                failed))})
+    assert "its trial failed (rank 1: ConnectionError; record f.jsonl)" in line
+    (line,) = efficiency_lines({})
+    assert "not measured" in line and "tune.budget_s" in line
