@@ -100,3 +100,17 @@ def test_the_raw_get_reads_what_a_replicated_load_reads():
     assert ceiling.read_by_rank(written, 2, read_once=False) == [shard0, shard1, shard0, shard1]
     assert ceiling.read_by_rank(written, 2, read_once=True) == [shard0, shard1, [], []]
     assert ceiling.read_by_rank(written, 1, read_once=False) == written
+
+
+def test_a_replicated_ceiling_refuses_a_checkpoint_saved_on_another_mesh():
+    import pytest
+
+    from dcp_fsdp.errors import UserError
+    from dcp_fsdp.storage.layout import check_replicas_mirrorable
+
+    check_replicas_mirrorable({"replicas": 2}, 2, "s")  # the same mesh: mirrored
+    for manifest, said in (({"replicas": 1}, "was saved with model.replicas=1"),
+                           (None, "has no manifest naming its model.replicas")):
+        with pytest.raises(UserError, match=said) as refused:
+            check_replicas_mirrorable(manifest, 2, "s")
+        assert "drop ceiling=true" in str(refused.value)
