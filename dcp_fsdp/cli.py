@@ -59,6 +59,10 @@ def execute(command: str, cfg, min_age_s: float | None = None) -> int:
         from dcp_fsdp.launch.listing import DEFAULT_MIN_AGE_S, clean_uploads
 
         return clean_uploads(cfg, DEFAULT_MIN_AGE_S if min_age_s is None else min_age_s)
+    if command == "delete":  # the same options: the age an incomplete suffix must have
+        from dcp_fsdp.launch.listing import DEFAULT_MIN_AGE_S, delete_checkpoint
+
+        return delete_checkpoint(cfg, DEFAULT_MIN_AGE_S if min_age_s is None else min_age_s)
     if under_torchrun():
         import signal
 
@@ -294,10 +298,10 @@ def _settings_command(command: str, rest: list[str]) -> int:
     min_age_s = None
     multirun = any(arg in ("-m", "--multirun") for arg in rest)
     try:
-        if command == "clean-uploads":  # its own options, beside the settings
+        if command in ("clean-uploads", "delete"):  # their own options, beside the settings
             from dcp_fsdp.launch.listing import clean_options
 
-            rest, min_age_s = clean_options(rest)
+            rest, min_age_s = clean_options(rest, command)
         overrides = expand_config_files([arg for arg in rest if arg not in ("-m", "--multirun")])
     except UserError as error:
         return _fail(str(error))

@@ -15,7 +15,8 @@ from typing import Any
 
 from dcp_fsdp import log
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.storage.layout import CEILING_ROOT, METADATA_NAME, CheckpointInfo, OpenUpload
+from dcp_fsdp.storage.layout import (CEILING_ROOT, CLAIM_NAME, METADATA_NAME, CheckpointInfo,
+                                     OpenUpload)
 from dcp_fsdp.storage.s3_target import S3Target
 
 
@@ -209,7 +210,7 @@ class S3ControlPlane:
             raise UserError(f"storage.region={self.target.region}: bucket '{self.target.bucket}' is in "
                             "another region; set storage.region to the bucket's region")
 
-    def list_checkpoints(self) -> list[CheckpointInfo]:
+    def list_checkpoints(self, suffix: str | None = None) -> list[CheckpointInfo]:
         import botocore.exceptions as bx
 
         client = self.client()
@@ -217,28 +218,29 @@ class S3ControlPlane:
         found: dict[str, dict[str, Any]] = {}
         try:
             for page in client.get_paginator("list_objects_v2").paginate(
-                    Bucket=self.target.bucket, Prefix=base):
+                    Bucket=self.target.bucket, Prefix=base + (f"{suffix}/" if suffix else "")):
                 for obj in page.get("Contents", []):
                     rest = obj["Key"][len(base):]
                     if "/" not in rest:
                         continue
-                    suffix, name = rest.split("/", 1)
-                    if suffix == CEILING_ROOT:  # the raw ceiling's, never a checkpoint
+                    owner, name = rest.split("/", 1)
+                    if owner == CEILING_ROOT:  # the raw ceiling's, never a checkpoint
                         continue
-                    entry = found.setdefault(suffix, {"size": 0, "count": 0, "modified": None,
-                                                      "complete": False})
+                    entry = found.setdefault(owner, {"size": 0, "count": 0, "modified": None,
+                                                     "complete": False, "claim": False})
                     entry["size"] += obj["Size"]
                     entry["count"] += 1
                     modified = obj["LastModified"]
                     if entry["modified"] is None or modified > entry["modified"]:
                         entry["modified"] = modified
-                    if name == METADATA_NAME:
-                        entry["complete"] = True
+                    entry["complete"] |= name == METADATA_NAME
+                    entry["claim"] |= name == CLAIM_NAME
         except (bx.BotoCoreError, bx.ClientError) as error:
             raise self._explain(error) from None
-        return [CheckpointInfo(suffix, e["complete"], e["size"], e["count"],
-                               e["modified"].astimezone(datetime.timezone.utc).isoformat())
-                for suffix, e in sorted(found.items())]
+        return [CheckpointInfo(owner, e["complete"], e["size"], e["count"],
+                               e["modified"].astimezone(datetime.timezone.utc).isoformat(),
+                               claim_only=e["claim"] and e["count"] == 1)
+                for owner, e in sorted(found.items())]
 
     def object_sizes(self, suffix: str) -> dict[str, int]:
         """Every object under `suffix`/ (its name there -> bytes), one listing."""
