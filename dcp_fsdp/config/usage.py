@@ -11,7 +11,7 @@ COMMANDS = {
     "save-and-load": "N x (save, load, bit-exact check): the stress loop",
     "ceiling": "the storage's raw PUT/GET ceiling for this model's shards, no DCP",
     "tune": "search connector settings within tune.budget_s; prints the best as overrides",
-    "list": "list checkpoint suffixes under storage.uri / storage.path, and open uploads",
+    "list": "list checkpoint suffixes under storage.uri / storage.path, and open uploads (--check)",
     "clean-uploads": "abort open multipart uploads under storage.uri older than 1 h (--min-age-s, --force)",
     "delete": "remove checkpoint suffix=... (complete, or incomplete and older than 1 h: --min-age-s, --force)",
     "wait": "hold an allocation doing nothing: duration=2m (batch/waitbatch.sh)",
@@ -32,6 +32,10 @@ CLEAN_OPTIONS_HELP = (
     f"{CLEAN_UPLOADS_MIN_AGE_S:g}): a younger one may belong to a save still writing\n"
     "  --force              abort every open upload, whatever its age (a save writing there "
     "fails)\n")
+LIST_OPTIONS_HELP = (
+    "options:\n"
+    "  --check  read each complete checkpoint's .metadata (screened) and compare the objects it "
+    "names with those stored: a missing or short one marks it DAMAGED (exit 1)\n")
 DELETE_OPTIONS_HELP = (
     "options:\n"
     f"  --min-age-s SECONDS  remove an incomplete suffix (an abandoned claim included) only when "
@@ -94,6 +98,8 @@ def command_help(command: str) -> str:
         header[2:2] = ["", CLEAN_OPTIONS_HELP.rstrip()]
     if command == "delete":
         header[2:2] = ["", DELETE_OPTIONS_HELP.rstrip()]
+    if command == "list":
+        header[2:2] = ["", LIST_OPTIONS_HELP.rstrip()]
     return "\n".join(header) + "\n" + table
 
 

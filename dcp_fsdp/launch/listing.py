@@ -11,6 +11,7 @@ from dcp_fsdp.config.usage import CLEAN_UPLOADS_MIN_AGE_S as DEFAULT_MIN_AGE_S
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch.preflight import check_fs_root, needs_embedded_server
 from dcp_fsdp.storage import make_store
+from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.layout import CheckpointInfo, read_claim
 
 
@@ -26,16 +27,22 @@ def _store(cfg: BenchmarkConfig, command: str):
     return store
 
 
-def list_checkpoints(cfg: BenchmarkConfig) -> int:
+def list_checkpoints(cfg: BenchmarkConfig, check: bool = False) -> int:
+    """The table of suffixes and the open uploads; `check` (`list --check`): each complete
+    checkpoint's objects against its `.metadata` too. Exit 1 when one is damaged."""
     from tabulate import tabulate
 
     store = _store(cfg, "list")
     checkpoints = store.list_checkpoints()
-    rows = [[c.suffix, _state(c), f"{c.size_bytes / 2**20:.1f}", c.object_count, c.modified]
-            for c in checkpoints]
+    damage = _damage(store, cfg, checkpoints) if check else {}
+    rows = [[c.suffix, "DAMAGED" if c.suffix in damage else _state(c),
+             f"{c.size_bytes / 2**20:.1f}", c.object_count, c.modified] for c in checkpoints]
     print(f"checkpoints under {store.location('')}")
     print(tabulate(rows, headers=["suffix", "state", "MiB", "objects", "modified (UTC)"],
                    tablefmt="github"))
+    for suffix, what in damage.items():
+        print(f"suffix={suffix}: damaged checkpoint: {what}; it cannot load: save it again, or "
+              f"`dcp-fsdp delete suffix={suffix}`")
     for claim in (c for c in checkpoints if c.claim_only):
         print(_abandoned_claim_note(store, claim))
     uploads = store.open_uploads()
@@ -51,7 +58,23 @@ def list_checkpoints(cfg: BenchmarkConfig) -> int:
               "`dcp-fsdp clean-uploads` with the same storage settings aborts them)")
         print(tabulate(rows, headers=["suffix", "uploads", "parts", "MiB", "oldest (UTC)"],
                        tablefmt="github"))
-    return 0
+    return 1 if damage else 0
+
+
+def _damage(store, cfg: BenchmarkConfig, checkpoints: list[CheckpointInfo]) -> dict[str, str]:
+    """{suffix: what is wrong} of the complete checkpoints whose objects do not match their
+    `.metadata` (read once each, screened); said in one line how many were checked."""
+    complete = [c.suffix for c in checkpoints if c.complete]
+    strategy = cfg.storage.prefix_strategy.value
+    if strategy != "default":  # the objects lie under prefixes of their own, not the suffix
+        log.info(f"--check: storage.prefix_strategy={strategy} puts the data objects outside "
+                 "the suffixes; not checked (a load checks them)")
+        return {}
+    found = {suffix: what for suffix in complete
+             if (what := layout.checkpoint_damage(store, suffix)) is not None}
+    log.info(f"--check: {len(complete)} complete checkpoint(s) checked against their "
+             f".metadata: {len(found)} damaged")
+    return found
 
 
 def _state(info: CheckpointInfo) -> str:
@@ -78,6 +101,11 @@ def _abandoned_claim_note(store, info: CheckpointInfo) -> str:
             "abandoned claim (a save that ended before writing), unless a save is starting "
             f"there now; `dcp-fsdp delete suffix={info.suffix}` with the same storage settings "
             "removes it")
+
+
+def list_options(args: list[str]) -> tuple[list[str], bool]:
+    """(the other arguments, whether `--check` was given)."""
+    return [arg for arg in args if arg != "--check"], "--check" in args
 
 
 def clean_options(args: list[str], command: str = "clean-uploads") -> tuple[list[str], float]:

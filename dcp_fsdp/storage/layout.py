@@ -254,16 +254,36 @@ def check_objects_whole(store, suffix: str, facts: MetadataFacts, prefix_strateg
     Checked where the objects lie under the suffix (storage.prefix_strategy=default)."""
     if prefix_strategy != "default" or not facts.object_sizes:
         return
-    stored = store.object_sizes(suffix)
+    damage = objects_damage(facts, store.object_sizes(suffix))
+    if damage is not None:
+        raise UserError(f"suffix={suffix}: damaged checkpoint: {damage}; it cannot load: save it "
+                        f"again, or load another suffix ({store.location(suffix)})")
+
+
+def objects_damage(facts: MetadataFacts, stored: dict[str, int]) -> str | None:
+    """'data object X is missing' (or holds fewer bytes than `.metadata` places in it), with
+    how many more are damaged; None when every object `facts` names is whole in `stored`."""
     missing = sorted(name for name in facts.object_sizes if name not in stored)
     short = sorted(name for name, size in facts.object_sizes.items()
                    if name in stored and stored[name] < size)
     if not (missing or short):
-        return
+        return None
     name = (missing or short)[0]
     what = ("is missing" if missing else
             f"holds {stored[name]} of the {facts.object_sizes[name]} bytes .metadata places in it")
     more = len(missing) + len(short) - 1
-    raise UserError(f"suffix={suffix}: damaged checkpoint: data object {name} {what}"
-                    + (f" (and {more} more object(s) damaged)" if more else "")
-                    + f"; it cannot load: save it again, or load another suffix ({store.location(suffix)})")
+    return f"data object {name} {what}" + (f" (and {more} more object(s) damaged)" if more else "")
+
+
+def checkpoint_damage(store, suffix: str) -> str | None:
+    """`list --check`: what is wrong with the complete checkpoint `suffix` (its objects lying
+    under it, storage.prefix_strategy=default), None when whole. One GET of its `.metadata`,
+    read through the screen (a hostile one is reported, never unpickled), and one listing."""
+    raw = store.get_small(suffix, METADATA_NAME, MAX_METADATA_BYTES + 1)
+    if raw is None:
+        return f"{METADATA_NAME} is gone (removed since it was listed)"
+    try:
+        facts = read_facts(raw, f"{METADATA_NAME}")
+    except UserError as refused:  # MetadataRefused: hostile, too large, or not DCP's
+        return str(refused)
+    return objects_damage(facts, store.object_sizes(suffix)) if facts.object_sizes else None
