@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import re
 import secrets
 from typing import Any
 
@@ -23,8 +24,6 @@ from dcp_fsdp.storage.s3_target import S3Target
 def credential_chain_error(error: BaseException) -> UserError | None:
     """One line for a broken AWS credential chain (profile, shared files), naming the
     variable or file and the fix; None for other errors."""
-    import os
-
     import botocore.exceptions as bx
 
     if isinstance(error, bx.ProfileNotFound):
@@ -89,15 +88,12 @@ class S3ControlPlane:
         # A broken profile or shared file fails here: botocore resolves credentials now
         # (once per process: boto3's default session keeps them; a launcher running several
         # jobs starts each with a fresh one, launch/preflight.py).
-        client = boto3.client(
+        return boto3.client(
             "s3", region_name=self.target.region, endpoint_url=self.target.endpoint,
             config=botocore_config.Config(
                 connect_timeout=self.connect_timeout_s, read_timeout=30,
                 retries={"mode": "standard", "total_max_attempts": 2},
-                s3={"addressing_style": "path" if self.target.force_path_style else "auto"},
-            ),
-        )
-        return client
+                s3={"addressing_style": "path" if self.target.force_path_style else "auto"}))
 
     def _explain(self, error: BaseException) -> UserError:
         """One line for a boto3 failure against this bucket."""
@@ -120,9 +116,11 @@ class S3ControlPlane:
         if isinstance(error, (bx.EndpointConnectionError, bx.ConnectTimeoutError,
                               bx.ReadTimeoutError)):
             target = self.target.endpoint or f"AWS S3 in {self.target.region}"
+            errno_text = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(error.kwargs.get("error")))
+            reason = f": {errno_text[1].strip().lower()}" if errno_text else ""  # refused, ...
             return UserError(f"{self.target.endpoint_source}={target}: cannot connect "
-                             f"({type(error).__name__}); check the address and that the server "
-                             "is up")
+                             f"({type(error).__name__}{reason}); check the address and that the "
+                             "server is up")
         if isinstance(error, bx.ClientError):
             response = error.response
             code = str(response.get("Error", {}).get("Code", ""))
@@ -295,7 +293,16 @@ class S3ControlPlane:
             return body.read(max_bytes)
 
     def put_key(self, key: str, data: bytes) -> None:
-        self.client().put_object(Bucket=self.target.bucket, Key=key, Body=data)
+        self._explained(self.client().put_object, Key=key, Body=data)
+
+    def _explained(self, call, **kwargs) -> Any:
+        """A boto3 call on the bucket; its failure as one line (UserError) naming the fix."""
+        import botocore.exceptions as bx
+
+        try:
+            return call(Bucket=self.target.bucket, **kwargs)
+        except (bx.BotoCoreError, bx.ClientError) as error:
+            raise self._explain(error) from None
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """PutObject with If-None-Match: *; False when the key exists (412) or another
@@ -337,7 +344,7 @@ class S3ControlPlane:
         return self._honours_if_none_match
 
     def delete_key(self, key: str) -> None:
-        self.client().delete_object(Bucket=self.target.bucket, Key=key)
+        self._explained(self.client().delete_object, Key=key)
 
     def delete_prefix(self, prefix: str) -> None:
         """Every object whose key begins with `prefix` (1000 per request, S3's limit)."""
