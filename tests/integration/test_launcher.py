@@ -123,7 +123,7 @@ def test_ctrl_c_during_an_s3_save_aborts_its_uploads_and_names_the_suffix(s3, s3
             output, _ = process.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
-            raise AssertionError("still running 60 s after Ctrl-C")
+            raise AssertionError("still running 60 s after Ctrl-C") from None
     assert process.returncode == 130, output
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
     assert "dcp-fsdp: error: interrupted" in output, output
@@ -144,7 +144,7 @@ def test_list_shows_open_uploads_and_clean_uploads_aborts_them(s3, s3_uri, tmp_p
                        Body=b"x" * (5 * 2**20))
     listing = run_cli(["list", *s3_args(s3, s3_uri)], env=s3_env(s3))
     assert listing.returncode == 0, listing.stderr
-    line = next(l for l in listing.stdout.splitlines()[2:] if "2026-01-01-00-00-abcd" in l)
+    line = next(row for row in listing.stdout.splitlines()[2:] if "2026-01-01-00-00-abcd" in row)
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[:3] == ["2026-01-01-00-00-abcd", "1", "1"], listing.stdout  # uploads, parts
     assert float(cells[3]) == 5.0, listing.stdout  # MiB
@@ -236,7 +236,7 @@ def test_under_plain_torchrun_a_killed_rank_0_still_leaves_a_failed_record(s3, s
         output, _ = process.communicate(timeout=90)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        raise AssertionError("torchrun still running 90 s after rank 0 was killed")
+        raise AssertionError("torchrun still running 90 s after rank 0 was killed") from None
     assert len(list(tmp_path.glob("*.jsonl"))) == 1, output
     run, samples = read_run(tmp_path)
     assert run["status"] == "failed", run
