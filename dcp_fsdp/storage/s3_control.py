@@ -265,8 +265,9 @@ class S3ControlPlane:
         try:
             self.client().head_object(Bucket=self.target.bucket, Key=self.target.key(suffix, METADATA_NAME))
             return True
-        except bx.ClientError as error:
-            if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+        except (bx.BotoCoreError, bx.ClientError) as error:  # e.g. the endpoint gone
+            response = error.response if isinstance(error, bx.ClientError) else {}
+            if response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return False
             raise self._explain(error) from None
 

@@ -354,3 +354,5 @@ def test_an_endpoint_killed_mid_save_is_named_first_with_the_fix(s3, s3_uri, tmp
     run, _ = read_run(tmp_path)
     assert run["status"] == "failed" and run["error"].startswith(lead), run["error"]
     assert "inline_container" not in run["error"].split("(found by probing", 1)[0]
+    # The launcher cannot look at the partial checkpoint either: it says why the same way.
+    assert f"could not check the partial checkpoint ({lead})" in stderr, stderr
