@@ -50,15 +50,19 @@ def prepare(command: str, overrides: list[str]):
     return cfg
 
 
-def execute(command: str, cfg, min_age_s: float | None = None) -> int:
-    if command == "list":
+def execute(command: str, cfg, min_age_s: float | None = None, check: bool = False) -> int:
+    if command == "list":  # check: its --check (main)
         from dcp_fsdp.launch.listing import list_checkpoints
 
-        return list_checkpoints(cfg)
+        return list_checkpoints(cfg, check)
     if command == "clean-uploads":  # min_age_s: its --min-age-s / --force (main)
         from dcp_fsdp.launch.listing import DEFAULT_MIN_AGE_S, clean_uploads
 
         return clean_uploads(cfg, DEFAULT_MIN_AGE_S if min_age_s is None else min_age_s)
+    if command == "delete":  # the same options: the age an incomplete suffix must have
+        from dcp_fsdp.launch.listing import DEFAULT_MIN_AGE_S, delete_checkpoint
+
+        return delete_checkpoint(cfg, DEFAULT_MIN_AGE_S if min_age_s is None else min_age_s)
     if under_torchrun():
         import signal
 
@@ -167,7 +171,8 @@ def check_torchrun_rank(cfg) -> None:
     checks.check_staging_space(cfg, ranks_here, int(os.environ["WORLD_SIZE"]))
 
 
-def run_command(command: str, overrides: list[str], min_age_s: float | None = None) -> int:
+def run_command(command: str, overrides: list[str], min_age_s: float | None = None,
+                check: bool = False) -> int:
     from dcp_fsdp.contract import EXIT_INTERRUPTED
     from dcp_fsdp.errors import UserError
 
@@ -176,14 +181,15 @@ def run_command(command: str, overrides: list[str], min_age_s: float | None = No
             from dcp_fsdp.launch.tune import tune
 
             return tune(overrides, PROCESS_START_MONO)
-        return execute(command, prepare(command, overrides), min_age_s)
+        return execute(command, prepare(command, overrides), min_age_s, check)
     except UserError as error:
         return _fail(str(error))
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_INTERRUPTED)
 
 
-def run_sweep(command: str, jobs: list[list[str]], min_age_s: float | None = None) -> int:
+def run_sweep(command: str, jobs: list[list[str]], min_age_s: float | None = None,
+              check: bool = False) -> int:
     """Every job composed and checked first: a bad value in the last job fails before the
     first one runs."""
     from dcp_fsdp import log
@@ -201,7 +207,7 @@ def run_sweep(command: str, jobs: list[list[str]], min_age_s: float | None = Non
     for number, (job, cfg) in enumerate(zip(jobs, configs)):
         log.info(f"multirun job {number + 1}/{len(jobs)}: {' '.join(job)}")
         try:
-            code = execute(command, cfg, min_age_s)
+            code = execute(command, cfg, min_age_s, check)
         except UserError as error:
             code = _fail(str(error))
         except KeyboardInterrupt:
@@ -291,13 +297,17 @@ def _settings_command(command: str, rest: list[str]) -> int:
     from dcp_fsdp.config.compose import expand_config_files, expand_sweeps, parse_error_line
     from dcp_fsdp.errors import UserError
 
-    min_age_s = None
+    min_age_s, check = None, False
     multirun = any(arg in ("-m", "--multirun") for arg in rest)
     try:
-        if command == "clean-uploads":  # its own options, beside the settings
+        if command in ("clean-uploads", "delete"):  # their own options, beside the settings
             from dcp_fsdp.launch.listing import clean_options
 
-            rest, min_age_s = clean_options(rest)
+            rest, min_age_s = clean_options(rest, command)
+        if command == "list":  # --check: each complete checkpoint against its .metadata
+            from dcp_fsdp.launch.listing import list_options
+
+            rest, check = list_options(rest)
         overrides = expand_config_files([arg for arg in rest if arg not in ("-m", "--multirun")])
     except UserError as error:
         return _fail(str(error))
@@ -310,12 +320,12 @@ def _settings_command(command: str, rest: list[str]) -> int:
             return _fail(f"'{arg}': settings are written key=value without dashes, e.g. "
                          f"{name}=VALUE (dcp-fsdp {command} --help lists them)")
     if not multirun:
-        return run_command(command, overrides, min_age_s)
+        return run_command(command, overrides, min_age_s, check)
     try:
         jobs = expand_sweeps(overrides)
     except Exception as error:  # Hydra's parser raises its own exception types
         return _fail(parse_error_line(overrides, error))
-    return run_sweep(command, jobs, min_age_s)
+    return run_sweep(command, jobs, min_age_s, check)
 
 
 if __name__ == "__main__":

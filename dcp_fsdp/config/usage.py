@@ -11,8 +11,9 @@ COMMANDS = {
     "save-and-load": "N x (save, load, bit-exact check): the stress loop",
     "ceiling": "the storage's raw PUT/GET ceiling for this model's shards, no DCP",
     "tune": "search connector settings within tune.budget_s; prints the best as overrides",
-    "list": "list checkpoint suffixes under storage.uri / storage.path, and open uploads",
+    "list": "list checkpoint suffixes under storage.uri / storage.path, and open uploads (--check)",
     "clean-uploads": "abort open multipart uploads under storage.uri older than 1 h (--min-age-s, --force)",
+    "delete": "remove checkpoint suffix=... (complete, or incomplete and older than 1 h: --min-age-s, --force)",
     "wait": "hold an allocation doing nothing: duration=2m (batch/waitbatch.sh)",
     "report": "tables and plots over records: report [PATHS] [--format md|csv] [--plot DIR]",
     "s3-server": "a local S3 server kept up across runs: s3-server start|status|env|stop",
@@ -20,8 +21,8 @@ COMMANDS = {
             ".metadata, prefixes, memory; record=PATH projects times",
 }
 RUN_COMMANDS = ("save", "load", "save-and-load", "ceiling")
-SETTINGS_COMMANDS = (*RUN_COMMANDS, "tune", "list", "clean-uploads")
-STORAGE_ONLY_COMMANDS = ("list", "clean-uploads")  # settings of a save; no ranks
+SETTINGS_COMMANDS = (*RUN_COMMANDS, "tune", "list", "clean-uploads", "delete")
+STORAGE_ONLY_COMMANDS = ("list", "clean-uploads", "delete")  # settings of a save; no ranks
 # clean-uploads: an upload this young may belong to a save still running; left alone
 # unless forced (launch/listing.py).
 CLEAN_UPLOADS_MIN_AGE_S = 3600.0
@@ -31,6 +32,16 @@ CLEAN_OPTIONS_HELP = (
     f"{CLEAN_UPLOADS_MIN_AGE_S:g}): a younger one may belong to a save still writing\n"
     "  --force              abort every open upload, whatever its age (a save writing there "
     "fails)\n")
+LIST_OPTIONS_HELP = (
+    "options:\n"
+    "  --check  read each complete checkpoint's .metadata (screened) and compare the objects it "
+    "names with those stored: a missing or short one marks it DAMAGED (exit 1)\n")
+DELETE_OPTIONS_HELP = (
+    "options:\n"
+    f"  --min-age-s SECONDS  remove an incomplete suffix (an abandoned claim included) only when "
+    f"its newest object is at least this old (default {CLEAN_UPLOADS_MIN_AGE_S:g}): a younger "
+    "one may be a save writing there\n"
+    "  --force              remove it whatever its age (a save writing there fails)\n")
 
 EXAMPLES = """examples:
   dcp-fsdp save-and-load nproc=2
@@ -85,6 +96,10 @@ def command_help(command: str) -> str:
                      maxcolwidths=[None, 24, 14, 60], disable_numparse=True)
     if command == "clean-uploads":  # its options beside the settings (launch/listing.py)
         header[2:2] = ["", CLEAN_OPTIONS_HELP.rstrip()]
+    if command == "delete":
+        header[2:2] = ["", DELETE_OPTIONS_HELP.rstrip()]
+    if command == "list":
+        header[2:2] = ["", LIST_OPTIONS_HELP.rstrip()]
     return "\n".join(header) + "\n" + table
 
 

@@ -137,7 +137,7 @@ def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, st
         log.info(f"partial checkpoint suffix={candidates[0]}: on the embedded S3 server, "
                  "deleted with it at exit")
         return
-    from dcp_fsdp.storage import make_store
+    from dcp_fsdp.storage import layout, make_store
 
     with mock.patch.dict(os.environ, {k: v for k, v in env.items() if k.startswith("AWS_")}):
         try:
@@ -146,9 +146,14 @@ def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, st
                 if store.is_complete(suffix):
                     continue
                 aborted = store.abort_uploads(suffix)
+                uploads = (f"; {aborted} open multipart upload(s) aborted" if aborted else "")
+                if layout.holds_only_claim_of(store, suffix, run_line.get("run_id")):
+                    store.delete(suffix)  # a claim with no data is not a checkpoint
+                    log.info(f"suffix={suffix} held only this run's claim, no data (the save "
+                             f"ended before writing): removed from {store.location(suffix)}{uploads}")
+                    continue
                 state = ("incomplete: no .metadata, not loadable; remove it or keep it to "
                          "inspect" if store.has_objects(suffix) else "nothing committed")
-                uploads = (f"; {aborted} open multipart upload(s) aborted" if aborted else "")
                 log.info(f"partial checkpoint suffix={suffix} at {store.location(suffix)} "
                          f"({state}{uploads})")
         except Exception as error:  # cleanup: the run's outcome stands, say what is left

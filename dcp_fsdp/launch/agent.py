@@ -22,7 +22,6 @@ def _quiet_exit(signum, frame):
 
 
 def main(argv: list[str]) -> int:
-    import json
     import logging
     import time
 
@@ -30,6 +29,7 @@ def main(argv: list[str]) -> int:
     from dcp_fsdp.process.lifeline import die_with_parent
 
     die_with_parent(signal.SIGTERM)  # the launcher killed (even by SIGKILL): stop the ranks
+    parent = os.getppid()
     summary_path = os.environ.get(contract.AGENT_SUMMARY_ENV)
     debug = bool(os.environ.get(contract.DEBUG_ENV))
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -73,13 +73,26 @@ def main(argv: list[str]) -> int:
         if debug:
             raise
     summary["finished_at_s"] = time.time()
+    _finish(summary, summary_path, parent)
+    return code
+
+
+def _finish(summary: dict, summary_path: str | None, parent: int) -> None:
+    """The outcome to the launcher's file; if the launcher was killed, the last of its
+    processes (its ranks have ended) removes what it could not: its run directory, its
+    server's directory and sockets."""
+    import json
+
     if summary_path:
         try:
             with open(summary_path, "w") as f:
                 json.dump(summary, f)
         except OSError:
             pass  # the launcher is gone (killed) and its directory with it
-    return code
+    if os.getppid() != parent:
+        from dcp_fsdp.process.lifeline import remove_stale
+
+        remove_stale()
 
 
 class _Terminated(KeyboardInterrupt):

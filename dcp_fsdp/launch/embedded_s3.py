@@ -94,7 +94,12 @@ _MAX_SOCKET_PATH = 100  # bytes; Linux's sun_path is 108 with its NUL
 
 
 def _die_with_starter() -> None:
-    lifeline.die_with_parent(signal.SIGTERM)
+    # SIGKILL, not SIGTERM: its data goes with it anyway, and weed's graceful stop of a
+    # server whose clients were cut off takes 30 s and more (its volume server waits),
+    # during which an orphan server holds its ports, memory and sockets. Killed at once,
+    # what it leaves (its directory, its sockets in /tmp) is removed by the ranks stopping
+    # after the launcher, or by the next run (lifeline.remove_stale).
+    lifeline.die_with_parent(signal.SIGKILL)
 
 
 class EmbeddedS3:

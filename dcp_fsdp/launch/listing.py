@@ -3,12 +3,16 @@ the multipart uploads left open there; `dcp-fsdp clean-uploads`: abort those upl
 
 from __future__ import annotations
 
+import datetime
+
 from dcp_fsdp import log
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
 from dcp_fsdp.config.usage import CLEAN_UPLOADS_MIN_AGE_S as DEFAULT_MIN_AGE_S
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch.preflight import check_fs_root, needs_embedded_server
 from dcp_fsdp.storage import make_store
+from dcp_fsdp.storage import layout
+from dcp_fsdp.storage.layout import CheckpointInfo, read_claim
 
 
 def _store(cfg: BenchmarkConfig, command: str):
@@ -23,16 +27,24 @@ def _store(cfg: BenchmarkConfig, command: str):
     return store
 
 
-def list_checkpoints(cfg: BenchmarkConfig) -> int:
+def list_checkpoints(cfg: BenchmarkConfig, check: bool = False) -> int:
+    """The table of suffixes and the open uploads; `check` (`list --check`): each complete
+    checkpoint's objects against its `.metadata` too. Exit 1 when one is damaged."""
     from tabulate import tabulate
 
     store = _store(cfg, "list")
     checkpoints = store.list_checkpoints()
-    rows = [[c.suffix, "complete" if c.complete else "INCOMPLETE", f"{c.size_bytes / 2**20:.1f}",
-             c.object_count, c.modified] for c in checkpoints]
+    damage = _damage(store, cfg, checkpoints) if check else {}
+    rows = [[c.suffix, "DAMAGED" if c.suffix in damage else _state(c),
+             f"{c.size_bytes / 2**20:.1f}", c.object_count, c.modified] for c in checkpoints]
     print(f"checkpoints under {store.location('')}")
     print(tabulate(rows, headers=["suffix", "state", "MiB", "objects", "modified (UTC)"],
                    tablefmt="github"))
+    for suffix, what in damage.items():
+        print(f"suffix={suffix}: damaged checkpoint: {what}; it cannot load: save it again, or "
+              f"`dcp-fsdp delete suffix={suffix}`")
+    for claim in (c for c in checkpoints if c.claim_only):
+        print(_abandoned_claim_note(store, claim))
     uploads = store.open_uploads()
     if uploads:
         by_suffix: dict[str, list] = {}
@@ -46,11 +58,59 @@ def list_checkpoints(cfg: BenchmarkConfig) -> int:
               "`dcp-fsdp clean-uploads` with the same storage settings aborts them)")
         print(tabulate(rows, headers=["suffix", "uploads", "parts", "MiB", "oldest (UTC)"],
                        tablefmt="github"))
-    return 0
+    return 1 if damage else 0
 
 
-def clean_options(args: list[str]) -> tuple[list[str], float]:
-    """(the other arguments, the minimum age in seconds) from `--min-age-s N` / `--force`."""
+def _damage(store, cfg: BenchmarkConfig, checkpoints: list[CheckpointInfo]) -> dict[str, str]:
+    """{suffix: what is wrong} of the complete checkpoints whose objects do not match their
+    `.metadata` (read once each, screened); said in one line how many were checked."""
+    complete = [c.suffix for c in checkpoints if c.complete]
+    strategy = cfg.storage.prefix_strategy.value
+    if strategy != "default":  # the objects lie under prefixes of their own, not the suffix
+        log.info(f"--check: storage.prefix_strategy={strategy} puts the data objects outside "
+                 "the suffixes; not checked (a load checks them)")
+        return {}
+    found = {suffix: what for suffix in complete
+             if (what := layout.checkpoint_damage(store, suffix)) is not None}
+    log.info(f"--check: {len(complete)} complete checkpoint(s) checked against their "
+             f".metadata: {len(found)} damaged")
+    return found
+
+
+def _state(info: CheckpointInfo) -> str:
+    if info.complete:
+        return "complete"
+    if info.claim_only:
+        return f"CLAIMED, NO DATA ({_age(_age_s(info))} old)"
+    return "INCOMPLETE"
+
+
+def _age_s(info: CheckpointInfo) -> float:
+    """Seconds since the suffix's newest object was written (by the store's clock)."""
+    modified = datetime.datetime.fromisoformat(info.modified)
+    return max(0.0, (datetime.datetime.now(datetime.timezone.utc) - modified).total_seconds())
+
+
+def _abandoned_claim_note(store, info: CheckpointInfo) -> str:
+    """One line for a suffix that holds only a save's claim: who claimed it, how long ago,
+    and how to remove it."""
+    claim = read_claim(store, info.suffix)
+    who = (f" by run {claim.get('run_id') or '?'} on host {claim['host']}"
+           if claim.get("host") else "")
+    return (f"suffix={info.suffix}: claimed {_age(_age_s(info))} ago{who} and holds no data: an "
+            "abandoned claim (a save that ended before writing), unless a save is starting "
+            f"there now; `dcp-fsdp delete suffix={info.suffix}` with the same storage settings "
+            "removes it")
+
+
+def list_options(args: list[str]) -> tuple[list[str], bool]:
+    """(the other arguments, whether `--check` was given)."""
+    return [arg for arg in args if arg != "--check"], "--check" in args
+
+
+def clean_options(args: list[str], command: str = "clean-uploads") -> tuple[list[str], float]:
+    """(the other arguments, the minimum age in seconds) from `--min-age-s N` / `--force`
+    (clean-uploads: of an upload; delete: of an incomplete suffix's newest object)."""
     rest, min_age_s, index = [], DEFAULT_MIN_AGE_S, 0
     while index < len(args):
         arg = args[index]
@@ -65,8 +125,9 @@ def clean_options(args: list[str]) -> tuple[list[str], float]:
             except ValueError:
                 min_age_s = -1.0
             if not min_age_s >= 0 or min_age_s == float("inf"):
-                raise UserError(f"clean-uploads --min-age-s={value}: give seconds, a number >= 0 "
-                                "(e.g. --min-age-s 3600), or --force for every upload")
+                raise UserError(f"{command} --min-age-s={value}: give seconds, a number >= 0 "
+                                "(e.g. --min-age-s 3600), or --force for "
+                                + ("every upload" if command == "clean-uploads" else "any age"))
         else:
             rest.append(arg)
         index += 1
@@ -106,4 +167,34 @@ def clean_uploads(cfg: BenchmarkConfig, min_age_s: float = DEFAULT_MIN_AGE_S) ->
     if young:
         log.info(f"left {len(young)} upload(s) younger than {_age(min_age_s)} alone: a save may "
                  "still be writing them (--min-age-s SECONDS or --force to abort them too)")
+    return 0
+
+
+def delete_checkpoint(cfg: BenchmarkConfig, min_age_s: float = DEFAULT_MIN_AGE_S) -> int:
+    """Remove checkpoint `suffix=`, every object of it and its open uploads: a complete one,
+    or an incomplete one (an abandoned claim included) whose newest object is at least
+    `min_age_s` old (a younger one may be a save writing, or starting, there now)."""
+    if not cfg.suffix:
+        raise UserError("delete needs suffix=NAME: the checkpoint to remove (`dcp-fsdp list` "
+                        "with the same storage settings shows them)")
+    store = _store(cfg, "delete")
+    suffix, where = cfg.suffix, store.location(cfg.suffix)
+    found = next(iter(store.list_checkpoints(suffix)), None)
+    uploads = store.open_uploads(suffix)
+    if found is None and not uploads:
+        raise UserError(f"suffix={suffix}: nothing is stored at {where}; `dcp-fsdp list` with "
+                        "the same storage settings shows the checkpoints there")
+    if found is not None and not found.complete and _age_s(found) < min_age_s:
+        what = "holds only a save's claim" if found.claim_only else "is incomplete"
+        raise UserError(f"suffix={suffix}: {what}, written {_age(_age_s(found))} ago: a save may "
+                        f"be writing there now; left alone (it can be removed once older than "
+                        f"{_age(min_age_s)}; --force removes it now)")
+    aborted = store.abort_uploads(suffix)
+    store.delete(suffix)
+    state = ("no objects" if found is None else "complete" if found.complete else
+             "a claim with no data" if found.claim_only else "incomplete")
+    size = "" if found is None else (f", {found.object_count} object(s), "
+                                     f"{found.size_bytes / 2**20:.1f} MiB")
+    log.info(f"deleted suffix={suffix} at {where} ({state}{size}"
+             + (f"; {aborted} open multipart upload(s) aborted" if aborted else "") + ")")
     return 0

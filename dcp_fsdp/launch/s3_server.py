@@ -6,8 +6,9 @@ runs a small daemon (this module's `serve`) that owns the server and writes its
 endpoint and keys to a state file (mode 0600: it holds the secret key); `env` prints
 them as `export` lines; `stop` ends the daemon, which stops SeaweedFS, and removes the
 state directory with the data. Everything lives in one directory,
-$XDG_RUNTIME_DIR/dcp-fsdp-s3 (else ~/.cache/dcp-fsdp-s3): SeaweedFS's sockets and temporary
-files too (the daemon's TMPDIR points there), so nothing is left in /tmp.
+$XDG_RUNTIME_DIR/dcp-fsdp-s3 (else ~/.cache/dcp-fsdp-s3): SeaweedFS's local sockets and
+temporary files too (the daemon's TMPDIR points there); only its gRPC sockets go to /tmp
+(a fixed path in the binary), removed by `stop`, or after a killed daemon by the next command.
 
 One start or stop at a time: each holds an flock on `dcp-fsdp-s3.lock` beside that
 directory (not in it: stop removes the directory). A second start waits, then finds the
@@ -139,6 +140,9 @@ def read_state(where: Path) -> dict | None:
     if _alive(state.get("daemon_pid")):
         return state
     _kill_group(state.get("server_pid"))
+    ports = state.get("ports")
+    if isinstance(ports, dict):  # its gRPC sockets, in /tmp whatever TMPDIR says
+        lifeline.remove_seaweed_sockets(p for p in ports.values() if isinstance(p, int))
     shutil.rmtree(where, ignore_errors=True)
     return None
 
@@ -173,6 +177,7 @@ def _print_usage_of(state: dict) -> None:
 
 
 def start(where: Path, bucket: str) -> int:
+    lifeline.remove_stale()  # a killed daemon's server left its sockets in /tmp
     state = read_state(where)
     if state is not None:
         log.info("already running")

@@ -17,7 +17,9 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import NoReturn
 
@@ -33,6 +35,10 @@ SERVER_PID_FILE = "server.pid"  # a server using the directory: never removed un
 TEMP_PREFIX = "dcp-fsdp-"
 # SeaweedFS's gRPC servers put unix sockets in /tmp whatever TMPDIR says.
 SEAWEED_SOCKET_DIRS = ("/tmp",)
+# A socket nobody listens on is removed once this old (seconds since it was bound).
+STALE_SOCKET_AGE_S = 60.0
+# A server whose owner is gone was killed with it (SIGKILL): this long to end.
+SERVER_END_WAIT_S = 3.0
 
 
 def die_with_parent(signum: int = signal.SIGTERM) -> bool:
@@ -81,16 +87,69 @@ def remove_stale(tmpdir: str | None = None) -> list[Path]:
         owner = _OWNER.search(path.name[len(TEMP_PREFIX):])
         if owner is None or owner.group(2) not in (None, here) or alive(int(owner.group(1))):
             continue  # not ours, another host's (its pid means nothing here), or alive
-        try:
-            if alive(int((path / SERVER_PID_FILE).read_text())):
-                continue  # its server is still stopping: the next run removes it
-        except (OSError, ValueError):
-            pass
+        if _server_runs_in(path):
+            continue  # its server is still stopping: the next run removes it
         for ports_file in path.glob("**/ports.txt"):
             remove_seaweed_sockets(int(p) for p in ports_file.read_text().split())
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
+    removed += remove_dead_seaweed_sockets(places)
     return removed
+
+
+def _server_runs_in(path: Path, wait_s: float = SERVER_END_WAIT_S) -> bool:
+    """Whether the server `path`'s server.pid names still runs there (its command line names
+    the directory: a pid taken since by another process does not count). Its owner is gone
+    and it was killed with it: it gets `wait_s` to end (a large process takes a moment)."""
+    try:
+        pid = int((path / SERVER_PID_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            process = psutil.Process(pid)
+            running = (process.status() != psutil.STATUS_ZOMBIE
+                       and any(str(path) in arg for arg in process.cmdline()))
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.Error:  # another user's: it is not ours to judge
+            return True
+        if not running or time.monotonic() >= deadline:
+            return running
+        time.sleep(0.1)
+
+
+def remove_dead_seaweed_sockets(places, min_age_s: float = STALE_SOCKET_AGE_S) -> list[Path]:
+    """SeaweedFS's gRPC sockets in /tmp that no server listens on any more, whatever left
+    them (a server killed with a launcher whose directory was elsewhere, an `s3-server`
+    daemon killed): ours (this user's), a socket, older than `min_age_s` (a server binding
+    one this moment is not yet listening) and refusing a connection."""
+    removed = []
+    for path in (p for place in places for p in Path(place).glob("seaweedfs-*.sock")):
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if (not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.getuid()
+                or time.time() - info.st_mtime < min_age_s or _listened_on(path)):
+            continue
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def _listened_on(path: Path) -> bool:
+    """False only when connecting is refused: nobody listens (a busy server may time out)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError:
+            return True
+    return True
 
 
 def remove_seaweed_sockets(ports) -> None:

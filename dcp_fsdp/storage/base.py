@@ -79,7 +79,10 @@ class CheckpointStore(Protocol):
         """Fail in seconds, with a UserError naming the setting, if the store is unusable;
         `writes=False` (a load, `list`): readable is enough (a snapshot, a read-only export)."""
 
-    def list_checkpoints(self) -> list[CheckpointInfo]: ...
+    def list_checkpoints(self, suffix: str | None = None) -> list[CheckpointInfo]:
+        """Every suffix under the root with what it holds (`suffix`: that one only, [] when
+        it holds nothing), sorted by suffix."""
+        ...
 
     def has_objects(self, suffix: str) -> bool: ...
 

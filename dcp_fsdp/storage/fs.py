@@ -93,11 +93,12 @@ class FsStore:
             raise UserError(f"storage.path={self.root}: not writable ({error.strerror or error}); "
                             "choose a directory you can write to") from None
 
-    def list_checkpoints(self) -> list[CheckpointInfo]:
+    def list_checkpoints(self, suffix: str | None = None) -> list[CheckpointInfo]:
         if not self.root.is_dir():
             return []
         found = []
-        for entry in sorted(self.root.iterdir()):
+        entries = [self.root / suffix] if suffix else sorted(self.root.iterdir())
+        for entry in entries:
             if not entry.is_dir():
                 continue
             files = [f for f in entry.rglob("*") if f.is_file()]
@@ -105,7 +106,8 @@ class FsStore:
             found.append(CheckpointInfo(
                 entry.name, (entry / METADATA_NAME).exists(), sum(f.stat().st_size for f in files),
                 len(files),
-                datetime.datetime.fromtimestamp(newest, datetime.timezone.utc).isoformat()))
+                datetime.datetime.fromtimestamp(newest, datetime.timezone.utc).isoformat(),
+                claim_only=[f.name for f in files] == [CLAIM_NAME] and files[0].parent == entry))
         return found
 
     def object_sizes(self, suffix: str) -> dict[str, int]:

@@ -34,8 +34,9 @@ from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.metadata_peek import MAX_METADATA_BYTES, MetadataFacts, read_facts
 
 __all__ = ["CEILING_ROOT", "CLAIM_NAME", "MANIFEST_NAME", "METADATA_NAME", "CheckpointInfo",
-           "SuffixClaim", "check_loadable", "check_suffix", "encode_manifest", "metadata_facts",
-           "new_suffix", "read_manifest", "save_suffix"]
+           "SuffixClaim", "check_loadable", "check_suffix", "encode_manifest",
+           "holds_only_claim_of", "metadata_facts", "new_suffix", "read_claim", "read_manifest",
+           "save_suffix"]
 
 METADATA_NAME = ".metadata"
 MANIFEST_NAME = "dcp_fsdp.json"
@@ -57,6 +58,9 @@ class CheckpointInfo:
     size_bytes: int
     object_count: int
     modified: str  # ISO 8601, UTC, of the newest object
+    # Nothing but the claim (CLAIM_NAME): a save that ended between its claim and its first
+    # object (an abandoned claim), or one starting there now; not a checkpoint.
+    claim_only: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,15 +146,29 @@ def _claim_body() -> bytes:
                            datetime.timezone.utc).isoformat(timespec="seconds")}).encode()
 
 
-def _claimed_by(store, suffix: str) -> str:
-    """' (run R on host H)' from the other save's claim object, when it can be read."""
+def read_claim(store, suffix: str) -> dict[str, Any]:
+    """`suffix`'s claim object as written by `_claim_body` ({} when absent or unreadable)."""
     try:
         claim = json.loads(store.get_small(suffix, CLAIM_NAME, 4096) or b"{}")
     except (ValueError, UserError):
-        return ""
-    if not isinstance(claim, dict) or not claim.get("host"):
+        return {}
+    return claim if isinstance(claim, dict) else {}
+
+
+def _claimed_by(store, suffix: str) -> str:
+    """' (run R on host H)' from the other save's claim object, when it can be read."""
+    claim = read_claim(store, suffix)
+    if not claim.get("host"):
         return ""
     return f" (run {claim.get('run_id') or '?'} on host {claim['host']})"
+
+
+def holds_only_claim_of(store, suffix: str, run_id: str | None) -> bool:
+    """True when `suffix` holds nothing but run `run_id`'s claim: that run's save ended
+    before it wrote anything there (a claim with no data is not a checkpoint)."""
+    if not run_id or set(store.object_sizes(suffix)) != {CLAIM_NAME}:
+        return False
+    return read_claim(store, suffix).get("run_id") == run_id
 
 
 # -- loadability ---------------------------------------------------------------------------
@@ -250,16 +268,36 @@ def check_objects_whole(store, suffix: str, facts: MetadataFacts, prefix_strateg
     Checked where the objects lie under the suffix (storage.prefix_strategy=default)."""
     if prefix_strategy != "default" or not facts.object_sizes:
         return
-    stored = store.object_sizes(suffix)
+    damage = objects_damage(facts, store.object_sizes(suffix))
+    if damage is not None:
+        raise UserError(f"suffix={suffix}: damaged checkpoint: {damage}; it cannot load: save it "
+                        f"again, or load another suffix ({store.location(suffix)})")
+
+
+def objects_damage(facts: MetadataFacts, stored: dict[str, int]) -> str | None:
+    """'data object X is missing' (or holds fewer bytes than `.metadata` places in it), with
+    how many more are damaged; None when every object `facts` names is whole in `stored`."""
     missing = sorted(name for name in facts.object_sizes if name not in stored)
     short = sorted(name for name, size in facts.object_sizes.items()
                    if name in stored and stored[name] < size)
     if not (missing or short):
-        return
+        return None
     name = (missing or short)[0]
     what = ("is missing" if missing else
             f"holds {stored[name]} of the {facts.object_sizes[name]} bytes .metadata places in it")
     more = len(missing) + len(short) - 1
-    raise UserError(f"suffix={suffix}: damaged checkpoint: data object {name} {what}"
-                    + (f" (and {more} more object(s) damaged)" if more else "")
-                    + f"; it cannot load: save it again, or load another suffix ({store.location(suffix)})")
+    return f"data object {name} {what}" + (f" (and {more} more object(s) damaged)" if more else "")
+
+
+def checkpoint_damage(store, suffix: str) -> str | None:
+    """`list --check`: what is wrong with the complete checkpoint `suffix` (its objects lying
+    under it, storage.prefix_strategy=default), None when whole. One GET of its `.metadata`,
+    read through the screen (a hostile one is reported, never unpickled), and one listing."""
+    raw = store.get_small(suffix, METADATA_NAME, MAX_METADATA_BYTES + 1)
+    if raw is None:
+        return f"{METADATA_NAME} is gone (removed since it was listed)"
+    try:
+        facts = read_facts(raw, f"{METADATA_NAME}")
+    except UserError as refused:  # MetadataRefused: hostile, too large, or not DCP's
+        return str(refused)
+    return objects_damage(facts, store.object_sizes(suffix)) if facts.object_sizes else None

@@ -127,8 +127,8 @@ class S3Store:
     def preflight(self, writes: bool = True) -> None:
         self.control.preflight()  # HeadBucket: what a read needs, and a write's first check
 
-    def list_checkpoints(self) -> list[CheckpointInfo]:
-        return self.control.list_checkpoints()
+    def list_checkpoints(self, suffix: str | None = None) -> list[CheckpointInfo]:
+        return self.control.list_checkpoints(suffix)
 
     def has_objects(self, suffix: str) -> bool:
         return self.control.has_objects(suffix)

@@ -10,20 +10,20 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import re
 import secrets
 from typing import Any
 
 from dcp_fsdp import log
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.storage.layout import CEILING_ROOT, METADATA_NAME, CheckpointInfo, OpenUpload
+from dcp_fsdp.storage.layout import (CEILING_ROOT, CLAIM_NAME, METADATA_NAME, CheckpointInfo,
+                                     OpenUpload)
 from dcp_fsdp.storage.s3_target import S3Target
 
 
 def credential_chain_error(error: BaseException) -> UserError | None:
     """One line for a broken AWS credential chain (profile, shared files), naming the
     variable or file and the fix; None for other errors."""
-    import os
-
     import botocore.exceptions as bx
 
     if isinstance(error, bx.ProfileNotFound):
@@ -88,15 +88,12 @@ class S3ControlPlane:
         # A broken profile or shared file fails here: botocore resolves credentials now
         # (once per process: boto3's default session keeps them; a launcher running several
         # jobs starts each with a fresh one, launch/preflight.py).
-        client = boto3.client(
+        return boto3.client(
             "s3", region_name=self.target.region, endpoint_url=self.target.endpoint,
             config=botocore_config.Config(
                 connect_timeout=self.connect_timeout_s, read_timeout=30,
                 retries={"mode": "standard", "total_max_attempts": 2},
-                s3={"addressing_style": "path" if self.target.force_path_style else "auto"},
-            ),
-        )
-        return client
+                s3={"addressing_style": "path" if self.target.force_path_style else "auto"}))
 
     def _explain(self, error: BaseException) -> UserError:
         """One line for a boto3 failure against this bucket."""
@@ -119,9 +116,11 @@ class S3ControlPlane:
         if isinstance(error, (bx.EndpointConnectionError, bx.ConnectTimeoutError,
                               bx.ReadTimeoutError)):
             target = self.target.endpoint or f"AWS S3 in {self.target.region}"
+            errno_text = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(error.kwargs.get("error")))
+            reason = f": {errno_text[1].strip().lower()}" if errno_text else ""  # refused, ...
             return UserError(f"{self.target.endpoint_source}={target}: cannot connect "
-                             f"({type(error).__name__}); check the address and that the server "
-                             "is up")
+                             f"({type(error).__name__}{reason}); check the address and that the "
+                             "server is up")
         if isinstance(error, bx.ClientError):
             response = error.response
             code = str(response.get("Error", {}).get("Code", ""))
@@ -209,7 +208,7 @@ class S3ControlPlane:
             raise UserError(f"storage.region={self.target.region}: bucket '{self.target.bucket}' is in "
                             "another region; set storage.region to the bucket's region")
 
-    def list_checkpoints(self) -> list[CheckpointInfo]:
+    def list_checkpoints(self, suffix: str | None = None) -> list[CheckpointInfo]:
         import botocore.exceptions as bx
 
         client = self.client()
@@ -217,28 +216,29 @@ class S3ControlPlane:
         found: dict[str, dict[str, Any]] = {}
         try:
             for page in client.get_paginator("list_objects_v2").paginate(
-                    Bucket=self.target.bucket, Prefix=base):
+                    Bucket=self.target.bucket, Prefix=base + (f"{suffix}/" if suffix else "")):
                 for obj in page.get("Contents", []):
                     rest = obj["Key"][len(base):]
                     if "/" not in rest:
                         continue
-                    suffix, name = rest.split("/", 1)
-                    if suffix == CEILING_ROOT:  # the raw ceiling's, never a checkpoint
+                    owner, name = rest.split("/", 1)
+                    if owner == CEILING_ROOT:  # the raw ceiling's, never a checkpoint
                         continue
-                    entry = found.setdefault(suffix, {"size": 0, "count": 0, "modified": None,
-                                                      "complete": False})
+                    entry = found.setdefault(owner, {"size": 0, "count": 0, "modified": None,
+                                                     "complete": False, "claim": False})
                     entry["size"] += obj["Size"]
                     entry["count"] += 1
                     modified = obj["LastModified"]
                     if entry["modified"] is None or modified > entry["modified"]:
                         entry["modified"] = modified
-                    if name == METADATA_NAME:
-                        entry["complete"] = True
+                    entry["complete"] |= name == METADATA_NAME
+                    entry["claim"] |= name == CLAIM_NAME
         except (bx.BotoCoreError, bx.ClientError) as error:
             raise self._explain(error) from None
-        return [CheckpointInfo(suffix, e["complete"], e["size"], e["count"],
-                               e["modified"].astimezone(datetime.timezone.utc).isoformat())
-                for suffix, e in sorted(found.items())]
+        return [CheckpointInfo(owner, e["complete"], e["size"], e["count"],
+                               e["modified"].astimezone(datetime.timezone.utc).isoformat(),
+                               claim_only=e["claim"] and e["count"] == 1)
+                for owner, e in sorted(found.items())]
 
     def object_sizes(self, suffix: str) -> dict[str, int]:
         """Every object under `suffix`/ (its name there -> bytes), one listing."""
@@ -265,8 +265,9 @@ class S3ControlPlane:
         try:
             self.client().head_object(Bucket=self.target.bucket, Key=self.target.key(suffix, METADATA_NAME))
             return True
-        except bx.ClientError as error:
-            if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+        except (bx.BotoCoreError, bx.ClientError) as error:  # e.g. the endpoint gone
+            response = error.response if isinstance(error, bx.ClientError) else {}
+            if response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return False
             raise self._explain(error) from None
 
@@ -293,7 +294,16 @@ class S3ControlPlane:
             return body.read(max_bytes)
 
     def put_key(self, key: str, data: bytes) -> None:
-        self.client().put_object(Bucket=self.target.bucket, Key=key, Body=data)
+        self._explained(self.client().put_object, Key=key, Body=data)
+
+    def _explained(self, call, **kwargs) -> Any:
+        """A boto3 call on the bucket; its failure as one line (UserError) naming the fix."""
+        import botocore.exceptions as bx
+
+        try:
+            return call(Bucket=self.target.bucket, **kwargs)
+        except (bx.BotoCoreError, bx.ClientError) as error:
+            raise self._explain(error) from None
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """PutObject with If-None-Match: *; False when the key exists (412) or another
@@ -335,7 +345,7 @@ class S3ControlPlane:
         return self._honours_if_none_match
 
     def delete_key(self, key: str) -> None:
-        self.client().delete_object(Bucket=self.target.bucket, Key=key)
+        self._explained(self.client().delete_object, Key=key)
 
     def delete_prefix(self, prefix: str) -> None:
         """Every object whose key begins with `prefix` (1000 per request, S3's limit)."""

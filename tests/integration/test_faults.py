@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import http.client
 import io
+import subprocess
+import sys
 import time
 
 import boto3
@@ -26,7 +28,7 @@ import botocore.config
 import botocore.exceptions
 import pytest
 
-from tests.kit.cli import read_run, run_cli, s3_args, s3_env
+from tests.kit.cli import REPO, clean_env, read_run, run_cli, s3_env
 from tests.kit.fault_proxy import DATA_PLANE, FaultProxy, request_type
 
 TIMEOUT_S = 180  # no CLI run in this file may take longer (they take 10-25 s)
@@ -322,3 +324,46 @@ def test_stalled_response_ends_the_run_at_op_timeout(s3, s3_uri, tmp_path):
     assert any("op_timeout_s=5" in line for line in error_lines(result)), result.stderr
     run, _ = read_run(tmp_path)
     assert run["status"] == "failed" and "op_timeout_s" in run["error"]
+
+
+def test_an_endpoint_killed_mid_save_is_named_first_with_the_fix(s3, s3_uri, tmp_path):
+    """The S3 endpoint goes away while the ranks write (the proxy, which is the endpoint the
+    run knows, stops: held connections cut, the port refused): the line and the record lead
+    with the endpoint refusing connections and what to do, found by the rank's probe after
+    DCP's own error (the connector's CRT error, or torch's "inline_container.cc ...
+    unexpected pos" when a write fails mid-stream)."""
+    proxy = FaultProxy(s3.endpoint_url, stall_rate=1.0, stall_s=120,
+                       targets=["PutObject", "CreateMultipartUpload", "UploadPart"],
+                       key_pattern=r"\.distcp$").start()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "dcp_fsdp", "save", f"storage.uri={s3_uri}",
+             f"storage.endpoint={proxy.url}", "model=tiny_llama", "nproc=2",
+             "storage.max_attempts=2", f"results_dir={tmp_path}"],
+            env=clean_env(s3_env(s3)), cwd=REPO, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + TIMEOUT_S
+        while not proxy.events and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proxy.events, "the save never wrote its data"
+    finally:
+        proxy.stop()  # the endpoint is gone
+    killed = time.monotonic()
+    try:
+        _, stderr = process.communicate(timeout=TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert time.monotonic() - killed < 30  # storage.max_attempts=2: no long retries
+    assert process.returncode == 1, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("dcp-fsdp: error:")]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr
+    lead = (f"storage.endpoint={proxy.url}: cannot connect (EndpointConnectionError: "
+            "connection refused); check the address and that the server is up")
+    assert errors[0].startswith(f"dcp-fsdp: error: {lead} (found by probing the storage"), errors[0]
+    run, _ = read_run(tmp_path)
+    assert run["status"] == "failed" and run["error"].startswith(lead), run["error"]
+    assert "inline_container" not in run["error"].split("(found by probing", 1)[0]
+    # The launcher cannot look at the partial checkpoint either: it says why the same way.
+    assert f"could not check the partial checkpoint ({lead})" in stderr, stderr

@@ -198,3 +198,41 @@ def test_stop_refuses_while_a_run_uses_the_server(tmp_path):
     finally:
         run_cli(["s3-server", "stop", "--force"], env=env, timeout_s=60)
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_a_killed_daemon_takes_its_server_with_it_and_leaves_no_socket_in_tmp(tmp_path):
+    """kill -9 of the s3-server daemon: SeaweedFS ends at once (it dies with the daemon),
+    and the next s3-server command finds the daemon gone and removes what it left: the
+    state directory and the server's gRPC sockets, which SeaweedFS puts in /tmp whatever
+    TMPDIR says."""
+    runtime = Path(tempfile.mkdtemp(prefix="s3k-", dir="/tmp"))
+    env = {"XDG_RUNTIME_DIR": str(runtime), "TMPDIR": str(runtime)}
+    try:
+        start = run_cli(["s3-server", "start"], env=env, timeout_s=120)
+        assert start.returncode == 0, start.stderr
+        state = json.loads((runtime / "dcp-fsdp-s3" / "state.json").read_text())
+        ports = state["ports"].values()
+        assert _sockets(ports), "SeaweedFS made no socket in /tmp: nothing to check"
+        os.kill(state["daemon_pid"], 9)
+        deadline = time.monotonic() + 5
+        while _alive_not_zombie(state["server_pid"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive_not_zombie(state["server_pid"]), "SeaweedFS outlived its daemon"
+        status = run_cli(["s3-server", "status"], env=env)
+        assert status.returncode == 3 and "not running" in status.stdout, status.stdout
+        assert _sockets(ports) == []
+        assert not (runtime / "dcp-fsdp-s3").exists()
+    finally:
+        run_cli(["s3-server", "stop", "--force"], env=env, timeout_s=60)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _sockets(ports) -> list[Path]:
+    return [p for port in ports for p in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
+
+
+def _alive_not_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -125,3 +125,17 @@ def test_manifest_round_trip_and_garbage(store):
     store.put_small("t", layout.MANIFEST_NAME, b"not json")
     assert layout.read_manifest(store, "t") is None
     assert layout.read_manifest(store, "missing") is None
+
+
+def test_a_suffix_holding_only_a_claim_is_named_so_and_recognised_as_its_runs(store, monkeypatch):
+    monkeypatch.setenv("DCP_FSDP_RUN_ID", "run-a")
+    assert layout.save_suffix(store, "only", 1, 1, []) == ("only", layout.CLAIM_EXCLUSIVE)
+    assert layout.save_suffix(store, "used", 1, 1, [])[0] == "used"
+    store.put_small("used", "__0_0.distcp", b"data")
+    listed = {c.suffix: c for c in store.list_checkpoints()}
+    assert listed["only"].claim_only and not listed["used"].claim_only
+    assert [c.suffix for c in store.list_checkpoints("only")] == ["only"]
+    assert store.list_checkpoints("absent") == []
+    assert layout.holds_only_claim_of(store, "only", "run-a")
+    assert not layout.holds_only_claim_of(store, "only", "run-b")  # another run's claim
+    assert not layout.holds_only_claim_of(store, "used", "run-a")  # it holds data
