@@ -147,14 +147,17 @@ def tune(overrides: list[str], started_mono: float) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)
     if code == contract.EXIT_INTERRUPTED:
-        done = len(list(session_dir.glob("*.jsonl")))
-        if (session_dir / "tune.json").exists():  # the verdict was printed: only the
-            # recommendation's efficiency trial was cut
-            log.info(f"tune: interrupted after {time.monotonic() - started_mono:.0f} s, in "
-                     "the efficiency trial after the verdict: the recommendation above "
-                     f"stands (tune.json); the records ({done}) stay in {session_dir}")
-        else:
-            log.info(f"tune: interrupted after {time.monotonic() - started_mono:.0f} s: no "
-                     f"recommendation from a cut search; the records ({done}) stay in "
-                     f"{session_dir}")
+        _say_interrupted(session_dir, time.monotonic() - started_mono)
     return code
+
+
+def _say_interrupted(session_dir: Path, after_s: float) -> None:
+    done = len(list(session_dir.glob("*.jsonl")))
+    if (session_dir / "tune.json").exists():  # the verdict was printed: only the
+        # recommendation's efficiency trial was cut
+        log.info(f"tune: interrupted after {after_s:.0f} s, in the efficiency trial after the "
+                 "verdict: the recommendation above stands (tune.json); the records "
+                 f"({done}) stay in {session_dir}")
+    else:
+        log.info(f"tune: interrupted after {after_s:.0f} s: no recommendation from a cut "
+                 f"search; the records ({done}) stay in {session_dir}")
