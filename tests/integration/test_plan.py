@@ -44,20 +44,20 @@ def test_plan_matches_a_measured_save(tmp_path, nproc, thread_count, state):
     assert run["world_size"] == nproc
     written = {s["rank"]: s["written_bytes"] for s in samples if s["op"] == "save"}
     assert dict(enumerate(plan.rank_bytes())) == written
+    if nproc == 2:  # and the command as a user runs it, this measured record beside it
+        assert_plan_command_projects_from_the_record(settings, tmp_path / "results")
 
 
-def test_plan_command_projects_from_the_record(tmp_path):
-    """The command as a user runs it, with a measured record beside it."""
-    settings = ["model=tiny_llama", "storage=fs", f"storage.path={tmp_path / 'ckpt'}"]
-    assert_ok(run_cli(["save", *settings, "nproc=2", "progress=false",
-                       f"results_dir={tmp_path / 'results'}"], timeout_s=600))
+def assert_plan_command_projects_from_the_record(settings: list[str], results: Path) -> None:
     result = run_cli(["plan", *settings, "world_size=8", "ranks_per_node=2",
-                      f"record={tmp_path / 'results'}"], timeout_s=600)
+                      f"record={results}"], timeout_s=600)
     assert_ok(result)
     out = result.stdout
     assert ".metadata:" in out and "memory per rank:" in out and "global planning" in out
     table = out.split("nodes    ranks")[1].splitlines()[2:]
     assert [row.split()[:2] for row in table] == [["1", "2"], ["2", "4"], ["4", "8"]]
+
+
 
 
 def test_planned_requests_match_an_s3_save(s3, s3_uri, tmp_path):
