@@ -13,9 +13,10 @@ import os
 import resource
 import time
 import traceback
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from dcp_fsdp import contract, log
+from dcp_fsdp.process.ending import RankEnding, write_error_file
 from dcp_fsdp.process.failures import caused_by_interrupt
 from dcp_fsdp.process.signals import STUCK_AFTER_SIGNAL_S, InterruptGuard, PeerFailed, Terminated
 from dcp_fsdp.config.schema import BenchmarkConfig, Command, StorageKind
@@ -291,8 +292,10 @@ def gpus(device) -> dict | None:
 
 def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:
     guard = InterruptGuard()
-    guard.install(on_stuck=_end_stuck_rank)
+    started: list[RankSession] = []  # the watcher may fire before the session exists
+    guard.install(on_stuck=lambda name: _end_stuck_rank(name, started[0] if started else None))
     session = RankSession(cfg, process_start_mono, guard)
+    started.append(session)
     ending = RankEnding("ok", None, contract.EXIT_OK, contract.EndCause.OK)
     try:
         session.start_telemetry()
@@ -320,15 +323,6 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:
     if session.record_path is None:
         return RankResult(exit_code)
     return RankResult(exit_code, session.run, session.samples(), session.record_path)
-
-
-class RankEnding(NamedTuple):
-    """How this rank's run ended: what the record says, the exit code, and why as a field."""
-
-    status: str  # ok | failed | interrupted
-    error_line: str | None
-    exit_code: int
-    cause: contract.EndCause
 
 
 def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) -> RankEnding:
@@ -364,32 +358,27 @@ def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) 
     return RankEnding("failed", error_line, contract.EXIT_FAILED, cause.ERROR)
 
 
-def _end_stuck_rank(signal_name: str) -> None:
+def _end_stuck_rank(signal_name: str, session: RankSession | None) -> None:
     """The signal watcher's end of a rank whose main thread stayed in native code after a
-    signal: say it, leave the outcome where the agent reads it, and end now."""
+    signal (an upload's close waiting on its parts, a stalled storage): the record, when
+    this rank keeps it, with the operations that finished; the outcome where the agent
+    reads it; the end, now."""
     peer_ended = signal_name == contract.PEER_FAILED_SIGNAL_NAME
-    line = (f"still in native code (storage stalled?) {STUCK_AFTER_SIGNAL_S:g} s after {signal_name}: "
-            "ended without its record")
-    log.error(f"rank {os.environ.get('RANK', '?')}: {line}")
-    write_error_file(RankEnding("failed" if peer_ended else "interrupted", line,
-                                contract.EXIT_FAILED if peer_ended else contract.EXIT_INTERRUPTED,
-                                contract.EndCause.PEER_ENDED if peer_ended else contract.EndCause.INTERRUPTED))
-    os._exit(contract.EXIT_FAILED if peer_ended else contract.EXIT_INTERRUPTED)
-
-
-def write_error_file(ending: RankEnding) -> None:
-    """This rank's outcome where torch's elastic agent reads it (TORCHELASTIC_ERROR_FILE,
-    the file torch's `record()` writes): torchrun prints "message"; our agent passes the
-    fields under contract.ERROR_FILE_KEY to the launcher, which decides on the cause."""
-    import json
-
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
-        return
-    try:
-        with open(path, "w") as f:
-            json.dump({"message": f"{ending.status}: {ending.error_line}", "timestamp": int(time.time()),
-                       contract.ERROR_FILE_KEY: {"status": ending.status, "error": ending.error_line,
-                                                 "cause": ending.cause.value}}, f)
-    except OSError:
-        pass  # the agent then reports the exit code alone
+    ending = RankEnding("failed" if peer_ended else "interrupted",
+                        f"{'stopped' if peer_ended else 'interrupted'} by {signal_name}; still "
+                        f"inside a storage or native call {STUCK_AFTER_SIGNAL_S:g} s later (an "
+                        "upload or download in progress, or a stalled storage): ended there",
+                        contract.EXIT_FAILED if peer_ended else contract.EXIT_INTERRUPTED,
+                        contract.EndCause.PEER_ENDED if peer_ended else contract.EndCause.INTERRUPTED)
+    recorded = False
+    try:  # the main thread is held in native code (the GIL free): the samples are still here
+        if session is not None and session.run.run_id and session.writes_record(ending.status):
+            session.run.end_cause = ending.cause.value
+            session.write_record(ending.status, ending.error_line, session.samples(), [session.init])
+            recorded = True
+    except BaseException:  # the outcome below still reaches the agent
+        pass
+    log.error(f"rank {os.environ.get('RANK', '?')}: {ending.error_line}"
+              + ("" if recorded else " (without its record: another rank keeps it)"))
+    write_error_file(ending)
+    os._exit(ending.exit_code)

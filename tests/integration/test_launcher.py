@@ -71,6 +71,36 @@ def test_kill_9_of_the_launcher_takes_agent_ranks_and_server_with_it(tmp_path):
     assert _sockets(ports) == []
 
 
+def test_ranks_held_in_a_stalled_upload_record_the_run_when_the_launcher_is_killed(s3, s3_uri,
+                                                                                  tmp_path):
+    """kill -9 of the launcher while the ranks' main threads wait inside a native upload (the
+    proxy holds rank 0's data object of the second save): torch's agent SIGTERMs them, no
+    Python handler can run, and the signal watcher ends them 8 s later. It writes the record
+    first (rank 0 keeps it): interrupted, the first save's samples, the suffix it was
+    writing. Before, they ended "without its record" and nothing said what was left."""
+    with FaultProxy(s3.endpoint_url, stall_rate=1.0, stall_s=600, targets=None,
+                    key_pattern=r"/stk-2/__0_\d+\.distcp$") as proxy:
+        process = start_cli(["save", f"storage.uri={s3_uri}", f"storage.endpoint={proxy.url}",
+                             "nproc=2", "iterations=2", "suffix=stk", "integrity=false",
+                             f"results_dir={tmp_path / 'r'}"], s3_env(s3))
+        read_until(process, "saved suffix=stk-1")
+        deadline = time.monotonic() + 60
+        while not proxy.counts["stall"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proxy.counts["stall"], "the second save's upload was never held"
+        below = descendants(process.pid)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+        assert wait_gone(below) == [], "still running after the launcher was killed"
+        proxy.release_stalls()
+    run, samples = read_run(tmp_path / "r")
+    assert run["status"] == "interrupted" and run["end_cause"] == "interrupted", run
+    assert "still inside a storage or native call" in run["error"], run["error"]
+    assert run["incomplete_suffix"] == "stk-2"
+    assert {s["suffix"] for s in samples if s["op"] == "save"} == {"stk-1"}
+    assert len([s for s in samples if s["op"] == "save"]) == 2
+
+
 def _sockets(ports) -> list[Path]:
     return [p for port in ports for p in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
 
