@@ -116,7 +116,9 @@ def check_compatible(store, cfg: BenchmarkConfig) -> MetadataFacts:
     and state (from its manifest, else from .metadata) fit the settings. A model-only load
     of a model-and-optimizer checkpoint is allowed, and said."""
     suffix = _load_suffix(cfg)
-    manifest = layout.read_manifest(store, suffix) or {}
+    # a damaged manifest is refused unless the load is not to be verified (integrity=false)
+    manifest = (layout.read_manifest(store, suffix) if cfg.integrity
+                else layout.manifest_if_readable(store, suffix)) or {}
     # Read here, by the screen, before any rank: torch's reader would unpickle anything.
     raw = store.get_small(suffix, layout.METADATA_NAME, metadata_peek.MAX_METADATA_BYTES + 1)
     if raw is None:  # check_loadable found it: deleted since, or GET refused; unscreened

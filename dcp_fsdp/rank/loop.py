@@ -121,7 +121,8 @@ class CheckpointLoop:
                 layout.check_mirrorable(facts, self.ctx.world_size, suffix)
             problem = checkpoint_mismatch(facts.tensors, self.state_dict)
             if problem is not None:
-                raise mismatch_error(suffix, self.cfg, problem, layout.read_manifest(self.store, suffix))
+                raise mismatch_error(suffix, self.cfg, problem,
+                                     layout.manifest_if_readable(self.store, suffix))
         rank0_decides(self.ctx, decide)
 
     # -- one timed operation -------------------------------------------------------------

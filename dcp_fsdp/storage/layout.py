@@ -35,7 +35,8 @@ from dcp_fsdp.storage.metadata_peek import MAX_METADATA_BYTES, MetadataFacts, re
 
 __all__ = ["CEILING_ROOT", "CLAIM_NAME", "MANIFEST_NAME", "METADATA_NAME", "CheckpointInfo",
            "SuffixClaim", "check_loadable", "check_suffix", "encode_manifest",
-           "holds_only_claim_of", "metadata_facts", "new_suffix", "read_claim", "read_manifest",
+           "holds_only_claim_of", "manifest_if_readable", "metadata_facts", "new_suffix", "read_claim",
+           "read_manifest",
            "save_suffix"]
 
 METADATA_NAME = ".metadata"
@@ -194,14 +195,29 @@ def encode_manifest(manifest: dict[str, Any]) -> bytes:
 
 
 def read_manifest(store, suffix: str) -> dict[str, Any] | None:
+    """The checkpoint's manifest; None only when none is stored. A stored one that is not a
+    JSON object is refused (UserError): it does not mean "nothing to verify against"."""
     data = store.get_small(suffix, MANIFEST_NAME)
     if data is None:
         return None
     try:
         parsed = json.loads(data)
     except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise UserError(f"suffix={suffix}: its manifest {MANIFEST_NAME} is damaged (not a JSON "
+                        "object), so the values it was saved with are unknown and a load "
+                        "cannot be verified; load with integrity=false to load it unverified, "
+                        "or save it again")
+    return parsed
+
+
+def manifest_if_readable(store, suffix: str) -> dict[str, Any] | None:
+    """The manifest for what it can say (settings in an error line); None if absent or damaged."""
+    try:
+        return read_manifest(store, suffix)
+    except UserError:
         return None
-    return parsed if isinstance(parsed, dict) else None
 
 
 # -- .metadata: read once per run, always through the screen -------------------------------

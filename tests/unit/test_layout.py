@@ -122,9 +122,35 @@ def test_a_checkpoint_is_loadable_only_with_its_metadata(store):
 def test_manifest_round_trip_and_garbage(store):
     store.put_small("s", layout.MANIFEST_NAME, layout.encode_manifest({"model": "tiny_llama"}))
     assert layout.read_manifest(store, "s") == {"model": "tiny_llama"}
-    store.put_small("t", layout.MANIFEST_NAME, b"not json")
-    assert layout.read_manifest(store, "t") is None
-    assert layout.read_manifest(store, "missing") is None
+    assert layout.read_manifest(store, "missing") is None  # only an absent one is None
+    for garbage in (b"{not json", b"[1, 2]"):
+        store.put_small("t", layout.MANIFEST_NAME, garbage)
+        with pytest.raises(UserError, match=r"suffix=t: its manifest dcp_fsdp.json is damaged"
+                                            r".*integrity=false"):
+            layout.read_manifest(store, "t")
+        assert layout.manifest_if_readable(store, "t") is None
+
+
+@pytest.mark.parametrize("integrity", [True, False])
+def test_a_load_refuses_a_damaged_manifest_before_any_rank_unless_unverified(tmp_path, integrity):
+    """The trial's case 81: `{not json` in dcp_fsdp.json was read as "no manifest stored" and
+    the load ran unverified, exit 0."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from dcp_fsdp.config.schema import BenchmarkConfig, Command
+    from dcp_fsdp.launch.preflight import check_compatible
+
+    dcp.save({"w": torch.ones(4)}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "s")),
+             no_dist=True)
+    (tmp_path / "s" / layout.MANIFEST_NAME).write_bytes(b"{not json")
+    cfg = BenchmarkConfig(command=Command.load, suffix="s", integrity=integrity,
+                          storage=StorageConfig(kind=StorageKind.fs, path=str(tmp_path)))
+    if integrity:
+        with pytest.raises(UserError, match=r"suffix=s: its manifest dcp_fsdp.json is damaged"):
+            check_compatible(FsStore(cfg.storage), cfg)
+    else:  # not to be verified: the manifest is not needed, .metadata stands alone
+        check_compatible(FsStore(cfg.storage), cfg)
 
 
 def test_a_suffix_holding_only_a_claim_is_named_so_and_recognised_as_its_runs(store, monkeypatch):
