@@ -40,6 +40,9 @@ def list_checkpoints(cfg: BenchmarkConfig, check: bool = False) -> int:
     print(f"checkpoints under {store.location('')}")
     print(tabulate(rows, headers=["suffix", "state", "MiB", "objects", "modified (UTC)"],
                    tablefmt="github"))
+    if not check and any(c.complete for c in checkpoints):
+        print("complete: its .metadata is stored (DCP's commit); `dcp-fsdp list --check` also "
+              "checks each one's data objects against it (a deleted or cut-short object)")
     for suffix, what in damage.items():
         print(f"suffix={suffix}: damaged checkpoint: {what}; it cannot load: save it again, or "
               f"`dcp-fsdp delete suffix={suffix}`")

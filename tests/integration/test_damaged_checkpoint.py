@@ -44,6 +44,7 @@ def test_an_s3_checkpoint_missing_and_short_of_data_objects_is_refused_naming_th
     # complete checkpoint's .metadata and marks this one DAMAGED, naming the first object.
     plain = run_cli(["list", *s3_args(s3, s3_uri)], env=s3_env(s3))
     assert plain.returncode == 0 and _state(plain, suffix) == "complete", plain.stdout
+    assert "`dcp-fsdp list --check` also checks each one's data objects" in plain.stdout
     checked = run_cli(["list", *s3_args(s3, s3_uri), "--check"], env=s3_env(s3))
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert _state(checked, suffix) == "DAMAGED" and _state(checked, "whole") == "complete"
