@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -64,7 +65,8 @@ def figures_of(samples) -> dict[str, Any]:
             figures[f"{op}_s"] = found[op]["span_s"]
             figures[f"{op}_bytes"] = found[op]["bytes"]
             figures[f"{op}_spread"] = found[op]["spread"]
-            figures[f"{op}_best_mib_s"] = max(found[op]["per_iteration_mib_s"])
+            rates = [v for v in found[op]["per_iteration_mib_s"] if not math.isnan(v)]
+            figures[f"{op}_best_mib_s"] = max(rates) if rates else math.nan
             if op in ("save", "load"):
                 figures[f"{op}_efficiency"] = found[op]["efficiency"]
     if {"save_s", "load_s"} <= figures.keys():
