@@ -378,6 +378,11 @@ def _end_stuck_rank(signal_name: str, session: RankSession | None) -> None:
             recorded = True
     except BaseException:  # the outcome below still reaches the agent
         pass
+    try:
+        if session is not None and session.request_log is not None:
+            session.request_log.remove()  # os._exit skips every cleanup
+    except BaseException:
+        pass
     log.error(f"rank {os.environ.get('RANK', '?')}: {ending.error_line}"
               + ("" if recorded else " (without its record: another rank keeps it)"))
     write_error_file(ending)
