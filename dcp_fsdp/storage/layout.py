@@ -5,7 +5,8 @@ DCP: its presence is the commit point, so a checkpoint without it is incomplete 
 never loadable), our manifest `dcp_fsdp.json` (what was saved: model, dtype, state,
 world size, and the seed and version of the value function every load verifies against;
 written after the commit), and the claim `dcp_fsdp.claim` (which run took the suffix:
-written first, by rank 0, before any rank writes).
+written first: by the launcher before any rank starts where `suffix=NAME` is given, else
+by rank 0 before any rank writes).
 
 Suffixes: a save without `suffix=` gets a fresh `YYYY-MM-DD-HH-MM-xxxx` (sorts by time;
 the random tail keeps parallel runs apart); `suffix=NAME` with iterations > 1 becomes
