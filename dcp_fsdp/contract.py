@@ -25,6 +25,10 @@ TUNE_ENV = "DCP_FSDP_TUNE"  # tune -> rank: path of the tune session's plan (JSO
 # launcher -> rank 0: the load's .metadata as the launcher's screen read it (JSON: suffix and
 # facts), so the tool reads a checkpoint's .metadata once per run, not once per check
 METADATA_FACTS_ENV = "DCP_FSDP_METADATA_FACTS"
+# launcher -> rank 0: the launcher claimed the save's `suffix=` suffixes for this run (the
+# claim objects name DCP_FSDP_RUN_ID) before any rank started; the value is how
+# (layout.CLAIM_*). Rank 0 takes those claims as its own instead of claiming again.
+SUFFIX_CLAIMED_ENV = "DCP_FSDP_SUFFIX_CLAIMED"
 
 # benchmarks/harness_cost.py -> rank, benchmark-only (not a setting): instrumentation pieces
 # left out of the timed path, comma-separated names from HARNESS_PIECES; recorded on the run
@@ -33,7 +37,8 @@ HARNESS_PIECES = ("hooks", "watchdog", "memory")  # stream/hook timing, op watch
 
 # Every variable above, for documentation and checks.
 ALL_ENV = (CONFIG_ENV, RUN_ID_ENV, PREFLIGHT_DONE_ENV, EMBEDDED_ENV, ARGV_ENV, DEBUG_ENV,
-           AGENT_SUMMARY_ENV, WRITING_SUFFIX_FILE_ENV, TUNE_ENV, HARNESS_OFF_ENV, METADATA_FACTS_ENV)
+           AGENT_SUMMARY_ENV, WRITING_SUFFIX_FILE_ENV, TUNE_ENV, HARNESS_OFF_ENV, METADATA_FACTS_ENV,
+           SUFFIX_CLAIMED_ENV)
 
 
 def harness_off(value: str | None) -> tuple[frozenset[str], list[str]]:

@@ -3,6 +3,10 @@
 A run that says "ok" is left out of every figure (and listed, with the reason) when:
 - its record file has unreadable lines (a sample line cut off or damaged: that rank's
   measurement is lost, so the operation's bytes and span would be wrong);
+- its record file has lines that are not JSON and not recognisably a sample (a stray line
+  appended, damage) and the record has no sample count to hold it to (below: schema 2 on,
+  world_size and iterations known); where it has one, its samples are checked by it and
+  such lines only skipped (the report's note names them);
 - some operation (op, iteration) lacks a rank of 0..world_size-1, or has a rank outside it;
 - the run line has no world_size and the ranks differ between operations;
 - (records of schema 2 on) a save, load or save-and-load lacks an iteration of 1..iterations
@@ -29,6 +33,10 @@ def incomplete_reason(run: dict[str, Any], samples: list[dict[str, Any]]) -> str
     if unreadable:
         return (f"{unreadable} unreadable line(s) in its record file: cut off or damaged, "
                 "a rank's sample is lost")
+    unknown = run.get("unknown_lines") or 0
+    if unknown and not _has_sample_count(run):
+        return (f"{unknown} unreadable line(s) in its record file, and it has no sample count "
+                "to show whether a rank's sample is lost")
     ranks_per_op: dict[tuple[str, int], set[int]] = defaultdict(set)
     for sample in samples:
         # rank is a required sample field (telemetry.record_checks): never absent here
@@ -57,6 +65,16 @@ def incomplete_reason(run: dict[str, Any], samples: list[dict[str, Any]]) -> str
                     return (f"no {op} sample of iteration(s) {_ranks_text(missing)} "
                             f"(iterations={iterations})")
     return None
+
+
+def _has_sample_count(run: dict[str, Any]) -> bool:
+    """Whether the run line says how many samples it must have: every rank of world_size
+    for every iteration of each operation its command times (checked in incomplete_reason)."""
+    world_size = run.get("world_size")
+    iterations = (run.get("config") or {}).get("iterations")
+    return (int(run.get("schema_version") or 0) >= 2 and run.get("command") in COMMAND_OPS
+            and isinstance(world_size, int) and world_size > 0
+            and isinstance(iterations, int) and iterations > 0)
 
 
 def incomplete_runs(runs: list[dict[str, Any]], samples: list[dict[str, Any]]

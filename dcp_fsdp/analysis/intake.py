@@ -28,7 +28,9 @@ class _Copy:
     path: Path
     run: dict[str, Any]
     samples: list[dict[str, Any]]
-    bad_lines: int
+    # (lines that lost a sample, lines not JSON that say nothing of what they were): of two
+    # copies, the one with fewer (in that order) is the whole one
+    bad_lines: tuple[int, int]
 
 
 def _places(places: list[str]) -> str:
@@ -67,8 +69,10 @@ class Intake:
                 self._skipped_lines["sample line: its run_id names no run line of its "
                                     "file"].append(str(path))
         for run in parsed.runs:
-            row = {**run.to_json(), "record_file": str(path), "unreadable_lines": parsed.bad_lines}
-            self._keep(_Copy(path, row, samples[run.run_id], parsed.bad_lines))
+            row = {**run.to_json(), "record_file": str(path), "unreadable_lines": parsed.bad_lines,
+                   "unknown_lines": parsed.unknown_lines}
+            self._keep(_Copy(path, row, samples[run.run_id],
+                             (parsed.bad_lines, parsed.unknown_lines)))
 
     def add_unreadable(self, path: Path, reason: str) -> None:
         """A file that could not be opened or read at all."""

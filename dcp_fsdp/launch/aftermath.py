@@ -44,9 +44,10 @@ def find_record(results_dir: str, run_id: str) -> Path | None:
 
 
 def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
-           env: dict[str, str] | None = None) -> None:
+           env: dict[str, str] | None = None, claimed: list[str] | None = None) -> None:
     """Record, say and clean up after a launch of the ranks (nothing to do when it
-    succeeded: rank 0 recorded and printed everything)."""
+    succeeded: rank 0 recorded and printed everything). `claimed`: the suffixes the
+    launcher claimed for the run before its ranks started."""
     if outcome.status == "ok":
         return
     from dcp_fsdp.process import lifeline
@@ -72,7 +73,7 @@ def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
     elif outcome.error and (not rank_wrote or outcome.cause is contract.EndCause.KILLED
                             or replaced_root_cause):
         log.error(outcome.error)  # no rank said it: it was killed, or never got going
-    _partial_checkpoints(cfg, run_line, env or {})
+    _partial_checkpoints(cfg, run_line, env or {}, claimed or [])
 
 
 def _amend(path: Path, outcome: "RanksOutcome") -> tuple[dict, bool]:
@@ -125,12 +126,15 @@ def _write(out, text: str) -> None:
     out.write(text)
 
 
-def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, str]) -> None:
+def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, str],
+                         claimed: list[str]) -> None:
     """Name the checkpoint a stopped save left behind, and abort its open uploads."""
     # The save in progress, and the last one recorded (an async save returns before its
-    # upload is committed); earlier ones were committed before the next began.
-    candidates = [s for s in [run_line.get("incomplete_suffix"),
-                              *run_line.get("suffixes", [])[-1:]] if s]
+    # upload is committed); earlier ones were committed before the next began. The
+    # launcher's claims of saves not reached hold no data: removed below.
+    recorded = run_line.get("suffixes", [])
+    candidates = [s for s in [run_line.get("incomplete_suffix"), *recorded[-1:],
+                              *(c for c in claimed if c not in recorded)] if s]
     if not candidates or cfg.command.value == "load":
         return
     if os.environ.get(contract.EMBEDDED_ENV) == "1" or env.get(contract.EMBEDDED_ENV) == "1":

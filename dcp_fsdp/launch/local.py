@@ -35,7 +35,7 @@ from dcp_fsdp.storage.metadata_peek import MetadataFacts
 from dcp_fsdp.config.schema import BenchmarkConfig
 from dcp_fsdp.launch.aftermath import RanksOutcome
 from dcp_fsdp.launch.checks import check_launch
-from dcp_fsdp.launch.preflight import preflight, storage_environment
+from dcp_fsdp.launch.preflight import claim_save_suffixes, preflight, storage_environment
 from dcp_fsdp.launch.server_check import ServerCheck
 from dcp_fsdp.telemetry import records
 
@@ -64,7 +64,9 @@ def launch_local(cfg: BenchmarkConfig) -> int:
         if check is not None:
             check.begin()
         facts = preflight(cfg, server_env)
-        code = run_ranks(cfg, run_id, env, metadata_facts=facts)
+        claimed, claim_env = claim_save_suffixes(cfg, server_env, run_id)
+        code = run_ranks(cfg, run_id, {**env, **claim_env}, metadata_facts=facts,
+                         claimed_suffixes=claimed)
         if check is not None and code == 0:
             from dcp_fsdp.launch.aftermath import find_record
 
@@ -73,11 +75,13 @@ def launch_local(cfg: BenchmarkConfig) -> int:
 
 
 def run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str],
-              module: str = "dcp_fsdp", metadata_facts: MetadataFacts | None = None) -> int:
+              module: str = "dcp_fsdp", metadata_facts: MetadataFacts | None = None,
+              claimed_suffixes: list[str] | None = None) -> int:
     """Start cfg.nproc ranks (`python -m MODULE`, config in DCP_FSDP_CONFIG: cli.py's
     launched_rank takes it from there) under torch's elastic agent with `env`, wait for
     them, and leave a record of how they ended (the public entry for callers that manage
-    storage themselves, e.g. tune). Exit code."""
+    storage themselves, e.g. tune); a claim of `claimed_suffixes` (the launcher's) that
+    holds no data when they end is removed. Exit code."""
     run_dir = lifeline.owned_tempdir("dcp-fsdp-run-")
     try:
         if metadata_facts is not None and cfg.suffix:  # the load's, screened: rank 0 needs no GET
@@ -89,7 +93,7 @@ def run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str],
         shutil.rmtree(run_dir, ignore_errors=True)
     from dcp_fsdp.launch.aftermath import settle
 
-    settle(cfg, run_id, outcome, env)
+    settle(cfg, run_id, outcome, env, claimed_suffixes or [])
     return outcome.exit_code
 
 

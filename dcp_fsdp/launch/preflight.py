@@ -82,6 +82,20 @@ def preflight(cfg: BenchmarkConfig, server_env: dict[str, str]) -> MetadataFacts
         return None
 
 
+def claim_save_suffixes(cfg: BenchmarkConfig, server_env: dict[str, str],
+                        run_id: str) -> tuple[list[str], dict[str, str]]:
+    """After the pre-flight, before any rank starts: a save with `suffix=NAME` claims its
+    suffixes for run `run_id` here, so of two saves racing for one suffix the loser is
+    refused in one line before its ranks start (UserError). (The suffixes claimed, the
+    environment that tells rank 0 they are its run's.)"""
+    if not cfg.suffix or cfg.command not in (Command.save, Command.save_and_load):
+        return [], {}
+    with mock.patch.dict(os.environ, server_env):
+        claimed, method = layout.claim_configured_suffixes(
+            make_store(cfg.storage), cfg.suffix, cfg.iterations, run_id)
+    return claimed, {contract.SUFFIX_CLAIMED_ENV: method}
+
+
 def writes_storage(cfg: BenchmarkConfig) -> bool:
     """Whether the run writes to storage: every command but a load, and a load with the raw
     ceiling (its PUTs)."""

@@ -96,7 +96,8 @@ class CheckpointStore(Protocol):
     def claim(self, suffix: str, data: bytes) -> SuffixClaim:
         """Create `suffix`'s claim object (layout.CLAIM_NAME) holding `data`, only if it does
         not exist, atomically where the store can (S3 If-None-Match: *, O_EXCL): of racing
-        claims exactly one is `won`. Rank 0, before any rank writes into `suffix`."""
+        claims exactly one is `won`. The launcher before any rank starts (`suffix=NAME`),
+        else rank 0 before any rank writes into `suffix`."""
 
     def put_small(self, suffix: str, name: str, data: bytes) -> None: ...
 

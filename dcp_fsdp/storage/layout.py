@@ -5,7 +5,8 @@ DCP: its presence is the commit point, so a checkpoint without it is incomplete 
 never loadable), our manifest `dcp_fsdp.json` (what was saved: model, dtype, state,
 world size, and the seed and version of the value function every load verifies against;
 written after the commit), and the claim `dcp_fsdp.claim` (which run took the suffix:
-written first, by rank 0, before any rank writes).
+written first: by the launcher before any rank starts where `suffix=NAME` is given, else
+by rank 0 before any rank writes).
 
 Suffixes: a save without `suffix=` gets a fresh `YYYY-MM-DD-HH-MM-xxxx` (sorts by time;
 the random tail keeps parallel runs apart); `suffix=NAME` with iterations > 1 becomes
@@ -34,7 +35,8 @@ from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.metadata_peek import MAX_METADATA_BYTES, MetadataFacts, read_facts
 
 __all__ = ["CEILING_ROOT", "CLAIM_NAME", "MANIFEST_NAME", "METADATA_NAME", "CheckpointInfo",
-           "SuffixClaim", "check_loadable", "check_suffix", "encode_manifest",
+           "SuffixClaim", "check_loadable", "check_suffix", "claim_configured_suffixes",
+           "encode_manifest", "release_claims",
            "holds_only_claim_of", "manifest_if_readable", "metadata_facts", "new_suffix", "read_claim",
            "read_manifest",
            "save_suffix"]
@@ -124,25 +126,63 @@ def save_suffix(store, configured: str | None, iterations: int, iteration: int,
     one that holds objects, nor one another save claimed first), and how it was claimed."""
     if configured:
         suffix = configured if iterations == 1 else f"{configured}-{iteration}"
-        if store.has_objects(suffix):
-            raise _exists(store, suffix)
-        claim = store.claim(suffix, _claim_body())
-        if not claim.won:
-            raise UserError(f"suffix={suffix}: another save claimed it a moment ago"
-                            f"{_claimed_by(store, suffix)} and writes there; this save wrote "
-                            "nothing: choose another suffix or omit it to get a fresh one")
-        return suffix, claim.method
+        run_id = os.environ.get(contract.RUN_ID_ENV)
+        launcher_method = os.environ.get(contract.SUFFIX_CLAIMED_ENV)
+        if launcher_method and holds_only_claim_of(store, suffix, run_id):
+            return suffix, launcher_method  # this run's launcher claimed it before the ranks
+        return suffix, _claim_configured(store, suffix, run_id)
     while True:
         suffix = new_suffix()
         if suffix not in used and not store.has_objects(suffix):
-            claim = store.claim(suffix, _claim_body())
+            claim = store.claim(suffix, _claim_body(os.environ.get(contract.RUN_ID_ENV)))
             if claim.won:
                 return suffix, claim.method
 
 
-def _claim_body() -> bytes:
+def _claim_configured(store, suffix: str, run_id: str | None) -> str:
+    """Claim `suffix=NAME`'s `suffix` for this run (how it was claimed); UserError when it
+    holds objects or another save claimed it first."""
+    if store.has_objects(suffix):
+        raise _exists(store, suffix)
+    claim = store.claim(suffix, _claim_body(run_id))
+    if not claim.won:
+        raise UserError(f"suffix={suffix}: another save claimed it a moment ago"
+                        f"{_claimed_by(store, suffix)} and writes there; this save wrote "
+                        "nothing: choose another suffix or omit it to get a fresh one")
+    return claim.method
+
+
+def claim_configured_suffixes(store, configured: str, iterations: int,
+                              run_id: str) -> tuple[list[str], str]:
+    """The launcher, before any rank starts: claim every suffix `suffix=NAME` will write
+    (the first 100, as check_save_suffixes_free) for run `run_id`, so the loser of a race
+    is refused in one line before its ranks start; rank 0 (save_suffix) then takes these
+    claims as its run's own. (The suffixes claimed, how.) On a lost claim the ones taken
+    are removed and UserError."""
+    taken: list[str] = []
+    method = CLAIM_EXCLUSIVE
+    try:
+        for suffix in configured_save_suffixes(configured, iterations)[:100]:
+            method = _claim_configured(store, suffix, run_id)
+            taken.append(suffix)
+    except UserError:
+        release_claims(store, taken, run_id)
+        raise
+    return taken, method
+
+
+def release_claims(store, suffixes: list[str], run_id: str | None) -> list[str]:
+    """Remove those of `suffixes` that hold nothing but run `run_id`'s claim (a claim with
+    no data is not a checkpoint); the ones removed."""
+    removed = [suffix for suffix in suffixes if holds_only_claim_of(store, suffix, run_id)]
+    for suffix in removed:
+        store.delete(suffix)
+    return removed
+
+
+def _claim_body(run_id: str | None) -> bytes:
     """Who claims (no secrets): the run, host and process, and when."""
-    return json.dumps({"run_id": os.environ.get(contract.RUN_ID_ENV), "host": socket.gethostname(),
+    return json.dumps({"run_id": run_id, "host": socket.gethostname(),
                        "pid": os.getpid(), "claimed_at": datetime.datetime.now(
                            datetime.timezone.utc).isoformat(timespec="seconds")}).encode()
 

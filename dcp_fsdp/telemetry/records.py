@@ -296,9 +296,13 @@ class SkippedLine:
 
     line: int  # 1-based, as an editor shows it
     reason: str
-    # the line may have been a rank's measurement (not JSON, a broken sample line):
-    # the run's figures would be short of it (analysis.completeness)
+    # the line may have been a rank's measurement (a broken sample line, or not JSON that
+    # begins or names a sample line): the run's figures would be short of it
+    # (analysis.completeness)
     lost_sample: bool = True
+    # not JSON and nothing in it says what it was (a stray line, damage): it is a lost
+    # sample only if the run's samples fall short of their count (analysis.completeness)
+    unknown: bool = False
 
 
 @dataclasses.dataclass
@@ -313,6 +317,11 @@ class RecordFile:
         """Lines that may have held a measurement and could not be read."""
         return sum(1 for skipped in self.skipped if skipped.lost_sample)
 
+    @property
+    def unknown_lines(self) -> int:
+        """Lines that are not JSON and not recognisably a sample (SkippedLine.unknown)."""
+        return sum(1 for skipped in self.skipped if skipped.unknown)
+
 
 _SAMPLE_FIELDS = field_types(Sample)
 _RUN_FIELDS = field_types(RunRecord)
@@ -324,7 +333,11 @@ def _read_line(text: str, number: int, into: RecordFile) -> None:
     try:
         row = json.loads(text)
     except ValueError:
-        into.skipped.append(SkippedLine(number, "not JSON (cut off or damaged)"))
+        if _names_a_sample(text):
+            into.skipped.append(SkippedLine(number, "not JSON (a sample line cut off or damaged)"))
+        else:
+            into.skipped.append(SkippedLine(number, "not JSON (damaged or not a record line)",
+                                            lost_sample=False, unknown=True))
         return
     if not isinstance(row, dict):
         into.skipped.append(SkippedLine(number, "not a JSON object"))
@@ -345,6 +358,16 @@ def _read_line(text: str, number: int, into: RecordFile) -> None:
             into.samples.append(sample_from_json(row))
     else:  # not a measurement this reader knows: the figures lose nothing by it
         into.skipped.append(SkippedLine(number, "not a run or sample line", lost_sample=False))
+
+
+_SAMPLE_START = '{"record": "sample"'  # how write_record begins every sample line
+
+
+def _names_a_sample(text: str) -> bool:
+    """A line that is not JSON but was a sample line: its start cut off after a few
+    characters, or whole enough to say `"record": "sample"`."""
+    return (_SAMPLE_START.startswith(text) or '"record": "sample"' in text
+            or '"record":"sample"' in text)
 
 
 def read_record_file(path: Path) -> RecordFile:

@@ -192,7 +192,8 @@ def test_two_saves_started_at_once_on_seaweedfs_one_proceeds(s3, s3_uri, tmp_pat
 def test_two_saves_past_the_check_at_once_the_conditional_write_decides(server, tmp_path):
     """Both saves find the suffix empty: the first one's claim is held by the fault proxy
     until the second has claimed it, so the server receives two conditional PUTs of one
-    key; the first is refused (412) by rank 0 before any rank writes."""
+    key; the first is refused (412) by its launcher, which claims a configured suffix before
+    it starts any rank (trial cases 16/18: it was rank 0's, after the ranks had started)."""
     endpoint, uri = server
     env = s3_env(endpoint)
     bucket, prefix = uri[len("s3://"):].split("/", 1)
@@ -227,6 +228,9 @@ def test_two_saves_past_the_check_at_once_the_conditional_write_decides(server, 
     assert "suffix=both: another save claimed it a moment ago" in line, first_output
     assert f"(run {second_run['run_id']} on host" in line and "this save wrote nothing" in line
     assert first_writes == {}, first_writes  # no data, no .metadata: only the refused claim
+    # refused before any rank started: no rank's first line ("run R: save model=...")
+    assert "save model=" not in first_output and "save model=" in second_output, first_output
+    assert second_run["suffix_claim"] == layout.CLAIM_CONDITIONAL  # the launcher's, recorded
     claim = json.loads(client.get_object(Bucket=bucket, Key=claim_key)["Body"].read())
     assert claim["run_id"] == second_run["run_id"]
     loaded = run_cli(["load", *s3_args(endpoint, uri), "model=tiny_llama", "nproc=1",

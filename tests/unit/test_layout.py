@@ -165,3 +165,69 @@ def test_a_suffix_holding_only_a_claim_is_named_so_and_recognised_as_its_runs(st
     assert layout.holds_only_claim_of(store, "only", "run-a")
     assert not layout.holds_only_claim_of(store, "only", "run-b")  # another run's claim
     assert not layout.holds_only_claim_of(store, "used", "run-a")  # it holds data
+
+
+# -- the launcher's claim (trial cases 16/18: the loser refused before any rank) ------------
+
+def _fs_save(tmp_path, *overrides: str):
+    from dcp_fsdp.config.compose import compose
+
+    return compose("save", ["storage=fs", f"storage.path={tmp_path / 'ckpt'}",
+                            f"results_dir={tmp_path / 'results'}", *overrides])
+
+
+def test_the_launcher_claims_a_configured_suffix_and_its_rank_0_takes_it_as_its_runs(
+        tmp_path, monkeypatch):
+    """The launcher claims suffix= for its run before any rank starts; a second launcher is
+    refused there in one line; rank 0 of the first run recognises the claim as its own."""
+    from dcp_fsdp.launch.preflight import claim_save_suffixes
+
+    cfg = _fs_save(tmp_path, "suffix=race1")
+    claimed, env = claim_save_suffixes(cfg, {}, "run-a")
+    store = make_store(cfg.storage)
+    assert claimed == ["race1"] and layout.read_claim(store, "race1")["run_id"] == "run-a"
+    with pytest.raises(UserError) as refused:
+        claim_save_suffixes(cfg, {}, "run-b")  # the loser: its launcher, before its ranks
+    assert "suffix=race1:" in str(refused.value) and "omit it" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    # rank 0 of run-a, with what its launcher handed it, goes on with the claim
+    monkeypatch.setenv("DCP_FSDP_RUN_ID", "run-a")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert layout.save_suffix(store, "race1", 1, 1, []) == ("race1", layout.CLAIM_EXCLUSIVE)
+    # ... but never takes another run's claim for its own
+    monkeypatch.setenv("DCP_FSDP_RUN_ID", "run-b")
+    with pytest.raises(UserError, match="suffix=race1: a checkpoint already exists"):
+        layout.save_suffix(store, "race1", 1, 1, [])
+
+
+def test_a_launcher_that_loses_one_of_its_suffixes_releases_the_ones_it_took(tmp_path):
+    from dcp_fsdp.launch.preflight import claim_save_suffixes
+
+    cfg = _fs_save(tmp_path, "suffix=it", "iterations=3")
+    store = make_store(cfg.storage)
+    assert layout.save_suffix(store, "it-2", 1, 1, [])[0] == "it-2"  # another save's
+    with pytest.raises(UserError, match="suffix=it-2:"):
+        claim_save_suffixes(cfg, {}, "run-a")
+    assert not store.has_objects("it-1") and store.has_objects("it-2")
+    assert claim_save_suffixes(_fs_save(tmp_path, "suffix=x"), {}, "run-a")[0] == ["x"]
+    assert claim_save_suffixes(_fs_save(tmp_path), {}, "run-a") == ([], {})  # fresh: rank 0's
+
+
+def test_the_aftermath_removes_the_launchers_claims_a_failed_run_never_wrote(tmp_path, capsys):
+    """A run that died before writing (here: no rank recorded anything) leaves no claim of
+    its own behind; one it wrote into is kept and named partial."""
+    from dcp_fsdp.launch import aftermath
+    from dcp_fsdp.launch.preflight import claim_save_suffixes
+
+    cfg = _fs_save(tmp_path, "suffix=gone", "iterations=2")
+    claimed, _ = claim_save_suffixes(cfg, {}, "20260101-000000-save-abcdef")
+    store = make_store(cfg.storage)
+    store.put_small("gone-2", "__0_0.distcp", b"data")  # the run's second save, cut short
+    aftermath.settle(cfg, "20260101-000000-save-abcdef",
+                     aftermath.RanksOutcome(1, "failed", "rank 0 was killed by SIGKILL"),
+                     claimed=claimed)
+    assert not store.has_objects("gone-1") and store.has_objects("gone-2")
+    said = capsys.readouterr().out
+    assert "suffix=gone-1 held only this run's claim" in said
+    assert "partial checkpoint suffix=gone-2" in said

@@ -39,9 +39,10 @@ def test_older_records_read_with_defaults_and_newer_fields_are_ignored(tmp_path)
     for newer in ("blocked_s", "peak_rss_bytes", "fetched_bytes", "run_id"):
         sample.pop(newer)
     lines = [run_line, {"record": "sample", "run_id": "old", **sample, "from_the_future": 3}]
-    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n{cut off\n")
+    path.write_text("\n".join(json.dumps(line) for line in lines)
+                    + '\n{"record": "sample", "run_id": "ol\nnot json\n')  # cut off; a stray line
     read = records.read_record_file(path)
-    assert read.bad_lines == 1
+    assert read.bad_lines == 1 and read.unknown_lines == 1
     assert read.runs[0].schema_version == 1 and read.runs[0].init[0].init_s == 2.0
     assert read.samples[0].blocked_s is None and read.samples[0].bytes == 100
 

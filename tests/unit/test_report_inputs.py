@@ -202,3 +202,49 @@ def test_a_run_line_with_a_field_of_the_wrong_type_skips_its_file(tmp_path, caps
     result, notes = read(tmp_path)
     assert list(result["runs"]["run_id"]) == ["good"]
     assert notes == [f"1 file(s) skipped, run line: {reason}: {tmp_path / 'bad.jsonl'}"]
+
+
+def _append(path: Path, text: str) -> Path:
+    with open(path, "a") as out:
+        out.write(text)
+    return path
+
+
+def test_a_stray_line_after_a_whole_record_is_skipped_and_the_run_reported(tmp_path, capsys):
+    """Trial case 93: `this is not json {` after a whole record: the run line's count shows
+    every sample there, so the run reports, with a note naming the line."""
+    whole, _ = read(write_record(tmp_path / "whole" / "r.jsonl"))
+    path = _append(write_record(tmp_path / "stray" / "r.jsonl"), "this is not json {\n")
+    result, notes = read(path)
+    assert result["not_ok"].empty and aggregate_mib_s(result) == aggregate_mib_s(whole)
+    (note,) = notes
+    assert note.startswith("1 line(s) skipped, not JSON (damaged or not a record line)")
+    assert f"{path}:{len(lines(ONE_ITERATION)) + 1}" in note
+    code, out, err = run_report(capsys, str(path))
+    assert code == 0 and "Throughput" in out and "incomplete" not in out + err
+    _, notes = read(path, tmp_path / "whole")  # of two copies, the one without it is kept
+    assert any(note.startswith("1 duplicate record(s) skipped") and f"{path} (kept:" in note
+               for note in notes), notes
+
+
+@pytest.mark.parametrize("damage", ["drop_rank", "cut_sample", "no_count"])
+def test_a_non_json_line_is_a_lost_sample_where_that_is_known(tmp_path, damage):
+    """A stray line beside a sample really missing (the count says so), a sample line cut
+    part way (its start says so), or a record with no sample count to check: left out."""
+    def change(rows):
+        if damage == "drop_rank":
+            rows.pop()
+        elif damage == "no_count":
+            rows[0]["schema_version"] = 1
+
+    path = write_record(tmp_path / "r.jsonl", change)
+    if damage == "cut_sample":
+        cut_last_line(path, keep_fraction=0.1)  # `{"record": "sa`: a sample line's start
+    else:
+        _append(path, "this is not json {\n")
+    reason = read(path)[0]["not_ok"].set_index("status").loc["incomplete", "error"]
+    expected = {"drop_rank": "no sample of rank(s) 1",
+                "cut_sample": "1 unreadable line(s) in its record file: cut off or damaged, "
+                              "a rank's sample is lost",
+                "no_count": "no sample count to show whether a rank's sample is lost"}[damage]
+    assert expected in reason
