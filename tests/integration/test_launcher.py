@@ -287,3 +287,35 @@ def test_the_embedded_server_killed_mid_run_is_named_as_the_cause(tmp_path):
     run, _ = read_run(tmp_path)
     assert run["status"] == "failed" and run["error"].startswith(died), run["error"]
     assert "; the ranks recorded: " in run["error"]  # what the ranks saw is kept
+
+
+def test_a_save_whose_upload_is_aborted_under_it_names_the_abort(s3, s3_uri, tmp_path):
+    """The trial's case 20: `clean-uploads --force` while a save runs aborts its multipart
+    upload; the save failed with only DCP's `enforce fail at inline_container.cc ...
+    unexpected pos`. Rank 1's part is held at the proxy while the uploads are aborted, then
+    let through (S3 answers NoSuchUpload): the line names the abort."""
+    with FaultProxy(s3.endpoint_url, stall_rate=1.0, stall_s=600, targets=OBJECT_WRITES,
+                    key_pattern=r"__1_\d+\.distcp") as proxy:
+        process = start_cli(["save", f"storage.uri={s3_uri}", f"storage.endpoint={proxy.url}",
+                             "nproc=2", "integrity=false", f"results_dir={tmp_path}"],
+                            s3_env(s3))
+        deadline = time.monotonic() + 240
+        while not proxy.events and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.1)
+        assert proxy.events, "the save never reached rank 1's upload"
+        clean = run_cli(["clean-uploads", "--force", *s3_args(s3, s3_uri)], env=s3_env(s3))
+        assert clean.returncode == 0 and "aborted" in clean.stdout, clean.stdout + clean.stderr
+        proxy.release_stalls()
+        try:
+            output, _ = process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    assert process.returncode == 1, output
+    said = [line for line in output.splitlines() if line.startswith("dcp-fsdp: error: ")]
+    assert len(said) == 1, output
+    assert said[0].startswith("dcp-fsdp: error: its multipart upload was aborted by someone "
+                              "else"), output
+    assert "S3 answered HTTP 404 NoSuchUpload" in said[0], output
+    run, _ = read_run(tmp_path)
+    assert run["error"].startswith("its multipart upload was aborted"), run["error"]
