@@ -55,14 +55,13 @@ class TimedWriter(_TimedPlanning):
                 getattr(result.storage_data, "length", 0) or 0 for result in future.value())
             return future
         except Exception as error:
-            hidden = self.timeline.stream_error
-            if hidden is None or hidden.split(": ", 1)[-1][:200] in str(error):
-                raise
+            hidden, said = self.timeline.stream_error, " ".join(str(error).split())
+            if hidden is None or hidden.split(": ", 1)[-1][:200] in said:
+                raise  # no stream error, or this is it
             # An object stream failed first and DCP raised something else (torch's zip
             # writer: "unexpected pos"): the stream's error is the cause (trial case 20)
             raise StorageStreamError(
-                f"{hidden} (then DCP: {type(error).__name__}: {' '.join(str(error).split())[:200]})"
-            ) from None
+                f"{hidden} (then DCP: {type(error).__name__}: {said[:200]})") from None
         finally:
             self.timeline.io_ended("write_data", started)
             self.timeline.dump()  # in the process checkpointer's daemon: for the rank
