@@ -243,6 +243,8 @@ class EmbeddedS3:
                 return f"killed by {signal.Signals(-code).name}"
             except ValueError:
                 return f"killed by signal {-code}"
+        if code == 0:  # weed's graceful stop: someone sent it SIGTERM or SIGINT
+            return "it exited with code 0, as it does when stopped by SIGTERM or SIGINT"
         return f"exit code {code}"
 
     def death_line(self) -> str | None:
