@@ -19,6 +19,10 @@ if os.environ.get(CONFIG_ENV) and "RANK" in os.environ:
     signal.signal(signal.SIGTERM, _quiet_exit)
     die_with_parent(signal.SIGTERM)
 
-from dcp_fsdp.cli import main  # noqa: E402
+try:
+    from dcp_fsdp.cli import main
+except KeyboardInterrupt:  # Ctrl-C before cli.main can answer it: its one line, no traceback
+    sys.stderr.write("dcp-fsdp: error: interrupted\n")
+    sys.exit(130)
 
 sys.exit(main())

@@ -238,6 +238,28 @@ def run_plan(args: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every command answers Ctrl-C with one line and exit 130, at any moment: its imports
+    (pandas, torch: seconds) included (the trial's case 109: a KeyboardInterrupt traceback)."""
+    try:
+        return _command(argv)
+    except KeyboardInterrupt:
+        return interrupted()
+
+
+def interrupted() -> int:
+    """The one line of an interrupted command; a second Ctrl-C while it is written and the
+    process ends is ignored, so that it cannot print a traceback of its own."""
+    import signal
+    import threading
+
+    from dcp_fsdp.contract import EXIT_INTERRUPTED
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return _fail("interrupted", EXIT_INTERRUPTED)
+
+
+def _command(argv: list[str] | None) -> int:
     from dcp_fsdp.config import usage as helptext
     from dcp_fsdp.contract import CONFIG_ENV
 

@@ -7,3 +7,10 @@ class UserError(Exception):
 
 class BenchmarkFailure(Exception):
     """A run failed on some rank; the message carries the root cause."""
+
+
+class StorageStreamError(Exception):
+    """An object stream's write or close failed first (the connector's S3Exception: its
+    text), and DCP then raised something that hides it (torch's zip writer: "enforce fail
+    at inline_container.cc ... unexpected pos"). One string argument: it pickles, so it
+    reaches the coordinator in DCP's CheckpointException whole."""

@@ -122,6 +122,21 @@ def _amend(path: Path, outcome: "RanksOutcome") -> tuple[dict, bool]:
     return run_line, replaced
 
 
+def lead_the_record(results_dir: str, run_id: str, line: str) -> None:
+    """A cause only the launcher sees (its embedded server died), found after the ranks
+    ended: the run's last line, and the head of the record's error (what the ranks
+    recorded is kept after it)."""
+    path = find_record(results_dir, run_id)
+    if path is not None:
+        lines = path.read_text().splitlines()
+        run_line = json.loads(lines[0])
+        rank_said = run_line.get("error")
+        run_line["error"] = f"{line}; the ranks recorded: {rank_said}" if rank_said else line
+        text = "\n".join([json.dumps(run_line), *lines[1:]]) + "\n"
+        records.replace_atomically(path, lambda out: _write(out, text))
+    log.error(line)
+
+
 def _write(out, text: str) -> None:
     out.write(text)
 

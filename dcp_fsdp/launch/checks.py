@@ -20,8 +20,8 @@ import re
 import shutil
 
 from dcp_fsdp import contract, log
-from dcp_fsdp.config.schema import (AsyncCheckpointer, Backend, BenchmarkConfig, Command,
-                                    StorageKind)
+from dcp_fsdp.config.schema import (AsyncCheckpointer, Backend, BenchmarkConfig,
+                                    CheckpointState, Command, Dtype, StorageKind)
 from dcp_fsdp.config.validate import check_endpoint, check_region, check_replicas
 from dcp_fsdp.errors import UserError
 # where records go (and their fallback), shared with the ranks and `report`:
@@ -254,6 +254,18 @@ def available_memory_bytes() -> int:
     return available
 
 
+def memory_fixes(cfg: BenchmarkConfig) -> str:
+    """The memory refusal's fix: only settings that would change something (a run that
+    already has model.dtype=bf16 is not told to set it, trial case 117)."""
+    choices = ["a smaller model="]
+    if cfg.model.dtype != Dtype.bf16:
+        choices.append("model.dtype=bf16")
+    if cfg.state != CheckpointState.model:
+        choices.append("state=model")
+    listed = choices[0] if len(choices) == 1 else ", ".join(choices[:-1]) + " or " + choices[-1]
+    return f"Choose {listed}, or spread the ranks over more nodes"
+
+
 def check_memory(cfg: BenchmarkConfig, ranks_here: int, world_size: int) -> None:
     """Ranks that keep their state in host memory (gloo) must fit it on this node: refused
     before the build rather than killed by the kernel part way (SIGKILL, no record)."""
@@ -267,8 +279,7 @@ def check_memory(cfg: BenchmarkConfig, ranks_here: int, world_size: int) -> None
         raise UserError(
             f"{what}: the {ranks_here} rank(s) on this node hold {needed / GIB:.1f} GiB of state "
             f"({per_rank / GIB:.2f} GiB each), more than the {available / GIB:.1f} GiB of memory "
-            "available here; the kernel would kill a rank part way. Choose a smaller model=, "
-            "model.dtype=bf16 or state=model, or spread the ranks over more nodes")
+            f"available here; the kernel would kill a rank part way. {memory_fixes(cfg)}")
     if needed > MEMORY_WARN_SHARE * available:
         log.warning(f"{what}: the ranks on this node hold {needed / GIB:.1f} GiB of state, "
                     f"{needed / available:.0%} of the {available / GIB:.1f} GiB available; a save's "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -223,6 +224,56 @@ class EmbeddedS3:
         if not path.exists():
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def death(self) -> str | None:
+        """How the server ended during a run ("killed by SIGKILL", "exit code 1"), or that it
+        runs but refuses connections on its S3 port; None while it serves (or never started)."""
+        if self.process is None or self.endpoint is None:
+            return None
+        code = self.process.poll()
+        if code is None:
+            port = self.ports.get("s3.port")
+            try:
+                with socket.create_connection((self.host, port), timeout=2.0):
+                    return None
+            except OSError as error:
+                return f"still running, but its S3 port {port} no longer answers: {error}"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        if code == 0:  # weed's graceful stop: someone sent it SIGTERM or SIGINT
+            return "it exited with code 0, as it does when stopped by SIGTERM or SIGINT"
+        return f"exit code {code}"
+
+    def death_line(self) -> str | None:
+        """The launcher's line when the server died during a run (the trial's cases 23/24: the
+        ranks named a connection error, not that the launcher's own server had gone); None
+        while it serves."""
+        death = self.death()
+        if death is None or self.process is None or self.workdir is None:
+            return None
+        data = self.workdir / "data"
+        try:
+            free = f"{shutil.disk_usage(data).free / 2**30:.1f} GiB free now"
+        except OSError:
+            free = "its free space unknown"
+        said = " ".join(self.fatal_line().split())[:200]
+        return (f"the embedded S3 server (SeaweedFS, pid {self.process.pid}) died during the run "
+                f"({death}{f': {said}' if said else ''}): the ranks' storage "
+                "errors follow from it. Look for another process that killed it, for the "
+                "kernel's OOM killer (`dmesg | grep -i -e oom -e 'killed process'`), and for the "
+                f"disk space of its data directory {data} ({free}); or run against an S3 of "
+                "your own (dcp-fsdp s3-server start, then storage.uri=)")
+
+    def fatal_line(self) -> str:
+        """The line a server that exited on its own died with (Go's `panic:`, glog's `F`
+        lines), if its log has one; a killed server's last lines are only its chatter."""
+        for line in reversed(self.tail_log(50).splitlines()):
+            if line.startswith("panic:") or re.match(r"F\d{4} ", line):
+                return line
+        return ""
 
     def metrics_text(self) -> str:
         """The server's Prometheus counters (request counts per type and status)."""

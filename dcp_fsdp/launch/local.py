@@ -58,7 +58,7 @@ def launch_local(cfg: BenchmarkConfig) -> int:
     check_launch(cfg)  # results_dir, cores, CUDA devices, environment: before anything starts
     lifeline.remove_stale()  # what a killed run could not remove
     run_id = records.new_run_id(cfg.command.value)
-    with storage_environment(cfg) as (cfg, server_env):
+    with storage_environment(cfg) as (cfg, server_env, server):
         env = {**os.environ, **server_env}
         check = ServerCheck.for_run(cfg)  # storage.metrics_url: the server's own counters
         if check is not None:
@@ -67,6 +67,12 @@ def launch_local(cfg: BenchmarkConfig) -> int:
         claimed, claim_env = claim_save_suffixes(cfg, server_env, run_id)
         code = run_ranks(cfg, run_id, {**env, **claim_env}, metadata_facts=facts,
                          claimed_suffixes=claimed)
+        died = server.death_line() if server is not None and code not in (
+            contract.EXIT_OK, contract.EXIT_INTERRUPTED) else None
+        if died is not None:  # the first cause: the ranks saw only its connection errors
+            from dcp_fsdp.launch.aftermath import lead_the_record
+
+            lead_the_record(cfg.results_dir, run_id, died)
         if check is not None and code == 0:
             from dcp_fsdp.launch.aftermath import find_record
 

@@ -43,10 +43,11 @@ def forget_aws_credentials() -> None:
 
 @contextlib.contextmanager
 def storage_environment(cfg: BenchmarkConfig):
-    """Yield (cfg, extra env): the embedded server's when nothing is configured."""
+    """Yield (cfg, extra env, the embedded server or None): the embedded server's when
+    nothing is configured."""
     forget_aws_credentials()
     if not needs_embedded_server(cfg):
-        yield cfg, {}
+        yield cfg, {}, None
         return
     if cfg.command == Command.load:
         # A fresh embedded server is empty: there is nothing to load.
@@ -60,7 +61,7 @@ def storage_environment(cfg: BenchmarkConfig):
         cfg = to_config(OmegaConf.merge(OmegaConf.structured(cfg), {"storage": {
             "uri": f"s3://{endpoint.bucket}/checkpoints", "endpoint": endpoint.endpoint_url,
             "region": endpoint.region, "metrics_url": endpoint.metrics_url}}))
-        yield cfg, {**endpoint.client_env(), contract.EMBEDDED_ENV: "1"}
+        yield cfg, {**endpoint.client_env(), contract.EMBEDDED_ENV: "1"}, server
     finally:
         server.stop()
 

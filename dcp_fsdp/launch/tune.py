@@ -121,7 +121,7 @@ def tune(overrides: list[str], started_mono: float) -> int:
     # SIGTERM (scancel, kill) ends the tune like Ctrl-C, also while the server starts.
     previous_sigterm = signal.signal(signal.SIGTERM, _terminate)
     try:
-        with storage_environment(cfg) as (cfg, server_env):
+        with storage_environment(cfg) as (cfg, server_env, _):
             os.environ.update(server_env)  # the ranks inherit the embedded server's keys
             preflight(cfg, server_env)
             session_dir.mkdir(parents=True, exist_ok=True)

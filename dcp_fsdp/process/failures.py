@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
-from dcp_fsdp.errors import BenchmarkFailure, UserError
+from dcp_fsdp.errors import BenchmarkFailure, StorageStreamError, UserError
 from dcp_fsdp.process.signals import Terminated
 
 
+# S3 errors whose cause lies outside the run, named first (the line then says what S3 said).
+_S3_LEADS = (
+    (("NoSuchUpload",),
+     "its multipart upload was aborted by someone else (dcp-fsdp clean-uploads --force, or a "
+     "bucket lifecycle rule) while it ran; abort only uploads older than any save "
+     "(clean-uploads --min-age-s), never those of a running save"),
+)
 # The connector's errors once its CRT client has used up storage.max_attempts, and the fix.
 _S3_HINTS = (
     (("Request throttled",),
@@ -34,6 +42,9 @@ def root_cause(error: BaseException) -> str:
         line = "; ".join(parts[:2]) + (f" (+{len(parts) - 2} more errors)" if len(parts) > 2 else "")
     else:
         line = _innermost(error)
+    lead = next((lead for needles, lead in _S3_LEADS if any(n in line for n in needles)), None)
+    if lead:
+        return f"{lead}: {line}"
     hint = next((hint for needles, hint in _S3_HINTS if any(n in line for n in needles)), None)
     return f"{line} ({hint})" if hint else line
 
@@ -48,8 +59,28 @@ def _ranks(ranks: list[int]) -> str:
 def _innermost(error: BaseException) -> str:
     while error.__cause__ is not None:
         error = error.__cause__
-    text = " ".join(str(error).split()) or repr(error)
+    text = _s3_answer(" ".join(str(error).split())) or repr(error)
+    if isinstance(error, StorageStreamError):  # its text names the stream's own error
+        return text[:400]
     return f"{type(error).__name__}: {text[:400]}"
+
+
+# The connector's text of an error answer: "Client error: Unknown response error:
+# MetaRequestResult { response_status: 404, crt_error: ..., error_response_body:
+# Some("<?xml ...><Error><Code>NoSuchUpload</Code><Message>...</Message>...") }"
+_S3_RESULT = re.compile(r"Client error: Unknown response error: MetaRequestResult \{ "
+                        r"response_status: (\d+).*?<Code>([^<]*)</Code>"
+                        r"(?:\s*<Message>([^<]*)</Message>)?.*?\}\s*")
+
+
+def _s3_answer(text: str) -> str:
+    """The connector's verbose error answer as S3 gave it: "S3 answered HTTP 404
+    NoSuchUpload: The specified multipart upload does not exist ..." (the code and the
+    message were past the 400 characters a line keeps)."""
+    def said(found: re.Match) -> str:
+        message = f": {found.group(3).strip()}" if found.group(3) else ""
+        return f"S3 answered HTTP {found.group(1)} {found.group(2)}{message} "
+    return _S3_RESULT.sub(said, text).strip()
 
 
 def collective_error(error: BaseException) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
+from dcp_fsdp.errors import StorageStreamError
 from dcp_fsdp.storage.timeline import HookTimeline, TimedFileSystem
 
 
@@ -53,6 +54,14 @@ class TimedWriter(_TimedPlanning):
             self.timeline.io_bytes = sum(
                 getattr(result.storage_data, "length", 0) or 0 for result in future.value())
             return future
+        except Exception as error:
+            hidden, said = self.timeline.stream_error, " ".join(str(error).split())
+            if hidden is None or hidden.split(": ", 1)[-1][:200] in said:
+                raise  # no stream error, or this is it
+            # An object stream failed first and DCP raised something else (torch's zip
+            # writer: "unexpected pos"): the stream's error is the cause (trial case 20)
+            raise StorageStreamError(
+                f"{hidden} (then DCP: {type(error).__name__}: {said[:200]})") from None
         finally:
             self.timeline.io_ended("write_data", started)
             self.timeline.dump()  # in the process checkpointer's daemon: for the rank

@@ -150,13 +150,26 @@ class ByteCounter:
         return counted
 
 
+def _noting(method, on_error):
+    def noted(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except Exception as error:
+            on_error(error)
+            raise
+    return noted
+
+
 def time_stream(stream, clock: BusyClock, names: tuple[str, ...],
-                 counter: ByteCounter | None = None):
-    """`stream` with `names` timed by `clock` (and counted): the same object where its
-    attributes can be set (the connector's S3Writer / S3Reader), else a thin stand-in."""
+                 counter: ByteCounter | None = None, on_error=None):
+    """`stream` with `names` timed by `clock` (and counted; an error they raise passed to
+    `on_error` first): the same object where its attributes can be set (the connector's
+    S3Writer / S3Reader), else a thin stand-in."""
     timed = {name: clock.wrap(getattr(stream, name) if counter is None
                               else counter.wrap(name, getattr(stream, name)))
              for name in names if hasattr(stream, name)}
+    if on_error is not None:
+        timed = {name: _noting(method, on_error) for name, method in timed.items()}
     try:
         for name, method in timed.items():
             setattr(stream, name, method)
@@ -177,6 +190,9 @@ class HookTimeline:
     stream_clock: BusyClock = dataclasses.field(default_factory=BusyClock)
     # stream_clock's total over the data-I/O hook (write_data / read_data), seconds
     stream_io_s: float | None = None
+    # The first error an object stream's write or close raised ("S3Exception: ..."): DCP's
+    # own error may hide it (TimedWriter.write_data puts it first)
+    stream_error: str | None = None
     # bytes through the object streams so far (progress lines; a load's io_bytes is its
     # difference over read_data)
     moved: ByteCounter = dataclasses.field(default_factory=ByteCounter)
@@ -207,6 +223,10 @@ class HookTimeline:
         self.stream_io_s = self.stream_clock.total_s() - busy_before
         self.record(hook, start, time.monotonic())
 
+    def note_stream_error(self, error: BaseException) -> None:
+        if self.stream_error is None:
+            self.stream_error = f"{type(error).__name__}: {' '.join(str(error).split())[:2000]}"
+
     @contextlib.contextmanager
     def span(self, hook: str):
         start = time.monotonic()
@@ -222,7 +242,7 @@ class HookTimeline:
             return
         data = {"spans": self.spans, "io_bytes": self.io_bytes,
                 "object_bytes": self.object_bytes, "stream_io_s": self.stream_io_s,
-                "moved_bytes": self.moved.total}
+                "moved_bytes": self.moved.total, "stream_error": self.stream_error}
         tmp = Path(f"{self.dump_path}.tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(self.dump_path)
@@ -241,6 +261,7 @@ class HookTimeline:
         self.object_bytes.update({str(k): int(v) for k, v in data["object_bytes"].items()})
         self.stream_io_s = data["stream_io_s"]
         self.moved.total = int(data["moved_bytes"])
+        self.stream_error = data.get("stream_error")
         return True
 
 
@@ -271,7 +292,7 @@ class TimedFileSystem:
         with self.fs.create_stream(path, mode) as stream:
             if "w" in mode:
                 stream = time_stream(stream, timeline.stream_clock, ("write", "close"),
-                                     timeline.moved)
+                                     timeline.moved, timeline.note_stream_error)
             elif "r" in mode:
                 stream = time_stream(stream, timeline.stream_clock, ("read", "readinto"),
                                      timeline.moved)

@@ -4,13 +4,14 @@ operations already measured (every rank's samples of each finished operation).""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
 
 import pytest
 
-from tests.kit.cli import read_run, read_until, s3_args, s3_env, start_cli
+from tests.kit.cli import REPO, read_run, read_until, run_cli, s3_args, s3_env, start_cli
 
 INTERRUPT_DEADLINE_S = 20  # ranks record and exit well within this on 2 busy cores
 
@@ -48,3 +49,31 @@ def test_an_interrupt_mid_run_is_recorded_as_interrupted(s3, s3_uri, tmp_path, h
     # No rank is left behind.
     leftover = subprocess.run(["pgrep", "-s", str(process.pid)], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", leftover.stdout
+
+
+def test_ctrl_c_at_any_moment_of_a_command_is_one_line_and_130(tmp_path):
+    """The trial's case 109: Ctrl-C 0.6 s into `dcp-fsdp report` printed a KeyboardInterrupt
+    traceback from the pandas import. SIGINT at instants spread over the command's whole
+    life (its imports included): exit 130 and one line, never a traceback."""
+    for record in (REPO / "tests" / "unit" / "data").glob("*.jsonl"):
+        shutil.copy(record, tmp_path)
+    args = ["report", str(tmp_path), "--format", "md"]
+    started = time.monotonic()
+    assert run_cli(args).returncode == 0
+    whole_s = time.monotonic() - started  # the imports are most of it
+    interrupted = 0
+    for share in (0.15, 0.3, 0.45, 0.6, 0.75, 0.9):
+        process = start_cli(args)
+        time.sleep(share * whole_s)
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=60)
+        assert "Traceback" not in output and "KeyboardInterrupt" not in output, (share, output)
+        if process.returncode in (0, -signal.SIGINT):
+            # it finished first, or the signal came while the interpreter started or ended
+            # (no handler of Python's yet, or no more): killed by it, silent, 130 to a shell
+            continue
+        assert process.returncode == 130, (share, process.returncode, output)
+        assert output.splitlines()[-1] == "dcp-fsdp: error: interrupted", (share, output)
+        assert output.count("interrupted") == 1, output
+        interrupted += 1
+    assert interrupted >= 3, "most instants fall inside the command"

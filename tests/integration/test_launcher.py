@@ -260,3 +260,62 @@ def test_the_embedded_server_leaves_no_socket_in_tmp(tmp_path, monkeypatch):
         server.stop()
     assert not [p for port in ports for p in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
     assert ours(tmp_path) == []
+
+
+def test_the_embedded_server_killed_mid_run_is_named_as_the_cause(tmp_path):
+    """The trial's cases 23/24: kill -9 of the embedded `weed` mid-run. The ranks see only
+    connection errors; the launcher, which started the server, says it died, how, and
+    what to look at, as the run's last line and at the head of the record's error."""
+    # storage.max_attempts=1: the ranks' reads fail at the first refused connection (the
+    # connector's retries of a refused connection take ~35 s per read)
+    process = start_cli(["save-and-load", "nproc=1", "iterations=200", "integrity=false",
+                         "storage.max_attempts=1", f"results_dir={tmp_path}"])
+    read_until(process, "saved suffix=")
+    servers = [p for p in descendants(process.pid)
+               if b"weed" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(servers) == 1, servers
+    os.kill(servers[0], signal.SIGKILL)
+    try:
+        output, _ = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
+    assert process.returncode == 1, output
+    died = f"the embedded S3 server (SeaweedFS, pid {servers[0]}) died during the run (killed by SIGKILL)"
+    assert output.splitlines()[-1].startswith(f"dcp-fsdp: error: {died}"), output
+    assert "OOM" in output.splitlines()[-1] and "disk space" in output.splitlines()[-1]
+    run, _ = read_run(tmp_path)
+    assert run["status"] == "failed" and run["error"].startswith(died), run["error"]
+    assert "; the ranks recorded: " in run["error"]  # what the ranks saw is kept
+
+
+def test_a_save_whose_upload_is_aborted_under_it_names_the_abort(s3, s3_uri, tmp_path):
+    """The trial's case 20: `clean-uploads --force` while a save runs aborts its multipart
+    upload; the save failed with only DCP's `enforce fail at inline_container.cc ...
+    unexpected pos`. Rank 1's part is held at the proxy while the uploads are aborted, then
+    let through (S3 answers NoSuchUpload): the line names the abort."""
+    with FaultProxy(s3.endpoint_url, stall_rate=1.0, stall_s=600, targets=OBJECT_WRITES,
+                    key_pattern=r"__1_\d+\.distcp") as proxy:
+        process = start_cli(["save", f"storage.uri={s3_uri}", f"storage.endpoint={proxy.url}",
+                             "nproc=2", "integrity=false", f"results_dir={tmp_path}"],
+                            s3_env(s3))
+        deadline = time.monotonic() + 240
+        while not proxy.events and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.1)
+        assert proxy.events, "the save never reached rank 1's upload"
+        clean = run_cli(["clean-uploads", "--force", *s3_args(s3, s3_uri)], env=s3_env(s3))
+        assert clean.returncode == 0 and "aborted" in clean.stdout, clean.stdout + clean.stderr
+        proxy.release_stalls()
+        try:
+            output, _ = process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    assert process.returncode == 1, output
+    said = [line for line in output.splitlines() if line.startswith("dcp-fsdp: error: ")]
+    assert len(said) == 1, output
+    assert said[0].startswith("dcp-fsdp: error: its multipart upload was aborted by someone "
+                              "else"), output
+    assert "S3 answered HTTP 404 NoSuchUpload" in said[0], output
+    run, _ = read_run(tmp_path)
+    assert run["error"].startswith("its multipart upload was aborted"), run["error"]

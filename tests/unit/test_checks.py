@@ -263,3 +263,24 @@ def test_a_sweep_is_checked_whole_before_its_first_job_runs(tmp_path, capsys):
     assert "multirun job 2/2 (iterations=abc)" in captured.err
     assert "multirun job 1/2" not in captured.out  # nothing ran
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("overrides, suggested, not_suggested", [
+    (["model.dtype=fp32", "state=model_and_optimizer"], ["model.dtype=bf16", "state=model"], []),
+    (["model.dtype=bf16", "state=model_and_optimizer"], ["state=model"], ["model.dtype=bf16"]),
+    (["model.dtype=fp32", "state=model"], ["model.dtype=bf16"], ["state=model"]),
+    (["model.dtype=bf16", "state=model"], [], ["model.dtype=bf16", "state=model"]),
+])
+def test_memory_refusal_suggests_only_what_would_change_something(monkeypatch, overrides,
+                                                                  suggested, not_suggested):
+    # the trial's case 117: model.dtype=bf16 was suggested to a run that had it
+    monkeypatch.setattr(checks, "available_memory_bytes", lambda: 1)
+    cfg = compose("save", ["model=L7b", "backend=gloo", *overrides])
+    with pytest.raises(UserError) as refusal:
+        checks.check_memory(cfg, 1, 1)
+    fix = str(refusal.value).split("Choose ", 1)[1]
+    assert "a smaller model=" in fix and "more nodes" in fix
+    for setting in suggested:
+        assert setting in fix
+    for setting in not_suggested:
+        assert setting not in fix
