@@ -25,6 +25,12 @@ _S3_HINTS = (
       "AWS_IO_SOCKET_CONNECTION_REFUSED"),
      "the connection to S3 failed on every attempt: retries exhausted; check the endpoint "
      "and the network, or raise storage.max_attempts"),
+    # what a write meets once the upload it feeds ended with an error: seen when
+    # clean-uploads --force aborted a live save's upload (the new user's trial, case 20)
+    (("AWS_ERROR_S3_REQUEST_HAS_COMPLETED",),
+     "the object's upload had already ended with an error: its multipart upload aborted under "
+     "it (dcp-fsdp clean-uploads --force, a bucket lifecycle rule) or S3 unreachable; abort "
+     "only uploads older than any save (clean-uploads --min-age-s)"),
 )
 
 

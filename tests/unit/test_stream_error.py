@@ -64,3 +64,14 @@ def test_the_streams_error_is_the_cause_when_dcp_raises_another(tmp_path):
     inner = next(iter(failed.value.failures.values()))
     inner = inner[0] if isinstance(inner, tuple) else inner  # (error, its traceback)
     assert isinstance(inner, StorageStreamError), inner
+
+
+def test_a_write_after_its_upload_ended_says_what_ends_an_upload_under_a_save():
+    """What the trial's case 20 showed on a 1.2 GiB save (re-checked on main): the CRT's
+    "request has already completed" names no cause by itself."""
+    crt = ("S3Exception: Client error: Unknown CRT error: CRT error 14366: aws-c-s3: "
+           "AWS_ERROR_S3_REQUEST_HAS_COMPLETED, Request has already completed, action cannot "
+           "be performed.")
+    line = root_cause(StorageStreamError(f"{crt} (then DCP: RuntimeError: unexpected pos)"))
+    assert "its multipart upload aborted under it (dcp-fsdp clean-uploads --force" in line
+    assert "clean-uploads --min-age-s" in line and "CRT error 14366" in line
