@@ -168,8 +168,7 @@ def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, st
                 uploads = (f"; {aborted} open multipart upload(s) aborted" if aborted else "")
                 if layout.holds_only_claim_of(store, suffix, run_line.get("run_id")):
                     store.delete(suffix)  # a claim with no data is not a checkpoint
-                    log.info(f"suffix={suffix} held only this run's claim, no data (the save "
-                             f"ended before writing): removed from {store.location(suffix)}{uploads}")
+                    log.info(_claim_only_line(suffix, store.location(suffix), aborted))
                     continue
                 state = ("incomplete: no .metadata, not loadable; remove it or keep it to "
                          "inspect" if store.has_objects(suffix) else "nothing committed")
@@ -180,3 +179,14 @@ def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, st
                         "shows it and its open uploads, `dcp-fsdp clean-uploads` aborts them")
 
 
+
+
+def _claim_only_line(suffix: str, location: str, aborted: int) -> str:
+    """A suffix whose only stored object is this run's claim: removed. With uploads open it
+    is still a partial checkpoint (the save was writing; nothing was committed)."""
+    if aborted:
+        return (f"partial checkpoint suffix={suffix} at {location} (nothing committed; "
+                f"{aborted} open multipart upload(s) aborted); it held only this run's claim, "
+                "no data: removed, the suffix is free again")
+    return (f"suffix={suffix} held only this run's claim, no data (the save ended before "
+            f"writing): removed from {location}")
