@@ -30,7 +30,8 @@ from torch.distributed.tensor import DTensor
 from dcp_fsdp.compat import flatten_state_dict, local_shape_and_global_offset
 from dcp_fsdp.config.schema import CheckpointState, Dtype
 from dcp_fsdp.models import values
-from dcp_fsdp.models.presets import PRESETS, hf_config
+from dcp_fsdp.models.modules import module_tree
+from dcp_fsdp.models.presets import PRESETS
 
 TORCH_DTYPES = {Dtype.fp32: torch.float32, Dtype.bf16: torch.bfloat16}
 
@@ -73,14 +74,8 @@ def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 def build_sharded_model(preset: str, dtype: Dtype, state: CheckpointState,
                         device: torch.device, world_size: int, seed: int,
                         replicas: int = 1) -> ShardedModel:
-    shape = PRESETS[preset]
-    config = hf_config(shape)
     with torch.device("meta"):
-        from transformers import GPT2LMHeadModel, LlamaForCausalLM
-
-        model_class = LlamaForCausalLM if shape.family == "llama" else GPT2LMHeadModel
-        model: torch.nn.Module = model_class(config)
-        model = model.to(TORCH_DTYPES[dtype])
+        model = module_tree(PRESETS[preset]).to(TORCH_DTYPES[dtype])
 
     param_count = sum(p.numel() for p in model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -3,8 +3,8 @@ awslabs DCP/FSDP benchmark (Llama 7B to 70B), the GPT-2-shaped "4B" of the train
 scripts it grew from, and small shapes for machines and tests that cannot hold those.
 
 Shapes only, no weights: `models/presets.py` names them for `model=...` (one
-`conf/model/<name>.yaml` each) and `hf_config` turns one into the transformers config
-that `models/build.py` instantiates.
+`conf/model/<name>.yaml` each); `models/modules.py` builds one as a module tree whose state is
+that of the transformers model `hf_config`'s config makes (the tests compare the two).
 """
 
 from __future__ import annotations

@@ -63,17 +63,13 @@ def _numel(shape: tuple[int, ...]) -> int:
 @functools.lru_cache(maxsize=8)
 def state_template(preset: str, dtype: Dtype, state: CheckpointState) -> StateTemplate:
     """The flattened state dict a save of `preset` hands DCP, as shapes and values."""
-    from transformers import GPT2LMHeadModel, LlamaForCausalLM
-
     from dcp_fsdp.compat import flatten_state_dict
     from dcp_fsdp.models.build import TORCH_DTYPES, create_optimizer_state, dcp_state_dict
-    from dcp_fsdp.models.presets import PRESETS, hf_config
+    from dcp_fsdp.models.modules import module_tree
+    from dcp_fsdp.models.presets import PRESETS
 
-    shape = PRESETS[preset]
     with torch.device("meta"):
-        model_class = LlamaForCausalLM if shape.family == "llama" else GPT2LMHeadModel
-        model: torch.nn.Module = model_class(hf_config(shape))
-        model = model.to(TORCH_DTYPES[dtype])
+        model = module_tree(PRESETS[preset]).to(TORCH_DTYPES[dtype])
     optimizer = None
     if state == CheckpointState.model_and_optimizer:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

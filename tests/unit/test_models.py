@@ -56,6 +56,39 @@ def test_presets_are_the_shapes_of_llama_model_config():
         assert (REPO / module).is_file() and yaml.stem in PRESETS
 
 
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_the_module_tree_holds_transformers_state_exactly(preset):
+    """A rank builds models/modules.py's tree, not transformers' class (1.5 s of imports per
+    rank): its state is transformers' own, name for name, in the same order, shape and
+    dtype, with the same parameters tied, so the checkpoint is the one the HF model saves."""
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM
+
+    from dcp_fsdp.models.modules import module_tree
+
+    shape = PRESETS[preset]
+    model_class = LlamaForCausalLM if shape.family == "llama" else GPT2LMHeadModel
+    with torch.device("meta"):
+        reference = model_class(hf_config(shape)).to(torch.bfloat16)
+        tree = module_tree(shape).to(torch.bfloat16)
+
+    def state(model):
+        return [(name, tuple(t.shape), t.dtype) for name, t in model.state_dict().items()]
+
+    def params(model):  # the optimizer's order, and which names share one tensor
+        return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+
+    def tied(model):
+        named = list(model.named_parameters(remove_duplicate=False))
+        return sorted((a, b) for i, (a, p) in enumerate(named) for b, q in named[i + 1:]
+                      if p is q)
+
+    assert state(tree) == state(reference)
+    assert params(tree) == params(reference)
+    assert tied(tree) == tied(reference)
+    assert [n for n, _ in tree.named_buffers()] == []  # every reference buffer is non-persistent
+    assert not any(name in reference.state_dict() for name, _ in reference.named_buffers())
+
+
 @pytest.mark.parametrize("preset", ["tiny_llama", "tiny_gpt2"])
 def test_tiny_presets_are_tens_of_mb(preset):
     fp32_mib = meta_param_count(preset) * 4 / 2**20
