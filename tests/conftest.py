@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import signal
 import uuid
 
 import pytest
 
 from dcp_fsdp.launch.embedded_s3 import EmbeddedS3, S3Endpoint
+
+# The Ctrl-C tests signal the commands they start as a terminal would. A suite started in the
+# background by a non-interactive shell (`make test &`, a CI wrapper) inherits SIGINT ignored,
+# and an ignored signal stays ignored across exec: every command it starts would ignore Ctrl-C
+# and those tests would fail for the harness's sake. A handled signal is reset to the default
+# at exec, so the commands get a terminal's Ctrl-C whatever started the suite.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Marked by directory (markers registered in pyproject.toml): `pytest -m unit` is the fast set.
 _DIRECTORY_MARKS = {"unit": "unit", "integration": "integration", "gpu": "gpu"}
