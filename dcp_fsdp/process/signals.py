@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Callable
@@ -51,8 +52,24 @@ class InterruptGuard:
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(getattr(signal, contract.PEER_FAILED_SIGNAL_NAME), self._on_signal)
+        sys.unraisablehook = self._quiet_for_signals(sys.unraisablehook)
         if on_stuck is not None:
             self._watch_for_a_stuck_main_thread(on_stuck)
+
+    def _quiet_for_signals(self, default: Callable) -> Callable:
+        """The unraisable hook: a signal's exception that Python could not propagate is
+        dropped once this guard has noted the signal; anything else goes to `default`.
+
+        The handler's exception can land where Python cannot raise (the connector's native
+        code building an `S3Exception`, a `__del__`): Python would print it as "Exception
+        ignored in ..." with a traceback, seen on a Ctrl-C mid-tune. The signal is already in
+        `signal_name`, so the run still ends `interrupted` (or the watcher ends it)."""
+        def hook(unraisable) -> None:
+            if self.signal_name is not None and isinstance(
+                    unraisable.exc_value, (KeyboardInterrupt, Terminated, PeerFailed)):
+                return
+            default(unraisable)
+        return hook
 
     def _watch_for_a_stuck_main_thread(self, on_stuck: Callable[[str], None]) -> None:
         # A Python handler runs only between bytecodes of the main thread: a main thread

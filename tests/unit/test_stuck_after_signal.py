@@ -57,3 +57,42 @@ def test_a_main_thread_stuck_after_sigterm_is_ended_by_the_watcher():
 def test_without_the_watcher_it_would_not_end():
     code, took_s, _ = run_and_stop("none", wait_s=3)
     assert code is None  # still running 3 s later: what torch's agent would wait out
+
+
+UNRAISABLE = """
+import os, signal, sys, time
+from dcp_fsdp.process.signals import InterruptGuard
+
+guard = InterruptGuard()
+if sys.argv[1] == "guard":
+    guard.install()
+else:
+    signal.signal(signal.SIGINT, guard._on_signal)  # the handler alone, as before the hook
+
+class Dropped:
+    def __del__(self):  # the signal lands here: an exception Python cannot propagate
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):
+            time.sleep(0)
+
+Dropped()
+try:
+    time.sleep(0.2)
+except BaseException:
+    pass
+print("noted", guard.signal_name, flush=True)
+"""
+
+
+def test_a_signal_raised_where_python_cannot_propagate_it_prints_no_traceback():
+    """A Ctrl-C mid-tune landed while the connector built an S3Exception: Python printed
+    "Exception ignored in: 'S3Exception'" and a traceback. The guard notes the signal
+    (the run ends interrupted) and its hook keeps the traceback out of the output."""
+    outputs = {}
+    for how in ("guard", "handler-only"):
+        done = subprocess.run([sys.executable, "-c", UNRAISABLE, how], cwd=REPO, env=clean_env(),
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "noted SIGINT" in done.stdout, done
+        outputs[how] = done.stderr
+    assert "Traceback" in outputs["handler-only"] and "Exception ignored" in outputs["handler-only"]
+    assert outputs["guard"] == "", outputs["guard"]
