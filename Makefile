@@ -26,8 +26,10 @@ demo: setup
 	$(BIN)/dcp-fsdp save-and-load nproc=2 iterations=3
 
 # Test files run on PYTEST_WORKERS processes (pytest-xdist, one file per worker at a time:
-# a file's tests share fixtures); PYTEST_WORKERS=0 runs them in this process.
-PYTEST_WORKERS ?= 2
+# a file's tests share fixtures); PYTEST_WORKERS=0 runs them in this process. Three on two
+# cores: the tests wait on servers, signals and Slurm's kill waits often enough to leave a
+# core idle with two (2-core VM, 2026-11-26: 14:53 on 2 workers, 11:45 on 3).
+PYTEST_WORKERS ?= 3
 test: setup
 	$(BIN)/python -m pytest -q -rs --durations=12 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
