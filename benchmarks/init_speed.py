@@ -2,7 +2,7 @@
 
 Spawns `--nproc` ranks on this machine (gloo on CPU, nccl with CUDA), each of which builds
 the sharded model exactly as a run does (models.build: meta build, fully_shard, fill its
-shards), then checks its shards as a verified load does (rank.verify: recompute and compare,
+shards), then checks its shards as a verified load does (rank.state: recompute and compare,
 bit for bit) and, with --sha256, hashes the same bytes with SHA-256 for comparison. No
 storage is involved. Prints per-rank figures and the worst rank's:
 
@@ -35,7 +35,7 @@ def worker(args) -> None:
 
     from dcp_fsdp.config.schema import Backend, CheckpointState, Dtype
     from dcp_fsdp.models.build import build_sharded_model, unique_shards
-    from dcp_fsdp.rank import verify
+    from dcp_fsdp.rank import state as verify
     from dcp_fsdp.rank.distributed import init_distributed
     from dcp_fsdp.rank.state import make_state_dict
 
