@@ -103,6 +103,16 @@ def _die_with_starter() -> None:
     lifeline.die_with_parent(signal.SIGKILL)
 
 
+# free_ports checks the ports, then weed binds them: another process (a second run starting
+# its own server, a test worker) can take one in between, and weed exits with this line.
+_PORT_TAKEN = "Port allocation failed"
+_PORT_ATTEMPTS = 3
+
+
+class PortTaken(RuntimeError):
+    """The server exited because a port chosen for it was taken before it could bind it."""
+
+
 class EmbeddedS3:
     """Context manager: a SeaweedFS S3 server on 127.0.0.1, stopped on exit."""
 
@@ -123,6 +133,16 @@ class EmbeddedS3:
         self.ports: dict[str, int] = {}
 
     def start(self) -> S3Endpoint:
+        """Start the server; a start that lost one of its ports is retried on new ones."""
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            try:
+                return self._start_once()
+            except PortTaken:
+                if attempt == _PORT_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> S3Endpoint:
         # Named after this process: if it is killed, the next run removes the directory
         # and the server's sockets (dcp_fsdp/process/lifeline.py).
         self.workdir = lifeline.owned_tempdir("dcp-fsdp-s3-")
@@ -194,7 +214,8 @@ class EmbeddedS3:
         last_error: Exception | None = None
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(
+                lost_port = _PORT_TAKEN in self.tail_log()
+                raise (PortTaken if lost_port else RuntimeError)(
                     f"embedded SeaweedFS exited with code {self.process.returncode}; "
                     f"see {self.workdir}/weed.out:\n{self.tail_log()}")
             try:

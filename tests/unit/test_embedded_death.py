@@ -48,3 +48,44 @@ def test_exit_codes_and_a_server_that_no_longer_answers(tmp_path):
     finally:
         running.kill()
         running.wait()
+
+
+def test_a_start_whose_port_is_taken_before_weed_binds_it_retries_on_new_ports(monkeypatch):
+    """Two runs (or test workers) starting servers at once: a port free_ports found can be
+    taken before weed binds it, and weed exits ("Port allocation failed"). Seen in CI with 3
+    workers. The start is retried on new ports; the lost attempt leaves nothing behind."""
+    import os
+    import socket
+
+    import boto3
+
+    from dcp_fsdp.launch import embedded_s3
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    calls = []
+
+    def ports_with_one_taken(count, host="127.0.0.1"):
+        ports = free_ports(count, host)
+        calls.append(ports)
+        if len(calls) == 1:
+            ports[2] = taken.getsockname()[1]  # volume.port: what CI's run lost
+        return ports
+
+    monkeypatch.setattr(embedded_s3, "free_ports", ports_with_one_taken)
+    server = EmbeddedS3(bucket="retry")
+    try:
+        with server as endpoint:
+            client = boto3.client("s3", endpoint_url=endpoint.endpoint_url,
+                                  aws_access_key_id=endpoint.access_key_id,
+                                  aws_secret_access_key=endpoint.secret_access_key,
+                                  region_name=endpoint.region)
+            client.put_object(Bucket="retry", Key="k", Body=b"v")
+            assert client.get_object(Bucket="retry", Key="k")["Body"].read() == b"v"
+            workdir = server.workdir
+        assert len(calls) == 2 and calls[1][2] != taken.getsockname()[1]
+        assert workdir is not None and not workdir.exists()
+        assert not list(workdir.parent.glob(f"dcp-fsdp-s3-p{os.getpid()}-*"))
+    finally:
+        taken.close()
