@@ -383,7 +383,10 @@ def _end_stuck_rank(signal_name: str, session: RankSession | None) -> None:
             session.request_log.remove()  # os._exit skips every cleanup
     except BaseException:
         pass
-    log.error(f"rank {os.environ.get('RANK', '?')}: {ending.error_line}"
-              + ("" if recorded else " (without its record: another rank keeps it)"))
+    # A note, not an error line: the first cause is the launcher's (or Slurm aftermath's) to
+    # name, from the error files; this rank may only be a bystander (its node's agent was
+    # killed, the launcher got Ctrl-C) and an error line here would precede the real cause.
+    log.info(f"rank {os.environ.get('RANK', '?')}: {ending.error_line}"
+             + ("" if recorded else " (without its record: another rank keeps it)"))
     write_error_file(ending)
     os._exit(ending.exit_code)
