@@ -56,6 +56,8 @@ def test_a_start_whose_port_is_taken_before_weed_binds_it_retries_on_new_ports(m
     workers. The start is retried on new ports; the lost attempt leaves nothing behind."""
     import os
     import socket
+    import tempfile
+    from pathlib import Path
 
     import boto3
 
@@ -74,6 +76,9 @@ def test_a_start_whose_port_is_taken_before_weed_binds_it_retries_on_new_ports(m
         return ports
 
     monkeypatch.setattr(embedded_s3, "free_ports", ports_with_one_taken)
+    mine = f"dcp-fsdp-s3-p{os.getpid()}-*"  # this process's servers (a session fixture's too)
+    tmp = Path(tempfile.gettempdir())
+    before = set(tmp.glob(mine))
     server = EmbeddedS3(bucket="retry")
     try:
         with server as endpoint:
@@ -86,6 +91,6 @@ def test_a_start_whose_port_is_taken_before_weed_binds_it_retries_on_new_ports(m
             workdir = server.workdir
         assert len(calls) == 2 and calls[1][2] != taken.getsockname()[1]
         assert workdir is not None and not workdir.exists()
-        assert not list(workdir.parent.glob(f"dcp-fsdp-s3-p{os.getpid()}-*"))
+        assert set(tmp.glob(mine)) == before  # the lost attempt's directory is gone too
     finally:
         taken.close()
