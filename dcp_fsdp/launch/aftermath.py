@@ -179,8 +179,6 @@ def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, st
                         "shows it and its open uploads, `dcp-fsdp clean-uploads` aborts them")
 
 
-
-
 def _claim_only_line(suffix: str, location: str, aborted: int) -> str:
     """A suffix whose only stored object is this run's claim: removed. With uploads open it
     is still a partial checkpoint (the save was writing; nothing was committed)."""

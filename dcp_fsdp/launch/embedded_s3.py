@@ -134,13 +134,12 @@ class EmbeddedS3:
 
     def start(self) -> S3Endpoint:
         """Start the server; a start that lost one of its ports is retried on new ones."""
-        for attempt in range(1, _PORT_ATTEMPTS + 1):
+        for _ in range(_PORT_ATTEMPTS - 1):
             try:
                 return self._start_once()
             except PortTaken:
-                if attempt == _PORT_ATTEMPTS:
-                    raise
-        raise AssertionError("unreachable")
+                pass
+        return self._start_once()
 
     def _start_once(self) -> S3Endpoint:
         # Named after this process: if it is killed, the next run removes the directory
@@ -214,10 +213,10 @@ class EmbeddedS3:
         last_error: Exception | None = None
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                lost_port = _PORT_TAKEN in self.tail_log()
-                raise (PortTaken if lost_port else RuntimeError)(
+                tail = self.tail_log()
+                raise (PortTaken if _PORT_TAKEN in tail else RuntimeError)(
                     f"embedded SeaweedFS exited with code {self.process.returncode}; "
-                    f"see {self.workdir}/weed.out:\n{self.tail_log()}")
+                    f"see {self.workdir}/weed.out:\n{tail}")
             try:
                 client.head_bucket(Bucket=self.bucket)
                 # SeaweedFS allocates its volumes on the first write to a bucket (~1 s).
