@@ -46,6 +46,8 @@ def list_checkpoints(cfg: BenchmarkConfig, check: bool = False) -> int:
     for suffix, what in damage.items():
         print(f"suffix={suffix}: damaged checkpoint: {what}; it cannot load: save it again, or "
               f"`dcp-fsdp delete suffix={suffix}`")
+    for prefix in (c for c in checkpoints if c.nested):
+        print(_prefix_note(store, prefix))
     for claim in (c for c in checkpoints if c.claim_only):
         print(_abandoned_claim_note(store, claim))
     uploads = store.open_uploads()
@@ -81,6 +83,13 @@ def _damage(store, cfg: BenchmarkConfig, checkpoints: list[CheckpointInfo]) -> d
 
 
 def _state(info: CheckpointInfo) -> str:
+    if info.nested:
+        above = f"PREFIX OF {len(info.nested)} CHECKPOINT(S)"
+        return above if not info.own_object_count else f"{_own_state(info)}; {above}"
+    return _own_state(info)
+
+
+def _own_state(info: CheckpointInfo) -> str:
     if info.complete:
         return "complete"
     if info.claim_only:
@@ -92,6 +101,35 @@ def _age_s(info: CheckpointInfo) -> float:
     """Seconds since the suffix's newest object was written (by the store's clock)."""
     modified = datetime.datetime.fromisoformat(info.modified)
     return max(0.0, (datetime.datetime.now(datetime.timezone.utc) - modified).total_seconds())
+
+
+def _where_setting(store, suffix: str) -> str:
+    """The storage setting that points a command at folder `suffix` itself."""
+    return f"storage.{'path' if store.kind == 'fs' else 'uri'}={store.location(suffix)}"
+
+
+def _nested_names(info: CheckpointInfo, shown: int = 3) -> str:
+    more = len(info.nested) - shown
+    return ", ".join(info.nested[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
+def _prefix_note(store, info: CheckpointInfo) -> str:
+    """One line for a folder above other checkpoints: what it holds and how to list them."""
+    return (f"suffix={info.suffix}: a prefix holding {len(info.nested)} checkpoint(s) in "
+            f"folders below it ({_nested_names(info)}), not one checkpoint; `dcp-fsdp list "
+            f"{_where_setting(store, info.suffix)}` lists them")
+
+
+def _not_a_checkpoint(store, info: CheckpointInfo) -> str:
+    """Why `delete` leaves folder `info` alone: it is not one checkpoint of ours."""
+    if info.nested:
+        return (f"suffix={info.suffix}: a prefix holding {len(info.nested)} checkpoint(s) in "
+                f"folders below it ({_nested_names(info)}), not one checkpoint; left alone: "
+                f"delete each with `dcp-fsdp delete {_where_setting(store, info.suffix)} "
+                "suffix=NAME`")
+    return (f"suffix={info.suffix}: holds objects only in folders below it, none of its own, "
+            "so it is not a checkpoint this tool can recognise; left alone (remove it with "
+            "your storage's own tools if it is not needed)")
 
 
 def _abandoned_claim_note(store, info: CheckpointInfo) -> str:
@@ -176,7 +214,9 @@ def clean_uploads(cfg: BenchmarkConfig, min_age_s: float = DEFAULT_MIN_AGE_S) ->
 def delete_checkpoint(cfg: BenchmarkConfig, min_age_s: float = DEFAULT_MIN_AGE_S) -> int:
     """Remove checkpoint `suffix=`, every object of it and its open uploads: a complete one,
     or an incomplete one (an abandoned claim included) whose newest object is at least
-    `min_age_s` old (a younger one may be a save writing, or starting, there now)."""
+    `min_age_s` old (a younger one may be a save writing, or starting, there now). Only a
+    folder recognised as one checkpoint (CheckpointInfo.recognised), whatever the age: a
+    prefix above other checkpoints is refused, --force or not."""
     if not cfg.suffix:
         raise UserError("delete needs suffix=NAME: the checkpoint to remove (`dcp-fsdp list` "
                         "with the same storage settings shows them)")
@@ -187,6 +227,8 @@ def delete_checkpoint(cfg: BenchmarkConfig, min_age_s: float = DEFAULT_MIN_AGE_S
     if found is None and not uploads:
         raise UserError(f"suffix={suffix}: nothing is stored at {where}; `dcp-fsdp list` with "
                         "the same storage settings shows the checkpoints there")
+    if found is not None and not found.recognised:  # never a prefix above others
+        raise UserError(_not_a_checkpoint(store, found))
     if found is not None and not found.complete and _age_s(found) < min_age_s:
         what = "holds only a save's claim" if found.claim_only else "is incomplete"
         raise UserError(f"suffix={suffix}: {what}, written {_age(_age_s(found))} ago: a save may "

@@ -12,9 +12,23 @@ from typing import Any
 from dcp_fsdp.config.schema import MIB, StorageConfig
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.layout import (CLAIM_EXCLUSIVE, CLAIM_NAME, METADATA_NAME, CheckpointInfo,
-                                     SuffixClaim, check_suffix)
+                                     SuffixClaim, check_suffix, nested_checkpoint)
 from dcp_fsdp.storage.raw import FsRawArea, fs_ceiling_dir
 from dcp_fsdp.storage.timeline import HookTimeline
+
+
+def _info(entry: Path) -> CheckpointInfo:
+    """What folder `entry` under the root holds: its files at any depth."""
+    files = [f for f in entry.rglob("*") if f.is_file()]
+    names = [str(f.relative_to(entry)) for f in files]
+    sizes = [f.stat().st_size for f in files]
+    newest = max((f.stat().st_mtime for f in files), default=entry.stat().st_mtime)
+    return CheckpointInfo(
+        entry.name, (entry / METADATA_NAME).exists(), sum(sizes), len(files),
+        datetime.datetime.fromtimestamp(newest, datetime.timezone.utc).isoformat(),
+        claim_only=names == [CLAIM_NAME],
+        nested=tuple(sorted({d for n in names if (d := nested_checkpoint(n)) is not None})),
+        own_object_count=sum("/" not in n for n in names))
 
 
 class FsStore:
@@ -96,19 +110,8 @@ class FsStore:
     def list_checkpoints(self, suffix: str | None = None) -> list[CheckpointInfo]:
         if not self.root.is_dir():
             return []
-        found = []
         entries = [self.root / suffix] if suffix else sorted(self.root.iterdir())
-        for entry in entries:
-            if not entry.is_dir():
-                continue
-            files = [f for f in entry.rglob("*") if f.is_file()]
-            newest = max((f.stat().st_mtime for f in files), default=entry.stat().st_mtime)
-            found.append(CheckpointInfo(
-                entry.name, (entry / METADATA_NAME).exists(), sum(f.stat().st_size for f in files),
-                len(files),
-                datetime.datetime.fromtimestamp(newest, datetime.timezone.utc).isoformat(),
-                claim_only=[f.name for f in files] == [CLAIM_NAME] and files[0].parent == entry))
-        return found
+        return [_info(entry) for entry in entries if entry.is_dir()]
 
     def object_sizes(self, suffix: str) -> dict[str, int]:
         root = self.root / suffix

@@ -34,10 +34,11 @@ from dcp_fsdp.config.validate import check_suffix  # the setting's syntax: a con
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.metadata_peek import MAX_METADATA_BYTES, MetadataFacts, read_facts
 
-__all__ = ["CEILING_ROOT", "CLAIM_NAME", "MANIFEST_NAME", "METADATA_NAME", "CheckpointInfo",
+__all__ = ["CEILING_ROOT", "CHECKPOINT_MARKERS", "CLAIM_NAME", "MANIFEST_NAME", "METADATA_NAME", "CheckpointInfo",
            "SuffixClaim", "check_loadable", "check_suffix", "claim_configured_suffixes",
            "encode_manifest", "release_claims",
-           "holds_only_claim_of", "manifest_if_readable", "metadata_facts", "new_suffix", "read_claim",
+           "holds_only_claim_of", "manifest_if_readable", "metadata_facts", "nested_checkpoint",
+           "new_suffix", "read_claim",
            "read_manifest",
            "save_suffix"]
 
@@ -64,6 +65,28 @@ class CheckpointInfo:
     # Nothing but the claim (CLAIM_NAME): a save that ended between its claim and its first
     # object (an abandoned claim), or one starting there now; not a checkpoint.
     claim_only: bool = False
+    # Folders below it (relative to it) that hold checkpoints of their own: it is a prefix
+    # above other checkpoints (`ckpt/<run>/<suffix>`), and removing it would remove them.
+    nested: tuple[str, ...] = ()
+    own_object_count: int = 0  # objects directly in it (a prefix strategy's data lie deeper)
+
+    @property
+    def recognised(self) -> bool:
+        """A checkpoint as this tool lays one out, removable as one: objects of its own (the
+        claim comes first), and no checkpoint in a folder below it."""
+        return self.own_object_count > 0 and not self.nested
+
+
+# The objects that make a folder a checkpoint: DCP's commit, our manifest and our claim. A
+# prefix strategy's data folders inside a checkpoint never hold one.
+CHECKPOINT_MARKERS = frozenset({METADATA_NAME, MANIFEST_NAME, CLAIM_NAME})
+
+
+def nested_checkpoint(name: str) -> str | None:
+    """The folder of a checkpoint below a suffix that object `name` (relative to the suffix)
+    marks; None for the suffix's own objects and for data objects in folders."""
+    folder, _, base = name.rpartition("/")
+    return folder if folder and base in CHECKPOINT_MARKERS else None
 
 
 @dataclasses.dataclass(frozen=True)
