@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -48,6 +49,9 @@ class ShardedModel:
     replicas: int = 1
     fill_s: float | None = None  # filling the values (a restart loads them instead)
 
+    # replicas > 1 on an accelerator: gloo over this rank's "replicate" ranks, for the state's
+    # CPU tensors in the read_once broadcast (replicate_host_group)
+    host_group: dist.ProcessGroup | None = None
 
 REPLICATE_DIM, SHARD_DIM = "replicate", "shard"
 
@@ -99,8 +103,20 @@ def build_sharded_model(preset: str, dtype: Dtype, state: CheckpointState,
     if device.type == "cuda":  # the fill's kernels are done, not only queued
         torch.cuda.synchronize(device)
     return ShardedModel(model, optimizer, param_count, param_bytes, mesh, replicas,
-                        fill_s=time.monotonic() - filling)
+                        fill_s=fill_s, host_group=host_group)
 
+
+def replicate_host_group(mesh: Any) -> dist.ProcessGroup:
+    """A gloo group over this rank's "replicate" ranks. NCCL moves CUDA tensors only, and a
+    state dict holds CPU ones too (AdamW's `step` counters stay on the host): the read_once
+    broadcast sends those over this group (rank/replicas.py). Made once, untimed; only the
+    group's own ranks take part (its name is a hash of its ranks), so R ranks, not the world,
+    synchronise for it."""
+    ranks = dist.get_process_group_ranks(mesh.get_group(REPLICATE_DIM))
+    return dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
+
+    fill_s = time.monotonic() - filling
+    host_group = replicate_host_group(mesh) if replicas > 1 and device.type != "cpu" else None
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor

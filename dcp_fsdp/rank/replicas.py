@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import StorageReader
+from torch.distributed.device_mesh import DeviceMesh
 
 from dcp_fsdp.models.build import REPLICATE_DIM, SHARD_DIM, unique_shards
 from dcp_fsdp.rank.device import sync_device
@@ -34,9 +36,11 @@ def replica_share(nbytes: int, replicas: int, replica: int) -> int:
     return nbytes * (replica + 1) // replicas - nbytes * replica // replicas
 
 
-def read_once_load(state_dict: dict[str, Any], storage_reader, mesh, replica: int,
-                   device: Any = None) -> float:
-    """Replica 0 loads from storage, then the replicate dimension broadcasts what it read.
+def read_once_load(state_dict: dict[str, Any], storage_reader: StorageReader, mesh: DeviceMesh,
+                   replica: int, device: torch.device | None = None,
+                   host_group: dist.ProcessGroup | None = None) -> float:
+    """Replica 0 loads from storage, then the replicate dimension broadcasts what it read
+    (the CPU tensors over `host_group` when there is one: see broadcast_from_first_replica).
     Returns the seconds this rank spent in the broadcast (on replica 0: after its load),
     `device` (the rank's) synchronized at both ends."""
     if replica == 0:
@@ -44,22 +48,28 @@ def read_once_load(state_dict: dict[str, Any], storage_reader, mesh, replica: in
                  process_group=mesh.get_group(SHARD_DIM))
     sync_device(device)  # the load's copies are not the broadcast's
     started = time.monotonic()
-    broadcast_from_first_replica(state_dict, mesh.get_group(REPLICATE_DIM))
+    broadcast_from_first_replica(state_dict, mesh.get_group(REPLICATE_DIM), host_group)
     sync_device(device)  # NCCL: wait() returns before the copy has landed
     return time.monotonic() - started
 
 
-def broadcast_from_first_replica(state_dict: dict[str, Any], group) -> None:
+def broadcast_from_first_replica(state_dict: dict[str, Any], group: dist.ProcessGroup,
+                                 host_group: dist.ProcessGroup | None = None) -> None:
     """Every local shard (each storage once: a tied weight is sent once) from the group's
     first rank (replica 0) to the others, in key order (the same on every rank). All
-    broadcasts are issued before any is waited on, so the transfers overlap."""
+    broadcasts are issued before any is waited on, so the transfers overlap.
+
+    `host_group` (gloo over the same ranks, models/build.py's replicate_host_group) carries
+    the CPU tensors: `group` is NCCL on a GPU run, and NCCL refuses a CPU tensor, which an
+    optimizer's state holds (AdamW's `step`). Without it every tensor goes over `group`."""
     source = dist.get_global_rank(group, 0)
     pending = []
     for _, local, _, _ in unique_shards(state_dict):
+        over = host_group if host_group is not None and local.device.type == "cpu" else group
         # a collective needs a contiguous buffer; FSDP2's dim-0 shards are, but keep any
         # other layout correct (receivers copy the result back into the live tensor)
         buffer = local if local.is_contiguous() else local.contiguous()
-        pending.append((local, buffer, dist.broadcast(buffer, src=source, group=group,
+        pending.append((local, buffer, dist.broadcast(buffer, src=source, group=over,
                                                       async_op=True)))
     for local, buffer, work in pending:
         work.wait()

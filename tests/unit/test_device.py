@@ -63,7 +63,7 @@ def test_sync_device_synchronizes_cuda_and_does_nothing_on_cpu(events):
 def test_read_once_broadcast_time_ends_after_the_device_is_synchronized(events, monkeypatch):
     """NCCL's work.wait() returns before the copy lands: the broadcast's clock must wait for
     the device, and its start must not carry the load's queued copies."""
-    def broadcast(state_dict, group):
+    def broadcast(state_dict, group, host_group):
         events.seen.append("broadcast")
 
     monkeypatch.setattr(replicas, "broadcast_from_first_replica", broadcast)
@@ -97,6 +97,68 @@ def test_the_staged_mark_of_an_async_save_is_read_after_the_device_sync(events, 
     assert timing.staged_s is not None
     # blocked_end, then the staged mark after the sync (then the steps' end clock)
     assert events.seen[:3] == ["clock", "sync", "clock"], events.seen
+
+
+class NcclLike:
+    """torch.distributed as the read_once broadcast sees it on a GPU run: the mesh's
+    replicate group is NCCL, which refuses a CPU tensor (NCCL's own error), and a gloo group
+    over the same ranks moves CPU tensors. This rank receives: a broadcast fills the tensor
+    with what replica 0 holds (a meta tensor stands for a CUDA shard: nothing to fill)."""
+
+    REPLICA_0_VALUE = 7.0
+
+    def __init__(self) -> None:
+        self.nccl, self.gloo = object(), object()
+        self.sent: list[tuple[str, str]] = []
+
+    def get_global_rank(self, group, rank):
+        return 0
+
+    def broadcast(self, tensor, src, group, async_op):
+        name = "nccl" if group is self.nccl else "gloo"
+        if name == "nccl" and tensor.device.type == "cpu":
+            raise RuntimeError("No backend type associated with device type cpu")
+        self.sent.append((name, tensor.device.type))
+        if tensor.device.type == "cpu":
+            tensor.fill_(self.REPLICA_0_VALUE)
+        return types.SimpleNamespace(wait=lambda: None)
+
+
+def test_read_once_sends_the_optimizers_cpu_step_over_gloo_not_nccl(monkeypatch):
+    """AdamW's `step` stays on the host while the moments are on the GPU: the NCCL group
+    would refuse it (issue 32), so it goes over the gloo group and lands in the live tensor."""
+    from dcp_fsdp.models.build import create_optimizer_state
+
+    with torch.device("meta"):
+        model = torch.nn.Linear(4, 3, bias=False)
+    optimizer = torch.optim.AdamW(model.parameters())
+    create_optimizer_state(optimizer)
+    (state,) = optimizer.state.values()
+    assert state["step"].device.type == "cpu" and state["exp_avg"].device.type == "meta"
+    state_dict = {"model": {"weight": model.weight}, "optim": {"state": {"weight": state}}}
+    fake = NcclLike()
+    monkeypatch.setattr(replicas, "dist", fake)
+    mesh = types.SimpleNamespace(get_group=lambda dim: fake.nccl)
+    replicas.read_once_load(state_dict, None, mesh, replica=1, host_group=fake.gloo)
+    assert ("gloo", "cpu") in fake.sent and ("nccl", "meta") in fake.sent
+    assert ("nccl", "cpu") not in fake.sent
+    assert state["step"].item() == NcclLike.REPLICA_0_VALUE
+
+
+def test_the_host_group_of_a_replicate_dimension_is_gloo_over_its_ranks(one_rank_group):
+    """models/build.py's replicate_host_group on a real (one-rank gloo) mesh: the torch
+    calls it makes exist in this release and give a gloo group over the same ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dcp_fsdp.models.build import REPLICATE_DIM, SHARD_DIM, replicate_host_group
+
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=(REPLICATE_DIM, SHARD_DIM))
+    group = replicate_host_group(mesh)
+    assert dist.get_backend(group) == "gloo"
+    assert dist.get_process_group_ranks(group) == [0]
+    step = torch.tensor(5.0)
+    dist.broadcast(step, src=0, group=group)
+    assert step.item() == 5.0
 
 
 @pytest.fixture(scope="module")
