@@ -79,6 +79,22 @@ def test_saves_apart_in_time_still_add_their_spans(tmp_path):
     assert result["throughput"]["aggregate_mib_s"].iloc[0] == pytest.approx(600 / 12)
 
 
+# -- issue 31 WRONG 7: the part size splits loads too -------------------------------------
+
+def test_loads_of_different_part_sizes_are_rows_apart(tmp_path):
+    """A load's ranged GETs are cut by storage.part_size_mib (5 vs 3 GETs in docs/report.md's
+    example): loads of two part sizes are two rows, as saves are; a save-only setting
+    (train_step_s) still leaves the load rows whole."""
+    for run_id, part_size_mib in (("ps8", 8), ("ps16", 16)):
+        variant(tmp_path, run_id, settings={"storage.part_size_mib": part_size_mib,
+                                            "train_step_s": part_size_mib / 8})
+    table = build(tmp_path)[0]["throughput"]
+    rows = sorted(zip(table["op"], table["storage.part_size_mib"], table["train_step_s"]))
+    assert rows == [("load", "16", ""), ("load", "8", ""),
+                    ("save", "16", "2.0"), ("save", "8", "1.0")], rows
+    assert list(table["runs"]) == [1, 1, 1, 1]
+
+
 # -- 10: first and later operations apart -------------------------------------------------
 
 def test_first_and_later_operations_are_shown_apart_and_used_where_they_belong(tmp_path,
