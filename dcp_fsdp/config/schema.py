@@ -79,6 +79,13 @@ class AsyncCheckpointer(str, enum.Enum):
     process = "process"
 
 
+class TrainStepWork(str, enum.Enum):
+    # the simulated training step (rank/train_step.py): fp32 matmuls (compute-bound), or an
+    # elementwise add over vectors beyond the caches (memory-bound: contends with staging)
+    matmul = "matmul"
+    memory = "memory"
+
+
 class Backend(str, enum.Enum):
     auto = "auto"  # nccl when CUDA is present, else gloo
     gloo = "gloo"
@@ -163,6 +170,12 @@ class AsyncSaveConfig:
                                           "next save waits only for an upload still in flight "
                                           "(previous_wait_s); 0: each save trains until its "
                                           "own upload is done")
+    train_step_work: TrainStepWork = setting(TrainStepWork.matmul,
+                                             "async + train_step_s: the simulated step's work: "
+                                             "matmul (fp32 matmuls, compute-bound: on a GPU it "
+                                             "barely contends with staging's copies) or memory "
+                                             "(an add over vectors beyond the caches, "
+                                             "bandwidth-bound like an optimizer update)")
 
 
 @dataclasses.dataclass
@@ -253,7 +266,7 @@ def _type_name(annotation: Any) -> str:
                             ("StorageKind", StorageKind), ("PrefixStrategy", PrefixStrategy),
                             ("ReaderKind", ReaderKind), ("Backend", Backend),
                             ("SaveMode", SaveMode), ("AsyncCheckpointer", AsyncCheckpointer),
-                            ("ReplicaLoad", ReplicaLoad)):
+                            ("ReplicaLoad", ReplicaLoad), ("TrainStepWork", TrainStepWork)):
         if name in text:
             return "|".join(member.value for member in enum_type)
     return (text.replace("Optional[", "").replace("]", "").replace("list[str", "list")

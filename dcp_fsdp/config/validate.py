@@ -11,7 +11,8 @@ from pathlib import Path
 
 from dcp_fsdp import contract
 from dcp_fsdp.config.schema import (BenchmarkConfig, Command, PrefixStrategy, ReaderKind,
-                                    ReplicaLoad, SaveMode, StorageKind, iter_settings)
+                                    ReplicaLoad, SaveMode, StorageKind, TrainStepWork,
+                                    iter_settings)
 from dcp_fsdp.errors import UserError
 
 S3_MIN_PART_SIZE_MIB = 5  # S3 rejects multipart parts below 5 MiB (except the last)
@@ -228,6 +229,10 @@ def _check_combinations(cfg: BenchmarkConfig) -> None:
         raise UserError(f"async_save.steps_between_saves={cfg.async_save.steps_between_saves}: "
                         "the steps between saves need a step length; add train_step_s=0.05 "
                         "(and save_mode=async), or drop steps_between_saves")
+    if cfg.async_save.train_step_work != TrainStepWork.matmul and cfg.train_step_s <= 0:
+        raise UserError(f"async_save.train_step_work={cfg.async_save.train_step_work.value}: "
+                        "the simulated training step is off; add train_step_s=0.05 (and "
+                        "save_mode=async), or drop train_step_work")
     if cfg.model.replica_load == ReplicaLoad.read_once and cfg.model.replicas < 2:
         raise UserError("model.replica_load=read_once: only replicas other than the first "
                         "receive a broadcast, and this run has model.replicas="

@@ -158,7 +158,8 @@ class AsyncSaver:
         self.reuse_stager = True  # False where torch's stager stages once (stager_reusable)
         self._stager_used = False
         self.group = None
-        self.train_step = TrainStep(device, train_step_s) if train_step_s > 0 else None
+        self.train_step = (TrainStep(device, train_step_s, config.train_step_work)
+                           if train_step_s > 0 else None)
         # Steps between saves (a cadence: the upload outlives the save call), or 0.
         self.cadence = config.steps_between_saves if self.train_step is not None else 0
         self._pending: AsyncTiming | None = None  # the last save, until its upload is waited for

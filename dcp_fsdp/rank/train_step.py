@@ -1,4 +1,5 @@
-"""A simulated training step: a fixed amount of matmul work on the rank's device.
+"""A simulated training step: a fixed amount of work (matmuls, or memory-bound vector adds)
+on the rank's device.
 
 What an async checkpoint really costs is the slowdown of the training that runs while it
 uploads (staging copies, serialisation and the connector's threads compete for the CPU,
@@ -13,6 +14,17 @@ staging is the stall (stall_s, train_lost_s), not interference, and is reported 
 (StepTimes.wait_s). The work is fixed (same matrices, same count of matmuls), so a slower step means the
 device or host was busy with the checkpoint, not that the step changed.
 
+Two kinds of work (`async_save.train_step_work`): `matmul`, fp32 matrix products, is
+compute-bound: on a GPU it barely contends with staging's device-to-host copies, so its
+slowdown reads about 0 for any checkpoint. `memory` is an elementwise add over vectors far
+larger than the caches (a + b -> c), bandwidth-bound like an optimizer's update or an
+activation pass: it contends for the memory (and, on a GPU, the copy engines' source) that
+staging reads, so its slowdown is the one a memory-bound training step would see.
+
+A step's own device work is waited for with an event on its stream, not a device-wide
+synchronize: the async save's staging copies run on the stager's own stream, and a
+device-wide wait would count them as the step's compute.
+
 A step respects staging as a real optimizer must: its forward/backward (the matmuls) may run
 while the state is being staged, but its weight update may not start until the staged copy
 is complete (else the checkpoint would hold half-updated weights). `step(before_update)`
@@ -26,10 +38,17 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from dcp_fsdp.config.schema import TrainStepWork
+
 BASELINE_STEPS = 5  # steps timed right before each save, no checkpoint in flight (3 were
 # too few on a loaded machine: a rank's baseline could be 2x its later steps)
 _CPU_SIZE = 256  # matrix side: small enough that a step can be tens of milliseconds on CPU
 _CUDA_SIZE = 4096  # large enough to keep a GPU busy per kernel
+# memory work: elements per vector (three of them); each well beyond the last-level cache
+# (H100's L2: 50 MB; a server CPU's L3: tens of MB per socket)
+_CPU_ELEMENTS = 2**23  # 32 MiB of fp32
+_CUDA_ELEMENTS = 2**26  # 256 MiB of fp32
+_SMALLEST = {TrainStepWork.matmul: 64, TrainStepWork.memory: 2**16}
 _PROBE_S = 0.2  # calibration: run matmuls for at least this long to time one
 
 
@@ -42,7 +61,8 @@ class StepTimes(NamedTuple):
 
 
 def matmuls_for(step_s: float, matmul_s: float) -> int:
-    """How many matmuls of `matmul_s` seconds make one step of about `step_s` (at least 1)."""
+    """How many operations (matmuls, or vector adds) of `matmul_s` seconds make one step of
+    about `step_s` (at least 1)."""
     if matmul_s <= 0:
         return 1
     return max(1, round(step_s / matmul_s))
@@ -59,54 +79,82 @@ def slowdown(during_s: list[float], baseline_s: list[float]) -> float | None:
 
 
 class TrainStep:
-    def __init__(self, device: torch.device, step_s: float) -> None:
+    def __init__(self, device: torch.device, step_s: float,
+                 work: TrainStepWork = TrainStepWork.matmul) -> None:
         self.device = device
         self.step_s = step_s
-        self.matmuls = 1
+        self.work = work
+        self.matmuls = 1  # operations per step (matmuls, or vector adds)
         self._a: torch.Tensor | None = None
         self._b: torch.Tensor | None = None
+        self._out: torch.Tensor | None = None  # memory work: the sum's destination
         self.stall_wait_s = 0.0  # the last step's wait before its update (staging)
 
     def _sync(self) -> None:
+        """Wait for the work this step queued: an event on the current stream, which the
+        step's kernels run on. Not torch.cuda.synchronize: that also waits for an async
+        save's staging copies on the stager's stream, and would count them as compute."""
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(self.device))
+            done.synchronize()
+
+    def _operands(self, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        if self.work == TrainStepWork.memory:  # the values do not matter, only their bytes
+            a = torch.full((size,), 1.0, device=self.device)
+            return a, torch.full_like(a, 2.0), torch.empty_like(a)
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        return (torch.rand(size, size, generator=generator).to(self.device),
+                torch.rand(size, size, generator=generator).to(self.device), None)
+
+    def _operate(self) -> None:
+        """One operation of the step's work."""
+        a, b = self._a, self._b
+        if a is None or b is None:
+            raise RuntimeError("TrainStep.step() before calibrate()")
+        if self._out is not None:
+            torch.add(a, b, out=self._out)
+        else:
+            torch.mm(a, b)
+
+    def _initial_size(self) -> int:
+        cuda = self.device.type == "cuda"
+        if self.work == TrainStepWork.memory:
+            return _CUDA_ELEMENTS if cuda else _CPU_ELEMENTS
+        return _CUDA_SIZE if cuda else _CPU_SIZE
 
     def calibrate(self) -> None:
-        """Untimed: pick the matrix size and the matmul count for one step of ~step_s."""
-        size = _CUDA_SIZE if self.device.type == "cuda" else _CPU_SIZE
-        generator = torch.Generator(device="cpu").manual_seed(0)
+        """Untimed: pick the operands' size and the operation count for one step of ~step_s."""
+        size, smallest = self._initial_size(), _SMALLEST[self.work]
         while True:
-            a = torch.rand(size, size, generator=generator).to(self.device)
-            b = torch.rand(size, size, generator=generator).to(self.device)
-            torch.mm(a, b)  # first call: kernel selection, allocator warm-up
+            self._a, self._b, self._out = self._operands(size)
+            self._operate()  # first call: kernel selection, allocator warm-up
             self._sync()
             count, start = 0, time.perf_counter()
             while True:
-                torch.mm(a, b)
+                self._operate()
                 count += 1
                 if count % 4 == 0:
                     self._sync()
                     if time.perf_counter() - start >= _PROBE_S:
                         break
-            matmul_s = (time.perf_counter() - start) / count
-            # One matmul must be a small part of a step, or steps overshoot their length.
-            if matmul_s <= self.step_s / 4 or size <= 64:
+            operation_s = (time.perf_counter() - start) / count
+            # One operation must be a small part of a step, or steps overshoot their length.
+            if operation_s <= self.step_s / 4 or size <= smallest:
                 break
-            size = max(64, size // 2)
-        self._a, self._b = a, b
-        self.matmuls = matmuls_for(self.step_s, matmul_s)
+            size = max(smallest, size // 2)
+        self.matmuls = matmuls_for(self.step_s, operation_s)
 
     def step(self, before_update: Callable[[], object] | None = None) -> float:
         """One step; its duration (device work included: synchronised on CUDA). With
         `before_update`, it is called (it blocks until staging is done) after the
         forward/backward and before the update; the time it took is in `stall_wait_s`."""
-        a, b = self._a, self._b
-        if a is None or b is None:
+        if self._a is None:
             raise RuntimeError("TrainStep.step() before calibrate()")
         start = time.perf_counter()
         self.stall_wait_s = 0.0
         for _ in range(self.matmuls):
-            torch.mm(a, b)
+            self._operate()
         self._sync()
         if before_update is not None:
             waited = time.perf_counter()

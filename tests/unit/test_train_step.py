@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import torch
 
-from dcp_fsdp.config.schema import AsyncCheckpointer, AsyncSaveConfig
+from dcp_fsdp.config.schema import AsyncCheckpointer, AsyncSaveConfig, TrainStepWork
 from dcp_fsdp.rank import train_step
-from dcp_fsdp.rank.async_save import rank_bytes, staging_options
+from dcp_fsdp.rank.async_save import AsyncSaver, rank_bytes, staging_options
 from dcp_fsdp.storage.timeline import BusyClock, time_stream as _time_stream
 
 
@@ -150,3 +150,55 @@ def test_time_stream_on_python_and_builtin_streams(tmp_path):
     assert wrapped is not fixed
     assert wrapped.write(b"ab") == 2 and wrapped.tell() == 7
     assert clock.total_s() > 0
+
+
+# -- on a GPU: the step's own stream, not the device (issue 32) ----------------------------
+
+def test_a_cuda_step_waits_for_its_own_stream_not_the_whole_device(monkeypatch):
+    """A device-wide synchronize would also wait for an async save's staging copies on the
+    stager's stream and count them as the step's compute: the step records an event on its
+    (current) stream and waits for that. A fake CUDA device: the work itself runs on CPU."""
+    seen: list = []
+    stream = object()
+
+    class Event:
+        def record(self, on) -> None:
+            seen.append(("record", on))
+
+        def synchronize(self) -> None:
+            seen.append("event.synchronize")
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: seen.append("device-wide"))
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: stream if device == cuda else None)
+    step = train_step.TrainStep(cuda, 0.01)
+    step._a, step._b = torch.ones(8, 8), torch.ones(8, 8)  # as calibrate() leaves them
+    step.step()
+    assert seen == [("record", stream), "event.synchronize"]
+
+
+def test_the_memory_bound_step_calibrates_and_runs_vector_adds():
+    step = train_step.TrainStep(torch.device("cpu"), 0.02, TrainStepWork.memory)
+    step.calibrate()
+    assert step._a is not None and step._a.dim() == 1 and step._out is not None
+    assert step._a.numel() >= 2**16 and step.matmuls >= 1
+    times = step.baseline()
+    assert len(times) == train_step.BASELINE_STEPS and all(t > 0 for t in times)
+    assert torch.equal(step._out[:4], torch.full((4,), 3.0))  # 1 + 2: the add ran
+
+
+def test_train_step_work_is_a_setting_and_needs_a_step_length():
+    import pytest
+
+    from dcp_fsdp.config.compose import compose
+    from dcp_fsdp.errors import UserError
+
+    cfg = compose("save", ["save_mode=async", "train_step_s=0.05",
+                           "async_save.train_step_work=memory"])
+    assert cfg.async_save.train_step_work == TrainStepWork.memory
+    saver_step = AsyncSaver(cfg.async_save, torch.device("cpu"), cfg.train_step_s, rank=0).train_step
+    assert saver_step is not None and saver_step.work == TrainStepWork.memory
+    with pytest.raises(UserError, match="async_save.train_step_work=memory: the simulated"):
+        compose("save", ["save_mode=async", "async_save.train_step_work=memory"])
