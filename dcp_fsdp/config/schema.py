@@ -217,7 +217,10 @@ class BenchmarkConfig:
     backend: Backend = setting(Backend.auto, "process group: auto (nccl with CUDA, else gloo), "
                                              "gloo, nccl")
     seed: int = setting(0, "seed of the random weights, 0..2^32-1")
-    collective_timeout_s: float = setting(600.0, "process-group timeout, seconds (0..604800]")
+    collective_timeout_s: float = setting(600.0, "process-group timeout, seconds (0..604800]; "
+                                                 "raised to op_timeout_s + 60 when lower, so a "
+                                                 "stuck save or load ends by the op watchdog, "
+                                                 "with a record")
     op_timeout_s: float = setting(3600.0, "a save or load taking longer fails the run (a stalled "
                                           "server never hangs it)")
     keep_request_log: bool = setting(False, "keep each rank's raw connector request log in "

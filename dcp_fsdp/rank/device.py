@@ -73,6 +73,22 @@ def cuda_index(local_rank: int, local_world_size: int, visible_count: int,
         "(srun --gpus-per-task=1), or start fewer ranks per node")
 
 
+# How long after op_timeout_s the process group's own timeout may fire: the op watchdog
+# (process/watchdog.py) fires at op_timeout_s and writes the record (rank 0) before it ends
+# the process; this is that write's time, and more.
+RECORD_MARGIN_S = 60.0
+
+
+def process_group_timeout_s(collective_timeout_s: float, op_timeout_s: float) -> float:
+    """The process group's timeout: collective_timeout_s, raised to op_timeout_s +
+    RECORD_MARGIN_S when lower. A save or load waits in DCP's collectives for its slowest
+    rank; if the group timed out first, NCCL's async error handling (torchrun's default)
+    would tear the process down there, before the op watchdog writes the failed record. A
+    stuck operation therefore ends by the watchdog, with a record; a collective between
+    operations still ends after this timeout."""
+    return max(collective_timeout_s, op_timeout_s + RECORD_MARGIN_S)
+
+
 def nccl_environment(backend: str) -> dict[str, str]:
     """What a rank's environment needs before its process group is made: with nccl, async
     error handling, so that a dead peer or a timed-out collective ends the rank (after

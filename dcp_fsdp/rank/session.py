@@ -98,10 +98,12 @@ class RankSession:
             os.environ.update(self.request_log.environment())
 
     def join(self) -> None:
+        from dcp_fsdp.rank.device import process_group_timeout_s
         from dcp_fsdp.rank.distributed import broadcast_object, init_distributed, wall_clock_spread_s
 
         t0 = time.monotonic()
-        ctx = self.ctx = init_distributed(self.cfg.backend, self.cfg.collective_timeout_s)
+        ctx = self.ctx = init_distributed(self.cfg.backend, process_group_timeout_s(
+            self.cfg.collective_timeout_s, self.cfg.op_timeout_s))
         self.rank = ctx.rank
         self.init.rank = self.rank
         self.init.pg_init_s = time.monotonic() - t0

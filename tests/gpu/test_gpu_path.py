@@ -20,10 +20,13 @@ import time
 
 import pytest
 
+from dcp_fsdp.rank.device import process_group_timeout_s
 from tests.gpu.test_gpu import check_run, cuda_count, ranks
 from tests.kit.cli import read_run, read_until, run_cli, s3_args, s3_env, start_cli
 
-COLLECTIVE_TIMEOUT_S = 30  # the killed-rank test's collective_timeout_s
+COLLECTIVE_TIMEOUT_S = 30  # the killed-rank test's collective_timeout_s and op_timeout_s
+# the process group's timeout those give (op_timeout_s + 60: the op watchdog fires first)
+GROUP_TIMEOUT_S = process_group_timeout_s(COLLECTIVE_TIMEOUT_S, COLLECTIVE_TIMEOUT_S)
 END_SLACK_S = 90  # what the survivor may take beyond it (the watchdog's poll, the abort, exit)
 
 
@@ -96,12 +99,13 @@ def test_a_killed_rank_under_nccl_ends_its_peer_in_bounded_time(s3, s3_uri, tmp_
     """Two ranks started as a scheduler without torchrun would (srun: no agent to kill the
     survivor): SIGKILL rank 1 after the first save. Rank 0 then waits in an NCCL collective,
     where no Python signal handler runs; with TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (set by
-    rank/device.py) and collective_timeout_s, it must end by itself, non-zero, in bounded
-    time (not torch's 600 s default)."""
+    rank/device.py), op_timeout_s and collective_timeout_s, it must end by itself, non-zero,
+    in bounded time (the process group's timeout, not torch's 600 s default)."""
     need_two_gpus()
     port = _free_port()
     args = ["save-and-load", *s3_args(s3, s3_uri), "backend=nccl", "model=tiny_llama",
             "iterations=200", "integrity=false", f"collective_timeout_s={COLLECTIVE_TIMEOUT_S}",
+            f"op_timeout_s={COLLECTIVE_TIMEOUT_S}",
             f"results_dir={tmp_path}"]
     processes = [start_cli(args, {**s3_env(s3), "RANK": str(rank), "LOCAL_RANK": str(rank),
                                   "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
@@ -114,17 +118,17 @@ def test_a_killed_rank_under_nccl_ends_its_peer_in_bounded_time(s3, s3_uri, tmp_
         victim.kill()
         victim.wait(timeout=30)
         killed_at = time.monotonic()
-        output, _ = survivor.communicate(timeout=COLLECTIVE_TIMEOUT_S + END_SLACK_S)
+        output, _ = survivor.communicate(timeout=GROUP_TIMEOUT_S + END_SLACK_S)
         ended_s = time.monotonic() - killed_at
     except subprocess.TimeoutExpired:
-        raise AssertionError(f"rank 0 still running {COLLECTIVE_TIMEOUT_S + END_SLACK_S} s "
+        raise AssertionError(f"rank 0 still running {GROUP_TIMEOUT_S + END_SLACK_S} s "
                              "after rank 1 was killed: a dead peer hangs nccl") from None
     finally:
         for process in processes:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
     assert survivor.returncode != 0, output[-3000:]
-    assert ended_s < COLLECTIVE_TIMEOUT_S + END_SLACK_S
+    assert ended_s < GROUP_TIMEOUT_S + END_SLACK_S
 
 
 def _compute_pids() -> set[int]:
@@ -211,7 +215,8 @@ def test_the_timed_clock_waits_for_work_queued_on_the_device(one_nccl_rank, tmp_
     storage = StorageConfig(kind=StorageKind.fs, path=str(tmp_path))
     sharded = build_sharded_model("tiny_llama", Dtype.fp32, CheckpointState.model, device, 1,
                                   seed=3)
-    ctx = RankContext(0, 1, 0, 1, "nccl", device, (socket.gethostname(),))
+    ctx = RankContext(rank=0, world_size=1, local_rank=0, local_world_size=1, backend="nccl",
+                      device=device, node_count=1, hostnames=(socket.gethostname(),))
     loop = loop_module.CheckpointLoop(BenchmarkConfig(storage=storage), ctx, make_store(storage),
                                       sharded, make_state_dict(sharded), None,
                                       lambda line: None, lambda message: None)

@@ -349,3 +349,36 @@ def test_a_cpu_ranks_record_asks_cuda_nothing_on_a_gpu_host(monkeypatch):
     assert asked == []
     assert session.gpus(FAKE_CUDA) == {"model": "NVIDIA H100 80GB HBM3", "count": 4}
     assert asked == [("get_device_name", FAKE_CUDA)]
+
+
+# -- the op watchdog fires before the process group's timeout (issue 32) ---------------------
+
+@pytest.mark.parametrize("collective_s, op_s, expected", [
+    (600.0, 3600.0, 3660.0),  # the defaults: NCCL's 600 s would end a stuck save first
+    (30.0, 30.0, 90.0),
+    (7200.0, 3600.0, 7200.0),  # a longer collective timeout is kept
+])
+def test_the_process_group_times_out_after_the_op_watchdog(collective_s, op_s, expected):
+    assert device.process_group_timeout_s(collective_s, op_s) == expected
+    assert device.process_group_timeout_s(collective_s, op_s) >= op_s + device.RECORD_MARGIN_S
+
+
+def test_a_rank_joins_with_the_timeout_past_op_timeout_s(monkeypatch):
+    """What RankSession.join hands init_distributed at the defaults (collective_timeout_s 600,
+    op_timeout_s 3600): a stuck save must end by the watchdog (which writes the record), not
+    by NCCL tearing the process down after 600 s."""
+    from dcp_fsdp.rank.session import RankSession
+
+    given: list[float] = []
+
+    def init_distributed(backend, timeout_s):
+        given.append(timeout_s)
+        return distributed.RankContext(0, 1, 0, 1, "gloo", torch.device("cpu"), 1, ("host",))
+
+    monkeypatch.setattr(distributed, "init_distributed", init_distributed)
+    monkeypatch.setattr(distributed, "broadcast_object", lambda obj, src=0: obj)
+    monkeypatch.setattr(distributed, "wall_clock_spread_s", lambda: 0.0)
+    cfg = BenchmarkConfig()
+    RankSession(cfg, process_start_mono=0.0).join()
+    assert given == [cfg.op_timeout_s + device.RECORD_MARGIN_S]
+    assert given[0] > cfg.collective_timeout_s
