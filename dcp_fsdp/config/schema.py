@@ -50,6 +50,13 @@ class ReplicaLoad(str, enum.Enum):
     read_once = "read_once"
 
 
+class MoeLayout(str, enum.Enum):
+    # how a mixture of experts' weights are tensors: transformers 5.x's fused gate_up_proj /
+    # down_proj per layer (hf), or torchtitan's GroupedExperts w1 / w2 / w3 (grouped)
+    hf = "hf"
+    grouped = "grouped"
+
+
 class StorageKind(str, enum.Enum):
     s3 = "s3"
     fs = "fs"
@@ -94,8 +101,19 @@ class Backend(str, enum.Enum):
 
 @dataclasses.dataclass
 class ModelConfig:
-    preset: str = setting(MISSING, "model shape (group `model=`): L7b, L13b, L30b, L65b, L70b, "
+    preset: str = setting(MISSING, "model shape (group `model=`): llama3_8b, llama3_70b, "
+                                   "llama3_405b, qwen3_8b, qwen3_32b, qwen3_30b_a3b, "
+                                   "mixtral_8x7b (released models), L7b, L13b, L30b, L65b, L70b, "
                                    "GPT-4B, L660m, tiny_llama, tiny_gpt2")
+    config: Optional[str] = setting(None, "path of a local Hugging Face config.json (or its "
+                                          "folder; never downloaded) of a llama, mistral, "
+                                          "qwen2, qwen3, qwen3_moe, mixtral or gpt2 model: "
+                                          "the state transformers builds from it, in place of "
+                                          "the preset")
+    moe_layout: MoeLayout = setting(MoeLayout.hf, "mixture-of-experts models only: hf "
+                                                  "(transformers 5.x: a fused gate_up_proj and "
+                                                  "down_proj per layer) or grouped (torchtitan's "
+                                                  "GroupedExperts: w1, w2, w3 per layer)")
     dtype: Dtype = setting(Dtype.fp32, "parameter dtype: fp32 or bf16")
     replicas: int = setting(1, "replica groups (HSDP): the ranks form this many groups, each "
                                "holding a whole copy of the model sharded over its "
@@ -107,6 +125,12 @@ class ModelConfig:
                                         "shards from storage: replicas x the egress) or "
                                         "read_once (replica 0 reads, then broadcasts to the "
                                         "others along the replicate dimension; timed together)")
+
+    @property
+    def name(self) -> str:
+        """What lines, records and manifests call the model: the preset, or the config.json
+        given (`config:PATH`), which then decides the shape."""
+        return f"config:{self.config}" if self.config else self.preset
 
 
 @dataclasses.dataclass
@@ -269,7 +293,8 @@ def _type_name(annotation: Any) -> str:
                             ("StorageKind", StorageKind), ("PrefixStrategy", PrefixStrategy),
                             ("ReaderKind", ReaderKind), ("Backend", Backend),
                             ("SaveMode", SaveMode), ("AsyncCheckpointer", AsyncCheckpointer),
-                            ("ReplicaLoad", ReplicaLoad), ("TrainStepWork", TrainStepWork)):
+                            ("ReplicaLoad", ReplicaLoad), ("MoeLayout", MoeLayout),
+                            ("TrainStepWork", TrainStepWork)):
         if name in text:
             return "|".join(member.value for member in enum_type)
     return (text.replace("Optional[", "").replace("]", "").replace("list[str", "list")

@@ -94,9 +94,9 @@ def state_bytes_estimate(cfg: BenchmarkConfig) -> int:
     """The checkpoint's bytes from the model's shape, dtype and state (no torch): weights,
     plus AdamW's two moments of the same dtype with state=model_and_optimizer."""
     from dcp_fsdp.models.llama_model_config import param_count
-    from dcp_fsdp.models.presets import PRESETS
+    from dcp_fsdp.models.presets import model_shape
 
-    weights = param_count(PRESETS[cfg.model.preset]) * _DTYPE_BYTES[cfg.model.dtype.value]
+    weights = param_count(model_shape(cfg.model)) * _DTYPE_BYTES[cfg.model.dtype.value]
     return weights * (3 if cfg.state.value == "model_and_optimizer" else 1)
 
 
@@ -224,12 +224,12 @@ def check_torchrun_environment() -> int:
 
 
 def check_model(cfg: BenchmarkConfig) -> None:
-    """The preset names a shape (a conf/model/*.yaml of the user's own may name any)."""
-    from dcp_fsdp.models.presets import PRESETS  # shapes only: no torch, no transformers
+    """The preset names a shape (a conf/model/*.yaml of the user's own may name any), or
+    model.config is a config.json of a family the tool builds, with every field it needs;
+    model.moe_layout=grouped only for a model with experts."""
+    from dcp_fsdp.models.presets import model_shape  # shapes only: no torch, no transformers
 
-    if cfg.model.preset not in PRESETS:
-        raise UserError(f"model.preset={cfg.model.preset}: no such model shape; choose one of "
-                        f"{', '.join(PRESETS)} (dcp_fsdp/models/llama_model_config.py)")
+    model_shape(cfg.model)
 
 
 # -- memory ----------------------------------------------------------------------------------
@@ -274,7 +274,7 @@ def check_memory(cfg: BenchmarkConfig, ranks_here: int, world_size: int) -> None
     # each rank holds 1 / (world / replicas) of the state (replicas hold copies)
     per_rank = state_bytes_estimate(cfg) * cfg.model.replicas // max(1, world_size)
     needed, available = per_rank * ranks_here, available_memory_bytes()
-    what = f"model={cfg.model.preset} model.dtype={cfg.model.dtype.value} state={cfg.state.value}"
+    what = f"model={cfg.model.name} model.dtype={cfg.model.dtype.value} state={cfg.state.value}"
     if needed > available:
         raise UserError(
             f"{what}: the {ranks_here} rank(s) on this node hold {needed / GIB:.1f} GiB of state "

@@ -150,7 +150,7 @@ def check_compatible(store, cfg: BenchmarkConfig) -> MetadataFacts:
         ("model_and_optimizer" if "optim" in parts else "model") if parts else None)
     saved = {"model": manifest.get("model"), "model.dtype": manifest.get("model.dtype")
              or _dtype_of(tensors), "state": saved_state}
-    wanted = {"model": cfg.model.preset, "model.dtype": cfg.model.dtype.value,
+    wanted = {"model": cfg.model.name, "model.dtype": cfg.model.dtype.value,
               "state": cfg.state.value}
     differ = [key for key in wanted if saved[key] is not None and saved[key] != wanted[key]
               and not (key == "state" and saved[key] == "model_and_optimizer")]

@@ -125,7 +125,7 @@ def tune(overrides: list[str], started_mono: float) -> int:
             os.environ.update(server_env)  # the ranks inherit the embedded server's keys
             preflight(cfg, server_env)
             session_dir.mkdir(parents=True, exist_ok=True)
-            log.info(f"tune: model={cfg.model.preset} nproc={cfg.nproc} "
+            log.info(f"tune: model={cfg.model.name} nproc={cfg.nproc} "
                      f"storage={cfg.storage.kind.value}; budget {cfg.tune.budget_s:g} s"
                      + (f", at most {cfg.tune.trials} trials" if cfg.tune.trials else "")
                      + f", {cfg.tune.repeats} final rounds; tuning "

@@ -31,6 +31,7 @@ from torch.distributed.tensor import DTensor
 from dcp_fsdp.compat import flatten_state_dict, local_shape_and_global_offset
 from dcp_fsdp.config.schema import CheckpointState, Dtype
 from dcp_fsdp.models import values
+from dcp_fsdp.models.llama_model_config import ModelShape
 from dcp_fsdp.models.modules import module_tree
 from dcp_fsdp.models.presets import PRESETS
 
@@ -75,11 +76,13 @@ def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     raise ValueError(f"no decoder blocks found in {type(model).__name__}")
 
 
-def build_sharded_model(preset: str, dtype: Dtype, state: CheckpointState,
+def build_sharded_model(model_shape: str | ModelShape, dtype: Dtype, state: CheckpointState,
                         device: torch.device, world_size: int, seed: int,
-                        replicas: int = 1) -> ShardedModel:
+                        replicas: int = 1, moe_layout: str = "hf") -> ShardedModel:
+    """`model_shape`: a preset's name or a shape (model.config's)."""
+    shape = PRESETS[model_shape] if isinstance(model_shape, str) else model_shape
     with torch.device("meta"):
-        model = module_tree(PRESETS[preset]).to(TORCH_DTYPES[dtype])
+        model = module_tree(shape, moe_layout).to(TORCH_DTYPES[dtype])
 
     param_count = sum(p.numel() for p in model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -1,16 +1,20 @@
 """The model shapes this benchmark checkpoints: the `llama_model_config` of the original
 awslabs DCP/FSDP benchmark (Llama 7B to 70B), the GPT-2-shaped "4B" of the training
-scripts it grew from, and small shapes for machines and tests that cannot hold those.
+scripts it grew from, released models (Llama 3.1, Qwen3, Qwen3-MoE, Mixtral) as their
+published config.json files give them, and small shapes for machines and tests.
 
-Shapes only, no weights: `models/presets.py` names them for `model=...` (one
-`conf/model/<name>.yaml` each); `models/modules.py` builds one as a module tree whose state is
-that of the transformers model `hf_config`'s config makes (the tests compare the two).
+Shapes only, no weights, no torch: `models/presets.py` names them for `model=...` (one
+`conf/model/<name>.yaml` each) and `models/hf_json.py` reads one from a config.json;
+`models/modules.py` builds one as a module tree whose state is that of the transformers model
+`hf_config`'s config makes (the tests compare the two), and `state_shapes` lists that state by
+arithmetic, so the light parent can size a run without importing torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+import math
+from typing import Any, Literal
 
 # What every Llama preset of the original benchmark shares (untied embeddings, no KV cache:
 # see hf_config).
@@ -20,18 +24,48 @@ LLAMA_RMS_NORM_EPS = 1e-5
 LLAMA_COMMON = dict(vocab_size=LLAMA_VOCAB_SIZE, max_position_embeddings=LLAMA_MAX_POSITIONS,
                     rms_norm_eps=LLAMA_RMS_NORM_EPS)
 
+Family = Literal["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt2"]
+# transformers' `model_type` of each family this tool builds (a config.json's "model_type").
+FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt2")
+MOE_FAMILIES = ("qwen3_moe", "mixtral")
+# model.moe_layout: "hf" is what transformers 5.x builds (MixtralExperts / Qwen3MoeExperts: a
+# fused gate_up_proj [E, 2I, H] and a down_proj [E, H, I] per layer); "grouped" is
+# torchtitan's GroupedExperts (w1 [E, I, H], w2 [E, H, I], w3 [E, I, H]).
+MOE_LAYOUTS = ("hf", "grouped")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
-    family: Literal["llama", "gpt2"]
+    family: Family
     hidden_size: int
     num_layers: int
     num_heads: int
     vocab_size: int
     max_positions: int
-    intermediate_size: int | None = None  # llama only (gpt2 uses 4 * hidden)
-    num_kv_heads: int | None = None  # llama only
+    intermediate_size: int | None = None  # llama-like (gpt2: n_inner, None = 4 * hidden)
+    num_kv_heads: int | None = None  # llama-like; None: num_heads
     rms_norm_eps: float = LLAMA_RMS_NORM_EPS
+    head_dim: int | None = None  # None: hidden / heads (Qwen3-32B: 128, not 5120 / 64)
+    tie_embeddings: bool = False  # lm_head is the embedding (GPT-2, small Qwen3)
+    qkv_bias: bool = False  # q/k/v projections have biases (Qwen2; attention_bias)
+    o_bias: bool = False  # o_proj has a bias (Llama/Qwen3 attention_bias)
+    mlp_bias: bool = False  # Llama's mlp_bias
+    qk_norm: bool = False  # an RMSNorm over head_dim on q and k per layer (Qwen3)
+    num_experts: int = 0  # MoE: experts per sparse layer (0: dense)
+    moe_intermediate_size: int | None = None  # Qwen3-MoE's expert width (Mixtral: intermediate)
+    dense_layers: tuple[int, ...] = ()  # Qwen3-MoE layers with a dense MLP (mlp_only_layers)
+
+    @property
+    def attention_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def expert_intermediate(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size or 4 * self.hidden_size
+
+    def sparse(self, layer: int) -> bool:
+        """Whether decoder layer `layer` holds experts (else a dense MLP)."""
+        return self.num_experts > 0 and layer not in self.dense_layers
 
 
 def llama(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int,
@@ -43,7 +77,8 @@ def llama(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int
 
 def gpt2(n_embd: int, n_layer: int, n_head: int, vocab_size: int = 50257,
          n_positions: int = 512) -> ModelShape:
-    return ModelShape("gpt2", n_embd, n_layer, n_head, vocab_size, n_positions)
+    return ModelShape("gpt2", n_embd, n_layer, n_head, vocab_size, n_positions,
+                      tie_embeddings=True)
 
 
 # The original benchmark's Llama shapes: hidden, intermediate, layers, heads, kv heads.
@@ -67,53 +102,161 @@ GPT_SHAPES: dict[str, ModelShape] = {
     "tiny_gpt2": gpt2(256, 4, 4, vocab_size=8192, n_positions=512),
 }
 
+LLAMA3_VOCAB, QWEN3_VOCAB = 128256, 151936
+
+
+def llama3(hidden: int, intermediate: int, layers: int, heads: int) -> ModelShape:
+    """Llama 3.1 (meta-llama/Llama-3.1-*B config.json): 8 KV heads, untied, rope to 131,072."""
+    return ModelShape("llama", hidden, layers, heads, LLAMA3_VOCAB, 131072,
+                      intermediate_size=intermediate, num_kv_heads=8)
+
+
+def qwen3(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int) -> ModelShape:
+    """Qwen3 8B and larger (Qwen/Qwen3-*B config.json): head_dim 128 whatever hidden / heads
+    is, q/k norms, untied embeddings (0.6B..4B tie them)."""
+    return ModelShape("qwen3", hidden, layers, heads, QWEN3_VOCAB, 40960, rms_norm_eps=1e-6,
+                      intermediate_size=intermediate, num_kv_heads=kv_heads, head_dim=128,
+                      qk_norm=True)
+
+
+# Released models, every field from the published config.json (field notes, "Real model
+# shapes"); parameter counts are the published ones (tests/unit/test_models.py holds them).
+RELEASED_SHAPES: dict[str, ModelShape] = {
+    "llama3_8b": llama3(4096, 14336, 32, 32),  # 8,030,261,248
+    "llama3_70b": llama3(8192, 28672, 80, 64),  # 70,553,706,496
+    "llama3_405b": llama3(16384, 53248, 126, 128),  # 405,853,388,800
+    "qwen3_8b": qwen3(4096, 12288, 36, 32, 8),  # 8,190,735,360
+    "qwen3_32b": qwen3(5120, 25600, 64, 64, 8),  # 32,762,123,264
+    # 48 layers of 128 experts (top 8), each 768 wide: 30.53 B parameters, 3.35 B active
+    "qwen3_30b_a3b": ModelShape("qwen3_moe", 2048, 48, 32, QWEN3_VOCAB, 40960,
+                                rms_norm_eps=1e-6, intermediate_size=6144, num_kv_heads=4,
+                                head_dim=128, qk_norm=True, num_experts=128,
+                                moe_intermediate_size=768),
+    # 32 layers of 8 experts (top 2), each 14,336 wide: 46.70 B parameters
+    "mixtral_8x7b": ModelShape("mixtral", 4096, 32, 32, 32000, 32768, intermediate_size=14336,
+                               num_kv_heads=8, num_experts=8),
+}
+
+
+# (name, shape) per parameter, in the module tree's named_parameters order
+Tensors = list[tuple[str, tuple[int, ...]]]
+
+
+def _linear(name: str, out_features: int, in_features: int,
+            bias: bool) -> Tensors:
+    weight: Tensors = [(f"{name}.weight", (out_features, in_features))]
+    return weight + [(f"{name}.bias", (out_features,))] if bias else weight
+
+
+def _experts(prefix: str, shape: ModelShape, moe_layout: str) -> Tensors:
+    experts, hidden, width = shape.num_experts, shape.hidden_size, shape.expert_intermediate
+    if moe_layout == "grouped":  # torchtitan's GroupedExperts: one tensor per projection
+        return [(f"{prefix}.w1", (experts, width, hidden)), (f"{prefix}.w2", (experts, hidden, width)),
+                (f"{prefix}.w3", (experts, width, hidden))]
+    return [(f"{prefix}.gate_up_proj", (experts, 2 * width, hidden)),
+            (f"{prefix}.down_proj", (experts, hidden, width))]
+
+
+def _llama_layer(prefix: str, shape: ModelShape, layer: int,
+                 moe_layout: str) -> Tensors:
+    hidden, head_dim = shape.hidden_size, shape.attention_head_dim
+    q_dim = shape.num_heads * head_dim
+    kv_dim = (shape.num_kv_heads or shape.num_heads) * head_dim
+    attn = f"{prefix}.self_attn"
+    out = (_linear(f"{attn}.q_proj", q_dim, hidden, shape.qkv_bias)
+           + _linear(f"{attn}.k_proj", kv_dim, hidden, shape.qkv_bias)
+           + _linear(f"{attn}.v_proj", kv_dim, hidden, shape.qkv_bias)
+           + _linear(f"{attn}.o_proj", hidden, q_dim, shape.o_bias))
+    if shape.qk_norm:
+        out += [(f"{attn}.q_norm.weight", (head_dim,)), (f"{attn}.k_norm.weight", (head_dim,))]
+    if shape.sparse(layer):
+        gate: Tensors = [(f"{prefix}.mlp.gate.weight", (shape.num_experts, hidden))]
+        experts = _experts(f"{prefix}.mlp.experts", shape, moe_layout)
+        # transformers registers Mixtral's router before its experts, Qwen3-MoE's after
+        out += gate + experts if shape.family == "mixtral" else experts + gate
+    else:
+        width = shape.intermediate_size or 4 * hidden
+        out += (_linear(f"{prefix}.mlp.gate_proj", width, hidden, shape.mlp_bias)
+                + _linear(f"{prefix}.mlp.up_proj", width, hidden, shape.mlp_bias)
+                + _linear(f"{prefix}.mlp.down_proj", hidden, width, shape.mlp_bias))
+    return out + [(f"{prefix}.input_layernorm.weight", (hidden,)),
+                  (f"{prefix}.post_attention_layernorm.weight", (hidden,))]
+
+
+def _gpt2_layer(prefix: str, shape: ModelShape) -> Tensors:
+    hidden = shape.hidden_size
+    inner = shape.intermediate_size or 4 * hidden
+
+    def conv1d(name: str, out_features: int, in_features: int) -> Tensors:  # weight is (in, out)
+        return [(f"{prefix}.{name}.weight", (in_features, out_features)),
+                (f"{prefix}.{name}.bias", (out_features,))]
+
+    def norm(name: str) -> Tensors:
+        return [(f"{prefix}.{name}.weight", (hidden,)), (f"{prefix}.{name}.bias", (hidden,))]
+
+    return (norm("ln_1") + conv1d("attn.c_attn", 3 * hidden, hidden)
+            + conv1d("attn.c_proj", hidden, hidden) + norm("ln_2")
+            + conv1d("mlp.c_fc", inner, hidden) + conv1d("mlp.c_proj", hidden, inner))
+
+
+def state_shapes(shape: ModelShape, moe_layout: str = "hf") -> Tensors:
+    """(name, shape) of every parameter `modules.module_tree(shape, moe_layout)` holds, in
+    named_parameters order, a tied one once: by arithmetic (no torch, no transformers), for
+    the light parent and `plan`; the tests hold it equal to the module tree."""
+    hidden, vocab = shape.hidden_size, shape.vocab_size
+    if shape.family == "gpt2":
+        out: Tensors = [("transformer.wte.weight", (vocab, hidden)),
+               ("transformer.wpe.weight", (shape.max_positions, hidden))]
+        for layer in range(shape.num_layers):
+            out += _gpt2_layer(f"transformer.h.{layer}", shape)
+        out += [("transformer.ln_f.weight", (hidden,)), ("transformer.ln_f.bias", (hidden,))]
+    else:
+        out = [("model.embed_tokens.weight", (vocab, hidden))]
+        for layer in range(shape.num_layers):
+            out += _llama_layer(f"model.layers.{layer}", shape, layer, moe_layout)
+        out.append(("model.norm.weight", (hidden,)))
+    if not shape.tie_embeddings:
+        out.append(("lm_head.weight", (vocab, hidden)))
+    return out
+
 
 def param_count(shape: ModelShape) -> int:
-    """The parameters `hf_config(shape)` builds, by arithmetic (no torch, no transformers:
-    the light parent sizes a run with it). Llama: untied embeddings, no biases; GPT-2: tied
-    embeddings, learned positions, biases and two LayerNorm vectors per norm."""
-    hidden, layers = shape.hidden_size, shape.num_layers
-    if shape.family == "llama":
-        kv_dim = hidden // shape.num_heads * (shape.num_kv_heads or shape.num_heads)
-        intermediate = shape.intermediate_size or 4 * hidden
-        per_layer = 2 * hidden * hidden + 2 * hidden * kv_dim + 3 * hidden * intermediate \
-            + 2 * hidden
-        return 2 * shape.vocab_size * hidden + layers * per_layer + hidden
-    per_layer = (2 * 2 * hidden  # two LayerNorms
-                 + hidden * 3 * hidden + 3 * hidden  # c_attn
-                 + hidden * hidden + hidden  # attention c_proj
-                 + hidden * 4 * hidden + 4 * hidden  # c_fc
-                 + 4 * hidden * hidden + hidden)  # mlp c_proj
-    return (shape.vocab_size + shape.max_positions) * hidden + layers * per_layer + 2 * hidden
+    """The parameters `hf_config(shape)` builds (the same in either MoE layout)."""
+    return sum(math.prod(dims) for _, dims in state_shapes(shape))
 
 
 def hf_config(shape: ModelShape):
-    """The transformers config object for a shape."""
-    if shape.family == "llama":
-        from transformers import LlamaConfig
+    """The transformers config object for a shape (tests only: ranks never import
+    transformers). Every field that shapes the state is given: the config classes' defaults
+    are not the released models (Qwen3Config's head_dim is 128 whatever the width)."""
+    from transformers import CONFIG_MAPPING
 
-        return LlamaConfig(
-            vocab_size=shape.vocab_size,
-            hidden_size=shape.hidden_size,
-            intermediate_size=shape.intermediate_size or 4 * shape.hidden_size,
-            num_hidden_layers=shape.num_layers,
-            num_attention_heads=shape.num_heads,
-            num_key_value_heads=shape.num_kv_heads,
-            max_position_embeddings=shape.max_positions,
-            rms_norm_eps=shape.rms_norm_eps,
+    config_class: Any = CONFIG_MAPPING[shape.family]  # its own fields, not the base class's
+    if shape.family == "gpt2":
+        return config_class(
+            vocab_size=shape.vocab_size, n_embd=shape.hidden_size, n_layer=shape.num_layers,
+            n_head=shape.num_heads, n_positions=shape.max_positions,
+            n_inner=shape.intermediate_size, tie_word_embeddings=shape.tie_embeddings,
             use_cache=False,
-            tie_word_embeddings=False,
-        )
-    from transformers import GPT2Config
-
-    return GPT2Config(
-        vocab_size=shape.vocab_size,
-        n_embd=shape.hidden_size,
-        n_layer=shape.num_layers,
-        n_head=shape.num_heads,
-        n_positions=shape.max_positions,
-        use_cache=False,
-        # GPT-2's special token id is 50256; keep it inside a smaller test vocabulary.
-        bos_token_id=min(50256, shape.vocab_size - 1),
-        eos_token_id=min(50256, shape.vocab_size - 1),
-    )
+            # GPT-2's special token id is 50256; keep it inside a smaller test vocabulary.
+            bos_token_id=min(50256, shape.vocab_size - 1),
+            eos_token_id=min(50256, shape.vocab_size - 1))
+    fields: dict[str, Any] = dict(
+        vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size or 4 * shape.hidden_size,
+        num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads or shape.num_heads,
+        head_dim=shape.attention_head_dim, max_position_embeddings=shape.max_positions,
+        rms_norm_eps=shape.rms_norm_eps, use_cache=False,
+        tie_word_embeddings=shape.tie_embeddings)
+    if shape.family in ("llama", "qwen3", "qwen3_moe"):
+        fields["attention_bias"] = shape.o_bias
+    if shape.family == "llama":
+        fields["mlp_bias"] = shape.mlp_bias
+    if shape.family == "qwen3_moe":
+        fields.update(num_experts=shape.num_experts,
+                      moe_intermediate_size=shape.expert_intermediate,
+                      mlp_only_layers=list(shape.dense_layers), decoder_sparse_step=1)
+    if shape.family == "mixtral":
+        fields["num_local_experts"] = shape.num_experts
+    return config_class(**fields)

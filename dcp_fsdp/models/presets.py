@@ -1,14 +1,36 @@
-"""Model presets: the names `model=...` accepts, each a shape from `llama_model_config`.
+"""Model presets: the names `model=...` accepts, each a shape from `llama_model_config`, and
+the one place a run's settings become its shape (a preset, or `model.config=PATH`).
 
 One preset per `conf/model/<name>.yaml`; the shapes (and the transformers config built
-from one, `hf_config`) live in `dcp_fsdp/models/llama_model_config.py`.
+from one, `hf_config`) live in `dcp_fsdp/models/llama_model_config.py`. No torch here: the
+launcher checks the model with it before any rank starts.
 """
 
 from __future__ import annotations
 
+from dcp_fsdp.config.schema import ModelConfig, MoeLayout
+from dcp_fsdp.errors import UserError
+from dcp_fsdp.models.hf_json import read_config_json
 from dcp_fsdp.models.llama_model_config import (GPT_SHAPES, LLAMA_COMMON, LLAMA_SHAPES,
-                                                ModelShape, hf_config)
+                                                RELEASED_SHAPES, ModelShape, hf_config)
 
-__all__ = ["LLAMA_COMMON", "PRESETS", "ModelShape", "hf_config"]
+__all__ = ["LLAMA_COMMON", "PRESETS", "ModelShape", "hf_config", "model_shape"]
 
-PRESETS: dict[str, ModelShape] = {**LLAMA_SHAPES, **GPT_SHAPES}
+PRESETS: dict[str, ModelShape] = {**LLAMA_SHAPES, **GPT_SHAPES, **RELEASED_SHAPES}
+
+
+def model_shape(model: ModelConfig) -> ModelShape:
+    """The shape the settings name: model.config's file when given, else the preset. Raises
+    UserError (one line: the setting and the fix) for a preset or file it cannot build."""
+    if model.config:
+        shape = read_config_json(model.config)
+    elif model.preset in PRESETS:
+        shape = PRESETS[model.preset]
+    else:
+        raise UserError(f"model.preset={model.preset}: no such model shape; choose one of "
+                        f"{', '.join(PRESETS)} (dcp_fsdp/models/llama_model_config.py)")
+    if model.moe_layout != MoeLayout.hf and not shape.num_experts:
+        raise UserError(f"model.moe_layout={model.moe_layout.value}: model={model.name} has no "
+                        "experts (the layout is for qwen3_moe and mixtral models); leave "
+                        "model.moe_layout at hf")
+    return shape

@@ -57,7 +57,7 @@ def parse_request(args: list[str]) -> PlanRequest:
     """The validated request, or UserError naming the setting and the fix."""
     from dcp_fsdp.config.compose import compose
     from dcp_fsdp.config.validate import check_replicas
-    from dcp_fsdp.models.presets import PRESETS
+    from dcp_fsdp.models.presets import model_shape
 
     own, rest = split_plan_args(args)
     if "world_size" not in own:
@@ -71,9 +71,7 @@ def parse_request(args: list[str]) -> PlanRequest:
                         f"{ranks_per_node}; give whole nodes, e.g. world_size="
                         f"{ranks_per_node * -(-world_size // ranks_per_node)}")
     cfg = compose("save", rest)
-    if cfg.model.preset not in PRESETS:
-        raise UserError(f"model.preset={cfg.model.preset}: no such model shape; choose one of "
-                        f"{', '.join(PRESETS)}")
+    model_shape(cfg.model)  # a preset with no shape, a bad config.json: one line, here
     check_replicas(cfg.model.replicas, world_size, "world_size")
     record = Path(own["record"]) if own.get("record") else None
     exact = own.get("exact", "false").lower()
@@ -108,13 +106,17 @@ def checkpoint_id(cfg: BenchmarkConfig) -> Any:
     return f"{(cfg.storage.uri or 's3://dcp-fsdp/checkpoints').rstrip('/')}/{new_suffix()}"
 
 
-def plan_world(request: PlanRequest, world_size: int):
+def plan_world(request: PlanRequest, world_size: int, moe_layout: str | None = None):
+    """(state template, global plan) of a save by `world_size` ranks; `moe_layout`: another
+    layout than the settings' (the MoE comparison)."""
+    from dcp_fsdp.models.presets import model_shape
     from dcp_fsdp.plan.build import build_global_plan
     from dcp_fsdp.plan.sample import can_sample, sampled_global_plan
     from dcp_fsdp.plan.state import state_template
 
     cfg = request.cfg
-    template = state_template(cfg.model.preset, cfg.model.dtype, cfg.state)
+    template = state_template(model_shape(cfg.model), cfg.model.dtype, cfg.state,
+                              moe_layout or cfg.model.moe_layout.value)
     sample = (not request.exact and world_size * len(template.entries) > EXACT_MAX_ITEMS
               and can_sample(template))
     build = sampled_global_plan if sample else build_global_plan
@@ -125,14 +127,23 @@ def plan_world(request: PlanRequest, world_size: int):
 def main(args: list[str]) -> int:
     import time
 
+    from dcp_fsdp.models.llama_model_config import MOE_LAYOUTS
+    from dcp_fsdp.models.presets import model_shape
     from dcp_fsdp.plan.measured import read_rates
-    from dcp_fsdp.plan.render import render_plan, render_projection
+    from dcp_fsdp.plan.render import render_moe_layouts, render_plan, render_projection
 
     request = parse_request(args)
     rates = read_rates(request.record) if request.record else None
     started = time.monotonic()
     template, plan = plan_world(request, request.world_size)
     print(render_plan(request, template, plan, time.monotonic() - started))
+    if model_shape(request.cfg.model).num_experts:  # what the other expert layout costs
+        chosen = request.cfg.model.moe_layout.value
+        layouts = {chosen: (template, plan)}
+        for layout in MOE_LAYOUTS:
+            if layout != chosen:
+                layouts[layout] = plan_world(request, request.world_size, layout)
+        print(render_moe_layouts(chosen, layouts))
     if rates is not None:
         sizes = []
         nodes = 1

@@ -41,11 +41,12 @@ def render_plan(request, template, plan, elapsed_s: float) -> str:
     reqs = rq.count_requests(sizes, plan.metadata_bytes, plan.world_size, part)
     nodes = plan.world_size // request.ranks_per_node
     lines = [
-        f"plan: {cfg.model.preset} {cfg.model.dtype.value} {cfg.state.value}, {plan.world_size} "
+        f"plan: {cfg.model.name} {cfg.model.dtype.value} {cfg.state.value}, {plan.world_size} "
         f"rank(s) = {nodes} node(s) x {request.ranks_per_node}, replicas {cfg.model.replicas}; "
         f"storage {storage.kind.value}, thread_count {storage.thread_count}, part "
         f"{storage.part_size_mib} MiB (DCP's planner, torch's own classes; nothing started; "
         f"{elapsed_s:.1f} s)",
+        model_line(cfg),
         f"state: {_size(template.state_bytes)} in {len(template.entries)} values; "
         f"{plan.items:,} write items after DCP's deduplication",
         f"bytes per rank: max {_size(max(per_rank))}, min {_size(min(per_rank))}, total "
@@ -74,6 +75,34 @@ def render_plan(request, template, plan, elapsed_s: float) -> str:
     lines.append(f"memory per rank: {_size(shard + plan.metadata_memory_bytes)} = the state's "
                  f"shard ({_size(shard)}) + .metadata unpickled on a load "
                  f"({_size(plan.metadata_memory_bytes)}, {how})")
+    return "\n".join(lines)
+
+
+def model_line(cfg) -> str:
+    """The model's parameter count and what its weights take: the figure to hold against a
+    model card (llama3_8b: 8,030,261,248)."""
+    from dcp_fsdp.models.llama_model_config import param_count
+    from dcp_fsdp.models.presets import model_shape
+
+    shape = model_shape(cfg.model)
+    params = param_count(shape)
+    weight_bytes = params * {"fp32": 4, "bf16": 2}[cfg.model.dtype.value]
+    experts = (f", {shape.num_experts} experts per sparse layer, moe_layout "
+               f"{cfg.model.moe_layout.value}" if shape.num_experts else "")
+    return (f"model: {params:,} parameters ({shape.family}{experts}): {weight_bytes:,} B "
+            f"({_size(weight_bytes)}) of {cfg.model.dtype.value} weights")
+
+
+def render_moe_layouts(chosen: str, layouts: dict[str, Any]) -> str:
+    """The expert layouts side by side: tensors, write items, .metadata, rank 0's planning."""
+    lines = ["\nmodel.moe_layout (the same bytes, split into different tensors):"]
+    for layout, (template, plan) in layouts.items():
+        tensors = sum(1 for entry in template.entries if entry.shape is not None)
+        lines.append(
+            f"  {layout}{' (this plan)' if layout == chosen else ''}: {tensors:,} tensors, "
+            f"{plan.items:,} write items, .metadata {_size(plan.metadata_bytes)} "
+            f"({plan.metadata_bytes:,} B), rank 0 global planning {plan.planning_s:.2f} s, "
+            f"pickle {plan.metadata_pickle_s:.2f} s, unpickle {plan.metadata_unpickle_s:.2f} s per rank")
     return "\n".join(lines)
 
 

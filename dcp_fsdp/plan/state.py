@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.planner import (SavePlan, TensorWriteData, Wri
                                                   WriteItemType)
 
 from dcp_fsdp.config.schema import CheckpointState, Dtype
+from dcp_fsdp.models.llama_model_config import ModelShape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,15 +62,18 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 @functools.lru_cache(maxsize=8)
-def state_template(preset: str, dtype: Dtype, state: CheckpointState) -> StateTemplate:
-    """The flattened state dict a save of `preset` hands DCP, as shapes and values."""
+def state_template(model_shape: str | ModelShape, dtype: Dtype, state: CheckpointState,
+                   moe_layout: str = "hf") -> StateTemplate:
+    """The flattened state dict a save of a model (a preset's name, or a shape) hands DCP,
+    as shapes and values."""
     from dcp_fsdp.compat import flatten_state_dict
     from dcp_fsdp.models.build import TORCH_DTYPES, create_optimizer_state, dcp_state_dict
     from dcp_fsdp.models.modules import module_tree
     from dcp_fsdp.models.presets import PRESETS
 
+    shape = PRESETS[model_shape] if isinstance(model_shape, str) else model_shape
     with torch.device("meta"):
-        model = module_tree(PRESETS[preset]).to(TORCH_DTYPES[dtype])
+        model = module_tree(shape, moe_layout).to(TORCH_DTYPES[dtype])
     optimizer = None
     if state == CheckpointState.model_and_optimizer:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

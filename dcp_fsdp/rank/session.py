@@ -128,20 +128,23 @@ class RankSession:
 
     def build(self):
         from dcp_fsdp.models.build import build_sharded_model
-        from dcp_fsdp.models.presets import PRESETS
+        from dcp_fsdp.models.presets import model_shape
         from dcp_fsdp.rank.state import make_state_dict, state_bytes
 
         cfg, ctx, store = self.cfg, self.joined(), self.opened_store()
+        shape = model_shape(cfg.model)
         t0 = time.monotonic()
-        sharded = build_sharded_model(cfg.model.preset, cfg.model.dtype, cfg.state, ctx.device,
-                                      ctx.world_size, cfg.seed, cfg.model.replicas)
+        sharded = build_sharded_model(shape, cfg.model.dtype, cfg.state, ctx.device,
+                                      ctx.world_size, cfg.seed, cfg.model.replicas,
+                                      cfg.model.moe_layout.value)
         self.init.build_s = time.monotonic() - t0
         self.init.fill_s = sharded.fill_s
         t0 = time.monotonic()
         state_dict = make_state_dict(sharded)
         self.init.state_dict_s = time.monotonic() - t0
         run = self.run
-        run.model = {"preset": cfg.model.preset, "family": PRESETS[cfg.model.preset].family,
+        run.model = {"preset": cfg.model.name, "family": shape.family,
+                     "config": cfg.model.config, "moe_layout": cfg.model.moe_layout.value,
                      "dtype": cfg.model.dtype.value, "state": cfg.state.value,
                      "param_count": sharded.param_count, "param_bytes": sharded.param_bytes,
                      "state_bytes": state_bytes(state_dict)}
@@ -153,7 +156,8 @@ class RankSession:
                        "embedded": os.environ.get(contract.EMBEDDED_ENV) == "1"}
         model = run.model
         self.say(f"run {run.run_id}: {cfg.command.value} model={model['preset']} "
-                 f"({model['param_count'] / 1e9:.3f} B params, {model['dtype']}, "
+                 + (f"moe_layout={cfg.model.moe_layout.value} " if shape.num_experts else "")
+                 + f"({model['param_count']:,} params, {model['dtype']}, "
                  f"{model['state']}, {model['state_bytes'] / 2**20:.1f} MiB) "
                  f"world_size={ctx.world_size} nodes={ctx.node_count} "
                  + (f"replicas={cfg.model.replicas} ({cfg.model.replica_load.value} loads) "

@@ -69,7 +69,7 @@ def mismatch_error(suffix: str, cfg: Any, problem: str, manifest: dict[str, Any]
     manifest = manifest or {}
     saved_with = " ".join(f"{k}={manifest[k]}" for k in ("model", "model.dtype", "state") if k in manifest)
     fix = f"load it with {saved_with}" if saved_with else "load it with the settings it was saved with"
-    return UserError(f"suffix={suffix}: checkpoint does not match model={cfg.model.preset} "
+    return UserError(f"suffix={suffix}: checkpoint does not match model={cfg.model.name} "
                      f"model.dtype={cfg.model.dtype.value} state={cfg.state.value} ({problem}); {fix}")
 
 

@@ -1,29 +1,74 @@
-"""Model presets: true parameter counts, built on the meta device (no memory)."""
+"""Model presets and config.json models: true parameter counts, and a module tree whose
+state is transformers' own, built on the meta device (no memory)."""
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from dcp_fsdp.models.llama_model_config import ModelShape, param_count, state_shapes
 from dcp_fsdp.models.presets import PRESETS, hf_config
+
+HF_CONFIGS = Path(__file__).resolve().parents[1] / "data" / "hf_configs"
+CONFIG_FILES = sorted(path.name for path in HF_CONFIGS.glob("*.json"))
+
+# The published parameter counts (field notes, "Real model shapes"; the model cards).
+PUBLISHED = {
+    "L7b": 6_889_410_560,  # ~26,281 MiB in fp32 (field notes)
+    "GPT-4B": 2_647_621_120,  # named "4B", really 2.65 B (tied embeddings)
+    "llama3_8b": 8_030_261_248,
+    "llama3_70b": 70_553_706_496,
+    "llama3_405b": 405_853_388_800,
+    "qwen3_8b": 8_190_735_360,
+    "qwen3_32b": 32_762_123_264,
+    "qwen3_30b_a3b": 30_532_122_624,  # "30.5 B" (3.3 B active)
+    "mixtral_8x7b": 46_702_792_704,  # "46.7 B" (12.9 B active)
+}
+
+
+def transformers_model(config):
+    """transformers' own causal-LM class for a config, built on the meta device."""
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    with torch.device("meta"):
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)
+
+
+def file_config(name: str):
+    """transformers' own reading of a config.json (what from_pretrained would build)."""
+    from transformers import CONFIG_MAPPING
+
+    data = json.loads((HF_CONFIGS / name).read_text())
+    return CONFIG_MAPPING[data["model_type"]].from_dict(data)
+
+
+def file_shape(name: str) -> ModelShape:
+    from dcp_fsdp.models.hf_json import read_config_json
+
+    return read_config_json(str(HF_CONFIGS / name))
 
 
 def meta_param_count(preset: str) -> int:
-    from transformers import GPT2LMHeadModel, LlamaForCausalLM
-
-    shape = PRESETS[preset]
-    model_class = LlamaForCausalLM if shape.family == "llama" else GPT2LMHeadModel
-    with torch.device("meta"):
-        model = model_class(hf_config(shape))
-    return sum(p.numel() for p in model.parameters())
+    return sum(p.numel() for p in transformers_model(hf_config(PRESETS[preset])).parameters())
 
 
-@pytest.mark.parametrize("preset, expected", [
-    ("L7b", 6_889_410_560),  # ~26,281 MiB in fp32 (field notes)
-    ("GPT-4B", 2_647_621_120),  # named "4B", really 2.65 B (tied embeddings)
-])
-def test_parameter_counts(preset, expected):
-    assert meta_param_count(preset) == expected
+@pytest.mark.parametrize("preset, expected", sorted(PUBLISHED.items()))
+def test_parameter_counts_are_the_published_ones(preset, expected):
+    assert param_count(PRESETS[preset]) == expected
+
+
+@pytest.mark.parametrize("preset", sorted(PUBLISHED))
+def test_plan_states_the_published_parameter_count_and_its_bytes(preset):
+    """`dcp-fsdp plan model=NAME` prints this line (plan/render.py)."""
+    from dcp_fsdp.config.compose import compose
+    from dcp_fsdp.plan.render import model_line
+
+    cfg = compose("save", [f"model={preset}"])
+    count = PUBLISHED[preset]
+    width = {"bf16": 2, "fp32": 4}[cfg.model.dtype.value]
+    assert model_line(cfg).startswith(f"model: {count:,} parameters (")
+    assert f"{count * width:,} B" in model_line(cfg)
 
 
 def test_llama_shapes_match_the_reference_table():
@@ -39,16 +84,40 @@ def test_llama_shapes_match_the_reference_table():
         assert config.tie_word_embeddings is False and config.use_cache is False
 
 
+def test_released_shapes_are_the_published_configs():
+    """Field notes, "Real model shapes": hidden, intermediate, layers, heads, KV heads,
+    head_dim, vocabulary, tied; experts and their width for the MoE models."""
+    table = {
+        "llama3_8b": (4096, 14336, 32, 32, 8, 128, 128256, False),
+        "llama3_70b": (8192, 28672, 80, 64, 8, 128, 128256, False),
+        "llama3_405b": (16384, 53248, 126, 128, 8, 128, 128256, False),
+        "qwen3_8b": (4096, 12288, 36, 32, 8, 128, 151936, False),
+        "qwen3_32b": (5120, 25600, 64, 64, 8, 128, 151936, False),  # head_dim != 5120 / 64
+        "qwen3_30b_a3b": (2048, 6144, 48, 32, 4, 128, 151936, False),
+        "mixtral_8x7b": (4096, 14336, 32, 32, 8, 128, 32000, False),
+    }
+    for name, row in table.items():
+        config = hf_config(PRESETS[name])
+        assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers,
+                config.num_attention_heads, config.num_key_value_heads, config.head_dim,
+                config.vocab_size, config.tie_word_embeddings) == row, name
+    assert PRESETS["qwen3_30b_a3b"].num_experts == 128
+    assert hf_config(PRESETS["qwen3_30b_a3b"]).moe_intermediate_size == 768
+    assert hf_config(PRESETS["mixtral_8x7b"]).num_local_experts == 8
+    assert all(PRESETS[name].qk_norm for name in ("qwen3_8b", "qwen3_32b", "qwen3_30b_a3b"))
+
+
 def test_presets_are_the_shapes_of_llama_model_config():
     """One source of shapes (the card: models built "from llama_model_config"); every model
     yaml's `# Shape:` comment names that module and its own shape."""
     from dcp_fsdp.models import llama_model_config as shapes
     from tests.kit.cli import REPO
 
-    assert PRESETS == {**shapes.LLAMA_SHAPES, **shapes.GPT_SHAPES}
+    assert PRESETS == {**shapes.LLAMA_SHAPES, **shapes.GPT_SHAPES, **shapes.RELEASED_SHAPES}
     assert all(PRESETS[name] is shape for name, shape in shapes.LLAMA_SHAPES.items())
     assert {"L7b", "L13b", "L30b", "L65b", "L70b", "L660m", "tiny_llama"} <= set(shapes.LLAMA_SHAPES)
     assert {"GPT-4B", "tiny_gpt2"} <= set(shapes.GPT_SHAPES)
+    assert set(PUBLISHED) - {"L7b", "GPT-4B"} == set(shapes.RELEASED_SHAPES)
     module = Path(shapes.__file__).resolve().relative_to(REPO)
     for yaml in sorted((REPO / "conf" / "model").glob("*.yaml")):
         first = yaml.read_text().splitlines()[0]
@@ -56,37 +125,105 @@ def test_presets_are_the_shapes_of_llama_model_config():
         assert (REPO / module).is_file() and yaml.stem in PRESETS
 
 
+def test_the_config_files_are_every_family():
+    """A config.json of every family model.config takes is held to transformers below."""
+    from dcp_fsdp.models.llama_model_config import FAMILIES
+
+    assert {file_shape(name).family for name in CONFIG_FILES} == set(FAMILIES)
+
+
+def _state(model):
+    return [(name, tuple(t.shape), t.dtype) for name, t in model.state_dict().items()]
+
+
+def _params(model):  # the optimizer's order, and which names share one tensor
+    return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+
+
+def _tied(model):
+    named = list(model.named_parameters(remove_duplicate=False))
+    return sorted((a, b) for i, (a, p) in enumerate(named) for b, q in named[i + 1:] if p is q)
+
+
+def _assert_same_state(tree, reference):
+    assert _state(tree) == _state(reference)
+    assert _params(tree) == _params(reference)
+    assert _tied(tree) == _tied(reference)
+    assert [n for n, _ in tree.named_buffers()] == []  # every reference buffer is non-persistent
+    assert not any(name in reference.state_dict() for name, _ in reference.named_buffers())
+
+
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_the_module_tree_holds_transformers_state_exactly(preset):
     """A rank builds models/modules.py's tree, not transformers' class (1.5 s of imports per
     rank): its state is transformers' own, name for name, in the same order, shape and
     dtype, with the same parameters tied, so the checkpoint is the one the HF model saves."""
-    from transformers import GPT2LMHeadModel, LlamaForCausalLM
-
     from dcp_fsdp.models.modules import module_tree
 
     shape = PRESETS[preset]
-    model_class = LlamaForCausalLM if shape.family == "llama" else GPT2LMHeadModel
+    reference = transformers_model(hf_config(shape)).to(torch.bfloat16)
     with torch.device("meta"):
-        reference = model_class(hf_config(shape)).to(torch.bfloat16)
         tree = module_tree(shape).to(torch.bfloat16)
+    _assert_same_state(tree, reference)
 
-    def state(model):
-        return [(name, tuple(t.shape), t.dtype) for name, t in model.state_dict().items()]
 
-    def params(model):  # the optimizer's order, and which names share one tensor
-        return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+@pytest.mark.parametrize("name", CONFIG_FILES)
+def test_a_config_json_builds_the_state_transformers_builds_from_it(name):
+    """model.config=PATH: the file read here (no transformers) gives the tree whose state is
+    that of the model transformers builds from the same file (tied embeddings, head_dim not
+    hidden / heads, GQA, biases, q/k norms, experts and routers, dense layers among sparse)."""
+    from dcp_fsdp.models.modules import module_tree
 
-    def tied(model):
-        named = list(model.named_parameters(remove_duplicate=False))
-        return sorted((a, b) for i, (a, p) in enumerate(named) for b, q in named[i + 1:]
-                      if p is q)
+    reference = transformers_model(file_config(name))
+    with torch.device("meta"):
+        tree = module_tree(file_shape(name))
+    _assert_same_state(tree, reference)
+    assert param_count(file_shape(name)) == sum(p.numel() for p in reference.parameters())
 
-    assert state(tree) == state(reference)
-    assert params(tree) == params(reference)
-    assert tied(tree) == tied(reference)
-    assert [n for n, _ in tree.named_buffers()] == []  # every reference buffer is non-persistent
-    assert not any(name in reference.state_dict() for name, _ in reference.named_buffers())
+
+def _layouts(shape: ModelShape) -> list[str]:
+    return ["hf", "grouped"] if shape.num_experts else ["hf"]
+
+
+@pytest.mark.parametrize("model", sorted(PRESETS) + CONFIG_FILES)
+def test_the_shapes_by_arithmetic_are_the_module_trees(model):
+    """What the light parent sizes a run with (no torch) and plan counts is exactly what a
+    rank builds, in either expert layout."""
+    from dcp_fsdp.models.modules import module_tree
+
+    shape = PRESETS[model] if model in PRESETS else file_shape(model)
+    for layout in _layouts(shape):
+        with torch.device("meta"):
+            tree = module_tree(shape, layout)
+        assert state_shapes(shape, layout) == _params(tree), layout
+
+
+@pytest.mark.parametrize("model", ["qwen3_30b_a3b", "mixtral_8x7b", "qwen3_moe.json"])
+def test_the_grouped_layout_is_torchtitans_grouped_experts(model):
+    """moe_layout=grouped: w1 [E, I, H], w2 [E, H, I], w3 [E, I, H] (torchtitan's
+    GroupedExperts) where hf has gate_up_proj [E, 2I, H] and down_proj [E, H, I]; every other
+    tensor, and the parameter count, the same."""
+    shape = PRESETS[model] if model in PRESETS else file_shape(model)
+    experts, hidden, width = shape.num_experts, shape.hidden_size, shape.expert_intermediate
+    hf, grouped = dict(state_shapes(shape, "hf")), dict(state_shapes(shape, "grouped"))
+    layer = next(i for i in range(shape.num_layers) if shape.sparse(i))
+    prefix = f"model.layers.{layer}.mlp.experts."
+    assert hf[prefix + "gate_up_proj"] == (experts, 2 * width, hidden)
+    assert hf[prefix + "down_proj"] == (experts, hidden, width)
+    assert (grouped[prefix + "w1"], grouped[prefix + "w2"], grouped[prefix + "w3"]) == (
+        (experts, width, hidden), (experts, hidden, width), (experts, width, hidden))
+    assert ({k: v for k, v in hf.items() if ".experts." not in k}
+            == {k: v for k, v in grouped.items() if ".experts." not in k})
+    sparse = sum(shape.sparse(i) for i in range(shape.num_layers))
+    assert len(grouped) - len(hf) == sparse
+    assert sum(map(_numel, hf.values())) == sum(map(_numel, grouped.values()))
+
+
+def _numel(dims) -> int:
+    count = 1
+    for size in dims:
+        count *= size
+    return count
 
 
 @pytest.mark.parametrize("preset", ["tiny_llama", "tiny_gpt2"])
@@ -137,9 +274,19 @@ def test_built_shards_hold_their_values_in_the_target_dtype_on_the_device(one_ra
                                                  for t in flat.values())
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_the_parameter_count_from_the_shape_alone_is_the_built_models(preset):
-    """What the light parent sizes a run with (no torch) is exactly what a rank builds."""
-    from dcp_fsdp.models.llama_model_config import param_count
+@pytest.mark.parametrize("name, layout", [("mixtral_4x.json", "grouped"),
+                                          ("qwen3_tied.json", "hf")])
+def test_a_config_json_model_is_built_sharded_and_filled(one_rank_group, name, layout):
+    """The 3-D expert tensors and the tied embedding go through FSDP2 and the value fill like
+    the presets' tensors do, and verify."""
+    from dcp_fsdp.config.schema import CheckpointState, Dtype
+    from dcp_fsdp.models.build import build_sharded_model
+    from dcp_fsdp.rank import state as verify
+    from dcp_fsdp.rank.state import make_state_dict
 
-    assert param_count(PRESETS[preset]) == meta_param_count(preset)
+    shape = file_shape(name)
+    sharded = build_sharded_model(shape, Dtype.bf16, CheckpointState.model, torch.device("cpu"),
+                                  1, seed=3, moe_layout=layout)
+    assert sharded.param_count == param_count(shape)
+    state_dict = make_state_dict(sharded)
+    assert verify.first_mismatch(state_dict, seed=3) is None

@@ -1,0 +1,153 @@
+"""`model.config=PATH`: a model's shape from a local Hugging Face config.json.
+
+Read with the standard library (no torch, no transformers: the light parent refuses a bad
+file before any rank starts, and ranks build the tree in models/modules.py). Never a download:
+a hub name is not a path here. The fields read are those that shape the state transformers'
+own model class builds; a field that the shape needs and whose class default is not a model
+anybody trained (num_key_value_heads: 32 in Qwen2Config, 8 in MistralConfig) must be in the
+file. Optional fields take transformers 5.x's class defaults, which the parity test checks
+against the class itself (tests/unit/test_models.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from dcp_fsdp.errors import UserError
+from dcp_fsdp.models.llama_model_config import FAMILIES, LLAMA_RMS_NORM_EPS, ModelShape
+
+# Fields without which the shape is unknown, per family.
+LLAMA_LIKE_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                       "num_key_value_heads", "vocab_size", "intermediate_size")
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "llama": LLAMA_LIKE_REQUIRED, "mistral": LLAMA_LIKE_REQUIRED, "qwen2": LLAMA_LIKE_REQUIRED,
+    "qwen3": LLAMA_LIKE_REQUIRED,
+    "qwen3_moe": LLAMA_LIKE_REQUIRED + ("num_experts", "moe_intermediate_size"),
+    "mixtral": LLAMA_LIKE_REQUIRED + ("num_local_experts",),
+    "gpt2": ("n_embd", "n_layer", "n_head", "vocab_size", "n_positions"),
+}
+# Qwen3Config's head_dim is 128 whatever the width; the other classes use hidden / heads.
+HEAD_DIM_DEFAULT = {"qwen3": 128}
+# Families whose class reads attention_bias (q/k/v/o biases); Qwen2 always biases q/k/v.
+ATTENTION_BIAS_FAMILIES = ("llama", "qwen3", "qwen3_moe")
+
+
+class _Fields:
+    """The config's fields, each refused in one line naming the file and the field."""
+
+    def __init__(self, where: str, data: dict[str, Any]) -> None:
+        self.where, self.data = where, data
+
+    def whole(self, name: str, default: int | None = None, minimum: int = 1) -> int:
+        value = self.data.get(name)
+        if value is None:
+            if default is None:
+                family = self.data["model_type"]
+                raise UserError(f"{self.where}: no '{name}' field; a {family} config.json needs "
+                                f"{', '.join(REQUIRED[family])}")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise UserError(f"{self.where}: '{name}' is {json.dumps(value)}; it must be a whole "
+                            f"number, {minimum} or more")
+        return value
+
+    def flag(self, name: str, default: bool) -> bool:
+        value = self.data.get(name, default)
+        if not isinstance(value, bool):
+            raise UserError(f"{self.where}: '{name}' is {json.dumps(value)}; it must be true or "
+                            "false")
+        return value
+
+    def number(self, name: str, default: float) -> float:
+        value = self.data.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"{self.where}: '{name}' is {json.dumps(value)}; it must be a number")
+        return float(value)
+
+    def layers(self, name: str) -> tuple[int, ...]:
+        value = self.data.get(name) or []
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                  for v in value):
+            raise UserError(f"{self.where}: '{name}' is {json.dumps(value)}; it must be a list "
+                            "of layer numbers")
+        return tuple(sorted(set(value)))
+
+
+def _load(path: str) -> dict[str, Any]:
+    where = f"model.config={path}"
+    file = Path(path)
+    if file.is_dir():
+        file = file / "config.json"
+    try:
+        text = file.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{where}: no such file; give the path of a local Hugging Face "
+                        "config.json (it is never downloaded)") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"{where}: cannot be read ({error.__class__.__name__}: "
+                        f"{getattr(error, 'strerror', None) or error}); give a readable config.json") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UserError(f"{where}: not JSON ({error.msg} at line {error.lineno} column "
+                        f"{error.colno}); give a Hugging Face config.json") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: not a JSON object; give a Hugging Face config.json")
+    family = data.get("model_type")
+    if family not in FAMILIES:
+        what = "has no 'model_type' field" if family is None else f"has model_type {json.dumps(family)}"
+        raise UserError(f"{where}: {what}; this tool builds the families "
+                        f"{', '.join(FAMILIES)} (or give a preset: model=NAME)")
+    return data
+
+
+def _gpt2(fields: _Fields) -> ModelShape:
+    return ModelShape("gpt2", fields.whole("n_embd"), fields.whole("n_layer"),
+                      fields.whole("n_head"), fields.whole("vocab_size"),
+                      fields.whole("n_positions"),
+                      intermediate_size=fields.data.get("n_inner") and fields.whole("n_inner"),
+                      tie_embeddings=fields.flag("tie_word_embeddings", True))
+
+
+def _dense_layers(fields: _Fields, layers: int) -> tuple[int, ...]:
+    """Qwen3-MoE's layers with a dense MLP: mlp_only_layers, and every layer i with
+    (i + 1) % decoder_sparse_step != 0 (Qwen3MoeDecoderLayer's rule)."""
+    step = fields.whole("decoder_sparse_step", 1)
+    only = set(fields.layers("mlp_only_layers"))
+    return tuple(i for i in range(layers) if i in only or (i + 1) % step)
+
+
+def _llama_like(family: str, fields: _Fields) -> ModelShape:
+    hidden, heads = fields.whole("hidden_size"), fields.whole("num_attention_heads")
+    layers = fields.whole("num_hidden_layers")
+    bias = family in ATTENTION_BIAS_FAMILIES and fields.flag("attention_bias", False)
+    experts = {"qwen3_moe": lambda: fields.whole("num_experts", minimum=0),
+               "mixtral": lambda: fields.whole("num_local_experts")}.get(family, lambda: 0)()
+    return ModelShape(
+        family,  # type: ignore[arg-type]  # one of FAMILIES, checked by _load
+        hidden, layers, heads, fields.whole("vocab_size"),
+        fields.whole("max_position_embeddings", 4096),
+        intermediate_size=fields.whole("intermediate_size"),
+        num_kv_heads=fields.whole("num_key_value_heads"),
+        rms_norm_eps=fields.number("rms_norm_eps", LLAMA_RMS_NORM_EPS),
+        head_dim=fields.whole("head_dim", HEAD_DIM_DEFAULT.get(family, hidden // heads)),
+        tie_embeddings=fields.flag("tie_word_embeddings", False),
+        qkv_bias=bias or family == "qwen2", o_bias=bias,
+        mlp_bias=family == "llama" and fields.flag("mlp_bias", False),
+        qk_norm=family in ("qwen3", "qwen3_moe"),
+        num_experts=experts,
+        moe_intermediate_size=(fields.whole("moe_intermediate_size")
+                               if family == "qwen3_moe" else None),
+        dense_layers=_dense_layers(fields, layers) if family == "qwen3_moe" and experts else ())
+
+
+@functools.lru_cache(maxsize=8)
+def read_config_json(path: str) -> ModelShape:
+    """The shape a config.json describes, or UserError naming the file and what is wrong."""
+    data = _load(path)
+    fields = _Fields(f"model.config={path}", data)
+    family = data["model_type"]
+    return _gpt2(fields) if family == "gpt2" else _llama_like(family, fields)

@@ -1,0 +1,100 @@
+"""model.config=PATH and model.moe_layout: what is refused, in one line naming the setting
+and the fix, before any rank starts; and plan's view of both expert layouts."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dcp_fsdp.config.compose import compose
+from dcp_fsdp.errors import UserError
+from dcp_fsdp.launch import checks
+
+HF_CONFIGS = Path(__file__).resolve().parents[1] / "data" / "hf_configs"
+QWEN3 = json.loads((HF_CONFIGS / "qwen3_tied.json").read_text())
+
+
+def refusal(tmp_path, text: str) -> str:
+    """The launcher's line for a config.json holding `text`."""
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    cfg = compose("save", [f"model.config={path}", f"results_dir={tmp_path}"])
+    with pytest.raises(UserError) as caught:
+        checks.check_model(cfg)
+    line = str(caught.value)
+    assert "\n" not in line and line.startswith(f"model.config={path}: ")
+    return line
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("{not json", "not JSON (Expecting property name enclosed in double quotes at line 1 column 2)"),
+    ("[1, 2]", "not a JSON object"),
+    (json.dumps({"model_type": "bert", "hidden_size": 768}),
+     'has model_type "bert"; this tool builds the families llama, mistral, qwen2, qwen3, '
+     "qwen3_moe, mixtral, gpt2"),
+    (json.dumps({"hidden_size": 768}), "has no 'model_type' field"),
+    (json.dumps({k: v for k, v in QWEN3.items() if k != "num_key_value_heads"}),
+     "no 'num_key_value_heads' field; a qwen3 config.json needs hidden_size, num_hidden_layers, "
+     "num_attention_heads, num_key_value_heads, vocab_size, intermediate_size"),
+    (json.dumps({**QWEN3, "model_type": "qwen3_moe"}), "no 'num_experts' field"),
+    (json.dumps({**QWEN3, "hidden_size": "256"}), "'hidden_size' is \"256\"; it must be a whole number"),
+    (json.dumps({**QWEN3, "num_hidden_layers": 0}), "'num_hidden_layers' is 0; it must be a whole "
+                                                    "number, 1 or more"),
+    (json.dumps({**QWEN3, "tie_word_embeddings": "yes"}), "'tie_word_embeddings' is \"yes\"; it must "
+                                                          "be true or false"),
+])
+def test_a_bad_config_json_is_refused_in_one_line_naming_it(tmp_path, text, expected):
+    assert expected in refusal(tmp_path, text)
+
+
+def test_a_missing_file_is_refused_and_never_downloaded(tmp_path):
+    cfg = compose("save", ["model.config=Qwen/Qwen3-8B", f"results_dir={tmp_path}"])
+    with pytest.raises(UserError, match=r"^model.config=Qwen/Qwen3-8B: no such file; give the path "
+                                        r"of a local Hugging Face config.json \(it is never downloaded\)$"):
+        checks.check_model(cfg)
+
+
+def test_a_folder_holding_config_json_is_taken(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3))
+    from dcp_fsdp.models.presets import model_shape
+
+    cfg = compose("save", [f"model.config={tmp_path}", f"results_dir={tmp_path}"])
+    assert model_shape(cfg.model).head_dim == 48 and cfg.model.name == f"config:{tmp_path}"
+
+
+def test_the_grouped_layout_of_a_model_without_experts_is_refused(tmp_path):
+    cfg = compose("save", ["model=llama3_8b", "model.moe_layout=grouped", f"results_dir={tmp_path}"])
+    with pytest.raises(UserError, match=r"^model.moe_layout=grouped: model=llama3_8b has no experts "
+                                        r".*; leave model.moe_layout at hf$"):
+        checks.check_model(cfg)
+
+
+def test_the_memory_check_sizes_a_config_json_model(tmp_path):
+    """The light parent's estimate (no torch) is the file's parameter count x dtype bytes."""
+    from dcp_fsdp.models.llama_model_config import param_count
+    from dcp_fsdp.models.presets import model_shape
+
+    cfg = compose("save", [f"model.config={HF_CONFIGS / 'mixtral_4x.json'}", "model.dtype=bf16",
+                           f"results_dir={tmp_path}"])
+    assert checks.state_bytes_estimate(cfg) == 2 * param_count(model_shape(cfg.model)) == 2 * 9_050_368
+
+
+def test_plan_shows_both_expert_layouts(capsys, monkeypatch):
+    """`dcp-fsdp plan` of an MoE model: tensors, .metadata and planning of each layout (the
+    unpickling child, a torch import per plan, is tests/integration/test_plan.py's)."""
+    from dcp_fsdp.plan import build
+    from dcp_fsdp.plan.command import main
+
+    monkeypatch.setattr(build, "unpickle_cost", lambda blob: (0.0, len(blob)))
+
+    assert main([f"model.config={HF_CONFIGS / 'mixtral_4x.json'}", "world_size=4",
+                 "storage=fs", "storage.path=/tmp/unused"]) == 0
+    out = capsys.readouterr().out
+    assert "model: 9,050,368 parameters (mixtral, 4 experts per sparse layer, moe_layout hf)" in out
+    hf = next(line for line in out.splitlines() if line.startswith("  hf (this plan): "))
+    grouped = next(line for line in out.splitlines() if line.startswith("  grouped: "))
+    # 4 layers: hf 2 expert tensors + a router each, grouped 3 + a router
+    base = 1 + 4 * 6 + 1 + 1  # embedding, q/k/v/o + 2 norms per layer, final norm, lm_head
+    assert hf.startswith(f"  hf (this plan): {base + 4 * 3} tensors, ")
+    assert grouped.startswith(f"  grouped: {base + 4 * 4} tensors, ")
+    assert ".metadata" in grouped and "global planning" in grouped
