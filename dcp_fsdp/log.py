@@ -13,9 +13,21 @@ import sys
 _LOGGER_NAME = "dcp_fsdp"
 
 
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on written out instead (ESC as
+    \\x1b, a newline as \\n, a bidi override as \\u202e): text from storage or a record (an
+    object key, a record's `error`) is anyone's who can write there, and must neither
+    clear the screen nor split a line. Printable text comes back as it is."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+                   for ch in text)
+
+
 class _Format(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage()
+        # Every line is one line: a key or record field in a message cannot break it.
+        message = printable(record.getMessage())
         if record.levelno >= logging.ERROR:
             return f"dcp-fsdp: error: {message}"
         if record.levelno >= logging.WARNING:

@@ -14,6 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from dcp_fsdp.log import printable
 from dcp_fsdp.telemetry.records import SCHEMA_VERSION, RecordFile
 
 # places named per reason in a note; the rest are counted
@@ -31,6 +32,21 @@ class _Copy:
     # (lines that lost a sample, lines not JSON that say nothing of what they were): of two
     # copies, the one with fewer (in that order) is the whole one
     bad_lines: tuple[int, int]
+
+
+def _printable(value: Any) -> Any:
+    """`value` (a record's field, a row) with every string in it printable (log.printable):
+    a record is anyone's who can write the results directory, and its `error` or `model`
+    with ESC or a newline in it must not reach the terminal, nor split a table row."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        clean = {key: _printable(item) for key, item in value.items()}
+        return value if all(clean[key] is item for key, item in value.items()) else clean
+    if isinstance(value, list):
+        items = [_printable(item) for item in value]
+        return value if all(a is b for a, b in zip(items, value)) else items
+    return value
 
 
 def _places(places: list[str]) -> str:
@@ -62,15 +78,16 @@ class Intake:
         for sample in parsed.samples:
             # a shallow copy: asdict's deep copy of every request summary cost most of the
             # time of reading thousands of records, and nothing changes these rows
-            row = {"record": "sample", **vars(sample)}
+            row = _printable({"record": "sample", **vars(sample)})
             if sample.run_id in samples:
                 samples[sample.run_id].append(row)
             else:  # it could join another file's run of that id and double its bytes
                 self._skipped_lines["sample line: its run_id names no run line of its "
                                     "file"].append(str(path))
         for run in parsed.runs:
-            row = {**run.to_json(), "record_file": str(path), "unreadable_lines": parsed.bad_lines,
-                   "unknown_lines": parsed.unknown_lines}
+            row = _printable({**run.to_json(), "record_file": str(path),
+                              "unreadable_lines": parsed.bad_lines,
+                              "unknown_lines": parsed.unknown_lines})
             self._keep(_Copy(path, row, samples[run.run_id],
                              (parsed.bad_lines, parsed.unknown_lines)))
 
@@ -96,7 +113,11 @@ class Intake:
         return [row for copy in self._copies.values() for row in copy.samples]
 
     def notes(self) -> list[str]:
-        """One line per reason: what was skipped, how many, and where (the first few)."""
+        """One line per reason: what was skipped, how many, and where (the first few); each
+        printable (a reason may quote a line's value, a place is a file's name)."""
+        return [printable(note) for note in self._notes()]
+
+    def _notes(self) -> list[str]:
         notes = [f"{len(files)} file(s) skipped, {reason}: {_places(files)}"
                  for reason, files in self._skipped_files.items()]
         notes += [f"{len(places)} line(s) skipped, {reason}: {_places(places)}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 
 from dcp_fsdp import log
+from dcp_fsdp.log import printable
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
 from dcp_fsdp.config.usage import CLEAN_UPLOADS_MIN_AGE_S as DEFAULT_MIN_AGE_S
 from dcp_fsdp.errors import UserError
@@ -30,26 +31,23 @@ def _store(cfg: BenchmarkConfig, command: str):
 def list_checkpoints(cfg: BenchmarkConfig, check: bool = False) -> int:
     """The table of suffixes and the open uploads; `check` (`list --check`): each complete
     checkpoint's objects against its `.metadata` too. Exit 1 when one is damaged."""
-    from tabulate import tabulate
-
     store = _store(cfg, "list")
     checkpoints = store.list_checkpoints()
     damage = _damage(store, cfg, checkpoints) if check else {}
     rows = [[c.suffix, "DAMAGED" if c.suffix in damage else _state(c),
              f"{c.size_bytes / 2**20:.1f}", c.object_count, c.modified] for c in checkpoints]
-    print(f"checkpoints under {store.location('')}")
-    print(tabulate(rows, headers=["suffix", "state", "MiB", "objects", "modified (UTC)"],
-                   tablefmt="github"))
+    print(printable(f"checkpoints under {store.location('')}"))
+    print(_table(rows, ["suffix", "state", "MiB", "objects", "modified (UTC)"]))
     if not check and any(c.complete for c in checkpoints):
         print("complete: its .metadata is stored (DCP's commit); `dcp-fsdp list --check` also "
               "checks each one's data objects against it (a deleted or cut-short object)")
     for suffix, what in damage.items():
-        print(f"suffix={suffix}: damaged checkpoint: {what}; it cannot load: save it again, or "
-              f"`dcp-fsdp delete suffix={suffix}`")
+        print(printable(f"suffix={suffix}: damaged checkpoint: {what}; it cannot load: save it "
+                        f"again, or `dcp-fsdp delete suffix={suffix}`"))
     for prefix in (c for c in checkpoints if c.nested):
-        print(_prefix_note(store, prefix))
+        print(printable(_prefix_note(store, prefix)))
     for claim in (c for c in checkpoints if c.claim_only):
-        print(_abandoned_claim_note(store, claim))
+        print(printable(_abandoned_claim_note(store, claim)))
     uploads = store.open_uploads()
     if uploads:
         by_suffix: dict[str, list] = {}
@@ -61,9 +59,17 @@ def list_checkpoints(cfg: BenchmarkConfig, check: bool = False) -> int:
         print()
         print("open multipart uploads (stored and billed until aborted; "
               "`dcp-fsdp clean-uploads` with the same storage settings aborts them)")
-        print(tabulate(rows, headers=["suffix", "uploads", "parts", "MiB", "oldest (UTC)"],
-                       tablefmt="github"))
+        print(_table(rows, ["suffix", "uploads", "parts", "MiB", "oldest (UTC)"]))
     return 1 if damage else 0
+
+
+def _table(rows: list[list], headers: list[str]) -> str:
+    """Rows as a table, every cell printable: a key from storage with a newline or ESC in it
+    neither splits its row nor reaches the terminal (log.printable)."""
+    from tabulate import tabulate
+
+    return tabulate([[printable(c) if isinstance(c, str) else c for c in row] for row in rows],
+                    headers=headers, tablefmt="github")
 
 
 def _damage(store, cfg: BenchmarkConfig, checkpoints: list[CheckpointInfo]) -> dict[str, str]:
@@ -186,8 +192,6 @@ def clean_uploads(cfg: BenchmarkConfig, min_age_s: float = DEFAULT_MIN_AGE_S) ->
     """Abort the open multipart uploads under the location (suffix=...: under that
     checkpoint only) started at least `min_age_s` ago; each is listed with its age. A
     younger one may belong to a save running now (aborting it fails that save)."""
-    from tabulate import tabulate
-
     store = _store(cfg, "clean")
     uploads = store.open_uploads(cfg.suffix)
     where = store.location(cfg.suffix or "")
@@ -198,9 +202,8 @@ def clean_uploads(cfg: BenchmarkConfig, min_age_s: float = DEFAULT_MIN_AGE_S) ->
                  f"{u.size_bytes / 2**20:.1f}",
                  "abort" if u in old else f"leave (younger than {_age(min_age_s)})"]
                 for u in uploads]
-        print(f"open multipart uploads under {where}")
-        print(tabulate(rows, headers=["suffix", "object", "age", "parts", "MiB", "action"],
-                       tablefmt="github"))
+        print(printable(f"open multipart uploads under {where}"))
+        print(_table(rows, ["suffix", "object", "age", "parts", "MiB", "action"]))
     aborted = store.abort_uploads(cfg.suffix, min_age_s)
     size_mib = sum(u.size_bytes for u in old) / 2**20
     log.info(f"aborted {aborted} open multipart upload(s) under {where} "

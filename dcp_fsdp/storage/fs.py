@@ -6,6 +6,7 @@ import datetime
 import errno
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -150,9 +151,17 @@ class FsStore:
 
     def get_small(self, suffix: str, name: str, max_bytes: int | None = None) -> bytes | None:
         path = self.root / suffix / name
-        if not path.exists():
+        try:
+            # O_NONBLOCK: a FIFO put where an object belongs opens at once instead of waiting
+            # for a writer forever (a hung `load`, `list --check`); fstat then refuses it.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
             return None
-        with path.open("rb") as file:
+        with os.fdopen(fd, "rb") as file:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise UserError(f"{path}: not a regular file (a FIFO, a device or a socket); "
+                                "a checkpoint's objects are files, so it cannot be read: "
+                                "remove it")
             return file.read(-1 if max_bytes is None else max_bytes)
 
     def delete(self, suffix: str) -> None:

@@ -45,6 +45,8 @@ __all__ = ["CEILING_ROOT", "CHECKPOINT_MARKERS", "CLAIM_NAME", "MANIFEST_NAME", 
 METADATA_NAME = ".metadata"
 MANIFEST_NAME = "dcp_fsdp.json"
 CLAIM_NAME = "dcp_fsdp.claim"
+# Ours are a few hundred bytes; a larger one is not ours, and is never read whole.
+MAX_MANIFEST_BYTES = 64 * 1024
 # How a save's suffix was claimed (the record's `suffix_claim`):
 CLAIM_CONDITIONAL = "conditional_write"  # S3 PutObject If-None-Match: * (the server honours it)
 CLAIM_EXCLUSIVE = "exclusive_create"  # file system: open(O_CREAT | O_EXCL)
@@ -213,10 +215,25 @@ def _claim_body(run_id: str | None) -> bytes:
 def read_claim(store, suffix: str) -> dict[str, Any]:
     """`suffix`'s claim object as written by `_claim_body` ({} when absent or unreadable)."""
     try:
-        claim = json.loads(store.get_small(suffix, CLAIM_NAME, 4096) or b"{}")
-    except (ValueError, UserError):
+        claim = _plain_object(store.get_small(suffix, CLAIM_NAME, 4096) or b"{}")
+    except UserError:
         return {}
-    return claim if isinstance(claim, dict) else {}
+    return claim if claim is not None else {}
+
+
+def _plain_object(data: bytes) -> dict[str, Any] | None:
+    """`data` as a JSON object of plain values (text, numbers, true/false/null: all the
+    manifest and the claim hold), else None. Storage is anyone's who can write there: JSON
+    nested deeper than the parser can go (RecursionError), or deep values a message would
+    print, mean a damaged file, never a traceback."""
+    try:
+        parsed = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(parsed, dict) or not all(
+            value is None or isinstance(value, (str, int, float)) for value in parsed.values()):
+        return None
+    return parsed
 
 
 def _claimed_by(store, suffix: str) -> str:
@@ -260,18 +277,16 @@ def encode_manifest(manifest: dict[str, Any]) -> bytes:
 def read_manifest(store, suffix: str) -> dict[str, Any] | None:
     """The checkpoint's manifest; None only when none is stored. A stored one that is not a
     JSON object is refused (UserError): it does not mean "nothing to verify against"."""
-    data = store.get_small(suffix, MANIFEST_NAME)
+    data = store.get_small(suffix, MANIFEST_NAME, MAX_MANIFEST_BYTES + 1)
     if data is None:
         return None
-    try:
-        parsed = json.loads(data)
-    except ValueError:
-        parsed = None
-    if not isinstance(parsed, dict):
+    parsed = _plain_object(data) if len(data) <= MAX_MANIFEST_BYTES else None
+    if parsed is None:
         raise UserError(f"suffix={suffix}: its manifest {MANIFEST_NAME} is damaged (not a JSON "
-                        "object), so the values it was saved with are unknown and a load "
-                        "cannot be verified; load with integrity=false to load it unverified, "
-                        "or save it again")
+                        f"object of plain values, at most {MAX_MANIFEST_BYTES // 1024} KiB), so "
+                        "the values it was saved with are unknown and a load cannot be "
+                        "verified; load with integrity=false to load it unverified, or save it "
+                        "again")
     return parsed
 
 
@@ -372,11 +387,11 @@ def checkpoint_damage(store, suffix: str) -> str | None:
     """`list --check`: what is wrong with the complete checkpoint `suffix` (its objects lying
     under it, storage.prefix_strategy=default), None when whole. One GET of its `.metadata`,
     read through the screen (a hostile one is reported, never unpickled), and one listing."""
-    raw = store.get_small(suffix, METADATA_NAME, MAX_METADATA_BYTES + 1)
-    if raw is None:
-        return f"{METADATA_NAME} is gone (removed since it was listed)"
     try:
+        raw = store.get_small(suffix, METADATA_NAME, MAX_METADATA_BYTES + 1)
+        if raw is None:
+            return f"{METADATA_NAME} is gone (removed since it was listed)"
         facts = read_facts(raw, f"{METADATA_NAME}")
-    except UserError as refused:  # MetadataRefused: hostile, too large, or not DCP's
+    except UserError as refused:  # not a file (a FIFO); MetadataRefused: hostile, not DCP's
         return str(refused)
     return objects_damage(facts, store.object_sizes(suffix)) if facts.object_sizes else None

@@ -24,6 +24,8 @@ SIGNED_FIELDS = frozenset({"train_step_slowdown", "train_lost_s", "train_lost_sh
 RUN_TEXT_PATHS = ("model.preset", "gpus.model", "storage.kind", "storage.endpoint",
                   "storage.region", "config.model.preset", "config.storage.kind",
                   "config.storage.endpoint", "config.storage.region")
+# No count, size, duration or clock reading in a record reaches it.
+MAX_MAGNITUDE = 2**63
 # The pairs of clock readings whose difference is a span in the figures.
 SPANS = (("begin_wall_s", "end_wall_s"), ("begin_mono_s", "end_mono_s"))
 
@@ -59,8 +61,12 @@ def _number_problem(name: str, value: object, integer: bool) -> str | None:
         return f"{name} is not {'an integer' if integer else 'a number'}"
     if integer and not isinstance(value, int):
         return f"{name} is not an integer"
-    if not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):
         return f"{name} is not a finite number"
+    # JSON integers have no bound: a 401-digit one cannot even become a float (OverflowError),
+    # and nothing a run measures comes near 2**63 (pandas' int64 holds no more)
+    if abs(value) >= MAX_MAGNITUDE:
+        return f"{name} is out of range (2**63 or more)"
     if value < 0 and name not in SIGNED_FIELDS:
         return f"{name} is negative"
     return None

@@ -248,3 +248,62 @@ def test_a_non_json_line_is_a_lost_sample_where_that_is_known(tmp_path, damage):
                               "a rank's sample is lost",
                 "no_count": "no sample count to show whether a rank's sample is lost"}[damage]
     assert expected in reason
+
+
+# -- issue 31: hostile record files (WRONG 4) and control characters in fields (WRONG 5) ----
+
+@pytest.mark.parametrize("depth", [100_000, 950])
+def test_a_deeply_nested_line_is_skipped_and_the_run_reported(tmp_path, capsys, depth):
+    """One line of nested brackets beside a whole record: deeper than the parser goes
+    (RecursionError), or just under it (asdict and pandas recurse per level): skipped with
+    its reason, the run still reports."""
+    path = _append(write_record(tmp_path / "r.jsonl"), "[" * depth + "]" * depth + "\n")
+    code, out, err = run_report(capsys, str(path))
+    assert code == 0 and "Traceback" not in err, err
+    assert "Throughput" in out and "incomplete" not in out + err
+    flat = " ".join((out + err).split())  # the note wraps at the terminal's width
+    assert "1 line(s) skipped, nested too deeply (damaged or not a record line)" in flat
+
+
+def test_a_deeply_nested_value_in_a_sample_line_skips_that_line(tmp_path, capsys):
+    deep = [[]]
+    for _ in range(900):
+        deep = [deep]
+    path = write_record(tmp_path / "r.jsonl", lambda rows: rows[1].update(requests=deep))
+    code, out, err = run_report(capsys, str(path))
+    assert code == 0 and "Traceback" not in err, err
+    assert "nested too deeply (a sample line cut off or damaged)" in " ".join(out.split())
+
+
+def test_a_401_digit_byte_count_skips_its_line(tmp_path, capsys):
+    write_record(tmp_path / "big.jsonl", lambda rows: rows[1].update(bytes=int("9" * 401)),
+                 run_id="big")
+    write_record(tmp_path / "good.jsonl", run_id="good")
+    result, notes = read(tmp_path)
+    assert set(result["operations"]["run_id"]) == {"good"}
+    assert notes == ["1 line(s) skipped, sample line: bytes is out of range (2**63 or more): "
+                     f"{tmp_path / 'big.jsonl'}:2"]
+    code, out, err = run_report(capsys, str(tmp_path))
+    assert code == 0 and "Traceback" not in err
+
+
+def test_control_characters_of_a_record_never_reach_the_terminal(tmp_path, capsys):
+    """A record's `error` and `model` (anyone's who can write the results directory) with
+    ESC[2J and a newline: `report` prints them escaped, each row whole."""
+    hostile = "\x1b[2J\x1b]0;owned\x07line\nbreak"
+
+    def change(rows):
+        rows[0].update(status="failed", error=f"rank 0: {hostile}")
+        rows[0]["model"]["preset"] = f"tiny{hostile}"
+
+    write_record(tmp_path / "hostile.jsonl", change, run_id="hostile")
+    write_record(tmp_path / "good.jsonl", lambda rows: rows[0]["model"].update(
+        preset=f"tiny{hostile}"), run_id="good")
+    for args in ([], ["--format", "md"]):
+        code, out, err = run_report(capsys, str(tmp_path), *args)
+        assert code == 0, err
+        shown = out + err
+        assert not any(ch in shown for ch in "\x1b\x07\r"), repr(shown)
+        escaped = r"\x1b[2J\x1b]0;owned\x07line\nbreak"
+        assert f"rank 0: {escaped}" in shown and f"tiny{escaped}" in shown, shown
+        assert not any(line.startswith("break") for line in shown.splitlines()), shown
