@@ -69,13 +69,25 @@ def state_dir() -> Path:
                     "XDG_RUNTIME_DIR to a short directory, e.g. XDG_RUNTIME_DIR=/run/user/$(id -u)")
 
 
+def _cannot_write(path: Path, action: str, error: OSError) -> UserError:
+    """The state directory's place cannot be written (a read-only HOME, no XDG_RUNTIME_DIR):
+    one line naming where it looked and the fix, not the OSError's traceback."""
+    return UserError(f"s3-server {action}: cannot create {path} ({error.strerror or error}); "
+                     "the server's state and data live in $XDG_RUNTIME_DIR/dcp-fsdp-s3, else "
+                     "~/.cache/dcp-fsdp-s3: set XDG_RUNTIME_DIR to a short writable directory "
+                     "(e.g. XDG_RUNTIME_DIR=/run/user/$(id -u), or a directory under /tmp)")
+
+
 @contextlib.contextmanager
 def locked(where: Path, action: str):
     """Hold the lock of the server's state (an flock on `<where>.lock`) for one start or
     stop; a second caller waits for the first (said once), at most LOCK_WAIT_S."""
-    where.parent.mkdir(parents=True, exist_ok=True)
     path = where.parent / f"{where.name}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # not inherited by the daemon
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # not inherited by the daemon
+    except OSError as error:
+        raise _cannot_write(path, action, error) from None
     try:
         deadline = time.monotonic() + LOCK_WAIT_S
         said = False
@@ -183,7 +195,10 @@ def start(where: Path, bucket: str) -> int:
         log.info("already running")
         _print_usage_of(state)
         return 0
-    where.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        where.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as error:  # its lock beside it was made: seldom, e.g. a full disk
+        raise _cannot_write(where, "start", error) from None
     env = {**os.environ, "TMPDIR": str(where)}  # SeaweedFS's sockets go here, not /tmp
     with open(where / LOG_NAME, "ab") as out:
         daemon = subprocess.Popen([sys.executable, "-m", "dcp_fsdp.launch.s3_server", "serve",

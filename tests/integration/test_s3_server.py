@@ -7,11 +7,15 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tests.kit.cli import read_run, run_cli
+import pytest
+
+from tests.kit.cli import REPO, clean_env, read_run, run_cli
 
 
 def _exports(text: str) -> dict[str, str]:
@@ -236,3 +240,30 @@ def _alive_not_zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _unshare_works() -> bool:
+    """A user and mount namespace of our own (unprivileged on most Linux kernels): a real
+    read-only file system for HOME without root's permission to remount anything."""
+    return shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "-rm", "true"], capture_output=True).returncode == 0
+
+
+def test_start_with_a_read_only_home_and_no_runtime_dir_is_one_line():
+    """Issue 31 WRONG 6: `OSError: Read-only file system` traceback. HOME is a read-only
+    tmpfs (EROFS, as root too: permission bits would not stop root), XDG_RUNTIME_DIR unset."""
+    if not _unshare_works():
+        pytest.skip("unshare -rm (a user and mount namespace) is not allowed here")
+    # short, as a real HOME is: the state path must fit SeaweedFS's socket names
+    with tempfile.TemporaryDirectory(dir="/tmp") as short:
+        home = Path(short)
+        env = {k: v for k, v in clean_env({"HOME": short}).items() if k != "XDG_RUNTIME_DIR"}
+        done = subprocess.run(
+            ["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o ro tmpfs "$HOME" && exec "$@"',
+             "sh", sys.executable, "-m", "dcp_fsdp", "s3-server", "start"],
+            env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert not list(home.iterdir())  # the tmpfs was over it; nothing was written under it
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.strip().count("\n") == 0, done.stderr
+    assert f"cannot create {home}/.cache/dcp-fsdp-s3.lock (Read-only file system)" in done.stderr
+    assert "set XDG_RUNTIME_DIR to a short writable directory" in done.stderr
