@@ -12,8 +12,8 @@ from __future__ import annotations
 import itertools
 import re
 
-from dcp_fsdp.config.validate import (check_setting_name, check_storage_settings,
-                                      model_config_names)
+from dcp_fsdp.config.validate import (check_model_settings, check_setting_name,
+                                      check_storage_settings, model_config_names)
 from dcp_fsdp.config.conf_dir import conf_dir
 from dcp_fsdp.errors import UserError
 
@@ -124,6 +124,7 @@ def compose(command: str, overrides: list[str]):
         GlobalHydra.instance().clear()
     validate(cfg, CONF_DIR)
     check_storage_settings(cfg, given)
+    check_model_settings(cfg, given)
     return cfg
 
 

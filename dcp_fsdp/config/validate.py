@@ -138,6 +138,13 @@ def check_storage_settings(cfg: BenchmarkConfig, given: set[str]) -> None:
                             f"uses storage.reader={cfg.storage.reader.value}: remove {name}")
 
 
+def check_model_settings(cfg: BenchmarkConfig, given: set[str]) -> None:
+    """model.config decides the shape: a preset given beside it would be ignored."""
+    if cfg.model.config and given & {"model", "model.preset"}:
+        raise UserError(f"model={cfg.model.preset} and model.config={cfg.model.config} both name "
+                        "the model: give one of them")
+
+
 def _value(cfg: BenchmarkConfig, name: str):
     return functools.reduce(getattr, name.split("."), cfg)
 

@@ -98,3 +98,12 @@ def test_plan_shows_both_expert_layouts(capsys, monkeypatch):
     assert hf.startswith(f"  hf (this plan): {base + 4 * 3} tensors, ")
     assert grouped.startswith(f"  grouped: {base + 4 * 4} tensors, ")
     assert ".metadata" in grouped and "global planning" in grouped
+
+
+@pytest.mark.parametrize("preset", ["model=qwen3_8b", "model.preset=qwen3_8b"])
+def test_a_preset_beside_a_config_json_is_refused(tmp_path, preset):
+    """Both name the model: one would be ignored."""
+    with pytest.raises(UserError, match=r"^model=qwen3_8b and model.config=.*qwen3_tied.json both "
+                                        r"name the model: give one of them$"):
+        compose("save", [preset, f"model.config={HF_CONFIGS / 'qwen3_tied.json'}",
+                         f"results_dir={tmp_path}"])
