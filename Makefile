@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # The releases `make torch-smoke` runs: the lowest pyproject admits and the newest.
 SMOKE_TORCH ?= 2.11.0 2.15.0
 
-.PHONY: setup demo test lint clean torch-smoke torch-smoke-venvs smoke-versions
+.PHONY: setup demo test test-unit lint clean torch-smoke torch-smoke-venvs smoke-versions
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ demo: setup
 PYTEST_WORKERS ?= 2
 test: setup
 	$(BIN)/python -m pytest -q -rs --durations=12 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The inner loop: tests/unit, the logic alone, in this process (no root, no servers, no
+# subprocess: what needs them is in tests/integration). At most 60 s on 2 cores (2 workers:
+# one alone takes about 65 s of CPU).
+test-unit: setup
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests/unit $(PYTEST_ARGS)
 
 # The package typed and linted (configuration in pyproject.toml): .ci/run runs it first.
 lint: setup

@@ -3,11 +3,9 @@ and the batch scripts' load command."""
 
 from __future__ import annotations
 
-import subprocess
 
 from dcp_fsdp.analysis import columns, report
 from dcp_fsdp.storage import metadata_peek
-from tests.kit.cli import REPO
 from tests.unit.analysis_kit import variant
 
 
@@ -64,22 +62,6 @@ def test_many_groups_keep_the_throughput_figures_at_100_columns(tmp_path):
     assert header.split()[:2] == ["op", "group"], header
     legend = text.split("Groups (the group column above)")[1]
     assert "g1: " in legend and "g6: " in legend and "thread_count" in legend
-
-
-def test_savebatch_prints_a_load_command_that_keeps_the_settings():
-    script = ('source batch/common.sh; NODES=2 URI="s3://b/my ckpt" MODEL=L7b REGION=us-east-2 '
-              'OVERRIDES="state=model_and_optimizer storage.thread_count=4"; '
-              'load_command "a-1,a-2" model=L7b iterations=2 suffix=a storage.part_size_mib=16')
-    line = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True,
-                          check=True).stdout.strip()
-    words = subprocess.run(["bash", "-c", f"printf '%s\\n' {line}"], capture_output=True,
-                           text=True, check=True).stdout.splitlines()
-    assert words == ["SUFFIX=a-2", "URI=s3://b/my ckpt", "REGION=us-east-2", "MODEL=L7b",
-                     "OVERRIDES=state=model_and_optimizer storage.thread_count=4", "sbatch",
-                     "--nodes", "2", "batch/loadbatch.sh", "model=L7b",
-                     "storage.part_size_mib=16"]
-    header = (REPO / "batch" / "loadbatch.sh").read_text()
-    assert "cut -d, -f1" not in header and "tail -1" in header  # the last suffix, as savebatch
 
 
 def test_settings_typos_found_by_the_trial():

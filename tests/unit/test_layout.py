@@ -83,22 +83,6 @@ def test_a_save_that_loses_the_claim_is_refused_in_one_line_before_writing(store
     assert [p.name for p in (store.root / "race").iterdir()] == [layout.CLAIM_NAME]
 
 
-def test_fs_claims_are_exclusive_across_processes(store):
-    """8 processes claim one suffix at the same moment: exactly one gets it."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("fork")
-    start, results = context.Barrier(8), context.Queue()
-    claimers = [context.Process(target=_claim_after, args=(store.root, start, results))
-                for _ in range(8)]
-    for claimer in claimers:
-        claimer.start()
-    won = sorted(results.get(timeout=60) for _ in claimers)
-    for claimer in claimers:
-        claimer.join()
-    assert won == [False] * 7 + [True]
-
-
 def _claim_after(root, start, results) -> None:
     start.wait()
     results.put(FsStore(StorageConfig(kind=StorageKind.fs, path=str(root))).claim("one", b"x").won)

@@ -5,13 +5,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.kit.cli import REPO, clean_env
 from dcp_fsdp.analysis import report
 from dcp_fsdp.analysis.metrics import MIB, run_table
 from dcp_fsdp.telemetry.request_log import Request
@@ -68,8 +65,11 @@ def write(path: Path, lines: list[dict]) -> Path:
 
 @pytest.fixture
 def records(tmp_path) -> Path:
+    return write_records(tmp_path / "results")
+
+
+def write_records(root: Path) -> Path:
     """Two settings (thread_count 1 and 4), 1 and 2 nodes, an old record, a failed run."""
-    root = tmp_path / "results"
     write(root / "a.jsonl", [run_line("a", nodes=1, ranks=2)]
           + [sample_line("a", "save", i, r, 10.0 * i, 10.0 * i + 2 + r, 100 * MIB,
                          count=10, latency_ms=50, throttled=1)
@@ -157,30 +157,6 @@ def test_terminal_markdown_csv_and_plots(records, tmp_path):
     assert [p.name for p in written] == ["throughput_vs_nodes.png", "rank_durations.png",
                                          "request_latency.png"]
     assert all(p.stat().st_size > 10_000 for p in written)
-
-
-def test_cli_report_on_globs_and_failures_only(records, tmp_path):
-    command = [sys.executable, "-m", "dcp_fsdp", "report", str(records / "*.jsonl"),
-               "--format", "md", "--csv", str(tmp_path / "out.csv"), "--plot",
-               str(tmp_path / "plots")]
-    result = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "### Throughput" in result.stdout and (tmp_path / "out.csv").exists()
-    assert "sub" not in result.stdout  # the glob named only the top-level files
-    # the records span two world sizes: the scaling plot too
-    assert len(list((tmp_path / "plots").glob("*.png"))) == 4
-    assert (tmp_path / "plots" / "scaling.png").exists()
-    only_failed = subprocess.run([sys.executable, "-m", "dcp_fsdp", "report",
-                                  str(records / "failed.jsonl")], cwd=REPO, env=clean_env(),
-                                 capture_output=True, text=True, timeout=120)
-    assert only_failed.returncode == 0
-    assert "no successful save or load" in only_failed.stdout
-    assert "Left out of every figure: 1 run(s)" in only_failed.stdout
-    missing = subprocess.run([sys.executable, "-m", "dcp_fsdp", "report", str(tmp_path / "nope")],
-                             cwd=REPO, env=clean_env(), capture_output=True, text=True,
-                             timeout=120)
-    assert missing.returncode == 2 and "no such file or directory" in missing.stderr
 
 
 def test_run_table_gains_request_columns_and_tolerates_old_samples():

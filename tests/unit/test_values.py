@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import math
-import platform
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -138,15 +134,3 @@ for _ in range(2):
     torch.empty(size, dtype=torch.uint8).fill_(1)
 print(faults() - before, size // 4096)
 """
-
-
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc thresholds")
-def test_building_the_tables_leaves_the_allocator_as_a_fresh_process():
-    """Freeing a large temporary raises glibc's dynamic mmap threshold for good; after that a
-    4 MiB temporary is served from heap memory already faulted in, and every dcp.load of the
-    tool skipped the page faults a training job's load pays (issue 19)."""
-    result = subprocess.run([sys.executable, "-c", FAULTS_AFTER_TABLES], capture_output=True,
-                            text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
-    assert result.returncode == 0, result.stderr
-    faults, pages = map(int, result.stdout.split())
-    assert faults >= pages // 2, f"{faults} page faults for a fresh {pages}-page temporary"
