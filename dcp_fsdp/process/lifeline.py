@@ -172,6 +172,7 @@ def end_process(exit_code: int) -> NoReturn:
     import logging
     import sys
 
+    remove_multiprocessing_tempdir()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -179,3 +180,18 @@ def end_process(exit_code: int) -> NoReturn:
         except (OSError, ValueError):
             pass
     os._exit(exit_code)
+
+
+def remove_multiprocessing_tempdir() -> None:
+    """Before os._exit: multiprocessing's `pymp-*` directory in TMPDIR (the async process
+    checkpointer's listener socket lies there) is removed by a finalizer at interpreter
+    exit, which os._exit skips: every such rank left one. Nothing when multiprocessing was
+    never imported."""
+    import sys
+
+    if "multiprocessing.util" not in sys.modules:
+        return
+    import multiprocessing.util
+
+    # get_temp_dir() names the one made (making one if none was: removed as well)
+    shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)

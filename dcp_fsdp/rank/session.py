@@ -193,6 +193,9 @@ class RankSession:
             self.write_record("failed", message, self.samples(), [self.init])
         if self.request_log is not None:
             self.request_log.remove()  # os._exit skips every cleanup
+        from dcp_fsdp.process.lifeline import remove_multiprocessing_tempdir
+
+        remove_multiprocessing_tempdir()
         write_error_file(RankEnding("failed", message, contract.EXIT_FAILED, contract.EndCause.ERROR))
         os._exit(contract.EXIT_FAILED)
 
@@ -387,6 +390,9 @@ def _end_stuck_rank(signal_name: str, session: RankSession | None) -> None:
     try:
         if session is not None and session.request_log is not None:
             session.request_log.remove()  # os._exit skips every cleanup
+        from dcp_fsdp.process.lifeline import remove_multiprocessing_tempdir
+
+        remove_multiprocessing_tempdir()
     except BaseException:
         pass
     # A note, not an error line: the first cause is the launcher's (or Slurm aftermath's) to
