@@ -85,12 +85,22 @@ def launched_rank() -> NoReturn:
     from omegaconf import OmegaConf
 
     from dcp_fsdp.config.schema import BenchmarkConfig, to_config
-    from dcp_fsdp.contract import CONFIG_ENV
+    from dcp_fsdp.contract import CONFIG_ENV, EXIT_INTERRUPTED
     from dcp_fsdp.rank.session import run_rank
 
-    cfg = to_config(OmegaConf.merge(OmegaConf.structured(BenchmarkConfig),
-                                              OmegaConf.load(os.environ[CONFIG_ENV])))
-    end_rank(run_rank(cfg, PROCESS_START_MONO))
+    from dcp_fsdp.process.lifeline import end_process
+    from dcp_fsdp.process.signals import Terminated
+
+    try:
+        cfg = to_config(OmegaConf.merge(OmegaConf.structured(BenchmarkConfig),
+                                        OmegaConf.load(os.environ[CONFIG_ENV])))
+        result = run_rank(cfg, PROCESS_START_MONO)
+    except (KeyboardInterrupt, Terminated):
+        # The signal came before the rank's guard could turn it into a record (building the
+        # session, installing the guard): the launcher prints the run's one `interrupted`
+        # line and writes its record; a rank that printed its own was a second line.
+        end_process(EXIT_INTERRUPTED)
+    end_rank(result)
 
 
 def _own_torch_cache_dir():
