@@ -39,9 +39,10 @@ test: setup
 test-unit: setup
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests/unit $(PYTEST_ARGS)
 
-# The package typed and linted (configuration in pyproject.toml): .ci/run runs it first.
+# The package, tests, benchmarks and scripts linted (ruff, its complexity gates included) and
+# type-checked (mypy, check_untyped_defs; files and settings in pyproject.toml): .ci/run runs it.
 lint: setup
-	$(BIN)/ruff check dcp_fsdp
+	$(BIN)/ruff check dcp_fsdp tests benchmarks scripts
 	$(BIN)/mypy
 
 # Each torch in SMOKE_TORCH, in a venv of its own (.venv-torch-VERSION): sync and async

@@ -53,6 +53,7 @@ def main() -> int:
         rows.append([dcp_op, cell(dcp), cell(raw), f"{max(raw['per_iteration_mib_s']):.1f}",
                      f"{dcp['efficiency']:.2f}"])
     model, storage = run.model, run.storage
+    assert model is not None and storage is not None  # a record with operations has both
     print(f"{model['preset']} {model['dtype']} {model['state']}, "
           f"{model['state_bytes'] / MIB:.1f} MiB, {run.world_size} ranks, storage "
           f"{storage['kind']}{' (embedded SeaweedFS)' if storage.get('embedded') else ''}, "

@@ -13,8 +13,8 @@ and prints, per scenario and op, the overall MiB/s (all bytes over the sum of th
 iterations' spans: a fault slows one iteration, which a median would hide), the
 slowdown against the clean baseline, the median aggregate MiB/s, the slowest span,
 the faults the proxy injected per kind and request type, and what the connector's
-own request log recorded (throttled attempts, retries), when the records carry it. Every run must succeed: a fault the
-run did not absorb fails the benchmark.
+own request log recorded (throttled attempts, retries), when the records carry it. Every
+run must succeed: a fault the run did not absorb fails the benchmark.
 
     .venv/bin/python -m benchmarks.fault_tolerance                  # defaults below
     .venv/bin/python -m benchmarks.fault_tolerance --iterations 5 --error-rate 0.2 --json out.json
@@ -100,7 +100,8 @@ def main() -> int:
                                  for k, v in vars(args).items()}, "scenarios": {}}
     with tempfile.TemporaryDirectory(prefix="dcp-fsdp-faults-") as tmp, \
             EmbeddedS3(bucket="bench") as server:
-        scenarios = [] if args.no_direct else [("direct", None)]
+        # (name, the fault proxy's settings; None: no proxy)
+        scenarios: list[tuple[str, dict | None]] = [] if args.no_direct else [("direct", None)]
         scenarios += [("clean", {}), ("faults", {"error_503_rate": args.error_rate,
                                                   "reset_rate": args.reset_rate})]
         for name, faults in scenarios:

@@ -82,6 +82,7 @@ def main() -> int:
         server.start()
         try:
             s3 = server.endpoint
+            assert s3 is not None  # started
             env = {**os.environ, "AWS_ACCESS_KEY_ID": s3.access_key_id,
                    "AWS_SECRET_ACCESS_KEY": s3.secret_access_key}
             where = [f"storage.uri=s3://{s3.bucket}/smoke", f"storage.endpoint={s3.endpoint_url}",

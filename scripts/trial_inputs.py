@@ -37,6 +37,7 @@ SCRUB = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_ACCESS_K
 
 class _Answer(http.server.BaseHTTPRequestHandler):
     status = 404
+    server: http.server.ThreadingHTTPServer  # what http_server() serves it with
 
     def _answer(self):
         self.send_response(self.status)
@@ -266,14 +267,14 @@ def cases(ctx):  # noqa: C901 - one long list of cases, on purpose
         "no such directory", created=tmp / "typo2")
     bad("list storage.path a file", ["list", "storage=fs", f"storage.path={ctx['a_file']}"],
         "is a file")
-    bad("list a missing bucket", ["list", f"storage.uri=s3://no-such-bucket/x",
+    bad("list a missing bucket", ["list", "storage.uri=s3://no-such-bucket/x",
                                   f"storage.endpoint={s3.endpoint_url}"], "does not exist",
         env=keys)
     bad("list with AWS_ENDPOINT_URL only", ["list"], ["storage.uri is not set",
                                                       "AWS_ENDPOINT_URL"],
         env={**keys, "AWS_ENDPOINT_URL": s3.endpoint_url})
     # -- S3 answers ---------------------------------------------------------------------
-    bad("missing bucket", ["save", f"storage.uri=s3://no-such-bucket/x",
+    bad("missing bucket", ["save", "storage.uri=s3://no-such-bucket/x",
                            f"storage.endpoint={s3.endpoint_url}", "nproc=2"],
         "does not exist", env=keys)
     bad("wrong secret key", ["save", *at], "refused the credentials",

@@ -36,7 +36,7 @@ def replica_share(nbytes: int, replicas: int, replica: int) -> int:
     return nbytes * (replica + 1) // replicas - nbytes * replica // replicas
 
 
-def read_once_load(state_dict: dict[str, Any], storage_reader: StorageReader, mesh: DeviceMesh,
+def read_once_load(state_dict: dict[str, Any], storage_reader: StorageReader | None, mesh: DeviceMesh,
                    replica: int, device: torch.device | None = None,
                    host_group: dist.ProcessGroup | None = None) -> float:
     """Replica 0 loads from storage, then the replicate dimension broadcasts what it read

@@ -53,6 +53,7 @@ def main() -> int:
         os.replace(tmp, args.env_file)
         print(f"s3server: SeaweedFS S3 at {endpoint.endpoint_url}, bucket {endpoint.bucket}, "
               f"data in {server.workdir}", flush=True)
+        assert server.process is not None
         server.process.wait()  # a signal interrupts this (the handler raises)
         if not stopping:
             print(f"s3server: SeaweedFS exited:\n{server.tail_log()}", file=sys.stderr, flush=True)

@@ -198,7 +198,8 @@ def _cycles_for(seconds: float) -> int:
 
 
 @pytest.mark.parametrize("op", ["save", "load"])
-def test_the_timed_clock_waits_for_work_queued_on_the_device(one_nccl_rank, tmp_path, op):
+def test_the_timed_clock_waits_for_work_queued_on_the_device(one_nccl_rank, tmp_path, op,
+                                                             monkeypatch):
     """The operation leaves ~1 s of kernel work queued on the GPU when it returns (as an
     asynchronous copy would); the sample's duration must include it."""
     import torch
@@ -232,12 +233,9 @@ def test_the_timed_clock_waits_for_work_queued_on_the_device(one_nccl_rank, tmp_
         return result
 
     original = loop_module.dcp
-    loop_module.dcp = type("Dcp", (), {"save": staticmethod(original.save),
-                                       "load": staticmethod(original.load),
-                                       op: staticmethod(then_queue_work)})
-    try:
-        sample = loop._timed(op, 1, "x" if op == "load" else "y")
-    finally:
-        loop_module.dcp = original
+    monkeypatch.setattr(loop_module, "dcp", type("Dcp", (), {
+        "save": staticmethod(original.save), "load": staticmethod(original.load),
+        op: staticmethod(then_queue_work)}))
+    sample = loop._timed(op, 1, "x" if op == "load" else "y")
     assert not callable(sample)
     assert sample.duration_s >= 0.9 * queued_s, sample

@@ -96,12 +96,12 @@ def test_markdown_and_csv_keep_every_column(sweep):
         for name in keys + [c.header for c in table_columns]:
             assert name in cells, (title, name)
     text = report_stdout([str(sweep), "--format", "csv"])
-    header = next(csv.reader(io.StringIO(text)))
+    csv_header = next(csv.reader(io.StringIO(text)))
     expected = set(keys) | {name for table_columns in (columns.THROUGHPUT, columns.PHASES)
                             for column in table_columns
                             for name in ((column.names,) if isinstance(column.names, str)
                                          else column.names)}
-    assert expected <= set(header)
+    assert expected <= set(csv_header)
 
 
 def test_the_throughput_rows_of_the_sweep(sweep):

@@ -12,7 +12,9 @@ from tests.unit.test_layout import _claim_after
 
 @pytest.fixture
 def store(tmp_path) -> FsStore:
-    return make_store(StorageConfig(kind=StorageKind.fs, path=str(tmp_path / "ckpt")))
+    made = make_store(StorageConfig(kind=StorageKind.fs, path=str(tmp_path / "ckpt")))
+    assert isinstance(made, FsStore)
+    return made
 
 
 def test_fs_claims_are_exclusive_across_processes(store):

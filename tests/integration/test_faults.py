@@ -96,10 +96,11 @@ def test_requests_pass_through_signed_and_byte_exact(s3):
     # the timeline (an outside clock for the tool's timer): every exchange, in order, each
     # inside the client's own call
     timeline = proxy.timeline
+    assert timeline is not None
     assert len(timeline) == sum(counts["requests"].values())
     put = timeline[0]
     assert (put.request_type, put.method) == ("PutObject", "PUT") and put.target.endswith("/fp/pass/one")
-    assert before_s <= put.head_s <= put.end_s <= after_s
+    assert put.end_s is not None and before_s <= put.head_s <= put.end_s <= after_s
     assert all(e.end_s is not None and e.head_s <= e.end_s for e in timeline)
     assert counts["requests"]["UploadPart"] == 3
     assert counts["requests"]["CreateMultipartUpload"] == 1
@@ -285,8 +286,9 @@ def test_region_that_does_not_match_the_bucket_fails_in_seconds(s3, s3_uri, tmp_
     ("reset", 1, "connection to S3 failed"),
 ])
 def test_exhausted_retries_fail_with_one_clear_line(s3, s3_uri, tmp_path, fault, attempts, cause):
-    rates = {"error_503_rate": 1.0} if fault == "503" else {"reset_rate": 1.0}
-    with FaultProxy(s3.endpoint_url, targets=["UploadPart"], **rates) as proxy:
+    error_503_rate, reset_rate = (1.0, 0.0) if fault == "503" else (0.0, 1.0)
+    with FaultProxy(s3.endpoint_url, targets=["UploadPart"], error_503_rate=error_503_rate,
+                    reset_rate=reset_rate) as proxy:
         result = run_cli(["save-and-load", f"storage.uri={s3_uri}",
                           f"storage.endpoint={proxy.url}", "nproc=2",
                           f"storage.max_attempts={attempts}", f"results_dir={tmp_path}"],

@@ -6,6 +6,7 @@ SeaweedFS and a real directory."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import boto3
 import pytest
@@ -35,7 +36,8 @@ def _one_line_refusal(result, *fragments: str) -> None:
         assert fragment in result.stderr, result.stderr
 
 
-def _places(kind: str, tmp_path, request) -> tuple[list[str], dict[str, str], object]:
+def _places(kind: str, tmp_path, request) -> tuple[list[str], dict[str, str],
+                                                  Callable[[str, bytes], None]]:
     """(the storage settings, the env, a writer of `name` -> bytes under the root)."""
     if kind == "fs":
         root = tmp_path / "ckpt"

@@ -21,6 +21,7 @@ def assert_before_ranks(result, results_dir):
 
 class _Answer(http.server.BaseHTTPRequestHandler):
     status = 404
+    server: http.server.ThreadingHTTPServer  # what http_server() serves it with
 
     def _answer(self):
         self.send_response(self.status)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 
-import pytest
 
 from tests.kit.cli import read_run, run_cli, s3_args, s3_env
 
@@ -28,7 +27,7 @@ def check_samples(run, samples, ops):
             assert abs((s["end_mono_s"] - s["begin_mono_s"]) - s["duration_s"]) < 1e-6
             assert s["plan_s"] >= 0 and s["io_s"] >= 0 and s["commit_s"] >= 0
     # Every figure is recomputable: the rank bytes add up to the whole checkpoint.
-    per_iteration = {}
+    per_iteration: dict[tuple[str, int], int] = {}
     for s in samples:
         per_iteration.setdefault((s["op"], s["iteration"]), 0)
         per_iteration[(s["op"], s["iteration"])] += s["bytes"]
@@ -56,7 +55,7 @@ def test_torchrun_save_then_load_by_suffix_in_another_invocation(s3, s3_uri, tmp
     assert all("init_s" in row for row in run["init"]) and len(run["init"]) == 2
     assert run["hostnames"] and run["nproc_per_node"] == 2
     # Checkpoint bytes are the model's bytes; what was written adds a little DCP framing.
-    for (op, _), total in totals.items():
+    for total in totals.values():
         assert total == run["model"]["state_bytes"]
     for iteration in (1, 2):
         written = sum(s["written_bytes"] for s in samples if s["iteration"] == iteration)

@@ -114,7 +114,7 @@ def test_a_save_killed_part_way_is_never_loadable(s3, s3_uri, tmp_path, held_obj
         assert any(k.endswith("/.metadata.tmp") for k in keys), keys
     listing = run_cli(["list", *s3_args(s3, s3_uri)], env=s3_env(s3))
     assert listing.returncode == 0, listing.stderr
-    line = next(l for l in listing.stdout.splitlines() if killed_suffix in l)
+    line = next(text for text in listing.stdout.splitlines() if killed_suffix in text)
     assert "INCOMPLETE" in line
     load = run_cli(["load", *s3_args(s3, s3_uri), f"suffix={killed_suffix}", "nproc=2",
                     f"results_dir={tmp_path / 'load'}"], env=s3_env(s3))
@@ -150,6 +150,7 @@ def test_ctrl_c_during_save_stops_ranks_and_embedded_server(tmp_path):
                f"results_dir={tmp_path}"]
     process = subprocess.Popen(command, env=clean_env(), cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert process.stdout is not None
     try:
         for line in process.stdout:
             if "saved suffix=" in line:
@@ -177,6 +178,7 @@ def test_embedded_server_has_fresh_keys_and_listens_on_loopback_only():
     first, second = EmbeddedS3(), EmbeddedS3()
     with first as a:
         listening = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True).stdout
+        assert first.process is not None
         pid = first.process.pid
         sockets = [line.split()[3] for line in listening.splitlines() if f"pid={pid}," in line]
         assert sockets and all(s.startswith("127.0.0.1:") for s in sockets), sockets

@@ -34,6 +34,7 @@ def _settled_counts(s3_server) -> collections.Counter:
 def _client_view(run: dict, samples: list[dict]) -> tuple[collections.Counter, dict]:
     """What our record says was sent: connector requests (timed and untimed), boto3 calls."""
     timed = merge_summaries(s["requests"] for s in samples)
+    assert timed is not None  # the samples carry request statistics
     untimed = run["untimed_requests"]
     view = server_view(timed["by_type"]) + server_view(untimed["by_type"],
                                                        untimed.get("control_plane"))
@@ -161,7 +162,7 @@ def test_an_embedded_server_run_checks_its_request_counts_against_the_servers(tm
     assert check["match"], check
     assert check["record"] == check["server"] and check["server"]["PUT 200"] >= 4
     timed = merge_summaries(s["requests"] for s in samples)
-    assert timed["unparsed"] == 0 and run["untimed_requests"]["late"] == 0
+    assert timed is not None and timed["unparsed"] == 0 and run["untimed_requests"]["late"] == 0
     assert {s["requests"]["parser"] for s in samples} == {PARSER_FORMAT}
 
 
@@ -178,10 +179,16 @@ def test_throttles_and_retries_match_what_a_fault_proxy_injected(s3, s3_uri, tmp
     run, samples = read_run(tmp_path)
     timed = merge_summaries(s["requests"] for s in samples)
     assert sum(injected.values()) > 0
+    assert timed is not None
     assert timed["throttled"] == sum(injected.values())
+    assert timed is not None
     assert timed["by_type"]["UploadPart"]["throttled"] == injected.get("UploadPart", 0)
+    assert timed is not None
     assert timed["by_type"]["GetObject"]["throttled"] == injected.get("GetObjectRanged", 0)
+    assert timed is not None
     assert timed["retries"] == timed["throttled"] == timed["failed"]  # every one retried
+    assert timed is not None
     assert timed["status"]["503"] == timed["throttled"]
+    assert timed is not None
     assert timed["success_ratio"] == pytest.approx(1 - timed["failed"] / timed["count"])
     assert run["untimed_requests"]["failed"] == 0

@@ -50,7 +50,9 @@ def _start_save_load_by_suffix_stop(tmp_path, runtime):
         variables = _exports(start.stdout)
         assert set(variables) >= {"AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
                                   "AWS_SECRET_ACCESS_KEY", "AWS_REGION"}
-        uri = re.search(r"storage\.uri=(s3://\S+)", start.stdout).group(1)
+        found = re.search(r"storage\.uri=(s3://\S+)", start.stdout)
+        assert found is not None, start.stdout
+        uri = found.group(1)
         state = json.loads((runtime / "dcp-fsdp-s3" / "state.json").read_text())
         assert oct((runtime / "dcp-fsdp-s3" / "state.json").stat().st_mode)[-3:] == "600"
         # `env` prints the same exports; `start` again finds it running
@@ -181,11 +183,13 @@ def test_stop_refuses_while_a_run_uses_the_server(tmp_path):
         start = run_cli(["s3-server", "start"], env=env, timeout_s=240)
         assert start.returncode == 0, start.stderr
         variables = _exports(start.stdout)
-        uri = re.search(r"storage\.uri=(s3://\S+)", start.stdout).group(1)
+        found = re.search(r"storage\.uri=(s3://\S+)", start.stdout)
+        assert found is not None, start.stdout
+        uri = found.group(1)
         run = _cli(["save", f"storage.uri={uri}", "model=tiny_llama", "nproc=1",
                     "iterations=3", "delay_s=5", f"results_dir={tmp_path / 'run'}"],
                    {**env, **variables}, merged=True)
-        seen = []
+        seen: list[str] = []
         while not any("saved suffix=" in line for line in seen):  # it is writing there
             seen.append(run.stdout.readline())
             assert seen[-1] or run.poll() is None, seen

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,7 +129,7 @@ def read_env_file(path: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Cluster:
+def cluster(tmp_path_factory) -> Iterator[Cluster]:
     if os.geteuid() != 0:
         pytest.fail("the Slurm test needs root (network namespaces, munge, slurmd): run it as "
                     "root, or set DCP_FSDP_SKIP_SLURM=1 to skip it on purpose")
@@ -172,11 +173,11 @@ def cluster(tmp_path_factory) -> Cluster:
 
 def runs_by_job(results: Path) -> dict[str, dict]:
     """{slurm job id: (run line, samples)} from the records in results/."""
-    found = {}
+    found: dict[str, dict] = {}
     for path in results.glob("*.jsonl"):
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         run = lines[0]
-        job_id = (run.get("slurm") or {}).get("job_id")
+        job_id = (run.get("slurm") or {}).get("job_id") or ""  # "": not run under Slurm
         found[job_id] = {"run": run, "samples": [s for s in lines[1:] if s["record"] == "sample"]}
     return found
 

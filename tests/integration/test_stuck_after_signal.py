@@ -35,6 +35,7 @@ except BaseException:
 def run_and_stop(watch: str, wait_s: float) -> tuple[int | None, float, str]:
     process = subprocess.Popen([sys.executable, "-c", STUCK, "1.0", watch], cwd=REPO,
                                env=clean_env(), stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
     assert process.stdout.readline().strip() == "ready"
     time.sleep(0.3)  # inside its sleep by then, so the signal lands in the try
     process.send_signal(signal.SIGTERM)
@@ -45,6 +46,7 @@ def run_and_stop(watch: str, wait_s: float) -> tuple[int | None, float, str]:
         process.kill()
         process.wait()
         return None, time.monotonic() - sent, ""
+    assert process.stdout is not None
     return code, time.monotonic() - sent, process.stdout.read()
 
 

@@ -125,7 +125,7 @@ def _start_held_save(proxy: FaultProxy, uri: str, results_dir, suffix: str,
         if process.poll() is not None or time.monotonic() >= deadline:
             stop(process)
             raise AssertionError(f"the save never reached the held request:\n"
-                                 f"{process.stdout.read()}")
+                                 f"{process.stdout.read() if process.stdout else ''}")
         time.sleep(0.2)
     return process
 

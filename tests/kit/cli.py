@@ -34,13 +34,20 @@ def cli_command(args: list[str], torchrun_nproc: int | None = None) -> list[str]
     return [sys.executable, "-m", "dcp_fsdp", *args]
 
 
+class CliResult(subprocess.CompletedProcess[str]):
+    """A finished command and its wall time (the tests bound how long a refusal takes)."""
+
+    elapsed_s: float = 0.0
+
+
 def run_cli(args: list[str], env: dict[str, str] | None = None, timeout_s: float = 300,
-            torchrun_nproc: int | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+            torchrun_nproc: int | None = None, cwd: Path = REPO) -> CliResult:
     """`dcp-fsdp ARGS` (or under `torchrun --nproc-per-node N -m dcp_fsdp ARGS`)."""
     started = time.monotonic()
-    result = subprocess.run(cli_command(args, torchrun_nproc), env=clean_env(env), cwd=cwd,
-                            capture_output=True, text=True, timeout=timeout_s,
-                            stdin=subprocess.DEVNULL)
+    done = subprocess.run(cli_command(args, torchrun_nproc), env=clean_env(env), cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout_s,
+                          stdin=subprocess.DEVNULL)
+    result = CliResult(done.args, done.returncode, done.stdout, done.stderr)
     result.elapsed_s = time.monotonic() - started
     return result
 
@@ -65,6 +72,7 @@ def read_until(process: subprocess.Popen, needle: str, timeout_s: float = 240) -
     seen: list[str] = []
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        assert process.stdout is not None
         line = process.stdout.readline()
         if not line:
             break

@@ -139,7 +139,7 @@ class _Message:
 
 def _read_head(reader) -> _Message | None:
     """One request or response head; None on a clean EOF before any byte."""
-    lines = []
+    lines: list[bytes] = []
     size = 0
     while True:
         line = reader.readline(_MAX_HEAD + 1)
@@ -506,6 +506,7 @@ class FaultProxy:
     def _accept_loop(self) -> None:
         while not self._stopping.is_set():
             try:
+                assert self._listener is not None
                 client, _ = self._listener.accept()
             except socket.timeout:
                 continue

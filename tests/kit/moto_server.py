@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import urllib.request
+from typing import Any
 
 from dcp_fsdp.launch.embedded_s3 import LOOPBACK, S3Endpoint, free_ports
 
@@ -27,7 +28,7 @@ class MotoS3:
     def __init__(self, bucket: str = "bench", region: str = "us-east-1") -> None:
         self.bucket = bucket
         self.region = region
-        self._server = None
+        self._server: Any = None  # moto's ThreadedMotoServer, once started
         self._url = ""
         self.endpoint: S3Endpoint | None = None
 
@@ -39,8 +40,8 @@ class MotoS3:
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
         port = free_ports(1)[0]
         url = self._url = f"http://{LOOPBACK}:{port}"
-        self._server = ThreadedMotoServer(ip_address=LOOPBACK, port=port, verbose=False)
-        self._server.start()
+        server = self._server = ThreadedMotoServer(ip_address=LOOPBACK, port=port, verbose=False)
+        server.start()
         # Before auth is on, any keys may create the user that all later requests must sign as.
         iam = boto3.client("iam", endpoint_url=url, region_name=self.region,
                            aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")

@@ -46,12 +46,14 @@ def main() -> int:
         return real_get(self, client, name)
 
     dcp.load = observed_load
-    FsRawArea.get = observed_get
+    # instrumented in this process only (the rank this script is): the class's own method
+    FsRawArea.get = observed_get  # type: ignore[method-assign]
     session = RankSession(compose("save-and-load", overrides), time.monotonic())
     session.join()
     session.open_store()
     sharded, state_dict = session.build()
     session.run_loop(sharded, state_dict)
+    assert session.loop is not None  # run_loop made it
     samples = [dataclasses.asdict(s) for s in session.loop.samples]
     with open(out, "w") as sink:
         json.dump({**seen, "samples": samples}, sink)

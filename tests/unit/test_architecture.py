@@ -15,7 +15,6 @@ from tests.kit.cli import REPO
 
 PACKAGE = REPO / "dcp_fsdp"
 MAX_MODULE_LINES = 400
-MAX_FUNCTION_LINES = 60
 MAX_RANK_MODULES = 12  # one rank's jobs; process life and death, tune's search live elsewhere
 
 
@@ -37,22 +36,12 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
+# A function's size is held by ruff's complexity gates (C901, PLR0912, PLR0915: `make lint`,
+# limits in pyproject.toml), which replaced a line cap here; ruff has no module-size rule.
 def test_no_module_is_oversized():
     sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines())
              for p in PACKAGE.rglob("*.py")}
     assert {k: v for k, v in sizes.items() if v > MAX_MODULE_LINES} == {}
-
-
-def test_no_function_is_oversized():
-    """A function does one thing: at most MAX_FUNCTION_LINES lines, docstring included."""
-    long = {}
-    for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines = node.end_lineno - node.lineno + 1
-                if lines > MAX_FUNCTION_LINES:
-                    long[f"{path.relative_to(REPO)}:{node.name}"] = lines
-    assert long == {}
 
 
 def test_rank_holds_only_what_one_rank_runs():

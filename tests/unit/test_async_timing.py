@@ -6,6 +6,7 @@ No process group, no storage: rank/async_save.py's arithmetic alone."""
 from __future__ import annotations
 
 from concurrent.futures import Future
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -96,9 +97,9 @@ def clock():
         yield clock
 
 
-def saver(fake: FakeDcp, steps: FakeSteps | None = None, cadence: int = 0):
+def saver(fake: FakeDcp, steps: FakeSteps | TrainStep | None = None, cadence: int = 0):
     with mock.patch.object(async_save, "stager_reusable", return_value=True):
-        made = async_save.AsyncSaver(AsyncSaveConfig(), torch.device("cpu"), 0.0, rank=0)
+        made: Any = async_save.AsyncSaver(AsyncSaveConfig(), torch.device("cpu"), 0.0, rank=0)
     made.group, made.stager = object(), None  # "prepared": no process group needed
     made.train_step, made.cadence = steps, cadence
     return made

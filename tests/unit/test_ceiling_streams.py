@@ -68,6 +68,7 @@ def test_the_raw_put_uses_thread_count_streams_and_the_get_one(one_rank_group, t
     raw.mover.put, raw.mover.get = put, get  # type: ignore[method-assign]
     samples = raw.run()
     assert [s.op for s in samples] == ["raw_put", "raw_get"]
-    assert samples[0].bytes == samples[1].bytes == samples[1].fetched_bytes > 0
+    fetched = samples[1].fetched_bytes
+    assert fetched is not None and samples[0].bytes == samples[1].bytes == fetched > 0
     assert put.most == THREADS  # the planned save: thread_count objects, one stream each
     assert get.most == 1

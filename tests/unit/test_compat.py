@@ -23,7 +23,7 @@ def _private(name: str) -> bool:
 
 
 def _foreign(module: str | None) -> bool:
-    return bool(module) and module.split(".")[0] in FOREIGN
+    return module is not None and module.split(".")[0] in FOREIGN
 
 
 def _chain(node: ast.AST) -> tuple[ast.AST, list[str]]:

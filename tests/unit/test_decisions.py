@@ -127,7 +127,7 @@ def test_report_prints_interval_share_and_dollars_with_inputs(tmp_path, capsys):
     assert f"{decisions.time_lost(1800, c, m, r).total:.2%}" in out
     # dollars: the save's own requests by type, priced
     prices = costs.load_prices()
-    counts: dict[str, int] = {}
+    counts: dict[str, float] = {}
     for s in saves:
         for kind, entry in s["requests"]["by_type"].items():
             counts[kind] = counts.get(kind, 0) + entry["count"]

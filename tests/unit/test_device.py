@@ -10,6 +10,7 @@ import re
 import socket
 import types
 from concurrent.futures import Future
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -68,7 +69,7 @@ def test_read_once_broadcast_time_ends_after_the_device_is_synchronized(events, 
 
     monkeypatch.setattr(replicas, "broadcast_from_first_replica", broadcast)
     monkeypatch.setattr(replicas, "time", events.clock_module())
-    mesh = types.SimpleNamespace(get_group=lambda dim: None)
+    mesh: Any = types.SimpleNamespace(get_group=lambda dim: None)
     replicas.read_once_load({}, None, mesh, replica=1, device=FAKE_CUDA)
     assert events.seen == ["sync", "clock", "broadcast", "sync", "clock"]
 
@@ -90,7 +91,7 @@ def test_the_staged_mark_of_an_async_save_is_read_after_the_device_sync(events, 
 
     monkeypatch.setattr(async_save, "dcp", types.SimpleNamespace(async_save=fake_async_save))
     monkeypatch.setattr(async_save, "time", events.clock_module())
-    saver = async_save.AsyncSaver(AsyncSaveConfig(), FAKE_CUDA, 0.0, rank=0)
+    saver: Any = async_save.AsyncSaver(AsyncSaveConfig(), FAKE_CUDA, 0.0, rank=0)
     saver.group, saver.stager = object(), None
     events.seen.clear()
     timing = saver.save({}, writer=None, begin_mono=0.0, baseline_s=[])
@@ -136,9 +137,9 @@ def test_read_once_sends_the_optimizers_cpu_step_over_gloo_not_nccl(monkeypatch)
     (state,) = optimizer.state.values()
     assert state["step"].device.type == "cpu" and state["exp_avg"].device.type == "meta"
     state_dict = {"model": {"weight": model.weight}, "optim": {"state": {"weight": state}}}
-    fake = NcclLike()
+    fake: Any = NcclLike()
     monkeypatch.setattr(replicas, "dist", fake)
-    mesh = types.SimpleNamespace(get_group=lambda dim: fake.nccl)
+    mesh: Any = types.SimpleNamespace(get_group=lambda dim: fake.nccl)
     replicas.read_once_load(state_dict, None, mesh, replica=1, host_group=fake.gloo)
     assert ("gloo", "cpu") in fake.sent and ("nccl", "meta") in fake.sent
     assert ("nccl", "cpu") not in fake.sent

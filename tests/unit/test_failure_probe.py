@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from types import SimpleNamespace
+from typing import Any
 
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -30,20 +31,22 @@ class CountedStore:
         raise UserError(FULL)
 
 
-def _rank(store, rank: int) -> SimpleNamespace:
+def _rank(store, rank: int) -> Any:  # a RankSession as _outcome reads one
     """What _outcome reads of a joined rank's session."""
     return SimpleNamespace(store=store, ctx=object(), rank=rank, is_coordinator=rank == 0)
 
 
 def test_an_error_every_rank_raises_is_probed_once_by_the_coordinator():
     store = CountedStore()
-    error = CheckpointException("save", {3: RuntimeError("unexpected pos 2048 vs 1024")})
+    raised: dict[int, Any] = {3: RuntimeError("unexpected pos 2048 vs 1024")}  # as DCP gives it
+    error = CheckpointException("save", raised)
     world_size = 1024
     endings = [_outcome(error, InterruptGuard(), _rank(store, rank)) for rank in range(world_size)]
     assert store.probes == 1
-    assert endings[0].error_line.startswith(FULL)  # the line rank 0 prints and records
-    assert "unexpected pos" in endings[0].error_line
-    assert all(not ending.error_line.startswith(FULL) for ending in endings[1:])
+    lines = [ending.error_line or "" for ending in endings]
+    assert lines[0].startswith(FULL)  # the line rank 0 prints and records
+    assert "unexpected pos" in lines[0]
+    assert all(not line.startswith(FULL) for line in lines[1:])
     assert {ending.status for ending in endings} == {"failed"}
 
 
@@ -51,6 +54,7 @@ def test_a_ranks_own_error_is_probed_by_that_rank():
     store = CountedStore()
     ending = _outcome(RuntimeError("unexpected pos"), InterruptGuard(), _rank(store, 5))
     assert store.probes == 1
+    assert ending.error_line is not None
     assert ending.error_line.startswith(FULL)
 
 
@@ -70,5 +74,6 @@ def test_a_probe_that_hangs_is_given_up_within_its_deadline(monkeypatch):
     finally:
         answered.set()
     assert time.monotonic() - started < 5
+    assert ending.error_line is not None
     assert ending.error_line.startswith("the storage did not answer a probe within 0.2 s")
     assert ending.error_line.endswith("(RuntimeError: unexpected pos)")

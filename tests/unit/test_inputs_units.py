@@ -3,6 +3,7 @@ and the batch scripts' load command."""
 
 from __future__ import annotations
 
+from typing import Any
 
 from dcp_fsdp.analysis import columns, report
 from dcp_fsdp.storage import metadata_peek
@@ -40,7 +41,7 @@ def test_a_pickle_with_other_globals_is_not_executed(tmp_path):
 def test_many_groups_keep_the_throughput_figures_at_100_columns(tmp_path):
     """Once the group keys fill the width, they move to a legend; the figures stay."""
     root = tmp_path / "results"
-    many = {"storage.part_size_mib": 8, "storage.thread_count": 1,
+    many: dict[str, Any] = {"storage.part_size_mib": 8, "storage.thread_count": 1,
             "storage.throughput_target_gbps": 10.0, "storage.max_attempts": 10,
             "storage.prefix_strategy": "default", "storage.reader": "dcp_optimized",
             "storage.connect_timeout_s": 3.0, "seed": 0}

@@ -29,6 +29,7 @@ def test_a_killed_rank_is_the_root_cause_not_the_rank_it_stopped():
         "1": failure(-9, "Signal 9 (SIGKILL) received by PID 7", 101, "SIGKILL")}}
     outcome = _outcome(1, summary, None)
     assert (outcome.exit_code, outcome.status) == (contract.EXIT_FAILED, "failed")
+    assert outcome.error is not None
     assert outcome.error.startswith("rank 1 was killed by SIGKILL (out of memory is the likely cause")
     assert outcome.cause is contract.EndCause.KILLED
 

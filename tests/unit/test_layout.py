@@ -18,7 +18,9 @@ from dcp_fsdp.storage.s3 import S3Store
 
 @pytest.fixture
 def store(tmp_path) -> FsStore:
-    return make_store(StorageConfig(kind=StorageKind.fs, path=str(tmp_path / "ckpt")))
+    made = make_store(StorageConfig(kind=StorageKind.fs, path=str(tmp_path / "ckpt")))
+    assert isinstance(made, FsStore)
+    return made
 
 
 def test_both_stores_implement_the_contract(tmp_path):
@@ -33,6 +35,7 @@ def test_both_stores_implement_the_contract(tmp_path):
 def test_s3_store_leaves_the_environment_alone(monkeypatch):
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     store = make_store(StorageConfig(uri="s3://b-1/p", endpoint="http://127.0.0.1:9"))
+    assert isinstance(store, S3Store)
     import os
 
     assert "AWS_ENDPOINT_URL" not in os.environ  # the rank applies it, not the constructor

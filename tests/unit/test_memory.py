@@ -57,12 +57,12 @@ def test_peak_memory_brackets_an_operation():
     rss, cuda = peak.end()
     del tensor
     assert cuda is None  # no CUDA device: no CUDA figure
-    assert rss >= memory.read_status()["VmRSS"]
+    assert rss is not None and rss >= memory.read_status()["VmRSS"]
     assert rss >= 64 * 2**20
 
 
 def test_lifetime_peak_is_the_fallback_and_warns_once(monkeypatch):
-    warnings = []
+    warnings: list[str] = []
     monkeypatch.setattr(memory, "reset_peak_rss", lambda path=None: False)
     peak = memory.PeakMemory(torch.device("cpu"), warnings.append)
     for _ in range(2):

@@ -165,6 +165,7 @@ def test_the_first_order_limit_is_flagged_between_holding_and_meaningless():
     # M where (tau + C + R) / M is about 0.3 at Daly's tau: above the limit, below 100 %
     mtbf_s = 4 * (c + r)
     p = decisions.plan(group, node_mtbf_hours=mtbf_s / 3600, nodes=1, interval_minutes=None)
+    assert p.at_daly is not None
     assert p.first_order_x > decisions.FIRST_ORDER_LIMIT and p.at_daly.total < 1
     assert p.validity == decisions.ROUGH
     (line,) = decision_text.warnings(p)

@@ -266,7 +266,7 @@ def test_a_deeply_nested_line_is_skipped_and_the_run_reported(tmp_path, capsys, 
 
 
 def test_a_deeply_nested_value_in_a_sample_line_skips_that_line(tmp_path, capsys):
-    deep = [[]]
+    deep: list = [[]]
     for _ in range(900):
         deep = [deep]
     path = write_record(tmp_path / "r.jsonl", lambda rows: rows[1].update(requests=deep))

@@ -150,19 +150,24 @@ def test_request_log_splits_timed_windows_from_the_rest(tmp_path):
     log = RequestLog(directory)
     begin, end = 1795389267.12, 1795389267.31  # holds the HEAD 404 .. the first data file
     save = log.window(begin, end, bytes_up=1000)
+    assert save is not None
     assert save["count"] == 5 and save["misses"] == 1 and save["bytes_up"] == 1000
+    assert save is not None
     assert save["seconds"] == pytest.approx(0.19)
     # the next hour's file, and a half-written last line that must wait for its newline
     second = directory / "s3torchconnectorclient.log.2026-11-23-00"
     second.write_text("\n".join(REAL_SAVE_LOAD[10:]) + "\n" + REAL_SAVE_LOAD[0][:30])
     load = log.window(1795389267.4, 1795389267.5)
+    assert load is not None
     assert load["count"] == 2 and load["bytes_down"] == 12003154
     untimed = log.finish()  # copy, delete (before the load window) and nothing after
     assert untimed["count"] == 3
     assert set(untimed["by_type"]) == {"HeadObject", "CopyObject", "DeleteObject"}
     kept = log.copy_raw(tmp_path / "kept" / "rank-00000.log")
+    assert kept is not None
     assert kept.read_text().count("S3 request") == len(REAL_SAVE_LOAD) - 5
     merged = merge_summaries([untimed, untimed, None])
+    assert merged is not None
     assert merged["count"] == 6 and merged["by_type"]["CopyObject"]["count"] == 2
 
 
@@ -210,7 +215,8 @@ def test_a_window_that_moved_bytes_without_parsed_requests_is_unknown_not_zero(t
     assert len(warnings) == 1  # one warning per process, naming the connector's version
     assert f"s3torchconnector {metadata.version('s3torchconnector')}" in warnings[0]
     # nothing moved (an empty window): a summary of no requests is the truth
-    assert log.window(1795389268.0, 1795389268.1, moved_bytes=0)["count"] == 0
+    empty = log.window(1795389268.0, 1795389268.1, moved_bytes=0)
+    assert empty is not None and empty["count"] == 0
 
 
 def test_a_window_summarised_late_leaves_later_requests_to_the_next(tmp_path):
@@ -222,7 +228,9 @@ def test_a_window_summarised_late_leaves_later_requests_to_the_next(tmp_path):
         "\n".join(REAL_SAVE_LOAD) + "\n")
     log = RequestLog(directory)
     save = log.window(1795389267.12, 1795389267.31, bytes_up=1000)  # all lines already read
+    assert save is not None
     assert save["count"] == 5
     load = log.window(1795389267.4, 1795389267.5)
+    assert load is not None
     assert load["count"] == 2 and load["bytes_down"] == 12003154
     assert log.finish()["count"] == 3

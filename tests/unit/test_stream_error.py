@@ -61,8 +61,8 @@ def test_the_streams_error_is_the_cause_when_dcp_raises_another(tmp_path):
     assert ABORTED in line and "unexpected pos" in line, line
     assert "rank 0: OSError: " + ABORTED in line, line
     assert line.startswith("its multipart upload was aborted by someone else"), line
-    inner = next(iter(failed.value.failures.values()))
-    inner = inner[0] if isinstance(inner, tuple) else inner  # (error, its traceback)
+    failure = next(iter(failed.value.failures.values()))
+    inner = failure[0] if isinstance(failure, tuple) else failure  # (error, its traceback)
     assert isinstance(inner, StorageStreamError), inner
 
 

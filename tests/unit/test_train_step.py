@@ -8,6 +8,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from dcp_fsdp.config.schema import AsyncCheckpointer, AsyncSaveConfig, TrainStepWork
@@ -25,9 +26,13 @@ def test_matmuls_for_a_step():
 def test_a_step_waits_for_staging_before_its_update_and_says_how_long():
     step = train_step.TrainStep(torch.device("cpu"), 0.01)
     step.calibrate()
-    order = []
+    order: list[str] = []
     # a sleep, not a timer started before the step: the wait then lies wholly inside the step
-    times = step.run(3, before_update=lambda: (time.sleep(0.5), order.append("staged")))
+    def staged() -> None:
+        time.sleep(0.5)
+        order.append("staged")
+
+    times = step.run(3, before_update=staged)
     assert order == ["staged"]  # only the first step after a save waits
     assert times.wait_s >= 0.5 and step.stall_wait_s == 0.0  # the last step did not wait
     # the compute times leave the wait out (a 10 ms step, even on a loaded machine)
@@ -39,8 +44,8 @@ def test_a_step_waits_for_staging_before_its_update_and_says_how_long():
 
 
 def test_slowdown_is_relative_to_the_baseline_mean():
-    assert abs(train_step.slowdown([0.3, 0.3], [0.1, 0.2, 0.3]) - 0.5) < 1e-12  # 0.3/0.2 - 1
-    assert abs(train_step.slowdown([0.2], [0.2]) - 0.0) < 1e-12
+    assert train_step.slowdown([0.3, 0.3], [0.1, 0.2, 0.3]) == pytest.approx(0.5)  # 0.3/0.2 - 1
+    assert train_step.slowdown([0.2], [0.2]) == pytest.approx(0.0)
     assert train_step.slowdown([], [0.1]) is None
     assert train_step.slowdown([0.1], []) is None
 
@@ -190,8 +195,6 @@ def test_the_memory_bound_step_calibrates_and_runs_vector_adds():
 
 
 def test_train_step_work_is_a_setting_and_needs_a_step_length():
-    import pytest
-
     from dcp_fsdp.config.compose import compose
     from dcp_fsdp.errors import UserError
 

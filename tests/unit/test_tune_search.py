@@ -6,7 +6,7 @@ import pytest
 
 from dcp_fsdp.tune.search import Budget, Search, Trial, settings_key
 
-SPACE = {"threads": [1, 2, 4, 8], "part": [8, 16, 32], "reader": ["a", "b"]}
+SPACE: dict[str, list] = {"threads": [1, 2, 4, 8], "part": [8, 16, 32], "reader": ["a", "b"]}
 DEFAULTS = {"threads": 1, "part": 8, "reader": "a"}
 
 
@@ -76,7 +76,8 @@ def test_a_lucky_single_measurement_does_not_win():
     lucky = {**DEFAULTS, "threads": 2}
     runs = FakeRuns(peak, noise=[0.0, 0.8])  # the defaults, then threads=2
     result = search(runs, repeats=3).run()
-    assert result.of(lucky).median == pytest.approx(peak(lucky))
+    ranked = result.of(lucky)
+    assert ranked is not None and ranked.median == pytest.approx(peak(lucky))
     assert result.best.settings != lucky
     assert result.best.median > peak(lucky) and len(result.final_scores(result.best.settings)) == 3
 
@@ -116,7 +117,7 @@ def test_budget_estimate_follows_the_trials_cost():
 def test_trials_cap_counts_every_run():
     runs = FakeRuns(peak)
     result = search(runs, trials=5).run()
-    assert len(result.trials) == 5 and "tune.trials=5" in result.stopped
+    assert len(result.trials) == 5 and "tune.trials=5" in (result.stopped or "")
 
 
 def test_a_failing_setting_is_skipped_and_ranked_last():
@@ -146,7 +147,7 @@ def test_tune_never_recommends_a_setting_that_lost_to_the_defaults():
     """part=16 wins the search (+10 %, one lucky measurement) and has the higher median in
     the finals, but in one final round it lost to the defaults: within the noise, so the
     answer is the defaults."""
-    space = {"part": [8, 16]}
+    space: dict[str, list] = {"part": [8, 16]}
     defaults = {"part": 8}
     # defaults, part=16 (search); then rounds D A: (100, 103) (100, 104) (101, 98)
     scores = iter([100.0, 110.0, 100.0, 103.0, 100.0, 104.0, 101.0, 98.0])
@@ -161,7 +162,7 @@ def test_tune_never_recommends_a_setting_that_lost_to_the_defaults():
 
 
 def test_a_winner_beyond_the_spread_is_recommended():
-    space = {"part": [8, 16]}
+    space: dict[str, list] = {"part": [8, 16]}
     defaults = {"part": 8}
     scores = iter([100.0, 120.0, 100.0, 118.0, 103.0, 121.0, 99.0, 119.0])
     runs = FakeRuns(lambda s: next(scores))
@@ -175,7 +176,7 @@ def test_a_winner_beyond_the_spread_is_recommended():
 def test_a_setting_that_needs_another_value_is_searched_only_under_it():
     """The reader's gap size means nothing to a reader that has none: once the descent
     moves to reader=b, no gap value is tried."""
-    space = {"reader": ["a", "b"], "gap": [32, 0, 128]}
+    space: dict[str, list] = {"reader": ["a", "b"], "gap": [32, 0, 128]}
     defaults = {"reader": "a", "gap": 32}
     runs = FakeRuns(lambda s: 200 if s["reader"] == "b" else 100)
     result = Search(space, defaults, runs, Budget(10_000.0, None, 0.0, clock=runs.clock), 2,
@@ -188,7 +189,7 @@ def test_a_setting_that_needs_another_value_is_searched_only_under_it():
 def test_the_printed_verdict_keeps_the_defaults_and_shows_the_noise(tmp_path, capsys):
     from dcp_fsdp.tune.report import print_result, result_summary
 
-    space = {"storage.reader": ["dcp_optimized", "sequential"],
+    space: dict[str, list] = {"storage.reader": ["dcp_optimized", "sequential"],
              "storage.max_gap_size_mib": [32.0, 0.0]}
     defaults = {"storage.reader": "dcp_optimized", "storage.max_gap_size_mib": 32.0}
     requires = {"storage.max_gap_size_mib": ("storage.reader", "dcp_optimized")}
@@ -208,7 +209,7 @@ def test_the_printed_verdict_keeps_the_defaults_and_shows_the_noise(tmp_path, ca
 def test_an_override_line_leaves_out_a_setting_without_effect(tmp_path, capsys):
     from dcp_fsdp.tune.report import print_result, result_summary
 
-    space = {"storage.reader": ["dcp_optimized", "sequential"],
+    space: dict[str, list] = {"storage.reader": ["dcp_optimized", "sequential"],
              "storage.max_gap_size_mib": [32.0, 0.0]}
     defaults = {"storage.reader": "dcp_optimized", "storage.max_gap_size_mib": 32.0}
     requires = {"storage.max_gap_size_mib": ("storage.reader", "dcp_optimized")}
