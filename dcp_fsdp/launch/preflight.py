@@ -148,15 +148,21 @@ def check_compatible(store, cfg: BenchmarkConfig) -> MetadataFacts:
     parts = metadata_peek.bytes_by_part(tensors) if tensors else {}
     saved_state = manifest.get("state") or (
         ("model_and_optimizer" if "optim" in parts else "model") if parts else None)
-    saved = {"model": manifest.get("model"), "model.dtype": manifest.get("model.dtype")
+    saved = {"model": manifest.get("model"), "model.moe_layout": manifest.get("model.moe_layout"),
+             "model.dtype": manifest.get("model.dtype")
              or _dtype_of(tensors), "state": saved_state}
-    wanted = {"model": cfg.model.name, "model.dtype": cfg.model.dtype.value,
+    wanted = {"model": cfg.model.name, "model.moe_layout": cfg.model.moe_layout.value,
+              "model.dtype": cfg.model.dtype.value,
               "state": cfg.state.value}
     differ = [key for key in wanted if saved[key] is not None and saved[key] != wanted[key]
               and not (key == "state" and saved[key] == "model_and_optimizer")]
     if differ:
-        known = " ".join(f"{key}={value}" for key, value in saved.items() if value)
-        asked = " ".join(f"{key}={wanted[key]}" for key in differ)
+        from dcp_fsdp.models.presets import model_setting
+
+        # model.moe_layout=hf is the default: a fix need not name it
+        known = " ".join(model_setting(key, value) for key, value in saved.items()
+                         if value and (key, value) != ("model.moe_layout", "hf"))
+        asked = " ".join(model_setting(key, wanted[key]) for key in differ)
         raise UserError(f"suffix={suffix}: checkpoint was saved with {known}, not {asked}; "
                         f"load it with {known}")
     if saved_state == "model_and_optimizer" and cfg.state.value == "model":

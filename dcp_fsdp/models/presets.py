@@ -14,7 +14,7 @@ from dcp_fsdp.models.hf_json import read_config_json
 from dcp_fsdp.models.llama_model_config import (GPT_SHAPES, LLAMA_COMMON, LLAMA_SHAPES,
                                                 RELEASED_SHAPES, ModelShape, hf_config)
 
-__all__ = ["LLAMA_COMMON", "PRESETS", "ModelShape", "hf_config", "model_shape"]
+__all__ = ["LLAMA_COMMON", "PRESETS", "ModelShape", "hf_config", "model_setting", "model_shape"]
 
 PRESETS: dict[str, ModelShape] = {**LLAMA_SHAPES, **GPT_SHAPES, **RELEASED_SHAPES}
 
@@ -34,3 +34,11 @@ def model_shape(model: ModelConfig) -> ModelShape:
                         "experts (the layout is for qwen3_moe and mixtral models); leave "
                         "model.moe_layout at hf")
     return shape
+
+
+def model_setting(key: str, value: object) -> str:
+    """`key=value` as a user types it for a manifest's entry: its model `config:PATH` (what
+    ModelConfig.name calls a config.json model) is the setting model.config=PATH."""
+    if key == "model" and isinstance(value, str) and value.startswith("config:"):
+        return f"model.config={value.removeprefix('config:')}"
+    return f"{key}={value}"

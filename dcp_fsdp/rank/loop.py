@@ -383,7 +383,8 @@ class CheckpointLoop:
         """A small description of the checkpoint (after .metadata: not part of the commit)."""
         if not self.ctx.is_coordinator:
             return
-        manifest = {"model": self.cfg.model.name, "model.dtype": self.cfg.model.dtype.value,
+        manifest = {"model": self.cfg.model.name, "model.moe_layout": self.cfg.model.moe_layout.value,
+                    "model.dtype": self.cfg.model.dtype.value,
                     "state": self.cfg.state.value, "world_size": self.ctx.world_size,
                     "replicas": self.replicas,
                     "param_count": self.sharded.param_count,

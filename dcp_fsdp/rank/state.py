@@ -66,11 +66,22 @@ def checkpoint_mismatch(stored: dict[str, Any], state_dict: dict[str, Any]) -> s
 def mismatch_error(suffix: str, cfg: Any, problem: str, manifest: dict[str, Any] | None) -> UserError:
     """The one line for a checkpoint that does not match the settings, with the settings it
     was saved with (its manifest) as the fix."""
+    from dcp_fsdp.models.presets import model_setting
+
     manifest = manifest or {}
-    saved_with = " ".join(f"{k}={manifest[k]}" for k in ("model", "model.dtype", "state") if k in manifest)
+    # model.moe_layout=hf is the default: neither side need name it
+    saved_with = " ".join(model_setting(k, manifest[k]) for k in MANIFEST_SETTINGS
+                          if k in manifest and (k, manifest[k]) != ("model.moe_layout", "hf"))
     fix = f"load it with {saved_with}" if saved_with else "load it with the settings it was saved with"
-    return UserError(f"suffix={suffix}: checkpoint does not match model={cfg.model.name} "
-                     f"model.dtype={cfg.model.dtype.value} state={cfg.state.value} ({problem}); {fix}")
+    layout = cfg.model.moe_layout.value
+    return UserError(f"suffix={suffix}: checkpoint does not match {model_setting('model', cfg.model.name)} "
+                     + (f"model.moe_layout={layout} " if layout != "hf" else "")
+                     + f"model.dtype={cfg.model.dtype.value} state={cfg.state.value} ({problem}); {fix}")
+
+
+# The manifest's entries that are settings a load must repeat (a checkpoint saved before
+# model.moe_layout existed has none: hf).
+MANIFEST_SETTINGS = ("model", "model.moe_layout", "model.dtype", "state")
 
 
 def state_bytes(state_dict: dict[str, Any]) -> int:

@@ -107,3 +107,19 @@ def test_a_preset_beside_a_config_json_is_refused(tmp_path, preset):
                                         r"name the model: give one of them$"):
         compose("save", [preset, f"model.config={HF_CONFIGS / 'qwen3_tied.json'}",
                          f"results_dir={tmp_path}"])
+
+
+def test_a_load_of_another_model_names_the_settings_it_was_saved_with(tmp_path):
+    """The rank's line for a checkpoint whose tensors differ: a config.json model is the
+    setting model.config=PATH, the default layout is not named."""
+    from dcp_fsdp.rank.state import mismatch_error
+
+    path = HF_CONFIGS / "mixtral_4x.json"
+    cfg = compose("load", [f"model.config={path}", "model.moe_layout=grouped", "suffix=s1",
+                           f"results_dir={tmp_path}"])
+    manifest = {"model": f"config:{path}", "model.moe_layout": "hf", "model.dtype": "fp32",
+                "state": "model"}
+    line = str(mismatch_error("s1", cfg, "it has no tensor 'x'", manifest))
+    assert line == (f"suffix=s1: checkpoint does not match model.config={path} "
+                    "model.moe_layout=grouped model.dtype=fp32 state=model (it has no tensor 'x'); "
+                    f"load it with model.config={path} model.dtype=fp32 state=model")
