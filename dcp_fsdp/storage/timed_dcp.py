@@ -35,11 +35,11 @@ class _TimedPlanning:
 
     def prepare_local_plan(self, plan):
         with self.timeline.span("prepare_local_plan"):
-            return super().prepare_local_plan(plan)
+            return super().prepare_local_plan(plan)  # type: ignore[misc]  # a mixin (as finish)
 
     def prepare_global_plan(self, plans):
         with self.timeline.span("prepare_global_plan"):
-            return super().prepare_global_plan(plans)
+            return super().prepare_global_plan(plans)  # type: ignore[misc]  # a mixin (as finish)
 
 
 class TimedWriter(_TimedPlanning):
@@ -49,7 +49,7 @@ class TimedWriter(_TimedPlanning):
     def write_data(self, plan, planner):
         started = self.timeline.io_started()
         try:
-            future = super().write_data(plan, planner)
+            future = super().write_data(plan, planner)  # type: ignore[misc]  # a mixin (as finish)
             future.wait()  # DCP waits right after this call anyway; we time the I/O itself
             self.timeline.io_bytes = sum(
                 getattr(result.storage_data, "length", 0) or 0 for result in future.value())
@@ -79,7 +79,7 @@ class TimedReader(_TimedPlanning):
     plan names)."""
 
     def read_metadata(self, *args, **kwargs):
-        parent = super().read_metadata
+        parent = super().read_metadata  # type: ignore[misc]  # a mixin (as finish)
         if kwargs and "kwargs" not in inspect.signature(parent).parameters:
             kwargs = {}  # DCP passes rank= and process_group= only where the reader takes them
         with self.timeline.span("read_metadata"):
@@ -88,7 +88,7 @@ class TimedReader(_TimedPlanning):
     def read_data(self, plan, planner):
         started = self.timeline.io_started()
         try:
-            future = super().read_data(plan, planner)
+            future = super().read_data(plan, planner)  # type: ignore[misc]  # a mixin (as finish)
             future.wait()
             return future
         finally:
