@@ -261,6 +261,12 @@ def check_loadable(store, suffix: str) -> None:
     checkpoints = store.list_checkpoints()
     complete = [c.suffix for c in checkpoints if c.complete]
     where = store.location("")
+    nested = next((c.nested for c in checkpoints if c.suffix == suffix), ())
+    if nested:  # a prefix above checkpoints, not one that did not finish
+        names = ", ".join(nested[:3]) + (", ..." if len(nested) > 3 else "")
+        raise UserError(f"suffix={suffix}: not a checkpoint but a prefix holding {len(nested)} "
+                        f"checkpoint(s) below it ({names}); load one with the storage location "
+                        f"{store.location(suffix)} and its suffix=NAME")
     state = ("is incomplete (no .metadata: the save did not finish)"
              if store.has_objects(suffix) else "does not exist")
     listing = ", ".join(complete[-10:]) if complete else "none"

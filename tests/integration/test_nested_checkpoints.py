@@ -65,6 +65,11 @@ def test_a_prefix_holding_checkpoints_is_listed_as_one_and_never_deleted(kind, t
         assert says in refused.stderr and "left alone" in refused.stderr, refused.stderr
         assert "Traceback" not in refused.stderr
 
+    load = run_cli(["load", *parent, "suffix=b00", f"results_dir={tmp_path / 'loads'}"], env=env)
+    assert load.returncode == 2 and load.stderr.strip().count("\n") == 0, load.stderr
+    assert "suffix=b00: not a checkpoint but a prefix holding 3 checkpoint(s)" in load.stderr
+    assert "did not finish" not in load.stderr
+
     below = run_cli(["list", *folder], env=env)
     assert below.returncode == 0, below.stderr
     kept = _rows(below.stdout)  # all three still there, whole
