@@ -134,20 +134,18 @@ class RankSession:
         cfg, ctx, store = self.cfg, self.joined(), self.opened_store()
         shape = model_shape(cfg.model)
         t0 = time.monotonic()
-        sharded = build_sharded_model(shape, cfg.model.dtype, cfg.state, ctx.device,
-                                      ctx.world_size, cfg.seed, cfg.model.replicas,
-                                      cfg.model.moe_layout.value)
+        sharded = build_sharded_model(shape, cfg.model.dtype, cfg.state, ctx.device, ctx.world_size,
+                                      cfg.seed, cfg.model.replicas, cfg.model.moe_layout.value)
         self.init.build_s = time.monotonic() - t0
         self.init.fill_s = sharded.fill_s
         t0 = time.monotonic()
         state_dict = make_state_dict(sharded)
         self.init.state_dict_s = time.monotonic() - t0
         run = self.run
-        run.model = {"preset": cfg.model.name, "family": shape.family,
-                     "config": cfg.model.config, "moe_layout": cfg.model.moe_layout.value,
-                     "dtype": cfg.model.dtype.value, "state": cfg.state.value,
-                     "param_count": sharded.param_count, "param_bytes": sharded.param_bytes,
-                     "state_bytes": state_bytes(state_dict)}
+        run.model = {"preset": cfg.model.name, "family": shape.family, "config": cfg.model.config,
+                     "moe_layout": cfg.model.moe_layout.value, "dtype": cfg.model.dtype.value,
+                     "state": cfg.state.value, "param_count": sharded.param_count,
+                     "param_bytes": sharded.param_bytes, "state_bytes": state_bytes(state_dict)}
         run.world_size, run.node_count = ctx.world_size, ctx.node_count
         run.nproc_per_node, run.hostnames = ctx.local_world_size, list(ctx.hostnames)
         run.backend, run.device = ctx.backend, str(ctx.device)
