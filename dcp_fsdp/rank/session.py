@@ -191,6 +191,8 @@ class RankSession:
             self.write_record("failed", message, self.samples(), [self.init])
         if self.request_log is not None:
             self.request_log.remove()  # os._exit skips every cleanup
+        if self.store is not None:
+            self.store.close()
         from dcp_fsdp.process.lifeline import remove_multiprocessing_tempdir
 
         remove_multiprocessing_tempdir()
@@ -256,6 +258,8 @@ class RankSession:
 
         self._untimed = None
         self._untimed_all = None
+        if self.store is not None:
+            self.store.close()  # what the store made in this process (MSC's profile file)
         if self.request_log is not None:
             self._untimed = self.request_log.finish()
             kept = self.request_log.close(self.cfg.results_dir, self.run.run_id or None,
