@@ -20,8 +20,6 @@ import signal
 import socket
 import sys
 import time
-from types import FrameType
-from typing import NoReturn, TextIO
 
 from dcp_fsdp import log
 
@@ -119,11 +117,11 @@ class _Signalled(Exception):
         self.signum = signum
 
 
-def _raise_signalled(signum: int, frame: FrameType | None) -> NoReturn:
+def _raise_signalled(signum, frame):
     raise _Signalled(signum)
 
 
-def wait(duration_s: float, heartbeat_s: float, out: TextIO | None = None) -> int:
+def wait(duration_s: float, heartbeat_s: float, out=None) -> int:
     """Sleep for duration_s (math.inf: until signalled); 0 on completion or on SIGTERM/SIGINT."""
     out = out or sys.stdout
     where = f"host={socket.gethostname()} pid={os.getpid()}"

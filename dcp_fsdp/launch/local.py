@@ -24,8 +24,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from types import FrameType
-from typing import Any, NoReturn
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -50,7 +49,7 @@ class _LauncherTerminated(KeyboardInterrupt):
     """SIGTERM to the launcher: handled like Ctrl-C, passed on to the agent as SIGTERM."""
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> NoReturn:
+def _raise_interrupt(signum, frame):
     raise _LauncherTerminated()
 
 

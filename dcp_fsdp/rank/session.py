@@ -21,7 +21,7 @@ from dcp_fsdp.process.failures import caused_by_interrupt
 from dcp_fsdp.process.signals import STUCK_AFTER_SIGNAL_S, InterruptGuard, PeerFailed, Terminated
 from dcp_fsdp.config.schema import BenchmarkConfig, Command, StorageKind
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.process import peers
+from dcp_fsdp.process import lifeline, peers
 from dcp_fsdp.telemetry import records
 from dcp_fsdp.telemetry.records import InitRow, RunRecord, Sample
 
@@ -191,11 +191,7 @@ class RankSession:
             self.write_record("failed", message, self.samples(), [self.init])
         if self.request_log is not None:
             self.request_log.remove()  # os._exit skips every cleanup
-        if self.store is not None:
-            self.store.close()
-        from dcp_fsdp.process.lifeline import remove_multiprocessing_tempdir
-
-        remove_multiprocessing_tempdir()
+        lifeline.remove_multiprocessing_tempdir()
         write_error_file(RankEnding("failed", message, contract.EXIT_FAILED, contract.EndCause.ERROR))
         os._exit(contract.EXIT_FAILED)
 
@@ -258,8 +254,6 @@ class RankSession:
 
         self._untimed = None
         self._untimed_all = None
-        if self.store is not None:
-            self.store.close()  # what the store made in this process (MSC's profile file)
         if self.request_log is not None:
             self._untimed = self.request_log.finish()
             kept = self.request_log.close(self.cfg.results_dir, self.run.run_id or None,
@@ -271,8 +265,6 @@ class RankSession:
         init_rows = self.gather(status)
         samples = self.samples()
         if status != "ok":
-            from dcp_fsdp.process import lifeline
-
             lifeline.remove_stale()  # a killed peer's request-log directory (under torchrun
             # or Slurm no launcher of ours runs afterwards)
         if not (self.writes_record(status) and self.run.run_id):
@@ -392,9 +384,7 @@ def _end_stuck_rank(signal_name: str, session: RankSession | None) -> None:
     try:
         if session is not None and session.request_log is not None:
             session.request_log.remove()  # os._exit skips every cleanup
-        from dcp_fsdp.process.lifeline import remove_multiprocessing_tempdir
-
-        remove_multiprocessing_tempdir()
+        lifeline.remove_multiprocessing_tempdir()
     except BaseException:
         pass
     # A note, not an error line: the first cause is the launcher's (or Slurm aftermath's) to

@@ -13,7 +13,7 @@ from typing import Any
 from dcp_fsdp.config.schema import MIB, StorageConfig
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.layout import (CLAIM_EXCLUSIVE, CLAIM_NAME, METADATA_NAME, CheckpointInfo,
-                                     SuffixClaim, check_suffix, nested_checkpoint)
+                                     SuffixClaim, check_suffix, nested_checkpoints)
 from dcp_fsdp.storage.raw import FsRawArea, fs_ceiling_dir
 from dcp_fsdp.storage.timeline import HookTimeline
 
@@ -28,7 +28,7 @@ def _info(entry: Path) -> CheckpointInfo:
         entry.name, (entry / METADATA_NAME).exists(), sum(sizes), len(files),
         datetime.datetime.fromtimestamp(newest, datetime.timezone.utc).isoformat(),
         claim_only=names == [CLAIM_NAME],
-        nested=tuple(sorted({d for n in names if (d := nested_checkpoint(n)) is not None})),
+        nested=nested_checkpoints(names),
         own_object_count=sum("/" not in n for n in names))
 
 
@@ -61,13 +61,6 @@ class FsStore:
 
     def warm_up(self, storage_io) -> None:
         """Nothing to set up for a file system."""
-
-    def client_events(self, storage_io) -> list:
-        """No S3 client, no request statistics."""
-        return []
-
-    def close(self) -> None:
-        """Nothing of this process's to remove."""
 
     def drop_cache(self, suffix: str, share: tuple[int, int] = (0, 1)) -> str:
         """Before a timed load (untimed): evict this caller's share of the checkpoint's files

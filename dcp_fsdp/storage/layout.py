@@ -34,19 +34,16 @@ from dcp_fsdp.config.validate import check_suffix  # the setting's syntax: a con
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.metadata_peek import MAX_METADATA_BYTES, MetadataFacts, read_facts
 
-__all__ = ["CEILING_ROOT", "CHECKPOINT_MARKERS", "CLAIM_NAME", "MANIFEST_NAME", "METADATA_NAME", "CheckpointInfo",
-           "SuffixClaim", "check_loadable", "check_suffix", "claim_configured_suffixes",
-           "encode_manifest", "release_claims",
-           "holds_only_claim_of", "manifest_if_readable", "metadata_facts", "nested_checkpoint",
-           "new_suffix", "read_claim",
-           "read_manifest",
-           "save_suffix"]
+__all__ = ["CEILING_ROOT", "CHECKPOINT_MARKERS", "CLAIM_NAME", "MANIFEST_NAME", "METADATA_NAME",
+           "CheckpointInfo", "SuffixClaim", "check_loadable", "check_suffix",
+           "claim_configured_suffixes", "encode_manifest", "release_claims", "holds_only_claim_of",
+           "manifest_if_readable", "metadata_facts", "nested_checkpoints", "new_suffix",
+           "read_claim", "read_manifest", "save_suffix"]
 
 METADATA_NAME = ".metadata"
 MANIFEST_NAME = "dcp_fsdp.json"
 CLAIM_NAME = "dcp_fsdp.claim"
-# Ours are a few hundred bytes; a larger one is not ours, and is never read whole.
-MAX_MANIFEST_BYTES = 64 * 1024
+MAX_MANIFEST_BYTES = 64 * 1024  # ours hold a few hundred; a larger one is not ours
 # How a save's suffix was claimed (the record's `suffix_claim`):
 CLAIM_CONDITIONAL = "conditional_write"  # S3 PutObject If-None-Match: * (the server honours it)
 CLAIM_EXCLUSIVE = "exclusive_create"  # file system: open(O_CREAT | O_EXCL)
@@ -67,15 +64,13 @@ class CheckpointInfo:
     # Nothing but the claim (CLAIM_NAME): a save that ended between its claim and its first
     # object (an abandoned claim), or one starting there now; not a checkpoint.
     claim_only: bool = False
-    # Folders below it (relative to it) that hold checkpoints of their own: it is a prefix
-    # above other checkpoints (`ckpt/<run>/<suffix>`), and removing it would remove them.
+    # Folders below it holding checkpoints of their own: a prefix (`ckpt/<run>/<suffix>`)
     nested: tuple[str, ...] = ()
     own_object_count: int = 0  # objects directly in it (a prefix strategy's data lie deeper)
 
     @property
     def recognised(self) -> bool:
-        """A checkpoint as this tool lays one out, removable as one: objects of its own (the
-        claim comes first), and no checkpoint in a folder below it."""
+        """Removable as one checkpoint: objects of its own, and no checkpoint below it."""
         return self.own_object_count > 0 and not self.nested
 
 
@@ -84,11 +79,11 @@ class CheckpointInfo:
 CHECKPOINT_MARKERS = frozenset({METADATA_NAME, MANIFEST_NAME, CLAIM_NAME})
 
 
-def nested_checkpoint(name: str) -> str | None:
-    """The folder of a checkpoint below a suffix that object `name` (relative to the suffix)
-    marks; None for the suffix's own objects and for data objects in folders."""
-    folder, _, base = name.rpartition("/")
-    return folder if folder and base in CHECKPOINT_MARKERS else None
+def nested_checkpoints(names: list[str]) -> tuple[str, ...]:
+    """The folders below a suffix that hold a checkpoint of their own (a marker object), from
+    the names of the suffix's objects (relative to it)."""
+    return tuple(sorted({folder for folder, _, base in (name.rpartition("/") for name in names)
+                         if folder and base in CHECKPOINT_MARKERS}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,10 +217,8 @@ def read_claim(store, suffix: str) -> dict[str, Any]:
 
 
 def _plain_object(data: bytes) -> dict[str, Any] | None:
-    """`data` as a JSON object of plain values (text, numbers, true/false/null: all the
-    manifest and the claim hold), else None. Storage is anyone's who can write there: JSON
-    nested deeper than the parser can go (RecursionError), or deep values a message would
-    print, mean a damaged file, never a traceback."""
+    """`data` as a JSON object of plain values (all a manifest or claim holds), else None:
+    nested JSON (RecursionError; deep values a message would print) is damage, no traceback."""
     try:
         parsed = json.loads(data)
     except (ValueError, RecursionError):

@@ -17,7 +17,7 @@ from typing import Any
 from dcp_fsdp import log
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.layout import (CEILING_ROOT, CLAIM_NAME, METADATA_NAME, CheckpointInfo,
-                                     OpenUpload, nested_checkpoint)
+                                     OpenUpload, nested_checkpoints)
 from dcp_fsdp.storage.s3_target import S3Target
 
 
@@ -62,26 +62,6 @@ class _NotS3(Exception):
 def _first_words(error: BaseException, limit: int = 120) -> str:
     text = " ".join(str(error).split())
     return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _empty_tally() -> dict[str, Any]:
-    return {"size": 0, "count": 0, "modified": None, "complete": False, "claim": False,
-            "own": 0, "nested": set()}
-
-
-def _tally(entry: dict[str, Any], name: str, obj: dict[str, Any]) -> None:
-    """Count listed object `obj`, `name` under its suffix, into the suffix's `entry`."""
-    entry["size"] += obj["Size"]
-    entry["count"] += 1
-    modified = obj["LastModified"]
-    if entry["modified"] is None or modified > entry["modified"]:
-        entry["modified"] = modified
-    entry["complete"] |= name == METADATA_NAME
-    entry["claim"] |= name == CLAIM_NAME
-    entry["own"] += "/" not in name
-    folder = nested_checkpoint(name)
-    if folder is not None:
-        entry["nested"].add(folder)
 
 
 class S3ControlPlane:
@@ -242,14 +222,21 @@ class S3ControlPlane:
                     if "/" not in rest:
                         continue
                     owner, name = rest.split("/", 1)
-                    if owner != CEILING_ROOT:  # the raw ceiling's, never a checkpoint
-                        _tally(found.setdefault(owner, _empty_tally()), name, obj)
+                    if owner == CEILING_ROOT:  # the raw ceiling's, never a checkpoint
+                        continue
+                    entry = found.setdefault(owner, {"size": 0, "modified": None, "names": []})
+                    entry["size"] += obj["Size"]
+                    entry["names"].append(name)  # relative to the suffix
+                    modified = obj["LastModified"]
+                    if entry["modified"] is None or modified > entry["modified"]:
+                        entry["modified"] = modified
         except (bx.BotoCoreError, bx.ClientError) as error:
             raise self._explain(error) from None
-        return [CheckpointInfo(owner, e["complete"], e["size"], e["count"],
+        return [CheckpointInfo(owner, METADATA_NAME in e["names"], e["size"], len(e["names"]),
                                e["modified"].astimezone(datetime.timezone.utc).isoformat(),
-                               claim_only=e["claim"] and e["count"] == 1,
-                               nested=tuple(sorted(e["nested"])), own_object_count=e["own"])
+                               claim_only=e["names"] == [CLAIM_NAME],
+                               nested=nested_checkpoints(e["names"]),
+                               own_object_count=sum("/" not in name for name in e["names"]))
                 for owner, e in sorted(found.items())]
 
     def object_sizes(self, suffix: str) -> dict[str, int]:

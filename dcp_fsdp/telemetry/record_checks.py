@@ -10,6 +10,7 @@ The reason names the field but not its value, so that many bad lines share one r
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import types
 import typing
@@ -140,3 +141,33 @@ def run_problem(row: dict[str, Any], expected: dict[str, FieldType],
         if problem:
             return f"init: {problem}"
     return None
+
+
+# No line this tool writes nests deeper than a few levels (a sample's request summaries);
+# a deeper one is not a record line, and what reads rows (asdict, pandas) recurses per level.
+MAX_LINE_DEPTH = 32
+
+
+def _nested_deeper(value: Any, levels: int = MAX_LINE_DEPTH) -> bool:
+    """Whether containers in `value` nest more than `levels` deep (a bounded recursion)."""
+    if not isinstance(value, (dict, list)):
+        return False
+    if levels == 0:
+        return True
+    items = value.values() if isinstance(value, dict) else value
+    return any(_nested_deeper(item, levels - 1) for item in items)
+
+
+def parse_line(text: str) -> tuple[Any, str]:
+    """(the line's JSON value, "") or (None, why it cannot be read): not JSON, or nested too
+    deep (deeper than the parser goes, RecursionError, or than any record line:
+    MAX_LINE_DEPTH; walked only where the line has enough brackets to be)."""
+    try:
+        row = json.loads(text)
+    except ValueError:
+        return None, "not JSON"
+    except RecursionError:
+        return None, "nested too deeply"
+    if text.count("{") + text.count("[") > MAX_LINE_DEPTH and _nested_deeper(row):
+        return None, "nested too deeply"
+    return row, ""

@@ -20,7 +20,7 @@ from typing import IO, Any, Callable, Iterable
 from urllib.parse import urlsplit, urlunsplit
 
 from dcp_fsdp.contract import ARGV_ENV
-from dcp_fsdp.telemetry.record_checks import field_types, run_problem, sample_problem
+from dcp_fsdp.telemetry.record_checks import field_types, parse_line, run_problem, sample_problem
 
 # Bumped whenever a field is added, renamed or changes meaning; readers accept every
 # earlier version (missing fields read as their defaults). 1: the first format.
@@ -328,39 +328,9 @@ _RUN_FIELDS = field_types(RunRecord)
 _INIT_FIELDS = field_types(InitRow)
 
 
-# No line this tool writes nests deeper than a few levels (a sample's request summaries);
-# a deeper one is not a record line, and what reads rows (asdict, pandas) recurses per level.
-MAX_LINE_DEPTH = 32
-
-
-def _nested_deeper(value: Any, levels: int = MAX_LINE_DEPTH) -> bool:
-    """Whether containers in `value` nest more than `levels` deep (a bounded recursion)."""
-    if not isinstance(value, (dict, list)):
-        return False
-    if levels == 0:
-        return True
-    items = value.values() if isinstance(value, dict) else value
-    return any(_nested_deeper(item, levels - 1) for item in items)
-
-
-def _parse_line(text: str) -> tuple[Any, str]:
-    """(the line's JSON value, "") or (None, why it cannot be): not JSON, or nested too deep
-    (deeper than the parser goes, RecursionError, or than any record line: MAX_LINE_DEPTH;
-    checked only where the line has enough brackets to be)."""
-    try:
-        row = json.loads(text)
-    except ValueError:
-        return None, "not JSON"
-    except RecursionError:
-        return None, "nested too deeply"
-    if text.count("{") + text.count("[") > MAX_LINE_DEPTH and _nested_deeper(row):
-        return None, "nested too deeply"
-    return row, ""
-
-
 def _read_line(text: str, number: int, into: RecordFile) -> None:
     """One line into `into`: a run, a sample, or a SkippedLine with the reason."""
-    row, unreadable = _parse_line(text)
+    row, unreadable = parse_line(text)
     if unreadable:
         if _names_a_sample(text):
             into.skipped.append(SkippedLine(number, f"{unreadable} (a sample line cut off or "
