@@ -1,5 +1,7 @@
 import os
 import sys
+from types import FrameType
+from typing import NoReturn
 
 from dcp_fsdp.contract import CONFIG_ENV
 
@@ -12,7 +14,7 @@ if os.environ.get(CONFIG_ENV) and "RANK" in os.environ:
 
     from dcp_fsdp.process.lifeline import die_with_parent
 
-    def _quiet_exit(signum, frame):
+    def _quiet_exit(signum: int, frame: FrameType | None) -> NoReturn:
         os._exit(130)
 
     signal.signal(signal.SIGINT, _quiet_exit)

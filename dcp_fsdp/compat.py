@@ -260,3 +260,34 @@ def host_stager(options: Any) -> Any:
         stager._config = options
         stager._staging_executor = ThreadPoolExecutor(max_workers=1)
     return stager
+
+
+# -- the other DCP clients (storage.client=fsspec|msc; storage/s3_clients.py) ---------------
+
+def fsspec_dcp_classes() -> tuple[type, type]:
+    """torch's FsspecWriter / FsspecReader: in torch 2.11-2.15 they live in the private
+    `torch.distributed.checkpoint._fsspec_filesystem` (newer torch makes the module public)."""
+    for module in ("torch.distributed.checkpoint.fsspec",
+                   "torch.distributed.checkpoint._fsspec_filesystem"):
+        try:
+            found = importlib.import_module(module)
+            return found.FsspecWriter, found.FsspecReader
+        except (ImportError, AttributeError):
+            continue
+    raise _missing("torch.distributed.checkpoint._fsspec_filesystem.FsspecWriter", "torch",
+                   "use storage.client=s3torchconnector")
+
+
+def msc_botocore_events(storage_client: Any) -> Any:
+    """The botocore event emitter of a multi-storage-client StorageClient's S3 provider (MSC
+    exposes neither its provider nor its boto3 client), or None where it has none (its Rust
+    client, another provider)."""
+    provider = getattr(storage_client, "_storage_provider", None)
+    boto = getattr(provider, "_s3_client", None)
+    meta = getattr(boto, "meta", None)
+    if meta is None:
+        _warn_once("msc-events", "multi-storage-client's S3 provider exposes no boto3 client "
+                                 "here: its requests are not counted by the tool (the server's "
+                                 "counters still are, with storage.metrics_url)")
+        return None
+    return meta.events

@@ -20,6 +20,8 @@ import signal
 import socket
 import sys
 import time
+from types import FrameType
+from typing import NoReturn, TextIO
 
 from dcp_fsdp import log
 
@@ -117,11 +119,11 @@ class _Signalled(Exception):
         self.signum = signum
 
 
-def _raise_signalled(signum, frame):
+def _raise_signalled(signum: int, frame: FrameType | None) -> NoReturn:
     raise _Signalled(signum)
 
 
-def wait(duration_s: float, heartbeat_s: float, out=None) -> int:
+def wait(duration_s: float, heartbeat_s: float, out: TextIO | None = None) -> int:
     """Sleep for duration_s (math.inf: until signalled); 0 on completion or on SIGTERM/SIGINT."""
     out = out or sys.stdout
     where = f"host={socket.gethostname()} pid={os.getpid()}"

@@ -29,6 +29,8 @@ THROUGHPUT = [
     Column("duration_p50_s", "dur p50 s", ".3f", 6),
     Column("duration_p90_s", "dur p90 s", ".3f", None),
     Column("aggregate_mib_s", "agg MiB/s", ".1f", 0),
+    # storage.client varying: agg MiB/s over the connector's for the same work (README "Report")
+    Column("vs_connector", "x connector", ".2f", 0),
     # iteration 1 (a process's first: cold, as a restart) / the rest (warm)
     Column(("first_mib_s", "later_mib_s"), "MiB/s first/later", ".1f", 3),
     Column(("first_dur_s", "later_dur_s"), "dur s first/later", ".3f", None),

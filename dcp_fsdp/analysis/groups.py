@@ -79,6 +79,7 @@ RUN_ATTRIBUTES = {
     "torch": lambda run: (run.get("versions") or {}).get("torch"),
     "connector": lambda run: (run.get("versions") or {}).get("s3torchconnector"),
     "process_group": lambda run: run.get("backend"),
+
     "device": _device,
 }
 
@@ -231,6 +232,26 @@ def _failed_like(failed_runs: pd.DataFrame, labels: dict[str, Any], varying: lis
     return len(same_group[same_group["command"].isin(commands)]) if commands else math.nan
 
 
+CLIENT_KEY = "storage.client"
+BASE_CLIENT = "s3torchconnector"
+
+
+def with_client_ratio(throughput: pd.DataFrame, group_keys: list[str]) -> pd.DataFrame:
+    """Where the client varies (storage.client=a,b,c): each row's aggregate MiB/s as a ratio
+    to the connector's row of the same work (every other key equal); NaN without one."""
+    if CLIENT_KEY not in group_keys or throughput.empty:
+        return throughput
+    others = [key for key in group_keys if key != CLIENT_KEY]
+    base = throughput[throughput[CLIENT_KEY].astype(str) == BASE_CLIENT]
+    by_work = {tuple(str(v) for v in row): figure for row, figure in
+               zip(base[others].itertuples(index=False), base["aggregate_mib_s"])}
+    ratios = [figure / by_work[key] if by_work.get(key) else math.nan
+              for key, figure in zip((tuple(str(v) for v in row) for row
+                                      in throughput[others].itertuples(index=False)),
+                                     throughput["aggregate_mib_s"])]
+    return throughput.assign(vs_connector=ratios)
+
+
 def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
     """Every table the report prints, as DataFrames of raw numbers."""
     run_rows, varying = runs_frame(runs, incomplete_runs(runs, samples))
@@ -263,7 +284,8 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
         throughput.append(throughput_row(labels, group_ops, group_samples, untimed, failed, ops))
         phases.append(phase_row(labels, group_samples, group_ops))
         types.extend(type_rows(labels, group_samples, len(group_ops)))
-    result["throughput"] = ordered(pd.DataFrame(throughput), group_keys)
+    result["throughput"] = with_client_ratio(ordered(pd.DataFrame(throughput), group_keys),
+                                             group_keys)
     noisy = int(result["throughput"]["spread"].gt(NOISY_SPREAD).sum())
     if noisy:
         result["notes"] += [f"{noisy} group(s) marked noisy: their iterations' aggregate MiB/s "

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import itertools
 import re
+from typing import TYPE_CHECKING
 
 from dcp_fsdp.config.validate import (check_model_settings, check_setting_name,
                                       check_storage_settings, model_config_names)
 from dcp_fsdp.config.conf_dir import conf_dir
 from dcp_fsdp.errors import UserError
+
+if TYPE_CHECKING:
+    from dcp_fsdp.config.schema import BenchmarkConfig
 
 
 
@@ -98,7 +102,7 @@ def _config_file_overrides(path: str) -> list[str]:
     return flatten(content)
 
 
-def compose(command: str, overrides: list[str]):
+def compose(command: str, overrides: list[str]) -> BenchmarkConfig:
     """The validated BenchmarkConfig for a command and overrides, or UserError."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir

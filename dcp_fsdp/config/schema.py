@@ -62,6 +62,15 @@ class StorageKind(str, enum.Enum):
     fs = "fs"
 
 
+class StorageClient(str, enum.Enum):
+    # Which client carries DCP to S3 (docs/clients.md): the connector's S3StorageWriter /
+    # Reader, torch's FsspecWriter / Reader over s3fs, NVIDIA multi-storage-client's
+    # MultiStorageFileSystemWriter / Reader.
+    s3torchconnector = "s3torchconnector"
+    fsspec = "fsspec"
+    msc = "msc"
+
+
 class PrefixStrategy(str, enum.Enum):
     default = "default"  # __{rank}_ file prefixes in one folder
     binary = "binary"
@@ -135,8 +144,12 @@ class ModelConfig:
 
 @dataclasses.dataclass
 class StorageConfig:
-    kind: StorageKind = setting(StorageKind.s3, "s3 (s3torchconnector) or fs (DCP's "
+    kind: StorageKind = setting(StorageKind.s3, "s3 (through storage.client) or fs (DCP's "
                                 "FileSystemWriter: the baseline); choose with `storage=s3|fs`")
+    client: StorageClient = setting(StorageClient.s3torchconnector,
+                                    "s3: the DCP client: s3torchconnector (its S3StorageWriter/"
+                                    "Reader), fsspec (torch's FsspecWriter/Reader over s3fs) or "
+                                    "msc (NVIDIA multi-storage-client); docs/clients.md")
     uri: Optional[str] = setting(None, "s3: s3://bucket/prefix; unset (and no endpoint): the "
                                        "embedded SeaweedFS server on 127.0.0.1")
     region: Optional[str] = setting(None, "s3: bucket region; default AWS_REGION, "
@@ -149,7 +162,8 @@ class StorageConfig:
                                          "gives up, 1..100")
     force_path_style: Optional[bool] = setting(None, "s3: path-style addressing; default true "
                                                      "when an endpoint is set")
-    thread_count: int = setting(1, "writer threads per rank, 1..256 (s3 and fs)")
+    thread_count: int = setting(1, "writer threads per rank, 1..256 (s3 and fs, every client; "
+                                   "msc: also its load's prefetch threads)")
     prefix_strategy: PrefixStrategy = setting(PrefixStrategy.default,
                                               "s3: object key prefixes: default (__{rank}_), "
                                               "binary, hex, round_robin")
@@ -167,6 +181,22 @@ class StorageConfig:
     sync_files: bool = setting(True, "fs: fsync every file a save writes, inside the timed "
                                      "save (durable writes, DCP's default); false: the save "
                                      "may end with data still in the page cache")
+    fsspec_sync_files: bool = setting(False, "s3: client=fsspec only: torch's sync_files; its default "
+                                             "true calls a host-wide os.sync() after every file "
+                                             "(s3fs files have no fsync), which makes no S3 write "
+                                             "more durable: false unless you measure that default")
+    fsspec_block_size_mib: int = setting(50, "s3: client=fsspec only: s3fs's block size, MiB: its "
+                                             "multipart part size on a save (parts go one after "
+                                             "another) and its read-ahead on a load (s3fs: 50)")
+    fsspec_max_pool_connections: int = setting(10, "s3: client=fsspec only: botocore's connection "
+                                                   "pool per rank (its default: 10)")
+    msc_part_size_mib: int = setting(32, "s3: client=msc only: multipart part size, MiB (MSC: 32)")
+    msc_multipart_threshold_mib: int = setting(64, "s3: client=msc only: objects at least this large "
+                                                   "upload in parts, MiB (MSC: 64)")
+    msc_max_concurrency: int = setting(8, "s3: client=msc only: threads per object upload/download "
+                                          "(MSC: 8)")
+    msc_rust_client: bool = setting(False, "s3: client=msc only: MSC's Rust client for data requests "
+                                           "(MSC's default: off)")
     connect_timeout_s: float = setting(3.0, "s3: seconds the pre-flight check waits to "
                                                     "connect (0..600]")
     metrics_url: Optional[str] = setting(None, "s3: the server's Prometheus endpoint "

@@ -3,6 +3,8 @@ settings are described)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from dcp_fsdp.config.schema import format_default, iter_settings
 
 COMMANDS = {
@@ -70,7 +72,7 @@ def settings_rows() -> list[tuple[str, str, str, str]]:
             for name, type_name, default, text in iter_settings()]
 
 
-def effective_default(name: str, default):
+def effective_default(name: str, default: Any) -> Any:
     """A group's member (model.preset) has no schema default: conf/config.yaml's defaults
     list chooses it (model: tiny_llama)."""
     if format_default(default) != "(required)":

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dcp_fsdp import contract
 from dcp_fsdp.config.schema import (BenchmarkConfig, Command, PrefixStrategy, ReaderKind,
+                                    StorageClient,
                                     ReplicaLoad, SaveMode, StorageKind, TrainStepWork,
                                     iter_settings)
 from dcp_fsdp.errors import UserError
@@ -35,7 +36,27 @@ S3_ONLY = frozenset({"storage.uri", "storage.region", "storage.endpoint", "stora
                      "storage.force_path_style", "storage.prefix_strategy", "storage.prefix_count",
                      "storage.round_robin_prefixes", "storage.reader",
                      "storage.connect_timeout_s", "storage.max_gap_size_mib",
-                     "storage.metrics_url"})
+                     "storage.metrics_url", "storage.client"} | {
+                         f"storage.{name}" for name in (
+                             "fsspec_sync_files", "fsspec_block_size_mib",
+                             "fsspec_max_pool_connections", "msc_part_size_mib",
+                             "msc_multipart_threshold_mib", "msc_max_concurrency",
+                             "msc_rust_client")})
+# storage.* settings of one S3 client only (storage.client=); the rest reach every client.
+CLIENT_ONLY = {
+    StorageClient.s3torchconnector: frozenset({
+        "storage.part_size_mib", "storage.throughput_target_gbps", "storage.max_attempts",
+        "storage.prefix_strategy", "storage.prefix_count", "storage.round_robin_prefixes",
+        "storage.reader", "storage.max_gap_size_mib"}),
+    StorageClient.fsspec: frozenset({"storage.fsspec_sync_files", "storage.fsspec_block_size_mib",
+                                     "storage.fsspec_max_pool_connections"}),
+    StorageClient.msc: frozenset({"storage.msc_part_size_mib", "storage.msc_multipart_threshold_mib",
+                                  "storage.msc_max_concurrency", "storage.msc_rust_client"}),
+}
+# What each client needs installed, and how (pyproject's dependencies bring all three).
+CLIENT_PACKAGES = {StorageClient.s3torchconnector: ("s3torchconnector", "'s3torchconnector[dcp]'"),
+                   StorageClient.fsspec: ("s3fs", "s3fs"),
+                   StorageClient.msc: ("multistorageclient", "multi-storage-client")}
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[^/]+)(?:/(?P<prefix>.*))?$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -81,7 +102,9 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     """(bucket, prefix without slashes at either end) or UserError."""
     match = _S3_URI.match(uri)
     if not match:
-        raise UserError(f"storage.uri={uri}: not an S3 URI; write it as s3://bucket/prefix")
+        hint = (" (storage.client=msc builds its own msc:// profile from the s3:// URI)"
+                if uri.startswith("msc://") else "")
+        raise UserError(f"storage.uri={uri}: not an S3 URI; write it as s3://bucket/prefix{hint}")
     bucket, prefix = match["bucket"], (match["prefix"] or "").strip("/")
     if not _BUCKET.match(bucket) or ".." in bucket or re.match(r"^\d+\.\d+\.\d+\.\d+$", bucket):
         raise UserError(
@@ -133,9 +156,29 @@ def check_storage_settings(cfg: BenchmarkConfig, given: set[str]) -> None:
         if kind == StorageKind.fs and name in S3_ONLY:
             raise UserError(f"{name} is used only with storage=s3, and this run uses storage=fs: "
                             f"remove {name}, or use storage=s3")
+        _check_client_setting(cfg.storage.client, name)
         if name == "storage.max_gap_size_mib" and cfg.storage.reader != ReaderKind.dcp_optimized:
             raise UserError(f"{name} is used only with storage.reader=dcp_optimized, and this run "
                             f"uses storage.reader={cfg.storage.reader.value}: remove {name}")
+
+
+def _check_client_setting(client: StorageClient, name: str) -> None:
+    """A setting of another S3 client would be ignored by this one: refuse it."""
+    for owner, names in CLIENT_ONLY.items():
+        if owner != client and name in names:
+            raise UserError(f"{name} is a setting of storage.client={owner.value}, and this run "
+                            f"uses storage.client={client.value}: remove {name}, or add "
+                            f"storage.client={owner.value}")
+
+
+def check_client_installed(client: StorageClient) -> None:
+    """The client's package is importable (found, not imported: the launcher stays light)."""
+    import importlib.util
+
+    module, package = CLIENT_PACKAGES[client]
+    if importlib.util.find_spec(module) is None:
+        raise UserError(f"storage.client={client.value} needs the package {package}, which is "
+                        f"not installed: pip install {package} (make setup installs it)")
 
 
 def check_model_settings(cfg: BenchmarkConfig, given: set[str]) -> None:
@@ -169,6 +212,11 @@ def _check_numbers(cfg: BenchmarkConfig) -> None:
         ("storage.connect_timeout_s", 0, 600.0, False),
         ("storage.prefix_count", 1, None, True),
         ("storage.max_gap_size_mib", 0, None, True),
+        ("storage.fsspec_block_size_mib", S3_MIN_PART_SIZE_MIB, S3_MAX_PART_SIZE_MIB, True),
+        ("storage.fsspec_max_pool_connections", 1, 1024, True),
+        ("storage.msc_part_size_mib", S3_MIN_PART_SIZE_MIB, S3_MAX_PART_SIZE_MIB, True),
+        ("storage.msc_multipart_threshold_mib", S3_MIN_PART_SIZE_MIB, None, True),
+        ("storage.msc_max_concurrency", 1, MAX_THREAD_COUNT, True),
     )
     for name, lowest, highest, lowest_ok in ranges:
         value = _value(cfg, name)
@@ -265,6 +313,7 @@ def _check_storage(storage) -> None:
         check_endpoint(storage.endpoint, "storage.endpoint")
     if storage.region is not None:
         check_region(storage.region, "storage.region")
+    check_client_installed(storage.client)
     if storage.metrics_url is not None and not re.match(r"^https?://[^/\s]+/\S*$",
                                                         storage.metrics_url):
         raise UserError(f"storage.metrics_url={storage.metrics_url}: write it as "

@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 from dataclasses import dataclass, field
+from typing import IO
 from unittest import mock
 
 from dcp_fsdp import contract, log
@@ -137,7 +138,7 @@ def lead_the_record(results_dir: str, run_id: str, line: str) -> None:
     log.error(line)
 
 
-def _write(out, text: str) -> None:
+def _write(out: IO[str], text: str) -> None:
     out.write(text)
 
 

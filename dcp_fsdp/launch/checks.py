@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import (AsyncCheckpointer, Backend, BenchmarkConfig,
@@ -68,7 +69,7 @@ def cuda_device_count() -> int:
     return visible_gpu_count()
 
 
-def check_devices(backend: Backend, ranks_here: int, device_count,
+def check_devices(backend: Backend, ranks_here: int, device_count: Callable[[], int],
                   bound_per_task: bool = False) -> None:
     """`ranks_here` ranks on this machine, one CUDA device each under nccl.
     `device_count` is called only when the backend may use CUDA. `bound_per_task`: a

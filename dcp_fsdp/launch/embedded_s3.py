@@ -327,5 +327,5 @@ class EmbeddedS3:
     def __enter__(self) -> S3Endpoint:
         return self.start()
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()

@@ -24,7 +24,8 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn
 
 from omegaconf import OmegaConf
 
@@ -49,7 +50,7 @@ class _LauncherTerminated(KeyboardInterrupt):
     """SIGTERM to the launcher: handled like Ctrl-C, passed on to the agent as SIGTERM."""
 
 
-def _raise_interrupt(signum, frame):
+def _raise_interrupt(signum: int, frame: FrameType | None) -> NoReturn:
     raise _LauncherTerminated()
 
 

@@ -29,7 +29,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
+from typing import NoReturn
 
 from dcp_fsdp import log
 from dcp_fsdp.process import lifeline
@@ -79,7 +82,7 @@ def _cannot_write(path: Path, action: str, error: OSError) -> UserError:
 
 
 @contextlib.contextmanager
-def locked(where: Path, action: str):
+def locked(where: Path, action: str) -> Iterator[None]:
     """Hold the lock of the server's state (an flock on `<where>.lock`) for one start or
     stop; a second caller waits for the first (said once), at most LOCK_WAIT_S."""
     path = where.parent / f"{where.name}.lock"
@@ -276,7 +279,7 @@ def serve(where: Path, bucket: str) -> int:
     """The daemon: owns SeaweedFS until SIGTERM/SIGINT, then stops it."""
     from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 
-    def on_signal(signum, frame):
+    def on_signal(signum: int, frame: FrameType | None) -> NoReturn:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)

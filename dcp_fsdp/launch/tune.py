@@ -26,7 +26,8 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
@@ -93,7 +94,7 @@ def _warm_storage(cfg: BenchmarkConfig) -> None:
     make_store(cfg.storage).probe()  # the store's own untimed first write
 
 
-def _terminate(signum, frame):
+def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
     raise KeyboardInterrupt()
 
 

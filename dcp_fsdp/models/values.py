@@ -22,10 +22,12 @@ import ctypes
 import functools
 import hashlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
+
+Shape = Sequence[int]  # a tensor's shape, or a shard's offset in it
 
 # Recorded in each checkpoint's manifest: a load recomputes values only from a generator it knows.
 GENERATOR = "dcp_fsdp.values/1"
@@ -80,7 +82,8 @@ def _salt(seed: int, stream: str) -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def _tables(seed: int, dtype: torch.dtype, device: torch.device):
+def _tables(seed: int, dtype: torch.dtype,
+            device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(HIGH signed, HIGH non-negative, LOW) as integer tensors on `device`, padded by CHUNK.
     Element i of HIGH / LOW comes from _hash_stream(seed, "high" / "low", ...)[i]."""
     bits, mantissa, bias = _layout(dtype)
@@ -123,7 +126,8 @@ def non_negative(key: str) -> bool:
     return key.endswith(("exp_avg_sq", "max_exp_avg_sq", ".step"))
 
 
-def runs(global_shape, local_shape, global_offset) -> Iterator[tuple[int, int, int]]:
+def runs(global_shape: Shape, local_shape: Shape,
+         global_offset: Shape) -> Iterator[tuple[int, int, int]]:
     """(local flat start, global flat start, length) of the contiguous runs of a block shard."""
     global_shape, local_shape = tuple(global_shape), tuple(local_shape)
     if math.prod(local_shape) == 0:
@@ -147,8 +151,9 @@ def runs(global_shape, local_shape, global_offset) -> Iterator[tuple[int, int, i
         local_start += length
 
 
-def _chunks(seed: int, key: str, dtype: torch.dtype, device: torch.device, global_shape,
-            local_shape, global_offset):
+def _chunks(seed: int, key: str, dtype: torch.dtype, device: torch.device, global_shape: Shape,
+            local_shape: Shape,
+            global_offset: Shape) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """(local flat start, HIGH slice, LOW slice) per chunk of the shard, in order."""
     high, high_pos, low = _tables(seed, dtype, device)
     if non_negative(key):
@@ -162,7 +167,8 @@ def _chunks(seed: int, key: str, dtype: torch.dtype, device: torch.device, globa
             yield local_start + pos, high[h:h + n], low[lo:lo + n]
 
 
-def fill(local: torch.Tensor, seed: int, key: str, global_shape, global_offset) -> None:
+def fill(local: torch.Tensor, seed: int, key: str, global_shape: Shape,
+         global_offset: Shape) -> None:
     """Write tensor `key`'s values into `local`, the block at `global_offset` of the whole."""
     target = local if local.is_contiguous() else torch.empty(local.shape, dtype=local.dtype,
                                                              device=local.device)
@@ -174,8 +180,9 @@ def fill(local: torch.Tensor, seed: int, key: str, global_shape, global_offset) 
         local.copy_(target)
 
 
-def expected(seed: int, key: str, dtype: torch.dtype, global_shape, local_shape=None,
-             global_offset=None, device: torch.device | str = "cpu") -> torch.Tensor:
+def expected(seed: int, key: str, dtype: torch.dtype, global_shape: Shape,
+             local_shape: Shape | None = None, global_offset: Shape | None = None,
+             device: torch.device | str = "cpu") -> torch.Tensor:
     """The values a shard must hold (a new tensor): for tests and error reports."""
     local_shape = tuple(global_shape) if local_shape is None else tuple(local_shape)
     global_offset = (0,) * len(local_shape) if global_offset is None else global_offset
@@ -185,7 +192,7 @@ def expected(seed: int, key: str, dtype: torch.dtype, global_shape, local_shape=
 
 
 @functools.lru_cache(maxsize=1)
-def _memcmp():
+def _memcmp() -> Callable[[int, int, int], int] | None:
     try:
         memcmp = ctypes.CDLL(None).memcmp
     except (OSError, AttributeError):
@@ -201,8 +208,8 @@ def _scratch(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.empty(CHUNK, dtype=dtype, device=device)
 
 
-def first_mismatch(local: torch.Tensor, seed: int, key: str, global_shape,
-                   global_offset) -> tuple[int, ...] | None:
+def first_mismatch(local: torch.Tensor, seed: int, key: str, global_shape: Shape,
+                   global_offset: Shape) -> tuple[int, ...] | None:
     """Global index of the first element of `local` that differs from its value, or None.
 
     Compares bits (NaN-safe, -0.0 != 0.0): recompute a chunk, then memcmp it (CPU; torch.equal

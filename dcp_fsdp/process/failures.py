@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import threading
+# store: a CheckpointStore or None (storage is a layer above this one: not imported)
+from typing import Any
 
 from dcp_fsdp.errors import BenchmarkFailure, StorageStreamError, UserError
 from dcp_fsdp.process.signals import Terminated
@@ -125,14 +127,14 @@ def says_the_line(error: BaseException, is_coordinator: bool, joined: bool = Tru
     return not joined or not collective_error(error) or is_coordinator
 
 
-def failure_line(store, error: BaseException, probe: bool) -> str:
+def failure_line(store: Any, error: BaseException, probe: bool) -> str:
     """A failed operation's line (root_cause), led by the storage's answer to a probe when
     `probe` (says_the_line)."""
     line = root_cause(error)
     return storage_first(store, line) if probe else line
 
 
-def storage_first(store, error_line: str, deadline_s: float | None = None) -> str:
+def storage_first(store: Any, error_line: str, deadline_s: float | None = None) -> str:
     """A failed operation's line, led by what the storage says when probed once afterwards
     (untimed): a full file system or an endpoint that stopped answering is the first cause,
     which DCP's own error hides ("enforce fail at inline_container.cc ... unexpected pos")."""

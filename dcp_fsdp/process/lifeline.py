@@ -20,6 +20,7 @@ import socket
 import stat
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NoReturn
 
@@ -120,7 +121,8 @@ def _server_runs_in(path: Path, wait_s: float = SERVER_END_WAIT_S) -> bool:
         time.sleep(0.1)
 
 
-def remove_dead_seaweed_sockets(places, min_age_s: float = STALE_SOCKET_AGE_S) -> list[Path]:
+def remove_dead_seaweed_sockets(places: Iterable[str],
+                                min_age_s: float = STALE_SOCKET_AGE_S) -> list[Path]:
     """SeaweedFS's gRPC sockets in /tmp that no server listens on any more, whatever left
     them (a server killed with a launcher whose directory was elsewhere, an `s3-server`
     daemon killed): ours (this user's), a socket, older than `min_age_s` (a server binding
@@ -152,7 +154,7 @@ def _listened_on(path: Path) -> bool:
     return True
 
 
-def remove_seaweed_sockets(ports) -> None:
+def remove_seaweed_sockets(ports: Iterable[int]) -> None:
     """SeaweedFS leaves `seaweedfs-*-<port>.sock` for its gRPC ports, in /tmp even when
     TMPDIR points elsewhere."""
     dirs = {*SEAWEED_SOCKET_DIRS, tempfile.gettempdir()}

@@ -49,7 +49,7 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=1)

@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from types import FrameType
 from typing import Callable
 
 from dcp_fsdp import contract
@@ -64,7 +65,7 @@ class InterruptGuard:
         code building an `S3Exception`, a `__del__`): Python would print it as "Exception
         ignored in ..." with a traceback, seen on a Ctrl-C mid-tune. The signal is already in
         `signal_name`, so the run still ends `interrupted` (or the watcher ends it)."""
-        def hook(unraisable) -> None:
+        def hook(unraisable: sys.UnraisableHookArgs) -> None:
             if self.signal_name is not None and isinstance(
                     unraisable.exc_value, (KeyboardInterrupt, Terminated, PeerFailed)):
                 return
@@ -92,7 +93,7 @@ class InterruptGuard:
             time.sleep(0.05)
         on_stuck(self.signal_name or "SIGTERM")
 
-    def _on_signal(self, signum, frame) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.signal_name is not None or self.finishing:
             return
         if frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):

@@ -22,5 +22,5 @@ class Watchdog:
         self.timer.start()
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.timer.cancel()

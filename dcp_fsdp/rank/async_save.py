@@ -50,7 +50,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType,
 
 from dcp_fsdp.config.schema import AsyncCheckpointer, AsyncSaveConfig
 from dcp_fsdp.rank.device import sync_device
-from dcp_fsdp.rank.train_step import TrainStep, slowdown
+from dcp_fsdp.rank.train_step import StepTimes, TrainStep, slowdown
 
 _RANK_FILE = re.compile(r"(?:^|/)__(\d+)_\d+\.distcp$")
 
@@ -128,7 +128,8 @@ def _marker(marks: dict[str, float], name: str) -> Callable[[Future], None]:
     return note
 
 
-def _fill_training(timing: AsyncTiming, steps, baseline_s: list[float], interval_s: float) -> None:
+def _fill_training(timing: AsyncTiming, steps: StepTimes, baseline_s: list[float],
+                   interval_s: float) -> None:
     """What the training steps between this save and the next paid: their slowdown (compute
     time alone, against the baseline steps), their wait for staging, and the time lost."""
     timing.train_wait_s = steps.wait_s

@@ -189,6 +189,9 @@ class CheckpointLoop:
                           else self.store.reader(suffix, timed))
         if not pickled:  # (a client built here would not be the one that uploads)
             self.store.warm_up(run.storage_io)
+            if self.request_log is not None:  # storage.client=fsspec|msc: botocore's hooks
+                for events in self.store.client_events(run.storage_io):
+                    self.request_log.hook_client(events)
         # fs: the load reads the file system, not the page cache its save left (untimed)
         run.cache_policy = drop_cache_on_node(self.store, suffix, self.ctx) if op == "load" else None
         if saver is not None:

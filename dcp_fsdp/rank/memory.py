@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import re
 import resource
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import torch
 
 STATUS_PATH = "/proc/self/status"
 CLEAR_REFS_PATH = "/proc/self/clear_refs"
@@ -59,7 +62,8 @@ class PeakMemory:
     they may sit next to a timer without disturbing it.
     """
 
-    def __init__(self, device=None, warn: Callable[[str], None] | None = None) -> None:
+    def __init__(self, device: torch.device | None = None,
+                 warn: Callable[[str], None] | None = None) -> None:
         self.cuda = getattr(device, "type", None) == "cuda"
         self.device = device
         self.warn = warn

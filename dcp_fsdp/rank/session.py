@@ -191,6 +191,8 @@ class RankSession:
             self.write_record("failed", message, self.samples(), [self.init])
         if self.request_log is not None:
             self.request_log.remove()  # os._exit skips every cleanup
+        if self.store is not None:
+            self.store.close()
         lifeline.remove_multiprocessing_tempdir()
         write_error_file(RankEnding("failed", message, contract.EXIT_FAILED, contract.EndCause.ERROR))
         os._exit(contract.EXIT_FAILED)
@@ -254,6 +256,8 @@ class RankSession:
 
         self._untimed = None
         self._untimed_all = None
+        if self.store is not None:
+            self.store.close()  # what the store made in this process (MSC's profile file)
         if self.request_log is not None:
             self._untimed = self.request_log.finish()
             kept = self.request_log.close(self.cfg.results_dir, self.run.run_id or None,

@@ -68,6 +68,14 @@ class CheckpointStore(Protocol):
     def warm_up(self, storage_io: Any) -> None:
         """Build any client the writer/reader would build lazily, outside the timed region."""
 
+    def client_events(self, storage_io: Any) -> list[Any]:
+        """The botocore event emitters of the client under `storage_io` (after warm_up),
+        where the request statistics hook in (storage.client=fsspec|msc); [] where the
+        requests are known otherwise (the connector's log) or there are none (fs)."""
+
+    def close(self) -> None:
+        """At the end of the process: remove what the store made in it (MSC's profile)."""
+
     def drop_cache(self, suffix: str, share: tuple[int, int] = (0, 1)) -> str | None:
         """Before a timed load (untimed): make the load read storage, not a local cache; the
         cache policy that held (storage/pagecache.py), or None where there is no such cache.

@@ -62,6 +62,13 @@ class FsStore:
     def warm_up(self, storage_io) -> None:
         """Nothing to set up for a file system."""
 
+    def client_events(self, storage_io) -> list:
+        """No S3 client, no request statistics."""
+        return []
+
+    def close(self) -> None:
+        """Nothing of this process's to remove."""
+
     def drop_cache(self, suffix: str, share: tuple[int, int] = (0, 1)) -> str:
         """Before a timed load (untimed): evict this caller's share of the checkpoint's files
         from this node's page cache, so the load reads the file system, not memory; the

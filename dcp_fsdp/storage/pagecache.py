@@ -42,7 +42,7 @@ _PAGE_BYTES = mmap.PAGESIZE
 _libc = None
 
 
-def _c_library():
+def _c_library() -> ctypes.CDLL:
     global _libc
     if _libc is None:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)

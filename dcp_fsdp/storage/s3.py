@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
+from pathlib import Path
 from typing import Any
 
-from dcp_fsdp.config.schema import MIB, PrefixStrategy, ReaderKind, StorageConfig
+from dcp_fsdp.config.schema import MIB, PrefixStrategy, ReaderKind, StorageClient, StorageConfig
 from dcp_fsdp.storage.layout import (CLAIM_CONDITIONAL, CLAIM_NAME, CLAIM_NOT_ATOMIC,
                                      CheckpointInfo, SuffixClaim, check_suffix)
 from dcp_fsdp.storage.raw import S3RawArea, s3_ceiling_prefix
 from dcp_fsdp.storage.s3_control import S3ControlPlane
+from dcp_fsdp.storage.s3_clients import FsspecClient, MscClient, client_versions
 from dcp_fsdp.storage.s3_target import S3Target, resolve_endpoint, resolve_region
 from dcp_fsdp.storage.timeline import HookTimeline
 
@@ -34,10 +37,29 @@ class S3Store:
         self.uri, self.bucket, self.prefix = self.target.uri, self.target.bucket, self.target.prefix
         self.region, self.endpoint = self.target.region, self.target.endpoint
         self.force_path_style = self.target.force_path_style
+        # storage.client=fsspec|msc: their writer and reader (s3_clients.py); None: the connector's
+        self.other_client: FsspecClient | MscClient | None = (
+            FsspecClient(self.target, storage) if storage.client == StorageClient.fsspec else
+            MscClient(self.target, storage) if storage.client == StorageClient.msc else None)
+        self.own_dir: Path | None = None  # msc: where its profile file lives (close() removes it)
 
     def connector_environment(self) -> dict[str, str]:
-        """Variables the CRT client must see (set them before building a writer/reader)."""
-        return {"AWS_ENDPOINT_URL": self.config.endpoint} if self.config.endpoint else {}
+        """Variables the client must see (set them before building a writer/reader): the CRT
+        client's endpoint; MSC's profile file, written now into a directory of this process."""
+        found = {"AWS_ENDPOINT_URL": self.config.endpoint} if self.config.endpoint else {}
+        if isinstance(self.other_client, MscClient):
+            from dcp_fsdp.process.lifeline import owned_tempdir
+
+            if self.own_dir is None:
+                self.own_dir = owned_tempdir("dcp-fsdp-msc-")
+            found.update(self.other_client.write_profile(self.own_dir))
+        return found
+
+    def close(self) -> None:
+        """What this process made for the store (MSC's profile file) goes."""
+        if self.own_dir is not None:
+            shutil.rmtree(self.own_dir, ignore_errors=True)
+            self.own_dir = None
 
     # -- locations -------------------------------------------------------------------
     def location(self, suffix: str) -> str:
@@ -45,7 +67,9 @@ class S3Store:
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "s3", "uri": self.uri, "bucket": self.bucket, "region": self.region,
-                "endpoint": self.endpoint, "force_path_style": self.force_path_style}
+                "endpoint": self.endpoint, "force_path_style": self.force_path_style,
+                "client": self.config.client.value,
+                "client_versions": client_versions(self.config.client)}
 
     # -- DCP writer / reader -----------------------------------------------------------
     def _client_config(self):
@@ -72,6 +96,8 @@ class S3Store:
         return RoundRobinPrefixStrategy(list(self.config.round_robin_prefixes))
 
     def writer(self, suffix: str, timeline: HookTimeline | None = None):
+        if self.other_client is not None:
+            return self.other_client.writer(suffix, timeline)
         from s3torchconnector.dcp import S3StorageWriter
 
         writer_class: type = S3StorageWriter
@@ -94,15 +120,25 @@ class S3Store:
         event loop, thread pools) inside the timer. Connections are not opened here:
         those are part of the I/O a checkpoint really pays.
         """
+        if self.other_client is not None:
+            self.other_client.warm_up(storage_io)
+            return
         from dcp_fsdp.compat import build_native_client
 
         build_native_client(storage_io)  # warns once when it cannot
+
+    def client_events(self, storage_io) -> list[Any]:
+        """The botocore event emitters of the client under `storage_io` (built: warm_up),
+        where the request statistics hook in; [] for the connector (its own log says them)."""
+        return [] if self.other_client is None else self.other_client.warm_up(storage_io)
 
     def drop_cache(self, suffix: str, share: tuple[int, int] = (0, 1)) -> None:
         """No local cache between a load and S3 (every read is a GET)."""
         return None
 
     def reader(self, suffix: str, timeline: HookTimeline | None = None):
+        if self.other_client is not None:
+            return self.other_client.reader(suffix, timeline)
         from s3torchconnector import S3ReaderConstructor
         from s3torchconnector.dcp import S3StorageReader
 

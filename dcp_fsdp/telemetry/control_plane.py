@@ -37,3 +37,65 @@ def install_control_plane_hook(record_call: Callable[[Any], None]) -> None:
 
     boto3.DEFAULT_SESSION.events.register("needs-retry.s3", on_attempt,
                                           unique_id="dcp-fsdp-control-plane-count")
+
+
+_STARTED = "dcp_fsdp_attempt_started"  # in botocore's per-request context
+_PREVIOUS = "dcp_fsdp_previous_attempt"
+_RETRYABLE_STATUSES = (408, 429, 500, 502, 503, 504)
+
+
+def _attempt_status(response: Any) -> int | None:
+    try:
+        return int(response[0].status_code)
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return None
+
+
+def _body_bytes(response: Any, operation: str) -> int | None:
+    """A GetObject attempt's body length, from its Content-Length."""
+    if operation != "GetObject":
+        return None
+    try:
+        return int(response[0].headers["content-length"])
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+        return None
+
+
+def install_data_plane_hook(events: Any, record_call: Callable[[Any], None]) -> None:
+    """Record every S3 attempt of a botocore or aiobotocore client (s3fs under torch's
+    fsspec path, multi-storage-client) as the connector's log lines are recorded: kind,
+    outcome, status, duration from the attempt's request to its answer, GetObject bytes; an
+    attempt followed by another of the same call is marked `retried`, so a re-sent request
+    never reads as a first try. Registered once per emitter (unique ids)."""
+    from dcp_fsdp.telemetry.request import Request
+
+    def on_request_created(request: Any = None, **kwargs: Any) -> None:
+        context = getattr(request, "context", None)
+        if context is None:
+            return
+        previous = context.get(_PREVIOUS)
+        if previous is not None:
+            previous.retried = True  # botocore is sending this call again
+        context[_STARTED] = time.time()
+
+    def on_attempt(event_name: str = "", response: Any = None, request_dict: Any = None,
+                   **kwargs: Any) -> None:
+        operation = event_name.rsplit(".", 1)[-1]
+        context = (request_dict or {}).get("context", {})
+        started, ended = context.get(_STARTED), time.time()
+        status = _attempt_status(response)
+        outcome = ("ok" if status is not None and status < 400 else
+                   "miss" if status == 404 and operation.startswith("Head") else "failed")
+        call = Request(end_wall_s=ended, kind=operation, outcome=outcome, status=status,
+                       duration_s=None if started is None else ended - started,
+                       nbytes=_body_bytes(response, operation),
+                       retryable=outcome == "failed" and (status is None
+                                                          or status in _RETRYABLE_STATUSES),
+                       opened_wall_s=started)
+        context[_PREVIOUS] = call
+        record_call(call)
+        return None  # never influences botocore's retry decision
+
+    events.register("request-created.s3", on_request_created,
+                    unique_id="dcp-fsdp-data-plane-started")
+    events.register("needs-retry.s3", on_attempt, unique_id="dcp-fsdp-data-plane-count")

@@ -53,7 +53,7 @@ from dcp_fsdp.process.lifeline import owned_tempdir
 from dcp_fsdp.telemetry import summaries
 from dcp_fsdp.telemetry.connector_log import (  # noqa: F401 - parse_lines re-exported
     LogParser, Unparsed, parse_lines, version_problem)
-from dcp_fsdp.telemetry.control_plane import install_control_plane_hook
+from dcp_fsdp.telemetry.control_plane import install_control_plane_hook, install_data_plane_hook
 from dcp_fsdp.telemetry.request import THROTTLE_STATUSES, Request  # noqa: F401 - re-exported
 
 DEBUG_LOGS_ENV = "S3_TORCH_CONNECTOR_DEBUG_LOGS"
@@ -82,11 +82,26 @@ class RequestLog:
         self._late = 0  # requests of a summarised window that reached the file after it
         self._control: list[Request] = []
         self._control_lock = threading.Lock()
+        # storage.client=fsspec|msc: their botocore attempts, from install_data_plane_hook
+        self._hooked: list[Request] = []
         self.untimed_control: list[Request] = []
         self._warned_unparsed = False
         self._warned_lines = False
 
+    def record_data_call(self, call: Request) -> None:
+        """One attempt of a botocore-based DCP client (`hook_client`)."""
+        with self._control_lock:
+            self._hooked.append(call)
+
+    def hook_client(self, events: Any) -> None:
+        """Count the requests of a botocore-based DCP client (s3fs, multi-storage-client)
+        whose event emitter is `events`, as the connector's log lines are counted."""
+        install_data_plane_hook(events, self.record_data_call)
+
     def _read_new(self) -> None:
+        with self._control_lock:
+            self._pending.extend(self._hooked)
+            self._hooked = []
         if not self.directory.is_dir():
             return
         for path in sorted(self.directory.iterdir()):  # hourly files sort by time

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from dcp_fsdp import log
-from dcp_fsdp.telemetry.records import record_path, write_records
+from dcp_fsdp.telemetry.records import RunRecord, Sample, record_path, write_records
 
 
 def writable_dir_problem(path: str | Path) -> str | None:
@@ -43,7 +44,7 @@ def record_written(results_dir: str, run_id: str) -> bool:
                for where in (results_dir, fallback_results_dir()))
 
 
-def write_record(results_dir: str, run, samples) -> Path:
+def write_record(results_dir: str, run: RunRecord, samples: Iterable[Sample]) -> Path:
     """The record under results_dir; if that fails (the directory went away, the disk
     filled), under the fallback directory, said in a warning: a run's measurement is
     never lost to a path problem."""

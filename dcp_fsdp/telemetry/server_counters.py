@@ -22,7 +22,8 @@ SERVER_TYPE = {
     "CreateMultipartUpload": "POST", "CompleteMultipartUpload": "POST", "UploadPart": "PUT",
     "PutObject": "PUT", "GetObject": "GET", "HeadObject": "GET", "CopyObject": "COPY",
     "UploadPartCopy": "PUT", "DeleteObject": "DELETE", "AbortMultipartUpload": "DELETE",
-    "ListObjectsV2": "LIST", "ListParts": "GET", "HeadBucket": "GET",
+    "ListObjectsV2": "LIST", "ListObjects": "LIST", "ListParts": "GET", "HeadBucket": "GET",
+    "DeleteObjects": "DELETE",  # a bulk delete (s3fs removes with it): one request, one count
 }
 SETTLE_POLL_S = 0.25  # it updates its counters just after answering
 
