@@ -13,9 +13,11 @@ light parent prints the one line. DCP_FSDP_DEBUG=1 keeps torchrun's own log line
 import os
 import signal
 import sys
+from types import FrameType
+from typing import Any, NoReturn
 
 
-def _quiet_exit(signum, frame):
+def _quiet_exit(signum: int, frame: FrameType | None) -> NoReturn:
     # A signal while torch is still importing (the first seconds): no workers exist yet,
     # and a KeyboardInterrupt traceback would be all the user sees.
     os._exit(130)
@@ -99,18 +101,18 @@ class _Terminated(KeyboardInterrupt):
     pass
 
 
-def _raise_interrupt(signum, frame):
+def _raise_interrupt(signum: int, frame: FrameType | None) -> NoReturn:
     raise _Terminated()
 
 
-def _ours(error_file_data, key: str) -> dict:
+def _ours(error_file_data: Any, key: str) -> dict:
     ours = error_file_data.get(key) if isinstance(error_file_data, dict) else None
     if not isinstance(ours, dict):
         return {}
     return {name: ours.get(name) for name in ("status", "error", "cause")}
 
 
-def _message(message) -> str:
+def _message(message: Any) -> str:
     """The text of a rank's error file (ours is a string; torch's record() a dict)."""
     if isinstance(message, dict):
         message = message.get("message", "")

@@ -8,11 +8,16 @@ the plan's own and are taken off first. Nothing starts: no rank, no storage requ
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
 from dcp_fsdp.errors import UserError
+
+if TYPE_CHECKING:
+    from dcp_fsdp.plan.build import GlobalPlan
+    from dcp_fsdp.plan.state import StateTemplate
 
 PLAN_KEYS = ("world_size", "ranks_per_node", "record", "exact")
 # Above this many write items (world size x state values) the plan is built from a subset
@@ -80,7 +85,7 @@ def parse_request(args: list[str]) -> PlanRequest:
     return PlanRequest(world_size, ranks_per_node, record, cfg, exact == "true")
 
 
-def rank_prefix_function(cfg: BenchmarkConfig, world_size: int):
+def rank_prefix_function(cfg: BenchmarkConfig, world_size: int) -> Callable[[int], str]:
     """How the writer names rank r's objects (`<prefix><n>.distcp`): DCP's `__r_` for fs, the
     connector's own prefix strategy for s3 (its names are in `.metadata`)."""
     storage = cfg.storage
@@ -106,7 +111,8 @@ def checkpoint_id(cfg: BenchmarkConfig) -> Any:
     return f"{(cfg.storage.uri or 's3://dcp-fsdp/checkpoints').rstrip('/')}/{new_suffix()}"
 
 
-def plan_world(request: PlanRequest, world_size: int, moe_layout: str | None = None):
+def plan_world(request: PlanRequest, world_size: int,
+               moe_layout: str | None = None) -> tuple[StateTemplate, GlobalPlan]:
     """(state template, global plan) of a save by `world_size` ranks; `moe_layout`: another
     layout than the settings' (the MoE comparison)."""
     from dcp_fsdp.models.presets import model_shape

@@ -15,6 +15,10 @@ from typing import Any, Callable, Iterable
 
 from dcp_fsdp.storage.layout import CEILING_ROOT
 
+# What a raw area's open() returns and its moves take: s3torchconnector's S3Client (which
+# ships no type information) for S3, None for a file system.
+Client = Any
+
 
 def s3_ceiling_prefix(prefix: str, token: str) -> str:
     return f"{prefix}.ceiling/{token}" if prefix else f"{CEILING_ROOT}/{token}"
@@ -41,7 +45,7 @@ class S3RawArea:
     def drop_cache(self, names: Iterable[str]) -> None:
         return None  # no local cache between a GET and S3
 
-    def open(self):
+    def open(self) -> Client:
         """A fresh client with its native client built (as S3Store.warm_up does for DCP's):
         the connector builds it lazily, on the first request, otherwise."""
         from dcp_fsdp.compat import s3_client
@@ -51,13 +55,13 @@ class S3RawArea:
     def prepare(self, names: Iterable[str]) -> None:
         """Nothing: S3 has no folders to create."""
 
-    def put(self, client, name: str, chunks: Iterable[bytes | memoryview]) -> None:
+    def put(self, client: Client, name: str, chunks: Iterable[bytes | memoryview]) -> None:
         writer = client.put_object(self.bucket, self._key(name))
         for chunk in chunks:
             writer.write(chunk)
         writer.close()
 
-    def get(self, client, name: str) -> int:
+    def get(self, client: Client, name: str) -> int:
         # The native object stream, read to its end: no buffering reader in between.
         from dcp_fsdp.compat import object_chunks
 
@@ -66,7 +70,7 @@ class S3RawArea:
             received += len(chunk)
         return received
 
-    def delete(self, client, names: Iterable[str]) -> None:
+    def delete(self, client: Client, names: Iterable[str]) -> None:
         for name in names:
             client.delete_object(self.bucket, self._key(name))
 
@@ -91,7 +95,7 @@ class FsRawArea:
         for name in names:
             self.path(name).parent.mkdir(parents=True, exist_ok=True)
 
-    def put(self, client, name: str, chunks: Iterable[bytes | memoryview]) -> None:
+    def put(self, client: Client, name: str, chunks: Iterable[bytes | memoryview]) -> None:
         fd = os.open(self.path(name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             for chunk in chunks:
@@ -108,7 +112,7 @@ class FsRawArea:
 
         return pagecache.drop(self.path(name) for name in names)
 
-    def get(self, client, name: str) -> int:
+    def get(self, client: Client, name: str) -> int:
         buffer = bytearray(self.read_chunk_bytes)
         received = 0
         with open(self.path(name), "rb", buffering=0) as source:
@@ -116,7 +120,7 @@ class FsRawArea:
                 received += count
         return received
 
-    def delete(self, client, names: Iterable[str]) -> None:
+    def delete(self, client: Client, names: Iterable[str]) -> None:
         """Unlink these files, then every folder up to `<path>.ceiling` that is now empty
         (the last rank to get here removes them; no barrier, so a failed round cleans up
         too)."""
