@@ -43,7 +43,7 @@ import os
 import re
 import secrets
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
@@ -55,6 +55,7 @@ from dcp_fsdp.rank.replicas import replica_share
 from dcp_fsdp.process.watchdog import Watchdog
 from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.base import CheckpointStore
+from dcp_fsdp.storage.raw import Client
 
 if TYPE_CHECKING:
     from dcp_fsdp.telemetry.records import Sample
@@ -171,7 +172,7 @@ class Mover:
     def name(iteration: int, obj: RawObject) -> str:
         return f"{iteration}/{obj.name}"
 
-    def new_client(self):
+    def new_client(self) -> Client:
         """A client built now (outside the timer), as the store's warm_up does for DCP's."""
         return self.area.open()
 
@@ -183,12 +184,12 @@ class Mover:
                 self._tails[rest] = self.payload[:rest]
         self.area.prepare(self.name(iteration, obj) for obj in objects)
 
-    def put(self, client, iteration: int, obj: RawObject) -> None:
+    def put(self, client: Client, iteration: int, obj: RawObject) -> None:
         self.area.put(client, self.name(iteration, obj),
                       (self.payload if length == self.chunk_bytes else self._tails[length]
                        for length in _chunks(obj.size_bytes, self.chunk_bytes)))
 
-    def get(self, client, iteration: int, obj: RawObject) -> int:
+    def get(self, client: Client, iteration: int, obj: RawObject) -> int:
         return self.area.get(client, self.name(iteration, obj))
 
     def drop_cache(self, iteration: int, objects: list[RawObject]) -> str | None:
@@ -196,7 +197,7 @@ class Mover:
         that held (None: nothing to drop, e.g. S3)."""
         return self.area.drop_cache(self.name(iteration, obj) for obj in objects)
 
-    def remove(self, client, iteration: int, objects: list[RawObject]) -> None:
+    def remove(self, client: Client, iteration: int, objects: list[RawObject]) -> None:
         self.area.delete(client, [self.name(iteration, obj) for obj in objects])
 
 
@@ -279,7 +280,9 @@ class Ceiling:
                     self._remove(iteration, put_objects)
         return samples
 
-    def _timed(self, op, iteration, suffix, objects, nbytes, pool, move) -> "Sample":
+    def _timed(self, op: str, iteration: int, suffix: str, objects: list[RawObject],
+               nbytes: tuple[int, int], pool: ThreadPoolExecutor | None,
+               move: Callable[[Client, int, RawObject], object]) -> "Sample":
         """`nbytes`: (the bytes the sample counts, the bytes it moves)."""
         from dcp_fsdp.telemetry.records import Sample
 

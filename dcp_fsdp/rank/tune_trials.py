@@ -22,8 +22,9 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.errors import BenchmarkFailure, UserError
@@ -31,12 +32,20 @@ from dcp_fsdp.tune.report import ceiling_summary as ceiling_summary_of
 from dcp_fsdp.tune.search import CEILING_RESERVE_TRIALS, CEILING_ROUNDS, Budget, Search, Trial
 from dcp_fsdp.telemetry import records
 
+if TYPE_CHECKING:
+    from dcp_fsdp.config.schema import BenchmarkConfig
+    from dcp_fsdp.models.build import ShardedModel
+    from dcp_fsdp.rank.loop import CheckpointLoop
+    from dcp_fsdp.storage.base import CheckpointStore
+    from dcp_fsdp.telemetry.records import Sample
+
 MIB = 2**20
 
 
 
 
-def trial_config(cfg, settings: dict[str, Any], ceiling: bool, iterations: int = 1):
+def trial_config(cfg: BenchmarkConfig, settings: dict[str, Any], ceiling: bool,
+                 iterations: int = 1) -> BenchmarkConfig:
     """The session's config with the trial's settings, as a command line would set them."""
     from omegaconf import OmegaConf
 
@@ -51,7 +60,7 @@ def trial_config(cfg, settings: dict[str, Any], ceiling: bool, iterations: int =
     return trial
 
 
-def figures_of(samples) -> dict[str, Any]:
+def figures_of(samples: Iterable[Sample]) -> dict[str, Any]:
     """Per operation its pooled aggregate MiB/s, seconds, bytes and spread, and the score
     (save + load bytes over save + load seconds), with the one definition of each figure
     (telemetry/figures.py: what the end-of-run table and `report` print)."""
@@ -76,7 +85,9 @@ def figures_of(samples) -> dict[str, Any]:
 
 
 class TuneTrials:
-    def __init__(self, session, sharded, state_dict, spec: dict[str, Any]) -> None:
+    # session: the RankSession (rank/session.py imports this module: no import back)
+    def __init__(self, session: Any, sharded: ShardedModel, state_dict: dict[str, Any],
+                 spec: dict[str, Any]) -> None:
         self.session = session
         self.sharded = sharded
         self.state_dict = state_dict
@@ -208,7 +219,7 @@ class TuneTrials:
                      f"score {score:.1f} MiB/s ({wall_s:.1f} s)")
         return Trial(settings, role, score, wall_s, figures)
 
-    def _delete(self, store, suffixes: list[str]) -> None:
+    def _delete(self, store: CheckpointStore, suffixes: list[str]) -> None:
         """The trial's checkpoints are the tuner's: removed after it, untimed."""
         for suffix in suffixes:
             try:
@@ -223,7 +234,7 @@ def load_spec() -> dict[str, Any] | None:
     return json.loads(Path(path).read_text()) if path else None
 
 
-def _run_trial(loop) -> tuple[str, str | None]:
+def _run_trial(loop: CheckpointLoop) -> tuple[str, str | None]:
     """(status, error line) of one trial's loop: a failure every rank raises alike ends the
     trial, not the session; anything else (an interrupt) ends the session."""
     try:
