@@ -10,7 +10,8 @@ the very shapes and values the tool saves; the builder leaves the host allocator
 before the barrier, as the tool does, so both time only the save and the load.
 
 Run under torchrun (it is started by benchmarks/harness_cost.py):
-  torchrun --standalone --nproc-per-node 2 -m benchmarks.bare_dcp MODEL DTYPE URI OUT.json [ITERATIONS]
+  torchrun --standalone --nproc-per-node 2 -m benchmarks.bare_dcp MODEL DTYPE URI OUT.json [ITERATIONS [CLIENT]]
+CLIENT: s3torchconnector (default), fsspec or msc (storage.client's choices).
 Storage settings: the defaults of `dcp-fsdp` (part 8 MiB, 10 Gbit/s, 10 attempts, 1 thread,
 dcp_optimized reader); the endpoint from AWS_ENDPOINT_URL.
 """
@@ -22,6 +23,33 @@ import os
 import resource
 import sys
 import time
+from typing import Any
+
+
+def other_client_factories(client: str, uri: str):
+    """torch's fsspec path or multi-storage-client with the tool's defaults for them
+    (fsspec: sync_files off, 50 MiB blocks, 10 connections; msc: 32 MiB parts, 64 MiB
+    threshold, 8 threads), built by their own constructors. The endpoint from
+    AWS_ENDPOINT_URL; MSC's profile file from MSC_CONFIG (harness_cost.py writes it)."""
+    if client == "fsspec":
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+        options: dict[str, Any] = {"endpoint_url": os.environ["AWS_ENDPOINT_URL"],
+                                   "client_kwargs": {"region_name": os.environ.get("AWS_REGION",
+                                                                                   "us-east-1")},
+                                   "config_kwargs": {"max_pool_connections": 10,
+                                                     "s3": {"addressing_style": "path"}},
+                                   "default_block_size": 50 * 2**20}
+        return (lambda path: FsspecWriter(path, sync_files=False, thread_count=1, overwrite=False,
+                                          **options),
+                lambda path: FsspecReader(path, **options))
+    from multistorageclient.contrib.torch import MultiStorageFileSystemReader, MultiStorageFileSystemWriter
+
+    def msc_path(path: str) -> str:
+        return "msc://bench/" + path[len("s3://"):].split("/", 1)[1]
+    return (lambda path: MultiStorageFileSystemWriter(msc_path(path), sync_files=False,
+                                                      thread_count=1, overwrite=False),
+            lambda path: MultiStorageFileSystemReader(msc_path(path), thread_count=1))
 
 
 def main() -> int:
@@ -41,7 +69,10 @@ def main() -> int:
     state_dict = make_state_dict(sharded)
     model_bytes = state_bytes(state_dict)
 
-    if uri.startswith("s3://"):
+    client = sys.argv[6] if len(sys.argv) > 6 else "s3torchconnector"
+    if uri.startswith("s3://") and client != "s3torchconnector":
+        writer_factory, reader_factory = other_client_factories(client, uri)
+    elif uri.startswith("s3://"):
         from s3torchconnector import S3ClientConfig, S3ReaderConstructor
         from s3torchconnector.dcp import S3StorageReader, S3StorageWriter
 
@@ -70,11 +101,19 @@ def main() -> int:
     writer = writer_factory(uri)
 
     def warm(storage_io) -> None:
-        client = getattr(getattr(storage_io, "fs", None), "_client", None)
-        if client is not None and hasattr(client, "_client"):
+        fs = getattr(storage_io, "fs", None)
+        inner = getattr(fs, "fs", None)
+        if inner is not None and hasattr(inner, "connect"):  # torch's fsspec path: s3fs's client
+            inner.connect()
+        if client == "msc":  # MSC's client for the profile, as the tool's warm-up builds it
+            from multistorageclient.shortcuts import resolve_storage_client
+
+            resolve_storage_client(str(storage_io.path))
+        native = getattr(fs, "_client", None)
+        if native is not None and hasattr(native, "_client"):
             # builds the native client, as the tool's warm-up does through compat.py (this script
             # imports nothing of the package on purpose)
-            client._client  # noqa: B018, SLF001
+            native._client  # noqa: B018, SLF001
 
     def faults() -> int:  # read outside the timer: minor page faults of this process
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

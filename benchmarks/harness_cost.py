@@ -73,7 +73,8 @@ def run_bare(args, location: str, env, log) -> dict[str, float]:
         # keeps them in its run directory (not torchelastic_* / torchinductor_* in /tmp)
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         f"--nproc-per-node={args.nproc}", f"--log-dir={Path(tmp) / 'torchelastic'}",
-                        "-m", "benchmarks.bare_dcp", args.model, args.dtype, location, str(out)],
+                        "-m", "benchmarks.bare_dcp", args.model, args.dtype, location, str(out),
+                        "1", args.client],
                        cwd=REPO, env={"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "torchinductor"),
                                       **env},
                        stdout=log, stderr=log, check=True)
@@ -91,7 +92,8 @@ def run_tool(args, storage_args: list[str], variant: str, env, log) -> dict[str,
                     if variant == "tool-torchrun" else [sys.executable])
         subprocess.run([*launcher, "-m", "dcp_fsdp", "save-and-load",
                         f"model={args.model}", f"model.dtype={args.dtype}", f"nproc={args.nproc}",
-                        *storage_args, "iterations=1", f"results_dir={results}", *settings],
+                        *storage_args, "iterations=1", f"results_dir={results}", *settings,
+                        *([f"storage.client={args.client}"] if args.storage == "s3" else [])],
                        cwd=REPO, env={**env, "DCP_FSDP_HARNESS_OFF": off},
                        stdout=log, stderr=log, check=True)
         (record,) = Path(results).glob("*.jsonl")
@@ -122,6 +124,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--storage", choices=("shm", "s3"), default="shm")
+    parser.add_argument("--client", choices=("s3torchconnector", "fsspec", "msc"),
+                        default="s3torchconnector", help="storage.client (s3 only): the bare "
+                        "script uses that client's own writer and reader")
     parser.add_argument("--model", default="L660m")
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--nproc", type=int, default=2)
@@ -151,6 +156,12 @@ def main() -> int:
         server = EmbeddedS3(bucket="harness-cost")
         endpoint = server.start()
         env = _env(endpoint.client_env(), args.nproc)
+        msc_config = Path(tempfile.mkdtemp(prefix="dcp-fsdp-harness-msc-")) / "msc.json"
+        msc_config.write_text(json.dumps({"profiles": {"bench": {"storage_provider": {
+            "type": "s3", "options": {"base_path": endpoint.bucket, "region_name": endpoint.region,
+                                      "endpoint_url": endpoint.endpoint_url,
+                                      "s3": {"addressing_style": "path"}}}}}}))
+        env["MSC_CONFIG"] = str(msc_config)  # the bare script's profile (no keys in it)
         client = boto3.client(
             "s3", endpoint_url=endpoint.endpoint_url, region_name=endpoint.region,
             aws_access_key_id=endpoint.access_key_id,
@@ -201,9 +212,11 @@ def main() -> int:
     finally:
         if server is not None:
             server.stop()
+            shutil.rmtree(msc_config.parent, ignore_errors=True)
         else:
             shutil.rmtree(shm, ignore_errors=True)
-    print(f"\n{args.model} {args.dtype}, {args.nproc} ranks, storage={args.storage}, "
+    print(f"\n{args.model} {args.dtype}, {args.nproc} ranks, storage={args.storage} "
+          f"(client {args.client if args.storage == 's3' else '-'}), "
           f"{args.pairs} rounds from {started}; seconds of the slowest rank; ratio = variant / "
           "bare of the same round")
     print("\n".join(summarise(figures, variants)))
