@@ -24,7 +24,6 @@ what a reader on another node would start from.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import os
 from pathlib import Path
@@ -45,7 +44,9 @@ _libc = None
 def _c_library() -> ctypes.CDLL:
     global _libc
     if _libc is None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        # the process's own symbols, libc's among them (as process/lifeline.py): find_library
+        # would run `ldconfig -p` in a subprocess to find the file
+        libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
         libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                               ctypes.c_int, ctypes.c_long)

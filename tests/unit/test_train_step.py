@@ -185,7 +185,7 @@ def test_a_cuda_step_waits_for_its_own_stream_not_the_whole_device(monkeypatch):
 
 
 def test_the_memory_bound_step_calibrates_and_runs_vector_adds():
-    step = train_step.TrainStep(torch.device("cpu"), 0.02, TrainStepWork.memory)
+    step = train_step.TrainStep(torch.device("cpu"), 0.05, TrainStepWork.memory)
     step.calibrate()
     assert step._a is not None and step._a.dim() == 1 and step._out is not None
     assert step._a.numel() >= 2**16 and step.matmuls >= 1
