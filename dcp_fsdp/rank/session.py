@@ -93,7 +93,7 @@ class RankSession:
             return  # request_stats=false: the connector logs nothing; samples' requests: None
         from dcp_fsdp.telemetry.request_log import open_for_rank
 
-        self.request_log = open_for_rank(self.rank, self.cfg.keep_request_log)
+        self.request_log = open_for_rank(self.rank, self.cfg.keep_request_log, self.cfg.storage.client.value)
         if self.request_log is not None:
             os.environ.update(self.request_log.environment())
 
@@ -104,8 +104,7 @@ class RankSession:
         t0 = time.monotonic()
         ctx = self.ctx = init_distributed(self.cfg.backend, process_group_timeout_s(
             self.cfg.collective_timeout_s, self.cfg.op_timeout_s))
-        self.rank = ctx.rank
-        self.init.rank = self.rank
+        self.rank = self.init.rank = ctx.rank
         self.init.pg_init_s = time.monotonic() - t0
         self.run.run_id = broadcast_object(os.environ.get(contract.RUN_ID_ENV)
                                            or records.new_run_id(self.cfg.command.value))
@@ -269,8 +268,7 @@ class RankSession:
         init_rows = self.gather(status)
         samples = self.samples()
         if status != "ok":
-            lifeline.remove_stale()  # a killed peer's request-log directory (under torchrun
-            # or Slurm no launcher of ours runs afterwards)
+            lifeline.remove_stale()  # a killed peer's temp dirs (torchrun, Slurm: no launcher after)
         if not (self.writes_record(status) and self.run.run_id):
             return
         if not self.is_coordinator and error_line and cause is not contract.EndCause.PEER_ENDED:

@@ -69,8 +69,9 @@ class RequestLog:
     """This process's connector log: read incrementally, split into timed windows."""
 
     def __init__(self, directory: Path, keep_raw: bool = False,
-                 settle_s: float = SETTLE_S) -> None:
+                 settle_s: float = SETTLE_S, client: str = "s3torchconnector") -> None:
         self.directory = Path(directory)
+        self.client = client  # storage.client: whose requests (its log, or botocore's hooks)
         self.keep_raw = keep_raw
         self.settle_s = settle_s
         self._offsets: dict[str, int] = {}
@@ -204,6 +205,13 @@ class RequestLog:
         if self._warned_unparsed:
             return
         self._warned_unparsed = True
+        if self.client != "s3torchconnector":
+            log.warning(f"storage.client={self.client}: no request of its client was seen in this "
+                        "rank for an operation that moved bytes (the process checkpointer's "
+                        "daemon makes a save's requests, out of this rank's hooks): request "
+                        "statistics are left empty (unknown), not zero; the server's own "
+                        "counters (storage.metrics_url) still count them")
+            return
         from importlib import metadata
 
         try:
@@ -259,7 +267,8 @@ class RequestLog:
         return kept
 
 
-def open_for_rank(rank: int | str, keep_raw: bool = False) -> RequestLog | None:
+def open_for_rank(rank: int | str, keep_raw: bool = False,
+                  client: str = "s3torchconnector") -> RequestLog | None:
     """This rank's request log, or None when it cannot be had (warned).
 
     The connector configures its logger once, when its native module is first
@@ -279,6 +288,6 @@ def open_for_rank(rank: int | str, keep_raw: bool = False) -> RequestLog | None:
     # Named after this process: a rank killed before close() leaves it, the next run
     # removes it (dcp_fsdp/process/lifeline.py).
     directory = owned_tempdir(f"dcp-fsdp-requests-r{rank}-")
-    request_log = RequestLog(directory, keep_raw=keep_raw)
+    request_log = RequestLog(directory, keep_raw=keep_raw, client=client)
     install_control_plane_hook(request_log.record_control_call)
     return request_log
