@@ -163,6 +163,7 @@ def check_torchrun_rank(cfg) -> None:
     ranks_here = checks.check_torchrun_environment()
     checks.check_model(cfg)
     checks.check_replicas(cfg.model.replicas, int(os.environ["WORLD_SIZE"]), "WORLD_SIZE")
+    checks.check_tensor_parallel(cfg, int(os.environ["WORLD_SIZE"]), "WORLD_SIZE")
     checks.check_environment(cfg)
     if needs_embedded_server(cfg):
         raise UserError(
@@ -254,6 +255,17 @@ def main(argv: list[str] | None = None) -> int:
         return _command(argv)
     except KeyboardInterrupt:
         return interrupted()
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """stdout's reader left (`dcp-fsdp save --help | head`): end as a program killed by
+    SIGPIPE would, silently; stdout pointed at /dev/null so that the interpreter's last
+    flush cannot raise again (no "Exception ignored ... BrokenPipeError")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + 13  # SIGPIPE
 
 
 def interrupted() -> int:
