@@ -105,6 +105,8 @@ def build_sharded_model(model_shape: str | ModelShape, dtype: Dtype, state: Chec
     fill_state(dcp_state_dict(model, optimizer), seed)
     if device.type == "cuda":  # the fill's kernels are done, not only queued
         torch.cuda.synchronize(device)
+    fill_s = time.monotonic() - filling
+    host_group = replicate_host_group(mesh) if replicas > 1 and device.type != "cpu" else None
     return ShardedModel(model, optimizer, param_count, param_bytes, mesh, replicas,
                         fill_s=fill_s, host_group=host_group)
 
@@ -118,8 +120,6 @@ def replicate_host_group(mesh: Any) -> dist.ProcessGroup:
     ranks = dist.get_process_group_ranks(mesh.get_group(REPLICATE_DIM))
     return dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
 
-    fill_s = time.monotonic() - filling
-    host_group = replicate_host_group(mesh) if replicas > 1 and device.type != "cpu" else None
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
