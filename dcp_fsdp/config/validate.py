@@ -70,6 +70,7 @@ _SUFFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 NAME_MAX_BYTES = 255  # a file or directory name on Linux file systems
 KEY_MAX_BYTES = 1024  # an S3 object key
 LONGEST_OBJECT_NAME = 64  # room for DCP's object names under a suffix (__0_0.distcp, ...)
+GENERATED_SUFFIX_ROOM = 32  # a generated suffix (2026-11-22-13-45-ab12, 21 bytes) and -N, '/'s
 
 
 def check_suffix_length(suffix: str, iterations: int, kind: str, prefix: str = "") -> None:
@@ -106,6 +107,17 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
                 if uri.startswith("msc://") else "")
         raise UserError(f"storage.uri={uri}: not an S3 URI; write it as s3://bucket/prefix{hint}")
     bucket, prefix = match["bucket"], (match["prefix"] or "").strip("/")
+    if {".", ".."} & set(prefix.split("/")) or "//" in prefix:
+        raise UserError(f"storage.uri={uri}: the prefix has an empty, '.' or '..' part; S3 keys "
+                        "have no folders to step through (servers refuse or keep them "
+                        "literally): write the prefix plainly, e.g. s3://bucket/ckpt/run1")
+    # room under S3's 1,024-byte keys for a suffix (a generated one: 21 bytes and -N) and
+    # DCP's object names (the suffix= setting is checked exactly: check_suffix_length)
+    longest_prefix = KEY_MAX_BYTES - LONGEST_OBJECT_NAME - GENERATED_SUFFIX_ROOM
+    if len(prefix.encode()) > longest_prefix:
+        raise UserError(f"storage.uri: its prefix is {len(prefix.encode())} bytes; with a "
+                        f"checkpoint's suffix and DCP's object names an S3 key would pass "
+                        f"{KEY_MAX_BYTES} bytes: use a prefix of at most {longest_prefix} bytes")
     if not _BUCKET.match(bucket) or ".." in bucket or re.match(r"^\d+\.\d+\.\d+\.\d+$", bucket):
         raise UserError(
             f"storage.uri={uri}: '{bucket}' is not a valid S3 bucket name; use 3-63 lowercase "

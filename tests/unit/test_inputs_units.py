@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from dcp_fsdp.analysis import columns, report
 from dcp_fsdp.storage import metadata_peek
 from tests.unit.analysis_kit import variant
@@ -81,3 +83,16 @@ def test_settings_typos_found_by_the_trial():
             compose("save", overrides)
         assert fragment in str(refused.value), (overrides, str(refused.value))
     assert compose("save", ["integrity=0"]).integrity is False  # 0 and 1 stay booleans
+
+
+@pytest.mark.parametrize(("uri", "fragment"), [
+    ("s3://bucket/a/../b", "'..' part"), ("s3://bucket/./b", "'..' part"),
+    ("s3://bucket/a//b", "'..' part"), ("s3://bucket/" + "p" * 1000, "at most 928 bytes")])
+def test_a_uri_no_key_can_hold_is_refused_before_any_rank(uri, fragment):
+    """The trial's URIs with '..' and a 1,000-byte prefix failed after the ranks started
+    (HTTP 400 from the server, 17-35 s): refused by the settings check instead."""
+    from dcp_fsdp.config.validate import parse_s3_uri
+    from dcp_fsdp.errors import UserError
+
+    with pytest.raises(UserError, match=fragment):
+        parse_s3_uri(uri)
