@@ -129,6 +129,11 @@ class ModelConfig:
                                "nproc/replicas ranks (a 2-D mesh replicate x shard); nproc "
                                "(under torchrun WORLD_SIZE) must be a multiple; a save writes "
                                "each shard once; 1: plain FSDP")
+    tp: int = setting(1, "tensor parallel degree: each decoder layer's attention and MLP split "
+                         "over this many ranks (q/k/v, gate/up column-wise; o/down row-wise, "
+                         "as torchtitan), FSDP over the rest (a mesh dp x tp; with replicas, "
+                         "replicate x shard x tp); nproc a multiple of tp x replicas; 1: FSDP "
+                         "only; llama-like models")
     replica_load: ReplicaLoad = setting(ReplicaLoad.every_replica,
                                         "replicas > 1: every_replica (each replica reads its "
                                         "shards from storage: replicas x the egress) or "

@@ -211,7 +211,7 @@ def _check_numbers(cfg: BenchmarkConfig) -> None:
             raise UserError(f"{name}={value}: give a finite number")
     ranges = (  # (setting, lowest, highest, whether the lowest is allowed)
         ("iterations", 1, MAX_ITERATIONS, True), ("nproc", 1, None, True),
-        ("model.replicas", 1, None, True),
+        ("model.replicas", 1, None, True), ("model.tp", 1, None, True),
         ("seed", 0, MAX_SEED, True), ("delay_s", 0, MAX_DELAY_S, True),
         ("op_timeout_s", 0, MAX_TIMEOUT_S, False),
         ("collective_timeout_s", 0, MAX_TIMEOUT_S, False),
@@ -305,6 +305,12 @@ def _check_combinations(cfg: BenchmarkConfig) -> None:
                         "receive a broadcast, and this run has model.replicas="
                         f"{cfg.model.replicas}; add model.replicas=2 (nproc a multiple of it), "
                         "or drop replica_load")
+    if cfg.model.tp > 1 and cfg.model.replica_load == ReplicaLoad.read_once:
+        # replica 0's load would need one group over its shard x tp ranks (a flattened
+        # sub-mesh) where rank/replicas.py loads over the "shard" group: not built
+        raise UserError(f"model.replica_load=read_once: not built with model.tp={cfg.model.tp} "
+                        "(replica 0's ranks span two mesh dimensions); use "
+                        "model.replica_load=every_replica, or model.tp=1")
     if cfg.plan_caching and cfg.save_mode != SaveMode.sync:
         raise UserError("plan_caching=true: applies to sync saves only; remove it, or "
                         "use save_mode=sync")

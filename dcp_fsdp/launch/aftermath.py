@@ -161,7 +161,7 @@ def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, st
 
     with mock.patch.dict(os.environ, {k: v for k, v in env.items() if k.startswith("AWS_")}):
         try:
-            store = make_store(cfg.storage)
+            store = make_store(cfg.storage, after_failure=True)  # a stalled server: seconds
             for suffix in dict.fromkeys(candidates):
                 if store.is_complete(suffix):
                     continue

@@ -233,6 +233,15 @@ def check_model(cfg: BenchmarkConfig) -> None:
     model_shape(cfg.model)
 
 
+def check_tensor_parallel(cfg: BenchmarkConfig, world_size: int, name: str) -> None:
+    """model.tp: the world forms whole TP groups (per replica) and the model splits evenly
+    over one (models/tensor_parallel.py); `name` is where `world_size` came from."""
+    from dcp_fsdp.models.presets import model_shape
+    from dcp_fsdp.models.tensor_parallel import check_tp
+
+    check_tp(model_shape(cfg.model), cfg.model.tp, cfg.model.replicas, world_size, name)
+
+
 # -- memory ----------------------------------------------------------------------------------
 # A rank holds more than its state at moments (the build, a save's staging, a load's
 # buffers): above this share of what is available the run is warned, not refused.
@@ -272,8 +281,14 @@ def check_memory(cfg: BenchmarkConfig, ranks_here: int, world_size: int) -> None
     before the build rather than killed by the kernel part way (SIGKILL, no record)."""
     if cfg.backend == Backend.nccl or (cfg.backend == Backend.auto and _cuda_driver_present()):
         return  # the state lives on the GPUs
-    # each rank holds 1 / (world / replicas) of the state (replicas hold copies)
+    # each rank holds 1 / (world / replicas) of the state (replicas hold copies); with model.tp,
+    # more: the tensors TP leaves whole are sharded over world / (replicas x tp) ranks only
     per_rank = state_bytes_estimate(cfg) * cfg.model.replicas // max(1, world_size)
+    if cfg.model.tp > 1:
+        from dcp_fsdp.models.presets import model_shape
+        from dcp_fsdp.models.tensor_parallel import tp_memory_factor
+
+        per_rank = int(per_rank * tp_memory_factor(model_shape(cfg.model), cfg.model.tp))
     needed, available = per_rank * ranks_here, available_memory_bytes()
     what = f"model={cfg.model.name} model.dtype={cfg.model.dtype.value} state={cfg.state.value}"
     if needed > available:
@@ -295,6 +310,7 @@ def check_launch(cfg: BenchmarkConfig) -> None:
     check_results_dir(cfg.results_dir)
     check_nproc(cfg.nproc)
     check_replicas(cfg.model.replicas, cfg.nproc, "nproc")
+    check_tensor_parallel(cfg, cfg.nproc, "nproc")
     check_devices(cfg.backend, cfg.nproc, cuda_device_count)
     if cfg.command.value != "ceiling":
         check_memory(cfg, cfg.nproc, cfg.nproc)

@@ -13,6 +13,12 @@ With `replicas` R > 1 the ranks form R replica groups over a 2-D mesh ("replicat
 sharded over its world size / R ranks; rank r is replica r // (world size / R), shard
 r % (world size / R) (init_device_mesh lays ranks out row-major). Peak memory per rank is
 then about (parameters x R / world size).
+
+With `tp` T > 1 (model.tp) each block's attention and MLP projections are first split over T
+ranks by torch's tensor parallel (models/tensor_parallel.py), and FSDP shards over the rest:
+the mesh is (dp, tp), or (replicate, shard, tp) with replicas (device_meshes). The values are
+still a function of the global index: a TP-split DTensor's shard knows its offsets as any
+other does (compat.local_shape_and_global_offset, FSDP's strided split over TP included).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_st
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import parallelize_module
 
 from dcp_fsdp.compat import flatten_state_dict, local_shape_and_global_offset
 from dcp_fsdp.config.schema import CheckpointState, Dtype
@@ -34,6 +41,7 @@ from dcp_fsdp.models import values
 from dcp_fsdp.models.llama_model_config import ModelShape
 from dcp_fsdp.models.modules import module_tree
 from dcp_fsdp.models.presets import PRESETS
+from dcp_fsdp.models.tensor_parallel import DP_DIM, TP_DIM, tp_plan
 
 TORCH_DTYPES = {Dtype.fp32: torch.float32, Dtype.bf16: torch.bfloat16}
 
@@ -78,8 +86,9 @@ def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def build_sharded_model(model_shape: str | ModelShape, dtype: Dtype, state: CheckpointState,
                         device: torch.device, world_size: int, seed: int,
-                        replicas: int = 1, moe_layout: str = "hf") -> ShardedModel:
-    """`model_shape`: a preset's name or a shape (model.config's)."""
+                        replicas: int = 1, moe_layout: str = "hf", tp: int = 1) -> ShardedModel:
+    """`model_shape`: a preset's name or a shape (model.config's); `tp` > 1: tensor parallel
+    over that many ranks inside each FSDP shard group (models/tensor_parallel.py)."""
     shape = PRESETS[model_shape] if isinstance(model_shape, str) else model_shape
     with torch.device("meta"):
         model = module_tree(shape, moe_layout).to(TORCH_DTYPES[dtype])
@@ -87,14 +96,12 @@ def build_sharded_model(model_shape: str | ModelShape, dtype: Dtype, state: Chec
     param_count = sum(p.numel() for p in model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
-    if replicas > 1:  # HSDP: fully_shard over a 2-D mesh shards along "shard" only
-        mesh = init_device_mesh(device.type, (replicas, world_size // replicas),
-                                mesh_dim_names=(REPLICATE_DIM, SHARD_DIM))
-    else:
-        mesh = init_device_mesh(device.type, (world_size,))
+    mesh, fsdp_mesh = device_meshes(device.type, world_size, replicas, tp)
     for block in decoder_blocks(model):
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        if tp > 1:  # TP first: FSDP then shards the TP shards (FSDP2's 2-D composition)
+            parallelize_module(block, mesh[TP_DIM], tp_plan(block))
+        fully_shard(block, mesh=fsdp_mesh)
+    fully_shard(model, mesh=fsdp_mesh)
 
     model.to_empty(device=device)
     optimizer = None
@@ -109,6 +116,26 @@ def build_sharded_model(model_shape: str | ModelShape, dtype: Dtype, state: Chec
     host_group = replicate_host_group(mesh) if replicas > 1 and device.type != "cpu" else None
     return ShardedModel(model, optimizer, param_count, param_bytes, mesh, replicas,
                         fill_s=fill_s, host_group=host_group)
+
+
+def device_meshes(device_type: str, world_size: int, replicas: int, tp: int) -> tuple[Any, Any]:
+    """(the whole mesh, the mesh FSDP shards over). With tp > 1 the TP ranks are the mesh's
+    last (fastest) dimension, so they are neighbouring ranks (one node, as TP wants):
+    (dp, tp), or (replicate, shard, tp) with replicas > 1 (HSDP over the first two)."""
+    if tp > 1 and replicas > 1:
+        mesh = init_device_mesh(device_type, (replicas, world_size // (replicas * tp), tp),
+                                mesh_dim_names=(REPLICATE_DIM, SHARD_DIM, TP_DIM))
+        return mesh, mesh[REPLICATE_DIM, SHARD_DIM]
+    if tp > 1:
+        mesh = init_device_mesh(device_type, (world_size // tp, tp),
+                                mesh_dim_names=(DP_DIM, TP_DIM))
+        return mesh, mesh[DP_DIM]
+    if replicas > 1:  # HSDP: fully_shard over a 2-D mesh shards along "shard" only
+        mesh = init_device_mesh(device_type, (replicas, world_size // replicas),
+                                mesh_dim_names=(REPLICATE_DIM, SHARD_DIM))
+        return mesh, mesh
+    mesh = init_device_mesh(device_type, (world_size,))
+    return mesh, mesh
 
 
 def replicate_host_group(mesh: Any) -> dist.ProcessGroup:

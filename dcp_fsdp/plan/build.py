@@ -128,9 +128,10 @@ def _item_length(item: WriteItem, value_bytes: dict[str, int]) -> int:
 
 
 def build_global_plan(template: StateTemplate, world_size: int, replicas: int, thread_count: int,
-                      rank_prefix: Callable[[int], str], checkpoint_id: str | Path) -> GlobalPlan:
+                      rank_prefix: Callable[[int], str], checkpoint_id: str | Path,
+                      tp: int = 1) -> GlobalPlan:
     """DCP's save of `template` by `world_size` ranks, planned and laid out in this process."""
-    plans = [local_plan(template, rank, world_size, replicas) for rank in range(world_size)]
+    plans = [local_plan(template, rank, world_size, replicas, tp) for rank in range(world_size)]
     plan_sizes = [len(pickle.dumps(plan)) for plan in plans[:1]]  # what each rank sends
     start = time.process_time()
     global_plans, metadata = DefaultSavePlanner().create_global_plan(plans)

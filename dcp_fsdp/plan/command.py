@@ -63,6 +63,7 @@ def parse_request(args: list[str]) -> PlanRequest:
     from dcp_fsdp.config.compose import compose
     from dcp_fsdp.config.validate import check_replicas
     from dcp_fsdp.models.presets import model_shape
+    from dcp_fsdp.models.tensor_parallel import check_tp
 
     own, rest = split_plan_args(args)
     if "world_size" not in own:
@@ -76,8 +77,9 @@ def parse_request(args: list[str]) -> PlanRequest:
                         f"{ranks_per_node}; give whole nodes, e.g. world_size="
                         f"{ranks_per_node * -(-world_size // ranks_per_node)}")
     cfg = compose("save", rest)
-    model_shape(cfg.model)  # a preset with no shape, a bad config.json: one line, here
+    shape = model_shape(cfg.model)  # a preset with no shape, a bad config.json: one line, here
     check_replicas(cfg.model.replicas, world_size, "world_size")
+    check_tp(shape, cfg.model.tp, cfg.model.replicas, world_size, "world_size")
     record = Path(own["record"]) if own.get("record") else None
     exact = own.get("exact", "false").lower()
     if exact not in ("true", "false"):
@@ -127,7 +129,8 @@ def plan_world(request: PlanRequest, world_size: int,
               and can_sample(template))
     build = sampled_global_plan if sample else build_global_plan
     return template, build(template, world_size, cfg.model.replicas, cfg.storage.thread_count,
-                           rank_prefix_function(cfg, world_size), checkpoint_id(cfg))
+                           rank_prefix_function(cfg, world_size), checkpoint_id(cfg),
+                           cfg.model.tp)
 
 
 def main(args: list[str]) -> int:
@@ -153,8 +156,10 @@ def main(args: list[str]) -> int:
     if rates is not None:
         sizes = []
         nodes = 1
+        group = request.cfg.model.replicas * request.cfg.model.tp  # the mesh's whole rows
         while nodes * request.ranks_per_node < request.world_size:
-            sizes.append(nodes * request.ranks_per_node)
+            if nodes * request.ranks_per_node % group == 0:
+                sizes.append(nodes * request.ranks_per_node)
             nodes *= 2
         plans = [plan_world(request, size)[1] for size in sizes] + [plan]
         print(render_projection(request, plans, rates))

@@ -42,7 +42,8 @@ def render_plan(request, template, plan, elapsed_s: float) -> str:
     nodes = plan.world_size // request.ranks_per_node
     lines = [
         f"plan: {cfg.model.name} {cfg.model.dtype.value} {cfg.state.value}, {plan.world_size} "
-        f"rank(s) = {nodes} node(s) x {request.ranks_per_node}, replicas {cfg.model.replicas}; "
+        f"rank(s) = {nodes} node(s) x {request.ranks_per_node}, replicas {cfg.model.replicas}"
+        + (f", tp {cfg.model.tp}" if cfg.model.tp > 1 else "") + "; "
         f"storage {storage.kind.value}, thread_count {storage.thread_count}, part "
         f"{storage.part_size_mib} MiB (DCP's planner, torch's own classes; nothing started; "
         f"{elapsed_s:.1f} s)",

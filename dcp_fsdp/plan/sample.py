@@ -75,7 +75,7 @@ def _spread(objects: tuple[DataObject, ...], added: list[int]) -> tuple[DataObje
 
 def sampled_global_plan(template: StateTemplate, world_size: int, replicas: int,
                         thread_count: int, rank_prefix: Callable[[int], str],
-                        checkpoint_id: Any) -> GlobalPlan:
+                        checkpoint_id: Any, tp: int = 1) -> GlobalPlan:
     layers = layers_of(template)
     base = set(layers[:BASE_LAYERS])
     rest = [i for i in layers if i not in base]
@@ -83,7 +83,7 @@ def sampled_global_plan(template: StateTemplate, world_size: int, replicas: int,
 
     def build(keep: set[int]) -> GlobalPlan:
         return build_global_plan(subset(template, keep), world_size, replicas, thread_count,
-                                 rank_prefix, checkpoint_id)
+                                 rank_prefix, checkpoint_id, tp)
 
     first = build(base)
     metadata, items = first.metadata_bytes, first.items

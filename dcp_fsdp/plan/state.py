@@ -6,7 +6,8 @@ the meta device (no memory), with AdamW state as `models.build` creates it, thro
 local plan is then the one DefaultSavePlanner.create_local_plan makes for FSDP2's dim-0
 sharding: every tensor of one or more dimensions is a DTensor sharded along dim 0 over the
 world (with `replicas` R > 1: over the R groups' world / R ranks, as the HSDP mesh
-(replicate, shard) does), split as torch's Shard(0) splits (chunks of ceil(rows / shards)
+(replicate, shard) does; with model.tp T > 1, over world / (R x T) ranks inside each TP
+rank's block: shard_block), split as torch's Shard(0) splits (chunks of ceil(rows / shards)
 rows; the last ones short or empty); 0-dim tensors (AdamW's `step`) and non-tensors
 (param_groups) are written by every rank and left for the coordinator to deduplicate.
 """
@@ -25,6 +26,7 @@ from torch.distributed.checkpoint.planner import (SavePlan, TensorWriteData, Wri
 
 from dcp_fsdp.config.schema import CheckpointState, Dtype
 from dcp_fsdp.models.llama_model_config import ModelShape
+from dcp_fsdp.models.tensor_parallel import tp_split_dim
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,12 +135,14 @@ def own_copy(text: str) -> str:
     return text.encode().decode()
 
 
-def local_plan(template: StateTemplate, rank: int, world_size: int, replicas: int = 1) -> SavePlan:
+def local_plan(template: StateTemplate, rank: int, world_size: int, replicas: int = 1,
+               tp: int = 1) -> SavePlan:
     """DefaultSavePlanner.create_local_plan's plan on `rank` (flattened state dict, FSDP2).
     Its planner_data is the rank's flatten mapping, keyed by the same key objects as its
     items (as the rank's pickled plan has them)."""
-    shards = world_size // replicas
-    shard = rank % shards  # the mesh (replicate, shard) is laid out row-major
+    shards = world_size // (replicas * tp)
+    # the mesh (replicate, shard[, tp]) is laid out row-major: tp is the fastest dimension
+    shard, tp_rank = (rank // tp) % shards, rank % tp
     items = []
     mappings = {}
     for entry in template.entries:
@@ -152,8 +156,24 @@ def local_plan(template: StateTemplate, rank: int, world_size: int, replicas: in
             items.append(_tensor_item(fqn, entry.shape, entry.dtype, (0,) * len(entry.shape),
                                       entry.shape, WriteItemType.TENSOR))
             continue
-        start, rows = shard_rows(entry.shape[0], shards, shard)
-        rest = entry.shape[1:]
-        items.append(_tensor_item(fqn, entry.shape, entry.dtype, (start,) + (0,) * len(rest),
-                                  (rows, *rest), WriteItemType.SHARD))
+        offsets, sizes = shard_block(entry.shape, shards, shard,
+                                     tp_split_dim(entry.fqn) if tp > 1 else None, tp, tp_rank)
+        items.append(_tensor_item(fqn, entry.shape, entry.dtype, offsets, sizes,
+                                  WriteItemType.SHARD))
     return SavePlan(items, planner_data=mappings)
+
+
+def shard_block(shape: tuple[int, ...], shards: int, shard: int, tp_dim: int | None, tp: int,
+                tp_rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(offsets, sizes) of a rank's block of a tensor of `shape`: FSDP's Shard(0) over the
+    shard dimension, inside TP's even split of `tp_dim` (models/tensor_parallel.py) when the
+    tensor has one. Column-wise (dim 0) FSDP splits the TP rank's rows again (torch's
+    _StridedShard), so the rows start at the TP block's first row."""
+    offsets, sizes = [0] * len(shape), list(shape)
+    if tp_dim is not None:
+        sizes[tp_dim] = shape[tp_dim] // tp
+        offsets[tp_dim] = tp_rank * sizes[tp_dim]
+    start, rows = shard_rows(sizes[0], shards, shard)
+    offsets[0] += start  # an empty shard: past its block's end, as shard_rows places it
+    sizes[0] = rows
+    return tuple(offsets), tuple(sizes)

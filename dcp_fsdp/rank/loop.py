@@ -32,7 +32,7 @@ from dcp_fsdp.rank.sample_build import OpInProgress, build_sample, fill_save_fig
 from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.rank.memory import PeakMemory
 from dcp_fsdp.process.progress import Heartbeat
-from dcp_fsdp.rank.replicas import read_once_load, replica_share
+from dcp_fsdp.rank.replicas import held_bytes, read_once_load, replica_share
 from dcp_fsdp.rank.state import (apply_state_dict, checkable_seed, checkpoint_mismatch, first_mismatch,
                                  flat_tensors, local_bytes, mismatch_error)
 from dcp_fsdp.process.watchdog import Watchdog
@@ -219,7 +219,8 @@ class CheckpointLoop:
             raise RuntimeError(f"{run.op} iteration {run.iteration}: the upload never ended")
         sample = build_sample(
             run.op, run.iteration, run.suffix, run.timeline, run.clocks(end_mono), self.ctx.rank,
-            self.host, replica_share(local_bytes(self.state_dict), self.replicas, self.replica),
+            self.host, replica_share(held_bytes(self.state_dict, self.sharded.mesh), self.replicas,
+                                     self.replica),
             self.replica if self.replicas > 1 else None, self.request_log)
         sample.peak_rss_bytes, sample.cuda_max_allocated_bytes = run.peak_rss, run.cuda_peak
         sample.cache_policy = run.cache_policy
@@ -389,7 +390,7 @@ class CheckpointLoop:
         manifest = {"model": self.cfg.model.name, "model.moe_layout": self.cfg.model.moe_layout.value,
                     "model.dtype": self.cfg.model.dtype.value,
                     "state": self.cfg.state.value, "world_size": self.ctx.world_size,
-                    "replicas": self.replicas,
+                    "replicas": self.replicas, "tp": self.cfg.model.tp,
                     "param_count": self.sharded.param_count,
                     # what a load needs to recompute every value (rank/state.py)
                     "values": values.GENERATOR, "seed": self.cfg.seed}

@@ -24,8 +24,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import StorageReader
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
+from dcp_fsdp.compat import flatten_state_dict
 from dcp_fsdp.models.build import REPLICATE_DIM, SHARD_DIM, unique_shards
+from dcp_fsdp.models.tensor_parallel import TP_DIM
 from dcp_fsdp.rank.device import sync_device
 
 
@@ -34,6 +37,28 @@ def replica_share(nbytes: int, replicas: int, replica: int) -> int:
     shares over replicas 0..R-1 sum to `nbytes` (and over all ranks, to the checkpoint's
     state bytes: the figure every throughput divides, at any world size and R)."""
     return nbytes * (replica + 1) // replicas - nbytes * replica // replicas
+
+
+def held_bytes(state_dict: dict[str, Any], mesh: DeviceMesh | None) -> int:
+    """Bytes of this rank's shards, a shard that every TP rank holds whole counted 1/tp on
+    each (split exactly, as replica_share splits): with model.tp > 1, FSDP alone shards the
+    norms, embeddings and head (their DTensors' mesh has no "tp" dimension), so the tp ranks
+    of a dp shard hold the same bytes; over all ranks the shares then sum to the checkpoint's
+    state bytes, as without TP. 0-dim tensors (AdamW's step) count on every rank, as before."""
+    tp, tp_rank = 1, 0
+    if mesh is not None and TP_DIM in (mesh.mesh_dim_names or ()):
+        tp, tp_rank = mesh[TP_DIM].size(), mesh.get_local_rank(TP_DIM)
+    flat, _ = flatten_state_dict(state_dict)
+    total = 0
+    for tensor in flat.values():
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        nbytes = local.numel() * local.element_size()
+        whole_over_tp = (isinstance(tensor, DTensor)
+                         and TP_DIM not in (tensor.device_mesh.mesh_dim_names or ()))
+        total += replica_share(nbytes, tp, tp_rank) if whole_over_tp else nbytes
+    return total
 
 
 def read_once_load(state_dict: dict[str, Any], storage_reader: StorageReader | None, mesh: DeviceMesh,

@@ -134,7 +134,8 @@ class RankSession:
         shape = model_shape(cfg.model)
         t0 = time.monotonic()
         sharded = build_sharded_model(shape, cfg.model.dtype, cfg.state, ctx.device, ctx.world_size,
-                                      cfg.seed, cfg.model.replicas, cfg.model.moe_layout.value)
+                                      cfg.seed, cfg.model.replicas, cfg.model.moe_layout.value,
+                                      cfg.model.tp)
         self.init.build_s = time.monotonic() - t0
         self.init.fill_s = sharded.fill_s
         t0 = time.monotonic()
@@ -159,6 +160,7 @@ class RankSession:
                  f"world_size={ctx.world_size} nodes={ctx.node_count} "
                  + (f"replicas={cfg.model.replicas} ({cfg.model.replica_load.value} loads) "
                     if cfg.model.replicas > 1 else "")
+                 + (f"tp={cfg.model.tp} " if cfg.model.tp > 1 else "")
                  + f"backend={ctx.backend} "
                  f"storage={store.location('')}")
         spread_s = run.clock_spread_s or 0.0

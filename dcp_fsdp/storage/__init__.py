@@ -10,11 +10,14 @@ from dcp_fsdp.config.schema import StorageConfig, StorageKind
 from dcp_fsdp.storage.base import CheckpointStore
 
 
-def make_store(storage: StorageConfig) -> CheckpointStore:
+def make_store(storage: StorageConfig, after_failure: bool = False) -> CheckpointStore:
+    """`after_failure`: for the probes after a run failed (a partial checkpoint, its open
+    uploads), where a stalled server must not hold the command: every S3 control-plane
+    request waits at most storage.connect_timeout_s for its answer, once."""
     if storage.kind == StorageKind.fs:
         from dcp_fsdp.storage.fs import FsStore
 
         return FsStore(storage)
     from dcp_fsdp.storage.s3 import S3Store
 
-    return S3Store(storage)
+    return S3Store(storage, after_failure)

@@ -29,10 +29,11 @@ __all__ = ["S3Store", "S3Target", "resolve_endpoint", "resolve_region"]
 class S3Store:
     kind = "s3"
 
-    def __init__(self, storage: StorageConfig) -> None:
+    def __init__(self, storage: StorageConfig, after_failure: bool = False) -> None:
         self.config = storage
         self.target = S3Target.from_config(storage)
-        self.control = S3ControlPlane(self.target, storage.connect_timeout_s)
+        self.control = S3ControlPlane(self.target, storage.connect_timeout_s,
+                                      storage.connect_timeout_s if after_failure else None)
         # kept as attributes: tests and the run record read them
         self.uri, self.bucket, self.prefix = self.target.uri, self.target.bucket, self.target.prefix
         self.region, self.endpoint = self.target.region, self.target.endpoint

@@ -65,9 +65,11 @@ def _first_words(error: BaseException, limit: int = 120) -> str:
 
 
 class S3ControlPlane:
-    def __init__(self, target: S3Target, connect_timeout_s: float) -> None:
+    def __init__(self, target: S3Target, connect_timeout_s: float,
+                 answer_timeout_s: float | None = None) -> None:
         self.target = target
         self.connect_timeout_s = connect_timeout_s
+        self.answer_timeout_s = answer_timeout_s  # after a failure: one attempt, this long
         self._boto_client = None
         self._honours_if_none_match: bool | None = None  # asked once, on the first claim
 
@@ -91,8 +93,8 @@ class S3ControlPlane:
         return boto3.client(
             "s3", region_name=self.target.region, endpoint_url=self.target.endpoint,
             config=botocore_config.Config(
-                connect_timeout=self.connect_timeout_s, read_timeout=30,
-                retries={"mode": "standard", "total_max_attempts": 2},
+                connect_timeout=self.connect_timeout_s, read_timeout=self.answer_timeout_s or 30,
+                retries={"mode": "standard", "total_max_attempts": 1 if self.answer_timeout_s else 2},
                 s3={"addressing_style": "path" if self.target.force_path_style else "auto"}))
 
     def _explain(self, error: BaseException) -> UserError:

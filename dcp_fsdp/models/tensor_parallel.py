@@ -1,0 +1,110 @@
+"""Tensor parallel with FSDP (`model.tp=N`): which layouts the tool builds, checked before any
+rank starts, and the per-layer plan models/build.py applies.
+
+As torchtitan's Llama plan does: in every decoder layer q/k/v and gate/up are split
+column-wise (dim 0 of their weight, over N ranks) and o_proj and down_proj row-wise (dim 1),
+so each TP rank holds heads / N attention heads and intermediate / N of the MLP; norms,
+embeddings and the head are not split by TP (torchtitan's vocabulary-parallel embedding and
+sequence-parallel norms change no tensor's values, only which ranks hold them, and are left
+out: one layout per setting). FSDP then shards every parameter over the other dimension of
+the mesh: (dp, tp) = (world / N, N), or with model.replicas R (replicate, shard, tp).
+
+No torch here: the launcher and `plan` check a layout without importing it (the plan applied
+imports torch's tensor parallel API inside `tp_plan`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from dcp_fsdp.errors import UserError
+from dcp_fsdp.models.llama_model_config import ModelShape
+
+TP_DIM, DP_DIM = "tp", "dp"
+
+
+def check_tp(shape: ModelShape, tp: int, replicas: int, world_size: int, name: str) -> None:
+    """One line naming the setting and the fix when `world_size` ranks (`name`: nproc,
+    WORLD_SIZE or world_size) cannot hold `shape` at model.tp=`tp`. A split that is not even
+    would give TP ranks heads of different sizes, which torch's plan does not do."""
+    if tp < 1:
+        raise UserError(f"model.tp={tp}: must be 1 or more")
+    if tp == 1:
+        return
+    if shape.family == "gpt2":  # c_attn fuses q, k and v: a column split would mix them
+        raise UserError(f"model.tp={tp}: tensor parallel is built for llama-like models (q/k/v, "
+                        "gate/up, o/down projections), not gpt2; use a llama, qwen or mixtral "
+                        "model, or model.tp=1")
+    group = tp * replicas
+    if world_size % group:
+        multiple = group * -(-world_size // group)
+        times = f" x model.replicas={replicas}" if replicas > 1 else ""
+        raise UserError(f"model.tp={tp}: {name}={world_size} is not a multiple of {group} "
+                        f"(model.tp{times}); use {name}={multiple}, or a model.tp that divides it")
+    kv_heads = shape.num_kv_heads or shape.num_heads
+    for what, count in (("attention heads", shape.num_heads), ("KV heads", kv_heads),
+                        ("intermediate size", _dense_width(shape))):
+        if count and count % tp:
+            fits = [n for n in range(1, count + 1) if count % n == 0 and n <= world_size]
+            raise UserError(f"model.tp={tp}: the model's {count} {what} do not split evenly "
+                            f"over {tp} ranks; use model.tp one of {', '.join(map(str, fits))}")
+
+
+def _dense_width(shape: ModelShape) -> int | None:
+    """The MLP width TP splits: every dense layer's (an MoE layer's experts are left to FSDP:
+    torchtitan splits experts by expert parallel, not modelled here)."""
+    dense = [layer for layer in range(shape.num_layers) if not shape.sparse(layer)]
+    return shape.intermediate_size if dense else None
+
+
+def tp_plan(layer: Any) -> dict[str, Any]:
+    """parallelize_module's plan for one decoder layer: torchtitan's Llama plan for the
+    projections (an MoE layer's experts and router stay whole: see _dense_width)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan: dict[str, Any] = {f"self_attn.{name}": ColwiseParallel()
+                            for name in ("q_proj", "k_proj", "v_proj")}
+    plan["self_attn.o_proj"] = RowwiseParallel()
+    if hasattr(layer.mlp, "gate_proj"):  # dense MLP
+        plan["mlp.gate_proj"] = ColwiseParallel()
+        plan["mlp.up_proj"] = ColwiseParallel()
+        plan["mlp.down_proj"] = RowwiseParallel()
+    return plan
+
+
+# The tensors tp_plan splits, by their key in the flattened state dict (model and optimizer
+# state alike): column-wise split dim 0 (weights and biases), row-wise dim 1 (weights only:
+# RowwiseParallel keeps the bias whole). An MoE layer's mlp.experts.* and mlp.gate.* match
+# neither (dense MLP names only).
+_COLUMN = re.compile(r"\.layers\.\d+\.(self_attn\.[qkv]_proj|mlp\.(gate|up)_proj)\.(weight|bias)\b")
+_ROW = re.compile(r"\.layers\.\d+\.(self_attn\.o_proj|mlp\.down_proj)\.weight\b")
+
+
+def tp_split_dim(key: str) -> int | None:
+    """The dimension TP splits tensor `key` along (0 column-wise, 1 row-wise), or None for a
+    tensor every TP rank holds whole (`plan` lays out a TP save by it, plan/state.py)."""
+    if _COLUMN.search(key):
+        return 0
+    if _ROW.search(key):
+        return 1
+    return None
+
+
+def tp_memory_factor(shape: ModelShape, tp: int) -> float:
+    """How many times (parameters / world) a rank holds at model.tp=`tp`: the TP-split
+    tensors once, the rest (embeddings, head, norms: whole over the TP ranks) tp times. 1.0
+    without TP; for the launcher's memory check (its state is in proportion to the weights)."""
+    if tp <= 1:
+        return 1.0
+    from dcp_fsdp.models.llama_model_config import state_shapes
+
+    split = whole = 0
+    for name, dims in state_shapes(shape):
+        count = math.prod(dims)
+        if tp_split_dim(f".{name}") is None:
+            whole += count
+        else:
+            split += count
+    return (split + tp * whole) / (split + whole)

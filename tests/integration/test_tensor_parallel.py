@@ -1,0 +1,88 @@
+"""model.tp (tensor parallel with FSDP): a tp=2 x dp=2 save on 4 real gloo ranks, loaded
+verified bit for bit at tp=1 x dp=2 on 2 ranks (a resharded load: every TP-split tensor is
+read back in FSDP-only shards), and layouts the tool cannot build refused in one line before
+any rank starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dcp_fsdp.plan.command import parse_request, plan_world
+from tests.kit.cli import read_run, run_cli
+
+
+def refusal(result) -> str:
+    """The one error line of a refused run (exit 2: bad input)."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("dcp-fsdp: error:")]
+    assert len(errors) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.elapsed_s < 15, f"took {result.elapsed_s:.1f} s"
+    return errors[0]
+
+
+def test_tp2_dp2_save_loads_verified_at_tp1_dp2(tmp_path):
+    store = ["storage=fs", f"storage.path={tmp_path / 'ck'}"]
+    saved = run_cli(["save", *store, "nproc=4", "model.tp=2", "seed=3",
+                     f"results_dir={tmp_path / 'save'}"], timeout_s=400)
+    assert saved.returncode == 0, saved.stderr
+    assert " tp=2 " in saved.stdout
+    run, samples = read_run(tmp_path / "save")
+    assert run["config"]["model"]["tp"] == 2 and run["world_size"] == 4
+    (suffix,) = run["suffixes"]
+    manifest = json.loads((tmp_path / "ck" / suffix / "dcp_fsdp.json").read_text())
+    assert manifest["tp"] == 2 and manifest["world_size"] == 4
+    # the norms, embeddings and head are held whole by both TP ranks of a dp shard: each
+    # counts half, so the ranks' bytes are the checkpoint's state once, as without TP
+    saves = [s for s in samples if s["op"] == "save"]
+    assert sorted(s["rank"] for s in saves) == [0, 1, 2, 3]
+    assert sum(s["bytes"] for s in saves) == run["model"]["state_bytes"]
+    # ... and DCP wrote them once: the data files hold the state (plus DCP's small headers)
+    data = sum(p.stat().st_size for p in (tmp_path / "ck" / suffix).glob("*.distcp"))
+    assert run["model"]["state_bytes"] <= data < 1.01 * run["model"]["state_bytes"]
+
+    # `plan` lays out the same save without a rank: the same objects, bytes and .metadata
+    request = parse_request(["model=tiny_llama", *store, "model.tp=2", "world_size=4",
+                             "ranks_per_node=4"])
+    _, plan = plan_world(request, 4)
+    assert {o.name: o.size_bytes for o in plan.objects} == {
+        p.name: p.stat().st_size for p in (tmp_path / "ck" / suffix).glob("*.distcp")}
+    assert plan.metadata_bytes == (tmp_path / "ck" / suffix / ".metadata").stat().st_size
+
+    loaded = run_cli(["load", *store, f"suffix={suffix}", "nproc=2", "model.tp=1", "seed=4",
+                      f"results_dir={tmp_path / 'load'}"], timeout_s=400)
+    assert loaded.returncode == 0, loaded.stderr
+    run, samples = read_run(tmp_path / "load")
+    assert run["world_size"] == 2 and run["config"]["model"]["tp"] == 1
+    assert run["integrity"] == {suffix: {"checked": True, "reason": None}}
+    loads = [s for s in samples if s["op"] == "load"]
+    assert sum(s["bytes"] for s in loads) == run["model"]["state_bytes"]
+
+
+@pytest.mark.parametrize("settings, fragments", [
+    (["nproc=3", "model.tp=2"], ["model.tp=2", "nproc=3 is not a multiple of 2", "nproc=4"]),
+    (["nproc=4", "model.tp=2", "model.replicas=4"],
+     ["model.tp=2", "not a multiple of 8 (model.tp x model.replicas=4)", "nproc=8"]),
+    (["nproc=3", "model.tp=3"], ["model.tp=3", "4 attention heads", "model.tp one of 1, 2"]),
+    (["nproc=2", "model=tiny_gpt2", "model.tp=2"], ["model.tp=2", "not gpt2", "model.tp=1"]),
+    (["nproc=4", "model.tp=2", "model.replicas=2", "model.replica_load=read_once"],
+     ["model.replica_load=read_once", "model.tp=2", "every_replica"]),
+    (["nproc=2", "model.tp=0"], ["model.tp=0", "1 or more"]),
+])
+def test_layouts_that_cannot_be_built_are_refused_before_any_rank(tmp_path, settings, fragments):
+    result = run_cli(["save", "storage=fs", f"storage.path={tmp_path / 'ck'}", *settings,
+                      f"results_dir={tmp_path / 'r'}"])
+    line = refusal(result)
+    for fragment in fragments:
+        assert fragment in line, line
+    assert not (tmp_path / "ck").exists()
+
+
+def test_plan_takes_model_tp():
+    planned = run_cli(["plan", "model.tp=2", "world_size=8"])
+    assert planned.returncode == 0, planned.stderr
+    assert "replicas 1, tp 2;" in planned.stdout and ".metadata:" in planned.stdout
+    refused = run_cli(["plan", "model.tp=3", "world_size=8"])
+    assert "world_size=8 is not a multiple of 3" in refusal(refused)
