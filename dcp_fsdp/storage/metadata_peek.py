@@ -19,7 +19,9 @@ answered by a plain stand-in defined here, never by the real class:
 - `torch.Size` (called with a tuple of ints), the `torch.<dtype>` names (a dtype pickles as
   the global of its name), `torch.serialization._get_layout` (called with "torch.strided");
 - `pathlib.PosixPath` and its siblings (`StorageMeta.checkpoint_id` of a local save; also
-  `pathlib._local`, where Python 3.13 defines them): rebuilt as a string.
+  `pathlib._local`, where Python 3.13 defines them): rebuilt as a string;
+  `multistorageclient.pathlib.MultiStoragePath` (that of a storage.client=msc save): its path
+  strings only.
 
 Nothing else: no builtins at all (DCP pickles with protocol >= 2, where dicts, lists, tuples
 and sets are opcodes), so no `getattr`, `eval`, `os`, `subprocess`, `functools.partial` or
@@ -198,6 +200,19 @@ class _WindowsPath(_Callable):
         return str(PureWindowsPath(*parts))
 
 
+class _MultiStoragePath(_Record):
+    """multi-storage-client's path (`StorageMeta.checkpoint_id` of an MSC save): its two
+    private path fields as strings (the inner PurePosixPath is rebuilt as one), nothing else."""
+
+    TORCH_NAME = "multistorageclient.pathlib.MultiStoragePath"
+
+    def __setstate__(self, state: Any) -> None:
+        if (not isinstance(state, dict) or not set(state) <= {"_path", "_internal_path"}
+                or not all(isinstance(value, str) for value in state.values())):
+            raise _Refused(f"{self.TORCH_NAME} state other than its path strings")
+        self.path = state.get("_path")
+
+
 def _is_int_tuple(value: Any, allow_list: bool = False) -> bool:
     kinds = (tuple, list) if allow_list else (tuple,)
     return isinstance(value, kinds) and all(type(n) is int and n >= 0 for n in value)
@@ -235,6 +250,9 @@ ADMITTED: dict[tuple[str, str], type] = {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"):
         _record("torch.distributed.checkpoint.filesystem._StorageInfo"),
     ("torch", "Size"): _Size,
+    # StorageMeta.checkpoint_id of a multi-storage-client save (storage.client=msc): its
+    # path object, state {_path: str, _internal_path: PurePosixPath}
+    ("multistorageclient.pathlib", "MultiStoragePath"): _MultiStoragePath,
     ("torch.serialization", "_get_layout"): _Layout,
     **{(module, name): standin for module in ("pathlib", "pathlib._local")
        for name, standin in (("PosixPath", _PosixPath), ("PurePosixPath", _PosixPath),

@@ -225,3 +225,23 @@ def test_facts_carry_the_object_sizes_and_refuse_a_path_out_of_the_checkpoint(tm
         info.relative_path = "../../outside.distcp"
     with pytest.raises(MetadataRefused, match="outside.distcp"):
         metadata_peek.read_facts(pickle.dumps(metadata), "suffix=s: .metadata")
+
+
+def test_a_multi_storage_client_save_passes(tmp_path, monkeypatch):
+    """storage.client=msc: DCP keeps the writer's path, a MultiStoragePath, in
+    StorageMeta.checkpoint_id; a load of such a checkpoint was refused as hostile."""
+    import json
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from multistorageclient.contrib.torch import MultiStorageFileSystemWriter
+
+    config = tmp_path / "msc.json"
+    config.write_text(json.dumps({"profiles": {"local": {"storage_provider": {
+        "type": "file", "options": {"base_path": str(tmp_path)}}}}}))
+    monkeypatch.setenv("MSC_CONFIG", str(config))
+    dcp.save({"w": torch.ones(3)}, no_dist=True,
+             storage_writer=MultiStorageFileSystemWriter("msc://local/ckpt", sync_files=False))
+    raw = (tmp_path / "ckpt" / ".metadata").read_bytes()
+    assert b"MultiStoragePath" in raw
+    assert metadata_peek.read_tensors(raw) == {"w": TensorEntry((3,), "float32")}
