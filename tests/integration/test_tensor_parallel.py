@@ -60,6 +60,34 @@ def test_tp2_dp2_save_loads_verified_at_tp1_dp2(tmp_path):
     loads = [s for s in samples if s["op"] == "load"]
     assert sum(s["bytes"] for s in loads) == run["model"]["state_bytes"]
 
+    # the check reads TP x FSDP shards too: one flipped bit in the block of q_proj that rank 3
+    # (dp 1, tp 1) wrote, rows 192..255 (TP's second half, FSDP's second quarter inside it),
+    # is found at tp=2 x dp=2 by the rank holding it, at its global index
+    assert_corruption_found_at_tp2(tmp_path, store, suffix)
+
+
+def assert_corruption_found_at_tp2(tmp_path, store: list[str], suffix: str) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    directory = tmp_path / "ck" / suffix
+    key = "model.model.layers.1.self_attn.q_proj.weight"
+    metadata = dcp.FileSystemReader(str(directory)).read_metadata()
+    blocks = {tuple(index.offset): info for index, info in metadata.storage_data.items()
+              if index.fqn == key}
+    assert sorted(blocks) == [(0, 0), (64, 0), (128, 0), (192, 0)]  # tiny_llama: 256 rows
+    info = blocks[(192, 0)]
+    path = directory / info.relative_path
+    body = bytearray(path.read_bytes())
+    body[info.offset + info.length // 2] ^= 0x01  # in the tensor's bytes (torch.save's header is small)
+    path.write_bytes(bytes(body))
+    result = run_cli(["load", *store, f"suffix={suffix}", "nproc=4", "model.tp=2",
+                      f"results_dir={tmp_path / 'corrupt'}"], timeout_s=400)
+    assert result.returncode != 0
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("dcp-fsdp: error:")]
+    assert "corrupt" in line and f"tensor '{key}' element [" in line and "rank 3's shard" in line
+    row = int(line.split(f"tensor '{key}' element [")[1].split(",")[0])
+    assert 192 <= row < 256, line
+
 
 @pytest.mark.parametrize("settings, fragments", [
     (["nproc=3", "model.tp=2"], ["model.tp=2", "nproc=3 is not a multiple of 2", "nproc=4"]),
