@@ -1,6 +1,6 @@
 """What S3 faults cost a checkpoint: save-and-load through the fault-injecting proxy.
 
-Starts SeaweedFS on 127.0.0.1 (the embedded server), puts dcp_fsdp.fault_proxy in
+Starts SeaweedFS on 127.0.0.1 (the embedded server), puts tests.kit.fault_proxy in
 front of it, and runs `dcp-fsdp save-and-load` (2 ranks, tiny_llama, 10
 iterations by default) once per scenario:
 

@@ -5,7 +5,7 @@ setting (a fragment per case), no traceback, within LIMIT_S, before any rank sta
 rank's `run ...:` line, no record). Good cases must exit 0. Servers: one SeaweedFS
 (embedded_s3, 127.0.0.1), plus tiny HTTP servers that are not S3 (301 loop, 404).
 
-    .venv/bin/python scripts/trial_inputs.py [--markdown notes/trial.md] [-k FRAGMENT]
+    .venv/bin/python scripts/trial_inputs.py [--markdown /tmp/trial.md] [-k FRAGMENT]
 
 Prints one line per case and a summary; exits 1 if any case is wrong.
 """

@@ -4,7 +4,7 @@ The parent (light: no torch) checks the settings, starts the embedded server whe
 is configured, writes the session's plan (the space, the budget, where records go) and
 launches the ranks ONCE, through the launcher's public entry (`launch_local`). The ranks
 build the model once and run every trial (rank/tune_trials.py): rank 0 runs the search
-(tune_search.py) and prints the verdict (tune_report.py). Each trial is a normal
+(tune/search.py) and prints the verdict (tune/report.py). Each trial is a normal
 save-and-load iteration with its own record in `<results_dir>/tune-<stamp>/`; after the
 finals one more trial of the recommended settings measures the raw ceiling beside DCP
 (ceiling=true, 3 iterations), for the efficiency of the recommendation.

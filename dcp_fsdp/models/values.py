@@ -67,7 +67,7 @@ def _layout(dtype: torch.dtype) -> tuple[int, int, int]:
 # threshold for the rest of the process, after which dcp.load's temporary tensors (torch.load
 # of each shard) come from already-faulted heap memory instead of fresh pages: the tool's
 # loads then skipped tens of thousands of page faults per rank that a training job pays
-# (issue 19; the note in notes/bare.md). Built in small steps, the tables leave the allocator
+# (issue 19; docs/harness-cost.md). Built in small steps, the tables leave the allocator
 # as a plain `normal_` initialisation does.
 _TABLE_STEP = 8192
 

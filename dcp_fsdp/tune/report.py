@@ -1,5 +1,5 @@
 """What `dcp-fsdp tune` says at the end: the table of settings tried, the verdict (a
-winner only when it beats the defaults beyond the spread, tune_search.SearchResult), the
+winner only when it beats the defaults beyond the spread, tune.search.SearchResult), the
 noise seen, efficiency against the raw ceiling, and the OVERRIDES= line.
 
 `result_summary` turns a search result into plain data (written as `tune.json` in the

@@ -1,4 +1,4 @@
-"""Fault injection on loopback: our FaultProxy (dcp_fsdp/fault_proxy.py) between the
+"""Fault injection on loopback: our FaultProxy (tests/kit/fault_proxy.py) between the
 client and SeaweedFS answers 503 SlowDown, resets connections mid-body, stalls, or
 redirects to another region.
 
