@@ -13,7 +13,7 @@ import itertools
 import re
 from typing import TYPE_CHECKING
 
-from dcp_fsdp.config.validate import (check_model_settings, check_setting_name,
+from dcp_fsdp.config.validate import (apply_protocol, check_model_settings, check_setting_name,
                                       check_storage_settings, model_config_names)
 from dcp_fsdp.config.conf_dir import conf_dir
 from dcp_fsdp.errors import UserError
@@ -126,6 +126,7 @@ def compose(command: str, overrides: list[str]) -> BenchmarkConfig:
         raise UserError(one_line(error)) from None
     finally:
         GlobalHydra.instance().clear()
+    apply_protocol(cfg, given)  # (before validate: iterations sizes the suffixes)
     validate(cfg, CONF_DIR)
     check_storage_settings(cfg, given)
     check_model_settings(cfg, given)

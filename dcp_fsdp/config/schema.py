@@ -102,6 +102,17 @@ class TrainStepWork(str, enum.Enum):
     memory = "memory"
 
 
+class Protocol(str, enum.Enum):
+    # save-and-load's order of operations: default (per iteration a save, then a load of it)
+    # or mlperf (MLPerf Storage v3.0's checkpointing: 10 saves, then 10 loads of the last;
+    # rank/loop.py, docs/mlperf.md)
+    default = "default"
+    mlperf = "mlperf"
+
+
+MLPERF_CHECKPOINTS = 10  # MLPerf Storage v3.0: checkpoints written, then reads of the last
+
+
 class Backend(str, enum.Enum):
     auto = "auto"  # nccl when CUDA is present, else gloo
     gloo = "gloo"
@@ -112,7 +123,9 @@ class Backend(str, enum.Enum):
 class ModelConfig:
     preset: str = setting(MISSING, "model shape (group `model=`): llama3_8b, llama3_70b, "
                                    "llama3_405b, qwen3_8b, qwen3_32b, qwen3_30b_a3b, "
-                                   "mixtral_8x7b (released models), L7b, L13b, L30b, L65b, L70b, "
+                                   "mixtral_8x7b (released models), mlperf_llama3_8b, "
+                                   "mlperf_llama3_70b, mlperf_llama3_405b, mlperf_llama3_1t "
+                                   "(MLPerf Storage's), L7b, L13b, L30b, L65b, L70b, "
                                    "GPT-4B, L660m, tiny_llama, tiny_gpt2")
     config: Optional[str] = setting(None, "path of a local Hugging Face config.json (or its "
                                           "folder; never downloaded) of a llama, mistral, "
@@ -258,6 +271,12 @@ class BenchmarkConfig:
                                      "what is checkpointed: model, or model_and_optimizer "
                                      "(adds AdamW moments, ~3x bytes)")
     iterations: int = setting(1, "saves (and loads) per run, 1..1000000")
+    protocol: Protocol = setting(Protocol.default, "save-and-load: default (iterations x "
+                                                   "(save, load)) or mlperf (MLPerf Storage "
+                                                   "v3.0: 10 saves, then 10 loads of the last, "
+                                                   "the page cache dropped (fs); iterations "
+                                                   "fixed at 10; MLPerf's figure printed beside "
+                                                   "ours: docs/mlperf.md)")
     suffix: Optional[str] = setting(None, "checkpoint name under the uri/path; load: required; "
                                           "save: default a fresh time-stamped one")
     delay_s: float = setting(0.0, "pause between phases, never inside a timer, "
@@ -329,7 +348,7 @@ def _type_name(annotation: Any) -> str:
                             ("ReaderKind", ReaderKind), ("Backend", Backend),
                             ("SaveMode", SaveMode), ("AsyncCheckpointer", AsyncCheckpointer),
                             ("ReplicaLoad", ReplicaLoad), ("MoeLayout", MoeLayout),
-                            ("TrainStepWork", TrainStepWork)):
+                            ("TrainStepWork", TrainStepWork), ("Protocol", Protocol)):
         if name in text:
             return "|".join(member.value for member in enum_type)
     return (text.replace("Optional[", "").replace("]", "").replace("list[str", "list")

@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 
 from dcp_fsdp import contract
-from dcp_fsdp.config.schema import (BenchmarkConfig, Command, PrefixStrategy, ReaderKind,
-                                    StorageClient,
+from dcp_fsdp.config.schema import (MLPERF_CHECKPOINTS, BenchmarkConfig, Command, PrefixStrategy,
+                                    Protocol, ReaderKind, StorageClient,
                                     ReplicaLoad, SaveMode, StorageKind, TrainStepWork,
                                     iter_settings)
 from dcp_fsdp.errors import UserError
@@ -198,6 +198,25 @@ def check_model_settings(cfg: BenchmarkConfig, given: set[str]) -> None:
     if cfg.model.config and given & {"model", "model.preset"}:
         raise UserError(f"model={cfg.model.preset} and model.config={cfg.model.config} both name "
                         "the model: give one of them")
+
+
+def apply_protocol(cfg: BenchmarkConfig, given: set[str]) -> None:
+    """protocol=mlperf fixes the run to MLPerf's counts (iterations=10) and times nothing
+    but its saves and loads: a setting that would change either is refused."""
+    if cfg.protocol != Protocol.mlperf:
+        return
+    if cfg.command != Command.save_and_load:
+        raise UserError(f"protocol=mlperf: MLPerf's checkpointing protocol saves then loads; run "
+                        f"it with dcp-fsdp save-and-load (not {cfg.command.value}), or drop "
+                        "protocol")
+    if "iterations" in given and cfg.iterations != MLPERF_CHECKPOINTS:
+        raise UserError(f"iterations={cfg.iterations}: protocol=mlperf fixes {MLPERF_CHECKPOINTS} "
+                        f"saves, then {MLPERF_CHECKPOINTS} loads of the last; drop iterations, "
+                        "or drop protocol=mlperf")
+    if cfg.ceiling:
+        raise UserError("ceiling=true: protocol=mlperf times only its saves and loads; drop "
+                        "ceiling, or drop protocol=mlperf")
+    cfg.iterations = MLPERF_CHECKPOINTS
 
 
 def _value(cfg: BenchmarkConfig, name: str):

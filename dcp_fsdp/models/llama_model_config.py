@@ -1,7 +1,8 @@
 """The model shapes this benchmark checkpoints: the `llama_model_config` of the original
 awslabs DCP/FSDP benchmark (Llama 7B to 70B), the GPT-2-shaped "4B" of the training
 scripts it grew from, released models (Llama 3.1, Qwen3, Qwen3-MoE, Mixtral) as their
-published config.json files give them, and small shapes for machines and tests.
+published config.json files give them, MLPerf Storage's checkpointing workloads, and small
+shapes for machines and tests.
 
 Shapes only, no weights, no torch: `models/presets.py` names them for `model=...` (one
 `conf/model/<name>.yaml` each) and `models/hf_json.py` reads one from a config.json;
@@ -135,6 +136,30 @@ RELEASED_SHAPES: dict[str, ModelShape] = {
     # 32 layers of 8 experts (top 2), each 14,336 wide: 46.70 B parameters
     "mixtral_8x7b": ModelShape("mixtral", 4096, 32, 32, 32000, 32768, intermediate_size=14336,
                                num_kv_heads=8, num_experts=8),
+}
+
+
+
+def mlperf_llama3(hidden: int, ffn: int, layers: int, heads: int, kv_heads: int) -> ModelShape:
+    """MLPerf Storage v3.0's checkpointing workloads (DLIO's llama3 configs, field notes):
+    Llama 3 layers, vocabulary 128,256 untied, head_dim hidden // heads as DLIO computes it.
+    transformers' LlamaConfig refuses a width that is not a multiple of the heads (the 1t's
+    25,872 / 192); MistralConfig takes it, and its decoder holds the same tensors under the
+    same names, so such a shape is built as that family."""
+    family: Family = "llama" if hidden % heads == 0 else "mistral"
+    return ModelShape(family, hidden, layers, heads, LLAMA3_VOCAB, 131072,
+                      intermediate_size=ffn, num_kv_heads=kv_heads)
+
+
+# MLPerf's shapes, which are not all Llama's: its 70b has 128 heads of 64 (Llama 3.1 70B: 64
+# of 128), so its k/v projections are half as wide (69.88 B parameters, not 70.55 B).
+MLPERF_SHAPES: dict[str, ModelShape] = {
+    "mlperf_llama3_8b": mlperf_llama3(4096, 14336, 32, 32, 8),  # 8,030,261,248 (Llama 3.1 8B)
+    "mlperf_llama3_70b": mlperf_llama3(8192, 28672, 80, 128, 8),  # 69,882,617,856
+    "mlperf_llama3_405b": mlperf_llama3(16384, 53248, 126, 128, 8),  # 405,853,388,800
+    # 192 heads of 25,872 // 192 = 134 make q 25,728 wide, where DLIO's count takes it as
+    # hidden x hidden: 1,182,081,357,072 parameters, 953,745,408 (0.08 %) fewer than DLIO's
+    "mlperf_llama3_1t": mlperf_llama3(25872, 98304, 128, 192, 32),
 }
 
 

@@ -12,11 +12,12 @@ from dcp_fsdp.config.schema import ModelConfig, MoeLayout
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.models.hf_json import read_config_json
 from dcp_fsdp.models.llama_model_config import (GPT_SHAPES, LLAMA_COMMON, LLAMA_SHAPES,
-                                                RELEASED_SHAPES, ModelShape, hf_config)
+                                                MLPERF_SHAPES, RELEASED_SHAPES, ModelShape,
+                                                hf_config)
 
 __all__ = ["LLAMA_COMMON", "PRESETS", "ModelShape", "hf_config", "model_setting", "model_shape"]
 
-PRESETS: dict[str, ModelShape] = {**LLAMA_SHAPES, **GPT_SHAPES, **RELEASED_SHAPES}
+PRESETS: dict[str, ModelShape] = {**LLAMA_SHAPES, **GPT_SHAPES, **RELEASED_SHAPES, **MLPERF_SHAPES}
 
 
 def model_shape(model: ModelConfig) -> ModelShape:

@@ -17,24 +17,22 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from dcp_fsdp import contract
-from dcp_fsdp.config.schema import BenchmarkConfig, Command, ReplicaLoad
-from dcp_fsdp.errors import BenchmarkFailure, UserError
+from dcp_fsdp.config.schema import BenchmarkConfig, Command, Protocol, ReplicaLoad
+from dcp_fsdp.errors import UserError
 from dcp_fsdp.models import values
-from dcp_fsdp.models.build import ShardedModel, local_tensor, replica_of
-from dcp_fsdp.rank.distributed import (RankContext, drop_cache_on_node, first_problem,
-                                       gather_to_keepers, rank0_decides)
+from dcp_fsdp.models.build import ShardedModel, replica_of
+from dcp_fsdp.rank.distributed import RankContext, drop_cache_on_node, gather_to_keepers, rank0_decides
 from dcp_fsdp.rank.sample_build import OpInProgress, build_sample, fill_save_figures, timed_region
 from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.rank.memory import PeakMemory
 from dcp_fsdp.process.progress import Heartbeat
 from dcp_fsdp.rank.replicas import held_bytes, read_once_load, replica_share
-from dcp_fsdp.rank.state import (apply_state_dict, checkable_seed, checkpoint_mismatch, first_mismatch,
-                                 flat_tensors, local_bytes, mismatch_error)
+from dcp_fsdp.rank.state import (apply_state_dict, checkable_seed, checkpoint_mismatch, local_bytes,
+                                 mismatch_error, verify_values, zero_local_tensors)
 from dcp_fsdp.process.watchdog import Watchdog
 from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.base import CheckpointStore
@@ -247,23 +245,6 @@ class CheckpointLoop:
         self.shared_samples.extend(gathered if gathered is not None else [sample])
 
     # -- verification (untimed; rank/state.py) -----------------------------------------
-    def _clear(self) -> None:
-        """Zero every live tensor before a verified load: the model already holds the values
-        a load must bring, so without this a load that read nothing would pass."""
-        with torch.no_grad():
-            for tensor in flat_tensors(self.state_dict).values():
-                local_tensor(tensor).zero_()
-
-    def _verify_against(self, seed: int, what: str) -> None:
-        """Every rank recomputes its shards' values and compares them bit for bit; all ranks
-        raise together on a mismatch, naming the first one."""
-        mismatch = first_mismatch(self.state_dict, seed)
-        found = first_problem(None if mismatch is None else
-                              f"tensor '{mismatch[0]}' element {mismatch[1]}")
-        if found is not None:
-            rank, where = found
-            raise BenchmarkFailure(f"{what} ({where}, rank {rank}'s shard)")
-
     def _load_expected_checksums(self, suffix: str) -> None:
         """Once per suffix, untimed: the seed its values were made with (its manifest), or why
         it cannot be checked. Every rank gets the same answer from rank 0."""
@@ -282,10 +263,10 @@ class CheckpointLoop:
     def _verify_checksums(self, suffix: str, iteration: int) -> None:
         seed = self._expected_checksums.get(suffix)
         if seed is not None:
-            self._verify_against(
-                seed, f"integrity: load iteration {iteration} of suffix={suffix} read data "
-                "that differs from the values it was saved with: the checkpoint's objects are "
-                "corrupt")
+            verify_values(
+                self.state_dict, seed, f"integrity: load iteration {iteration} of suffix={suffix} "
+                "read data that differs from the values it was saved with: the checkpoint's "
+                "objects are corrupt")
 
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> list[Sample]:
@@ -298,6 +279,9 @@ class CheckpointLoop:
 
     def _run_operations(self) -> list[Sample]:
         command = self.cfg.command
+        # MLPerf Storage v3.0 (protocol=mlperf): every save first, then as many loads, all of
+        # the last checkpoint; nothing else is timed (config/validate.py: apply_protocol)
+        mlperf = self.cfg.protocol == Protocol.mlperf
         # `dcp-fsdp ceiling`: no DCP operation, only the raw rounds at the end
         dcp_iterations = 0 if command == Command.ceiling else self.cfg.iterations
         for iteration in range(1, dcp_iterations + 1):
@@ -316,28 +300,21 @@ class CheckpointLoop:
                 if iteration == 1:
                     self._check_matches_checkpoint(suffix)
                     self.suffixes.append(suffix)
-            if command == Command.save_and_load:
+            if command == Command.save_and_load and not mlperf:
                 self._pause()
-                if self.cfg.verify:
-                    self._clear()
-                self.keep(self._timed_now("load", iteration, suffix))
-                if self.cfg.verify:
-                    self._verify_against(
-                        self.cfg.seed, f"save-and-load iteration {iteration}: data loaded from "
-                        f"suffix={suffix} differs from what was saved")
-                    self.integrity[suffix] = {"checked": True, "reason": None}
-                else:
-                    self.integrity[suffix] = {"checked": False, "reason": "verify=false"}
-                apply_state_dict(self.sharded, self.state_dict)
+                self.verified_load(iteration, suffix)
             elif command == Command.load:
                 self._load_expected_checksums(suffix)
                 if self._expected_checksums[suffix] is not None:
-                    self._clear()
+                    zero_local_tensors(self.state_dict)
                 self.keep(self._timed_now("load", iteration, suffix))
                 self._verify_checksums(suffix, iteration)
                 apply_state_dict(self.sharded, self.state_dict)
             if iteration < self.cfg.iterations:
                 self._pause()
+        for iteration in range(1, self.cfg.iterations + 1) if mlperf else ():
+            self._pause()
+            self.verified_load(iteration, suffix)
         if self.cfg.ceiling or command == Command.ceiling:
             from dcp_fsdp.rank.ceiling import run_ceiling
 
@@ -346,6 +323,20 @@ class CheckpointLoop:
                 self.keep(sample)
         dist.barrier()
         return self.samples
+
+    def verified_load(self, iteration: int, suffix: str) -> None:
+        """A timed load of `suffix` (save-and-load), then (verify=true) every shard compared
+        with the values it was saved with; the model's values restored (untimed)."""
+        if self.cfg.verify:
+            zero_local_tensors(self.state_dict)
+        self.keep(self._timed_now("load", iteration, suffix))
+        if self.cfg.verify:
+            verify_values(self.state_dict, self.cfg.seed, f"save-and-load iteration {iteration}: "
+                          f"data loaded from suffix={suffix} differs from what was saved")
+            self.integrity[suffix] = {"checked": True, "reason": None}
+        else:
+            self.integrity[suffix] = {"checked": False, "reason": "verify=false"}
+        apply_state_dict(self.sharded, self.state_dict)
 
     def _timed_now(self, op: str, iteration: int, suffix: str) -> Sample:
         """The operation's sample, waited for if it is an upload in flight."""

@@ -18,9 +18,10 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_state_dict, set_model_state_dict,
                                                      set_state_dict)
 
-from dcp_fsdp.errors import UserError
+from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.models import values
 from dcp_fsdp.models.build import ShardedModel, local_tensor, unique_shards
+from dcp_fsdp.rank.distributed import first_problem
 
 
 def make_state_dict(sharded: ShardedModel) -> dict[str, Any]:
@@ -99,6 +100,25 @@ def first_mismatch(state_dict: dict[str, Any], seed: int) -> tuple[str, list[int
         if index is not None:
             return key, list(index)
     return None
+
+
+def zero_local_tensors(state_dict: dict[str, Any]) -> None:
+    """Zero every live tensor before a verified load: the model already holds the values
+    a load must bring, so without this a load that read nothing would pass."""
+    with torch.no_grad():
+        for tensor in flat_tensors(state_dict).values():
+            local_tensor(tensor).zero_()
+
+
+def verify_values(state_dict: dict[str, Any], seed: int, what: str) -> None:
+    """Every rank recomputes its shards' values and compares them bit for bit; all ranks
+    raise together on a mismatch, naming the first one (a collective: every rank calls it)."""
+    mismatch = first_mismatch(state_dict, seed)
+    found = first_problem(None if mismatch is None else
+                          f"tensor '{mismatch[0]}' element {mismatch[1]}")
+    if found is not None:
+        rank, where = found
+        raise BenchmarkFailure(f"{what} ({where}, rank {rank}'s shard)")
 
 
 def local_bytes(state_dict: dict[str, Any]) -> int:

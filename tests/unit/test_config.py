@@ -192,3 +192,18 @@ def test_async_save_options_with_sync_saves_are_fine():
     cfg = compose("save", ["async_save.checkpointer=process", "async_save.pinned_memory=false"])
     assert cfg.async_save.pinned_memory is False
     assert compose("save", ["save_mode=async", "train_step_s=0.5"]).train_step_s == 0.5
+
+
+def test_protocol_mlperf_fixes_ten_iterations():
+    """MLPerf Storage v3.0: 10 saves, then 10 loads of the last (rank/loop.py); iterations=10
+    given as well is the same run, any other count is refused (tests/integration/test_mlperf.py)."""
+    from dcp_fsdp.config.schema import Protocol
+
+    assert compose("save-and-load", []).protocol == Protocol.default
+    for given in ([], ["iterations=10"]):
+        cfg = compose("save-and-load", ["protocol=mlperf", *given])
+        assert cfg.protocol == Protocol.mlperf and cfg.iterations == 10
+    with pytest.raises(UserError, match=r"^iterations=1: protocol=mlperf fixes 10 saves"):
+        compose("save-and-load", ["protocol=mlperf", "iterations=1"])
+    with pytest.raises(UserError, match=r"^protocol=mlperf: .* \(not load\)"):
+        compose("load", ["protocol=mlperf", "suffix=s"])

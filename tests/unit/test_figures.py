@@ -244,3 +244,19 @@ def test_counted_bytes_once_when_read_calls_its_own_readinto():
     assert len(stream.read(600)) == 600
     assert stream.readinto(bytearray(300)) == 300
     assert counter.total == 900
+
+
+def test_mlperf_figure_is_rank_0s_mean_not_the_slowest_rank():
+    """MLPerf Storage's published figure (DLIO): per checkpoint, its GiB over rank 0's own
+    seconds, then the mean; ours take the slowest rank and pool every byte over every second."""
+    from dcp_fsdp.telemetry.figures import GIB, mlperf_gib_s
+
+    gib = 2**30
+    rows = [sample(0, 0.0, 1.0, gib, iteration=1), sample(1, 0.0, 2.0, gib, iteration=1),
+            sample(0, 10.0, 14.0, gib, iteration=2), sample(1, 10.0, 14.0, gib, iteration=2)]
+    assert GIB == gib
+    assert mlperf_gib_s(rows, "save") == (2 / 1 + 2 / 4) / 2  # 1.25 GiB/s
+    figures = summary(rows)["save"]
+    assert figures["slowest_rank_mib_s"] * MIB / gib == 4 / (2 + 4)  # 0.67 GiB/s
+    assert math.isnan(mlperf_gib_s(rows, "load"))
+    assert math.isnan(mlperf_gib_s([sample(1, 0.0, 1.0, gib)], "save"))  # no rank 0

@@ -26,6 +26,28 @@ PUBLISHED = {
     "mixtral_8x7b": 46_702_792_704,  # "46.7 B" (12.9 B active)
 }
 
+# MLPerf Storage v3.0's checkpointing workloads (field notes): DLIO's parameter count,
+# `BaseCheckpointing.get_num_parameters` (hidden, layers, heads, kv heads, ffn; vocab 128,256).
+MLPERF = {
+    "mlperf_llama3_8b": (4096, 32, 32, 8, 14336),
+    "mlperf_llama3_70b": (8192, 80, 128, 8, 28672),
+    "mlperf_llama3_405b": (16384, 126, 128, 8, 53248),
+    "mlperf_llama3_1t": (25872, 128, 192, 32, 98304),
+}
+MLPERF_COUNTS = {
+    "mlperf_llama3_8b": 8_030_261_248,
+    "mlperf_llama3_70b": 69_882_617_856,
+    "mlperf_llama3_405b": 405_853_388_800,
+    "mlperf_llama3_1t": 1_182_081_357_072,
+}
+
+
+def dlio_parameters(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int) -> int:
+    """DLIO's count: q and o as hidden x hidden, k and v (hidden // heads) x kv_heads wide."""
+    kv_dim = hidden // heads * kv_heads
+    per_layer = 2 * hidden + hidden * (hidden + 2 * kv_dim) + hidden * hidden + 3 * ffn * hidden
+    return 2 * 128256 * hidden + layers * per_layer + hidden
+
 
 def transformers_model(config):
     """transformers' own causal-LM class for a config, built on the meta device."""
@@ -59,14 +81,38 @@ def test_parameter_counts_are_the_published_ones(preset, expected):
     assert param_count(PRESETS[preset]) == expected
 
 
-@pytest.mark.parametrize("preset", sorted(PUBLISHED))
+@pytest.mark.parametrize("preset", sorted(MLPERF))
+def test_mlperf_workloads_are_dlios_shapes_and_counts(preset):
+    """MLPerf's shapes as DLIO sizes them: every count equals DLIO's but the 1t's, whose
+    192 heads of 25,872 // 192 = 134 make q and o 25,728 wide where DLIO counts hidden."""
+    hidden, layers, heads, kv_heads, ffn = MLPERF[preset]
+    config = hf_config(PRESETS[preset])
+    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+            config.num_key_value_heads, config.intermediate_size, config.vocab_size,
+            config.tie_word_embeddings, config.head_dim) == (hidden, layers, heads, kv_heads, ffn,
+                                                             128256, False, hidden // heads)
+    # LlamaConfig refuses 25,872 / 192; Mistral's decoder is Llama's tensors by the same names
+    assert config.model_type == ("mistral" if preset == "mlperf_llama3_1t" else "llama")
+    assert param_count(PRESETS[preset]) == MLPERF_COUNTS[preset]
+    narrower = 2 * layers * hidden * (hidden - heads * (hidden // heads))
+    assert param_count(PRESETS[preset]) == dlio_parameters(*MLPERF[preset]) - narrower
+    assert (narrower == 0) == (preset != "mlperf_llama3_1t")
+
+
+def test_mlperf_70b_is_not_llama_3_1_70b():
+    """MLPerf's 70b has 128 heads of 64 (Llama 3.1 70B: 64 of 128): k and v half as wide."""
+    assert PRESETS["mlperf_llama3_70b"].attention_head_dim == 64
+    assert PUBLISHED["llama3_70b"] - MLPERF_COUNTS["mlperf_llama3_70b"] == 80 * 2 * 8192 * 512
+
+
+@pytest.mark.parametrize("preset", sorted(PUBLISHED) + sorted(MLPERF))
 def test_plan_states_the_published_parameter_count_and_its_bytes(preset):
     """`dcp-fsdp plan model=NAME` prints this line (plan/render.py)."""
     from dcp_fsdp.config.compose import compose
     from dcp_fsdp.plan.render import model_line
 
     cfg = compose("save", [f"model={preset}"])
-    count = PUBLISHED[preset]
+    count = {**PUBLISHED, **MLPERF_COUNTS}[preset]
     width = {"bf16": 2, "fp32": 4}[cfg.model.dtype.value]
     assert model_line(cfg).startswith(f"model: {count:,} parameters (")
     assert f"{count * width:,} B" in model_line(cfg)
@@ -114,7 +160,9 @@ def test_presets_are_the_shapes_of_llama_model_config():
     from dcp_fsdp.models import llama_model_config as shapes
     from tests.kit.cli import REPO
 
-    assert PRESETS == {**shapes.LLAMA_SHAPES, **shapes.GPT_SHAPES, **shapes.RELEASED_SHAPES}
+    assert PRESETS == {**shapes.LLAMA_SHAPES, **shapes.GPT_SHAPES, **shapes.RELEASED_SHAPES,
+                       **shapes.MLPERF_SHAPES}
+    assert set(MLPERF) == set(shapes.MLPERF_SHAPES)
     assert all(PRESETS[name] is shape for name, shape in shapes.LLAMA_SHAPES.items())
     assert {"L7b", "L13b", "L30b", "L65b", "L70b", "L660m", "tiny_llama"} <= set(shapes.LLAMA_SHAPES)
     assert {"GPT-4B", "tiny_gpt2"} <= set(shapes.GPT_SHAPES)
