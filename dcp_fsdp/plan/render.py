@@ -71,10 +71,17 @@ def render_plan(request, template, plan, elapsed_s: float) -> str:
                      "builds every layer)")
     lines += _metadata_lines(plan)
     lines += _prefix_lines(request, plan, part)
-    shard = max(per_rank)
+    shard, held = max(per_rank), ""
+    if cfg.model.tp > 1:  # a rank holds more than it writes: DCP writes TP's whole tensors once
+        from dcp_fsdp.models.presets import model_shape
+        from dcp_fsdp.models.tensor_parallel import tp_memory_factor
+
+        factor = tp_memory_factor(model_shape(cfg.model), cfg.model.tp)
+        shard = round(template.state_bytes * cfg.model.replicas * factor / plan.world_size)
+        held = ", held: every TP rank holds the tensors TP leaves whole"
     how = "scaled from the subset" if plan.sampled else "measured"
     lines.append(f"memory per rank: {_size(shard + plan.metadata_memory_bytes)} = the state's "
-                 f"shard ({_size(shard)}) + .metadata unpickled on a load "
+                 f"shard ({_size(shard)}{held}) + .metadata unpickled on a load "
                  f"({_size(plan.metadata_memory_bytes)}, {how})")
     return "\n".join(lines)
 

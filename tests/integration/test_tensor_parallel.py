@@ -112,5 +112,7 @@ def test_plan_takes_model_tp():
     planned = run_cli(["plan", "model.tp=2", "world_size=8"])
     assert planned.returncode == 0, planned.stderr
     assert "replicas 1, tp 2;" in planned.stdout and ".metadata:" in planned.stdout
+    # a rank's memory counts the tensors TP leaves whole on each TP rank (not only what it writes)
+    assert "held: every TP rank holds the tensors TP leaves whole" in planned.stdout
     refused = run_cli(["plan", "model.tp=3", "world_size=8"])
     assert "world_size=8 is not a multiple of 3" in refusal(refused)
