@@ -155,6 +155,7 @@ def runs_frame(runs: list[dict[str, Any]], incomplete: dict[str, str] | None = N
             "storage": storage_label(run),
             "untimed_requests": _untimed_count(run.get("untimed_requests")),
             "clock_spread_s": run.get("clock_spread_s"),
+            "protocol": config.get("protocol"),  # protocol=mlperf: render's MLPerf lines
         })
     included = [s for s, row in zip(settings_per_run, rows) if row["status"] == "ok"]
     varying, constants = [], {}

@@ -219,6 +219,7 @@ def render(result: dict[str, Any], fmt: str, warnings: list[str], width: int | N
     page = _Page(fmt, width, compact, keys, legend)
     _summary(page, result["runs"], shared)
     _figures(page, result)
+    _mlperf(page, result)
     if legend is not None:
         page.heading("Groups (the group column above)")
         rest = [k for k in keys if k != "op"]
@@ -261,6 +262,25 @@ def _figures(page: _Page, result: dict[str, Any]) -> None:
     if not result["types"].empty:
         page.heading("S3 requests by type (timed regions, all ranks)")
         page.table(result["types"], cols.TYPES)
+
+
+def _mlperf(page: _Page, result: dict[str, Any]) -> None:
+    """protocol=mlperf runs: MLPerf's figure beside ours, per run (as the run printed it)."""
+    runs, samples = result["runs"], result["samples"]
+    if "protocol" not in runs or samples.empty:
+        return
+    chosen = runs[(runs["status"] == "ok") & (runs["protocol"] == "mlperf")]
+    if chosen.empty:
+        return
+    from dcp_fsdp.analysis.run_summary import MLPERF_DIFFERENCE, mlperf_op_lines
+
+    page.heading("MLPerf Storage v3.0 checkpointing (protocol=mlperf runs), GiB/s")
+    for run_id in chosen["run_id"]:
+        page.wrapped(f"{run_id}:")
+        for line in mlperf_op_lines(samples[samples["run_id"] == run_id]):
+            page.wrapped(line.strip(), "  ")
+    page.wrapped(MLPERF_DIFFERENCE)
+    page.out.append("")
 
 
 def _left_out(page: _Page, not_ok: pd.DataFrame) -> None:

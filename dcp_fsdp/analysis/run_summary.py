@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from dcp_fsdp.analysis.caveats import stager_note
 from dcp_fsdp.telemetry.records import RunRecord, Sample
@@ -89,15 +90,21 @@ def mlperf_lines(run: RunRecord, samples: list[Sample]) -> list[str]:
     (telemetry/figures.py defines both), and why they differ."""
     if (run.config or {}).get("protocol") != "mlperf":
         return []
+    return ["MLPerf Storage v3.0 checkpointing (protocol=mlperf), GiB/s:",
+            *mlperf_op_lines([dataclasses.asdict(s) for s in samples]), MLPERF_DIFFERENCE]
+
+
+def mlperf_op_lines(samples: Any) -> list[str]:
+    """One line per op of one run's samples (dicts or a frame): MLPerf's figure and ours;
+    the end-of-run lines and `report` print the same."""
     from dcp_fsdp.telemetry.figures import GIB, MIB, mlperf_gib_s, operations, pooled
 
-    rows = [dataclasses.asdict(s) for s in samples]
-    ops = operations(rows)
-    lines = ["MLPerf Storage v3.0 checkpointing (protocol=mlperf), GiB/s:"]
+    ops = operations(samples)
+    lines = []
     for op in ("save", "load"):
         ours = pooled(ops[ops["op"] == op])
-        lines.append(f"  {op}: MLPerf {mlperf_gib_s(rows, op):.4f} | ours: slowest-rank "
+        lines.append(f"  {op}: MLPerf {mlperf_gib_s(samples, op):.4f} | ours: slowest-rank "
                      f"{ours['slowest_rank_mib_s'] * MIB / GIB:.4f}, aggregate "
                      f"{ours['aggregate_mib_s'] * MIB / GIB:.4f} ({ours['operations']} "
                      f"{op}s)")
-    return [*lines, MLPERF_DIFFERENCE]
+    return lines

@@ -70,6 +70,10 @@ def test_mlperf_protocol_saves_ten_then_loads_the_last_ten_times(tmp_path, stora
         # MLPerf's figure is rank 0's mean, not the slowest rank's; ours are the pooled ones
         assert printed[op] == tuple(float(f"{value:.4f}") for value in by_hand), (op, by_hand)
     assert "rank 0's own seconds" in result.stdout
+    # `report` recomputes the same lines from the record
+    report = run_cli(["report", str(tmp_path / "results")])
+    assert report.returncode == 0, report.stderr
+    assert printed_figures(report.stdout) == printed, report.stdout
 
 
 @pytest.mark.parametrize("args, message", [
