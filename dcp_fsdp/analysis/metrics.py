@@ -26,7 +26,7 @@ import pandas as pd
 
 from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, CEILING_OPS, MIB, NOISE_HINT,
                                       NOISY_SPREAD, above_ceiling_note,
-                                      add_operation_figures, amplification_note,
+                                      add_operation_figures, amplification_note, broken_note,
                                       efficiency, efficiency_per_operation, egress_mib,
                                       noise_note, pooled, read_amplification)
 from dcp_fsdp.telemetry.histograms import hist_merge, hist_quantile
@@ -45,7 +45,8 @@ OPTIONAL_COLUMNS = ("plan_s", "io_s", "commit_s", "metadata_s", "finish_s", "bar
                     "train_lost_share", "train_wait_s")
 REQUEST_COLUMNS = {"req_count": "count", "req_failed": "failed", "req_throttled": "throttled",
                    "req_retries": "retries", "req_misses": "misses",
-                   "req_bytes_down": "bytes_down", "req_bytes_up": "bytes_up"}
+                   "req_bytes_down": "bytes_down", "req_bytes_up": "bytes_up",
+                   "req_broken": "broken", "req_broken_max_bytes": "bytes_down_broken_max"}
 
 
 def _request_value(requests: Any, key: str) -> float:
@@ -251,7 +252,15 @@ def _operation_row(ops: pd.DataFrame, index, row: pd.Series) -> list[Any]:
         _request_cells(row["req_count"], row["span_s"], row["req_failed"],
                        row["req_throttled"], row["latency_by_type"]),
         ", ".join(n for n in (amplification_note(read_amplification(ops.loc[[index]])),
+                              broken_note(row["req_broken"], row["req_broken_max_bytes"],
+                                          row["fetched_bytes"], row["bytes"]),
                               above_ceiling_note(row["efficiency"])) if n))
+
+
+def _group_broken_note(group: pd.DataFrame) -> str:
+    return broken_note(_complete_sum(group["req_broken"]),
+                       _complete_sum(group["req_broken_max_bytes"]),
+                       _complete_sum(group["fetched_bytes"]), float(group["bytes"].sum()))
 
 
 def _pooled_row(frame: pd.DataFrame, ops: pd.DataFrame, op: str,
@@ -264,6 +273,7 @@ def _pooled_row(frame: pd.DataFrame, ops: pd.DataFrame, op: str,
               f"spread {100 * figures['spread']:.0f} %" + (" NOISY" if noisy else ""))
     pooled_efficiency = efficiency(group, ops)
     note = ", ".join(n for n in (amplification_note(read_amplification(group)), spread,
+                                 _group_broken_note(group),
                                  above_ceiling_note(pooled_efficiency)) if n)
     durations, rates = op_samples["duration_s"], op_samples["rank_mib_s"]
     return _row_cells(

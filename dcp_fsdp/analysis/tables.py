@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from dcp_fsdp.telemetry.figures import (above_ceiling_note, amplification_note, efficiency,
-                                      egress_mib, noise_note, pooled, read_amplification,
+from dcp_fsdp.telemetry.figures import (above_ceiling_note, amplification_note, broken_note,
+                                      efficiency, egress_mib, noise_note, pooled, read_amplification,
                                       union_s)
 from dcp_fsdp.analysis.metrics import GIB, MIB
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_merge, hist_quantile
@@ -124,6 +124,11 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
         "egress_mib_per_op": egress_mib(group_ops) / len(group_ops) if len(group_ops)
         else math.nan,
         "note": ", ".join(n for n in (amplification_note(amplification),
+                                      broken_note(total(group_ops["req_broken"]),
+                                                  total(group_ops["req_broken_max_bytes"]),
+                                                  total(pd.to_numeric(group_ops["fetched_bytes"],
+                                                                      errors="coerce")),
+                                                  float(group_ops["bytes"].sum())),
                                       noise_note(figures["spread"]),
                                       above_ceiling_note(group_efficiency)) if n),
         "rank_s_min": group_samples["duration_s"].min(),

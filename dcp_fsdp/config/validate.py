@@ -324,12 +324,6 @@ def _check_combinations(cfg: BenchmarkConfig) -> None:
                         "receive a broadcast, and this run has model.replicas="
                         f"{cfg.model.replicas}; add model.replicas=2 (nproc a multiple of it), "
                         "or drop replica_load")
-    if cfg.model.tp > 1 and cfg.model.replica_load == ReplicaLoad.read_once:
-        # replica 0's load would need one group over its shard x tp ranks (a flattened
-        # sub-mesh) where rank/replicas.py loads over the "shard" group: not built
-        raise UserError(f"model.replica_load=read_once: not built with model.tp={cfg.model.tp} "
-                        "(replica 0's ranks span two mesh dimensions); use "
-                        "model.replica_load=every_replica, or model.tp=1")
     if cfg.plan_caching and cfg.save_mode != SaveMode.sync:
         raise UserError("plan_caching=true: applies to sync saves only; remove it, or "
                         "use save_mode=sync")

@@ -61,6 +61,10 @@ class ShardedModel:
     # replicas > 1 on an accelerator: gloo over this rank's "replicate" ranks, for the state's
     # CPU tensors in the read_once broadcast (replicate_host_group)
     host_group: dist.ProcessGroup | None = None
+    # replicas > 1 with tp > 1, on replica 0's ranks: the group its read_once load runs over
+    # (the replica spans the shard and tp dimensions; first_replica_group)
+    load_group: dist.ProcessGroup | None = None
+
 
 REPLICATE_DIM, SHARD_DIM = "replicate", "shard"
 
@@ -114,8 +118,20 @@ def build_sharded_model(model_shape: str | ModelShape, dtype: Dtype, state: Chec
         torch.cuda.synchronize(device)
     fill_s = time.monotonic() - filling
     host_group = replicate_host_group(mesh) if replicas > 1 and device.type != "cpu" else None
+    load_group = first_replica_group(world_size, replicas) if replicas > 1 and tp > 1 else None
     return ShardedModel(model, optimizer, param_count, param_bytes, mesh, replicas,
-                        fill_s=fill_s, host_group=host_group)
+                        fill_s=fill_s, host_group=host_group, load_group=load_group)
+
+
+def first_replica_group(world_size: int, replicas: int) -> dist.ProcessGroup | None:
+    """On replica 0's ranks (0 .. world / R - 1: the mesh is row-major), a group of them all,
+    else None. With TP they are a (shard, tp) block, no single mesh dimension's group: a
+    read_once load runs DCP over this one (rank/replicas.py). Made once, untimed; only its
+    own ranks take part."""
+    ranks = list(range(world_size // replicas))
+    if dist.get_rank() not in ranks:
+        return None
+    return dist.new_group(ranks, use_local_synchronization=True)
 
 
 def device_meshes(device_type: str, world_size: int, replicas: int, tp: int) -> tuple[Any, Any]:

@@ -149,7 +149,7 @@ class CheckpointLoop:
             elif self.read_once:  # replica 0 reads, the others receive (rank/replicas.py)
                 run.broadcast_s = read_once_load(self.state_dict, run.storage_io, self.sharded.mesh,
                                                  self.replica, self.ctx.device,
-                                                 self.sharded.host_group)
+                                                 self.sharded.host_group, self.sharded.load_group)
             else:
                 dcp.load(self.state_dict, storage_reader=run.storage_io)
         run.peak_rss, run.cuda_peak = memory.end() if marks else (None, None)

@@ -63,14 +63,16 @@ def held_bytes(state_dict: dict[str, Any], mesh: DeviceMesh | None) -> int:
 
 def read_once_load(state_dict: dict[str, Any], storage_reader: StorageReader | None, mesh: DeviceMesh,
                    replica: int, device: torch.device | None = None,
-                   host_group: dist.ProcessGroup | None = None) -> float:
+                   host_group: dist.ProcessGroup | None = None,
+                   load_group: dist.ProcessGroup | None = None) -> float:
     """Replica 0 loads from storage, then the replicate dimension broadcasts what it read
     (the CPU tensors over `host_group` when there is one: see broadcast_from_first_replica).
     Returns the seconds this rank spent in the broadcast (on replica 0: after its load),
     `device` (the rank's) synchronized at both ends."""
     if replica == 0:
+        # with model.tp replica 0 spans (shard, tp): `load_group` holds its ranks
         dcp.load(state_dict, storage_reader=storage_reader,
-                 process_group=mesh.get_group(SHARD_DIM))
+                 process_group=load_group if load_group is not None else mesh.get_group(SHARD_DIM))
     sync_device(device)  # the load's copies are not the broadcast's
     started = time.monotonic()
     broadcast_from_first_replica(state_dict, mesh.get_group(REPLICATE_DIM), host_group)

@@ -109,7 +109,9 @@ def build_sample(op: str, iteration: int, suffix: str, timeline: HookTimeline,
     """`state_bytes`: checkpoint bytes, what this rank's shards hold (every throughput
     divides these; with replicas, its replica's share); written_bytes / fetched_bytes: what
     it moved to / from storage (tensor data as stored; fetched > bytes is read
-    amplification)."""
+    amplification). A load with S3 request statistics fetched what came down the wire: its
+    window's whole GET bodies (`summaries.summarize`'s bytes_down: re-sent parts count
+    again); without them, the bytes read through the reader's streams."""
     io_span = timeline.spans.get("write_data" if op == "save" else "read_data")
     io_s, split_s = io_split(timeline, op)
     requests = None
@@ -124,7 +126,7 @@ def build_sample(op: str, iteration: int, suffix: str, timeline: HookTimeline,
         begin_mono_s=clocks.begin_mono, end_mono_s=clocks.end_mono,
         duration_s=clocks.end_mono - clocks.begin_mono, bytes=state_bytes, replica=replica,
         written_bytes=timeline.io_bytes if op == "save" else None,
-        fetched_bytes=timeline.io_bytes if op == "load" else None,
+        fetched_bytes=_fetched_bytes(timeline, requests) if op == "load" else None,
         barrier_wait_s=clocks.begin_mono - clocks.barrier_start,
         plan_s=None if io_span is None else io_span[0] - clocks.begin_mono,
         io_s=io_s,
@@ -137,6 +139,14 @@ def build_sample(op: str, iteration: int, suffix: str, timeline: HookTimeline,
         io_wait_s=split_s[0] if split_s and op == "load" else None,
         copy_s=split_s[1] if split_s and op == "load" else None,
     )
+
+
+def _fetched_bytes(timeline: HookTimeline, requests: dict[str, Any] | None) -> int:
+    """The wire's figure where the request log has one (lines all parsed), else the
+    streams': what DCP read, blind to a GET's body that broke and came again."""
+    if requests and not requests.get("unparsed") and requests.get("bytes_down") is not None:
+        return int(requests["bytes_down"])
+    return timeline.io_bytes
 
 
 def fill_save_figures(sample: Sample, save_mode: str, timing: Any, pickled: bool) -> None:

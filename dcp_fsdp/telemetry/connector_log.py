@@ -20,7 +20,11 @@ Fields each request line must carry: request_type=<word>; duration=<Rust Duratio
 ttfb=Some(<duration>)|None; range=Some(<a>..<b>)|None (a GetObject that finished: Some);
 http_status=<n>, except on a canceled request or a failure with no response at all (a
 crt_error that is not AWS_ERROR_S3_INVALID_RESPONSE_STATUS, the CRT's "a response came").
-Classification of a parsed request: `request_log.py`.
+Classification of a parsed request: `request_log.py`. A line that says "finished" with
+a 2xx status and a crt_error (Some(...), e.g. AWS_IO_SOCKET_CLOSED: the connection broke
+mid-body; checked on 1.5.0 with the test fault proxy cutting ranged GETs after 3 MiB) is a
+*broken* attempt: failed and retryable (the CRT sends the part again), never a success,
+and its range is no count of bytes that arrived (somewhere between 0 and all of it).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Iterable
 from dcp_fsdp.telemetry.request import Request
 
 # Bump when the parser's reading of a line changes; recorded with every request summary.
-PARSER_FORMAT = "mountpoint-s3-client-debug/2"
+PARSER_FORMAT = "mountpoint-s3-client-debug/3"  # 3: "finished" with a crt_error is broken
 # The releases whose lines this parser was checked against (unit tests on recorded lines,
 # tests/integration/test_request_counts.py against SeaweedFS's own counters). The version
 # that matters is the native client's (it writes the lines); the Python package pins it.
@@ -112,10 +116,11 @@ def request_kind(request_type: str, span: str) -> str:
     return request_type
 
 
-def classify(kind: str, finished: str, status: int | None) -> str:
-    """ok | miss | failed | canceled (request_log.py)."""
+def classify(kind: str, finished: str, status: int | None, broken: bool = False) -> str:
+    """ok | miss | failed | canceled (request_log.py); `broken`: a "finished" line that
+    carries a crt_error (its transfer broke after the status arrived) is failed."""
     if finished == "finished":
-        return "ok"
+        return "failed" if broken else "ok"
     if finished == "canceled":
         return "canceled"
     if status == 404 and kind == "HeadObject":
@@ -207,12 +212,14 @@ class LogParser:
                    or range_missing)
         if missing:
             return Unparsed(end_wall_s, missing, opened)
-        outcome = classify(kind, request["outcome"], status)
+        crt = _CRT_ERROR.search(fields)
+        broken = request["outcome"] == "finished" and crt is not None and crt[1] != "None"
+        outcome = classify(kind, request["outcome"], status, broken)
         key = _KEY.search(span)
         item = Request(end_wall_s=end_wall_s, kind=kind, outcome=outcome, status=status,
                        duration_s=duration_s, ttfb_s=ttfb_s, nbytes=nbytes,
-                       key=key[1] if key else None, opened_wall_s=opened)
-        if outcome == "failed" and _retryable(status):
+                       key=key[1] if key else None, opened_wall_s=opened, broken=broken)
+        if outcome == "failed" and (broken or _retryable(status)):
             item.retryable = True
             item.retried = True  # until its meta request turns out to have failed on it
         self._attempts.setdefault(span, []).append(item)

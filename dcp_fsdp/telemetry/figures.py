@@ -35,9 +35,15 @@ overlap (async saves with a cadence: save N persists after save N+1 began) share
   read_amplification  = sum(fetched_bytes) / sum(bytes) (loads; shown when above
                         1 + AMPLIFICATION_SHOWN)
   egress_mib          = sum(fetched_bytes) / MiB (loads): the bytes the load's ranks fetched
-                        from storage (data objects; not .metadata), e.g. replicas x the
-                        checkpoint when every replica reads (model.replicas); empty unless
-                        every rank knows its own. Pooled: the sum over the operations.
+                        from storage, e.g. replicas x the checkpoint when every replica
+                        reads (model.replicas); empty unless every rank knows its own.
+                        Pooled: the sum over the operations. With S3 request statistics,
+                        fetched_bytes is what came down the wire: the bodies of the GETs
+                        that came whole (.metadata included; a part re-sent after a break
+                        counts again); a GET that broke mid-body sent part of its range, how
+                        much the client does not say, so at most req_broken_max_bytes more
+                        came down (`broken_note`). Without them: bytes read through the
+                        reader's streams.
 """
 
 from __future__ import annotations
@@ -251,6 +257,18 @@ def amplification_note(value: float) -> str:
     if pd.isna(value) or value <= 1 + AMPLIFICATION_SHOWN:
         return ""
     return f"reads {value:.2f}x"
+
+
+def broken_note(broken: float, broken_max_bytes: float, fetched_bytes: float,
+                state_bytes: float) -> str:
+    """Said where GETs broke mid-body and were sent again: egress counts their whole
+    re-sent bodies, the broken ones' partial bodies only as a bound."""
+    if pd.isna(broken) or broken <= 0 or pd.isna(broken_max_bytes):
+        return ""
+    note = f"{broken:.0f} GET(s) broke mid-body: up to {broken_max_bytes / MIB:.1f} MiB more came down"
+    if not pd.isna(fetched_bytes) and state_bytes:
+        note += f" (reads up to {(fetched_bytes + broken_max_bytes) / state_bytes:.2f}x)"
+    return note
 
 
 def noise_note(value: float) -> str:

@@ -27,6 +27,9 @@ class Request:
     # when its meta request began (the connector's "new request" line, written by the
     # calling thread inside the operation): which operation the request belongs to
     opened_wall_s: float | None = None
+    # its status came (2xx) but the transfer broke (a crt_error): failed, and its body came
+    # in part, how much unknown (up to nbytes)
+    broken: bool = False
 
     @property
     def at_s(self) -> float:

@@ -24,6 +24,12 @@ def summarize(requests: list["Request"], seconds: float | None = None,
     lines in the window that did not parse in full (the counts lack them); `late` (untimed
     only): requests of a timed operation whose line reached the log after its window was
     summarised. `parser`: the format of the parser that read the lines.
+
+    `bytes_down`: the bodies of the GETs that came down whole (each one's range), what
+    crossed the wire for them; a GET that broke mid-body (`broken`, also failed and
+    retried) sent part of its range, how much the connector does not say: at most
+    `bytes_down_broken_max` more came down. 503s and attempts without a response carry no
+    body of checkpoint bytes and count in neither.
     """
     count = len(requests)
     failed = sum(r.outcome == "failed" for r in requests)
@@ -43,7 +49,10 @@ def summarize(requests: list["Request"], seconds: float | None = None,
         "success_ratio": round((count - failed) / count, 6) if count else None,
         "seconds": seconds,
         "req_per_s": round(count / seconds, 3) if count and seconds else None,
-        "bytes_down": sum(r.nbytes or 0 for r in requests if r.kind == "GetObject"),
+        "bytes_down": _whole_get_bytes(requests),
+        "broken": sum(r.broken for r in requests),
+        "bytes_down_broken_max": sum(r.nbytes or 0 for r in requests
+                                     if r.kind == "GetObject" and _partial_body(r)),
         "bytes_up": bytes_up,
         "status": dict(sorted(status.items())),
         "latency_ms": percentiles_ms(durations),
@@ -60,6 +69,15 @@ def summarize(requests: list["Request"], seconds: float | None = None,
     return summary
 
 
+def _whole_get_bytes(requests: Iterable["Request"]) -> int:
+    return sum(r.nbytes or 0 for r in requests if r.kind == "GetObject" and r.outcome == "ok")
+
+
+def _partial_body(request: "Request") -> bool:
+    """A GET attempt that may have carried part of its body: broken, or canceled."""
+    return request.broken or request.outcome == "canceled"
+
+
 def _type_entry(rows: list["Request"]) -> dict[str, Any]:
     """The figures of one request type in a window."""
     durations = [r.duration_s for r in rows if r.duration_s is not None]
@@ -74,9 +92,9 @@ def _type_entry(rows: list["Request"]) -> dict[str, Any]:
         "latency_ms": percentiles_ms(durations),
         "latency_hist": histogram(d * 1e3 for d in durations),
     }
-    sizes = [r.nbytes for r in rows if r.nbytes is not None]
+    sizes = [r.nbytes for r in rows if r.nbytes is not None and r.outcome == "ok"]
     if sizes:
-        entry["bytes"] = sum(sizes)
+        entry["bytes"] = sum(sizes)  # whole bodies only, as bytes_down
     return entry
 
 
@@ -95,7 +113,8 @@ def merge_summaries(summaries: Iterable[dict[str, Any] | None]) -> dict[str, Any
         return None
     merged: dict[str, Any] = {key: sum(s.get(key) or 0 for s in present)
                               for key in ("count", "ok", "failed", "misses", "throttled",
-                                          "retries", "canceled", "bytes_down", "unparsed")}
+                                          "retries", "canceled", "bytes_down", "unparsed",
+                                          "broken", "bytes_down_broken_max")}
     if any("late" in s for s in present):
         merged["late"] = sum(s.get("late") or 0 for s in present)
     merged["parser"] = ",".join(sorted({str(s.get("parser")) for s in present}))

@@ -192,3 +192,44 @@ def test_throttles_and_retries_match_what_a_fault_proxy_injected(s3, s3_uri, tmp
     assert timed is not None
     assert timed["success_ratio"] == pytest.approx(1 - timed["failed"] / timed["count"])
     assert run["untimed_requests"]["failed"] == 0
+
+
+def test_gets_cut_mid_body_are_retries_and_egress_is_what_came_down_the_wire(s3, s3_uri,
+                                                                               tmp_path):
+    """Issue 31 item 2: the proxy cuts two ranged GETs of the load's data object after
+    3 MiB of their 8 MiB bodies; the CRT sends them again and the load succeeds. The
+    record counts both as failed, retried attempts, and its egress is what the proxy
+    passed down for the GETs that came whole; the cut bodies' bytes, which the client's
+    log cannot give, lie within the bound it states (the table says so)."""
+    from tests.kit import fault_proxy
+    cut_after_bytes = 3 * 2**20
+    with fault_proxy.FaultProxy(s3.endpoint_url, reset_rate=1.0, max_resets=2,
+                                reset_after_bytes=cut_after_bytes,
+                                targets=("GetObjectRanged",), key_pattern=r"\.distcp$") as proxy:
+        result = run_cli(["save-and-load", "model=tiny_llama", f"storage.uri={s3_uri}",
+                          f"storage.endpoint={proxy.url}", f"results_dir={tmp_path}"],
+                         env=s3_env(s3))
+        counts = proxy.counts
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert counts["reset"] == {"GetObjectRanged": 2}
+    # the connector's GETs are all ranged; boto3's (the tool's own small objects) are not
+    wire_bytes = counts["bytes_down"]["GetObjectRanged"]
+    cut_bytes = counts["bytes_cut"]["GetObjectRanged"]
+    assert cut_bytes == 2 * cut_after_bytes
+    run, samples = read_run(tmp_path)
+    load, = [s for s in samples if s["op"] == "load"]
+    requests = load["requests"]
+    assert (requests["failed"], requests["retries"]) == (2, 2)  # before: 0, 0
+    assert requests["broken"] == 2
+    assert run["untimed_requests"]["bytes_down"] == 0  # every GET in the load's window
+    assert load["fetched_bytes"] == requests["bytes_down"] == wire_bytes - cut_bytes
+    assert load["fetched_bytes"] < wire_bytes <= (load["fetched_bytes"]
+                                                   + requests["bytes_down_broken_max"])
+    row, = [line for line in result.stdout.splitlines() if line.startswith("| load ")]
+    cells = [cell.strip() for cell in row.split("|")]
+    header, = [line for line in result.stdout.splitlines() if line.startswith("| op ")]
+    columns = [cell.strip() for cell in header.split("|")]
+    assert cells[columns.index("egress MiB")] == f"{load['fetched_bytes'] / 2**20:.1f}"
+    assert cells[columns.index("failed/throttled")] == "2/0"
+    assert ("2 GET(s) broke mid-body: up to "
+            f"{requests['bytes_down_broken_max'] / 2**20:.1f} MiB more came down") in row

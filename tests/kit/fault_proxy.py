@@ -28,6 +28,17 @@ What it does to a request it targets (see `targets`), decided per request:
   ``stall_s`` seconds, then forwards it: a server that does not answer. With a long
   ``stall_s`` this is a hang; with a short one, a slow response.
 * ``latency``: every targeted request waits ``latency_s`` before it is forwarded.
+* ``max_resets``: at most this many resets in all (later draws of ``reset`` forward the
+  request untouched), so a test can cut exactly two GETs. ``reset_after_bytes``: a GET is
+  cut after this many body bytes instead of half its body.
+* ``rate_bytes_per_s``: every body (request bodies forwarded up, response bodies relayed
+  down) is paced to this many bytes per second, for the whole proxy together: a slow link.
+  Its client sockets then take at most ``RATE_RCVBUF`` bytes a connection ahead of the
+  pacing (SO_RCVBUF), so a client's TCP acknowledgements follow the link, as they would
+  behind a slow one, not the proxy's kernel buffers (megabytes on loopback).
+* ``hold_down_at_bytes``: once this many response body bytes went down (``bytes_down``,
+  every request type), every response body waits until ``release_stalls()``: a load frozen
+  at a known point. May be set while the proxy runs.
 * ``redirect`` (``bucket_region=``): any request signed for a region other than
   ``bucket_region`` (the region in the SigV4 credential scope) is answered like AWS
   answers a request to a bucket in another region: ``301 Moved Permanently`` with
@@ -63,7 +74,13 @@ interleave across threads. Counters: ``counts[kind][request_type]`` for kind in
 ``requests`` (every request seen), ``expect_continue`` (requests that sent ``Expect:
 100-continue``), ``503``, ``reset``, ``stall``, ``latency``, ``redirect``; ``events``
 lists each injected fault with its monotonic time; ``connections`` counts the client
-connections accepted.
+connections accepted. What went through the wire, body bytes only (no heads):
+``counts["bytes_down"][request_type]`` relayed to the client (a cut GET: what went out
+before the cut), ``counts["bytes_up"][request_type]`` forwarded to the server,
+``counts["bytes_cut"][request_type]`` the part of bytes_down that went out in responses
+the proxy then cut (the body a client got in part and must fetch again); with
+``record_bytes()``, ``byte_log`` keeps (time.monotonic(), cumulative bytes_down,
+cumulative bytes_up) after each piece, so a test can ask what had passed by a moment.
 """
 
 from __future__ import annotations
@@ -87,8 +104,10 @@ from typing import Iterable
 
 DATA_PLANE = ("UploadPart", "GetObjectRanged")
 FAULT_KINDS = ("503", "reset", "stall", "latency", "redirect")
+BYTE_KINDS = ("bytes_down", "bytes_up", "bytes_cut")  # body bytes relayed (counts), not faults
 CONTINUE_WAIT_S = 1.0  # how long to wait for the server's 100 Continue before sending the body
 _CHUNK = 256 * 1024
+RATE_RCVBUF = 64 * 1024  # with rate_bytes_per_s: a client connection's receive buffer
 _MAX_HEAD = 64 * 1024
 
 
@@ -365,7 +384,10 @@ class FaultProxy:
                  latency_s: float = 0.0, stall_rate: float = 0.0, stall_s: float = 30.0,
                  seed: int = 0, targets: Iterable[str] | None = DATA_PLANE,
                  key_pattern: str | None = None, bucket_region: str | None = None,
-                 host: str = "127.0.0.1", port: int = 0) -> None:
+                 host: str = "127.0.0.1", port: int = 0, max_resets: int | None = None,
+                 reset_after_bytes: int | None = None,
+                 rate_bytes_per_s: float | None = None,
+                 hold_down_at_bytes: int | None = None) -> None:
         parsed = urllib.parse.urlsplit(upstream)
         if parsed.scheme != "http" or not parsed.hostname or not parsed.port:
             raise ValueError(f"upstream={upstream!r}: expected http://HOST:PORT (no TLS)")
@@ -382,12 +404,22 @@ class FaultProxy:
         self.key_pattern = None if key_pattern is None else re.compile(key_pattern)
         self.bucket_region = bucket_region
         self.host, self.port = host, port
+        self.max_resets = max_resets
+        self.reset_after_bytes = reset_after_bytes
+        self.rate_bytes_per_s = rate_bytes_per_s
+        self.hold_down_at_bytes = hold_down_at_bytes
+        self._paced_until = 0.0  # monotonic time the link is busy until (rate_bytes_per_s)
+        self._reserved_resets = 0  # resets decided so far (max_resets)
+        self._totals = [0, 0]  # body bytes down, up (byte_log's running sums)
+        # With record_bytes(): (monotonic time, bytes_down so far, bytes_up so far) per piece
+        self.byte_log: list[tuple[float, int, int]] | None = None
         if error_503_rate + reset_rate + stall_rate > 1.0 + 1e-9:
             raise ValueError("error_503_rate + reset_rate + stall_rate must be at most 1")
         self._lock = threading.Lock()
         self._rngs: dict[str, random.Random] = {}
         self._counts: dict[str, collections.Counter] = {
-            kind: collections.Counter() for kind in ("requests", "expect_continue", *FAULT_KINDS)}
+            kind: collections.Counter() for kind in ("requests", "expect_continue", *FAULT_KINDS,
+                                                      *BYTE_KINDS)}
         self.connections = 0  # client connections accepted (keep-alive reuses one)
         self.events: list[FaultEvent] = []
         # With record_timeline(): every exchange as an Exchange (wall clock), an outside
@@ -409,7 +441,8 @@ class FaultProxy:
     @property
     def counts(self) -> dict[str, dict[str, int]]:
         """{kind: {request type: n}} for kind in "requests" (every request seen),
-        "expect_continue" (requests that sent Expect: 100-continue) and each fault kind."""
+        "expect_continue" (requests that sent Expect: 100-continue), each fault kind, and
+        "bytes_down" / "bytes_up" (body bytes relayed each way)."""
         with self._lock:
             return {kind: dict(counter) for kind, counter in self._counts.items()}
 
@@ -422,8 +455,51 @@ class FaultProxy:
         with self._lock:
             for counter in self._counts.values():
                 counter.clear()
+            self._totals = [0, 0]
             self.events.clear()
             self.connections = 0
+
+    def record_bytes(self) -> "FaultProxy":
+        """From now on, keep the running byte totals after every relayed piece in `byte_log`."""
+        with self._lock:
+            self.byte_log = []
+        return self
+
+    def bytes_by(self, mono_s: float) -> tuple[int, int]:
+        """(bytes_down, bytes_up) that had passed by time.monotonic() `mono_s` (record_bytes)."""
+        with self._lock:
+            passed = (0, 0)
+            for at, down, up in self.byte_log or ():
+                if at > mono_s:
+                    break
+                passed = (down, up)
+            return passed
+
+    def _pace_and_count(self, kind: str, rtype: str, nbytes: int) -> None:
+        """Count `nbytes` of body relayed; with rate_bytes_per_s, first wait until the link
+        (one for both directions, the whole proxy) has room for them."""
+        while (kind == "bytes_down" and self.hold_down_at_bytes is not None
+               and self._totals[0] + nbytes > self.hold_down_at_bytes
+               and not self._released.is_set()):
+            if self._stopping.wait(0.05):
+                return
+        if self.rate_bytes_per_s:
+            with self._lock:
+                start = max(time.monotonic(), self._paced_until)
+                self._paced_until = start + nbytes / self.rate_bytes_per_s
+                wait_s = self._paced_until - time.monotonic()
+            if wait_s > 0:
+                self._stopping.wait(wait_s)
+        self._count_bytes(kind, rtype, nbytes)
+
+    def _count_bytes(self, kind: str, rtype: str, nbytes: int) -> None:
+        with self._lock:
+            self._counts[kind][rtype] += nbytes
+            if kind == "bytes_cut":
+                return  # already in bytes_down
+            self._totals[0 if kind == "bytes_down" else 1] += nbytes
+            if self.byte_log is not None:
+                self.byte_log.append((time.monotonic(), self._totals[0], self._totals[1]))
 
     def record_timeline(self) -> "FaultProxy":
         """From now on, keep every exchange with its proxy-side times in `timeline`."""
@@ -437,6 +513,8 @@ class FaultProxy:
     def start(self) -> "FaultProxy":
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self.rate_bytes_per_s:  # set before accepting: accepted sockets inherit it
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RATE_RCVBUF)
         listener.bind((self.host, self.port))
         listener.listen(128)
         listener.settimeout(0.2)
@@ -492,9 +570,18 @@ class FaultProxy:
         for kind, rate in (("503", self.error_503_rate), ("reset", self.reset_rate),
                            ("stall", self.stall_rate)):
             if draw < rate:
+                if kind == "reset" and self.max_resets is not None:
+                    with self._lock:  # taken now: two GETs drawn at once cannot both pass
+                        if self._resets_left() <= 0:
+                            return None
+                        self._reserved_resets += 1
                 return kind
             draw -= rate
         return None
+
+    def _resets_left(self) -> int:
+        assert self.max_resets is not None
+        return self.max_resets - self._reserved_resets
 
     def _count(self, kind: str, rtype: str, method: str = "", target: str = "") -> None:
         with self._lock:
@@ -682,11 +769,15 @@ class FaultProxy:
                 if response is not None:
                     # The server answered before the body (e.g. 403): relay that and close,
                     # since the client may or may not send the body now.
-                    self._relay_response(client, up_reader, response, head_only, None)
+                    self._relay_response(client, up_reader, response, head_only, None, rtype)
                     return False
                 elif not readable:
                     client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-            _relay_body(reader, up.sendall, framing)
+            def forward(data: bytes) -> None:
+                self._pace_and_count("bytes_up", rtype, len(data))  # counted before it goes
+                up.sendall(data)
+
+            _relay_body(reader, forward, framing)
         while True:
             response = _read_head(up_reader)
             if response is None:
@@ -697,8 +788,11 @@ class FaultProxy:
         cut = fault == "reset"  # a GET: its response is cut mid-body
         if cut:
             self._count("reset", rtype, method, target)
-        complete = self._relay_response(client, up_reader, response, head_only,
-                                        _half(_body_framing(response)) if cut else None)
+        limit = None
+        if cut:
+            limit = (_half(_body_framing(response)) if self.reset_after_bytes is None
+                     else self.reset_after_bytes)
+        complete = self._relay_response(client, up_reader, response, head_only, limit, rtype)
         if not complete or cut:
             self._drop_upstream(upstream)
             self._track(client, False)
@@ -712,18 +806,25 @@ class FaultProxy:
         return not (client_close or server_close)
 
     def _relay_response(self, client, up_reader, response: _Message, head_only: bool,
-                        limit: int | None) -> bool:
+                        limit: int | None, rtype: str) -> bool:
         def send(data: bytes) -> None:
             # stamped before each piece goes out: after the last, the exchange's end is
             # no later than the client's receipt of its last byte
             self._stamp_end()
             client.sendall(data)
 
+        def send_body(data: bytes) -> None:
+            # counted before it goes: bytes_down is never less than what the client has
+            self._pace_and_count("bytes_down", rtype, len(data))
+            if limit is not None:
+                self._count_bytes("bytes_cut", rtype, len(data))
+            send(data)
+
         send(response.head)
         status = _status(response)
         if head_only or status in (204, 304):
             return True
-        return _relay_body(up_reader, send, _body_framing(response), limit)
+        return _relay_body(up_reader, send_body, _body_framing(response), limit)
 
 
 def _status(response: _Message) -> int:

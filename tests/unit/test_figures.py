@@ -260,3 +260,15 @@ def test_mlperf_figure_is_rank_0s_mean_not_the_slowest_rank():
     assert figures["slowest_rank_mib_s"] * MIB / gib == 4 / (2 + 4)  # 0.67 GiB/s
     assert math.isnan(mlperf_gib_s(rows, "load"))
     assert math.isnan(mlperf_gib_s([sample(1, 0.0, 1.0, gib)], "save"))  # no rank 0
+
+
+def test_gets_broken_mid_body_are_said_with_the_most_that_came_down():
+    """Issue 31 item 2: egress counts whole GET bodies; a GET that broke mid-body adds an
+    unknown part of its range, said as a bound (and none said where none broke, or where
+    an older record has no such count)."""
+    from dcp_fsdp.telemetry.figures import broken_note
+
+    assert broken_note(2, 16 * MIB, 29.5 * MIB, 29.5 * MIB) == (
+        "2 GET(s) broke mid-body: up to 16.0 MiB more came down (reads up to 1.54x)")
+    assert broken_note(0, 0, 29.5 * MIB, 29.5 * MIB) == ""
+    assert broken_note(math.nan, math.nan, 29.5 * MIB, 29.5 * MIB) == ""

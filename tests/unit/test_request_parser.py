@@ -14,7 +14,7 @@ import pytest
 from dcp_fsdp.telemetry import connector_log, request_log
 from dcp_fsdp.telemetry.connector_log import PARSER_FORMAT, Request, Unparsed, parse_all
 from dcp_fsdp.telemetry.request_log import RequestLog
-from dcp_fsdp.telemetry.summaries import merge_summaries
+from dcp_fsdp.telemetry.summaries import merge_summaries, summarize
 from tests.unit.test_request_log import (CRT_404, REAL_SAVE_LOAD, SPAN_GET, line, new_request,
                                          request)
 
@@ -68,6 +68,47 @@ def test_a_failure_without_any_response_needs_no_status():
     canceled, = parse_all([request("32.2", SPAN_GET, "canceled", "GetObject",
                                    rng="Some(0..5)")])
     assert isinstance(canceled, Request) and canceled.outcome == "canceled"
+
+
+# A ranged GET cut by tests/kit/fault_proxy.py after 3 MiB of its 8 MiB body, then re-sent
+# (shapes copied from a real s3torchconnector 1.5.0 log; issue 31 item 2): the connector
+# says "finished", with the 206 and the broken socket's crt_error.
+SOCKET_CLOSED = 'Some(Error(1051, "aws-c-io: AWS_IO_SOCKET_CLOSED, socket is closed."))'
+CUT_GET = [
+    new_request("34.921113", SPAN_GET),
+    request("35.223832", SPAN_GET, "finished", "GetObject", 206, rng="Some(0..8388608)",
+            duration="292.554888ms", ttfb="Some(8.523585ms)", crt=SOCKET_CLOSED),
+    request("35.292703", SPAN_GET, "finished", "GetObject", 206, rng="Some(0..8388608)",
+            duration="68.976857ms", ttfb="Some(25.119308ms)"),
+    request("35.460328", SPAN_GET, "finished", "GetObject", 206,
+            rng="Some(8388608..12003154)", duration="156.457314ms", ttfb="Some(58.8ms)"),
+    line("35.495096", SPAN_GET, "meta request finished duration=573.84186ms"),
+]
+
+
+def test_a_get_whose_body_broke_is_a_failed_retried_attempt_not_bytes_down():
+    """Without the crt_error reading, the cut GET is a success: retries 0, failed 0, and
+    its whole 8 MiB range in bytes_down although 3 MiB of it came down."""
+    cut, again, rest = parse_all(CUT_GET)
+    assert isinstance(cut, Request) and isinstance(again, Request)
+    assert (cut.outcome, cut.retryable, cut.retried) == ("failed", True, True)  # before: ok
+    assert cut.broken
+    assert again.outcome == "ok" and not again.broken
+    summary = summarize([r for r in (cut, again, rest) if isinstance(r, Request)])
+    assert (summary["count"], summary["failed"], summary["retries"]) == (3, 1, 1)
+    assert summary["broken"] == 1
+    # the whole bodies: the re-sent part and the rest of the object, each once
+    assert summary["bytes_down"] == summary["by_type"]["GetObject"]["bytes"] == 12003154
+    assert summary["bytes_down_broken_max"] == 8388608  # some of it came, at most all
+    merged = merge_summaries([summary, summary])
+    assert merged is not None and merged["broken"] == 2
+    assert merged["bytes_down_broken_max"] == 2 * 8388608
+
+
+def test_a_get_that_broke_on_its_last_attempt_was_not_retried():
+    given_up = CUT_GET[:2] + [line("35.3", SPAN_GET, "meta request failed duration=300ms")]
+    cut, = parse_all(given_up)
+    assert isinstance(cut, Request) and cut.outcome == "failed" and not cut.retried
 
 
 def test_a_window_counts_unparsed_lines_apart_and_records_the_parser(tmp_path, capsys):
