@@ -1,10 +1,13 @@
 """A heartbeat during long saves and loads: rank 0 says how far it has got.
 
 Every `progress_interval_s`, while an operation is still running, rank 0 prints bytes
-moved so far (its own shard: counted where the writer/reader streams move them), its
-MiB/s and the elapsed time. It runs in a daemon thread that only reads a counter, so
-the timed operation pays nothing but a wake-up every few seconds (measured: README,
-"What the harness costs").
+moved so far (its own shard), its MiB/s and the elapsed time, and says what it counted
+(`verb`, `note`): on S3, bytes that really moved, from the kernel's TCP counters
+(process/wire_meter.py: acknowledged by the endpoint for a save, received as they arrive
+for a load), never bytes handed to the client's buffers, which run far ahead of the link
+(issue 31 item 3); elsewhere, what the streams were handed, said so. It runs in a daemon
+thread that reads counters, so the timed operation pays nothing but a wake-up every few
+seconds (measured: README, "What the harness costs").
 """
 
 from __future__ import annotations
@@ -19,9 +22,13 @@ MIB = 2**20
 class Heartbeat:
     def __init__(self, what: str, bytes_so_far: Callable[[], int] | None,
                  expected_bytes: int | None,
-                 interval_s: float, say: Callable[[str], None]) -> None:
+                 interval_s: float, say: Callable[[str], None], verb: str = "moved",
+                 note: str = "", on_start: Callable[[], None] | None = None) -> None:
         self.what = what
         self.bytes_so_far = bytes_so_far
+        self.verb = verb  # what the figure is: "uploaded", "received", "handed", ...
+        self.note = note  # how it was measured, said after the rate
+        self.on_start = on_start  # the counter's zero, taken when the operation starts
         self.expected_bytes = expected_bytes
         self.interval_s = interval_s
         self.say = say
@@ -35,10 +42,13 @@ class Heartbeat:
         moved = self.bytes_so_far()
         of = f" of {self.expected_bytes / MIB:.1f}" if self.expected_bytes else ""
         rate = moved / MIB / elapsed_s if elapsed_s > 0 else 0.0
-        return (f"{self.what}: still running, rank 0 moved {moved / MIB:.1f}{of} MiB"
-                f" in {elapsed_s:.1f} s ({rate:.1f} MiB/s)")
+        note = f"; {self.note}" if self.note else ""
+        return (f"{self.what}: still running, rank 0 {self.verb} {moved / MIB:.1f}{of} MiB"
+                f" in {elapsed_s:.1f} s ({rate:.1f} MiB/s{note})")
 
     def _run(self, started: float) -> None:
+        if self.on_start is not None:
+            self.on_start()  # here, not in the timed thread: a missed instant counts short
         while not self._stop.wait(self.interval_s):
             self.beats += 1
             self.say(self.line(time.monotonic() - started))

@@ -30,6 +30,7 @@ from dcp_fsdp.rank.sample_build import OpInProgress, build_sample, fill_save_fig
 from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.rank.memory import PeakMemory
 from dcp_fsdp.process.progress import Heartbeat
+from dcp_fsdp.process.wire_meter import progress_measure
 from dcp_fsdp.rank.replicas import held_bytes, read_once_load, replica_share
 from dcp_fsdp.rank.state import (apply_state_dict, checkable_seed, checkpoint_mismatch, local_bytes,
                                  mismatch_error, verify_values, zero_local_tensors)
@@ -232,10 +233,12 @@ class CheckpointLoop:
         """Rank 0's progress lines during the operation (progress=true), else nothing."""
         if not (self.cfg.progress and self.ctx.is_coordinator):
             return contextlib.nullcontext()
-        moved = None if timeline is None else (lambda: timeline.moved.total)
+        streams = None if timeline is None else (lambda: timeline.moved.total)
+        moved, verb, note, start = progress_measure(
+            op, self.cfg.storage.kind.value == "s3", self.cfg.storage.endpoint, streams)
         expected = local_bytes(self.state_dict)
         return Heartbeat(f"{op} iteration {iteration}", moved, expected,
-                         self.cfg.progress_interval_s, self.log)
+                         self.cfg.progress_interval_s, self.log, verb, note, start)
 
     def keep(self, sample: Sample) -> None:
         """Record one finished operation of this rank, and hand it to rank 0's record and to

@@ -25,3 +25,42 @@ def test_line_without_an_expected_total():
     beat = Heartbeat("load iteration 1", lambda: 3 * MIB, None, 10, lambda _: None)
     assert beat.line(2.0) == ("load iteration 1: still running, rank 0 moved 3.0 MiB in 2.0 s "
                               "(1.5 MiB/s)")
+
+
+def test_the_wire_meter_counts_what_the_kernel_moved_on_the_endpoints_sockets_only():
+    """process/wire_meter.py on real loopback sockets: bytes the peer acknowledged and bytes
+    received, from the operation's start, on connections to the endpoint's port only (a
+    connection to another port, like the collectives', is not counted)."""
+    import socket
+
+    from dcp_fsdp.process.wire_meter import WireMeter, endpoint_port
+
+    assert endpoint_port("http://127.0.0.1:8333") == 8333
+    assert endpoint_port("https://s3.example.com") == 443 and endpoint_port(None) == 443
+    with socket.create_server(("127.0.0.1", 0)) as storage, \
+            socket.create_server(("127.0.0.1", 0)) as other:
+        meter = WireMeter(storage.getsockname()[1])
+        assert meter.available()
+        with socket.create_connection(storage.getsockname()) as client, \
+                socket.create_connection(other.getsockname()) as elsewhere:
+            server, _ = storage.accept()
+            peer, _ = other.accept()
+            with server, peer:
+                client.sendall(b"x" * 1000)  # before the start: not counted
+                server.recv(4096)
+                meter.start()
+                client.sendall(b"y" * 300_000)
+                elsewhere.sendall(b"z" * 500_000)
+                got = 0
+                while got < 300_000:
+                    got += len(server.recv(1 << 20))
+                server.sendall(b"w" * 70_000)
+                received = 0
+                while received < 70_000:
+                    received += len(client.recv(1 << 20))
+                # acknowledged and received are the kernel's own, settled after the reads
+                deadline = time.monotonic() + 10
+                while meter.acked() < 300_000 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert meter.acked() == 300_000
+                assert meter.received() == 70_000
