@@ -35,7 +35,9 @@ from dcp_fsdp.telemetry.record_checks import field_types, parse_line, run_proble
 # included); samples carry train_wait_s; init rows fill_s (the value fill inside build_s).
 # 5: request summaries carry unparsed and parser (untimed: late); run.server_requests.
 # 5: the run line carries suffix_claim (how the saves claimed their suffixes).
-SCHEMA_VERSION = 6
+# 7: an S3 load's fetched_bytes is its whole GET bodies (the wire, with request statistics);
+# request summaries carry broken and bytes_down_broken_max, bytes_down only whole bodies.
+SCHEMA_VERSION = 7
 # Job id, node count, node list and tasks per node (SLURM_NTASKS_PER_NODE is set only when
 # --ntasks-per-node was given; SLURM_TASKS_PER_NODE always is, e.g. "1(x8)").
 SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NUM_NODES", "SLURM_NNODES",
