@@ -5,6 +5,9 @@ async save and a resharded load work with each; no secret reaches any file a run
 
 from __future__ import annotations
 
+import itertools
+import json
+
 import pytest
 
 from tests.kit.cli import read_run, run_cli, s3_args, s3_env
@@ -28,30 +31,6 @@ def verified_loads(run: dict, samples: list[dict]) -> list[dict]:
     return loads
 
 
-@pytest.mark.parametrize("client", CLIENTS)
-def test_each_client_saves_and_loads_verified_and_counts_what_the_server_counts(
-        s3, s3_uri, tmp_path, client):
-    result = run_cli(["save-and-load", *s3_args(s3, s3_uri), "nproc=2",
-                      f"storage.client={client}", f"storage.metrics_url={s3.metrics_url}",
-                      f"results_dir={tmp_path}"], env=s3_env(s3), timeout_s=TIMEOUT_S)
-    assert_ok(result)
-    run, samples = read_run(tmp_path)
-    assert run["status"] == "ok"
-    assert run["storage"]["client"] == client
-    versions = run["storage"]["client_versions"]
-    expected = {"s3torchconnector": "s3torchconnector", "fsspec": "s3fs",
-                "msc": "multi-storage-client"}[client]
-    assert versions[expected] != "(not installed)", versions
-    verified_loads(run, samples)
-    # every timed operation's requests counted by the tool's own hook or log ...
-    for sample in samples:
-        assert sample["requests"] and sample["requests"]["count"] > 0, sample
-    # ... and equal to what the server itself counted during the run
-    check = run["server_requests"]
-    assert check["match"] and check["differences"] == {}, check
-    assert "match the server's own counters" in result.stdout + result.stderr
-
-
 @pytest.mark.parametrize("client", ("fsspec", "msc"))
 def test_each_client_on_moto(moto_s3, moto_uri, tmp_path, client):
     """A second S3 implementation (moto, SigV4 checked): the same save and verified load."""
@@ -64,20 +43,50 @@ def test_each_client_on_moto(moto_s3, moto_uri, tmp_path, client):
     verified_loads(run, samples)
 
 
-def test_a_sweep_of_three_clients_is_one_table_with_a_row_per_client(s3, s3_uri, tmp_path):
+def test_a_sweep_of_three_clients_verified_counted_and_one_table(s3, s3_uri, tmp_path):
+    """`-m storage.client=s3torchconnector,fsspec,msc`: three records, each of its client
+    (and its versions), every load verified, every timed operation's requests counted and
+    equal to what the server itself counted; one report table with a row per client and
+    the ratio to the connector's; the secret key in no file any of them left (records,
+    kept request logs, MSC's profile file, temp dirs)."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    results = tmp_path / "results"
     result = run_cli(["save-and-load", "-m", *s3_args(s3, s3_uri), "nproc=2",
                       f"storage.client={','.join(CLIENTS)}", f"storage.metrics_url={s3.metrics_url}",
-                      f"results_dir={tmp_path}"], env=s3_env(s3), timeout_s=3 * TIMEOUT_S)
+                      "keep_request_log=true", f"results_dir={results}"],
+                     env={**s3_env(s3), "TMPDIR": str(tmpdir)}, timeout_s=3 * TIMEOUT_S)
     assert_ok(result)
     assert (result.stdout + result.stderr).count("match the server's own counters") == 3
-    report = run_cli(["report", str(tmp_path), "--format", "csv"])
+    records = [[json.loads(line) for line in path.read_text().splitlines()]
+               for path in sorted(results.glob("*.jsonl"))]
+    assert sorted(lines[0]["storage"]["client"] for lines in records) == sorted(CLIENTS)
+    for run, *samples in records:
+        versions = run["storage"]["client_versions"]
+        carrier = {"s3torchconnector": "s3torchconnector", "fsspec": "s3fs",
+                   "msc": "multi-storage-client"}[run["storage"]["client"]]
+        assert versions[carrier] != "(not installed)", versions
+        verified_loads(run, samples)
+        assert all(s["requests"] and s["requests"]["count"] > 0 for s in samples), samples
+        check = run["server_requests"]
+        assert check["match"] and check["differences"] == {}, check
+    secret = s3.secret_access_key
+    assert secret not in result.stdout + result.stderr
+    for path in (p for p in tmp_path.rglob("*") if p.is_file()):
+        assert secret.encode() not in path.read_bytes(), path
+    assert [p.name for p in tmpdir.iterdir() if p.name.startswith("dcp-fsdp")] == []
+
+    report = run_cli(["report", str(results), "--format", "csv"])
     assert report.returncode == 0, report.stderr
     rows = [line.split(",") for line in report.stdout.splitlines()]
     header = next(row for row in rows if "vs_connector" in row or "x connector" in row)
     client_at = next(i for i, name in enumerate(header) if name in ("storage.client", "client"))
     ratio_at = next(i for i, name in enumerate(header) if name in ("vs_connector", "x connector"))
-    table = [row for row in rows[rows.index(header) + 1:] if len(row) == len(header)]
-    seen = {(row[0], row[client_at]): row[ratio_at] for row in table if row[0] in ("save", "load")}
+    table = list(itertools.takewhile(lambda row: len(row) == len(header),
+                                     rows[rows.index(header) + 1:]))  # the throughput table
+    op_at = header.index("op")
+    seen = {(row[op_at], row[client_at]): row[ratio_at] for row in table
+            if row[op_at] in ("save", "load")}
     assert set(seen) == {(op, c) for op in ("save", "load") for c in CLIENTS}, seen
     for op in ("save", "load"):
         assert float(seen[(op, "s3torchconnector")]) == 1.0
@@ -97,26 +106,6 @@ def test_async_thread_save_and_a_resharded_load_with_each_client(s3, s3_uri, tmp
     load_run, samples = read_run(tmp_path / "load")
     assert load_run["world_size"] == 1
     verified_loads(load_run, samples)
-
-
-def test_no_secret_reaches_any_file_a_run_leaves(s3, s3_uri, tmp_path):
-    """MSC's profile file, the records, kept request logs and the temp dirs: the secret key
-    is in none of them (it reaches the clients through the environment only)."""
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
-    secret = s3.secret_access_key
-    for client in CLIENTS:
-        result = run_cli(["save-and-load", *s3_args(s3, s3_uri), "nproc=2",
-                          f"storage.client={client}", "keep_request_log=true",
-                          f"results_dir={tmp_path / 'r'}"],
-                         env={**s3_env(s3), "TMPDIR": str(tmpdir)}, timeout_s=TIMEOUT_S)
-        assert_ok(result)
-        assert secret not in result.stdout + result.stderr
-    left = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert left, "the records are there"
-    for path in left:
-        assert secret.encode() not in path.read_bytes(), path
-    assert [p.name for p in tmpdir.iterdir() if p.name.startswith("dcp-fsdp")] == []
 
 
 @pytest.mark.parametrize(("args", "fragment"), [
