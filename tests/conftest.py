@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -106,6 +107,23 @@ def pytest_sessionstart(session):
     session.config._dcp_fsdp_tmp_before = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = session_tmp
     tempfile.tempdir = None  # tempfile reads TMPDIR again
+    _start_reaper(session_tmp)
+
+
+def _start_reaper(marker: str) -> None:
+    """Whatever a test starts inherits the marker; once this pytest is gone, killed or not,
+    the reaper ends what still carries it (a kept s3-server outlives its starter)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.kit.reaper import MARKER_ENV
+
+    os.environ[MARKER_ENV] = marker
+    subprocess.Popen([sys.executable, "-m", "tests.kit.reaper", str(os.getpid()), marker],
+                     cwd=Path(__file__).resolve().parents[1], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
 
 
 def pytest_sessionfinish(session, exitstatus):
