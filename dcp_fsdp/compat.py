@@ -179,14 +179,15 @@ _CLIENT_WARNING = ("s3torchconnector {version}: its S3 client could not be built
                    "save or load of each rank")
 
 
-def build_native_client(storage_io: Any) -> bool:
-    """Build the connector's lazily created native client of a DCP writer or reader now.
+def build_native_client(file_system: Any) -> bool:
+    """Build the connector's lazily created native client of a DCP writer's or reader's file
+    system (the connector's S3FileSystem: storage/timed_fs.py `client_file_system`) now.
     False (warned once per process) when this connector release hides it elsewhere."""
-    client = getattr(getattr(storage_io, "fs", None), "_client", None)
+    client = getattr(file_system, "_client", None)
     if client is None or not hasattr(type(client), "_client"):
         _warn_once("client", _CLIENT_WARNING.format(
             version=installed_version("s3torchconnector"),
-            why="no fs._client._client on its storage writer/reader"))
+            why="no _client._client on its storage writer's/reader's file system"))
         return False
     client._client  # noqa: B018 - property access builds the client
     return True

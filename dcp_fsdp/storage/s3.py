@@ -125,8 +125,9 @@ class S3Store:
             self.other_client.warm_up(storage_io)
             return
         from dcp_fsdp.compat import build_native_client
+        from dcp_fsdp.storage.timed_fs import client_file_system
 
-        build_native_client(storage_io)  # warns once when it cannot
+        build_native_client(client_file_system(storage_io))  # warns once when it cannot
 
     def client_events(self, storage_io) -> list[Any]:
         """The botocore event emitters of the client under `storage_io` (built: warm_up),

@@ -82,11 +82,9 @@ class FsspecClient:
     def warm_up(storage_io: Any) -> list[Any]:
         """s3fs's aiobotocore client built now (s3fs builds it on the first request); its
         event emitter, for the request statistics."""
-        from dcp_fsdp.storage.timeline import TimedFileSystem
+        from dcp_fsdp.storage.timed_fs import client_file_system
 
-        torch_filesystem = storage_io.fs  # torch's fsspec FileSystem (timed: wrapped)
-        if isinstance(torch_filesystem, TimedFileSystem):
-            torch_filesystem = torch_filesystem.fs
+        torch_filesystem: Any = client_file_system(storage_io)  # torch's fsspec FileSystem
         s3fs_filesystem = torch_filesystem.fs
         s3fs_filesystem.connect()
         return [s3fs_filesystem.s3.meta.events]

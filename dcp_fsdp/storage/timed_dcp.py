@@ -18,12 +18,14 @@ from typing import Any
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
 from dcp_fsdp.errors import StorageStreamError
-from dcp_fsdp.storage.timeline import HookTimeline, TimedFileSystem
+from dcp_fsdp.storage.timed_fs import TimedFileSystem
+from dcp_fsdp.storage.timeline import HookTimeline
 
 
 class _TimedPlanning:
     """What the timed writer and reader share: the `timeline=` argument and the set-up
-    (the timeline, the wrapped file system) and the two planning hooks."""
+    (the timeline; the client's file system under a `TimedFileSystem`, storage/timed_fs.py,
+    built here in the writer's or reader's own __init__) and the two planning hooks."""
 
     timeline: HookTimeline
     fs: Any

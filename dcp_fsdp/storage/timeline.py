@@ -19,9 +19,9 @@ Phases, per rank (monotonic clock; see loop.CheckpointLoop._sample):
         commit_s = read_data end -> dcp.load returns (the closing all_gather: waiting for
                    the slowest rank)
 
-The writer's file system is wrapped too (`TimedFileSystem`, its `create_stream`), to count
-the bytes of every object this rank uploads (the connector's request log gives no upload
-sizes).
+The writer's and reader's file system is a `TimedFileSystem` (storage/timed_fs.py, with its
+timed streams): it times the object streams and counts the bytes of every object this rank
+uploads (the connector's request log gives no upload sizes).
 
 Inside io_s (per rank; `BusyClock`: wall time with at least one call in progress, so
 writer/reader threads > 1 never count an instant twice, and io_s - busy >= 0):
@@ -82,100 +82,28 @@ class BusyClock:
         self.__init__()  # type: ignore[misc]
         self._total = state["total"]
 
-    def wrap(self, method):
-        def timed(*args, **kwargs):
-            self.enter()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                self.exit()
-        return timed
-
-
-class _TimedStream:
-    """A stand-in for a stream whose methods cannot be replaced (built-in file objects):
-    the timed methods are its own, everything else goes to the stream."""
-
-    def __init__(self, stream, timed: dict) -> None:
-        self._stream = stream
-        self.__dict__.update(timed)
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-    def __iter__(self):
-        return iter(self._stream)
-
 
 class ByteCounter:
     """Bytes through the object streams so far: what the progress heartbeat reads while an
     operation runs, and what a load fetched (its figure: the difference over read_data).
-    Counted at the outermost call only (a reader's read() may call its own readinto(), both
-    wrapped), under a lock (reader threads); one per call, calls carry whole tensors or
-    buffer-sized chunks."""
+    The timed streams (storage/timed_fs.py) add what each data call moved, under a lock
+    (writer and reader threads); one per call, calls carry whole tensors or buffer-sized
+    chunks."""
 
     def __init__(self) -> None:
         self.total = 0
         self._lock = threading.Lock()
-        self._depth = threading.local()
 
-    def __getstate__(self) -> dict[str, Any]:  # locks do not pickle (process checkpointer)
+    def __getstate__(self) -> dict[str, Any]:  # a lock does not pickle (process checkpointer)
         return {"total": self.total}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__()  # type: ignore[misc]
         self.total = state["total"]
 
-    def wrap(self, name: str, method):
-        def counted(*args, **kwargs):
-            depth = getattr(self._depth, "value", 0)
-            self._depth.value = depth + 1
-            try:
-                result = method(*args, **kwargs)
-            finally:
-                self._depth.value = depth
-            if depth:
-                return result
-            moved = 0
-            if name == "write" and args and hasattr(args[0], "__len__"):
-                moved = len(args[0])
-            elif name == "readinto" and isinstance(result, int):
-                moved = result
-            elif name == "read" and isinstance(result, (bytes, bytearray, memoryview)):
-                moved = len(result)
-            if moved:
-                with self._lock:
-                    self.total += moved
-            return result
-        return counted
-
-
-def _noting(method, on_error):
-    def noted(*args, **kwargs):
-        try:
-            return method(*args, **kwargs)
-        except Exception as error:
-            on_error(error)
-            raise
-    return noted
-
-
-def time_stream(stream, clock: BusyClock, names: tuple[str, ...],
-                 counter: ByteCounter | None = None, on_error=None):
-    """`stream` with `names` timed by `clock` (and counted; an error they raise passed to
-    `on_error` first): the same object where its attributes can be set (the connector's
-    S3Writer / S3Reader), else a thin stand-in."""
-    timed = {name: clock.wrap(getattr(stream, name) if counter is None
-                              else counter.wrap(name, getattr(stream, name)))
-             for name in names if hasattr(stream, name)}
-    if on_error is not None:
-        timed = {name: _noting(method, on_error) for name, method in timed.items()}
-    try:
-        for name, method in timed.items():
-            setattr(stream, name, method)
-        return stream
-    except (AttributeError, TypeError):
-        return _TimedStream(stream, timed)
+    def add(self, count: int) -> None:
+        with self._lock:
+            self.total += count
 
 
 @dataclasses.dataclass
@@ -263,44 +191,3 @@ class HookTimeline:
         self.moved.total = int(data["moved_bytes"])
         self.stream_error = data.get("stream_error")
         return True
-
-
-class TimedFileSystem:
-    """DCP's file system of a writer or reader (`FileSystem`, the connector's
-    `S3FileSystem`), its object streams timed and counted: `create_stream` is this class's
-    own, every other call goes to the wrapped file system."""
-
-    def __init__(self, fs: Any, timeline: HookTimeline) -> None:
-        self.fs = fs
-        self.timeline = timeline
-        self._lock = threading.Lock()
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("fs", "timeline", "_lock"):
-            raise AttributeError(name)  # while unpickling, before __dict__ is set
-        return getattr(self.fs, name)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"fs": self.fs, "timeline": self.timeline}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["fs"], state["timeline"])  # type: ignore[misc]
-
-    @contextlib.contextmanager
-    def create_stream(self, path, mode: str):
-        timeline = self.timeline
-        with self.fs.create_stream(path, mode) as stream:
-            if "w" in mode:
-                stream = time_stream(stream, timeline.stream_clock, ("write", "close"),
-                                     timeline.moved, timeline.note_stream_error)
-            elif "r" in mode:
-                stream = time_stream(stream, timeline.stream_clock, ("read", "readinto"),
-                                     timeline.moved)
-            yield stream
-            if "w" in mode:
-                try:
-                    size = int(stream.tell())
-                except Exception:  # a stream that cannot tell: leave it uncounted
-                    return
-                with self._lock:
-                    timeline.object_bytes[str(path)] = size

@@ -4,7 +4,6 @@ amplification, request statistics that cannot go quietly to zero, and the report
 
 from __future__ import annotations
 
-import io
 import math
 
 import pytest
@@ -221,29 +220,6 @@ def test_end_of_run_summary_prints_the_notes(tmp_path, capsys):
     print_run_summary(parsed.runs[0], parsed.samples)
     out = capsys.readouterr().out
     assert "slowest-rank MiB/s" in out and "NOISY" in out and "quieter machine" in out
-
-
-def test_counted_bytes_once_when_read_calls_its_own_readinto():
-    from dcp_fsdp.storage.timeline import BusyClock, ByteCounter, time_stream as _time_stream
-
-    class Stream(io.RawIOBase):  # RawIOBase.read() calls self.readinto()
-        def __init__(self, data: bytes) -> None:
-            self.data, self.pos = data, 0
-
-        def readable(self) -> bool:
-            return True
-
-        def readinto(self, buf) -> int:
-            n = min(len(buf), len(self.data) - self.pos)
-            buf[:n] = self.data[self.pos:self.pos + n]
-            self.pos += n
-            return n
-
-    counter = ByteCounter()
-    stream = _time_stream(Stream(b"x" * 1000), BusyClock(), ("read", "readinto"), counter)
-    assert len(stream.read(600)) == 600
-    assert stream.readinto(bytearray(300)) == 300
-    assert counter.total == 900
 
 
 def test_mlperf_figure_is_rank_0s_mean_not_the_slowest_rank():

@@ -52,7 +52,7 @@ class _FailingFileSystem:
 
 def test_the_streams_error_is_the_cause_when_dcp_raises_another(tmp_path):
     writer = TimedFileSystemWriter(str(tmp_path), timeline=HookTimeline())
-    writer.fs.fs = _FailingFileSystem(writer.fs.fs)  # under the timed streams, as the connector
+    writer.fs.inner = _FailingFileSystem(writer.fs.inner)  # under the timed streams, as the connector
     with pytest.raises(CheckpointException) as failed:
         dcp.save({"weight": torch.ones(100_000)}, storage_writer=writer)
     # DCP's exceptions cross ranks pickled: only the message survives, no __context__

@@ -3,7 +3,6 @@ busy-time clock behind stage/upload and io_wait/copy."""
 
 from __future__ import annotations
 
-import io
 import threading
 import time
 from types import SimpleNamespace
@@ -14,7 +13,7 @@ import torch
 from dcp_fsdp.config.schema import AsyncCheckpointer, AsyncSaveConfig, TrainStepWork
 from dcp_fsdp.rank import train_step
 from dcp_fsdp.rank.async_save import AsyncSaver, rank_bytes, staging_options
-from dcp_fsdp.storage.timeline import BusyClock, time_stream as _time_stream
+from dcp_fsdp.storage.timeline import BusyClock
 
 
 def test_matmuls_for_a_step():
@@ -115,46 +114,6 @@ def test_busy_clock_counts_overlapping_calls_once():
         thread.join()
     wall = time.perf_counter() - start
     assert 0.04 < clock.total_s() <= wall + 0.01  # not 3 x 0.05
-
-
-def test_time_stream_on_python_and_builtin_streams(tmp_path):
-    class Writer(io.RawIOBase):
-        def writable(self):
-            return True
-
-        def write(self, data):
-            time.sleep(0.01)
-            return len(data)
-
-    clock = BusyClock()
-    stream = Writer()
-    assert _time_stream(stream, clock, ("write", "close")) is stream  # same object
-    stream.write(b"x")
-    assert clock.total_s() >= 0.01
-
-    clock = BusyClock()
-    with open(tmp_path / "f", "wb") as raw:  # a built-in file object
-        wrapped = _time_stream(raw, clock, ("write",))
-        assert wrapped.write(b"abc") == 3 and wrapped.tell() == 3
-        wrapped.fileno()
-    assert (tmp_path / "f").read_bytes() == b"abc"
-    assert clock.total_s() > 0
-
-    class Fixed:  # methods that cannot be replaced: a stand-in takes the calls
-        __slots__ = ()
-
-        def write(self, data):
-            return len(data)
-
-        def tell(self):
-            return 7
-
-    clock = BusyClock()
-    fixed = Fixed()
-    wrapped = _time_stream(fixed, clock, ("write",))
-    assert wrapped is not fixed
-    assert wrapped.write(b"ab") == 2 and wrapped.tell() == 7
-    assert clock.total_s() > 0
 
 
 # -- on a GPU: the step's own stream, not the device (issue 32) ----------------------------

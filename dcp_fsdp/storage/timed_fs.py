@@ -1,0 +1,235 @@
+"""The timed writer's and reader's file system and object streams (storage/timeline.py says
+what they record): subclasses of torch's `FileSystemBase` and of `io.BufferedIOBase` that
+hold the client's own file system or stream and implement each method DCP calls by name.
+Nothing is forwarded by attribute lookup and nothing is assigned on the client's objects.
+
+`TimedFileSystem` wraps a writer's or reader's `fs` (torch's `FileSystem`, the connector's
+`S3FileSystem`, torch's fsspec `FileSystem`, multi-storage-client's file system): its
+`create_stream` hands DCP a timed stream over the client's and counts the bytes of every
+object written (tell() when DCP's `with` body ends); every other call goes to `inner`, the
+client's file system, which code reaching the client itself reads (`client_file_system`).
+
+What DCP and torch call on an object stream (torch 2.13, checkpoint/filesystem.py, utils.py
+`_ReaderView`, pickle): a save writes tensors (`write`, `tell` for offsets, `flush` from its
+no-close wrapper, `fileno` when it fsyncs, `close`) and pickles `.metadata` (`write`); a load
+seeks and reads slices (`seek`, `tell`, `read`, `readinto`, `readable`, `seekable`) and
+unpickles `.metadata` (`read`, `readinto`, `readline`). Timed and counted as before the
+subclasses: a write stream's write() and close() (an error they raise is noted first), a
+read stream's read(), readinto() and readline().
+
+Ranks only (imports torch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import threading
+from collections.abc import Generator
+from typing import Any, Protocol, cast
+
+from torch.distributed.checkpoint.filesystem import FileSystemBase
+
+from dcp_fsdp.storage.timeline import HookTimeline
+
+StrPath = str | os.PathLike
+
+
+class ObjectStream(Protocol):
+    """What the timed streams call on the client's stream (every client's has these)."""
+
+    @property
+    def closed(self) -> bool: ...
+    def read(self, size: int = ..., /) -> bytes: ...
+    def readinto(self, buffer: Any, /) -> int | None: ...
+    def readline(self, size: int = ..., /) -> bytes: ...
+    def write(self, data: Any, /) -> int | None: ...
+    def seek(self, offset: int, whence: int = ..., /) -> int: ...
+    def tell(self) -> int: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+    def fileno(self) -> int: ...
+    def readable(self) -> bool: ...
+    def writable(self) -> bool: ...
+    def seekable(self) -> bool: ...
+
+
+class _TimedStream(io.BufferedIOBase):
+    """The calls a timed stream passes through untimed; `inner` is the client's stream."""
+
+    def __init__(self, inner: ObjectStream, timeline: HookTimeline) -> None:
+        self.inner = inner  # first: io's finalizer reads `closed`
+        super().__init__()
+        self._timeline = timeline
+
+    @property
+    def closed(self) -> bool:
+        return self.inner.closed
+
+    def readable(self) -> bool:
+        return self.inner.readable()
+
+    def writable(self) -> bool:
+        return self.inner.writable()
+
+    def seekable(self) -> bool:
+        return self.inner.seekable()
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET, /) -> int:
+        return self.inner.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.inner.tell()
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def fileno(self) -> int:
+        return self.inner.fileno()  # io.UnsupportedOperation where it has no descriptor
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def _moved(self, count: int) -> None:
+        self._timeline.moved.add(count)
+
+
+class TimedWriteStream(_TimedStream):
+    """A write stream: write() and close() timed on the stream clock (the upload), the bytes
+    written counted, the first error either raises noted on the timeline."""
+
+    def write(self, data: Any, /) -> int:
+        clock = self._timeline.stream_clock
+        clock.enter()
+        try:
+            written = self.inner.write(data)
+        except Exception as error:
+            self._timeline.note_stream_error(error)
+            raise
+        finally:
+            clock.exit()
+        if hasattr(data, "__len__"):
+            self._moved(len(data))
+        return memoryview(data).nbytes if written is None else written
+
+    def close(self) -> None:
+        clock = self._timeline.stream_clock
+        clock.enter()
+        try:
+            self.inner.close()
+        except Exception as error:
+            self._timeline.note_stream_error(error)
+            raise
+        finally:
+            clock.exit()
+
+
+class TimedReadStream(_TimedStream):
+    """A read stream: read(), readinto() and readline() timed on the stream clock (waiting
+    for storage), the bytes they return counted."""
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        clock = self._timeline.stream_clock
+        clock.enter()
+        try:
+            data = self.inner.read(-1 if size is None else size)
+        finally:
+            clock.exit()
+        if data:
+            self._moved(len(data))
+        return data
+
+    def readinto(self, buffer: Any, /) -> int:
+        clock = self._timeline.stream_clock
+        clock.enter()
+        try:
+            count = self.inner.readinto(buffer)
+        finally:
+            clock.exit()
+        if count:
+            self._moved(count)
+        return count or 0
+
+    def readline(self, size: int | None = -1, /) -> bytes:
+        clock = self._timeline.stream_clock
+        clock.enter()
+        try:
+            line = self.inner.readline(-1 if size is None else size)
+        finally:
+            clock.exit()
+        if line:
+            self._moved(len(line))
+        return line
+
+
+class TimedFileSystem(FileSystemBase):
+    """A DCP writer's or reader's file system with its object streams timed and counted:
+    each method of torch's `FileSystemBase` (and `ls`, which torch's, fsspec's and MSC's have)
+    calls the same method of `inner`, the client's file system."""
+
+    def __init__(self, inner: FileSystemBase, timeline: HookTimeline) -> None:
+        self.inner = inner
+        self.timeline = timeline
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:  # a lock does not pickle (process checkpointer)
+        return {"inner": self.inner, "timeline": self.timeline}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["inner"], state["timeline"])  # type: ignore[misc]
+
+    @contextlib.contextmanager
+    def create_stream(self, path: StrPath, mode: str) -> Generator[io.IOBase, None, None]:
+        with self.inner.create_stream(path, mode) as stream:
+            client_stream = cast(ObjectStream, stream)
+            if "w" in mode:
+                timed: io.IOBase = TimedWriteStream(client_stream, self.timeline)
+            elif "r" in mode:
+                timed = TimedReadStream(client_stream, self.timeline)
+            else:
+                timed = stream
+            yield timed
+            if "w" in mode:
+                self._count_object(path, timed)
+
+    def _count_object(self, path: StrPath, stream: io.IOBase) -> None:
+        try:
+            size = int(stream.tell())
+        except Exception:  # a stream that cannot tell (closed built-in file): uncounted
+            return
+        with self._lock:
+            self.timeline.object_bytes[str(path)] = size
+
+    def concat_path(self, path: StrPath, suffix: str) -> StrPath:
+        return self.inner.concat_path(path, suffix)
+
+    def rename(self, path: StrPath, new_path: StrPath) -> None:
+        self.inner.rename(path, new_path)
+
+    def init_path(self, path: StrPath) -> StrPath:
+        return self.inner.init_path(path)
+
+    def mkdir(self, path: StrPath) -> None:
+        self.inner.mkdir(path)
+
+    def validate_checkpoint_id(self, checkpoint_id: StrPath) -> bool:  # type: ignore[override]
+        # a classmethod in torch's interface; the client's (its class's) answers here
+        return self.inner.validate_checkpoint_id(checkpoint_id)
+
+    def exists(self, path: StrPath) -> bool:
+        return self.inner.exists(path)
+
+    def rm_file(self, path: StrPath) -> None:
+        self.inner.rm_file(path)
+
+    def ls(self, path: StrPath) -> list[str]:
+        """Not in torch 2.13's abstract set (hf_storage calls it); the client's where it has one."""
+        inner: Any = self.inner  # FileSystem, fsspec's and MSC's define it; S3FileSystem does not
+        return list(inner.ls(path))
+
+
+def client_file_system(storage_io: Any) -> FileSystemBase:
+    """The client's own file system of a DCP writer or reader, timed or not."""
+    fs = storage_io.fs
+    return fs.inner if isinstance(fs, TimedFileSystem) else fs
