@@ -240,8 +240,10 @@ BASE_CLIENT = "s3torchconnector"
 def with_client_ratio(throughput: pd.DataFrame, group_keys: list[str]) -> pd.DataFrame:
     """Where the client varies (storage.client=a,b,c): each row's aggregate MiB/s as a ratio
     to the connector's row of the same work (every other key equal); NaN without one."""
-    if CLIENT_KEY not in group_keys or throughput.empty:
+    if throughput.empty:
         return throughput
+    if CLIENT_KEY not in group_keys:
+        return throughput.assign(vs_connector=math.nan)  # one client: no ratio to show
     others = [key for key in group_keys if key != CLIENT_KEY]
     base = throughput[throughput[CLIENT_KEY].astype(str) == BASE_CLIENT]
     by_work = {tuple(str(v) for v in row): figure for row, figure in
