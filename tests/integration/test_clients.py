@@ -147,5 +147,7 @@ def test_a_resent_upload_counts_as_a_retry_with_each_client(s3, s3_uri, tmp_path
     else:
         # aiohttp (under aiobotocore) sends a request cut on a reused keep-alive connection
         # once more by itself, below botocore: that attempt is invisible to botocore's events
-        # (and never reached the server). Each attempt botocore made is counted.
-        assert 1 <= failed <= 2 and retries == failed, saves
+        # (and never reached the server); how many of the 2 cuts it absorbs depends on which
+        # connections were reused (0 seen under load, 1 on a quiet machine). What botocore
+        # saw fail is counted as failed and retried, never as a first try that succeeded.
+        assert failed <= 2 and retries == failed, saves
