@@ -9,9 +9,11 @@ save-and-load iteration with its own record in `<results_dir>/tune-<stamp>/`; af
 finals one more trial of the recommended settings measures the raw ceiling beside DCP
 (ceiling=true, 3 iterations), for the efficiency of the recommendation.
 
-Tuned: storage.thread_count, part_size_mib, reader, prefix_strategy,
+Tuned: storage.thread_count, storage.client (the connector, torch's fsspec path, MSC, each
+with its own defaults), and the connector's part_size_mib, reader, prefix_strategy,
 throughput_target_gbps (s3); storage.thread_count only (fs). A tuned setting given on
-the command line is held at that value. Each trial's checkpoint is deleted after it
+the command line is held at that value; any client's own setting given holds the client
+(as does the process checkpointer). Each trial's checkpoint is deleted after it
 (they are the tuner's, not the user's).
 
 Ctrl-C or SIGTERM stops the whole tune (exit 130): the ranks record the trial in
@@ -31,6 +33,7 @@ from typing import Any, NoReturn
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
+from dcp_fsdp.config.validate import CLIENT_ONLY
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.tune.report import override_line
 from dcp_fsdp.tune.search import Settings
@@ -45,6 +48,8 @@ MIN_BUDGET_S = 10.0
 # Candidate values, the current default first-tried neighbours first. Most influential first.
 S3_SPACE: dict[str, list[Any]] = {
     "storage.thread_count": [1, 2, 4, 8],
+    # the DCP client itself (docs/clients.md): its own settings are the defaults
+    "storage.client": ["s3torchconnector", "fsspec", "msc"],
     "storage.part_size_mib": [8, 16, 32, 64],
     "storage.reader": ["dcp_optimized", "sequential", "range_based"],
     "storage.max_gap_size_mib": [32.0, 0.0, 8.0, 128.0],
@@ -56,8 +61,12 @@ FS_SPACE: dict[str, list[Any]] = {"storage.thread_count": [1, 2, 4, 8]}
 DCP_SPACE: dict[str, list[Any]] = {"plan_caching": [False, True]}
 # A setting that matters only when another has a given value: not searched otherwise, and
 # left out of the OVERRIDES= line (a run refuses it there).
-REQUIRES: dict[str, tuple[str, Any]] = {
-    "storage.max_gap_size_mib": ("storage.reader", "dcp_optimized")}
+CONNECTOR: tuple[str, Any] = ("storage.client", "s3torchconnector")
+CLIENT_SETTINGS = frozenset().union(*CLIENT_ONLY.values())  # the settings of one client each
+REQUIRES: dict[str, Any] = {
+    **{name: CONNECTOR for name in ("storage.part_size_mib", "storage.reader",
+                                    "storage.prefix_strategy", "storage.throughput_target_gbps")},
+    "storage.max_gap_size_mib": [("storage.reader", "dcp_optimized"), CONNECTOR]}
 
 
 def _get(cfg: BenchmarkConfig, dotted: str) -> Any:
@@ -73,6 +82,10 @@ def search_space(cfg: BenchmarkConfig, overrides: list[str]) -> tuple[dict[str, 
     if cfg.save_mode.value == "sync":
         space.update(DCP_SPACE)
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    if given & CLIENT_SETTINGS or _process_checkpointer(cfg):
+        # a client's own setting given names the client; the process checkpointer's daemon
+        # is started once, with the first trial's client environment (MSC's profile)
+        given.add("storage.client")
     start = {name: _get(cfg, name) for name in space}
     tuned = {}
     for name, values in space.items():
@@ -81,6 +94,10 @@ def search_space(cfg: BenchmarkConfig, overrides: list[str]) -> tuple[dict[str, 
         current = start[name]
         tuned[name] = [current] + [v for v in values if str(v) != str(current)]
     return tuned, start
+
+
+def _process_checkpointer(cfg: BenchmarkConfig) -> bool:
+    return cfg.save_mode.value == "async" and cfg.async_save.checkpointer.value == "process"
 
 
 def _warm_storage(cfg: BenchmarkConfig) -> None:

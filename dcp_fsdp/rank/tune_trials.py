@@ -197,6 +197,7 @@ class TuneTrials:
                                              async_saver=self.async_saver)
         status, error_line = _run_trial(loop)
         self.async_saver = loop.async_saver
+        store.close()  # what the trial's store made in this process (MSC's profile file)
         if not session.is_coordinator:
             session.loop, session.run = None, dataclasses.replace(self.base_run)
             return Trial(settings, role, None, time.monotonic() - started)

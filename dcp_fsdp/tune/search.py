@@ -44,11 +44,14 @@ MIN_FINAL_SCORES = 2  # final measurements of the defaults and of a winner, at t
 
 
 def applies(name: str, settings: Settings, requires: dict[str, Any]) -> bool:
-    """Whether `name` has any effect under `settings` (`requires`: name -> (other, value))."""
+    """Whether `name` has any effect under `settings` (`requires`: name -> (other, value),
+    or a list of such pairs, every one of which must hold)."""
     if name not in requires:
         return True
-    other, value = requires[name]
-    return str(settings.get(other, value)) == str(value)
+    conditions = requires[name]
+    if conditions and isinstance(conditions[0], str):
+        conditions = [conditions]
+    return all(str(settings.get(other, value)) == str(value) for other, value in conditions)
 
 
 def settings_key(settings: Settings) -> tuple:
@@ -192,7 +195,7 @@ class Search:
         self.finalists = max(1, finalists)
         self.margin = margin
         self.say = say
-        # setting -> (other setting, value): searched only while the other has that value
+        # setting -> (other setting, value) or a list of them: searched only while they hold
         self.requires = dict(requires or {})
         self.trials: list[Trial] = []
 

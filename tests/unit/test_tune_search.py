@@ -266,3 +266,32 @@ def test_the_efficiency_lines_say_the_ceiling_its_noise_or_why_there_is_none():
     assert "its trial failed (rank 1: ConnectionError; record f.jsonl)" in line
     (line,) = efficiency_lines({})
     assert "not measured" in line and "tune.budget_s" in line
+
+
+def test_a_setting_of_one_client_applies_only_with_that_client():
+    """storage.client is tuned: the connector's settings, and the reader's gap size on top
+    of its reader, are searched and printed only while the connector is the client."""
+    from dcp_fsdp.launch.tune import REQUIRES
+    from dcp_fsdp.tune.search import applies
+
+    connector = {"storage.client": "s3torchconnector", "storage.reader": "dcp_optimized"}
+    fsspec = {**connector, "storage.client": "fsspec"}
+    for name in ("storage.part_size_mib", "storage.reader", "storage.max_gap_size_mib"):
+        assert applies(name, connector, REQUIRES) and not applies(name, fsspec, REQUIRES)
+    assert not applies("storage.max_gap_size_mib", {**connector, "storage.reader": "sequential"},
+                       REQUIRES)
+    assert applies("storage.thread_count", fsspec, REQUIRES)
+
+
+def test_the_client_is_tuned_unless_a_client_setting_or_the_process_checkpointer_fixes_it():
+    from dcp_fsdp.config.compose import compose
+    from dcp_fsdp.launch.tune import search_space
+
+    def tuned(*overrides: str) -> dict:
+        return search_space(compose("save-and-load", list(overrides)), list(overrides))[0]
+
+    assert tuned("storage.uri=s3://bench/p")["storage.client"][0] == "s3torchconnector"
+    assert "storage.client" not in tuned("storage.uri=s3://bench/p", "storage.part_size_mib=16")
+    assert "storage.client" not in tuned("storage.uri=s3://bench/p", "save_mode=async",
+                                         "async_save.checkpointer=process")
+    assert "storage.client" not in tuned("storage.uri=s3://bench/p", "storage.client=msc")
