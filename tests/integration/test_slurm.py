@@ -367,6 +367,12 @@ def _cut_save_short(cluster: Cluster, name: str, fault) -> tuple[dict, str, dict
         assert cluster.job(job).get("JobState") in ("PENDING", "RUNNING"), cluster.log(job)
         assert time.monotonic() < deadline, cluster.log(job) + cluster.diagnostics()
         time.sleep(0.2)
+    # ... and mid-upload: the heartbeat's first line can come before any upload is open (its
+    # figures now count acknowledged bytes; CI saw a scancel land before the first part)
+    while not _open_uploads(cluster):
+        assert cluster.job(job).get("JobState") in ("PENDING", "RUNNING"), cluster.log(job)
+        assert time.monotonic() < deadline, cluster.log(job) + cluster.diagnostics()
+        time.sleep(0.2)
     fault(job)
     info = cluster.wait(job)[job]
     log = cluster.log(job)
