@@ -16,7 +16,7 @@ SMOKE_TORCH ?= 2.11.0 2.15.0
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,lint]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt "$(TORCH_SPEC)" -e '.[test,lint]'
 	@touch $(STAMP)
 
 setup: $(STAMP)

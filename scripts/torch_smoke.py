@@ -71,6 +71,12 @@ def main() -> int:
 
     import torch
 
+    # The release this venv was built for (scripts/torch_smoke.sh passes it): a venv that holds
+    # another would report that one's smoke under this one's name.
+    expected = sys.argv[1] if len(sys.argv) > 1 else None
+    if expected is not None and torch.__version__.split("+")[0] != expected:
+        raise SystemExit(f"torch-smoke: FAILED: the venv for torch {expected} holds torch "
+                         f"{torch.__version__}; rebuild it (rm -r .venv-torch-{expected})")
     work = Path(tempfile.mkdtemp(prefix="dcp-fsdp-smoke-"))
     try:
         for name, args in RUNS.items():

@@ -22,11 +22,15 @@ export PIP_CONFIG_FILE=/dev/null PIP_CONSTRAINT=
 if [[ ! -f $STAMP || pyproject.toml -nt $STAMP || constraints.txt -nt $STAMP ]]; then
     test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check "torch==$VERSION"
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+    # torch named again: without it pip may replace the release under test with another that
+    # fits the project's constraints better (it once put 2.15.0 in the 2.11.0 venv, through
+    # a setuptools pin torch 2.11 refuses), and the matrix would test one torch twice
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check -c constraints.txt \
+        "torch==$VERSION" -e '.[test]'
     touch "$STAMP"
 fi
 installed=$(date +%s)
 echo "torch-smoke: torch $VERSION: venv ready in $((installed - started)) s"
 [[ $INSTALL_ONLY == --install-only ]] && exit 0
-"$VENV/bin/python" scripts/torch_smoke.py
+"$VENV/bin/python" scripts/torch_smoke.py "$VERSION"
 echo "torch-smoke: torch $VERSION: smoke took $(($(date +%s) - installed)) s"
