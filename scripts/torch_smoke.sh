@@ -21,11 +21,14 @@ started=$(date +%s)
 export PIP_CONFIG_FILE=/dev/null PIP_CONSTRAINT=
 if [[ ! -f $STAMP || pyproject.toml -nt $STAMP || constraints.txt -nt $STAMP ]]; then
     test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check "torch==$VERSION"
+    # --no-compile: pip would byte-compile every module of torch, transformers, moto... (about
+    # a CPU-minute per venv here, taken from the tests .ci/run runs beside it); the smoke
+    # compiles the few it imports
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-compile "torch==$VERSION"
     # torch named again: without it pip may replace the release under test with another that
     # fits the project's constraints better (it once put 2.15.0 in the 2.11.0 venv, through
     # a setuptools pin torch 2.11 refuses), and the matrix would test one torch twice
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check -c constraints.txt \
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-compile -c constraints.txt \
         "torch==$VERSION" -e '.[test]'
     touch "$STAMP"
 fi
