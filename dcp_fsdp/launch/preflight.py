@@ -154,6 +154,8 @@ def check_compatible(store, cfg: BenchmarkConfig) -> MetadataFacts:
     wanted = {"model": cfg.model.name, "model.moe_layout": cfg.model.moe_layout.value,
               "model.dtype": cfg.model.dtype.value,
               "state": cfg.state.value}
+    if not manifest:  # not saved by this tool (plain dcp.save): its tensors say what it is
+        _check_model_tensors(suffix, cfg, tensors)
     differ = [key for key in wanted if saved[key] is not None and saved[key] != wanted[key]
               and not (key == "state" and saved[key] == "model_and_optimizer")]
     if differ:
@@ -179,3 +181,28 @@ def _dtype_of(tensors) -> str | None:
     return {"float32": "fp32", "bfloat16": "bf16"}.get(names.pop()) if len(names) == 1 else None
 
 
+
+
+def _check_model_tensors(suffix: str, cfg: BenchmarkConfig, tensors: dict) -> None:
+    """A checkpoint with no manifest (written by plain `dcp.save`, not by this tool): before
+    any rank builds the model, its model tensors must be the configured model's, named and
+    shaped as this tool's state dict has them ("model." + the parameter's name)."""
+    from dcp_fsdp.models.llama_model_config import state_shapes
+    from dcp_fsdp.models.presets import model_shape
+
+    problem = None
+    for name, dims in state_shapes(model_shape(cfg.model), cfg.model.moe_layout.value):
+        entry = tensors.get(f"model.{name}")
+        if entry is None:
+            problem = f"it has no tensor 'model.{name}'"
+        elif tuple(entry.shape) != tuple(dims):
+            problem = f"'model.{name}' is {list(entry.shape)} there but {list(dims)} here"
+        if problem:
+            break
+    if problem is None:
+        return
+    held = ", ".join(f"'{key}'" for key in list(tensors)[:3]) + (", ..." if len(tensors) > 3 else "")
+    raise UserError(f"suffix={suffix}: not a checkpoint of this tool (no {layout.MANIFEST_NAME}) "
+                    f"and not model={cfg.model.name}'s state ({problem}); it holds "
+                    f"{len(tensors)} tensor(s) ({held or 'none'}): this tool loads the state of "
+                    "its own models, a preset or model.config=PATH, as `dcp-fsdp save` writes it")

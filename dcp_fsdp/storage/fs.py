@@ -122,9 +122,22 @@ class FsStore:
         return [_info(entry) for entry in entries if entry.is_dir()]
 
     def object_sizes(self, suffix: str) -> dict[str, int]:
+        """Each file under the suffix and its size. An entry that is neither a file nor a
+        folder (a FIFO, a device, a socket, a link to one: /dev/zero) is refused in one line
+        naming it: leaving it out would call it missing, and DCP reading it would hang or
+        read forever."""
         root = self.root / suffix
-        return {str(path.relative_to(root)): path.stat().st_size
-                for path in root.rglob("*") if path.is_file()} if root.is_dir() else {}
+        if not root.is_dir():
+            return {}
+        sizes = {}
+        for path in root.rglob("*"):
+            if path.is_file():
+                sizes[str(path.relative_to(root))] = path.stat().st_size
+            elif path.exists() and not path.is_dir():  # (a dangling link: missing)
+                raise UserError(f"{path}: not a regular file (a FIFO, a device, a socket or a "
+                                "link to one); a checkpoint's objects are files, so it cannot "
+                                "be read: remove it")
+        return sizes
 
     def has_objects(self, suffix: str) -> bool:
         path = self.root / suffix

@@ -260,6 +260,12 @@ def check_loadable(store, suffix: str) -> None:
         raise UserError(f"suffix={suffix}: not a checkpoint but a prefix holding {len(nested)} "
                         f"checkpoint(s) below it ({names}); load one with the storage location "
                         f"{store.location(suffix)} and its suffix=NAME")
+    claimed_by = _claimed_by(store, suffix) if store.has_objects(suffix) else ""
+    if claimed_by:  # a save's claim and no .metadata: that save is writing it, or ended early
+        raise UserError(f"suffix={suffix}: checkpoint is claimed by a save{claimed_by} and has no "
+                        ".metadata yet: that save is still writing it (load it once that run "
+                        "ends), or it ended before it finished (`dcp-fsdp list` shows its age; "
+                        "`dcp-fsdp delete` removes it)")
     state = ("is incomplete (no .metadata: the save did not finish)"
              if store.has_objects(suffix) else "does not exist")
     listing = ", ".join(complete[-10:]) if complete else "none"
@@ -391,6 +397,7 @@ def checkpoint_damage(store, suffix: str) -> str | None:
         if raw is None:
             return f"{METADATA_NAME} is gone (removed since it was listed)"
         facts = read_facts(raw, f"{METADATA_NAME}")
+        # a data object that is not a file (fs: a FIFO, a link to /dev/zero) is refused too
+        return objects_damage(facts, store.object_sizes(suffix)) if facts.object_sizes else None
     except UserError as refused:  # not a file (a FIFO); MetadataRefused: hostile, not DCP's
         return str(refused)
-    return objects_damage(facts, store.object_sizes(suffix)) if facts.object_sizes else None

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from dcp_fsdp.config.schema import StorageConfig, StorageKind
+from dcp_fsdp.config.schema import ModelConfig, StorageConfig, StorageKind
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage import layout, make_store
 from dcp_fsdp.storage.base import CheckpointStore
@@ -106,6 +106,18 @@ def test_a_checkpoint_is_loadable_only_with_its_metadata(store):
     assert listed["done"].object_count == 2 and listed["done"].size_bytes == 8
 
 
+def test_a_load_of_a_suffix_a_save_is_writing_names_the_save(store):
+    """Issue 31: a load of a suffix another run still writes said "the save did not finish";
+    the claim names the run, so the line says it is being written and by whom."""
+    store.put_small("busy", layout.CLAIM_NAME, layout._claim_body("run-writing"))
+    store.put_small("busy", "__0_0.distcp", b"data")
+    with pytest.raises(UserError) as refused:
+        layout.check_loadable(store, "busy")
+    line = str(refused.value)
+    assert "claimed by a save (run run-writing on host " in line and "still writing it" in line
+    assert "did not finish" not in line and "\n" not in line
+
+
 def test_manifest_round_trip_and_garbage(store):
     store.put_small("s", layout.MANIFEST_NAME, layout.encode_manifest({"model": "tiny_llama"}))
     assert layout.read_manifest(store, "s") == {"model": "tiny_llama"}
@@ -122,22 +134,64 @@ def test_manifest_round_trip_and_garbage(store):
 def test_a_load_refuses_a_damaged_manifest_before_any_rank_unless_unverified(tmp_path, integrity):
     """The trial's case 81: `{not json` in dcp_fsdp.json was read as "no manifest stored" and
     the load ran unverified, exit 0."""
+    import torch.distributed.checkpoint as dcp
+
+    from dcp_fsdp.config.schema import BenchmarkConfig, Command
+    from dcp_fsdp.launch.preflight import check_compatible
+
+    cfg = BenchmarkConfig(command=Command.load, suffix="s", integrity=integrity,
+                          model=ModelConfig(preset="tiny_llama"),
+                          storage=StorageConfig(kind=StorageKind.fs, path=str(tmp_path)))
+    dcp.save(_model_state(cfg), storage_writer=dcp.FileSystemWriter(str(tmp_path / "s")),
+             no_dist=True)
+    (tmp_path / "s" / layout.MANIFEST_NAME).write_bytes(b"{not json")
+    if integrity:
+        with pytest.raises(UserError, match=r"suffix=s: its manifest dcp_fsdp.json is damaged"):
+            check_compatible(FsStore(cfg.storage), cfg)
+    else:  # not to be verified: the manifest is not needed, .metadata stands alone
+        check_compatible(FsStore(cfg.storage), cfg)
+
+
+def _model_state(cfg) -> dict:
+    """The configured model's state as this tool saves it (zeros, meta-free): {"model": ...}."""
+    import torch
+
+    from dcp_fsdp.models.llama_model_config import state_shapes
+    from dcp_fsdp.models.presets import model_shape
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.model.dtype.value]
+    return {"model": {name: torch.zeros(dims, dtype=dtype)
+                      for name, dims in state_shapes(model_shape(cfg.model))}}
+
+
+def test_a_checkpoint_not_of_this_tool_is_refused_before_any_rank_naming_what_it_holds(tmp_path):
+    """Issue 31: a checkpoint written by plain dcp.save (no manifest) was refused only after
+    the ranks built the model, with advice that could not work; the launcher now compares its
+    tensors with the model's by arithmetic and says what it holds."""
     import torch
     import torch.distributed.checkpoint as dcp
 
     from dcp_fsdp.config.schema import BenchmarkConfig, Command
     from dcp_fsdp.launch.preflight import check_compatible
 
-    dcp.save({"w": torch.ones(4)}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "s")),
-             no_dist=True)
-    (tmp_path / "s" / layout.MANIFEST_NAME).write_bytes(b"{not json")
-    cfg = BenchmarkConfig(command=Command.load, suffix="s", integrity=integrity,
+    cfg = BenchmarkConfig(command=Command.load, suffix="plain",
+                          model=ModelConfig(preset="tiny_llama"),
                           storage=StorageConfig(kind=StorageKind.fs, path=str(tmp_path)))
-    if integrity:
-        with pytest.raises(UserError, match=r"suffix=s: its manifest dcp_fsdp.json is damaged"):
-            check_compatible(FsStore(cfg.storage), cfg)
-    else:  # not to be verified: the manifest is not needed, .metadata stands alone
+    dcp.save({"layer.weight": torch.ones(4, 4), "layer.bias": torch.ones(4)},
+             storage_writer=dcp.FileSystemWriter(str(tmp_path / "plain")), no_dist=True)
+    with pytest.raises(UserError) as refused:
         check_compatible(FsStore(cfg.storage), cfg)
+    line = str(refused.value)
+    assert line.startswith("suffix=plain: not a checkpoint of this tool (no dcp_fsdp.json)")
+    assert f"not model={cfg.model.name}'s state (it has no tensor 'model." in line
+    assert "it holds 2 tensor(s) ('layer.weight', 'layer.bias')" in line or \
+        "it holds 2 tensor(s) ('layer.bias', 'layer.weight')" in line
+    assert "model.dtype=" not in line  # the old advice, which could not work
+    # the same model's state saved by plain dcp.save (no manifest) passes: it is the model's
+    dcp.save(_model_state(cfg), storage_writer=dcp.FileSystemWriter(str(tmp_path / "same")),
+             no_dist=True)
+    cfg.suffix = "same"
+    check_compatible(FsStore(cfg.storage), cfg)
 
 
 def test_a_suffix_holding_only_a_claim_is_named_so_and_recognised_as_its_runs(store, monkeypatch):
@@ -218,3 +272,25 @@ def test_the_aftermath_removes_the_launchers_claims_a_failed_run_never_wrote(tmp
     said = capsys.readouterr().out
     assert "suffix=gone-1 held only this run's claim" in said
     assert "partial checkpoint suffix=gone-2" in said
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero"])
+def test_a_data_object_that_is_not_a_file_is_named_not_called_missing(store, kind):
+    """Issue 31: a FIFO or a symlink to /dev/zero where a data object belongs read as
+    "missing"; the load's pre-check and `list --check` now say what it is, in one line."""
+    import os
+
+    from dcp_fsdp.storage.metadata_peek import MetadataFacts
+
+    store.put_small("odd", layout.METADATA_NAME, b"meta")
+    target = store.root / "odd" / "__0_0.distcp"
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.symlink_to("/dev/zero")
+    facts = MetadataFacts({}, {"__0_0.distcp": 16})
+    with pytest.raises(UserError, match=r"__0_0\.distcp: not a regular file \(a FIFO, a device"):
+        layout.check_objects_whole(store, "odd", facts, "default")
+    (store.root / "dangling").mkdir()
+    (store.root / "dangling" / "__0_0.distcp").symlink_to(store.root / "nowhere")
+    assert store.object_sizes("dangling") == {}  # a dangling link: missing, as it is
