@@ -24,6 +24,7 @@ class MeasuredRates:
     samples: int
     world_sizes: tuple[int, ...]
     storage: tuple[str, ...]  # the storage kinds the record measured
+    models: tuple[str, ...] = ()  # the models the record's runs saved or loaded
 
 
 def record_files(path: Path) -> list[Path]:
@@ -39,7 +40,7 @@ def read_rates(path: Path) -> MeasuredRates:
         raise UserError(f"record={path}: no record (.jsonl) there; give a run's record file or "
                         "its results directory (results_dir of a save or save-and-load)")
     rates: dict[str, list[float]] = {"save": [], "load": []}
-    worlds, kinds = set(), set()
+    measured: set[tuple[str, int, str, str]] = set()  # (model, world size, storage, client)
     for file in files:
         parsed = read_record_file(file)
         finished = {run.run_id: run for run in parsed.runs if run.status == "ok"}
@@ -48,13 +49,34 @@ def read_rates(path: Path) -> MeasuredRates:
             if run is None or sample.op not in rates or not sample.duration_s or not sample.bytes:
                 continue
             rates[str(sample.op)].append(sample.bytes / sample.duration_s)
-            worlds.add(int(run.world_size or 0))
-            kinds.add(str((run.storage or {}).get("kind", "?")))
+            storage = run.storage or {}
+            model = run.model or {}
+            name = f"config:{model['config']}" if model.get("config") else model.get("preset", "?")
+            measured.add((str(name), int(run.world_size or 0),
+                          str(storage.get("kind", "?")), str(storage.get("client") or "")))
     if not rates["save"] and not rates["load"]:
         raise UserError(f"record={path}: no finished save or load samples in "
                         f"{len(files)} record file(s); give the record of a run that succeeded")
+    _one_configuration(path, measured)
     return MeasuredRates(
         ", ".join(str(f) for f in files[:3]) + (f" (+{len(files) - 3})" if len(files) > 3 else ""),
         statistics.median(rates["save"]) if rates["save"] else None,
         statistics.median(rates["load"]) if rates["load"] else None,
-        len(rates["save"]) + len(rates["load"]), tuple(sorted(worlds)), tuple(sorted(kinds)))
+        len(rates["save"]) + len(rates["load"]), tuple(sorted({m[1] for m in measured})),
+        tuple(sorted({m[2] for m in measured})), tuple(sorted({m[0] for m in measured})))
+
+
+def _one_configuration(path: Path, measured: set[tuple[str, int, str, str]]) -> None:
+    """A per-rank rate depends on the model (a rank's shard), the world size, the storage
+    and the client: the median of several would be none of them, so a record of more than
+    one is refused in one line naming them (a results directory of a sweep, for one)."""
+    if len(measured) <= 1:
+        return
+    shown = sorted(measured)
+    said = "; ".join(f"model={model} world_size={world} storage={kind}"
+                     + (f" storage.client={client}" if client else "")
+                     for model, world, kind, client in shown[:4])
+    more = f"; and {len(shown) - 4} more" if len(shown) > 4 else ""
+    raise UserError(f"record={path}: holds finished runs of {len(shown)} configurations "
+                    f"({said}{more}); a per-rank rate is one configuration's: give the record "
+                    "(.jsonl) of one of them")

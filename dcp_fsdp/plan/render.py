@@ -179,7 +179,8 @@ def render_projection(request, plans: list[Any], rates) -> str:
                      _size(plan.metadata_bytes),
                      f"{projection.save_s:.2f}" + (" (prefix-bound)" if projection.save_throttled else ""),
                      f"{projection.load_s:.2f}" + (" (prefix-bound)" if projection.load_throttled else "")])
-    head = (f"\nprojection from {rates.source} ({rates.samples} samples; world size(s) "
+    head = (f"\nprojection from {rates.source} ({rates.samples} samples; model "
+            f"{', '.join(rates.models) or '?'}; world size(s) "
             f"{', '.join(map(str, rates.world_sizes))}; storage {', '.join(rates.storage)}): "
             f"per-rank save {(save_rate or 0) / MIB:,.1f} MiB/s, load {(load_rate or 0) / MIB:,.1f} "
             "MiB/s (medians)\nassumes: each rank keeps the measured rate at every size (the "

@@ -151,3 +151,21 @@ def test_template_bytes_are_the_models():
     with_adam = state_template("tiny_llama", Dtype.fp32, CheckpointState.model_and_optimizer)
     params = sum(1 for e in template.entries if e.sharded)
     assert with_adam.state_bytes == 3 * template.state_bytes + params * 4
+
+
+def test_plan_record_of_several_configurations_is_refused_naming_them(tmp_path):
+    """Issue 31: `plan record=` pooled the per-rank rates of other models and world sizes
+    into one median without a word; one configuration's record is used (and named)."""
+    from dcp_fsdp.plan.measured import read_rates
+    from tests.unit.analysis_kit import variant
+
+    one = variant(tmp_path, "run-a")
+    rates = read_rates(one)
+    assert rates.world_sizes and rates.models and rates.save_bytes_s
+    variant(tmp_path, "run-b", run={"world_size": 8})
+    with pytest.raises(UserError) as refused:
+        read_rates(tmp_path)
+    line = str(refused.value)
+    assert line.startswith(f"record={tmp_path}: holds finished runs of 2 configurations (model=")
+    assert "world_size=8" in line and "give the record (.jsonl) of one of them" in line
+    assert read_rates(one) == rates  # one file of the directory still reads alone
