@@ -18,8 +18,10 @@ and per day at a checkpoint interval tau with K checkpoints kept and a job MTBF 
 
 A file system has no request or storage charges to price here: no dollars, never zero.
 Requests are priced only from complete counts (`RequestCounts.complete`): every sample of
-the operations has its request summary, and no operation that moved bytes shows zero
-requests (the connector's log went unparsed). Otherwise: no dollar figure, and the report
+the operations has its request summary, none of them left request lines unparsed, no request
+of the run's operations reached the log after its window (`late`, on the run's untimed
+summary), and no operation that moved bytes shows zero requests (the connector's log went
+unparsed). Otherwise: no dollar figure, and the report
 names what is missing (a partial sum divided by every operation would price low, quietly).
 """
 
@@ -122,18 +124,31 @@ class RequestCounts:
 
 
 def _has_counts(requests: Any) -> bool:
-    return isinstance(requests, dict) and isinstance(requests.get("by_type"), dict)
+    """A summary whose counts hold every request of its window: none left unparsed."""
+    return (isinstance(requests, dict) and isinstance(requests.get("by_type"), dict)
+            and not requests.get("unparsed"))
 
 
-def request_counts(samples: Any) -> RequestCounts:
-    """From a group's samples (a frame with run_id, iteration, bytes, requests)."""
+def late_runs(runs: list[dict[str, Any]]) -> set[str]:
+    """The runs some of whose timed requests reached the log after their window was
+    summarised (counted untimed, as `late`): their operations' counts lack them."""
+    return {str(run.get("run_id")) for run in runs
+            if isinstance(run.get("untimed_requests"), dict) and run["untimed_requests"].get("late")}
+
+
+def request_counts(samples: Any, late: set[str] | frozenset[str] = frozenset()) -> RequestCounts:
+    """From a group's samples (a frame with run_id, iteration, bytes, requests); the
+    samples of `late` runs (late_runs) count as missing."""
     if samples is None or len(samples) == 0 or "requests" not in samples:
         return RequestCounts(None, 0 if samples is None else len(samples),
                              0 if samples is None else len(samples))
     missing = 0
     per_type: dict[str, float] = {}
     operations = samples.groupby(["run_id", "iteration"], sort=False)
-    for _, op in operations:
+    for (run_id, _), op in operations:
+        if str(run_id) in late:
+            missing += len(op)
+            continue
         summaries = list(op["requests"])
         known = [s for s in summaries if _has_counts(s)]
         counted = sum(entry.get("count") or 0 for s in known for entry in s["by_type"].values())

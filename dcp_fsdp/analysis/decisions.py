@@ -183,6 +183,7 @@ def gather(result: dict[str, Any], runs: list[dict[str, Any]]) -> list[GroupInpu
         return []
     keys = result["group_keys"]
     others = [k for k in keys if k != "op"]
+    late = costs.late_runs(runs)  # their counts lack requests: not priced
     found = []
     for _, row in throughput[throughput["op"] == "save"].iterrows():
         labels = {k: row[k] for k in keys}
@@ -208,8 +209,8 @@ def gather(result: dict[str, Any], runs: list[dict[str, Any]]) -> list[GroupInpu
             load_s=float(load_ops["span_s"].mean()) if not load_ops.empty else None,
             startup_s=startup, fill_in_startup=with_fill and startup is not None,
             stored_bytes=float(row["checkpoint_gib"]) * GIB,
-            save_requests=costs.request_counts(samples),
-            load_requests=costs.request_counts(load_samples) if load_labels else None,
+            save_requests=costs.request_counts(samples, late),
+            load_requests=costs.request_counts(load_samples, late) if load_labels else None,
             save_from=save_from, load_from=load_from if load_labels else None))
     return found
 

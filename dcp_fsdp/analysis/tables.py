@@ -195,9 +195,10 @@ def _request_bytes(summary: dict[str, Any]) -> dict[str, int]:
 
 def type_rows(labels: dict[str, Any], group_samples: pd.DataFrame, operations: int
               ) -> list[dict[str, Any]]:
-    """Per request type, per operation: none unless every sample has its requests (a sum of
-    what some samples have over all operations would read as fewer requests)."""
-    if not all(isinstance(r, dict) for r in group_samples["requests"]):
+    """Per request type, per operation: none unless every sample has all its requests (a sum
+    of what some samples have, or of counts that left lines unparsed, over all operations
+    would read as fewer requests)."""
+    if not all(isinstance(r, dict) and not r.get("unparsed") for r in group_samples["requests"]):
         return []
     per_kind: dict[str, dict[str, Any]] = {}
     for summary in group_samples["requests"]:

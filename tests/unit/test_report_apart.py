@@ -185,8 +185,17 @@ def without_requests(ranks=(0, 1), ops=("save", "load"), empty=False):
     return change
 
 
+def with_unparsed(rank=1, op="save"):
+    def change(s):
+        if s["op"] == op and s["rank"] == rank:
+            s["requests"] = {**s["requests"], "unparsed": 2}  # lines the counts lack
+        return s
+    return change
+
+
 @pytest.mark.parametrize("change, unpriced", [
     (without_requests(), "save 2/2, load 2/2"),  # request_stats=false
+    (with_unparsed(), "save 1/2"),  # issue 31: priced from counts that lacked requests
     (without_requests(ranks=(1,), ops=("save",)), "save 1/2"),  # one rank's log unparsed
     (without_requests(ops=("save",), empty=True), "save 2/2"),  # none parsed, bytes moved
 ])
@@ -208,6 +217,15 @@ def test_partial_request_counts_are_not_priced_and_named(tmp_path, capsys, chang
     # the by-type table has no rows for a group with a sample missing (a partial sum)
     types = result["types"]
     assert types.empty or types[types["op"] == "save"].empty
+
+
+def test_a_run_with_late_requests_is_not_priced(tmp_path, capsys):
+    """Issue 31: requests of a timed operation whose lines reached the log after its window
+    (counted untimed, as `late`) are charged too: counts without them would price low."""
+    untimed = {"count": 3, "by_type": {"GetObject": {"count": 3}}, "late": 3}
+    path = variant(tmp_path, "late", ONE_ITERATION, run={"untimed_requests": untimed})
+    out = report_out([path], capsys, "--node-mtbf-hours", "6000")
+    assert "save not priced: request counts missing in" in out and "per day at" not in out
 
 
 def test_complete_counts_are_priced_and_the_column_left_out(capsys):
