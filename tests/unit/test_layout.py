@@ -294,3 +294,22 @@ def test_a_data_object_that_is_not_a_file_is_named_not_called_missing(store, kin
     (store.root / "dangling").mkdir()
     (store.root / "dangling" / "__0_0.distcp").symlink_to(store.root / "nowhere")
     assert store.object_sizes("dangling") == {}  # a dangling link: missing, as it is
+
+
+def test_list_names_a_complete_checkpoint_whose_name_load_and_delete_refuse(tmp_path, capsys):
+    """Issue 31: `list` called `complete` a suffix that `load` and `delete` refuse by its
+    name; the state and a line after the table now say so."""
+    from dcp_fsdp.config.schema import BenchmarkConfig
+    from dcp_fsdp.launch.listing import list_checkpoints
+
+    cfg = BenchmarkConfig(storage=StorageConfig(kind=StorageKind.fs, path=str(tmp_path)))
+    store = FsStore(cfg.storage)
+    for suffix in ("good-1", "my ckpt"):
+        store.put_small(suffix, "__0_0.distcp", b"data")
+        store.put_small(suffix, layout.METADATA_NAME, b"meta")
+    assert list_checkpoints(cfg) == 0
+    out = capsys.readouterr().out
+    assert "| my ckpt  | complete; NAME NOT TAKEN |" in out
+    assert "| good-1   | complete                 |" in out
+    assert "suffix=my ckpt: complete, but not a name `load` and `delete` take" in out
+    assert "suffix=good-1:" not in out
