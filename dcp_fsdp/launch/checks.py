@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import shutil
@@ -45,11 +46,54 @@ def check_results_dir(results_dir: str) -> None:
 
 # -- cores and devices -----------------------------------------------------------------------
 
-def usable_cores() -> int:
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
+NOFILE_ADVISED = 1024  # a rank's files and sockets: its client's connections, torch's store
+
+
+def cpu_quota_cores(path: str = CGROUP_CPU_MAX) -> float | None:
+    """The container's CPU quota in cores (cgroup v2 cpu.max); None when it has none or
+    it cannot be read (cgroup v1, not Linux)."""
     try:
-        return len(os.sched_getaffinity(0))
+        quota, period = open(path).read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, capped by a container's CPU
+    quota (rounded up: 1.5 cores is 2 to schedule on, at 75 % each)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cpu_quota_cores()
+    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
+
+
+def host_limit_notes(nproc: int, quota: float | None = None) -> list[str]:
+    """What the process limits and a CPU quota do to a run, one line each: `ulimit -n`
+    below NOFILE_ADVISED, any `ulimit -v`, a quota below the ranks' count. Warnings, not
+    refusals: a run may fit within them, and where it fails its error names the limit."""
+    import resource
+
+    notes = []
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if nofile != resource.RLIM_INFINITY and nofile < NOFILE_ADVISED:
+        notes.append(f"ulimit -n is {nofile}: each rank opens files and sockets (its storage "
+                     "client's connections, torch's store); a run may fail with 'Too many open "
+                     "files': raise it (ulimit -n 65536)")
+    address_space = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if address_space != resource.RLIM_INFINITY:
+        notes.append(f"ulimit -v is {address_space // 1024} KiB: torch and the storage "
+                     "clients reserve far more address space than they use, so a cap fails "
+                     "allocations ('Cannot allocate memory'): lift it (ulimit -v unlimited)")
+    quota = cpu_quota_cores() if quota is None else quota
+    if quota is not None and quota < nproc:
+        notes.append(f"this container's CPU quota is {quota:.2f} core(s) for nproc={nproc} "
+                     "ranks: they share it, and CPU-bound figures (hashing, staging, the "
+                     "client's threads) are the quota's, not the machine's")
+    return notes
 
 
 def _cuda_driver_present() -> bool:
@@ -297,9 +341,16 @@ def check_memory(cfg: BenchmarkConfig, ranks_here: int, world_size: int) -> None
             f"({per_rank / GIB:.2f} GiB each), more than the {available / GIB:.1f} GiB of memory "
             f"available here; the kernel would kill a rank part way. {memory_fixes(cfg)}")
     if needed > MEMORY_WARN_SHARE * available:
-        log.warning(f"{what}: the ranks on this node hold {needed / GIB:.1f} GiB of state, "
+        warn_once(f"{what}: the ranks on this node hold {needed / GIB:.1f} GiB of state, "
                     f"{needed / available:.0%} of the {available / GIB:.1f} GiB available; a save's "
                     "staging or a load's buffers may push a rank over (then killed by SIGKILL)")
+
+
+@functools.cache
+def warn_once(text: str) -> None:
+    """A warning of the launch checks, printed once per process: the command line checks a
+    run before launching it, and the launcher (tune's trials too) checks it again."""
+    log.warning(text)
 
 
 def check_launch(cfg: BenchmarkConfig) -> None:
@@ -309,6 +360,8 @@ def check_launch(cfg: BenchmarkConfig) -> None:
     check_environment(cfg)
     check_results_dir(cfg.results_dir)
     check_nproc(cfg.nproc)
+    for note in host_limit_notes(cfg.nproc):
+        warn_once(note)
     check_replicas(cfg.model.replicas, cfg.nproc, "nproc")
     check_tensor_parallel(cfg, cfg.nproc, "nproc")
     check_devices(cfg.backend, cfg.nproc, cuda_device_count)

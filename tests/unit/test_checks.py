@@ -252,3 +252,34 @@ def test_memory_refusal_suggests_only_what_would_change_something(monkeypatch, o
         assert setting in fix
     for setting in not_suggested:
         assert setting not in fix
+
+
+def test_a_cpu_quota_is_read_and_caps_the_usable_cores(tmp_path, monkeypatch):
+    """Issue 31: a container's CPU quota was not named; cgroup v2's cpu.max says it."""
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("150000 100000\n")
+    assert checks.cpu_quota_cores(str(cpu_max)) == 1.5
+    cpu_max.write_text("max 100000\n")
+    assert checks.cpu_quota_cores(str(cpu_max)) is None
+    assert checks.cpu_quota_cores(str(tmp_path / "absent")) is None
+    monkeypatch.setattr(checks, "cpu_quota_cores", lambda: 1.5)
+    monkeypatch.setattr(checks.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert checks.usable_cores() == 2
+
+
+def test_low_process_limits_and_a_small_quota_are_named(monkeypatch):
+    """Issue 31: `ulimit -n` / `ulimit -v` and a CPU quota were not named before a run."""
+    import resource
+
+    limits = {resource.RLIMIT_NOFILE: (256, 4096), resource.RLIMIT_AS: (8 * 2**30, 8 * 2**30)}
+    monkeypatch.setattr(resource, "getrlimit", lambda which: limits[which])
+    notes = checks.host_limit_notes(nproc=4, quota=1.5)
+    assert [note.split(":")[0] for note in notes] == [
+        "ulimit -n is 256", "ulimit -v is 8388608 KiB",
+        "this container's CPU quota is 1.50 core(s) for nproc=4 ranks"]
+    limits = {resource.RLIMIT_NOFILE: (65536, 65536),
+              resource.RLIMIT_AS: (resource.RLIM_INFINITY, resource.RLIM_INFINITY)}
+    monkeypatch.setattr(checks, "cpu_quota_cores", lambda: None)  # no quota
+    assert checks.host_limit_notes(nproc=2) == []
+    monkeypatch.setattr(checks, "cpu_quota_cores", lambda: 4.0)  # a quota the ranks fit
+    assert checks.host_limit_notes(nproc=2) == []
