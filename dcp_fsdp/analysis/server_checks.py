@@ -17,9 +17,18 @@ def server_check_notes(runs: list[dict[str, Any]]) -> list[str]:
         incomplete = "; ".join(check.get("incomplete") or [])
         notes.append(f"run {run.get('run_id')}: its request counts differ from the S3 server's "
                      f"own counters (record - server: {differences or 'none'}"
-                     + (f"; {incomplete}" if incomplete else "") + "): another client of the "
-                     "bucket, or a misread request log")
+                     + (f"; {incomplete}" if incomplete else "") + f"): {_cause(check)}")
     if checked and not differing:
         notes.append(f"request counts of {len(checked)} run(s) checked against their S3 "
                      "server's own counters (storage.metrics_url): all match")
     return notes
+
+
+def _cause(check: dict[str, Any]) -> str:
+    """Why they differ, where the run shows it (server_counters.compare's `cause`)."""
+    if check.get("cause") == "server_restarted":
+        return "the server restarted during the run (its counters went back)"
+    if check.get("cause") == "unanswered_requests":
+        return (f"{check.get('unanswered')} request(s) got no answer before the client gave up "
+                "(a stalled server counts them when it answers, after the check)")
+    return "another client of the bucket, or a misread request log"

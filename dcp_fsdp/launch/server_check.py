@@ -66,7 +66,10 @@ class ServerCheck:
         samples = [row for row in map(json.loads, lines[1:]) if row.get("record") == "sample"]
         view, gaps = server_counters.record_view(samples, run.get("untimed_requests"),
                                                  control_plane_counts(self._calls))
-        result = server_counters.compare(view, after - self.before, gaps, self.metrics_url)
+        result = server_counters.compare(
+            view, after - self.before, gaps, self.metrics_url,
+            restarted=server_counters.went_back(self.before, after),
+            unanswered=server_counters.unanswered_requests(samples, run.get("untimed_requests")))
         run["server_requests"] = result
         tmp = record.with_suffix(".jsonl.tmp")
         tmp.write_text("\n".join([json.dumps(run), *lines[1:]]) + "\n")
@@ -80,5 +83,15 @@ class ServerCheck:
             log.warning("requests: the record's counts differ from the server's own counters "
                         f"(record - server: {differences or 'none'}"
                         + (f"; {'; '.join(result['incomplete'])}" if result["incomplete"] else "")
-                        + f"); another client of bucket {self.bucket} during the run would "
-                        "explain it, otherwise the request log was misread")
+                        + f"); {self._cause_text(result)}")
+
+    def _cause_text(self, result: dict) -> str:
+        if result["cause"] == "server_restarted":
+            return ("the server's counters went back during the run: it restarted (they start "
+                    "at zero), so they cannot be compared with the run's")
+        if result["cause"] == "unanswered_requests":
+            return (f"{result['unanswered']} request(s) got no answer before the client gave "
+                    "up; a stalled server counts a request when it answers it, which may be "
+                    "after this check")
+        return (f"another client of bucket {self.bucket} during the run would explain it, "
+                "otherwise the request log was misread")

@@ -104,14 +104,44 @@ def _label(key: tuple[str, str]) -> str:
 
 
 def compare(record: collections.Counter, server: collections.Counter,
-            gaps: list[str], source: str) -> dict[str, Any]:
-    """The run record's `server_requests` field: both views and whether they agree."""
+            gaps: list[str], source: str, restarted: bool = False,
+            unanswered: int = 0) -> dict[str, Any]:
+    """The run record's `server_requests` field: both views, whether they agree and, when
+    they do not, the cause the run itself shows (`cause`, else null: another client of the
+    bucket, or a misread log):
+    - "server_restarted": a counter went back during the run (a restarted server's start
+      at zero), so the server's side is not the run's;
+    - "unanswered_requests": the record holds `unanswered` requests that got no answer before
+      the client gave up, and counts more than the server: a stalled server counts a request
+      when it answers it, which may be after the check."""
     keys = sorted(set(record) | set(server))
+    match = not gaps and all(record[k] == server[k] for k in keys)
+    cause = None
+    if not match and restarted:
+        cause = "server_restarted"
+    elif not match and unanswered and all(record[k] >= server[k] for k in keys):
+        cause = "unanswered_requests"
     return {
         "source": source,
-        "match": not gaps and all(record[k] == server[k] for k in keys),
+        "match": match,
         "record": {_label(k): record[k] for k in keys if record[k]},
         "server": {_label(k): server[k] for k in keys if server[k]},
         "differences": {_label(k): record[k] - server[k] for k in keys if record[k] != server[k]},
         "incomplete": gaps,
+        "cause": cause,
+        "unanswered": unanswered,
     }
+
+
+def went_back(before: collections.Counter, after: collections.Counter) -> bool:
+    """Whether any counter is lower after than before: the server restarted (its counters
+    start at zero) between the two reads."""
+    return any(after[key] < count for key, count in before.items())
+
+
+def unanswered_requests(samples: Iterable[dict[str, Any]], untimed: dict[str, Any] | None) -> int:
+    """Requests the record holds that got no HTTP answer (status "none": the client gave up,
+    or the connection broke), over the samples' summaries and the untimed one."""
+    summaries = [sample.get("requests") for sample in samples] + [untimed]
+    return sum(int((summary.get("status") or {}).get("none") or 0)
+               for summary in summaries if isinstance(summary, dict))

@@ -105,3 +105,40 @@ def test_report_notes_runs_whose_counts_the_server_contradicts(tmp_path, capsys)
     out = " ".join(capsys.readouterr().out.split())
     assert ("run differs: its request counts differ from the S3 server's own counters "
             "(record - server: PUT 200 -1)") in out and "all match" not in out
+    variant(tmp_path, "differs", ONE_ITERATION,
+            run={"server_requests": {**differ, "cause": "server_restarted"}})
+    assert report.main([str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(record - server: PUT 200 -1): the server restarted during the run" in out
+
+
+def test_a_server_restart_and_unanswered_requests_are_named_not_another_client(
+        endpoint, tmp_path, capsys):
+    """Issue 31: a mismatch blamed "another client" where the server restarted (its
+    counters start at zero) or requests got no answer that a stalled server counts later."""
+    Counters.text = metrics(put=10, head_404=4)
+    check = ServerCheck(endpoint, "b")
+    check.begin()
+    Counters.text = metrics(put=2, head_404=0)  # restarted: counting again from zero
+    path = tmp_path / "run.jsonl"
+    record(path, 3)
+    check.end(path)
+    result = json.loads(path.read_text().splitlines()[0])["server_requests"]
+    assert not result["match"] and result["cause"] == "server_restarted"
+    err = capsys.readouterr().err
+    assert "the server's counters went back during the run: it restarted" in err
+    assert "another client" not in err
+
+    check = ServerCheck(endpoint, "b")
+    check.begin()
+    Counters.text = metrics(put=4, head_404=1)  # 2 PUTs counted; the third not yet answered
+    record(path, 3)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[1]["requests"]["status"] = {"200": 2, "404": 1, "none": 1}
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    check.end(path)
+    result = json.loads(path.read_text().splitlines()[0])["server_requests"]
+    assert result["cause"] == "unanswered_requests" and result["unanswered"] == 1
+    err = capsys.readouterr().err
+    assert "1 request(s) got no answer before the client gave up" in err
+    assert "another client" not in err
