@@ -69,3 +69,31 @@ def warning(message: str) -> None:
 
 def error(message: str) -> None:
     get().error(message)
+
+
+# torch's DCP logs a failed read with its traceback (state_dict_loader: "Global metadata is not
+# found", exc_info): on every rank, before DCP raises the error the run records. A rank routes
+# that logger here: one line each, the exception's type and message in place of the traceback.
+TORCH_CHECKPOINT_LOGGER = "torch.distributed.checkpoint"
+
+
+class _OneLineFormat(_Format):
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(logging.makeLogRecord({
+            **record.__dict__, "msg": f"torch: {record.getMessage()}", "args": None,
+            "exc_info": None, "exc_text": None}))
+        error = record.exc_info[1] if record.exc_info else None
+        return line + (printable(f" ({type(error).__name__}: {' '.join(str(error).split())[:300]})")
+                       if error is not None else "")
+
+
+def route_torch_checkpoint_log() -> None:
+    """torch's DCP warnings (and worse) as one line each on stderr, never a traceback."""
+    logger = logging.getLogger(TORCH_CHECKPOINT_LOGGER)
+    if any(isinstance(h, _StreamByLevel) for h in logger.handlers):
+        return
+    handler = _StreamByLevel()
+    handler.setFormatter(_OneLineFormat())
+    handler.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    logger.propagate = False

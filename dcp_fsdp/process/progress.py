@@ -40,10 +40,16 @@ class Heartbeat:
         if self.bytes_so_far is None:  # bytes move in another process (process checkpointer)
             return f"{self.what}: still running after {elapsed_s:.1f} s"
         moved = self.bytes_so_far()
-        of = f" of {self.expected_bytes / MIB:.1f}" if self.expected_bytes else ""
+        amount = f"{moved / MIB:.1f} MiB"
+        if self.expected_bytes and moved <= self.expected_bytes:
+            amount = f"{moved / MIB:.1f} of {self.expected_bytes / MIB:.1f} MiB"
+        elif self.expected_bytes:
+            # more than the rank's share of the state: a load that reads saved items whole
+            # for parts of them (a resharded one), or re-reads; "N of M" would read as nonsense
+            amount += f" (its share of the state: {self.expected_bytes / MIB:.1f} MiB)"
         rate = moved / MIB / elapsed_s if elapsed_s > 0 else 0.0
         note = f"; {self.note}" if self.note else ""
-        return (f"{self.what}: still running, rank 0 {self.verb} {moved / MIB:.1f}{of} MiB"
+        return (f"{self.what}: still running, rank 0 {self.verb} {amount}"
                 f" in {elapsed_s:.1f} s ({rate:.1f} MiB/s{note})")
 
     def _run(self, started: float) -> None:

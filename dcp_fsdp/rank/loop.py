@@ -152,7 +152,7 @@ class CheckpointLoop:
                                                  self.replica, self.ctx.device,
                                                  self.sharded.host_group, self.sharded.load_group)
             else:
-                dcp.load(self.state_dict, storage_reader=run.storage_io)
+                self._dcp_load(run, suffix)
         run.peak_rss, run.cuda_peak = memory.end() if marks else (None, None)
         run.minor_faults = memory.minor_faults if marks else None  # (finish may run later)
         finish = functools.partial(self._complete, run, saver, message)
@@ -326,6 +326,29 @@ class CheckpointLoop:
                 self.keep(sample)
         dist.barrier()
         return self.samples
+
+    def _dcp_load(self, run: OpInProgress, suffix: str) -> None:
+        """dcp.load; a load that failed because the checkpoint was deleted under it says so
+        (DCP's own error is "metadata is None" or a missing object's)."""
+        try:
+            dcp.load(self.state_dict, storage_reader=run.storage_io)
+        except Exception as error:
+            if self._still_complete(suffix):
+                raise
+            raise UserError(f"suffix={suffix}: the checkpoint was deleted while the load ran "
+                            f"(its .metadata is gone from {self.store.location(suffix)}); "
+                            "nothing was loaded: load another suffix") from error
+
+    def _still_complete(self, suffix: str) -> bool:
+        """After a failed load: whether the checkpoint is still there (an unanswered
+        check says yes: the load's own error stands). A stalled server holds the check at
+        most storage.connect_timeout_s (make_store's after_failure)."""
+        from dcp_fsdp.storage import make_store
+
+        try:
+            return make_store(self.cfg.storage, after_failure=True).is_complete(suffix)
+        except Exception:
+            return True
 
     def verified_load(self, iteration: int, suffix: str) -> None:
         """A timed load of `suffix` (save-and-load), then (verify=true) every shard compared

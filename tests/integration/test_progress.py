@@ -20,7 +20,8 @@ def test_heartbeat_lines_during_operations_and_none_when_off(s3, s3_uri, tmp_pat
     assert any(line.startswith("[dcp-fsdp] save iteration 1: still running, rank 0 uploaded ")
                for line in beats), on.stdout
     for line in beats:
-        assert re.search(r"(uploaded|received) [\d.]+ of [\d.]+ MiB in [\d.]+ s \([\d.]+ MiB/s; "
+        assert re.search(r"(uploaded|received) [\d.]+ (of [\d.]+ MiB|MiB \(its share of the "
+                         r"state: [\d.]+ MiB\)) in [\d.]+ s \([\d.]+ MiB/s; "
                          r"(acknowledged by|from) the storage endpoint.*\)$", line), line
     assert read_run(tmp_path / "on")[0]["status"] == "ok"
 
@@ -33,7 +34,8 @@ def test_heartbeat_lines_during_operations_and_none_when_off(s3, s3_uri, tmp_pat
 
 MIB = 2**20
 PART_BYTES = 8 * MIB  # storage.part_size_mib's default: the connector's buffer, one part
-BEAT = re.compile(r"\] (save|load) iteration 1: still running, rank 0 (\w+) ([\d.]+) of ")
+BEAT = re.compile(r"\] (save|load) iteration 1: still running, rank 0 (\w+) ([\d.]+) "
+                  r"(of|MiB \(its share)")
 
 
 def test_the_heartbeat_says_what_moved_through_a_slow_link_not_what_was_buffered(

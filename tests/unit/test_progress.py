@@ -64,3 +64,14 @@ def test_the_wire_meter_counts_what_the_kernel_moved_on_the_endpoints_sockets_on
                     time.sleep(0.01)
                 assert meter.acked() == 300_000
                 assert meter.received() == 70_000
+
+
+def test_a_rank_that_read_more_than_its_share_is_not_said_as_more_than_all():
+    """A resharded load reads saved items whole for parts of them: the heartbeat said "read
+    1263.0 of 631.3 MiB" (its share of the state as the total)."""
+    beat = Heartbeat("load iteration 1", lambda: 300 * MIB, 200 * MIB, 10, lambda _: None,
+                     verb="read")
+    assert beat.line(2.0) == ("load iteration 1: still running, rank 0 read 300.0 MiB (its "
+                              "share of the state: 200.0 MiB) in 2.0 s (150.0 MiB/s)")
+    beat = Heartbeat("load iteration 1", lambda: 100 * MIB, 200 * MIB, 10, lambda _: None)
+    assert " moved 100.0 of 200.0 MiB in 2.0 s " in beat.line(2.0)
