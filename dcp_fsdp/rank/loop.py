@@ -234,8 +234,13 @@ class CheckpointLoop:
         if not (self.cfg.progress and self.ctx.is_coordinator):
             return contextlib.nullcontext()
         streams = None if timeline is None else (lambda: timeline.moved.total)
+        from dcp_fsdp.storage.s3_target import resolve_endpoint
+
+        # the endpoint as the client resolves it (storage.endpoint, else AWS_ENDPOINT_URL_S3
+        # or AWS_ENDPOINT_URL): the meter counts that port's connections only, so one set by
+        # the environment alone read 0.0 MiB for a whole load
         moved, verb, note, start = progress_measure(
-            op, self.cfg.storage.kind.value == "s3", self.cfg.storage.endpoint, streams)
+            op, self.cfg.storage.kind.value == "s3", resolve_endpoint(self.cfg.storage), streams)
         expected = local_bytes(self.state_dict)
         return Heartbeat(f"{op} iteration {iteration}", moved, expected,
                          self.cfg.progress_interval_s, self.log, verb, note, start)

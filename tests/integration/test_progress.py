@@ -44,7 +44,8 @@ def test_the_heartbeat_says_what_moved_through_a_slow_link_not_what_was_buffered
     never say more than passed the proxy by the line's arrival, plus one part (before: the
     whole 28 MiB "moved" after 0.5 s, 1 MiB through). A load frozen after 6 MiB came
     down (the proxy holds the rest) is seen at 6 MiB (before: 0.0 until its parts were
-    whole), and no load beat says more than passed either. Margins: the proxy counts a
+    whole), and no load beat says more than passed either. The endpoint comes from
+    AWS_ENDPOINT_URL (before: the beats read 0.0 MiB unless storage.endpoint was set). Margins: the proxy counts a
     piece before it sends it, and a line is read after it was measured, so a busy machine
     can only make a beat look smaller; the frozen load waits up to 120 s for its beat."""
     from tests.kit.fault_proxy import FaultProxy
@@ -54,10 +55,11 @@ def test_the_heartbeat_says_what_moved_through_a_slow_link_not_what_was_buffered
     seen_frozen = threading.Event()
     with FaultProxy(s3.endpoint_url, rate_bytes_per_s=3 * MIB, targets=None) as proxy:
         proxy.record_bytes()
+        # the endpoint from the environment, as `s3-server start` prints it: the meter once
+        # counted only storage.endpoint's port, and read 0.0 MiB for a whole load then
         process = start_cli(["save-and-load", "model=tiny_llama", "progress_interval_s=0.25",
-                             f"storage.uri={s3_uri}", f"storage.endpoint={proxy.url}",
-                             f"results_dir={tmp_path}"],
-                            env=s3_env(s3))
+                             f"storage.uri={s3_uri}", f"results_dir={tmp_path}"],
+                            env={**s3_env(s3), "AWS_ENDPOINT_URL": proxy.url})
         # the frozen load is let go after its beat, or after 120 s without one (then fails)
         timer = threading.Timer(120, proxy.release_stalls)
         timer.start()
