@@ -31,6 +31,7 @@ from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.rank.memory import PeakMemory
 from dcp_fsdp.process.progress import Heartbeat
 from dcp_fsdp.process.wire_meter import progress_measure
+from dcp_fsdp.storage.timed_fs import expect_metadata, metadata_changed
 from dcp_fsdp.rank.replicas import held_bytes, read_once_load, replica_share
 from dcp_fsdp.rank.state import (apply_state_dict, checkable_seed, checkpoint_mismatch, local_bytes,
                                  mismatch_error, verify_values, zero_local_tensors)
@@ -78,6 +79,8 @@ class CheckpointLoop:
         self.integrity: dict[str, dict[str, Any]] = {}
         self._expected_checksums: dict[str, int | None] = {}  # suffix -> seed to check with
         self._metadata_facts: dict[str, MetadataFacts] = {}  # rank 0: suffix -> its .metadata
+        # every rank: suffix -> SHA-256 of the .metadata screened (DCP must read those bytes)
+        self._screened_sha256: dict[str, str] = {}
         self.host = socket.gethostname()
         # model.replicas > 1 (HSDP): this rank's replica group; bytes count its share
         self.replicas = sharded.replicas
@@ -111,7 +114,7 @@ class CheckpointLoop:
 
     def _check_matches_checkpoint(self, suffix: str) -> None:
         """Before timing a load: the checkpoint must hold this model's tensors and shapes."""
-        def decide() -> None:
+        def decide() -> str:
             # the run's one read of this .metadata, screened (or the launcher's, handed over)
             facts = self.metadata_facts(suffix)
             if layout.handed_metadata_facts(suffix) is None:  # (else the launcher checked them)
@@ -122,7 +125,8 @@ class CheckpointLoop:
             if problem is not None:
                 raise mismatch_error(suffix, self.cfg, problem,
                                      layout.manifest_if_readable(self.store, suffix))
-        rank0_decides(self.ctx, decide)
+            return facts.sha256
+        self._screened_sha256[suffix] = rank0_decides(self.ctx, decide)
 
     # -- one timed operation -------------------------------------------------------------
     def _timed(self, op: str, iteration: int, suffix: str) -> Sample | Callable[[], Sample]:
@@ -186,6 +190,8 @@ class CheckpointLoop:
         timed = None if "hooks" in self.harness_off else run.timeline
         run.storage_io = (self.store.writer(suffix, timed) if op == "save"
                           else self.store.reader(suffix, timed))
+        if op == "load" and suffix in self._screened_sha256:  # a checkpoint not this run's
+            expect_metadata(run.storage_io, self._screened_sha256[suffix])
         if not pickled:  # (a client built here would not be the one that uploads)
             self.store.warm_up(run.storage_io)
             if self.request_log is not None:  # storage.client=fsspec|msc: botocore's hooks
@@ -337,7 +343,10 @@ class CheckpointLoop:
         (DCP's own error is "metadata is None" or a missing object's)."""
         try:
             dcp.load(self.state_dict, storage_reader=run.storage_io)
-        except Exception as error:
+        except (Exception, dcp.CheckpointException) as error:  # DCP's is a BaseException
+            changed = metadata_changed(run.storage_io)
+            if changed is not None:  # DCP says "metadata is None"; the cause is this
+                raise UserError(f"suffix={suffix}: {changed}") from error
             if self._still_complete(suffix):
                 raise
             raise UserError(f"suffix={suffix}: the checkpoint was deleted while the load ran "

@@ -36,6 +36,7 @@ MAX_METADATA_BYTES (1 GiB) are refused unread: a real `.metadata` is KiB to a fe
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import math
 import pickle
@@ -277,6 +278,9 @@ class MetadataFacts:
 
     tensors: dict[str, TensorEntry]  # flattened key -> shape and dtype
     object_sizes: dict[str, int]  # data object (relative path) -> bytes: its last item's end
+    # SHA-256 of the bytes screened: DCP's own read of .metadata must be these bytes before
+    # it unpickles them (storage/timed_fs.py), so a file swapped in between is never loaded
+    sha256: str = ""
 
     @property
     def saving_world_size(self) -> int:
@@ -287,12 +291,13 @@ class MetadataFacts:
 
     def to_json(self) -> dict[str, Any]:
         return {"tensors": {k: [list(t.shape), t.dtype] for k, t in self.tensors.items()},
-                "object_sizes": dict(self.object_sizes)}
+                "object_sizes": dict(self.object_sizes), "sha256": self.sha256}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MetadataFacts:
         return cls({k: TensorEntry(tuple(shape), dtype) for k, (shape, dtype) in data["tensors"].items()},
-                   {str(k): int(v) for k, v in data["object_sizes"].items()})
+                   {str(k): int(v) for k, v in data["object_sizes"].items()},
+                   str(data.get("sha256") or ""))
 
 
 _SAVING_RANK = re.compile(r"__(\d+)_\d+\.distcp")
@@ -315,7 +320,7 @@ def read_facts(data: bytes, source: str = ".metadata") -> MetadataFacts:
             raise _refusal(source, f"a storage entry names object {path!r} at {offset!r}+{length!r}",
                            hostile=True)
         sizes[path] = max(sizes.get(path, 0), offset + length)
-    return MetadataFacts(_tensors(metadata), sizes)
+    return MetadataFacts(_tensors(metadata), sizes, hashlib.sha256(data).hexdigest())
 
 
 def read_tensors(data: bytes, source: str = ".metadata") -> dict[str, TensorEntry]:

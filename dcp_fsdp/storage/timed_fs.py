@@ -23,6 +23,7 @@ Ranks only (imports torch).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import threading
@@ -31,6 +32,8 @@ from typing import Any, Protocol, cast
 
 from torch.distributed.checkpoint.filesystem import FileSystemBase
 
+from dcp_fsdp.errors import UserError
+from dcp_fsdp.storage.layout import METADATA_NAME
 from dcp_fsdp.storage.timeline import HookTimeline
 
 StrPath = str | os.PathLike
@@ -172,6 +175,10 @@ class TimedFileSystem(FileSystemBase):
         self.inner = inner
         self.timeline = timeline
         self._lock = threading.Lock()
+        # A load of a checkpoint the launcher (or rank 0) screened: the SHA-256 of the
+        # .metadata it screened (expect_metadata); DCP's read must be those bytes
+        self.metadata_sha256: str | None = None
+        self.metadata_changed: str | None = None  # why DCP's read was refused (its own error hides it)
 
     def __getstate__(self) -> dict[str, Any]:  # a lock does not pickle (process checkpointer)
         return {"inner": self.inner, "timeline": self.timeline}
@@ -181,6 +188,9 @@ class TimedFileSystem(FileSystemBase):
 
     @contextlib.contextmanager
     def create_stream(self, path: StrPath, mode: str) -> Generator[io.IOBase, None, None]:
+        if self.metadata_sha256 and "r" in mode and str(path).rsplit("/", 1)[-1] == METADATA_NAME:
+            yield io.BytesIO(self._screened_metadata(path))
+            return
         with self.inner.create_stream(path, mode) as stream:
             client_stream = cast(ObjectStream, stream)
             if "w" in mode:
@@ -192,6 +202,18 @@ class TimedFileSystem(FileSystemBase):
             yield timed
             if "w" in mode:
                 self._count_object(path, timed)
+
+    def _screened_metadata(self, path: StrPath) -> bytes:
+        """DCP's read of `.metadata`, timed and counted as any read, handed to its unpickler
+        only when it is the file that was screened (MetadataChanged otherwise)."""
+        with self.inner.create_stream(path, "rb") as stream:
+            data = TimedReadStream(cast(ObjectStream, stream), self.timeline).read()
+        if hashlib.sha256(data).hexdigest() != self.metadata_sha256:
+            self.metadata_changed = (f"{path}: not the .metadata screened before the load "
+                                     f"({len(data)} bytes, another SHA-256): it was replaced "
+                                     "since, and was not unpickled; load again")
+            raise MetadataChanged(self.metadata_changed)
+        return data
 
     def _count_object(self, path: StrPath, stream: io.IOBase) -> None:
         try:
@@ -227,6 +249,25 @@ class TimedFileSystem(FileSystemBase):
         """Not in torch 2.13's abstract set (hf_storage calls it); the client's where it has one."""
         inner: Any = self.inner  # FileSystem, fsspec's and MSC's define it; S3FileSystem does not
         return list(inner.ls(path))
+
+
+class MetadataChanged(UserError):
+    """The .metadata DCP read is not the one screened before the load."""
+
+
+def expect_metadata(storage_io: Any, sha256: str) -> None:
+    """A timed reader's DCP read of `.metadata` must have this SHA-256 (the screened file's)
+    before it is unpickled; a reader without the timed file system (harness_off=hooks) reads
+    as DCP does."""
+    fs = getattr(storage_io, "fs", None)
+    if isinstance(fs, TimedFileSystem) and sha256:
+        fs.metadata_sha256 = sha256
+
+
+def metadata_changed(storage_io: Any) -> str | None:
+    """Why a timed reader refused DCP's read of `.metadata` (expect_metadata), if it did."""
+    fs = getattr(storage_io, "fs", None)
+    return fs.metadata_changed if isinstance(fs, TimedFileSystem) else None
 
 
 def client_file_system(storage_io: Any) -> FileSystemBase:

@@ -151,3 +151,42 @@ def test_a_timed_writer_crosses_a_pickle(tmp_path):
 def test_client_file_system_of_an_untimed_writer_is_its_own(tmp_path):
     writer = dcp.FileSystemWriter(str(tmp_path))
     assert client_file_system(writer) is writer.fs
+
+
+UNPICKLED: list[str] = []
+
+
+class _Trap:
+    """A pickle that, once unpickled, says so: what a hostile .metadata would run."""
+
+    def __reduce__(self):
+        return (UNPICKLED.append, ("a swapped .metadata was unpickled",))
+
+
+def test_dcp_unpickles_only_the_metadata_that_was_screened(tmp_path):
+    """Issue 31: the launcher screened .metadata, then DCP read it again unscreened, so a
+    file swapped in between was loaded (and unpickled). The timed reader now hands DCP's
+    unpickler only bytes with the screened SHA-256."""
+    import hashlib
+
+    from dcp_fsdp.storage.metadata_peek import read_facts
+    from dcp_fsdp.storage.timed_fs import expect_metadata, metadata_changed
+
+    dcp.save({"weight": torch.ones(100)}, storage_writer=dcp.FileSystemWriter(str(tmp_path)))
+    screened = (tmp_path / ".metadata").read_bytes()
+    sha256 = read_facts(screened).sha256
+    assert sha256 == hashlib.sha256(screened).hexdigest()
+    reader = TimedFileSystemReader(str(tmp_path), timeline=HookTimeline())
+    expect_metadata(reader, sha256)
+    loaded = {"weight": torch.zeros(100)}
+    dcp.load(loaded, storage_reader=reader)  # the screened file: loads
+    assert torch.equal(loaded["weight"], torch.ones(100))
+    assert reader.timeline.moved.total >= len(screened)  # its read timed and counted
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(_Trap()))  # swapped after the screen
+    reader = TimedFileSystemReader(str(tmp_path), timeline=HookTimeline())
+    expect_metadata(reader, sha256)
+    with pytest.raises(dcp.CheckpointException, match="not the .metadata screened before the load"):
+        dcp.load(loaded, storage_reader=reader)
+    assert UNPICKLED == []
+    assert "it was replaced since, and was not unpickled" in (metadata_changed(reader) or "")
