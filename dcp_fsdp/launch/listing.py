@@ -211,16 +211,19 @@ def clean_uploads(cfg: BenchmarkConfig, min_age_s: float = DEFAULT_MIN_AGE_S) ->
     store = _store(cfg, "clean")
     uploads = store.open_uploads(cfg.suffix)
     where = store.location(cfg.suffix or "")
-    old = [u for u in uploads if u.age_s() >= min_age_s]
-    young = [u for u in uploads if u.age_s() < min_age_s]
+    # one moment for the table and the abort: an upload crossing min_age_s in between was
+    # listed as "leave" and then aborted (CI saw it under load)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    old = [u for u in uploads if u.age_s(now) >= min_age_s]
+    young = [u for u in uploads if u not in old]
     if uploads:
-        rows = [[u.suffix or "(root)", u.key.rsplit("/", 1)[-1], _age(u.age_s()), u.part_count,
+        rows = [[u.suffix or "(root)", u.key.rsplit("/", 1)[-1], _age(u.age_s(now)), u.part_count,
                  f"{u.size_bytes / 2**20:.1f}",
                  "abort" if u in old else f"leave (younger than {_age(min_age_s)})"]
                 for u in uploads]
         print(printable(f"open multipart uploads under {where}"))
         print(_table(rows, ["suffix", "object", "age", "parts", "MiB", "action"]))
-    aborted = store.abort_uploads(cfg.suffix, min_age_s)
+    aborted = store.abort_uploads(cfg.suffix, min_age_s, now)
     size_mib = sum(u.size_bytes for u in old) / 2**20
     log.info(f"aborted {aborted} open multipart upload(s) under {where} "
              f"({sum(u.part_count for u in old)} parts, {size_mib:.1f} MiB)")

@@ -29,6 +29,7 @@ from dcp_fsdp.rank.distributed import RankContext, drop_cache_on_node, gather_to
 from dcp_fsdp.rank.sample_build import OpInProgress, build_sample, fill_save_figures, timed_region
 from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.rank.memory import PeakMemory
+from dcp_fsdp.process.failures import caused_by_interrupt
 from dcp_fsdp.process.progress import Heartbeat
 from dcp_fsdp.process.wire_meter import progress_measure
 from dcp_fsdp.storage.timed_fs import expect_metadata, metadata_changed
@@ -347,7 +348,9 @@ class CheckpointLoop:
             changed = metadata_changed(run.storage_io)
             if changed is not None:  # DCP says "metadata is None"; the cause is this
                 raise UserError(f"suffix={suffix}: {changed}") from error
-            if self._still_complete(suffix):
+            # only an error that says something is missing is probed (never a signal or a
+            # peer's failure DCP wrapped: their records name them, and must not wait)
+            if caused_by_interrupt(error) or not _says_missing(error) or self._still_complete(suffix):
                 raise
             raise UserError(f"suffix={suffix}: the checkpoint was deleted while the load ran "
                             f"(its .metadata is gone from {self.store.location(suffix)}); "
@@ -426,3 +429,12 @@ class CheckpointLoop:
                     # what a load needs to recompute every value (rank/state.py)
                     "values": values.GENERATOR, "seed": self.cfg.seed}
         self.store.put_small(suffix, layout.MANIFEST_NAME, layout.encode_manifest(manifest))
+
+
+# What DCP's and the clients' errors say when an object or .metadata is not there.
+_MISSING_SAID = ("metadata is None", "NoSuchKey", "Not Found", "404", "No such file",
+                 "does not exist", "FileNotFoundError")
+
+
+def _says_missing(error: BaseException) -> bool:
+    return any(said in str(error) for said in _MISSING_SAID)

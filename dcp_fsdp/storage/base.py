@@ -12,6 +12,8 @@ the tuner (`launch/tune.py`) use only what is declared here (`data_object_prefix
 
 from __future__ import annotations
 
+import datetime
+
 from typing import Any, Iterable, Protocol, runtime_checkable
 
 from dcp_fsdp.storage.layout import CheckpointInfo, OpenUpload, SuffixClaim
@@ -134,5 +136,9 @@ class CheckpointStore(Protocol):
         """Uploads started and neither completed nor aborted, under `suffix` (None: all
         under the store's root). A file system has none."""
 
-    def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0) -> int:
-        """Abort those uploads started at least `min_age_s` ago; how many were aborted."""
+    def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0,
+                      now: datetime.datetime | None = None) -> int:
+        """Abort those uploads started at least `min_age_s` before `now` (default: the
+        moment of the call); how many were aborted. A caller that showed which uploads it
+        would abort passes the `now` it decided with, so none is aborted that it said it
+        would leave."""

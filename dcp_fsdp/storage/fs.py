@@ -166,7 +166,8 @@ class FsStore:
     def open_uploads(self, suffix: str | None = None) -> list:
         return []  # files are written in place: nothing is left open and billed
 
-    def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0) -> int:
+    def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0,
+                      now: datetime.datetime | None = None) -> int:
         return 0
 
     def get_small(self, suffix: str, name: str, max_bytes: int | None = None) -> bytes | None:

@@ -262,10 +262,10 @@ def check_loadable(store, suffix: str) -> None:
                         f"{store.location(suffix)} and its suffix=NAME")
     claimed_by = _claimed_by(store, suffix) if store.has_objects(suffix) else ""
     if claimed_by:  # a save's claim and no .metadata: that save is writing it, or ended early
-        raise UserError(f"suffix={suffix}: checkpoint is claimed by a save{claimed_by} and has no "
-                        ".metadata yet: that save is still writing it (load it once that run "
-                        "ends), or it ended before it finished (`dcp-fsdp list` shows its age; "
-                        "`dcp-fsdp delete` removes it)")
+        raise UserError(f"suffix={suffix}: checkpoint is incomplete (no .metadata yet) and claimed "
+                        f"by a save{claimed_by}: that save is still writing it (load it once "
+                        "that run ends), or it ended before it finished (`dcp-fsdp list` shows "
+                        "its age; `dcp-fsdp delete` removes it)")
     state = ("is incomplete (no .metadata: the save did not finish)"
              if store.has_objects(suffix) else "does not exist")
     listing = ", ".join(complete[-10:]) if complete else "none"

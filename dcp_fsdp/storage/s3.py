@@ -8,6 +8,8 @@ builds a writer or reader; this module never writes the environment itself.
 
 from __future__ import annotations
 
+import datetime
+
 import os
 import secrets
 import shutil
@@ -211,6 +213,7 @@ class S3Store:
     def open_uploads(self, suffix: str | None = None):
         return self.control.open_uploads(suffix)
 
-    def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0) -> int:
-        return self.control.abort_uploads(suffix, min_age_s)
+    def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0,
+                      now: datetime.datetime | None = None) -> int:
+        return self.control.abort_uploads(suffix, min_age_s, now)
 

@@ -383,12 +383,13 @@ class S3ControlPlane:
             raise self._explain(error) from None
         return found
 
-    def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0) -> int:
+    def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0,
+                      now: datetime.datetime | None = None) -> int:
         import botocore.exceptions as bx
 
         aborted = 0
         for upload in self.open_uploads(suffix):
-            if min_age_s > 0 and upload.age_s() < min_age_s:
+            if min_age_s > 0 and upload.age_s(now) < min_age_s:
                 continue  # maybe a save still writing it
             try:
                 self.client().abort_multipart_upload(Bucket=self.target.bucket, Key=upload.key,

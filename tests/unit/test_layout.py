@@ -114,8 +114,9 @@ def test_a_load_of_a_suffix_a_save_is_writing_names_the_save(store):
     with pytest.raises(UserError) as refused:
         layout.check_loadable(store, "busy")
     line = str(refused.value)
-    assert "claimed by a save (run run-writing on host " in line and "still writing it" in line
-    assert "did not finish" not in line and "\n" not in line
+    assert line.startswith("suffix=busy: checkpoint is incomplete (no .metadata yet) and "
+                           "claimed by a save (run run-writing on host ")
+    assert "still writing it" in line and "did not finish" not in line and "\n" not in line
 
 
 def test_manifest_round_trip_and_garbage(store):
