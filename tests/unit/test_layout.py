@@ -314,3 +314,37 @@ def test_list_names_a_complete_checkpoint_whose_name_load_and_delete_refuse(tmp_
     assert "| good-1   | complete                 |" in out
     assert "suffix=my ckpt: complete, but not a name `load` and `delete` take" in out
     assert "suffix=good-1:" not in out
+
+
+def test_clean_uploads_aborts_exactly_what_its_table_says(monkeypatch, capsys):
+    """CI (2026-11-27, under load): the table said `leave (younger than 8 s)` for an upload
+    8 s old, then the abort, which looked at the clock again, aborted it too. The table
+    and the abort now decide with one moment."""
+    import datetime
+    import time
+
+    from dcp_fsdp.config.schema import BenchmarkConfig
+    from dcp_fsdp.launch import listing
+
+    started = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=7.999)
+    young = layout.OpenUpload("s", "p/s/__0_0.distcp", "u1", started.isoformat(), 0, 0)
+
+    class Store:
+        decided_at: datetime.datetime | None = None
+
+        def open_uploads(self, suffix=None):
+            return [young]
+
+        def location(self, suffix):
+            return f"s3://b/p/{suffix}"
+
+        def abort_uploads(self, suffix=None, min_age_s=0.0, now=None):
+            Store.decided_at = now
+            time.sleep(0.01)  # the clock moves on: the upload is 8 s old now
+            return int(young.age_s(now) >= min_age_s)
+
+    monkeypatch.setattr(listing, "_store", lambda cfg, command: Store())
+    assert listing.clean_uploads(BenchmarkConfig(), min_age_s=8.0) == 0
+    out = capsys.readouterr().out
+    assert "leave (younger than 8 s)" in out and "aborted 0 open multipart upload(s)" in out
+    assert Store.decided_at is not None  # the table's moment, handed to the abort
