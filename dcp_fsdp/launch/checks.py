@@ -19,6 +19,7 @@ import math
 import os
 import re
 import shutil
+from pathlib import Path
 from collections.abc import Callable
 
 from dcp_fsdp import contract, log
@@ -54,7 +55,7 @@ def cpu_quota_cores(path: str = CGROUP_CPU_MAX) -> float | None:
     """The container's CPU quota in cores (cgroup v2 cpu.max); None when it has none or
     it cannot be read (cgroup v1, not Linux)."""
     try:
-        quota, period = open(path).read().split()[:2]
+        quota, period = Path(path).read_text().split()[:2]  # (closed, unlike open().read())
         return None if quota == "max" else int(quota) / int(period)
     except (OSError, ValueError):
         return None
