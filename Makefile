@@ -11,12 +11,18 @@ STAMP := $(VENV)/.installed
 # The releases `make torch-smoke` runs: the lowest pyproject admits and the newest.
 SMOKE_TORCH ?= 2.11.0 2.15.0
 
-.PHONY: setup demo test test-unit lint clean torch-smoke torch-smoke-venvs smoke-versions
+.PHONY: setup demo test test-unit lint clean torch-smoke
+
+# torch by pip (it finds the CPU wheel on this project's machines, and honours a machine's pip
+# cap), the rest by uv: the same constraints, resolved and installed in about 30 s of wall
+# time instead of pip's 115 (2-core VM, 2026-11-27), byte-compiled as pip does (see `test`).
+UV_SPEC ?= uv==0.13.9
+UV := $(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt "$(TORCH_SPEC)" -e '.[test,lint]'
+	$(BIN)/pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)" "$(UV_SPEC)"
+	$(UV) -c constraints.txt "$(TORCH_SPEC)" -e '.[test,lint]'
 	@touch $(STAMP)
 
 setup: $(STAMP)
@@ -50,17 +56,11 @@ lint: setup
 	$(BIN)/ruff check dcp_fsdp tests benchmarks scripts
 	$(BIN)/mypy
 
-# Each torch in SMOKE_TORCH, in a venv of its own (.venv-torch-VERSION): sync and async
-# (thread, process) save-and-load, a resharded load and a report (scripts/torch_smoke.sh).
-torch-smoke:
-	@for version in $(SMOKE_TORCH); do scripts/torch_smoke.sh $$version || exit 1; done
-
-smoke-versions:
-	@echo $(SMOKE_TORCH)
-
-# Only their venvs (downloads): .ci/run builds them while the tests run.
-torch-smoke-venvs:
-	@for version in $(SMOKE_TORCH); do scripts/torch_smoke.sh $$version --install-only || exit 1; done
+# Each torch in SMOKE_TORCH, in a venv of its own (.venv-torch-VERSION, installed by the
+# project venv's uv): sync and async (thread, process) save-and-load, a resharded load and a
+# report (scripts/torch_smoke.sh). Every release is run; any failure fails the target.
+torch-smoke: setup
+	@failed=0; for version in $(SMOKE_TORCH); do scripts/torch_smoke.sh $$version || failed=1; done; exit $$failed
 
 clean:
 	rm -rf $(VENV) .venv-torch-* *.egg-info .pytest_cache

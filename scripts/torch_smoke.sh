@@ -21,15 +21,23 @@ started=$(date +%s)
 export PIP_CONFIG_FILE=/dev/null PIP_CONSTRAINT=
 if [[ ! -f $STAMP || pyproject.toml -nt $STAMP || constraints.txt -nt $STAMP ]]; then
     test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
-    # pip byte-compiles what it installs: keep it. With PYTHONDONTWRITEBYTECODE=1 (set on this
-    # project's machines) Python writes no .pyc itself, so a venv installed without them
-    # recompiled torch in every process: the smoke took 213 s instead of 84 s (2026-11-27)
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check "torch==$VERSION"
-    # torch named again: without it pip may replace the release under test with another that
-    # fits the project's constraints better (it once put 2.15.0 in the 2.11.0 venv, through
-    # a setuptools pin torch 2.11 refuses), and the matrix would test one torch twice
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check -c constraints.txt \
-        "torch==$VERSION" -e '.[test]'
+    # uv (the project venv's, from make setup) where there is one: it installs PyPI's CUDA
+    # build (~3 GB) with a fraction of pip's CPU, which .ci/run shares with the tests; it reads
+    # no pip config, so no cap applies to it either. Byte-compiled at install (pip does; uv
+    # with --compile-bytecode): with PYTHONDONTWRITEBYTECODE=1 (set on this project's
+    # machines) Python writes no .pyc itself, and a venv without them recompiled torch in
+    # every process: the smoke took 213 s instead of 84 s (2026-11-27).
+    if [[ -x .venv/bin/uv ]]; then
+        install=(.venv/bin/uv pip install --python "$VENV/bin/python" --quiet --compile-bytecode)
+    else
+        install=("$VENV/bin/pip" install --quiet --disable-pip-version-check)
+    fi
+    "${install[@]}" "torch==$VERSION"
+    # torch named again: without it the resolver may replace the release under test with
+    # another that fits the project's constraints better (pip once put 2.15.0 in the 2.11.0
+    # venv, through a setuptools pin torch 2.11 refuses), and the matrix would test one torch
+    # twice
+    "${install[@]}" -c constraints.txt "torch==$VERSION" -e '.[test]'
     touch "$STAMP"
 fi
 installed=$(date +%s)
