@@ -60,13 +60,14 @@ def main() -> int:
 
     from dcp_fsdp.config.schema import CheckpointState, Dtype
     from dcp_fsdp.models.build import build_sharded_model
-    from dcp_fsdp.rank.state import make_state_dict, state_bytes
+    from dcp_fsdp.rank.state import state_bytes
+    from dcp_fsdp.models.build import dcp_state_dict
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     sharded = build_sharded_model(preset, Dtype(dtype_name), CheckpointState.model,
                                   __import__("torch").device("cpu"), dist.get_world_size(), 0)
-    state_dict = make_state_dict(sharded)
+    state_dict = dcp_state_dict(sharded.model, sharded.optimizer)
     model_bytes = state_bytes(state_dict)
 
     client = sys.argv[6] if len(sys.argv) > 6 else "s3torchconnector"

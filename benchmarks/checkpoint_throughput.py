@@ -19,9 +19,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from dcp_fsdp.units import GIB
 
-MIB = 2**20
-GIB = 2**30
 
 
 def main() -> int:

@@ -16,8 +16,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from dcp_fsdp.units import MIB
 
-from dcp_fsdp.telemetry.figures import MIB
 
 PAIRS = (("save", "raw_put"), ("load", "raw_get"))
 

@@ -47,7 +47,6 @@ from pathlib import Path
 from benchmarks.paired import PairedRatio, load_average
 
 REPO = Path(__file__).resolve().parents[1]
-MIB = 2**20
 TOGGLES = {  # variant -> (settings, DCP_FSDP_HARNESS_OFF)
     "no-hooks": ([], "hooks"),
     "no-watchdog": ([], "watchdog"),

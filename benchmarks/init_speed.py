@@ -24,9 +24,9 @@ import socket
 import subprocess
 import sys
 import time
+from dcp_fsdp.units import GIB
 
 GB = 1e9
-GIB = 2**30
 
 
 def worker(args) -> None:
@@ -37,7 +37,7 @@ def worker(args) -> None:
     from dcp_fsdp.models.build import build_sharded_model, unique_shards
     from dcp_fsdp.rank import state as verify
     from dcp_fsdp.rank.distributed import init_distributed
-    from dcp_fsdp.rank.state import make_state_dict
+    from dcp_fsdp.models.build import dcp_state_dict
 
     ctx = init_distributed(Backend.auto, 600)
     dist.barrier()
@@ -48,7 +48,7 @@ def worker(args) -> None:
         torch.cuda.synchronize()
     build_s, build_cpu_s = time.monotonic() - t0, time.process_time() - cpu0
     t0 = time.monotonic()
-    state_dict = make_state_dict(sharded)
+    state_dict = dcp_state_dict(sharded.model, sharded.optimizer)
     state_dict_s = time.monotonic() - t0
     checked_bytes = sum(local.numel() * local.element_size()
                         for _, local, _, _ in unique_shards(state_dict))

@@ -13,7 +13,8 @@ import argparse
 import sys
 import time
 
-from dcp_fsdp.config.schema import MIB, StorageKind
+from dcp_fsdp.units import MIB
+from dcp_fsdp.config.schema import StorageKind
 from dcp_fsdp.plan import requests as rq
 from dcp_fsdp.plan.command import parse_request, plan_world
 from dcp_fsdp.plan.render import prefixes, rank_objects

@@ -13,8 +13,8 @@ import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dcp_fsdp.units import MIB
 
-MIB = 2**20
 PART_MIB = 8
 STREAMS = 4
 

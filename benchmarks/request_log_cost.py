@@ -36,9 +36,9 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from dcp_fsdp.units import MIB
 
 REPO = Path(__file__).resolve().parents[1]
-MIB = 2**20
 LARGE_OBJECT_BYTES = 32 * MIB
 SMALL_OBJECT_BYTES = 16 * 1024
 PART_BYTES = 8 * MIB

@@ -12,7 +12,6 @@ the version checks, and the checkpoint daemon unpickles `_in_daemon` from here.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import importlib.metadata
 import signal
@@ -20,6 +19,7 @@ import sys
 from typing import Any, Iterable
 
 from dcp_fsdp import log
+from dcp_fsdp.process.lifeline import die_with_parent
 
 # The torch releases this tool is tested on (pyproject's range; `make torch-smoke` runs the
 # lowest and the newest, the pinned CPU build runs the full suite).
@@ -27,7 +27,6 @@ TORCH_MIN = (2, 11)
 TORCH_MAX_TESTED = (2, 15)
 CONNECTOR_MINOR = (1, 5)
 
-_PR_SET_PDEATHSIG = 1
 _warned: set[str] = set()
 
 
@@ -131,19 +130,11 @@ _PROCESS_WAY_OUT = "use async_save.checkpointer=thread"
 _EXECUTOR = "torch.distributed.checkpoint._async_process_executor"
 
 
-def _die_with_parent() -> None:
-    """In the checkpoint daemon: SIGKILL when the rank that started it dies (Linux)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
 def _in_daemon(info: Any) -> Any:
     """Unpickled first thing in the daemon (see _DiesWithRank): ties its life to the
-    rank's before any upload can start, then hands torch its own init info."""
-    _die_with_parent()
+    rank's before any upload can start (SIGKILL when the rank dies, even by SIGKILL: an
+    orphaned daemon would go on uploading), then hands torch its own init info."""
+    die_with_parent(signal.SIGKILL)
     return info
 
 

@@ -6,11 +6,11 @@ import dataclasses
 import math
 from typing import Any
 
+from dcp_fsdp.units import GIB
 from dcp_fsdp.analysis import costs
 from dcp_fsdp.analysis.decisions import (FIRST_ORDER_LIMIT, HOLDS, MATCH_KEYS, MEANINGLESS,
                                          Plan, TimeLost, gather, job_mtbf_s, plan)
 from dcp_fsdp.analysis.groups import FIRST
-from dcp_fsdp.analysis.metrics import GIB
 
 
 def _group_name(labels: dict[str, Any], keys: list[str]) -> str:

@@ -33,9 +33,9 @@ from typing import Any
 
 import pandas as pd
 
+from dcp_fsdp.units import GIB
 from dcp_fsdp.analysis import costs
 from dcp_fsdp.analysis.groups import FIRST, LATER
-from dcp_fsdp.analysis.metrics import GIB
 
 MATCH_KEYS = ("nodes", "ranks", "model", "storage")
 # The first-order share drops terms of order x^2 / 2 beside x = (tau + C + L + R) / M (e^x - 1

@@ -24,17 +24,17 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, CEILING_OPS, MIB, NOISE_HINT,
+from dcp_fsdp.units import MIB
+from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, CEILING_OPS, NOISE_HINT,
                                       NOISY_SPREAD, above_ceiling_note,
                                       add_operation_figures, amplification_note, broken_note,
                                       efficiency, efficiency_per_operation, egress_mib,
                                       noise_note, pooled, read_amplification)
 from dcp_fsdp.telemetry.histograms import hist_merge, hist_quantile
 
-__all__ = ["CEILING_OPS", "GIB", "MIB", "per_operation", "run_table", "run_figures",
+__all__ = ["CEILING_OPS", "per_operation", "run_table", "run_figures",
            "samples_frame"]
 
-GIB = 2**30
 OPERATION_KEYS = ["run_id", "op", "iteration"]
 # sample fields that older records (or hand-made samples) may lack; NaN when absent
 OPTIONAL_COLUMNS = ("plan_s", "io_s", "commit_s", "metadata_s", "finish_s", "barrier_wait_s",

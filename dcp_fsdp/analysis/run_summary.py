@@ -97,7 +97,8 @@ def mlperf_lines(run: RunRecord, samples: list[Sample]) -> list[str]:
 def mlperf_op_lines(samples: Any) -> list[str]:
     """One line per op of one run's samples (dicts or a frame): MLPerf's figure and ours;
     the end-of-run lines and `report` print the same."""
-    from dcp_fsdp.telemetry.figures import GIB, MIB, mlperf_gib_s, operations, pooled
+    from dcp_fsdp.telemetry.figures import mlperf_gib_s, operations, pooled
+    from dcp_fsdp.units import GIB, MIB
 
     ops = operations(samples)
     lines = []

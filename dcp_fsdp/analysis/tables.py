@@ -8,10 +8,10 @@ from typing import Any
 
 import pandas as pd
 
+from dcp_fsdp.units import GIB, MIB
 from dcp_fsdp.telemetry.figures import (above_ceiling_note, amplification_note, broken_note,
                                       efficiency, egress_mib, noise_note, pooled, read_amplification,
                                       union_s)
-from dcp_fsdp.analysis.metrics import GIB, MIB
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_merge, hist_quantile
 
 # save, then its ceiling; load, then its ceiling; anything else after

@@ -15,7 +15,6 @@ from typing import Any, Optional
 
 from omegaconf import MISSING, OmegaConf
 
-MIB = 2**20
 
 
 def setting(default: Any, help: str) -> Any:  # noqa: A002 - the field's meaning

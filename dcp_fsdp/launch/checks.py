@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 from collections.abc import Callable
 
+from dcp_fsdp.units import GIB
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import (AsyncCheckpointer, Backend, BenchmarkConfig,
                                     CheckpointState, Command, Dtype, StorageKind)
@@ -31,7 +32,6 @@ from dcp_fsdp.errors import UserError
 from dcp_fsdp.telemetry.results_dir import (fallback_results_dir, record_written,  # noqa: F401
                                             writable_dir_problem, write_record)
 
-GIB = 2**30
 RANKS_PER_CORE = 4  # more ranks than this per core only measures the scheduler
 CONNECTOR_LOG_ENV = ("S3_TORCH_CONNECTOR_DEBUG_LOGS", "S3_TORCH_CONNECTOR_LOGS_DIR_PATH")
 

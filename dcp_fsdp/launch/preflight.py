@@ -15,8 +15,9 @@ from unittest import mock
 
 from omegaconf import OmegaConf
 
+from dcp_fsdp.units import MIB
 from dcp_fsdp import contract, log
-from dcp_fsdp.config.schema import MIB, BenchmarkConfig, Command, StorageKind, to_config
+from dcp_fsdp.config.schema import BenchmarkConfig, Command, StorageKind, to_config
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 from dcp_fsdp.storage import layout, make_store, metadata_peek

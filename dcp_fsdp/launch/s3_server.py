@@ -140,10 +140,6 @@ def runs_using(state: dict) -> list[tuple[int, str]]:
     return [(pid, text) for pid, (parent, text) in sorted(found.items()) if parent not in found]
 
 
-def _alive(pid: int | None) -> bool:
-    return pid is not None and pid > 0 and lifeline.alive(pid)
-
-
 def read_state(where: Path) -> dict | None:
     """The running server's state, or None (a stale file, whose daemon died, is removed
     with whatever it left)."""
@@ -152,7 +148,7 @@ def read_state(where: Path) -> dict | None:
         state = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if _alive(state.get("daemon_pid")):
+    if lifeline.alive(state.get("daemon_pid")):
         return state
     _kill_group(state.get("server_pid"))
     ports = state.get("ports")
@@ -163,7 +159,7 @@ def read_state(where: Path) -> dict | None:
 
 
 def _kill_group(pid: int | None) -> None:
-    if pid and _alive(pid):
+    if pid and lifeline.alive(pid):
         try:
             os.killpg(pid, signal.SIGKILL)  # SeaweedFS runs in its own process group
         except (ProcessLookupError, PermissionError):
@@ -265,9 +261,9 @@ def stop(where: Path, force: bool = False) -> int:
                     f"({named}); they will fail")
     os.kill(state["daemon_pid"], signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    while _alive(state["daemon_pid"]) and time.monotonic() < deadline:
+    while lifeline.alive(state["daemon_pid"]) and time.monotonic() < deadline:
         time.sleep(0.2)
-    if _alive(state["daemon_pid"]):
+    if lifeline.alive(state["daemon_pid"]):
         os.kill(state["daemon_pid"], signal.SIGKILL)
     _kill_group(state.get("server_pid"))
     shutil.rmtree(where, ignore_errors=True)

@@ -178,7 +178,7 @@ def shard_of(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple
 
 def dcp_state_dict(model: torch.nn.Module,
                    optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
-    """What DCP saves, as rank.state.make_state_dict builds it: its flattened keys name the
+    """What DCP saves, as every rank saves it: its flattened keys name the
     values (so a load at any world size knows what every shard must hold)."""
     if optimizer is None:
         return {"model": get_model_state_dict(model)}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dcp_fsdp.config.schema import MIB, StorageKind
+from dcp_fsdp.units import GIB, MIB
+from dcp_fsdp.config.schema import StorageKind
 from dcp_fsdp.plan import requests as rq
 
-GIB = 1 << 30
 
 
 def _size(value: float) -> str:

@@ -69,8 +69,11 @@ def owned_tempdir(prefix: str, parent: str | None = None) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{prefix}p{os.getpid()}-h{host_tag()}-", dir=parent))
 
 
-def alive(pid: int) -> bool:
-    """Whether process pid runs (a zombie counts as gone)."""
+def alive(pid: int | None) -> bool:
+    """Whether process pid runs: no pid (None, 0, a negative number or, from a file, not a
+    number at all) is no process, and a zombie counts as gone."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
     try:  # a zombie is gone for our purposes
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:

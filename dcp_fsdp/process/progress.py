@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 import time
 from typing import Callable
+from dcp_fsdp.units import MIB
 
-MIB = 2**20
 
 
 class Heartbeat:

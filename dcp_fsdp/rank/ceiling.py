@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
-from dcp_fsdp.config.schema import MIB
+from dcp_fsdp.units import MIB
 from dcp_fsdp.errors import BenchmarkFailure
 from dcp_fsdp.rank.sample_build import timed_region
 from dcp_fsdp.rank.distributed import first_problem, rank0_decides, rank0_scatters, sum_over_ranks

@@ -128,7 +128,8 @@ class RankSession:
     def build(self):
         from dcp_fsdp.models.build import build_sharded_model
         from dcp_fsdp.models.presets import model_shape
-        from dcp_fsdp.rank.state import make_state_dict, state_bytes
+        from dcp_fsdp.rank.state import state_bytes
+        from dcp_fsdp.models.build import dcp_state_dict
 
         cfg, ctx, store = self.cfg, self.joined(), self.opened_store()
         shape = model_shape(cfg.model)
@@ -139,7 +140,7 @@ class RankSession:
         self.init.build_s = time.monotonic() - t0
         self.init.fill_s = sharded.fill_s
         t0 = time.monotonic()
-        state_dict = make_state_dict(sharded)
+        state_dict = dcp_state_dict(sharded.model, sharded.optimizer)
         self.init.state_dict_s = time.monotonic() - t0
         run = self.run
         run.model = {"preset": cfg.model.name, "family": shape.family, "config": cfg.model.config,

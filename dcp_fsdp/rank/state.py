@@ -14,22 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_state_dict, set_model_state_dict,
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                      set_state_dict)
 
 from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.models import values
 from dcp_fsdp.models.build import ShardedModel, local_tensor, unique_shards
 from dcp_fsdp.rank.distributed import first_problem
-
-
-def make_state_dict(sharded: ShardedModel) -> dict[str, Any]:
-    """What DCP saves: {"model": ...} or {"model": ..., "optim": ...}, sharded (DTensors)."""
-    if sharded.optimizer is None:
-        return {"model": get_model_state_dict(sharded.model)}
-    model_sd, optim_sd = get_state_dict(sharded.model, sharded.optimizer)
-    return {"model": model_sd, "optim": optim_sd}
 
 
 def apply_state_dict(sharded: ShardedModel, state_dict: dict[str, Any]) -> None:

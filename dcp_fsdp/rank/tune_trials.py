@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dcp_fsdp.units import MIB
 from dcp_fsdp import contract, log
 from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.tune.report import ceiling_summary as ceiling_summary_of
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
     from dcp_fsdp.storage.base import CheckpointStore
     from dcp_fsdp.telemetry.records import Sample
 
-MIB = 2**20
 
 
 

@@ -10,7 +10,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from dcp_fsdp.config.schema import MIB, StorageConfig
+from dcp_fsdp.units import MIB
+from dcp_fsdp.config.schema import StorageConfig
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.layout import (CLAIM_EXCLUSIVE, CLAIM_NAME, METADATA_NAME, CheckpointInfo,
                                      SuffixClaim, check_suffix, nested_checkpoints)

@@ -16,7 +16,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from dcp_fsdp.config.schema import MIB, PrefixStrategy, ReaderKind, StorageClient, StorageConfig
+from dcp_fsdp.units import MIB
+from dcp_fsdp.config.schema import PrefixStrategy, ReaderKind, StorageClient, StorageConfig
 from dcp_fsdp.storage.layout import (CLAIM_CONDITIONAL, CLAIM_NAME, CLAIM_NOT_ATOMIC,
                                      CheckpointInfo, SuffixClaim, check_suffix)
 from dcp_fsdp.storage.raw import S3RawArea, s3_ceiling_prefix

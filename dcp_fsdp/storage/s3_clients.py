@@ -20,7 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dcp_fsdp.config.schema import MIB, StorageClient, StorageConfig
+from dcp_fsdp.units import MIB
+from dcp_fsdp.config.schema import StorageClient, StorageConfig
 from dcp_fsdp.storage.s3_target import S3Target
 from dcp_fsdp.storage.timeline import HookTimeline
 

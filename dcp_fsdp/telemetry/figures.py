@@ -53,9 +53,8 @@ import math
 from typing import Any, Iterable
 
 import pandas as pd
+from dcp_fsdp.units import GIB, MIB
 
-MIB = 2**20
-GIB = 2**30
 # the raw storage ceiling measured in the same run, per DCP operation
 CEILING_OPS = {"save": "raw_put", "load": "raw_get"}
 NOISY_SPREAD = 0.10  # a group whose iterations differ by more is marked, with a hint

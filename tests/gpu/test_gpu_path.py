@@ -215,7 +215,7 @@ def test_the_timed_clock_waits_for_work_queued_on_the_device(one_nccl_rank, tmp_
     from dcp_fsdp.models.build import build_sharded_model
     from dcp_fsdp.rank import loop as loop_module
     from dcp_fsdp.rank.distributed import RankContext
-    from dcp_fsdp.rank.state import make_state_dict
+    from dcp_fsdp.models.build import dcp_state_dict
     from dcp_fsdp.storage import make_store
 
     device = one_nccl_rank
@@ -225,7 +225,7 @@ def test_the_timed_clock_waits_for_work_queued_on_the_device(one_nccl_rank, tmp_
     ctx = RankContext(rank=0, world_size=1, local_rank=0, local_world_size=1, backend="nccl",
                       device=device, node_count=1, hostnames=(socket.gethostname(),))
     loop = loop_module.CheckpointLoop(BenchmarkConfig(storage=storage), ctx, make_store(storage),
-                                      sharded, make_state_dict(sharded), None,
+                                      sharded, dcp_state_dict(sharded.model, sharded.optimizer), None,
                                       lambda line: None, lambda message: None)
     if op == "load":
         loop._timed("save", 1, "x")

@@ -19,7 +19,8 @@ import urllib.parse
 import boto3
 import pytest
 
-from tests.kit.cli import (REPO, alive, assert_under_elastic_agent, clean_env, rank_pids,
+from dcp_fsdp.process.lifeline import alive
+from tests.kit.cli import (REPO, assert_under_elastic_agent, clean_env, rank_pids,
                            read_run, run_cli, s3_args, s3_env, wait_for_committed_object)
 from tests.kit.fault_proxy import DATA_PLANE, FaultProxy
 

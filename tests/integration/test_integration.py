@@ -7,7 +7,6 @@ import socket
 
 from tests.kit.cli import read_run, run_cli, s3_args, s3_env
 
-MIB = 2**20
 
 
 def assert_ok(result):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import boto3
 
-from tests.kit.cli import (alive, assert_under_elastic_agent, descendants, rank_pids, read_run,
+from dcp_fsdp.process.lifeline import alive
+from tests.kit.cli import (assert_under_elastic_agent, descendants, rank_pids, read_run,
                            read_until, run_cli, s3_args, s3_env, start_cli)
 from tests.kit.fault_proxy import FaultProxy
 

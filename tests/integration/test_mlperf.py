@@ -8,10 +8,10 @@ import re
 
 import pytest
 
+from dcp_fsdp.units import GIB
 from dcp_fsdp.storage import pagecache
 from tests.kit.cli import read_run, run_cli, s3_args, s3_env
 
-GIB = 2**30
 
 
 def printed_figures(stdout: str) -> dict[str, tuple[float, float, float]]:

@@ -10,6 +10,7 @@ import threading
 import time
 
 from tests.kit.cli import read_run, run_cli, s3_args, s3_env, start_cli
+from dcp_fsdp.units import MIB
 
 
 def test_heartbeat_lines_during_operations_and_none_when_off(s3, s3_uri, tmp_path):
@@ -32,7 +33,6 @@ def test_heartbeat_lines_during_operations_and_none_when_off(s3, s3_uri, tmp_pat
     assert "still running" not in off.stdout
 
 
-MIB = 2**20
 PART_BYTES = 8 * MIB  # storage.part_size_mib's default: the connector's buffer, one part
 BEAT = re.compile(r"\] (save|load) iteration 1: still running, rank 0 (\w+) ([\d.]+) "
                   r"(of|MiB \(its share)")

@@ -15,20 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from dcp_fsdp.process.lifeline import alive
 from tests.kit.cli import REPO, clean_env, read_run, run_cli
 
 
 def _exports(text: str) -> dict[str, str]:
     line = next(line for line in text.splitlines() if line.startswith("export "))
     return dict(word.split("=", 1) for word in shlex.split(line[len("export "):]))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_start_save_load_by_suffix_stop(tmp_path):
@@ -77,10 +70,10 @@ def _start_save_load_by_suffix_stop(tmp_path, runtime):
     assert stop.returncode == 0, stop.stderr
     assert "stopped" in stop.stdout
     deadline = time.monotonic() + 10
-    while (_alive(state["daemon_pid"]) or _alive(state["server_pid"])) and \
+    while (alive(state["daemon_pid"]) or alive(state["server_pid"])) and \
             time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _alive(state["daemon_pid"]) and not _alive(state["server_pid"])
+    assert not alive(state["daemon_pid"]) and not alive(state["server_pid"])
     assert not (runtime / "dcp-fsdp-s3").exists()
     # the server's files (ranks' torch caches are not the server's: the launcher's issue)
     assert not [p for p in own_tmp.iterdir() if p.name.startswith(("seaweedfs", "dcp-fsdp-s3"))]
@@ -223,9 +216,9 @@ def test_a_killed_daemon_takes_its_server_with_it_and_leaves_no_socket_in_tmp(tm
         assert _sockets(ports), "SeaweedFS made no socket in /tmp: nothing to check"
         os.kill(state["daemon_pid"], 9)
         deadline = time.monotonic() + 5
-        while _alive_not_zombie(state["server_pid"]) and time.monotonic() < deadline:
+        while alive(state["server_pid"]) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _alive_not_zombie(state["server_pid"]), "SeaweedFS outlived its daemon"
+        assert not alive(state["server_pid"]), "SeaweedFS outlived its daemon"
         status = run_cli(["s3-server", "status"], env=env)
         assert status.returncode == 3 and "not running" in status.stdout, status.stdout
         assert _sockets(ports) == []
@@ -237,13 +230,6 @@ def test_a_killed_daemon_takes_its_server_with_it_and_leaves_no_socket_in_tmp(tm
 
 def _sockets(ports) -> list[Path]:
     return [p for port in ports for p in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
-
-
-def _alive_not_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _unshare_works() -> bool:

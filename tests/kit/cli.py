@@ -92,14 +92,6 @@ def stop(process: subprocess.Popen) -> None:
     process.wait(timeout=30)
 
 
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie, ended but not yet reaped, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def read_run(results_dir: Path) -> tuple[dict, list[dict]]:
     """The only record file in a results dir: (run line, sample lines)."""
     files = sorted(Path(results_dir).glob("*.jsonl"))

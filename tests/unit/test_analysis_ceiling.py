@@ -7,8 +7,9 @@ import math
 
 import pytest
 
+from dcp_fsdp.units import GIB, MIB
 from dcp_fsdp.analysis import report
-from dcp_fsdp.analysis.metrics import GIB, MIB, run_table
+from dcp_fsdp.analysis.metrics import run_table
 from dcp_fsdp.analysis.run_summary import async_lines
 from dcp_fsdp.telemetry.records import read_record_file
 from tests.unit.analysis_kit import ONE_ITERATION, lines, variant

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import shutil
 
+from dcp_fsdp.units import MIB
 from dcp_fsdp.analysis import report
-from dcp_fsdp.analysis.metrics import MIB
 from tests.unit.analysis_kit import (ONE_ITERATION, TWO_ITERATIONS, cut_last_line,
                                      drop_last_line, lines, variant)
 

@@ -52,7 +52,7 @@ class Overlap:
 def test_the_raw_put_uses_thread_count_streams_and_the_get_one(one_rank_group, tmp_path):
     from dcp_fsdp.models.build import build_sharded_model
     from dcp_fsdp.rank.loop import CheckpointLoop
-    from dcp_fsdp.rank.state import make_state_dict
+    from dcp_fsdp.models.build import dcp_state_dict
     from dcp_fsdp.storage import make_store
 
     storage = StorageConfig(kind=StorageKind.fs, path=str(tmp_path / "ckpt"), thread_count=THREADS)
@@ -61,7 +61,8 @@ def test_the_raw_put_uses_thread_count_streams_and_the_get_one(one_rank_group, t
                                   torch.device("cpu"), 1, seed=1)
     ctx = distributed.RankContext(0, 1, 0, 1, "gloo", torch.device("cpu"), node_count=1,
                                   hostnames=("host",))
-    loop = CheckpointLoop(cfg, ctx, make_store(storage), sharded, make_state_dict(sharded), None,
+    loop = CheckpointLoop(cfg, ctx, make_store(storage), sharded,
+                          dcp_state_dict(sharded.model, sharded.optimizer), None,
                           lambda line: None, lambda message: None)
     raw = ceiling.Ceiling(loop)
     put, get = Overlap(raw.mover.put), Overlap(raw.mover.get)

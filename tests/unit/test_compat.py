@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import pickle
 import re
+import signal
 import types
 
 import pytest
@@ -170,10 +171,10 @@ def test_a_missing_daemon_internal_points_to_the_thread_checkpointer(monkeypatch
 
 def test_the_daemon_init_info_unpickles_as_torchs_own_after_the_death_signal(monkeypatch):
     calls = []
-    monkeypatch.setattr(compat, "_die_with_parent", lambda: calls.append("prctl"))
+    monkeypatch.setattr(compat, "die_with_parent", lambda signum: calls.append(signum))
     info = types.SimpleNamespace(global_rank=1, world_size=2)
     restored = pickle.loads(pickle.dumps(compat._DiesWithRank(info)))
-    assert calls == ["prctl"]
+    assert calls == [signal.SIGKILL]
     assert type(restored) is types.SimpleNamespace and restored.global_rank == 1
 
 

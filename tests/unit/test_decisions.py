@@ -7,8 +7,8 @@ import math
 
 import pytest
 
+from dcp_fsdp.units import GIB
 from dcp_fsdp.analysis import costs, decisions, report
-from dcp_fsdp.analysis.metrics import GIB
 from tests.unit.analysis_kit import ONE_ITERATION, lines, variant
 
 

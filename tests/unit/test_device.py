@@ -181,7 +181,7 @@ def test_the_timed_operation_ends_its_clock_after_the_device_sync(one_rank_group
     from dcp_fsdp.config.schema import CheckpointState, Dtype
     from dcp_fsdp.models.build import build_sharded_model
     from dcp_fsdp.rank import loop as loop_module
-    from dcp_fsdp.rank.state import make_state_dict
+    from dcp_fsdp.models.build import dcp_state_dict
     from dcp_fsdp.storage import make_store
 
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
@@ -192,7 +192,7 @@ def test_the_timed_operation_ends_its_clock_after_the_device_sync(one_rank_group
                                   torch.device("cpu"), 1, seed=1)
     ctx = distributed.RankContext(0, 1, 0, 1, "gloo", FAKE_CUDA, node_count=1, hostnames=("host",))
     loop = loop_module.CheckpointLoop(cfg, ctx, make_store(storage), sharded,
-                                      make_state_dict(sharded), None, lambda line: None,
+                                      dcp_state_dict(sharded.model, sharded.optimizer), None, lambda line: None,
                                       lambda message: None)
     if op == "load":
         loop._timed("save", 1, "x")

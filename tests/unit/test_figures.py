@@ -8,9 +8,10 @@ import math
 
 import pytest
 
+from dcp_fsdp.units import GIB, MIB
 from dcp_fsdp.analysis import report
 from dcp_fsdp.telemetry.figures import NOISY_SPREAD, summary
-from dcp_fsdp.analysis.metrics import MIB, per_operation, run_figures, run_table, samples_frame
+from dcp_fsdp.analysis.metrics import per_operation, run_figures, run_table, samples_frame
 from dcp_fsdp.rank.tune_trials import figures_of
 from dcp_fsdp.telemetry.records import read_record_file
 from tests.unit.analysis_kit import ONE_ITERATION, TWO_ITERATIONS, lines, variant
@@ -225,7 +226,7 @@ def test_end_of_run_summary_prints_the_notes(tmp_path, capsys):
 def test_mlperf_figure_is_rank_0s_mean_not_the_slowest_rank():
     """MLPerf Storage's published figure (DLIO): per checkpoint, its GiB over rank 0's own
     seconds, then the mean; ours take the slowest rank and pool every byte over every second."""
-    from dcp_fsdp.telemetry.figures import GIB, mlperf_gib_s
+    from dcp_fsdp.telemetry.figures import mlperf_gib_s
 
     gib = 2**30
     rows = [sample(0, 0.0, 1.0, gib, iteration=1), sample(1, 0.0, 2.0, gib, iteration=1),

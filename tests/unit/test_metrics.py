@@ -1,6 +1,7 @@
 """Metric definitions, on hand-made samples with known answers."""
 
-from dcp_fsdp.analysis.metrics import MIB, per_operation, run_table, samples_frame
+from dcp_fsdp.units import MIB
+from dcp_fsdp.analysis.metrics import per_operation, run_table, samples_frame
 
 
 def sample(rank, begin, end, nbytes, op="save", iteration=1):

@@ -302,11 +302,12 @@ def test_built_shards_hold_their_values_in_the_target_dtype_on_the_device(one_ra
     from dcp_fsdp.config.schema import CheckpointState, Dtype
     from dcp_fsdp.models.build import TORCH_DTYPES, build_sharded_model, local_tensor
     from dcp_fsdp.rank import state as verify
-    from dcp_fsdp.rank.state import flat_tensors, make_state_dict
+    from dcp_fsdp.rank.state import flat_tensors
+    from dcp_fsdp.models.build import dcp_state_dict
 
     sharded = build_sharded_model(preset, Dtype(dtype), CheckpointState.model_and_optimizer,
                                   torch.device("cpu"), 1, seed=7)
-    state_dict = make_state_dict(sharded)
+    state_dict = dcp_state_dict(sharded.model, sharded.optimizer)
     flat = flat_tensors(state_dict)
     for key, tensor in flat.items():
         local = local_tensor(tensor)
@@ -331,11 +332,11 @@ def test_a_config_json_model_is_built_sharded_and_filled(one_rank_group, name, l
     from dcp_fsdp.config.schema import CheckpointState, Dtype
     from dcp_fsdp.models.build import build_sharded_model
     from dcp_fsdp.rank import state as verify
-    from dcp_fsdp.rank.state import make_state_dict
+    from dcp_fsdp.models.build import dcp_state_dict
 
     shape = file_shape(name)
     sharded = build_sharded_model(shape, Dtype.bf16, CheckpointState.model, torch.device("cpu"),
                                   1, seed=3, moe_layout=layout)
     assert sharded.param_count == param_count(shape)
-    state_dict = make_state_dict(sharded)
+    state_dict = dcp_state_dict(sharded.model, sharded.optimizer)
     assert verify.first_mismatch(state_dict, seed=3) is None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from dcp_fsdp.process.progress import MIB, Heartbeat
+from dcp_fsdp.units import MIB
+from dcp_fsdp.process.progress import Heartbeat
 
 
 def test_heartbeat_beats_while_running_and_stops_after():

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from dcp_fsdp.units import MIB
 from dcp_fsdp.analysis import report
-from dcp_fsdp.analysis.metrics import MIB, run_figures
+from dcp_fsdp.analysis.metrics import run_figures
 from dcp_fsdp.analysis.run_summary import replicas_words
 from dcp_fsdp.config.compose import compose
 from dcp_fsdp.config.schema import ReplicaLoad

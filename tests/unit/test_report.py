@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from dcp_fsdp.units import MIB
 from dcp_fsdp.analysis import report
-from dcp_fsdp.analysis.metrics import MIB, run_table
+from dcp_fsdp.analysis.metrics import run_table
 from dcp_fsdp.telemetry.request_log import Request
 from dcp_fsdp.telemetry.summaries import summarize
 

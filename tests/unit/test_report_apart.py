@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from dcp_fsdp.units import MIB
 from dcp_fsdp.analysis import decision_text, decisions, report
 from dcp_fsdp.analysis.costs import load_prices
-from dcp_fsdp.analysis.metrics import MIB, run_figures
+from dcp_fsdp.analysis.metrics import run_figures
 from tests.unit.analysis_kit import ONE_ITERATION, TWO_ITERATIONS, lines, variant
 
 

@@ -9,12 +9,12 @@ from collections import namedtuple
 
 import pytest
 
+from dcp_fsdp.units import MIB
 from dcp_fsdp.config.compose import compose
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch import checks
 
 Usage = namedtuple("Usage", "total used free")
-MIB = 2**20
 PROCESS_ASYNC = ["save_mode=async", "async_save.checkpointer=process"]
 
 
