@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import re
 import signal
 import sys
 from typing import Any, Iterable
@@ -81,6 +82,33 @@ def _warn_once(key: str, message: str) -> None:
     if key not in _warned:
         _warned.add(key)
         log.warning(message)
+
+
+# -- torch: how DCP names a checkpoint's data objects ---------------------------------------
+# FileSystemWriter writes rank r's data as `__<r>_<n>.distcp` (its prefix `__<r>_` and
+# DEFAULT_SUFFIX; torch 2.11-2.15); the connector's prefix strategies put the same base names
+# under folders of their own.
+DATA_OBJECT_SUFFIX = ".distcp"
+_DATA_OBJECT_NAME = re.compile(r"__(\d+)_\d+\.distcp")
+
+
+def data_object_prefix(rank: int) -> str:
+    """How rank `rank`'s data objects' base names start."""
+    return f"__{rank}_"
+
+
+def saving_rank(name: str) -> int | None:
+    """The rank that wrote a data object, from its key or path (None: not a DCP data object)."""
+    found = _DATA_OBJECT_NAME.fullmatch(name.rsplit("/", 1)[-1])
+    return int(found.group(1)) if found else None
+
+
+# -- torch: the private names a `.metadata` pickle holds --------------------------------------
+# storage/metadata_peek.py's screen admits these (module, name) globals, each stood in by a
+# class of its own: nothing of torch is imported to read a `.metadata` (torch 2.11-2.15).
+METADATA_MEMORY_FORMAT = ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING")
+METADATA_STORAGE_INFO = ("torch.distributed.checkpoint.filesystem", "_StorageInfo")
+METADATA_LAYOUT = ("torch.serialization", "_get_layout")
 
 
 # -- torch: state dicts and DTensor shards --------------------------------------------------
@@ -252,6 +280,14 @@ def host_stager(options: Any) -> Any:
         stager._config = options
         stager._staging_executor = ThreadPoolExecutor(max_workers=1)
     return stager
+
+
+def round_robin_prefix_strategy(prefixes: list[str]) -> Any:
+    """The connector's RoundRobinPrefixStrategy (storage.prefix_strategy=round_robin): in its
+    s3_prefix_strategy module, not exported by s3torchconnector.dcp (1.5)."""
+    strategy = _internal("s3torchconnector.dcp.s3_prefix_strategy", "RoundRobinPrefixStrategy",
+                         "s3torchconnector", "use storage.prefix_strategy=default, binary or hex")
+    return strategy(list(prefixes))
 
 
 # -- the other DCP clients (storage.client=fsspec|msc; storage/s3_clients.py) ---------------

@@ -31,10 +31,10 @@ from torch.distributed.checkpoint.metadata import MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from dcp_fsdp.compat import dcp_metadata_version, split_by_size_and_type, storage_info
+from dcp_fsdp.compat import (DATA_OBJECT_SUFFIX, dcp_metadata_version, split_by_size_and_type,
+                             storage_info)
 from dcp_fsdp.plan.state import StateTemplate, local_plan, own_copy
 
-DATA_OBJECT_SUFFIX = ".distcp"  # DCP's DEFAULT_SUFFIX
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dcp_fsdp.compat import data_object_prefix, round_robin_prefix_strategy
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
 from dcp_fsdp.errors import UserError
 
@@ -92,11 +93,11 @@ def rank_prefix_function(cfg: BenchmarkConfig, world_size: int) -> Callable[[int
     connector's own prefix strategy for s3 (its names are in `.metadata`)."""
     storage = cfg.storage
     if storage.kind == StorageKind.fs or storage.prefix_strategy.value == "default":
-        return lambda rank: f"__{rank}_"
-    from s3torchconnector.dcp import s3_prefix_strategy as strategies
+        return data_object_prefix
+    from s3torchconnector import dcp as strategies
 
     if storage.prefix_strategy.value == "round_robin":
-        return strategies.RoundRobinPrefixStrategy(list(storage.round_robin_prefixes))
+        return round_robin_prefix_strategy(list(storage.round_robin_prefixes))
     count = storage.prefix_count or world_size
     if storage.prefix_strategy.value == "binary":
         return strategies.BinaryPrefixStrategy(prefix_count=count)

@@ -36,7 +36,6 @@ not leave an uploader behind that could still commit .metadata.
 from __future__ import annotations
 
 import dataclasses
-import re
 import functools
 import time
 from concurrent.futures import Future
@@ -48,11 +47,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 
+from dcp_fsdp.compat import saving_rank
 from dcp_fsdp.config.schema import AsyncCheckpointer, AsyncSaveConfig
 from dcp_fsdp.rank.device import sync_device
 from dcp_fsdp.rank.train_step import StepTimes, TrainStep, slowdown
 
-_RANK_FILE = re.compile(r"(?:^|/)__(\d+)_\d+\.distcp$")
 
 
 @dataclasses.dataclass
@@ -115,8 +114,7 @@ def rank_bytes(metadata: Any, rank: int) -> int | None:
         return None
     total = 0
     for info in storage.values():
-        match = _RANK_FILE.search(str(getattr(info, "relative_path", "")))
-        if match and int(match[1]) == rank:
+        if saving_rank(str(getattr(info, "relative_path", ""))) == rank:
             total += int(getattr(info, "length", 0) or 0)
     return total
 

@@ -40,7 +40,6 @@ import dataclasses
 import io
 import math
 import os
-import re
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -48,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 import torch
 
 from dcp_fsdp.units import MIB
+from dcp_fsdp.compat import DATA_OBJECT_SUFFIX, saving_rank
 from dcp_fsdp.errors import BenchmarkFailure
 from dcp_fsdp.rank.sample_build import timed_region
 from dcp_fsdp.rank.distributed import first_problem, rank0_decides, rank0_scatters, sum_over_ranks
@@ -60,7 +60,6 @@ from dcp_fsdp.storage.raw import Client
 if TYPE_CHECKING:
     from dcp_fsdp.telemetry.records import Sample
 
-DATA_OBJECT_SUFFIX = ".distcp"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,19 +68,12 @@ class RawObject:
     size_bytes: int
 
 
-def rank_prefix(rank: int) -> str:
-    """Every DCP writer (fs, and every s3 prefix strategy) names a rank's files __<rank>_<n>."""
-    return f"__{rank}_"
-
-
 def owned_by(name: str, rank: int) -> bool:
-    base = name.rsplit("/", 1)[-1]
-    return base.startswith(rank_prefix(rank)) and base.endswith(DATA_OBJECT_SUFFIX)
+    return saving_rank(name) == rank
 
 
 # -- which objects --------------------------------------------------------------------------
 
-_RANK_OF_OBJECT = re.compile(r"__(\d+)_\d+" + re.escape(DATA_OBJECT_SUFFIX) + "$")
 
 
 def objects_by_rank(sizes: dict[str, int], world_size: int) -> list[list[RawObject]]:
@@ -89,9 +81,9 @@ def objects_by_rank(sizes: dict[str, int], world_size: int) -> list[list[RawObje
     one pass: rank 0 shares them out, each rank receives only its own."""
     per_rank: list[list[RawObject]] = [[] for _ in range(world_size)]
     for name, size in sorted(sizes.items()):
-        found = _RANK_OF_OBJECT.search(name.rsplit("/", 1)[-1])
-        if found and int(found.group(1)) < world_size:
-            per_rank[int(found.group(1))].append(RawObject(name, size))
+        rank = saving_rank(name)
+        if rank is not None and rank < world_size:
+            per_rank[rank].append(RawObject(name, size))
     return per_rank
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dcp_fsdp.units import MIB
+from dcp_fsdp.compat import data_object_prefix
 from dcp_fsdp.config.schema import StorageConfig
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.layout import (CLAIM_EXCLUSIVE, CLAIM_NAME, METADATA_NAME, CheckpointInfo,
@@ -199,7 +200,7 @@ class FsStore:
 
     # -- raw objects (the raw ceiling), see raw.py --------------------------------------
     def data_object_prefix(self, rank: int) -> str:
-        return f"__{rank}_"  # FileSystemWriter: __<rank>_<n>.distcp, no folders
+        return data_object_prefix(rank)  # FileSystemWriter's: no folders
 
     def raw_area(self, token: str) -> FsRawArea:
         return FsRawArea(fs_ceiling_dir(self.root, token), self.config.part_size_mib * MIB,

@@ -44,6 +44,7 @@ import re
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any, ClassVar
 
+from dcp_fsdp.compat import METADATA_LAYOUT, METADATA_MEMORY_FORMAT, METADATA_STORAGE_INFO, saving_rank
 from dcp_fsdp.errors import UserError
 
 # Far above any real `.metadata` (~1 KiB per tensor chunk: ~10 MiB for a 7B model on 64
@@ -176,14 +177,14 @@ class _Layout(_Callable):
     def __new__(cls, name: Any) -> str:  # type: ignore[misc]
         short = name.removeprefix("torch.") if isinstance(name, str) else None
         if short not in _LAYOUTS:
-            raise _Refused(f"torch.serialization._get_layout of {name!r}")
+            raise _Refused(f"{'.'.join(METADATA_LAYOUT)} of {name!r}")
         return short
 
 
 class _MemoryFormatEncoding(_Callable):
     def __new__(cls, value: Any) -> str:  # type: ignore[misc]
         if type(value) is not int or value not in _MEMORY_FORMATS:
-            raise _Refused(f"_MEM_FORMAT_ENCODING of {value!r}")
+            raise _Refused(f"{METADATA_MEMORY_FORMAT[1]} of {value!r}")
         return _MEMORY_FORMATS[value]
 
 
@@ -247,14 +248,13 @@ _CHECKPOINT_CLASSES: dict[str, type[_Record]] = {
 ADMITTED: dict[tuple[str, str], type] = {
     **{("torch.distributed.checkpoint.metadata", name): standin
        for name, standin in _CHECKPOINT_CLASSES.items()},
-    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"): _MemoryFormatEncoding,
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"):
-        _record("torch.distributed.checkpoint.filesystem._StorageInfo"),
+    METADATA_MEMORY_FORMAT: _MemoryFormatEncoding,
+    METADATA_STORAGE_INFO: _record(".".join(METADATA_STORAGE_INFO)),
     ("torch", "Size"): _Size,
     # StorageMeta.checkpoint_id of a multi-storage-client save (storage.client=msc): its
     # path object, state {_path: str, _internal_path: PurePosixPath}
     ("multistorageclient.pathlib", "MultiStoragePath"): _MultiStoragePath,
-    ("torch.serialization", "_get_layout"): _Layout,
+    METADATA_LAYOUT: _Layout,
     **{(module, name): standin for module in ("pathlib", "pathlib._local")
        for name, standin in (("PosixPath", _PosixPath), ("PurePosixPath", _PosixPath),
                              ("WindowsPath", _WindowsPath), ("PureWindowsPath", _WindowsPath))},
@@ -285,8 +285,7 @@ class MetadataFacts:
     @property
     def saving_world_size(self) -> int:
         """How many ranks wrote the data objects (DCP names them `__<rank>_<n>.distcp`)."""
-        ranks = [int(found.group(1)) for name in self.object_sizes
-                 if (found := _SAVING_RANK.fullmatch(name))]
+        ranks = [rank for name in self.object_sizes if (rank := saving_rank(name)) is not None]
         return 1 + max(ranks) if ranks else 0
 
     def to_json(self) -> dict[str, Any]:
@@ -300,7 +299,6 @@ class MetadataFacts:
                    str(data.get("sha256") or ""))
 
 
-_SAVING_RANK = re.compile(r"__(\d+)_\d+\.distcp")
 # A data object's name as DCP writes it (`__0_0.distcp`): never a path out of the checkpoint.
 _OBJECT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
 

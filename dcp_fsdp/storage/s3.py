@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dcp_fsdp.units import MIB
+from dcp_fsdp.compat import round_robin_prefix_strategy
 from dcp_fsdp.config.schema import PrefixStrategy, ReaderKind, StorageClient, StorageConfig
 from dcp_fsdp.storage.layout import (CLAIM_CONDITIONAL, CLAIM_NAME, CLAIM_NOT_ATOMIC,
                                      CheckpointInfo, SuffixClaim, check_suffix)
@@ -88,7 +89,6 @@ class S3Store:
 
     def _prefix_strategy(self):
         from s3torchconnector import dcp as s3dcp
-        from s3torchconnector.dcp.s3_prefix_strategy import RoundRobinPrefixStrategy
 
         strategy = self.config.prefix_strategy
         if strategy == PrefixStrategy.default:
@@ -97,7 +97,7 @@ class S3Store:
             return s3dcp.BinaryPrefixStrategy(prefix_count=self.config.prefix_count)
         if strategy == PrefixStrategy.hex:
             return s3dcp.HexPrefixStrategy(prefix_count=self.config.prefix_count)
-        return RoundRobinPrefixStrategy(list(self.config.round_robin_prefixes))
+        return round_robin_prefix_strategy(list(self.config.round_robin_prefixes))
 
     def writer(self, suffix: str, timeline: HookTimeline | None = None):
         if self.other_client is not None:

@@ -104,12 +104,35 @@ def test_no_module_but_compat_reaches_a_private_torch_or_connector_name():
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.name == "compat.py" and path.parent == PACKAGE:
             continue
-        if path == PACKAGE / "storage" / "metadata_peek.py":
-            continue  # names the pickle globals its torch-free screen admits; reaches none
         uses = private_uses(path.read_text(), own)
         if uses:
             offenders[str(path.relative_to(REPO))] = uses
     assert offenders == {}, "put these behind a function in dcp_fsdp/compat.py"
+
+
+def dcp_object_names(source: str) -> list[str]:
+    """Where a module spells DCP's data object naming itself (`.distcp`, an f-string
+    starting `__{`), outside docstrings and comments: compat.py holds it."""
+    tree = ast.parse(source)
+    prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and id(node) not in prose and ".distcp" in node.value):
+            found.append(f"line {node.lineno}: {node.value!r}")
+        elif (isinstance(node, ast.JoinedStr) and len(node.values) > 1
+              and isinstance(node.values[0], ast.Constant) and node.values[0].value == "__"
+              and isinstance(node.values[1], ast.FormattedValue)):
+            found.append(f"line {node.lineno}: f'__{{...}}'")
+    return found
+
+
+def test_no_module_but_compat_spells_dcps_data_object_names():
+    offenders = {str(path.relative_to(REPO)): uses for path in sorted(PACKAGE.rglob("*.py"))
+                 if path != PACKAGE / "compat.py" and (uses := dcp_object_names(path.read_text()))}
+    assert offenders == {}, "use compat.data_object_prefix / saving_rank / DATA_OBJECT_SUFFIX"
+    assert dcp_object_names('x = f"__{rank}_"\ny = re.compile(r"__(\\d+)_\\d+\\.distcp")') == [
+        "line 1: f'__{...}'", "line 2: '__(\\\\d+)_\\\\d+\\\\.distcp'"]
 
 
 @pytest.mark.parametrize("source, expected", [
