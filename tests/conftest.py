@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import resource
 import signal
+import time
 import uuid
 from pathlib import Path
 
@@ -44,6 +48,29 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(
                     reason="gpu: no CUDA device here (torch.cuda.is_available() is False); "
                            "tests/gpu runs wherever CUDA is"))
+
+
+def _cpu_s() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """DCP_FSDP_TEST_CPU_LOG=FILE: one JSON line per test with its wall seconds and the CPU
+    seconds of its worker and of the processes it started and reaped (launchers, their agents
+    and ranks): where the suite's time goes, which --durations (wall time under load) hides."""
+    path = os.environ.get("DCP_FSDP_TEST_CPU_LOG")
+    if not path:
+        return (yield)
+    started_s, cpu_before_s = time.monotonic(), _cpu_s()
+    try:
+        return (yield)
+    finally:
+        line = {"test": item.nodeid, "wall_s": round(time.monotonic() - started_s, 2),
+                "cpu_s": round(_cpu_s() - cpu_before_s, 2)}
+        with open(path, "a") as log:
+            log.write(json.dumps(line) + "\n")
 
 
 @pytest.fixture(scope="session")
