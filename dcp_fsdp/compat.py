@@ -12,6 +12,7 @@ the version checks, and the checkpoint daemon unpickles `_in_daemon` from here.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import re
@@ -243,43 +244,67 @@ def connector_native_loaded() -> bool:
 def save_planner(plan_caching: bool, cache_key: str):
     """DCP's DefaultSavePlanner with save plan caching, or None (DCP's default planner).
 
-    Private: `_cached_plans_key`. DCP caches plans in class-level dicts keyed by the
-    planner's class name, so every planner of a process shares one cache; the final local
-    plans it replays carry the storage writer's `prepare_global_plan` output (file
-    prefixes). A key per writer layout (`cache_key`) keeps a save with another prefix
-    strategy (tune changes it between trials in one process) from replaying stale plans.
+    DCP caches plans in class-level dicts keyed by the planner's `_cached_plans_key` (its
+    class name), so every planner of a process shares one cache; the final local plans it
+    replays carry the storage writer's `prepare_global_plan` output (file prefixes). The
+    subclass keys them per writer layout (`cache_key`), so that a save with another prefix
+    strategy (tune changes it between trials in one process) never replays stale plans.
     `enable_plan_caching` exists in torch 2.11, 2.13 and 2.15.
     """
     if not plan_caching:
         return None
+    return _keyed_save_planner_class()(cache_key)
+
+
+@functools.cache
+def _keyed_save_planner_class() -> type:
     from torch.distributed.checkpoint import DefaultSavePlanner
 
-    planner = DefaultSavePlanner(enable_plan_caching=True)
-    planner._cached_plans_key = f"{type(planner).__name__}:{cache_key}"
-    return planner
+    class KeyedSavePlanner(DefaultSavePlanner):
+        def __init__(self, cache_key: str) -> None:
+            super().__init__(enable_plan_caching=True)
+            self._cached_plans_key = f"DefaultSavePlanner:{cache_key}"
+            self.cache_key = cache_key
+
+        def __reduce__(self) -> tuple:
+            # The process checkpointer pickles the planner into its daemon: rebuilt there
+            # by name (this class is made on first use, so that importing compat imports
+            # no torch).
+            return save_planner, (True, self.cache_key)
+
+    return KeyedSavePlanner
 
 
 def host_stager(options: Any) -> Any:
     """A DefaultStager that stages in its background thread (`options.use_async_staging`)
     without an accelerator stream: for CPU (gloo) ranks. torch's own creates
     `torch.Stream()` whenever an accelerator is available on the machine, which opens a CUDA
-    context on GPU 0 in every gloo rank of a GPU host. Private: `_config` and
-    `_staging_executor`, set as DefaultStager.__init__ would (torch 2.11-2.15)."""
+    context on GPU 0 in every gloo rank of a GPU host. The subclass sets up what
+    DefaultStager.__init__ would, less the stream (private `_config`, `_staging_executor`:
+    torch 2.11-2.15)."""
+    if options.use_pinned_memory or options.use_non_blocking_copy:
+        raise ValueError("host_stager: pinned memory and non-blocking copies need a device")
+    return _host_stager_class()(options)
+
+
+@functools.cache
+def _host_stager_class() -> type:
     import dataclasses
     from concurrent.futures import ThreadPoolExecutor
 
     from torch.distributed.checkpoint.staging import DefaultStager
 
-    if options.use_pinned_memory or options.use_non_blocking_copy:
-        raise ValueError("host_stager: pinned memory and non-blocking copies need a device")
-    stager = DefaultStager(dataclasses.replace(options, use_async_staging=False))
-    if not all(hasattr(stager, name) for name in ("_config", "_staging_executor")):
-        raise _missing("DefaultStager._config/_staging_executor", "torch",
-                       "use async_save.async_staging=false on CPU ranks")
-    if options.use_async_staging:
-        stager._config = options
-        stager._staging_executor = ThreadPoolExecutor(max_workers=1)
-    return stager
+    class HostStager(DefaultStager):
+        def __init__(self, options: Any) -> None:
+            super().__init__(dataclasses.replace(options, use_async_staging=False))
+            if not all(hasattr(self, name) for name in ("_config", "_staging_executor")):
+                raise _missing("DefaultStager._config/_staging_executor", "torch",
+                               "use async_save.async_staging=false on CPU ranks")
+            if options.use_async_staging:
+                self._config = options
+                self._staging_executor = ThreadPoolExecutor(max_workers=1)
+
+    return HostStager
 
 
 def round_robin_prefix_strategy(prefixes: list[str]) -> Any:
