@@ -25,9 +25,9 @@ from typing import Any, Iterable
 import pandas as pd
 
 from dcp_fsdp.units import MIB
-from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, CEILING_OPS, NOISE_HINT,
-                                      NOISY_SPREAD, above_ceiling_note,
-                                      add_operation_figures, amplification_note, broken_note,
+from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, CEILING_OPS, KEYS, NOISE_HINT,
+                                      NOISY_SPREAD, above_ceiling_note, operations,
+                                      amplification_note, broken_note,
                                       efficiency, efficiency_per_operation, egress_mib,
                                       noise_note, pooled, read_amplification)
 from dcp_fsdp.telemetry.histograms import hist_merge, hist_quantile
@@ -35,7 +35,6 @@ from dcp_fsdp.telemetry.histograms import hist_merge, hist_quantile
 __all__ = ["CEILING_OPS", "per_operation", "run_table", "run_figures",
            "samples_frame"]
 
-OPERATION_KEYS = ["run_id", "op", "iteration"]
 # sample fields that older records (or hand-made samples) may lack; NaN when absent
 OPTIONAL_COLUMNS = ("plan_s", "io_s", "commit_s", "metadata_s", "finish_s", "barrier_wait_s",
                     "requests", "save_mode", "blocked_s", "staged_s", "persisted_s",
@@ -106,22 +105,20 @@ def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
     for column in (*REQUEST_COLUMNS, *OPTIONAL_COLUMNS):
         if column not in samples:
             samples = samples.assign(**{column: math.nan})
+    if "run_id" not in samples or samples["run_id"].isna().all():
+        samples = samples.assign(run_id="")  # as operations() counts it: one run
     begin = samples["begin_wall_s"].astype(float)
     samples = samples.assign(
         _blocked_end=begin + pd.to_numeric(samples["blocked_s"], errors="coerce"),
         _persisted_end=begin + pd.to_numeric(samples["persisted_s"], errors="coerce"),
         _stall_end=begin + pd.to_numeric(samples["stall_s"], errors="coerce"))
-    grouped = samples.groupby(OPERATION_KEYS, sort=False)
-    frame = grouped.agg(
+    frame = operations(
+        samples,
         suffix=("suffix", "first"),
         ranks=("rank", "nunique"),
-        bytes=("bytes", "sum"),
-        first_begin_wall_s=("begin_wall_s", "min"),
-        last_end_wall_s=("end_wall_s", "max"),
         first_end_wall_s=("end_wall_s", "min"),
         rank_s_min=("duration_s", "min"),
         rank_s_median=("duration_s", "median"),
-        rank_s_max=("duration_s", "max"),
         rank_mib_s_min=("rank_mib_s", "min"),
         rank_mib_s_median=("rank_mib_s", "median"),
         rank_mib_s_max=("rank_mib_s", "max"),
@@ -133,18 +130,18 @@ def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
         peak_rss_bytes=("peak_rss_bytes", _max_or_nan),
         cuda_max_allocated_bytes=("cuda_max_allocated_bytes", _max_or_nan),
         **{column: (column, _complete_sum) for column in REQUEST_COLUMNS},
-    ).reset_index()
+    )  # with span_s, aggregate and slowest-rank MiB/s (telemetry/figures.py)
     frame["blocked_span_s"] = frame.pop("blocked_end") - frame["first_begin_wall_s"]
     frame["persisted_span_s"] = frame.pop("persisted_end") - frame["first_begin_wall_s"]
     frame["stall_span_s"] = frame.pop("stall_end") - frame["first_begin_wall_s"]
-    frame = add_operation_figures(frame)  # span_s, aggregate and slowest-rank MiB/s
     frame["end_skew_s"] = frame["last_end_wall_s"] - frame["first_end_wall_s"]
     frame["req_per_s"] = frame["req_count"] / frame["span_s"]
     # a Series of objects (one dict per operation): pandas-stubs type a column assigned from
     # a plain list as scalars only
     frame["latency_by_type"] = pd.Series(
-        [latency_by_type(group["requests"]) for _, group in grouped] if "requests" in samples
-        else [{} for _ in range(len(frame))], index=frame.index, dtype=object)
+        [latency_by_type(group["requests"]) for _, group in samples.groupby(KEYS, sort=False)]
+        if "requests" in samples else [{} for _ in range(len(frame))],
+        index=frame.index, dtype=object)
     return frame
 
 

@@ -85,17 +85,19 @@ def add_operation_figures(ops: pd.DataFrame) -> pd.DataFrame:
                       slowest_rank_mib_s=rate_mib_s(ops["bytes"], ops["rank_s_max"]))
 
 
-def operations(samples: Iterable[Any] | pd.DataFrame) -> pd.DataFrame:
+def operations(samples: Iterable[Any] | pd.DataFrame, **more: Any) -> pd.DataFrame:
     """One row per (run_id, op, iteration) with the per-operation figures (samples: dicts,
-    telemetry Sample records or a frame; a missing run_id counts as one run)."""
+    telemetry Sample records or a frame; a missing run_id counts as one run): the one
+    aggregation of ranks' samples into operations. `more`: further named aggregations
+    (pandas' `column=(sample column, function)`), e.g. the report's (analysis/metrics.py)."""
     frame = samples if isinstance(samples, pd.DataFrame) else pd.DataFrame(_rows(samples))
     if frame.empty:
-        return pd.DataFrame(columns=[*KEYS, "bytes", "span_s", "aggregate_mib_s"])
+        return pd.DataFrame(columns=[*KEYS, "bytes", "span_s", "aggregate_mib_s", *more])
     if "run_id" not in frame or frame["run_id"].isna().all():
         frame = frame.assign(run_id="")
     ops = frame.groupby(KEYS, sort=False).agg(
         bytes=("bytes", "sum"), first_begin_wall_s=("begin_wall_s", "min"),
-        last_end_wall_s=("end_wall_s", "max"), rank_s_max=("duration_s", "max"),
+        last_end_wall_s=("end_wall_s", "max"), rank_s_max=("duration_s", "max"), **more,
     ).reset_index()
     return add_operation_figures(ops)
 
