@@ -87,8 +87,13 @@ def check_suffix_length(suffix: str, iterations: int, kind: str, prefix: str = "
                         f"names an S3 key would pass {KEY_MAX_BYTES} bytes: use at most {limit}")
 
 
+def suffix_taken(suffix: str) -> bool:
+    """Whether `suffix=` (load, delete) accepts this name."""
+    return bool(_SUFFIX.match(suffix))
+
+
 def check_suffix(suffix: str) -> None:
-    if not _SUFFIX.match(suffix):
+    if not suffix_taken(suffix):
         raise UserError(f"suffix={suffix}: start with an ASCII letter or digit, then use letters, "
                         "digits, '.', '_' and '-' only, e.g. suffix=run-1")
 

@@ -9,6 +9,7 @@ from dcp_fsdp import log
 from dcp_fsdp.log import printable
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
 from dcp_fsdp.config.usage import CLEAN_UPLOADS_MIN_AGE_S as DEFAULT_MIN_AGE_S
+from dcp_fsdp.config.validate import suffix_taken
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch.preflight import check_fs_root, needs_embedded_server
 from dcp_fsdp.storage import make_store
@@ -48,7 +49,7 @@ def list_checkpoints(cfg: BenchmarkConfig, check: bool = False) -> int:
         print(printable(_prefix_note(store, prefix)))
     for claim in (c for c in checkpoints if c.claim_only):
         print(printable(_abandoned_claim_note(store, claim)))
-    for untaken in (c for c in checkpoints if c.complete and not _takes_name(c.suffix)):
+    for untaken in (c for c in checkpoints if c.complete and not suffix_taken(c.suffix)):
         print(printable(f"suffix={untaken.suffix}: complete, but not a name `load` and `delete` "
                         "take (a suffix starts with an ASCII letter or digit, then letters, "
                         "digits, '.', '_' and '-'): rename it to load it with this tool, or "
@@ -100,20 +101,9 @@ def _state(info: CheckpointInfo) -> str:
     return _own_state(info)
 
 
-def _takes_name(suffix: str) -> bool:
-    """Whether `suffix=` accepts this name (validate.check_suffix)."""
-    from dcp_fsdp.config.validate import check_suffix
-
-    try:
-        check_suffix(suffix)
-    except UserError:
-        return False
-    return True
-
-
 def _own_state(info: CheckpointInfo) -> str:
     if info.complete:
-        return "complete" if _takes_name(info.suffix) else "complete; NAME NOT TAKEN"
+        return "complete" if suffix_taken(info.suffix) else "complete; NAME NOT TAKEN"
     if info.claim_only:
         return f"CLAIMED, NO DATA ({_age(_age_s(info))} old)"
     return "INCOMPLETE"

@@ -255,19 +255,25 @@ class MetadataChanged(UserError):
     """The .metadata DCP read is not the one screened before the load."""
 
 
+def timed_file_system(storage_io: Any) -> TimedFileSystem | None:
+    """The timed file system of a DCP writer or reader (None: harness_off=hooks, DCP's own)."""
+    fs = getattr(storage_io, "fs", None)
+    return fs if isinstance(fs, TimedFileSystem) else None
+
+
 def expect_metadata(storage_io: Any, sha256: str) -> None:
     """A timed reader's DCP read of `.metadata` must have this SHA-256 (the screened file's)
     before it is unpickled; a reader without the timed file system (harness_off=hooks) reads
     as DCP does."""
-    fs = getattr(storage_io, "fs", None)
-    if isinstance(fs, TimedFileSystem) and sha256:
+    fs = timed_file_system(storage_io)
+    if fs is not None and sha256:
         fs.metadata_sha256 = sha256
 
 
 def metadata_changed(storage_io: Any) -> str | None:
     """Why a timed reader refused DCP's read of `.metadata` (expect_metadata), if it did."""
-    fs = getattr(storage_io, "fs", None)
-    return fs.metadata_changed if isinstance(fs, TimedFileSystem) else None
+    fs = timed_file_system(storage_io)
+    return fs.metadata_changed if fs is not None else None
 
 
 def client_file_system(storage_io: Any) -> FileSystemBase:
