@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import shutil
 import socket
 import time
@@ -431,10 +432,19 @@ class CheckpointLoop:
         self.store.put_small(suffix, layout.MANIFEST_NAME, layout.encode_manifest(manifest))
 
 
-# What DCP's and the clients' errors say when an object or .metadata is not there.
-_MISSING_SAID = ("metadata is None", "NoSuchKey", "Not Found", "404", "No such file",
-                 "does not exist", "FileNotFoundError")
+# What DCP's and the clients' errors say when an object or .metadata is not there (the
+# connector's S3Exception carries the service's words only; HTTP 404 as a word of its own,
+# never a part of a number such as 0.404 s).
+_MISSING_SAID = re.compile(r"metadata is None|NoSuchKey|Not Found|(?<![\d.])404(?![\d.])|No such file|"
+                           r"does not exist|FileNotFoundError")
 
 
 def _says_missing(error: BaseException) -> bool:
-    return any(said in str(error) for said in _MISSING_SAID)
+    """Whether a failed load's error, or one it was raised from, says something is missing."""
+    chain: list[BaseException] = []
+    link: BaseException | None = error
+    while link is not None and link not in chain:  # a chain may loop back on itself
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    return any(isinstance(link, FileNotFoundError) or _MISSING_SAID.search(str(link))
+               for link in chain)
