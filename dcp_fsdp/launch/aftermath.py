@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import IO
-from unittest import mock
 
+from dcp_fsdp.process.environ import environment
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import BenchmarkConfig
 from dcp_fsdp.launch.checks import fallback_results_dir, write_record
@@ -159,7 +159,7 @@ def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, st
         return
     from dcp_fsdp.storage import layout, make_store
 
-    with mock.patch.dict(os.environ, {k: v for k, v in env.items() if k.startswith("AWS_")}):
+    with environment({k: v for k, v in env.items() if k.startswith("AWS_")}):
         try:
             store = make_store(cfg.storage, after_failure=True)  # a stalled server: seconds
             for suffix in dict.fromkeys(candidates):

@@ -9,12 +9,11 @@ rank imports torch.
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
-from unittest import mock
 
 from omegaconf import OmegaConf
 
+from dcp_fsdp.process.environ import environment
 from dcp_fsdp.units import MIB
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import BenchmarkConfig, Command, StorageKind, to_config
@@ -71,7 +70,7 @@ def preflight(cfg: BenchmarkConfig, server_env: dict[str, str]) -> MetadataFacts
     """The store answers, a configured save suffix is free, and (load) the checkpoint is
     complete and matches the model, dtype and state; UserError otherwise. A load's
     screened .metadata, for the ranks (the run reads it once)."""
-    with mock.patch.dict(os.environ, server_env):
+    with environment(server_env):
         if cfg.storage.kind == StorageKind.fs:
             check_fs_root(cfg.storage.path, must_exist=cfg.command == Command.load)
         store = make_store(cfg.storage)
@@ -92,7 +91,7 @@ def claim_save_suffixes(cfg: BenchmarkConfig, server_env: dict[str, str],
     environment that tells rank 0 they are its run's.)"""
     if not cfg.suffix or cfg.command not in (Command.save, Command.save_and_load):
         return [], {}
-    with mock.patch.dict(os.environ, server_env):
+    with environment(server_env):
         claimed, method = layout.claim_configured_suffixes(
             make_store(cfg.storage), cfg.suffix, cfg.iterations, run_id)
     return claimed, {contract.SUFFIX_CLAIMED_ENV: method}
@@ -191,15 +190,9 @@ def _check_model_tensors(suffix: str, cfg: BenchmarkConfig, tensors: dict) -> No
     from dcp_fsdp.models.llama_model_config import state_shapes
     from dcp_fsdp.models.presets import model_shape
 
-    problem = None
-    for name, dims in state_shapes(model_shape(cfg.model), cfg.model.moe_layout.value):
-        entry = tensors.get(f"model.{name}")
-        if entry is None:
-            problem = f"it has no tensor 'model.{name}'"
-        elif tuple(entry.shape) != tuple(dims):
-            problem = f"'model.{name}' is {list(entry.shape)} there but {list(dims)} here"
-        if problem:
-            break
+    problem = metadata_peek.first_difference(
+        tensors, ((f"model.{name}", tuple(dims), None)
+                  for name, dims in state_shapes(model_shape(cfg.model), cfg.model.moe_layout.value)))
     if problem is None:
         return
     held = ", ".join(f"'{key}'" for key in list(tensors)[:3]) + (", ..." if len(tensors) > 3 else "")

@@ -21,6 +21,7 @@ from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.models import values
 from dcp_fsdp.models.build import ShardedModel, local_tensor, unique_shards
 from dcp_fsdp.rank.distributed import first_problem
+from dcp_fsdp.storage.metadata_peek import first_difference
 
 
 def apply_state_dict(sharded: ShardedModel, state_dict: dict[str, Any]) -> None:
@@ -43,16 +44,8 @@ def flat_tensors(state_dict: dict[str, Any]) -> dict[str, torch.Tensor]:
 def checkpoint_mismatch(stored: dict[str, Any], state_dict: dict[str, Any]) -> str | None:
     """How a checkpoint's tensors (`MetadataFacts.tensors`: key -> shape and dtype name)
     differ from this state dict's, or None when every tensor is there as it is here."""
-    for key, tensor in flat_tensors(state_dict).items():
-        entry = stored.get(key)
-        if entry is None:
-            return f"it has no tensor '{key}'"
-        if tuple(entry.shape) != tuple(tensor.shape):
-            return f"'{key}' is {list(entry.shape)} there but {list(tensor.shape)} here"
-        here = str(tensor.dtype).removeprefix("torch.")
-        if entry.dtype != here:
-            return f"'{key}' is torch.{entry.dtype} there but {tensor.dtype} here"
-    return None
+    return first_difference(stored, ((key, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
+                                     for key, tensor in flat_tensors(state_dict).items()))
 
 
 def mismatch_error(suffix: str, cfg: Any, problem: str, manifest: dict[str, Any] | None) -> UserError:

@@ -42,7 +42,7 @@ import math
 import pickle
 import re
 from pathlib import PurePosixPath, PureWindowsPath
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterable
 
 from dcp_fsdp.compat import METADATA_LAYOUT, METADATA_MEMORY_FORMAT, METADATA_STORAGE_INFO, saving_rank
 from dcp_fsdp.errors import UserError
@@ -301,6 +301,22 @@ class MetadataFacts:
 
 # A data object's name as DCP writes it (`__0_0.distcp`): never a path out of the checkpoint.
 _OBJECT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
+
+
+def first_difference(stored: dict[str, TensorEntry],
+                     expected: Iterable[tuple[str, tuple[int, ...], str | None]]) -> str | None:
+    """How a checkpoint's tensors (`MetadataFacts.tensors`) differ from the expected ones,
+    (key, shape, dtype name or None for any): the first difference, or None. The launcher
+    asks it of a model's shapes by arithmetic, a rank of its built state dict."""
+    for key, shape, dtype in expected:
+        entry = stored.get(key)
+        if entry is None:
+            return f"it has no tensor '{key}'"
+        if tuple(entry.shape) != tuple(shape):
+            return f"'{key}' is {list(entry.shape)} there but {list(shape)} here"
+        if dtype is not None and entry.dtype != dtype:
+            return f"'{key}' is torch.{entry.dtype} there but torch.{dtype} here"
+    return None
 
 
 def read_facts(data: bytes, source: str = ".metadata") -> MetadataFacts:

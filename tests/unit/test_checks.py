@@ -283,3 +283,17 @@ def test_low_process_limits_and_a_small_quota_are_named(monkeypatch):
     assert checks.host_limit_notes(nproc=2) == []
     monkeypatch.setattr(checks, "cpu_quota_cores", lambda: 4.0)  # a quota the ranks fit
     assert checks.host_limit_notes(nproc=2) == []
+
+
+def test_the_launchers_environment_block_restores_what_it_set(monkeypatch):
+    import os
+
+    from dcp_fsdp.process.environ import environment
+
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with pytest.raises(RuntimeError):
+        with environment({"AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:1"}):
+            assert os.environ["AWS_REGION"] == "us-east-1"
+            raise RuntimeError("the store failed")
+    assert os.environ["AWS_REGION"] == "eu-west-1" and "AWS_ENDPOINT_URL" not in os.environ

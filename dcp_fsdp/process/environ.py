@@ -1,0 +1,23 @@
+"""Environment variables set for one block of the launcher, as they were after it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def environment(extra: dict[str, str]) -> Iterator[None]:
+    """os.environ with `extra` set inside the block (the stores' clients read the S3
+    endpoint and keys from there), restored after it, also when it raises."""
+    saved = {key: os.environ.get(key) for key in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
