@@ -63,7 +63,9 @@ class AsyncTiming:
     end_mono: float | None  # persisted (None while the upload is in flight)
     train_steps: int | None = None
     train_step_slowdown: float | None = None
-    bytes_written: int | None = None  # this rank's data bytes, from the returned Metadata
+    # the Metadata the upload returned, until the sample is built: this rank's written bytes
+    # where the daemon's timed writer reported none (sample_build.fill_save_figures)
+    metadata: Any = dataclasses.field(default=None, repr=False)
     stall_s: float | None = None
     interval_s: float | None = None
     train_lost_s: float | None = None
@@ -245,7 +247,7 @@ class AsyncSaver:
         persisted = timing.marks.get("persisted", time.monotonic())
         timing.persisted_s = persisted - timing.begin_mono
         timing.end_mono = persisted
-        timing.bytes_written = rank_bytes(metadata, self.rank)
+        timing.metadata = metadata
         timing.upload = None
         return timing
 

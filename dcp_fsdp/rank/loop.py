@@ -44,11 +44,13 @@ from dcp_fsdp.storage.metadata_peek import MetadataFacts
 from dcp_fsdp.telemetry.records import Sample
 
 
-def take_timeline_file(timeline: HookTimeline) -> None:
-    """What the daemon's copy of `timeline` recorded, taken in and its file removed."""
-    timeline.load_dump()
+def take_timeline_file(timeline: HookTimeline) -> bool:
+    """What the daemon's copy of `timeline` recorded, taken in and its file removed; False
+    where it wrote none (its writer was not timed)."""
+    taken = timeline.load_dump()
     if timeline.dump_path is not None:
         Path(timeline.dump_path).unlink(missing_ok=True)
+    return taken
 
 
 class CheckpointLoop:
@@ -219,8 +221,7 @@ class CheckpointLoop:
         if saver is not None and timing is not None and timing.end_mono is None:
             with Watchdog(self.cfg.op_timeout_s, self.on_timeout, message):  # upload in flight
                 saver.finish(timing)
-        if run.pickled:
-            take_timeline_file(run.timeline)
+        daemon_reported = take_timeline_file(run.timeline) if run.pickled else False
         end_mono = run.region.end_mono if timing is None else timing.end_mono
         if end_mono is None:
             raise RuntimeError(f"{run.op} iteration {run.iteration}: the upload never ended")
@@ -234,7 +235,8 @@ class CheckpointLoop:
         sample.minor_faults = run.minor_faults
         sample.broadcast_s = run.broadcast_s
         if run.op == "save":
-            fill_save_figures(sample, self.cfg.save_mode.value, timing, run.pickled)
+            fill_save_figures(sample, self.cfg.save_mode.value, timing,
+                              run.pickled and not daemon_reported)
         return sample
 
     def _heartbeat(self, op: str, iteration: int, timeline: HookTimeline | None):

@@ -149,9 +149,11 @@ def _fetched_bytes(timeline: HookTimeline, requests: dict[str, Any] | None) -> i
     return timeline.io_bytes
 
 
-def fill_save_figures(sample: Sample, save_mode: str, timing: Any, pickled: bool) -> None:
+def fill_save_figures(sample: Sample, save_mode: str, timing: Any, unreported: bool) -> None:
     """A save's figures of what training paid: a sync save blocks until committed; an async
-    one (`timing`: rank/async_save.py's AsyncTiming) from its own marks."""
+    one (`timing`: rank/async_save.py's AsyncTiming) from its own marks. `unreported`: the
+    process checkpointer's daemon wrote no timeline (its writer was not timed), so the
+    written bytes come from the checkpoint's Metadata, a walk of every rank's entries."""
     sample.save_mode = save_mode
     if timing is None:  # sync: control comes back when the checkpoint is committed
         sample.blocked_s = sample.persisted_s = sample.duration_s
@@ -167,5 +169,8 @@ def fill_save_figures(sample: Sample, save_mode: str, timing: Any, pickled: bool
     sample.train_lost_s = timing.train_lost_s
     sample.train_lost_share = timing.train_lost_share
     sample.stager_renewed = timing.stager_renewed
-    if pickled and timing.bytes_written is not None:
-        sample.written_bytes = timing.bytes_written
+    if unreported and timing.metadata is not None:
+        from dcp_fsdp.rank.async_save import rank_bytes
+
+        sample.written_bytes = rank_bytes(timing.metadata, sample.rank)
+    timing.metadata = None  # the global Metadata: not kept past its sample

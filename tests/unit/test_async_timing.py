@@ -177,5 +177,40 @@ def test_a_save_records_whether_torchs_stager_was_renewed_for_it(clock, reusable
     sample = Sample(op="save", iteration=1, suffix="s", rank=0, host="h", begin_wall_s=0.0,
                     end_wall_s=1.0, begin_mono_s=0.0, end_mono_s=1.0, duration_s=1.0, bytes=1,
                     barrier_wait_s=0.0)
-    fill_save_figures(sample, "async", timing, pickled=False)
+    fill_save_figures(sample, "async", timing, unreported=False)
     assert sample.stager_renewed is (not reusable)
+
+
+class _UntouchableMetadata:
+    """A checkpoint's global Metadata that must not be walked."""
+
+    @property
+    def storage_data(self):
+        raise AssertionError("the Metadata was walked although the daemon reported the bytes")
+
+
+def test_the_daemons_report_is_the_written_bytes_and_the_metadata_is_walked_only_without_it():
+    """At 1,000 ranks the returned Metadata holds every rank's entries: each rank walking it
+    after every save is a cost that grows with the world size, for a figure the daemon's
+    timed writer already reported (its timeline file)."""
+    from types import SimpleNamespace
+
+    from dcp_fsdp.rank.sample_build import fill_save_figures
+    from dcp_fsdp.telemetry.records import Sample
+
+    def sample() -> Sample:
+        return Sample(op="save", iteration=1, suffix="s", rank=1, host="h", begin_wall_s=0.0,
+                      end_wall_s=1.0, begin_mono_s=0.0, end_mono_s=1.0, duration_s=1.0, bytes=1,
+                      barrier_wait_s=0.0, written_bytes=70)
+
+    reported = sample()
+    timing = async_save.AsyncTiming(0.0, None, 1.0, 0.0, 1.0, metadata=_UntouchableMetadata())
+    fill_save_figures(reported, "async", timing, unreported=False)
+    assert reported.written_bytes == 70 and timing.metadata is None
+
+    info = SimpleNamespace(relative_path="__1_0.distcp", length=30)
+    walked = sample()
+    timing = async_save.AsyncTiming(0.0, None, 1.0, 0.0, 1.0,
+                                    metadata=SimpleNamespace(storage_data={"a": info, "b": info}))
+    fill_save_figures(walked, "async", timing, unreported=True)
+    assert walked.written_bytes == 60 and timing.metadata is None
