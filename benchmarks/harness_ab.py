@@ -92,9 +92,9 @@ def rank_main(args) -> None:
                 if who == "bare":
                     times[f"bare {op}"].append(bare(op, suffix))
                 else:
-                    sample = loop._timed(op, round_number, suffix)  # noqa: SLF001 - the loop's own op
-                    done = sample() if callable(sample) else sample  # (an async save's wait)
-                    times[f"{who} {op}"].append(done.duration_s)
+                    # (an async save's result() waits for its upload)
+                    sample = loop._timed(op, round_number, suffix).result()  # noqa: SLF001
+                    times[f"{who} {op}"].append(sample.duration_s)
             dist.barrier()
             if ctx.is_coordinator:
                 remove(store, suffix)

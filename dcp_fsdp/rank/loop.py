@@ -9,6 +9,7 @@ delay all happen outside the timers.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import re
@@ -53,6 +54,31 @@ def take_timeline_file(timeline: HookTimeline) -> bool:
     return taken
 
 
+class SampleHandle:
+    """An operation's sample: there at once, or (an async save with a cadence, its upload in
+    flight) once `result()` has waited for the upload; torchtitan's shape of a pending save."""
+
+    def __init__(self, finish: Callable[[], Sample]) -> None:
+        self._finish: Callable[[], Sample] | None = finish
+        self._sample: Sample | None = None
+
+    def done(self) -> bool:
+        return self._finish is None
+
+    def result(self) -> Sample:
+        if self._finish is not None:
+            self._sample, self._finish = self._finish(), None
+        assert self._sample is not None
+        return self._sample
+
+
+@dataclasses.dataclass
+class PendingSave:
+    handle: SampleHandle
+    suffix: str
+    iteration: int
+
+
 class CheckpointLoop:
     def __init__(self, cfg: BenchmarkConfig, ctx: RankContext, store: CheckpointStore,
                  sharded: ShardedModel, state_dict: dict[str, Any], request_log,
@@ -77,7 +103,7 @@ class CheckpointLoop:
         self.writing_suffix: str | None = None  # a save in progress: incomplete if we stop
         # The last save, recorded once its upload is done: (sample or a wait for it, suffix,
         # iteration).
-        self._pending_save: tuple[Sample | Callable[[], Sample], str, int] | None = None
+        self._pending_save: PendingSave | None = None
         self._timeline_dir: Path | None = None  # process checkpointer: see _timeline_file
         # Per suffix loaded: {"checked": bool, "reason": why not} (recorded on the run line).
         self.integrity: dict[str, dict[str, Any]] = {}
@@ -133,9 +159,9 @@ class CheckpointLoop:
         self._screened_sha256[suffix] = rank0_decides(self.ctx, decide)
 
     # -- one timed operation -------------------------------------------------------------
-    def _timed(self, op: str, iteration: int, suffix: str) -> Sample | Callable[[], Sample]:
-        """The operation's sample, or (an async save with a cadence, its upload in flight)
-        a function that waits for the upload and returns it."""
+    def _timed(self, op: str, iteration: int, suffix: str) -> SampleHandle:
+        """The operation's sample, done; or (an async save with a cadence, its upload in
+        flight) to come once the upload is waited for."""
         saver = self._async_saver_for(op)
         run = self._prepare(op, iteration, suffix, saver)
         memory = self._memory_marks()
@@ -163,10 +189,10 @@ class CheckpointLoop:
                 self._dcp_load(run, suffix)
         run.peak_rss, run.cuda_peak = memory.end() if marks else (None, None)
         run.minor_faults = memory.minor_faults if marks else None  # (finish may run later)
-        finish = functools.partial(self._complete, run, saver, message)
-        if run.timing is not None and run.timing.end_mono is None:
-            return finish  # the loop completes it once the upload is waited for
-        return finish()
+        handle = SampleHandle(functools.partial(self._complete, run, saver, message))
+        if run.timing is None or run.timing.end_mono is not None:
+            handle.result()  # done now; else the loop completes it once the upload is waited for
+        return handle
 
     def _async_saver_for(self, op: str):
         """The async saver (created on first use, per rank, untimed), for an async save."""
@@ -306,11 +332,11 @@ class CheckpointLoop:
             if command in (Command.save, Command.save_and_load):
                 suffix = self._choose_save_suffix(iteration)
                 self._note_writing(suffix)
-                done = self._timed("save", iteration, suffix)
+                handle = self._timed("save", iteration, suffix)
                 self._complete_pending()  # the previous save (this one waited for its upload)
-                self._pending_save = (done, suffix, iteration)
+                self._pending_save = PendingSave(handle, suffix, iteration)
                 # A load needs the checkpoint committed; the last save's upload ends the run.
-                if not callable(done) or command == Command.save_and_load or \
+                if handle.done() or command == Command.save_and_load or \
                         iteration == self.cfg.iterations:
                     self._complete_pending()
             else:
@@ -386,8 +412,7 @@ class CheckpointLoop:
 
     def _timed_now(self, op: str, iteration: int, suffix: str) -> Sample:
         """The operation's sample, waited for if it is an upload in flight."""
-        done = self._timed(op, iteration, suffix)
-        return done() if callable(done) else done
+        return self._timed(op, iteration, suffix).result()
 
     def _load_suffix(self) -> str:
         if self.cfg.suffix is None:  # the config's validation requires one for a load
@@ -399,8 +424,8 @@ class CheckpointLoop:
         pending, self._pending_save = self._pending_save, None
         if pending is None:
             return
-        done, suffix, iteration = pending
-        self.keep(done() if callable(done) else done)
+        suffix, iteration = pending.suffix, pending.iteration
+        self.keep(pending.handle.result())
         self.suffixes.append(suffix)  # a run cut short names only the saves that completed
         self._write_manifest(suffix)
         if self.writing_suffix == suffix:  # (with a cadence the next save may be under way)

@@ -242,6 +242,6 @@ def test_the_timed_clock_waits_for_work_queued_on_the_device(one_nccl_rank, tmp_
     monkeypatch.setattr(loop_module, "dcp", type("Dcp", (), {
         "save": staticmethod(original.save), "load": staticmethod(original.load),
         op: staticmethod(then_queue_work)}))
-    sample = loop._timed(op, 1, "x" if op == "load" else "y")
+    sample = loop._timed(op, 1, "x" if op == "load" else "y").result()
     assert not callable(sample)
     assert sample.duration_s >= 0.9 * queued_s, sample

@@ -214,3 +214,23 @@ def test_the_daemons_report_is_the_written_bytes_and_the_metadata_is_walked_only
                                     metadata=SimpleNamespace(storage_data={"a": info, "b": info}))
     fill_save_figures(walked, "async", timing, unreported=True)
     assert walked.written_bytes == 60 and timing.metadata is None
+
+
+def test_a_sample_handle_waits_once_and_keeps_its_sample():
+    from dcp_fsdp.rank.loop import SampleHandle
+
+    from dcp_fsdp.telemetry.records import Sample
+
+    sample = Sample(op="save", iteration=1, suffix="s", rank=0, host="h", begin_wall_s=0.0,
+                    end_wall_s=1.0, begin_mono_s=0.0, end_mono_s=1.0, duration_s=1.0, bytes=1,
+                    barrier_wait_s=0.0)
+    calls: list[str] = []
+
+    def wait_for_upload() -> Sample:
+        calls.append("waited")
+        return sample
+
+    handle = SampleHandle(wait_for_upload)
+    assert not handle.done() and calls == []
+    assert handle.result() is handle.result() is sample
+    assert handle.done() and calls == ["waited"]

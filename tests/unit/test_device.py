@@ -211,7 +211,7 @@ def test_the_timed_operation_ends_its_clock_after_the_device_sync(one_rank_group
 
     monkeypatch.setattr(sample_build, "time", events.clock_module())  # the timed region's clocks
     events.seen.clear()
-    sample = loop._timed(op, 1, "x")
+    sample = loop._timed(op, 1, "x").result()
     assert not callable(sample) and sample.duration_s > 0
     after_op = events.seen[events.seen.index(op):]
     assert "sync" in after_op and after_op[-1] == "clock", events.seen
