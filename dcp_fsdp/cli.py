@@ -251,12 +251,26 @@ def run_plan(args: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Every command answers Ctrl-C with one line and exit 130, at any moment: its imports
     (pandas, torch: seconds) included (the trial's case 109: a KeyboardInterrupt traceback)."""
+    sys.unraisablehook = _interrupt_lost_in_a_callback
     try:
         return _command(argv)
     except KeyboardInterrupt:
         return interrupted()
     except BrokenPipeError:
         return _reader_gone()
+
+
+def _interrupt_lost_in_a_callback(unraisable: sys.UnraisableHookArgs) -> None:
+    """Ctrl-C that landed in a callback Python cannot raise from (an import lock's weakref
+    callback, during the imports: Python prints "Exception ignored in ... KeyboardInterrupt"
+    with a traceback and goes on): raised again as a signal, so that it ends the command with
+    its one line. Anything else is reported as Python would."""
+    if issubclass(unraisable.exc_type, KeyboardInterrupt):
+        import signal
+
+        signal.raise_signal(signal.SIGINT)  # handled in the main thread, between bytecodes
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def _reader_gone() -> int:

@@ -39,3 +39,45 @@ def test_a_signal_before_the_guard_ends_the_rank_quietly(tmp_path, monkeypatch, 
     assert ended.value.code == EXIT_INTERRUPTED
     out, err = capsys.readouterr()
     assert (out, err) == ("", "")
+
+
+def _unraisable(exc: BaseException):
+    import types
+
+    return types.SimpleNamespace(exc_type=type(exc), exc_value=exc, exc_traceback=None,
+                                 err_msg="Exception ignored in", object=None)
+
+
+def test_ctrl_c_lost_in_an_import_locks_callback_still_ends_the_command(capsys):
+    """CI (2026-11-27): SIGINT during `report`'s imports landed in importlib's module-lock
+    weakref callback; Python printed "Exception ignored in ... Traceback ... KeyboardInterrupt"
+    and the command went on. The hook raises it again as a signal: the command's own Ctrl-C
+    path (one line, 130) takes it, and nothing is printed."""
+    import time
+
+    from dcp_fsdp.cli import _interrupt_lost_in_a_callback
+
+    with pytest.raises(KeyboardInterrupt):
+        _interrupt_lost_in_a_callback(_unraisable(KeyboardInterrupt()))
+        time.sleep(5)  # the signal's handler runs here, in the main thread
+    assert capsys.readouterr().err == ""
+
+
+def test_other_unraisable_errors_are_reported_as_python_does(monkeypatch, capsys):
+    import gc
+    import sys
+
+    from dcp_fsdp.cli import _interrupt_lost_in_a_callback
+
+    class Broken:
+        def __del__(self) -> None:
+            raise ValueError("in a __del__")
+
+    caught: list = []
+    monkeypatch.setattr(sys, "unraisablehook", caught.append)
+    Broken()
+    gc.collect()
+    monkeypatch.undo()
+    (unraisable,) = caught
+    _interrupt_lost_in_a_callback(unraisable)
+    assert "ValueError: in a __del__" in capsys.readouterr().err
