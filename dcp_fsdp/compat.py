@@ -307,7 +307,7 @@ def _host_stager_class() -> type:
     return HostStager
 
 
-def round_robin_prefix_strategy(prefixes: list[str]) -> Any:
+def round_robin_prefix_strategy(prefixes: Iterable[str]) -> Any:
     """The connector's RoundRobinPrefixStrategy (storage.prefix_strategy=round_robin): in its
     s3_prefix_strategy module, not exported by s3torchconnector.dcp (1.5)."""
     strategy = _internal("s3torchconnector.dcp.s3_prefix_strategy", "RoundRobinPrefixStrategy",

@@ -26,7 +26,7 @@ import pandas as pd
 
 from dcp_fsdp.units import MIB
 from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, CEILING_OPS, KEYS, NOISE_HINT,
-                                      NOISY_SPREAD, above_ceiling_note, operations,
+                                      NOISY_SPREAD, above_ceiling_note, one_run_if_unnamed, operations,
                                       amplification_note, broken_note,
                                       efficiency, efficiency_per_operation, egress_mib,
                                       noise_note, pooled, read_amplification)
@@ -105,8 +105,7 @@ def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
     for column in (*REQUEST_COLUMNS, *OPTIONAL_COLUMNS):
         if column not in samples:
             samples = samples.assign(**{column: math.nan})
-    if "run_id" not in samples or samples["run_id"].isna().all():
-        samples = samples.assign(run_id="")  # as operations() counts it: one run
+    samples = one_run_if_unnamed(samples)  # as operations() counts them
     begin = samples["begin_wall_s"].astype(float)
     samples = samples.assign(
         _blocked_end=begin + pd.to_numeric(samples["blocked_s"], errors="coerce"),

@@ -97,7 +97,7 @@ def rank_prefix_function(cfg: BenchmarkConfig, world_size: int) -> Callable[[int
     from s3torchconnector import dcp as strategies
 
     if storage.prefix_strategy.value == "round_robin":
-        return round_robin_prefix_strategy(list(storage.round_robin_prefixes))
+        return round_robin_prefix_strategy(storage.round_robin_prefixes)
     count = storage.prefix_count or world_size
     if storage.prefix_strategy.value == "binary":
         return strategies.BinaryPrefixStrategy(prefix_count=count)

@@ -68,10 +68,6 @@ class RawObject:
     size_bytes: int
 
 
-def owned_by(name: str, rank: int) -> bool:
-    return saving_rank(name) == rank
-
-
 # -- which objects --------------------------------------------------------------------------
 
 

@@ -97,7 +97,7 @@ class S3Store:
             return s3dcp.BinaryPrefixStrategy(prefix_count=self.config.prefix_count)
         if strategy == PrefixStrategy.hex:
             return s3dcp.HexPrefixStrategy(prefix_count=self.config.prefix_count)
-        return round_robin_prefix_strategy(list(self.config.round_robin_prefixes))
+        return round_robin_prefix_strategy(self.config.round_robin_prefixes)
 
     def writer(self, suffix: str, timeline: HookTimeline | None = None):
         if self.other_client is not None:

@@ -85,6 +85,13 @@ def add_operation_figures(ops: pd.DataFrame) -> pd.DataFrame:
                       slowest_rank_mib_s=rate_mib_s(ops["bytes"], ops["rank_s_max"]))
 
 
+def one_run_if_unnamed(frame: pd.DataFrame) -> pd.DataFrame:
+    """Samples with no run_id (hand-made, or an old record's) count as one run."""
+    if "run_id" not in frame or frame["run_id"].isna().all():
+        return frame.assign(run_id="")
+    return frame
+
+
 def operations(samples: Iterable[Any] | pd.DataFrame, **more: Any) -> pd.DataFrame:
     """One row per (run_id, op, iteration) with the per-operation figures (samples: dicts,
     telemetry Sample records or a frame; a missing run_id counts as one run): the one
@@ -93,8 +100,7 @@ def operations(samples: Iterable[Any] | pd.DataFrame, **more: Any) -> pd.DataFra
     frame = samples if isinstance(samples, pd.DataFrame) else pd.DataFrame(_rows(samples))
     if frame.empty:
         return pd.DataFrame(columns=[*KEYS, "bytes", "span_s", "aggregate_mib_s", *more])
-    if "run_id" not in frame or frame["run_id"].isna().all():
-        frame = frame.assign(run_id="")
+    frame = one_run_if_unnamed(frame)
     ops = frame.groupby(KEYS, sort=False).agg(
         bytes=("bytes", "sum"), first_begin_wall_s=("begin_wall_s", "min"),
         last_end_wall_s=("end_wall_s", "max"), rank_s_max=("duration_s", "max"), **more,

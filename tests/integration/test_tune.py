@@ -108,8 +108,9 @@ def test_an_interrupt_stops_the_whole_tune_without_a_recommendation(s3, s3_uri, 
     # The finished trials' records stay; the cut one says interrupted.
     session, runs = _records(results)
     assert sum(r["status"] == "ok" for r in runs) >= 1, runs
-    assert [r["status"] for r in runs if r["status"] != "ok"] in ([], ["interrupted"]), \
-        [(r["status"], r.get("error"), r.get("end_cause"), r.get("tune")) for r in runs]
+    assert [r["status"] for r in runs if r["status"] != "ok"] in ([], ["interrupted"]), " | ".join(
+        f"trial {(r.get('tune') or {}).get('trial')} {r['status']} ({r.get('end_cause')}): "
+        f"{r.get('error')}" for r in runs if r["status"] != "ok")
     assert not (session / "tune.json").exists()
     leftover = subprocess.run(["pgrep", "-s", str(process.pid)], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", leftover.stdout
