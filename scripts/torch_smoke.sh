@@ -23,25 +23,28 @@ if [[ ! -f $STAMP || pyproject.toml -nt $STAMP || constraints.txt -nt $STAMP ]];
     test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
     # uv (the project venv's, from make setup) where there is one: it installs PyPI's CUDA
     # build (~3 GB) with a fraction of pip's CPU, which .ci/run shares with the tests; it reads
-    # no pip config, so no cap applies to it either. Byte-compiled at install (pip does; uv
-    # with --compile-bytecode): with PYTHONDONTWRITEBYTECODE=1 (set on this project's
-    # machines) Python writes no .pyc itself, and a venv without them recompiled torch in
-    # every process: the smoke took 213 s instead of 84 s (2026-11-27).
+    # no pip config, so no cap applies to it either. The package alone (no test or lint
+    # extras: the smoke runs no pytest, moto or mypy) and nothing byte-compiled at install:
+    # the smoke writes .pyc files for what it imports (below), about a sixth of the venv's
+    # 16,000 modules, where compiling them all cost more CPU than the smoke itself.
     if [[ -x .venv/bin/uv ]]; then
-        install=(.venv/bin/uv pip install --python "$VENV/bin/python" --quiet --compile-bytecode)
+        install=(.venv/bin/uv pip install --python "$VENV/bin/python" --quiet)
     else
-        install=("$VENV/bin/pip" install --quiet --disable-pip-version-check)
+        install=("$VENV/bin/pip" install --quiet --disable-pip-version-check --no-compile)
     fi
     "${install[@]}" "torch==$VERSION"
     # torch named again: without it the resolver may replace the release under test with
     # another that fits the project's constraints better (pip once put 2.15.0 in the 2.11.0
     # venv, through a setuptools pin torch 2.11 refuses), and the matrix would test one torch
     # twice
-    "${install[@]}" -c constraints.txt "torch==$VERSION" -e '.[test]'
+    "${install[@]}" -c constraints.txt "torch==$VERSION" -e .
     touch "$STAMP"
 fi
 installed=$(date +%s)
 echo "torch-smoke: torch $VERSION: venv ready in $((installed - started)) s"
 [[ $INSTALL_ONLY == --install-only ]] && exit 0
-"$VENV/bin/python" scripts/torch_smoke.py "$VERSION"
+# .pyc files written as modules are first imported: where PYTHONDONTWRITEBYTECODE=1 (this
+# project's machines set it) and nothing was compiled, every rank of every run compiled torch
+# again (the smoke took 213 s instead of 84 s, 2026-11-27).
+PYTHONDONTWRITEBYTECODE= "$VENV/bin/python" scripts/torch_smoke.py "$VERSION"
 echo "torch-smoke: torch $VERSION: smoke took $(($(date +%s) - installed)) s"
