@@ -36,6 +36,7 @@ from dcp_fsdp.telemetry import records
 if TYPE_CHECKING:
     from dcp_fsdp.config.schema import BenchmarkConfig
     from dcp_fsdp.models.build import ShardedModel
+    from dcp_fsdp.process.signals import InterruptGuard
     from dcp_fsdp.rank.loop import CheckpointLoop
     from dcp_fsdp.storage.base import CheckpointStore
     from dcp_fsdp.telemetry.records import Sample
@@ -195,7 +196,7 @@ class TuneTrials:
                                              # thread or upload process are set up once, as in
                                              # a run of many saves): only storage settings change.
                                              async_saver=self.async_saver)
-        status, error_line = _run_trial(loop)
+        status, error_line = _run_trial(loop, session.guard)
         self.async_saver = loop.async_saver
         store.close()  # what the trial's store made in this process (MSC's profile file)
         if not session.is_coordinator:
@@ -235,17 +236,23 @@ def load_spec() -> dict[str, Any] | None:
     return json.loads(Path(path).read_text()) if path else None
 
 
-def _run_trial(loop: CheckpointLoop) -> tuple[str, str | None]:
+def _run_trial(loop: CheckpointLoop, guard: InterruptGuard) -> tuple[str, str | None]:
     """(status, error line) of one trial's loop: a failure every rank raises alike ends the
-    trial, not the session; anything else (an interrupt) ends the session."""
+    trial, not the session; anything else (an interrupt) ends the session, and so does any
+    failure once this rank has been signalled: a Ctrl-C reaches the ranks one by one, and the
+    first to stop breaks the others' collective, whose error they may see before their own
+    signal is handled (the session records that as interrupted, as in a plain run)."""
     try:
         loop.run()
     except (UserError, BenchmarkFailure) as error:  # raised on every rank alike
+        if guard.signal_name is not None:
+            raise
         return "failed", str(error)
     except BaseException as error:  # DCP's CheckpointException: collective, every rank
         from dcp_fsdp.process.failures import caused_by_interrupt, root_cause
 
-        if type(error).__name__ != "CheckpointException" or caused_by_interrupt(error):
+        if (guard.signal_name is not None or type(error).__name__ != "CheckpointException"
+                or caused_by_interrupt(error)):
             raise
         return "failed", root_cause(error)
     return "ok", None
