@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import urllib.parse
+import uuid
 from pathlib import Path
 
 import boto3
@@ -34,13 +35,39 @@ def keys_under(client, bucket, prefix):
     return [obj["Key"] for obj in response.get("Contents", [])]
 
 
-def test_corrupted_object_fails_the_load_naming_the_tensor(s3, s3_uri, tmp_path):
-    save = run_cli(["save", *s3_args(s3, s3_uri), "nproc=2", f"results_dir={tmp_path / 's'}"],
-                   env=s3_env(s3))
-    assert save.returncode == 0, save.stderr
-    suffix = read_run(tmp_path / "s")[0]["suffixes"][0]
+@pytest.fixture(scope="module")
+def concurrent_saves(s3_server, tmp_path_factory):
+    """Two saves (2 ranks, 2 iterations each) into one prefix, started at once and running
+    together: (uri, results root, {name: its result})."""
+    s3 = s3_server.endpoint
+    uri = f"s3://{s3.bucket}/concurrent-{uuid.uuid4().hex[:8]}"
+    root = tmp_path_factory.mktemp("concurrent")
+    results = {}
+
+    def run(name):
+        results[name] = run_cli(["save", *s3_args(s3, uri), "nproc=2", "iterations=2",
+                                 f"results_dir={root / name}"], env=s3_env(s3))
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return uri, root, results
+
+
+def test_corrupted_object_fails_the_load_naming_the_tensor(s3, s3_uri, concurrent_saves,
+                                                           tmp_path):
+    """A 2-rank checkpoint (the first of run a's in concurrent_saves, which that test does
+    not load) copied under this test's prefix, one byte of one rank's object flipped."""
+    source_uri, root, results = concurrent_saves
+    assert results["a"].returncode == 0, results["a"].stderr
+    suffix = read_run(root / "a")[0]["suffixes"][0]
     client = s3_client(s3)
+    source_bucket, source_prefix = source_uri[len("s3://"):].split("/", 1)
     bucket, prefix = s3_uri[len("s3://"):].split("/", 1)
+    for key in keys_under(client, source_bucket, f"{source_prefix}/{suffix}/"):
+        client.copy_object(Bucket=bucket, Key=prefix + key[len(source_prefix):],
+                           CopySource={"Bucket": source_bucket, "Key": key})
     data_keys = [k for k in keys_under(client, bucket, f"{prefix}/{suffix}/") if k.endswith(".distcp")]
     assert len(data_keys) == 2  # one file per rank
     body = bytearray(client.get_object(Bucket=bucket, Key=data_keys[0])["Body"].read())
@@ -122,27 +149,20 @@ def test_a_save_killed_part_way_is_never_loadable(s3, s3_uri, tmp_path, held_obj
     assert f"suffix={killed_suffix}" in load.stderr and "incomplete" in load.stderr
 
 
-def test_concurrent_runs_into_one_bucket_do_not_interfere(s3, s3_uri, tmp_path):
-    results = {}
-
-    def run(name):
-        results[name] = run_cli(["save", *s3_args(s3, s3_uri), "nproc=2", "iterations=2",
-                                 f"results_dir={tmp_path / name}"], env=s3_env(s3))
-    threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+def test_concurrent_runs_into_one_bucket_do_not_interfere(s3, concurrent_saves):
+    """Each run's last checkpoint, loaded once both have ended, holds that run's values
+    (loaded on 1 rank: every value is checked at any world size)."""
+    uri, root, results = concurrent_saves
     suffixes = {}
     for name, result in results.items():
         assert result.returncode == 0, result.stderr
-        suffixes[name] = read_run(tmp_path / name)[0]["suffixes"]
+        suffixes[name] = read_run(root / name)[0]["suffixes"]
     assert not set(suffixes["a"]) & set(suffixes["b"])
     for name in ("a", "b"):
-        load = run_cli(["load", *s3_args(s3, s3_uri), f"suffix={suffixes[name][-1]}", "nproc=2",
-                        f"results_dir={tmp_path / (name + '-load')}"], env=s3_env(s3))
+        load = run_cli(["load", *s3_args(s3, uri), f"suffix={suffixes[name][-1]}", "nproc=1",
+                        f"results_dir={root / (name + '-load')}"], env=s3_env(s3))
         assert load.returncode == 0, load.stderr
-        assert read_run(tmp_path / (name + "-load"))[0]["integrity"][suffixes[name][-1]]["checked"]
+        assert read_run(root / (name + "-load"))[0]["integrity"][suffixes[name][-1]]["checked"]
 
 
 def test_ctrl_c_during_save_stops_ranks_and_embedded_server(tmp_path):
@@ -201,15 +221,15 @@ def test_secrets_never_reach_outputs(tmp_path):
                "AWS_ENDPOINT_URL": endpoint.endpoint_url}
         results = tmp_path / "results"
         outputs = []
-        save = run_cli(["save", "storage.uri=s3://leak/x", "nproc=2", f"results_dir={results}",
+        save = run_cli(["save", "storage.uri=s3://leak/x", "nproc=1", f"results_dir={results}",
                         "keep_request_log=true"] , env=env, cwd=tmp_path)
         if "keep_request_log: unknown setting" in save.stderr:  # before request statistics
-            save = run_cli(["save", "storage.uri=s3://leak/x", "nproc=2",
+            save = run_cli(["save", "storage.uri=s3://leak/x", "nproc=1",
                             f"results_dir={results}"], env=env, cwd=tmp_path)
         assert save.returncode == 0, save.stderr
         suffix = json.loads(next(results.glob("*.jsonl")).read_text().splitlines()[0])["suffixes"][0]
         outputs.append(save)
-        outputs.append(run_cli(["load", "storage.uri=s3://leak/x", f"suffix={suffix}", "nproc=2",
+        outputs.append(run_cli(["load", "storage.uri=s3://leak/x", f"suffix={suffix}", "nproc=1",
                                 f"results_dir={results}"], env=env, cwd=tmp_path))
         outputs.append(run_cli(["list", "storage.uri=s3://leak/x"], env=env, cwd=tmp_path))
         outputs.append(run_cli(["save", "storage.uri=s3://missing-bucket/x",
