@@ -94,7 +94,7 @@ def test_ceiling_command_alone_moves_the_planned_shards(s3, s3_uri, tmp_path):
 
 
 def test_request_stats_false_records_no_requests(s3, s3_uri, tmp_path):
-    result = run_cli(["save-and-load", *s3_args(s3, s3_uri), "nproc=2", "ceiling=true",
+    result = run_cli(["save-and-load", *s3_args(s3, s3_uri), "nproc=1", "ceiling=true",
                       "request_stats=false", f"results_dir={tmp_path}"], env=s3_env(s3))
     assert_ok(result)
     run, samples = read_run(tmp_path)
@@ -133,13 +133,13 @@ def test_a_resharded_load_with_a_ceiling_is_refused_before_any_rank(tmp_path):
     """The raw ceiling mirrors the saving ranks' objects rank for rank: at another world
     size it would measure a share of the bytes (issue 25, item 3). One line, no rank."""
     store = tmp_path / "store"
-    save = run_cli(["save", "storage=fs", f"storage.path={store}", "nproc=2", "suffix=two",
+    save = run_cli(["save", "storage=fs", f"storage.path={store}", "nproc=1", "suffix=one",
                     f"results_dir={tmp_path / 's'}"])
     assert save.returncode == 0, save.stderr
-    load = run_cli(["load", "storage=fs", f"storage.path={store}", "nproc=1", "suffix=two",
+    load = run_cli(["load", "storage=fs", f"storage.path={store}", "nproc=2", "suffix=one",
                     "ceiling=true", f"results_dir={tmp_path / 'l'}"])
     assert load.returncode == 2, load.stderr
     errors = [line for line in load.stderr.splitlines() if line.startswith("dcp-fsdp: error:")]
     assert len(errors) == 1, load.stderr
-    assert "ceiling=true: suffix=two was saved by 2 rank(s)" in errors[0] and "load with 2 ranks" in errors[0]
+    assert "ceiling=true: suffix=one was saved by 1 rank(s)" in errors[0] and "load with 1 ranks" in errors[0]
     assert not (tmp_path / "l").exists() or not list((tmp_path / "l").glob("*.jsonl"))

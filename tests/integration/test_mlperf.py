@@ -40,14 +40,16 @@ def recomputed(samples: list[dict], op: str) -> tuple[float, float, float]:
     return sum(rates) / len(rates), total / GIB / slowest_s, total / GIB / span_s
 
 
-@pytest.mark.parametrize("storage", ["s3", "fs"])
-def test_mlperf_protocol_saves_ten_then_loads_the_last_ten_times(tmp_path, storage, request):
+# 2 ranks on S3 (rank 0's mean and the pooled figures differ there); 1 on fs (the page cache)
+@pytest.mark.parametrize("storage, nproc", [("s3", 2), ("fs", 1)])
+def test_mlperf_protocol_saves_ten_then_loads_the_last_ten_times(tmp_path, storage, nproc,
+                                                                  request):
     if storage == "s3":
         s3, uri = request.getfixturevalue("s3"), request.getfixturevalue("s3_uri")
         where, env = s3_args(s3, uri), s3_env(s3)
     else:
         where, env = ["storage=fs", f"storage.path={tmp_path / 'ckpt'}"], None
-    result = run_cli(["save-and-load", "protocol=mlperf", "model=tiny_llama", "nproc=2",
+    result = run_cli(["save-and-load", "protocol=mlperf", "model=tiny_llama", f"nproc={nproc}",
                       "progress=false", *where, f"results_dir={tmp_path / 'results'}"], env=env)
     assert result.returncode == 0, result.stderr
     run, samples = read_run(tmp_path / "results")
@@ -56,7 +58,7 @@ def test_mlperf_protocol_saves_ten_then_loads_the_last_ten_times(tmp_path, stora
     loads = [s for s in samples if s["op"] == "load"]
     assert sorted({s["iteration"] for s in saves}) == sorted({s["iteration"] for s in loads}) \
         == list(range(1, 11))
-    assert len(saves) == len(loads) == 20 and len(run["suffixes"]) == 10
+    assert len(saves) == len(loads) == 10 * nproc and len(run["suffixes"]) == 10
     # every load reads the last checkpoint, after every save ended, and is verified
     assert {s["suffix"] for s in loads} == {run["suffixes"][-1]}
     assert min(s["begin_wall_s"] for s in loads) > max(s["end_wall_s"] for s in saves)

@@ -26,7 +26,7 @@ def test_heartbeat_lines_during_operations_and_none_when_off(s3, s3_uri, tmp_pat
                          r"(acknowledged by|from) the storage endpoint.*\)$", line), line
     assert read_run(tmp_path / "on")[0]["status"] == "ok"
 
-    off = run_cli(["save-and-load", "nproc=2", "model=tiny_gpt2", "progress=false",
+    off = run_cli(["save-and-load", "nproc=1", "model=tiny_gpt2", "progress=false",
                    "progress_interval_s=0.05", *s3_args(s3, s3_uri),
                    f"results_dir={tmp_path / 'off'}"], env=s3_env(s3))
     assert off.returncode == 0, off.stdout + off.stderr

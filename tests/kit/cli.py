@@ -22,6 +22,10 @@ _SCRUBBED = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_ACCE
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
     env["PYTHONUNBUFFERED"] = "1"
+    # Two test workers share two cores: a rank's intra-op threads (the launcher gives each
+    # rank cpu_count // nproc of them) spin against the other worker's ranks, about 1.5 CPU
+    # seconds more per 1-rank save-and-load here (2026-11-27). One each, unless a test says.
+    env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra or {})
     return env
 
