@@ -1,7 +1,9 @@
 """storage.client=s3torchconnector|fsspec|msc (issue 29): each client saves and loads on 2
-real ranks against SeaweedFS and moto, every load verified; request counts equal the
-server's own counters; a 3-client sweep gives one report table with a row per client; an
-async save and a resharded load work with each; no secret reaches any file a run leaves."""
+real ranks against SeaweedFS (the sweep) and on one against moto, every load verified;
+request counts equal the server's own counters; a 3-client sweep gives one report table
+with a row per client; an async save on 2 ranks and a resharded load on one work with
+each; a resent upload is counted as a retry (one rank); no secret reaches any file a run
+leaves."""
 
 from __future__ import annotations
 
@@ -33,8 +35,10 @@ def verified_loads(run: dict, samples: list[dict]) -> list[dict]:
 
 @pytest.mark.parametrize("client", ("fsspec", "msc"))
 def test_each_client_on_moto(moto_s3, moto_uri, tmp_path, client):
-    """A second S3 implementation (moto, SigV4 checked): the same save and verified load."""
-    result = run_cli(["save-and-load", *s3_args(moto_s3, moto_uri), "nproc=2",
+    """A second S3 implementation (moto, SigV4 checked): the same save and verified load
+    (one rank: what moto is asked does not depend on how many ask; the 2-rank runs of
+    each client are the sweep's and the async save's, on SeaweedFS)."""
+    result = run_cli(["save-and-load", *s3_args(moto_s3, moto_uri), "nproc=1",
                       f"storage.client={client}", f"results_dir={tmp_path}"],
                      env=s3_env(moto_s3), timeout_s=TIMEOUT_S)
     assert_ok(result)
@@ -127,14 +131,15 @@ def test_wrong_client_input_is_one_line_before_any_rank(tmp_path, args, fragment
 
 @pytest.mark.parametrize("client", ("fsspec", "msc"))
 def test_a_resent_upload_counts_as_a_retry_with_each_client(s3, s3_uri, tmp_path, client):
-    """Two data-object uploads cut mid-body by a proxy the tool does not own: botocore
-    sends them again, the save completes and loads verified, and the record counts each
-    cut attempt as failed and retried (never as a first try that succeeded)."""
+    """Two data-object upload attempts cut mid-body by a proxy the tool does not own:
+    botocore sends them again, the save completes and loads verified, and the record counts
+    each cut attempt as failed and retried (never as a first try that succeeded). One rank:
+    the counting is one client's, and one rank's uploads meet both cuts."""
     with FaultProxy(s3.endpoint_url, reset_rate=1.0, max_resets=2, seed=3,
                     targets=("PutObject", "UploadPart"),
                     key_pattern=r"__\d+_\d+\.distcp") as proxy:
         result = run_cli(["save-and-load", f"storage.uri={s3_uri}",
-                          f"storage.endpoint={proxy.url}", "nproc=2", f"storage.client={client}",
+                          f"storage.endpoint={proxy.url}", "nproc=1", f"storage.client={client}",
                           f"results_dir={tmp_path}"], env=s3_env(s3), timeout_s=TIMEOUT_S)
     assert_ok(result)
     assert proxy.injected().get("reset") == 2, proxy.injected()
