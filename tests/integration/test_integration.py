@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import socket
 
+import pytest
 
 from tests.kit.cli import read_run, run_cli, s3_args, s3_env
 
@@ -103,11 +105,25 @@ def test_fs_backend_save_and_load(tmp_path):
     assert suffix in listing.stdout and "complete" in listing.stdout
 
 
-def test_embedded_default_runs_with_nothing_configured(tmp_path):
-    """What `make demo` does: no S3 settings at all."""
-    result = run_cli(["save-and-load", "nproc=2", f"results_dir={tmp_path}"])
+@pytest.fixture(scope="module")
+def embedded_sweep(tmp_path_factory):
+    """`save-and-load -m nproc=1,2` with no S3 settings at all: two jobs, each on an
+    embedded server of its own. (the command's result, [(run, samples) of each record])"""
+    root = tmp_path_factory.mktemp("embedded")
+    result = run_cli(["save-and-load", "-m", "nproc=1,2", "model=tiny_llama",
+                      f"results_dir={root}"])
+    records = []
+    for path in sorted(root.glob("*.jsonl")):
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records.append((lines[0], lines[1:]))
+    return result, records
+
+
+def test_embedded_default_runs_with_nothing_configured(embedded_sweep):
+    """What `make demo` does: no S3 settings at all (its 2-rank job of embedded_sweep)."""
+    result, records = embedded_sweep
     assert_ok(result)
-    run, samples = read_run(tmp_path)
+    (run, samples), = [(run, samples) for run, samples in records if run["world_size"] == 2]
     check_samples(run, samples, {"save": 1, "load": 1})
     assert run["storage"]["embedded"] is True
     assert run["storage"]["endpoint"].startswith("http://127.0.0.1:")
@@ -126,21 +142,17 @@ def test_multirun_sweep_runs_each_job(s3, s3_uri, tmp_path):
     assert len(files) == 2
     presets = set()
     for path in files:
-        import json
         presets.add(json.loads(path.read_text().splitlines()[0])["model"]["preset"])
     assert presets == {"tiny_llama", "tiny_gpt2"}
 
 
-def test_a_sweep_on_the_embedded_server_gives_each_job_its_own_keys(tmp_path):
+def test_a_sweep_on_the_embedded_server_gives_each_job_its_own_keys(embedded_sweep):
     """Each job starts its own embedded server with fresh keys: nothing of job 1 (boto3's
     default session once kept the first keys it read) may sign job 2's requests (403)."""
-    import json
-
-    result = run_cli(["save-and-load", "-m", "nproc=1,2", "model=tiny_llama",
-                      f"results_dir={tmp_path}"])
+    result, records = embedded_sweep
     assert_ok(result)
     assert "refused the credentials" not in result.stdout + result.stderr
-    runs = [json.loads(path.read_text().splitlines()[0]) for path in tmp_path.glob("*.jsonl")]
+    runs = [run for run, _ in records]
     assert sorted(run["world_size"] for run in runs) == [1, 2]
     assert [run["status"] for run in runs] == ["ok", "ok"]
     endpoints = {run["storage"]["endpoint"] for run in runs}
