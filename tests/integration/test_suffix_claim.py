@@ -110,16 +110,19 @@ def test_a_server_that_ignores_the_condition_gets_the_stated_fallback(s3, s3_uri
     assert len(warnings) == 1 and "not atomically" in warnings[0], warnings
 
 
-def _save(endpoint_url: str, uri: str, results_dir, suffix: str) -> list[str]:
-    return ["save", f"storage.uri={uri}", f"storage.endpoint={endpoint_url}",
+def _save(endpoint_url: str, uri: str, results_dir, suffix: str,
+          command: str = "save") -> list[str]:
+    """A 1-rank save to `suffix`; command=save-and-load: then loaded by that same run, every
+    value checked (its record's integrity[suffix]), once its save has committed."""
+    return [command, f"storage.uri={uri}", f"storage.endpoint={endpoint_url}",
             "model=tiny_llama", "nproc=1", f"suffix={suffix}", f"results_dir={results_dir}"]
 
 
 def _start_held_save(proxy: FaultProxy, uri: str, results_dir, suffix: str,
-                     env: dict[str, str]) -> subprocess.Popen:
+                     env: dict[str, str], command: str = "save") -> subprocess.Popen:
     """A save through `proxy` (stdout and stderr merged), returned once the proxy holds one
     of its requests; stopped, and the test failed, if it ends or takes 240 s first."""
-    process = start_cli(_save(proxy.url, uri, results_dir, suffix), env)
+    process = start_cli(_save(proxy.url, uri, results_dir, suffix, command), env)
     deadline = time.monotonic() + 240
     while not proxy.injected()["stall"]:
         if process.poll() is not None or time.monotonic() >= deadline:
@@ -139,7 +142,9 @@ def test_two_saves_to_one_suffix_one_writes_the_other_is_refused_before_writing(
     with FaultProxy(endpoint.endpoint_url, stall_rate=1.0, stall_s=240,
                     targets=["UploadPart"]) as first_proxy, \
             FaultProxy(endpoint.endpoint_url) as second_proxy:
-        first = _start_held_save(first_proxy, uri, tmp_path / "first", "race", env)
+        # a save-and-load: the load, after the second has ended, checks every value
+        first = _start_held_save(first_proxy, uri, tmp_path / "first", "race", env,
+                                 "save-and-load")
         try:
             second = run_cli(_save(second_proxy.url, uri, tmp_path / "second", "race"), env=env)
             first_proxy.release_stalls()
@@ -162,21 +167,20 @@ def test_two_saves_to_one_suffix_one_writes_the_other_is_refused_before_writing(
     assert not client.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads")
     claim = client.get_object(Bucket=bucket, Key=f"{prefix}/race/{layout.CLAIM_NAME}")
     assert json.loads(claim["Body"].read())["run_id"] == run["run_id"]
-    # The checkpoint is the first save's alone: it loads, every value checked.
-    loaded = run_cli(["load", *s3_args(endpoint, uri), "model=tiny_llama", "nproc=1",
-                      "suffix=race", f"results_dir={tmp_path / 'load'}"], env=env)
-    assert loaded.returncode == 0, loaded.stdout + loaded.stderr
-    load_run, _ = read_run(tmp_path / "load")
-    assert load_run["integrity"]["race"]["checked"] is True
+    # The checkpoint is the first save's alone: it loads (the first run's own load, once
+    # the second had ended), every value checked.
+    assert run["suffixes"] == ["race"] and run["integrity"]["race"]["checked"] is True
     listing = run_cli(["list", *s3_args(endpoint, uri)], env=env)
     assert listing.returncode == 0 and "complete" in listing.stdout
 
 
 def test_two_saves_started_at_once_on_seaweedfs_one_proceeds(s3, s3_uri, tmp_path):
-    """The race as users meet it: both started together; whichever claims first writes."""
+    """The race as users meet it: both started together; whichever claims first writes (and
+    loads it: both are save-and-load runs; the refused one loads nothing)."""
     env = clean_env(s3_env(s3))
     runs = [subprocess.Popen([sys.executable, "-m", "dcp_fsdp",
-                              *_save(s3.endpoint_url, s3_uri, tmp_path / name, "same")],
+                              *_save(s3.endpoint_url, s3_uri, tmp_path / name, "same",
+                                     "save-and-load")],
                              env=env, cwd=REPO, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
     outputs = [run.communicate(timeout=300) for run in runs]
@@ -184,9 +188,9 @@ def test_two_saves_started_at_once_on_seaweedfs_one_proceeds(s3, s3_uri, tmp_pat
     assert codes == [0, 2], outputs
     refused = outputs[[run.returncode for run in runs].index(2)][1]
     assert "suffix=same:" in refused and "omit it to get a fresh one" in refused, refused
-    loaded = run_cli(["load", *s3_args(s3, s3_uri), "model=tiny_llama", "nproc=1",
-                      "suffix=same", f"results_dir={tmp_path / 'load'}"], env=s3_env(s3))
-    assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+    winner = "ab"[[run.returncode for run in runs].index(0)]
+    won, _ = read_run(tmp_path / winner)
+    assert won["status"] == "ok" and won["integrity"]["same"]["checked"] is True
 
 
 def test_two_saves_past_the_check_at_once_the_conditional_write_decides(server, tmp_path):
