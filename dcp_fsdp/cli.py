@@ -352,23 +352,16 @@ def _own_parser_command(command: str, rest: list[str]) -> int | None:
 
 def _settings_command(command: str, rest: list[str]) -> int:
     """A command of settings (key=value, `--config FILE`, `-m` sweeps): one run or a sweep."""
-    from dcp_fsdp.config.compose import expand_config_files, expand_sweeps, parse_error_line
+    from dcp_fsdp.config.arguments import settings_line
+    from dcp_fsdp.config.compose import config_file_overrides, expand_sweeps, parse_error_line
     from dcp_fsdp.errors import UserError
 
-    min_age_s, check = None, False
-    multirun = any(arg in ("-m", "--multirun") for arg in rest)
     try:
-        if command in ("clean-uploads", "delete"):  # their own options, beside the settings
-            from dcp_fsdp.launch.listing import clean_options
-
-            rest, min_age_s = clean_options(rest, command)
-        if command == "list":  # --check: each complete checkpoint against its .metadata
-            from dcp_fsdp.launch.listing import list_options
-
-            rest, check = list_options(rest)
-        overrides = expand_config_files([arg for arg in rest if arg not in ("-m", "--multirun")])
+        line = settings_line(command, rest)
+        overrides = [*config_file_overrides(line.config_files), *line.settings]
     except UserError as error:
         return _fail(str(error))
+    multirun, min_age_s, check = line.multirun, line.min_age_s, line.check
     if multirun and command == "tune":
         return _fail("-m: tune runs its own search over the connector settings; drop -m "
                      "(and give the fixed settings, e.g. model=L7b nproc=8)")

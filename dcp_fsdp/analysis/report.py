@@ -23,26 +23,23 @@ import math
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from dcp_fsdp.analysis.groups import build
 from dcp_fsdp.analysis.plots import plot
 from dcp_fsdp.analysis.render import DEFAULT_WIDTH, render, wide_csv
 from dcp_fsdp.analysis.sources import read_records, record_files
+from dcp_fsdp.config.arguments import CommandArguments
+from dcp_fsdp.errors import UserError
 
 RUN_DEFAULT_PATHS = ["results"]
 
 __all__ = ["build", "plot", "render", "wide_csv", "read_records", "record_files", "main"]
 
 
-class _Arguments(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, like every other bad input
-        print(f"dcp-fsdp: error: report: {message} (dcp-fsdp report --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def parser() -> argparse.ArgumentParser:
-    arguments = _Arguments(
-        prog="dcp-fsdp report",
+    arguments = CommandArguments(
+        "report", help_flag=True,
         description="Tables (and plots) over run records, grouped by node count, world size, "
                     "model, operation, storage and every setting that differs between runs.")
     arguments.add_argument("paths", nargs="*", default=RUN_DEFAULT_PATHS,
@@ -125,25 +122,31 @@ def _in_dir(directory: Path, problem: str | None) -> str | None:
     return f"its directory {directory}: {problem}" if problem else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parser().parse_args(argv)
-    except SystemExit as stop:
-        return int(stop.code or 0)
+def checked_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, Any, list[Path]]:
+    """(arguments, prices, record files): every option checked and the files found before
+    any record is read; UserError (one line naming the option and the fix) otherwise."""
+    args = parser().parse_args(argv)
     problem = output_problem(args)
     if not problem:
         problem, prices = decision_problem(args)
     if problem:
-        print(f"dcp-fsdp: error: report: {problem}", file=sys.stderr)
-        return 2
+        raise UserError(f"report: {problem}")
     try:
         files = record_files(args.paths)
     except FileNotFoundError as error:
-        print(f"dcp-fsdp: error: report: {error}", file=sys.stderr)
-        return 2
+        raise UserError(f"report: {error}") from None
     if not files:
-        print(f"dcp-fsdp: error: report: no record files (*.jsonl) under {' '.join(args.paths)}",
-              file=sys.stderr)
+        raise UserError(f"report: no record files (*.jsonl) under {' '.join(args.paths)}")
+    return args, prices, files
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args, prices, files = checked_arguments(argv)
+    except SystemExit as stop:  # --help
+        return int(stop.code or 0)
+    except UserError as error:  # one line, like every other bad input
+        print(f"dcp-fsdp: error: {error}", file=sys.stderr)
         return 2
     runs, samples, warnings = read_records(files)
     if not runs:

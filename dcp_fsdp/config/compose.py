@@ -41,30 +41,15 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
     return [list(combination) for combination in itertools.product(*choices)]
 
 
-def expand_config_files(args: list[str]) -> list[str]:
-    """`--config FILE` (YAML of settings) becomes overrides placed before the others.
+def config_file_overrides(paths: list[str]) -> list[str]:
+    """The settings of `--config FILE` files (YAML), as overrides to place before the command
+    line's, in the files' order.
 
     The file holds the same keys as the command line, nested or dotted, e.g.
     `{model: L7b, iterations: 5, storage: {uri: s3://my-bucket/ckpt}}`; the
     command line wins where both set a key.
     """
-    expanded: list[str] = []
-    from_files: list[str] = []
-    position = 0
-    while position < len(args):
-        arg = args[position]
-        if arg == "--config" or arg.startswith("--config="):
-            if arg == "--config":
-                if position + 1 >= len(args):
-                    raise UserError("--config: give a YAML file, e.g. --config my-run.yaml")
-                path, position = args[position + 1], position + 2
-            else:
-                path, position = arg.split("=", 1)[1], position + 1
-            from_files.extend(_config_file_overrides(path))
-            continue
-        expanded.append(arg)
-        position += 1
-    return from_files + expanded
+    return [override for path in paths for override in _config_file_overrides(path)]
 
 
 def _config_file_overrides(path: str) -> list[str]:

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from dcp_fsdp import contract, log
+from dcp_fsdp.config.arguments import CommandArguments
 from dcp_fsdp.launch.aftermath import RanksOutcome, settle
 
 # srun's line for a task that ended badly: "srun: error: node2: task 1: Killed"
@@ -169,7 +170,8 @@ def job_outcome(reports: list[dict], srun_ends: list[tuple[str, str]], step_exit
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m dcp_fsdp.launch.after_job")
+    parser = CommandArguments("after_job", help_flag=True,
+                              prog="python -m dcp_fsdp.launch.after_job")
     parser.add_argument("--job-dir", required=True, type=Path)
     parser.add_argument("--step-exit", required=True, type=int)
     parser.add_argument("--signal", default=None)
@@ -180,7 +182,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
-    args = _parse(argv)
+    from dcp_fsdp.errors import UserError
+
+    try:
+        args = _parse(argv)
+    except UserError as error:  # batch/*.sh called it wrong: one line, not a usage block
+        log.error(str(error))
+        return contract.EXIT_USER_ERROR
     reports = node_reports(args.job_dir)
     outcome = job_outcome(reports, srun_task_ends(args.job_dir), args.step_exit, args.signal)
     try:
@@ -191,7 +199,6 @@ def main(argv: list[str]) -> int:
     if outcome.status == "ok" or not run_id or args.command == "wait":
         return outcome.exit_code
     from dcp_fsdp.config.compose import compose
-    from dcp_fsdp.errors import UserError
 
     try:
         cfg = compose(args.command, args.overrides)

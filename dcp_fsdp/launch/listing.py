@@ -156,37 +156,6 @@ def _abandoned_claim_note(store, info: CheckpointInfo) -> str:
             "removes it")
 
 
-def list_options(args: list[str]) -> tuple[list[str], bool]:
-    """(the other arguments, whether `--check` was given)."""
-    return [arg for arg in args if arg != "--check"], "--check" in args
-
-
-def clean_options(args: list[str], command: str = "clean-uploads") -> tuple[list[str], float]:
-    """(the other arguments, the minimum age in seconds) from `--min-age-s N` / `--force`
-    (clean-uploads: of an upload; delete: of an incomplete suffix's newest object)."""
-    rest, min_age_s, index = [], DEFAULT_MIN_AGE_S, 0
-    while index < len(args):
-        arg = args[index]
-        if arg == "--force":
-            min_age_s = 0.0
-        elif arg == "--min-age-s" or arg.startswith("--min-age-s="):
-            value = arg.split("=", 1)[1] if "=" in arg else (
-                args[index + 1] if index + 1 < len(args) else "")
-            index += 0 if "=" in arg else 1
-            try:
-                min_age_s = float(value)
-            except ValueError:
-                min_age_s = -1.0
-            if not min_age_s >= 0 or min_age_s == float("inf"):
-                raise UserError(f"{command} --min-age-s={value}: give seconds, a number >= 0 "
-                                "(e.g. --min-age-s 3600), or --force for "
-                                + ("every upload" if command == "clean-uploads" else "any age"))
-        else:
-            rest.append(arg)
-        index += 1
-    return rest, min_age_s
-
-
 def _age(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
         if seconds >= size:

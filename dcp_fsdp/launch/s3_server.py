@@ -35,6 +35,7 @@ from types import FrameType
 from typing import NoReturn
 
 from dcp_fsdp import log
+from dcp_fsdp.config.arguments import CommandArguments
 from dcp_fsdp.process import lifeline
 from dcp_fsdp.errors import UserError
 
@@ -306,17 +307,13 @@ def serve(where: Path, bucket: str) -> int:
         server.stop()
 
 
-def main(args: list[str]) -> int:
-    if not args or args[0] in ("-h", "--help", "help"):
-        print(USAGE)
-        return 0 if args else 2
-    action, rest = args[0], args[1:]
+def _bucket(settings: list[str]) -> str:
+    """`start`'s bucket=NAME (the last one given), checked by the S3 bucket-name rules."""
     bucket = "dcp-fsdp"
-    force = action == "stop" and "--force" in rest
-    for arg in (a for a in rest if not (force and a == "--force")):
-        if not arg.startswith("bucket=") or action != "start":
-            raise UserError(f"s3-server {action}: unexpected '{arg}'; {USAGE.splitlines()[0]}")
-        bucket = arg.split("=", 1)[1]
+    for setting in settings:
+        if not setting.startswith("bucket="):
+            raise UserError(f"s3-server start: unexpected '{setting}'; {USAGE.splitlines()[0]}")
+        bucket = setting.split("=", 1)[1]
         from dcp_fsdp.config.validate import parse_s3_uri
 
         try:
@@ -325,23 +322,41 @@ def main(args: list[str]) -> int:
             raise UserError(f"s3-server bucket={bucket}: not a valid S3 bucket name; use 3-63 "
                             "lowercase letters, digits, dots and hyphens, e.g. bucket=ckpt"
                             ) from None
+    return bucket
+
+
+def main(args: list[str]) -> int:
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0 if args else 2
+    arguments = CommandArguments("s3-server")
+    arguments.add_argument("action")
+    arguments.add_argument("settings", nargs="*")  # bucket=NAME (start)
+    arguments.add_argument("--force", action="store_true")  # stop
+    given = arguments.parse_args(args)
+    action = given.action
+    if action not in ("start", "status", "env", "stop"):
+        raise UserError(f"s3-server {action}: unknown action; {USAGE.splitlines()[0]}")
+    unexpected = [*(given.settings if action != "start" else []),
+                  *(["--force"] if given.force and action != "stop" else [])]
+    if unexpected:
+        raise UserError(f"s3-server {action}: unexpected '{unexpected[0]}'; {USAGE.splitlines()[0]}")
+    bucket = _bucket(given.settings)
     where = state_dir()
     if action in ("start", "stop"):
         with locked(where, action):
-            return start(where, bucket) if action == "start" else stop(where, force)
-    if action in ("status", "env"):
-        state = read_state(where)
-        if state is None:
-            if action == "env":
-                raise UserError("s3-server: not running; start it: dcp-fsdp s3-server start")
-            log.info("s3-server: not running (start it: dcp-fsdp s3-server start)")
-            return 3
+            return start(where, bucket) if action == "start" else stop(where, given.force)
+    state = read_state(where)  # status or env
+    if state is None:
         if action == "env":
-            print(exports(state))
-        else:
-            log.info(_describe(state))
-        return 0
-    raise UserError(f"s3-server {action}: unknown action; {USAGE.splitlines()[0]}")
+            raise UserError("s3-server: not running; start it: dcp-fsdp s3-server start")
+        log.info("s3-server: not running (start it: dcp-fsdp s3-server start)")
+        return 3
+    if action == "env":
+        print(exports(state))
+    else:
+        log.info(_describe(state))
+    return 0
 
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "serve":

@@ -149,11 +149,13 @@ def test_config_file_that_cannot_be_read(tmp_path):
 
 
 def test_config_file_settings_apply_and_command_line_wins(tmp_path):
-    from dcp_fsdp.config.compose import compose, expand_config_files
+    from dcp_fsdp.config.arguments import settings_line
+    from dcp_fsdp.config.compose import compose, config_file_overrides
 
     config = tmp_path / "run.yaml"
     config.write_text("model: tiny_gpt2\niterations: 2\nstorage:\n  part_size_mib: 16\n")
-    cfg = compose("save", expand_config_files(["--config", str(config), "iterations=3"]))
+    line = settings_line("save", ["iterations=3", "--config", str(config)])
+    cfg = compose("save", [*config_file_overrides(line.config_files), *line.settings])
     assert (cfg.model.preset, cfg.iterations, cfg.storage.part_size_mib) == ("tiny_gpt2", 3, 16)
 
 
