@@ -54,12 +54,12 @@ def _start_save_load_by_suffix_stop(tmp_path, runtime):
         assert again.returncode == 0 and "already running" in again.stdout
 
         run_env = {**env, **variables}
-        save = run_cli(["save", f"storage.uri={uri}", "nproc=2",
+        save = run_cli(["save", f"storage.uri={uri}", "nproc=1",
                         f"results_dir={tmp_path / 'save'}"], env=run_env)
         assert save.returncode == 0, save.stderr
         suffix = read_run(tmp_path / "save")[0]["suffixes"][0]
         assert f"SUFFIXES={suffix}" in save.stdout  # not the embedded server's: it persists
-        load = run_cli(["load", f"storage.uri={uri}", f"suffix={suffix}", "nproc=2",
+        load = run_cli(["load", f"storage.uri={uri}", f"suffix={suffix}", "nproc=1",
                         f"results_dir={tmp_path / 'load'}"], env=run_env)
         assert load.returncode == 0, load.stderr
         assert read_run(tmp_path / "load")[0]["status"] == "ok"
