@@ -59,16 +59,18 @@ def _cpu_s() -> float:
 def pytest_runtest_protocol(item, nextitem):
     """DCP_FSDP_TEST_CPU_LOG=FILE: one JSON line per test with its wall seconds and the CPU
     seconds of its worker and of the processes it started and reaped (launchers, their agents
-    and ranks): where the suite's time goes, which --durations (wall time under load) hides."""
+    and ranks): where the suite's time goes, which --durations (wall time under load) hides;
+    with its worker and start time (wall clock), which show how the workers were packed."""
     path = os.environ.get("DCP_FSDP_TEST_CPU_LOG")
     if not path:
         return (yield)
-    started_s, cpu_before_s = time.monotonic(), _cpu_s()
+    started_s, started_at, cpu_before_s = time.monotonic(), time.time(), _cpu_s()
     try:
         return (yield)
     finally:
         line = {"test": item.nodeid, "wall_s": round(time.monotonic() - started_s, 2),
-                "cpu_s": round(_cpu_s() - cpu_before_s, 2)}
+                "cpu_s": round(_cpu_s() - cpu_before_s, 2), "started_at": round(started_at, 2),
+                "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
         with open(path, "a") as log:
             log.write(json.dumps(line) + "\n")
 
