@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.arguments import CommandArguments
+from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch.aftermath import RanksOutcome, settle
 
 # srun's line for a task that ended badly: "srun: error: node2: task 1: Killed"
@@ -182,8 +183,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
-    from dcp_fsdp.errors import UserError
-
     try:
         args = _parse(argv)
     except UserError as error:  # batch/*.sh called it wrong: one line, not a usage block

@@ -15,19 +15,13 @@ import urllib.parse
 import uuid
 from pathlib import Path
 
-import boto3
 import pytest
 
-from tests.kit.cli import (REPO, assert_under_elastic_agent, clean_env, rank_pids, read_run,
-                           run_cli, s3_args, s3_env, wait_for_committed_object)
+from tests.kit.cli import (REPO, assert_under_elastic_agent, clean_env, copy_checkpoint,
+                           rank_pids, read_run, run_cli, s3_args, s3_client, s3_env,
+                           wait_for_committed_object)
 from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 from tests.kit.fault_proxy import FaultProxy
-
-
-def s3_client(s3):
-    return boto3.client("s3", endpoint_url=s3.endpoint_url, region_name="us-east-1",
-                        aws_access_key_id=s3.access_key_id,
-                        aws_secret_access_key=s3.secret_access_key)
 
 
 def keys_under(client, bucket, prefix):
@@ -63,11 +57,8 @@ def test_corrupted_object_fails_the_load_naming_the_tensor(s3, s3_uri, concurren
     assert results["a"].returncode == 0, results["a"].stderr
     suffix = read_run(root / "a")[0]["suffixes"][0]
     client = s3_client(s3)
-    source_bucket, source_prefix = source_uri[len("s3://"):].split("/", 1)
+    copy_checkpoint(client, source_uri, suffix, s3_uri)
     bucket, prefix = s3_uri[len("s3://"):].split("/", 1)
-    for key in keys_under(client, source_bucket, f"{source_prefix}/{suffix}/"):
-        client.copy_object(Bucket=bucket, Key=prefix + key[len(source_prefix):],
-                           CopySource={"Bucket": source_bucket, "Key": key})
     data_keys = [k for k in keys_under(client, bucket, f"{prefix}/{suffix}/") if k.endswith(".distcp")]
     assert len(data_keys) == 2  # one file per rank
     body = bytearray(client.get_object(Bucket=bucket, Key=data_keys[0])["Body"].read())

@@ -8,11 +8,10 @@ whole."""
 
 from __future__ import annotations
 
-import boto3
 import pytest
 
 from dcp_fsdp.storage.metadata_peek import screen
-from tests.kit.cli import read_run, run_cli, s3_args, s3_env
+from tests.kit.cli import copy_checkpoint, read_run, run_cli, s3_args, s3_client, s3_env
 
 SEED = "seed=5"
 # the load's own seed differs: the checkpoint's manifest says which values to expect
@@ -30,12 +29,6 @@ def load(s3, s3_uri, tmp_path, suffix: str, nproc: int, *settings: str):
     result = run_cli(["load", *s3_args(s3, s3_uri), f"suffix={suffix}", f"nproc={nproc}",
                       *settings, f"results_dir={tmp_path / 'load'}"], env=s3_env(s3))
     return result, read_run(tmp_path / "load")
-
-
-def _client(s3):
-    return boto3.client("s3", endpoint_url=s3.endpoint_url, region_name="us-east-1",
-                        aws_access_key_id=s3.access_key_id,
-                        aws_secret_access_key=s3.secret_access_key)
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +79,9 @@ def test_corruption_is_detected_at_another_world_size(s3, s3_uri, saved, tmp_pat
     of a model tensor's bytes in rank 1's object (the middle of the object may be optimizer
     state): the load on 1 rank fails naming a model tensor."""
     uri, suffix, state = saved[2]
-    client = _client(s3)
-    source_bucket, source_prefix = uri[len("s3://"):].split("/", 1)
+    client = s3_client(s3)
+    copy_checkpoint(client, uri, suffix, s3_uri)
     bucket, prefix = s3_uri[len("s3://"):].split("/", 1)
-    listed = client.list_objects_v2(Bucket=source_bucket,
-                                    Prefix=f"{source_prefix}/{suffix}/")["Contents"]
-    for obj in listed:
-        client.copy_object(Bucket=bucket, Key=prefix + obj["Key"][len(source_prefix):],
-                           CopySource={"Bucket": source_bucket, "Key": obj["Key"]})
     listed = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{suffix}/")["Contents"]
     data_keys = sorted(obj["Key"] for obj in listed if obj["Key"].endswith(".distcp"))
     assert len(data_keys) == 2  # one object per saving rank

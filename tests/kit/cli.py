@@ -176,13 +176,9 @@ def wait_for_committed_object(s3: S3Endpoint, held_path: str, key_pattern: str,
     checkpoint as the held object (held_path: "/bucket/prefix/suffix/object", path-style)."""
     import re
 
-    import boto3
-
     bucket, key = held_path.lstrip("/").split("/", 1)
     checkpoint_prefix = key.rsplit("/", 1)[0] + "/"
-    client = boto3.client("s3", endpoint_url=s3.endpoint_url, region_name="us-east-1",
-                          aws_access_key_id=s3.access_key_id,
-                          aws_secret_access_key=s3.secret_access_key)
+    client = s3_client(s3)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         listing = client.list_objects_v2(Bucket=bucket, Prefix=checkpoint_prefix)
@@ -191,3 +187,23 @@ def wait_for_committed_object(s3: S3Endpoint, held_path: str, key_pattern: str,
         time.sleep(0.1)
     raise AssertionError(f"no object matching {key_pattern} under {checkpoint_prefix} "
                          f"after {timeout_s:.0f} s")
+
+
+def s3_client(s3: S3Endpoint):
+    """A boto3 S3 client of the endpoint, as a user outside the tool would have one."""
+    import boto3
+
+    return boto3.client("s3", endpoint_url=s3.endpoint_url, region_name="us-east-1",
+                        aws_access_key_id=s3.access_key_id,
+                        aws_secret_access_key=s3.secret_access_key)
+
+
+def copy_checkpoint(client, source_uri: str, suffix: str, target_uri: str) -> None:
+    """Every object of checkpoint `suffix` under source_uri copied to the same suffix under
+    target_uri (a test that damages a checkpoint damages its own copy)."""
+    source_bucket, source_prefix = source_uri.removeprefix("s3://").split("/", 1)
+    bucket, prefix = target_uri.removeprefix("s3://").split("/", 1)
+    listed = client.list_objects_v2(Bucket=source_bucket, Prefix=f"{source_prefix}/{suffix}/")
+    for obj in listed.get("Contents", []):
+        client.copy_object(Bucket=bucket, Key=prefix + obj["Key"][len(source_prefix):],
+                           CopySource={"Bucket": source_bucket, "Key": obj["Key"]})
