@@ -164,7 +164,8 @@ def test_clean_uploads_leaves_young_uploads_alone_and_shows_every_age(s3, s3_uri
     client = s3_client(s3)
     keys = [f"{prefix}/2026-01-01-00-00-{tail}/__0_0.distcp" for tail in ("0old", "0new")]
     client.create_multipart_upload(Bucket=bucket, Key=keys[0])
-    time.sleep(10)
+    old_created_s = time.time()  # after the server stamped it: the upload is at least this old
+    time.sleep(15)
     client.create_multipart_upload(Bucket=bucket, Key=keys[1])
     args, env = s3_args(s3, s3_uri), s3_env(s3)
 
@@ -178,7 +179,11 @@ def test_clean_uploads_leaves_young_uploads_alone_and_shows_every_age(s3, s3_uri
     assert rows["2026-01-01-00-00-0old"][2].endswith(" s"), rows  # its age
     assert rows["2026-01-01-00-00-0old"][5] == "leave (younger than 1.0 h)", rows
 
-    older = run_cli(["clean-uploads", "--min-age-s", "8", *args], env=env)
+    # Just under the old upload's age now: it is older at any later moment, and the new one
+    # (15 s younger) stays younger until the command has run for ~12 s, however long the
+    # command above took (a fixed 8 s failed under 3 test workers: the new one was 10 s old).
+    min_age_s = time.time() - old_created_s - 2
+    older = run_cli(["clean-uploads", "--min-age-s", f"{min_age_s:.1f}", *args], env=env)
     assert older.returncode == 0, older.stderr
     assert "aborted 1 open multipart upload(s)" in older.stdout, older.stdout
     assert [u["Key"] for u in open_uploads(s3, s3_uri)] == [keys[1]]
