@@ -131,7 +131,9 @@ def pytest_sessionstart(session):
     if os.path.basename(os.environ.get("TMPDIR", "")).startswith("dcp-fsdp-tests-"):
         return
     # Named after this process: if the session is killed, the next dcp-fsdp run removes it.
-    session_tmp = str(owned_tempdir("dcp-fsdp-tests-"))
+    from tests.kit.reaper import SESSION_DIR_PREFIX
+
+    session_tmp = str(owned_tempdir(SESSION_DIR_PREFIX))
     session.config._dcp_fsdp_tmp = session_tmp
     session.config._dcp_fsdp_tmp_before = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = session_tmp

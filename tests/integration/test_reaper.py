@@ -44,8 +44,11 @@ def test_a_killed_session_leaves_no_kept_server(tmp_path):
     runtime = Path(tempfile.mkdtemp(prefix="s3r-", dir="/tmp"))  # short: unix socket paths
     try:
         (tmp_path / "test_inner.py").write_text(INNER)
-        env = clean_env({"XDG_RUNTIME_DIR": str(runtime), "PYTHONPATH": str(REPO)})
-        env.pop("TMPDIR", None)  # the inner session makes its own (and its own marker)
+        # The inner session makes its own directory (its marker) under a TMPDIR of this test's
+        inner_tmp = runtime / "tmp"
+        inner_tmp.mkdir()
+        env = clean_env({"XDG_RUNTIME_DIR": str(runtime), "PYTHONPATH": str(REPO),
+                         "TMPDIR": str(inner_tmp)})
         env.pop("DCP_FSDP_TEST_SESSION", None)
         inner = subprocess.Popen(
             # tests/conftest.py as a plugin: the inner file is outside tests/
@@ -65,6 +68,10 @@ def test_a_killed_session_leaves_no_kept_server(tmp_path):
         while _servers_of(runtime) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert _servers_of(runtime) == []
+        # ... and the killed session's own directory is gone too (the reaper removes it last)
+        while list(inner_tmp.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert list(inner_tmp.iterdir()) == []
     finally:
         for process in _servers_of(runtime):
             process.kill()

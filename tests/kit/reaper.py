@@ -8,18 +8,24 @@ sets the marker (MARKER_ENV) at session start, so every process a test starts in
 it, and starts this reaper in a session of its own, watching pytest's pid.
 
   python -m tests.kit.reaper PYTEST_PID MARKER
+
+The marker is the session's temporary directory (its TMPDIR): once the processes are ended,
+the reaper removes it too, as the session's own finish would have.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
 MARKER_ENV = "DCP_FSDP_TEST_SESSION"
+SESSION_DIR_PREFIX = "dcp-fsdp-tests-"  # tests/conftest.py's session directories
 POLL_S = 0.5
 TERM_GRACE_S = 5.0  # SIGTERM first (a kept server stops its SeaweedFS and removes its data)
 
@@ -49,17 +55,23 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is pytest's to answer
     while not gone(watched):
         time.sleep(POLL_S)
+    end_marked(marker)
+    if Path(marker).name.startswith(SESSION_DIR_PREFIX):
+        shutil.rmtree(marker, ignore_errors=True)
+    return 0
+
+
+def end_marked(marker: str) -> None:
     for signum in (signal.SIGTERM, signal.SIGKILL):
         left = marked(marker)
         if not left:
-            return 0
+            return
         for process in left:
             try:
                 process.send_signal(signum)
             except psutil.Error:
                 pass
         psutil.wait_procs(left, timeout=TERM_GRACE_S)
-    return 0
 
 
 if __name__ == "__main__":
