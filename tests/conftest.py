@@ -125,14 +125,14 @@ def pytest_sessionstart(session):
     import tempfile
 
     from dcp_fsdp.process.lifeline import owned_tempdir
+    from tests.kit.reaper import SESSION_DIR_PREFIX
 
     # An xdist worker started inside the controller's: no second level (AF_UNIX socket
     # paths under TMPDIR, e.g. the process checkpointer's, must stay under 108 bytes).
-    if os.path.basename(os.environ.get("TMPDIR", "")).startswith("dcp-fsdp-tests-"):
+    if os.path.basename(os.environ.get("TMPDIR", "")).startswith(SESSION_DIR_PREFIX):
         return
-    # Named after this process: if the session is killed, the next dcp-fsdp run removes it.
-    from tests.kit.reaper import SESSION_DIR_PREFIX
-
+    # Named after this process: if the session is killed, its reaper (or the next dcp-fsdp
+    # run) removes it.
     session_tmp = str(owned_tempdir(SESSION_DIR_PREFIX))
     session.config._dcp_fsdp_tmp = session_tmp
     session.config._dcp_fsdp_tmp_before = os.environ.get("TMPDIR")

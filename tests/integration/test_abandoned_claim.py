@@ -12,13 +12,12 @@ import sys
 import time
 from unittest import mock
 
-import boto3
 
 from dcp_fsdp import contract
 from dcp_fsdp.config.schema import StorageConfig
 from dcp_fsdp.launch.preflight import forget_aws_credentials
 from dcp_fsdp.storage import layout, make_store
-from tests.kit.cli import REPO, clean_env, rank_pids, read_run, run_cli, s3_args, s3_env
+from tests.kit.cli import REPO, clean_env, rank_pids, read_run, run_cli, s3_args, s3_env, s3_client
 from tests.kit.fault_proxy import FaultProxy
 
 # Every write of a checkpoint's own objects (data, .metadata, manifest), however sent;
@@ -29,9 +28,7 @@ AFTER_THE_CLAIM = r"/(__\d+_\d+\.distcp|\.metadata(\.tmp)?|dcp_fsdp\.json)$"
 
 
 def _keys(s3, uri: str, under: str = "") -> list[str]:
-    client = boto3.client("s3", endpoint_url=s3.endpoint_url, region_name=s3.region,
-                          aws_access_key_id=s3.access_key_id,
-                          aws_secret_access_key=s3.secret_access_key)
+    client = s3_client(s3)
     bucket, prefix = uri[len("s3://"):].split("/", 1)
     listed = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{under}")
     return [obj["Key"][len(prefix) + 1:] for obj in listed.get("Contents", [])]

@@ -20,12 +20,11 @@ import tempfile
 import time
 import urllib.parse
 
-import boto3
 import pytest
 
 from dcp_fsdp.process.lifeline import alive
 from tests.kit.cli import (REPO, assert_under_elastic_agent, clean_env, rank_pids,
-                           read_run, run_cli, s3_args, s3_env, wait_for_committed_object)
+                           read_run, run_cli, s3_args, s3_env, wait_for_committed_object, s3_client)
 from tests.kit.fault_proxy import DATA_PLANE, FaultProxy
 
 TRAIN_STEP_S = 0.05
@@ -303,9 +302,7 @@ def test_async_save_killed_mid_upload_is_never_loadable(s3, s3_uri, tmp_path, ch
 
     bucket, prefix = s3_uri[len("s3://"):].split("/", 1)
     killed_suffix = held_path.split(f"/{bucket}/{prefix}/", 1)[1].split("/")[0]
-    client = boto3.client("s3", endpoint_url=s3.endpoint_url, region_name="us-east-1",
-                          aws_access_key_id=s3.access_key_id,
-                          aws_secret_access_key=s3.secret_access_key)
+    client = s3_client(s3)
     listing = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{killed_suffix}/")
     keys = [obj["Key"] for obj in listing.get("Contents", [])]
     assert not any(k.endswith("/.metadata") for k in keys), keys

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pickle
 import shutil
 
-from tests.kit.cli import read_run, run_cli, s3_args, s3_env
+from tests.kit.cli import read_run, run_cli, s3_args, s3_env, s3_client
 
 
 def refused_line(result) -> str:
@@ -18,13 +18,11 @@ def refused_line(result) -> str:
 
 
 def test_an_s3_checkpoint_missing_and_short_of_data_objects_is_refused_naming_them(s3, s3_uri, tmp_path):
-    import boto3
 
     save = run_cli(["save", *s3_args(s3, s3_uri), "nproc=2", f"results_dir={tmp_path / 's'}"], env=s3_env(s3))
     assert save.returncode == 0, save.stderr
     suffix = read_run(tmp_path / "s")[0]["suffixes"][0]
-    client = boto3.client("s3", endpoint_url=s3.endpoint_url, aws_access_key_id=s3.access_key_id,
-                          aws_secret_access_key=s3.secret_access_key, region_name=s3.region)
+    client = s3_client(s3)
     bucket, prefix = s3_uri[len("s3://"):].split("/", 1)
     for name in (".metadata", "__0_0.distcp", "__1_0.distcp"):  # a whole copy, for contrast
         client.copy_object(Bucket=bucket, Key=f"{prefix}/whole/{name}",

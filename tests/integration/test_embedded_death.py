@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from dcp_fsdp.launch.embedded_s3 import EmbeddedS3, S3Endpoint, free_ports
+from tests.kit.cli import s3_client
 
 
 def _server(process: subprocess.Popen, tmp_path) -> EmbeddedS3:
@@ -59,8 +60,6 @@ def test_a_start_whose_port_is_taken_before_weed_binds_it_retries_on_new_ports(m
     import tempfile
     from pathlib import Path
 
-    import boto3
-
     from dcp_fsdp.launch import embedded_s3
 
     taken = socket.socket()
@@ -82,10 +81,7 @@ def test_a_start_whose_port_is_taken_before_weed_binds_it_retries_on_new_ports(m
     server = EmbeddedS3(bucket="retry")
     try:
         with server as endpoint:
-            client = boto3.client("s3", endpoint_url=endpoint.endpoint_url,
-                                  aws_access_key_id=endpoint.access_key_id,
-                                  aws_secret_access_key=endpoint.secret_access_key,
-                                  region_name=endpoint.region)
+            client = s3_client(endpoint)
             client.put_object(Bucket="retry", Key="k", Body=b"v")
             assert client.get_object(Bucket="retry", Key="k")["Body"].read() == b"v"
             workdir = server.workdir

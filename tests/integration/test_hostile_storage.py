@@ -8,11 +8,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-import boto3
 import pytest
 
 from dcp_fsdp.storage import layout
-from tests.kit.cli import run_cli, s3_args, s3_env
+from tests.kit.cli import run_cli, s3_args, s3_env, s3_client
 
 NESTED_JSON = b"[" * 100_000 + b"]" * 100_000
 # ESC[2J clears the screen, ESC]0;...BEL retitles the window, a newline splits a row
@@ -22,9 +21,7 @@ ESCAPED = r"evil\x1b[2J\x1b]0;owned\x07\nrow"
 
 def _put(s3, uri: str, name: str, body: bytes) -> None:
     bucket, prefix = uri[len("s3://"):].split("/", 1)
-    boto3.client("s3", endpoint_url=s3.endpoint_url, region_name=s3.region,
-                 aws_access_key_id=s3.access_key_id,
-                 aws_secret_access_key=s3.secret_access_key).put_object(
+    s3_client(s3).put_object(
         Bucket=bucket, Key=f"{prefix}/{name}", Body=body)
 
 

@@ -9,20 +9,13 @@ import subprocess
 import time
 from pathlib import Path
 
-import boto3
 
 from dcp_fsdp.process.lifeline import alive
 from tests.kit.cli import (assert_under_elastic_agent, descendants, rank_pids, read_run,
-                           read_until, run_cli, s3_args, s3_env, start_cli)
+                           read_until, run_cli, s3_args, s3_env, start_cli, s3_client)
 from tests.kit.fault_proxy import FaultProxy
 
 STOP_DEADLINE_S = 30  # everything gone this long after a kill, on 2 busy cores
-
-
-def s3_client(s3):
-    return boto3.client("s3", endpoint_url=s3.endpoint_url, region_name="us-east-1",
-                        aws_access_key_id=s3.access_key_id,
-                        aws_secret_access_key=s3.secret_access_key)
 
 
 def open_uploads(s3, s3_uri) -> list[dict]:

@@ -11,19 +11,12 @@ slow past ~100 MB. One checkpoint (2 saves) is shared by the module's tests.
 
 from __future__ import annotations
 
-import boto3
 import pytest
 
-from tests.kit.cli import read_run, run_cli, s3_args, s3_env
+from tests.kit.cli import read_run, run_cli, s3_args, s3_env, s3_client
 from tests.kit.fault_proxy import DATA_PLANE, FaultProxy
 
 TIMEOUT_S = 180
-
-
-def s3_client(s3):
-    return boto3.client("s3", endpoint_url=s3.endpoint_url, region_name=s3.region,
-                        aws_access_key_id=s3.access_key_id,
-                        aws_secret_access_key=s3.secret_access_key)
 
 
 def error_lines(result) -> list[str]:

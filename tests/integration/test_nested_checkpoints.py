@@ -5,10 +5,9 @@ removed three complete checkpoints). Real saves, on the file system and on Seawe
 
 from __future__ import annotations
 
-import boto3
 import pytest
 
-from tests.kit.cli import run_cli, s3_args, s3_env
+from tests.kit.cli import run_cli, s3_args, s3_env, s3_client
 
 
 def _places(kind: str, tmp_path, s3, s3_uri) -> tuple[list[str], list[str], dict[str, str]]:
@@ -28,9 +27,7 @@ def _put_deep_object(kind: str, tmp_path, s3, s3_uri) -> None:
         (folder / "__0_0.distcp").write_bytes(b"data")
         return
     bucket, prefix = s3_uri[len("s3://"):].split("/", 1)
-    boto3.client("s3", endpoint_url=s3.endpoint_url, region_name=s3.region,
-                 aws_access_key_id=s3.access_key_id,
-                 aws_secret_access_key=s3.secret_access_key).put_object(
+    s3_client(s3).put_object(
         Bucket=bucket, Key=f"{prefix}/odd/data/__0_0.distcp", Body=b"data")
 
 

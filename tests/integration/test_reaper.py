@@ -44,7 +44,7 @@ def test_a_killed_session_leaves_no_kept_server(tmp_path):
     runtime = Path(tempfile.mkdtemp(prefix="s3r-", dir="/tmp"))  # short: unix socket paths
     try:
         (tmp_path / "test_inner.py").write_text(INNER)
-        # The inner session makes its own directory (its marker) under a TMPDIR of this test's
+        # The inner session makes its own directory (its marker) under this test's TMPDIR
         inner_tmp = runtime / "tmp"
         inner_tmp.mkdir()
         env = clean_env({"XDG_RUNTIME_DIR": str(runtime), "PYTHONPATH": str(REPO),

@@ -13,10 +13,9 @@ each stored item whole for half of it (2x, like tests/integration/test_reshard.p
 
 from __future__ import annotations
 
-import boto3
 import pytest
 
-from tests.kit.cli import read_run, run_cli, s3_args, s3_env
+from tests.kit.cli import read_run, run_cli, s3_args, s3_env, s3_client
 
 
 def _run(s3, uri, results_dir, *args):
@@ -41,9 +40,7 @@ def _requests(loads) -> int:
 
 
 def _stored_data_bytes(s3, uri: str, suffix: str) -> int:
-    client = boto3.client("s3", endpoint_url=s3.endpoint_url, region_name="us-east-1",
-                          aws_access_key_id=s3.access_key_id,
-                          aws_secret_access_key=s3.secret_access_key)
+    client = s3_client(s3)
     bucket, prefix = uri[len("s3://"):].split("/", 1)
     listed = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{suffix}/")["Contents"]
     return sum(obj["Size"] for obj in listed if obj["Key"].endswith(".distcp"))

@@ -21,14 +21,14 @@ import time
 import uuid
 from unittest import mock
 
-import boto3
 import botocore.exceptions
 import pytest
 
 from dcp_fsdp.config.schema import StorageConfig
 from dcp_fsdp.launch.preflight import forget_aws_credentials
 from dcp_fsdp.storage import layout, make_store
-from tests.kit.cli import REPO, clean_env, read_run, run_cli, s3_args, s3_env, start_cli, stop
+from tests.kit.cli import (REPO, clean_env, read_run, run_cli, s3_args, s3_client, s3_env,
+                           start_cli, stop)
 from tests.kit.fault_proxy import FaultProxy
 
 # Requests that write an object: none may come from the save that is refused.
@@ -43,12 +43,6 @@ def server(request):
     return endpoint, f"s3://{endpoint.bucket}/claim-{uuid.uuid4().hex[:8]}"
 
 
-def _client(endpoint):
-    return boto3.client("s3", endpoint_url=endpoint.endpoint_url, region_name=endpoint.region,
-                        aws_access_key_id=endpoint.access_key_id,
-                        aws_secret_access_key=endpoint.secret_access_key)
-
-
 def _store(endpoint, uri):
     """A store as a fresh process would make it: with the credentials in the environment
     now (boto3's default session keeps the first it read: the other server's, here)."""
@@ -60,7 +54,7 @@ def _store(endpoint, uri):
 def test_the_server_honours_if_none_match_and_the_probe_says_so(server):
     endpoint, uri = server
     bucket, prefix = uri[len("s3://"):].split("/", 1)
-    client = _client(endpoint)
+    client = s3_client(endpoint)
     client.put_object(Bucket=bucket, Key=f"{prefix}/k", Body=b"1", IfNoneMatch="*")
     with pytest.raises(botocore.exceptions.ClientError) as second:
         client.put_object(Bucket=bucket, Key=f"{prefix}/k", Body=b"2", IfNoneMatch="*")
@@ -163,7 +157,7 @@ def test_two_saves_to_one_suffix_one_writes_the_other_is_refused_before_writing(
     assert run["status"] == "ok" and run["suffix_claim"] == layout.CLAIM_CONDITIONAL
 
     bucket, prefix = uri[len("s3://"):].split("/", 1)
-    client = _client(endpoint)
+    client = s3_client(endpoint)
     assert not client.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads")
     claim = client.get_object(Bucket=bucket, Key=f"{prefix}/race/{layout.CLAIM_NAME}")
     assert json.loads(claim["Body"].read())["run_id"] == run["run_id"]
@@ -201,7 +195,7 @@ def test_two_saves_past_the_check_at_once_the_conditional_write_decides(server, 
     endpoint, uri = server
     env = s3_env(endpoint)
     bucket, prefix = uri[len("s3://"):].split("/", 1)
-    client = _client(endpoint)
+    client = s3_client(endpoint)
     claim_key = f"{prefix}/both/{layout.CLAIM_NAME}"
     with FaultProxy(endpoint.endpoint_url, stall_rate=1.0, stall_s=240, targets=["PutObject"],
                     key_pattern=rf"/both/{layout.CLAIM_NAME}$") as held:

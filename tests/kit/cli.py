@@ -193,7 +193,7 @@ def s3_client(s3: S3Endpoint):
     """A boto3 S3 client of the endpoint, as a user outside the tool would have one."""
     import boto3
 
-    return boto3.client("s3", endpoint_url=s3.endpoint_url, region_name="us-east-1",
+    return boto3.client("s3", endpoint_url=s3.endpoint_url, region_name=s3.region,
                         aws_access_key_id=s3.access_key_id,
                         aws_secret_access_key=s3.secret_access_key)
 
