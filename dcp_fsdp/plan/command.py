@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dcp_fsdp.compat import data_object_prefix, round_robin_prefix_strategy
+from dcp_fsdp.compat import data_object_prefix
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
 from dcp_fsdp.errors import UserError
 
@@ -90,18 +90,12 @@ def parse_request(args: list[str]) -> PlanRequest:
 
 def rank_prefix_function(cfg: BenchmarkConfig, world_size: int) -> Callable[[int], str]:
     """How the writer names rank r's objects (`<prefix><n>.distcp`): DCP's `__r_` for fs, the
-    connector's own prefix strategy for s3 (its names are in `.metadata`)."""
-    storage = cfg.storage
-    if storage.kind == StorageKind.fs or storage.prefix_strategy.value == "default":
+    store's own prefix strategy for s3 (its names are in `.metadata`)."""
+    if cfg.storage.kind == StorageKind.fs:
         return data_object_prefix
-    from s3torchconnector import dcp as strategies
+    from dcp_fsdp.storage.s3 import prefix_strategy
 
-    if storage.prefix_strategy.value == "round_robin":
-        return round_robin_prefix_strategy(storage.round_robin_prefixes)
-    count = storage.prefix_count or world_size
-    if storage.prefix_strategy.value == "binary":
-        return strategies.BinaryPrefixStrategy(prefix_count=count)
-    return strategies.HexPrefixStrategy(prefix_count=count)
+    return prefix_strategy(cfg.storage, world_size)
 
 
 def checkpoint_id(cfg: BenchmarkConfig) -> Any:

@@ -27,7 +27,25 @@ from dcp_fsdp.storage.s3_clients import FsspecClient, MscClient, client_versions
 from dcp_fsdp.storage.s3_target import S3Target, resolve_endpoint, resolve_region
 from dcp_fsdp.storage.timeline import HookTimeline
 
-__all__ = ["S3Store", "S3Target", "resolve_endpoint", "resolve_region"]
+__all__ = ["S3Store", "S3Target", "prefix_strategy", "resolve_endpoint", "resolve_region"]
+
+
+def prefix_strategy(storage: StorageConfig, world_size: int | None = None) -> Any:
+    """The connector's prefix strategy of storage.prefix_strategy: called with a rank, the
+    start of that rank's object names (`<prefix><n>.distcp`). Without storage.prefix_count,
+    binary and hex spread over the world size, which the connector reads from the process
+    group; `world_size` gives it where there is none (`dcp-fsdp plan`)."""
+    from s3torchconnector import dcp as s3dcp
+
+    strategy = storage.prefix_strategy
+    if strategy == PrefixStrategy.default:
+        return s3dcp.DefaultPrefixStrategy()
+    if strategy == PrefixStrategy.round_robin:
+        return round_robin_prefix_strategy(storage.round_robin_prefixes)
+    count = storage.prefix_count or world_size
+    if strategy == PrefixStrategy.binary:
+        return s3dcp.BinaryPrefixStrategy(prefix_count=count)
+    return s3dcp.HexPrefixStrategy(prefix_count=count)
 
 
 class S3Store:
@@ -88,16 +106,7 @@ class S3Store:
         )
 
     def _prefix_strategy(self):
-        from s3torchconnector import dcp as s3dcp
-
-        strategy = self.config.prefix_strategy
-        if strategy == PrefixStrategy.default:
-            return s3dcp.DefaultPrefixStrategy()
-        if strategy == PrefixStrategy.binary:
-            return s3dcp.BinaryPrefixStrategy(prefix_count=self.config.prefix_count)
-        if strategy == PrefixStrategy.hex:
-            return s3dcp.HexPrefixStrategy(prefix_count=self.config.prefix_count)
-        return round_robin_prefix_strategy(self.config.round_robin_prefixes)
+        return prefix_strategy(self.config)
 
     def writer(self, suffix: str, timeline: HookTimeline | None = None):
         if self.other_client is not None:
