@@ -106,7 +106,11 @@ def measure(method: str, nproc: int) -> dict:
                             MARK_ENV: "1"})
         wall_s = time.monotonic() - started
         # the forkserver and its ranks end after the agent: wait for the tree to be gone
+        deadline = time.monotonic() + 60
         while any(_is_ours(p) for p in psutil.process_iter(["environ"])):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"rank_start: {method} nproc={nproc}: processes of the "
+                                 "launch still running 60 s after its agent ended")
             time.sleep(0.05)
         cpu_s = _busy_s() - before
     return {"method": method, "nproc": nproc, "cpu_s": round(cpu_s, 2),
