@@ -68,7 +68,7 @@ def worker(args) -> None:
         t0, cpu0 = time.monotonic(), time.process_time()
         for _, local, _, _ in unique_shards(state_dict):
             data = local.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-            hashlib.sha256(data.numpy()).digest()
+            hashlib.sha256(data.numpy().data).digest()
         row["sha256_gb_s"] = checked_bytes / (time.monotonic() - t0) / GB
         row["sha256_cpu_gb_s"] = checked_bytes / (time.process_time() - cpu0) / GB
     print("ROW " + json.dumps(row), flush=True)

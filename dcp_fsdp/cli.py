@@ -15,7 +15,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from dcp_fsdp.config.schema import BenchmarkConfig
+    from dcp_fsdp.rank.session import RankResult
 
 PROCESS_START_MONO = time.monotonic()
 
@@ -33,7 +39,7 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and CONFIG_ENV not in os.environ
 
 
-def prepare(command: str, overrides: list[str]):
+def prepare(command: str, overrides: list[str]) -> BenchmarkConfig:
     """The validated config of one job, after every check that needs no rank: bad input
     fails here, before anything starts (for a sweep: before its first job starts)."""
     from dcp_fsdp.config.compose import compose
@@ -50,7 +56,7 @@ def prepare(command: str, overrides: list[str]):
     return cfg
 
 
-def execute(command: str, cfg, min_age_s: float | None = None, check: bool = False) -> int:
+def execute(command: str, cfg: BenchmarkConfig, min_age_s: float | None = None, check: bool = False) -> int:
     if command == "list":  # check: its --check (main)
         from dcp_fsdp.launch.listing import list_checkpoints
 
@@ -103,7 +109,7 @@ def launched_rank() -> NoReturn:
     end_rank(result)
 
 
-def _own_torch_cache_dir():
+def _own_torch_cache_dir() -> Path | None:
     """Under a plain torchrun, torch makes $TMPDIR/torchinductor_$USER in every rank and
     leaves it; a rank-owned directory instead (unless the user chose one), removed at the
     end (the local launcher points it into its run directory)."""
@@ -116,7 +122,7 @@ def _own_torch_cache_dir():
     return own
 
 
-def end_rank(result, own_dir=None) -> NoReturn:
+def end_rank(result: RankResult, own_dir: Path | None = None) -> NoReturn:
     """The end of a rank's process (a `rank.session.RankResult`): on the rank that wrote
     the record, the run's table, where the record is and the suffixes a save made (the
     batch scripts read the SUFFIXES= line); then the exit code."""
@@ -152,7 +158,7 @@ def end_rank(result, own_dir=None) -> NoReturn:
     end_process(result.exit_code)
 
 
-def check_torchrun_rank(cfg) -> None:
+def check_torchrun_rank(cfg: BenchmarkConfig) -> None:
     """A rank under torchrun, before it joins the group: what the launcher would have
     checked (results_dir on rank 0, the one that writes the record)."""
     from dcp_fsdp.errors import UserError

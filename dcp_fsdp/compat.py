@@ -18,10 +18,13 @@ import importlib.metadata
 import re
 import signal
 import sys
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Literal, overload
 
 from dcp_fsdp import log
 from dcp_fsdp.process.lifeline import die_with_parent
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint import DefaultSavePlanner
 
 # The torch releases this tool is tested on (pyproject's range; `make torch-smoke` runs the
 # lowest and the newest, the pinned CPU build runs the full suite).
@@ -241,7 +244,11 @@ def connector_native_loaded() -> bool:
     return CONNECTOR_NATIVE_MODULE in sys.modules
 
 
-def save_planner(plan_caching: bool, cache_key: str):
+@overload
+def save_planner(plan_caching: Literal[True], cache_key: str) -> DefaultSavePlanner: ...
+@overload
+def save_planner(plan_caching: bool, cache_key: str) -> DefaultSavePlanner | None: ...
+def save_planner(plan_caching: bool, cache_key: str) -> DefaultSavePlanner | None:
     """DCP's DefaultSavePlanner with save plan caching, or None (DCP's default planner).
 
     DCP caches plans in class-level dicts keyed by the planner's `_cached_plans_key` (its

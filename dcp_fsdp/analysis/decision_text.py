@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp.units import GIB
 from dcp_fsdp.analysis import costs
 from dcp_fsdp.analysis.decisions import (FIRST_ORDER_LIMIT, HOLDS, MATCH_KEYS, MEANINGLESS,
                                          Plan, TimeLost, gather, job_mtbf_s, plan)
 from dcp_fsdp.analysis.groups import FIRST
+
+if TYPE_CHECKING:
+    from dcp_fsdp.analysis.decisions import GroupInputs
 
 
 def _group_name(labels: dict[str, Any], keys: list[str]) -> str:
@@ -127,7 +130,7 @@ def _inputs_line(p: Plan) -> str:
                if g.save_mode == "async" else ""))
 
 
-def _dollar_lines(g, cost: Dollars, keep: int, interval_minutes: float | None) -> list[str]:
+def _dollar_lines(g: GroupInputs, cost: Dollars, keep: int, interval_minutes: float | None) -> list[str]:
     save = ("save not priced: request counts missing in "
             f"{cost.unpriced['save'][0]} of {cost.unpriced['save'][1]} samples"
             if cost.save is None else

@@ -29,13 +29,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from dcp_fsdp.units import GIB
 from dcp_fsdp.analysis import costs
 from dcp_fsdp.analysis.groups import FIRST, LATER
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 MATCH_KEYS = ("nodes", "ranks", "model", "storage")
 # The first-order share drops terms of order x^2 / 2 beside x = (tau + C + L + R) / M (e^x - 1
@@ -114,7 +117,8 @@ class GroupInputs:
         return (self.load_s or 0.0) + (self.startup_s or 0.0)
 
 
-def _select(frame: pd.DataFrame, labels: dict[str, Any] | None, keys) -> pd.DataFrame:
+def _select(frame: pd.DataFrame, labels: dict[str, Any] | None,
+            keys: Iterable[str]) -> pd.DataFrame:
     if frame is None or frame.empty or labels is None:
         return pd.DataFrame()
     mask = pd.Series(True, index=frame.index)
@@ -124,7 +128,7 @@ def _select(frame: pd.DataFrame, labels: dict[str, Any] | None, keys) -> pd.Data
     return frame[mask]
 
 
-def _mean(series) -> float:
+def _mean(series: pd.Series) -> float:
     series = pd.to_numeric(series, errors="coerce").dropna()
     return float(series.mean()) if len(series) else math.nan
 

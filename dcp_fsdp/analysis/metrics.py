@@ -20,7 +20,7 @@ load) of one iteration:
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import pandas as pd
 
@@ -31,6 +31,9 @@ from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, CEILING_OPS, KEYS, N
                                       efficiency, efficiency_per_operation, egress_mib,
                                       noise_note, pooled, read_amplification)
 from dcp_fsdp.telemetry.histograms import hist_merge, hist_quantile
+
+if TYPE_CHECKING:
+    from collections.abc import Hashable
 
 __all__ = ["CEILING_OPS", "per_operation", "run_table", "run_figures",
            "samples_frame"]
@@ -223,15 +226,17 @@ def run_figures(samples: Iterable[dict[str, Any]]
     return [_RUN_HEADERS[i] for i in shown], [[row[i] for i in shown] for row in rows], notes
 
 
-def _request_cells(count, span_s, failed, throttled, by_type) -> list[str]:
+def _request_cells(count: float, span_s: float, failed: float, throttled: float,
+                   by_type: dict[str, dict[str, float]]) -> list[str]:
     if pd.isna(count):
         return ["", "", "", ""]
     return [_int_or_blank(count), _fmt(count / span_s if span_s else math.nan),
             f"{_int_or_blank(failed)}/{_int_or_blank(throttled)}", _latency_cell(by_type)]
 
 
-def _row_cells(op, iteration, suffix, figures, egress, eff, rank_s, rank_mib_s, requests,
-               note) -> list[Any]:
+def _row_cells(op: str, iteration: int | str, suffix: str, figures: pd.Series | dict[str, float],
+               egress: float, eff: float, rank_s: tuple[float, float, float],
+               rank_mib_s: tuple[float, float, float], requests: list[str], note: str) -> list[Any]:
     return [op, iteration, suffix, f"{figures['bytes'] / MIB:.1f}", _fmt(egress),
             f"{figures['span_s']:.3f}", _fmt(figures["aggregate_mib_s"]), _fmt(eff, ".2f"),
             _fmt(figures["slowest_rank_mib_s"]),
@@ -239,7 +244,7 @@ def _row_cells(op, iteration, suffix, figures, egress, eff, rank_s, rank_mib_s, 
             *requests, note]
 
 
-def _operation_row(ops: pd.DataFrame, index, row: pd.Series) -> list[Any]:
+def _operation_row(ops: pd.DataFrame, index: Hashable, row: pd.Series) -> list[Any]:
     return _row_cells(
         row["op"], row["iteration"], row["suffix"], row, egress_mib(ops.loc[[index]]),
         row["efficiency"],

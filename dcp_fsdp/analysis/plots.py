@@ -15,6 +15,8 @@ from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_quantile
 
 if TYPE_CHECKING:  # matplotlib is imported only when plotting
     from matplotlib.artist import Artist
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 MAX_PLOT_GROUPS = 6  # rows of the per-rank figure
 
@@ -53,7 +55,7 @@ def _colors() -> list[str]:
     return plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig: Figure, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.savefig(path, dpi=110)
@@ -124,7 +126,7 @@ def _rank_durations_plot(result: dict[str, Any], op_names: list[str], path: Path
 _PHASE_COLORS = {"plan": "#9ecae1", "io": "#3182bd", "commit": "#fd8d3c"}
 
 
-def _rank_panel(axis, op_samples: pd.DataFrame, title: str) -> None:
+def _rank_panel(axis: Axes, op_samples: pd.DataFrame, title: str) -> None:
     if op_samples.empty:
         axis.set_visible(False)
         return
@@ -169,7 +171,7 @@ def _latency_plot(samples: pd.DataFrame, op_names: list[str], path: Path) -> Pat
     return _save(fig, path)
 
 
-def _latency_panel(axis, requests: pd.Series, op: str) -> None:
+def _latency_panel(axis: Axes, requests: pd.Series, op: str) -> None:
     import matplotlib
 
     colors = _colors()

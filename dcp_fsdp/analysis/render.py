@@ -174,7 +174,8 @@ class _Page:
     """The report's text as it is written: lines, wrapped for a terminal (fmt "table") or
     left whole for markdown (fmt "md"), and its tables compact or full."""
 
-    def __init__(self, fmt: str, width: int, compact: bool, keys: list[str], legend) -> None:
+    def __init__(self, fmt: str, width: int, compact: bool, keys: list[str],
+                 legend: dict[tuple, str] | None) -> None:
         self.fmt, self.width, self.compact = fmt, width, compact
         self.keys, self.legend = keys, legend
         self.out: list[str] = []

@@ -23,7 +23,7 @@ import math
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp.analysis.groups import build
 from dcp_fsdp.analysis.plots import plot
@@ -31,6 +31,9 @@ from dcp_fsdp.analysis.render import DEFAULT_WIDTH, render, wide_csv
 from dcp_fsdp.analysis.sources import read_records, record_files
 from dcp_fsdp.config.arguments import CommandArguments
 from dcp_fsdp.errors import UserError
+
+if TYPE_CHECKING:
+    from dcp_fsdp.analysis.costs import Prices
 
 RUN_DEFAULT_PATHS = ["results"]
 
@@ -71,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
     return arguments
 
 
-def decision_problem(args: argparse.Namespace):
+def decision_problem(args: argparse.Namespace) -> tuple[str | None, Prices | None]:
     """(problem, prices): the decision options checked, and the prices loaded, before any
     record is read."""
     hours = args.node_mtbf_hours

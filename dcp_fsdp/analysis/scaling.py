@@ -21,11 +21,14 @@ them; where it passes, the check names the strategy that spreads the load.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from dcp_fsdp.analysis import costs
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 PUT_LIMIT_PER_S = 3500  # per partitioned prefix (S3 docs: performance guidelines)
 GET_LIMIT_PER_S = 5500
@@ -52,7 +55,7 @@ def scaling_frames(result: dict[str, Any]) -> list[pd.DataFrame]:
                 phase = phase[phase[key].astype(str) == str(row[key])]
             span = row["duration_mean_s"]
 
-            def share(column: str, phase=phase, span=span) -> float:
+            def share(column: str, phase: pd.DataFrame = phase, span: float = span) -> float:
                 return float(phase[column].iloc[0]) / span if len(phase) and span else math.nan
 
             table.append({
@@ -152,7 +155,7 @@ def _pct(value: float) -> str:
     return "" if value is None or math.isnan(value) else f"{value:.1%}"
 
 
-def plot(result: dict[str, Any], directory) -> list:
+def plot(result: dict[str, Any], directory: str | Path) -> list[Path]:
     """scaling.png: per operation spanning several sizes, scaling efficiency and the plan /
     commit / barrier shares against ranks (nothing when no operation spans two sizes)."""
     from pathlib import Path

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from omegaconf import MISSING, OmegaConf
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 
@@ -321,7 +324,7 @@ class BenchmarkConfig:
     tune: TuneConfig = dataclasses.field(default_factory=TuneConfig)
 
 
-def iter_settings(node: type = BenchmarkConfig, prefix: str = ""):
+def iter_settings(node: type = BenchmarkConfig, prefix: str = "") -> Iterator[tuple[str, str, Any, str]]:
     """(dotted name, type name, default, help) for every user setting, in schema order."""
     for field in dataclasses.fields(node):
         name = f"{prefix}{field.name}"

@@ -8,6 +8,7 @@ import math
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp import contract
 from dcp_fsdp.config.schema import (MLPERF_CHECKPOINTS, BenchmarkConfig, Command, PrefixStrategy,
@@ -15,6 +16,9 @@ from dcp_fsdp.config.schema import (MLPERF_CHECKPOINTS, BenchmarkConfig, Command
                                     ReplicaLoad, SaveMode, StorageKind, TrainStepWork,
                                     iter_settings)
 from dcp_fsdp.errors import UserError
+
+if TYPE_CHECKING:
+    from dcp_fsdp.config.schema import StorageConfig
 
 S3_MIN_PART_SIZE_MIB = 5  # S3 rejects multipart parts below 5 MiB (except the last)
 S3_MAX_PART_SIZE_MIB = 5 * 1024
@@ -224,7 +228,7 @@ def apply_protocol(cfg: BenchmarkConfig, given: set[str]) -> None:
     cfg.iterations = MLPERF_CHECKPOINTS
 
 
-def _value(cfg: BenchmarkConfig, name: str):
+def _value(cfg: BenchmarkConfig, name: str) -> Any:
     return functools.reduce(getattr, name.split("."), cfg)
 
 
@@ -281,7 +285,7 @@ def check_replicas(replicas: int, world_size: int, name: str) -> None:
                     f"{', '.join(map(str, fits))}")
 
 
-def _number(value) -> str:
+def _number(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -334,7 +338,7 @@ def _check_combinations(cfg: BenchmarkConfig) -> None:
                         "use save_mode=sync")
 
 
-def _check_storage(storage) -> None:
+def _check_storage(storage: StorageConfig) -> None:
     if storage.kind == StorageKind.fs:
         if not storage.path:
             raise UserError("storage.path is not set: give the directory for storage=fs, "

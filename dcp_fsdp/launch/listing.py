@@ -4,6 +4,7 @@ the multipart uploads left open there; `dcp-fsdp clean-uploads`: abort those upl
 from __future__ import annotations
 
 import datetime
+from typing import TYPE_CHECKING
 
 from dcp_fsdp import log
 from dcp_fsdp.log import printable
@@ -16,8 +17,11 @@ from dcp_fsdp.storage import make_store
 from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.layout import CheckpointInfo, read_claim
 
+if TYPE_CHECKING:
+    from dcp_fsdp.storage.base import CheckpointStore
 
-def _store(cfg: BenchmarkConfig, command: str):
+
+def _store(cfg: BenchmarkConfig, command: str) -> CheckpointStore:
     if needs_embedded_server(cfg):
         raise UserError(f"storage.uri is not set: give the location to {command}, e.g. "
                         "storage.uri=s3://my-bucket/ckpt (or storage=fs storage.path=DIR)")
@@ -78,7 +82,8 @@ def _table(rows: list[list], headers: list[str]) -> str:
                     headers=headers, tablefmt="github")
 
 
-def _damage(store, cfg: BenchmarkConfig, checkpoints: list[CheckpointInfo]) -> dict[str, str]:
+def _damage(store: CheckpointStore, cfg: BenchmarkConfig,
+            checkpoints: list[CheckpointInfo]) -> dict[str, str]:
     """{suffix: what is wrong} of the complete checkpoints whose objects do not match their
     `.metadata` (read once each, screened); said in one line how many were checked."""
     complete = [c.suffix for c in checkpoints if c.complete]
@@ -115,7 +120,7 @@ def _age_s(info: CheckpointInfo) -> float:
     return max(0.0, (datetime.datetime.now(datetime.timezone.utc) - modified).total_seconds())
 
 
-def _where_setting(store, suffix: str) -> str:
+def _where_setting(store: CheckpointStore, suffix: str) -> str:
     """The storage setting that points a command at folder `suffix` itself."""
     return f"storage.{'path' if store.kind == 'fs' else 'uri'}={store.location(suffix)}"
 
@@ -125,14 +130,14 @@ def _nested_names(info: CheckpointInfo, shown: int = 3) -> str:
     return ", ".join(info.nested[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
-def _prefix_note(store, info: CheckpointInfo) -> str:
+def _prefix_note(store: CheckpointStore, info: CheckpointInfo) -> str:
     """One line for a folder above other checkpoints: what it holds and how to list them."""
     return (f"suffix={info.suffix}: a prefix holding {len(info.nested)} checkpoint(s) in "
             f"folders below it ({_nested_names(info)}), not one checkpoint; `dcp-fsdp list "
             f"{_where_setting(store, info.suffix)}` lists them")
 
 
-def _not_a_checkpoint(store, info: CheckpointInfo) -> str:
+def _not_a_checkpoint(store: CheckpointStore, info: CheckpointInfo) -> str:
     """Why `delete` leaves folder `info` alone: it is not one checkpoint of ours."""
     if info.nested:
         return (f"suffix={info.suffix}: a prefix holding {len(info.nested)} checkpoint(s) in "
@@ -144,7 +149,7 @@ def _not_a_checkpoint(store, info: CheckpointInfo) -> str:
             "your storage's own tools if it is not needed)")
 
 
-def _abandoned_claim_note(store, info: CheckpointInfo) -> str:
+def _abandoned_claim_note(store: CheckpointStore, info: CheckpointInfo) -> str:
     """One line for a suffix that holds only a save's claim: who claimed it, how long ago,
     and how to remove it."""
     claim = read_claim(store, info.suffix)

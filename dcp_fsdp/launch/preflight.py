@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
@@ -22,6 +23,12 @@ from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 from dcp_fsdp.storage import layout, make_store, metadata_peek
 from dcp_fsdp.storage.metadata_peek import MetadataFacts
 from dcp_fsdp.storage.s3 import resolve_endpoint
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from dcp_fsdp.storage.base import CheckpointStore
+    from dcp_fsdp.storage.metadata_peek import TensorEntry
 
 EMBEDDED_BUCKET = "dcp-fsdp"
 
@@ -42,7 +49,8 @@ def forget_aws_credentials() -> None:
 
 
 @contextlib.contextmanager
-def storage_environment(cfg: BenchmarkConfig):
+def storage_environment(cfg: BenchmarkConfig
+                        ) -> Iterator[tuple[BenchmarkConfig, dict[str, str], EmbeddedS3 | None]]:
     """Yield (cfg, extra env, the embedded server or None): the embedded server's when
     nothing is configured."""
     forget_aws_credentials()
@@ -125,7 +133,7 @@ def _load_suffix(cfg: BenchmarkConfig) -> str:
     return cfg.suffix
 
 
-def check_compatible(store, cfg: BenchmarkConfig) -> MetadataFacts:
+def check_compatible(store: CheckpointStore, cfg: BenchmarkConfig) -> MetadataFacts:
     """Before any rank builds the model: DCP's .metadata passes the screen (MetadataRefused,
     a UserError, when it may be hostile or is damaged), and the checkpoint's model, dtype
     and state (from its manifest, else from .metadata) fit the settings. A model-only load
@@ -175,7 +183,7 @@ def check_compatible(store, cfg: BenchmarkConfig) -> MetadataFacts:
     return facts
 
 
-def _dtype_of(tensors) -> str | None:
+def _dtype_of(tensors: dict[str, TensorEntry]) -> str | None:
     """The model's dtype as a setting value, from its parameters' dtype in .metadata."""
     names = {entry.dtype for key, entry in (tensors or {}).items() if key.startswith("model.")}
     return {"float32": "fp32", "bfloat16": "bf16"}.get(names.pop()) if len(names) == 1 else None

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,9 @@ from dcp_fsdp.models.llama_model_config import ModelShape
 from dcp_fsdp.models.modules import module_tree
 from dcp_fsdp.models.presets import PRESETS
 from dcp_fsdp.models.tensor_parallel import DP_DIM, TP_DIM, tp_plan
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 TORCH_DTYPES = {Dtype.fp32: torch.float32, Dtype.bf16: torch.bfloat16}
 
@@ -186,7 +189,8 @@ def dcp_state_dict(model: torch.nn.Module,
     return {"model": model_sd, "optim": optim_sd}
 
 
-def unique_shards(state_dict: dict[str, Any]):
+def unique_shards(state_dict: dict[str, Any]
+                  ) -> Iterator[tuple[str, torch.Tensor, tuple[int, ...], tuple[int, ...]]]:
     """(key, local, global shape, offset) per tensor of a DCP state dict, in key order, each
     storage once: a tied weight (GPT-2's lm_head and wte) holds the values of its first key."""
     flat, _ = flatten_state_dict(state_dict)

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # What every Llama preset of the original benchmark shares (untied embeddings, no KV cache:
 # see hf_config).
@@ -250,7 +253,7 @@ def param_count(shape: ModelShape) -> int:
     return sum(math.prod(dims) for _, dims in state_shapes(shape))
 
 
-def hf_config(shape: ModelShape):
+def hf_config(shape: ModelShape) -> PretrainedConfig:
     """The transformers config object for a shape (tests only: ranks never import
     transformers). Every field that shapes the state is given: the config classes' defaults
     are not the released models (Qwen3Config's head_dim is 128 whatever the width)."""

@@ -7,7 +7,6 @@ the plan's own and are taken off first. Nothing starts: no rank, no storage requ
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from dcp_fsdp.compat import data_object_prefix
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
 from dcp_fsdp.errors import UserError
+from dcp_fsdp.plan.request import PlanRequest
 
 if TYPE_CHECKING:
     from dcp_fsdp.plan.build import GlobalPlan
@@ -26,14 +26,6 @@ PLAN_KEYS = ("world_size", "ranks_per_node", "record", "exact")
 EXACT_MAX_ITEMS = 300_000
 DEFAULT_RANKS_PER_NODE = 8  # a GPU node's usual count; capped at world_size
 
-
-@dataclasses.dataclass(frozen=True)
-class PlanRequest:
-    world_size: int
-    ranks_per_node: int
-    record: Path | None
-    cfg: BenchmarkConfig
-    exact: bool = False  # build every layer even for a large world
 
 
 def _whole(name: str, text: str) -> int:

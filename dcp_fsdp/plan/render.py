@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp.units import GIB, MIB
 from dcp_fsdp.config.schema import StorageKind
 from dcp_fsdp.plan import requests as rq
+
+if TYPE_CHECKING:
+    from dcp_fsdp.config.schema import BenchmarkConfig
+    from dcp_fsdp.plan.build import GlobalPlan
+    from dcp_fsdp.plan.measured import MeasuredRates
+    from dcp_fsdp.plan.request import PlanRequest
+    from dcp_fsdp.plan.state import StateTemplate
 
 
 
@@ -18,7 +25,7 @@ def _size(value: float) -> str:
     return f"{value / 1024:,.1f} KiB"
 
 
-def rank_objects(plan) -> list[list[int]]:
+def rank_objects(plan: GlobalPlan) -> list[list[int]]:
     """Each rank's object sizes, rank order."""
     out: list[list[int]] = [[] for _ in range(plan.world_size)]
     for obj in plan.objects:
@@ -26,13 +33,14 @@ def rank_objects(plan) -> list[list[int]]:
     return out
 
 
-def prefixes(request, world_size: int) -> rq.Prefixes:
+def prefixes(request: PlanRequest, world_size: int) -> rq.Prefixes:
     storage = request.cfg.storage
     return rq.prefixes_for(storage.prefix_strategy.value, storage.prefix_count,
                            storage.round_robin_prefixes, world_size)
 
 
-def render_plan(request, template, plan, elapsed_s: float) -> str:
+def render_plan(request: PlanRequest, template: StateTemplate, plan: GlobalPlan,
+                elapsed_s: float) -> str:
     cfg = request.cfg
     storage = cfg.storage
     part = storage.part_size_mib * MIB
@@ -86,7 +94,7 @@ def render_plan(request, template, plan, elapsed_s: float) -> str:
     return "\n".join(lines)
 
 
-def model_line(cfg) -> str:
+def model_line(cfg: BenchmarkConfig) -> str:
     """The model's parameter count and what its weights take: the figure to hold against a
     model card (llama3_8b: 8,030,261,248)."""
     from dcp_fsdp.models.llama_model_config import param_count
@@ -114,7 +122,7 @@ def render_moe_layouts(chosen: str, layouts: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _metadata_lines(plan) -> list[str]:
+def _metadata_lines(plan: GlobalPlan) -> list[str]:
     return [
         f".metadata: {_size(plan.metadata_bytes)} ({plan.metadata_bytes:,} B, the pickle DCP "
         f"writes); rank 0 pickles it in {plan.metadata_pickle_s:.2f} s; each rank of a load "
@@ -126,7 +134,7 @@ def _metadata_lines(plan) -> list[str]:
     ]
 
 
-def _prefix_lines(request, plan, part: int) -> list[str]:
+def _prefix_lines(request: PlanRequest, plan: GlobalPlan, part: int) -> list[str]:
     storage = request.cfg.storage
     if storage.kind != StorageKind.s3:
         return ["prefixes: storage=fs has no request limits (S3's per-prefix limits apply to "
@@ -155,7 +163,7 @@ def _prefix_lines(request, plan, part: int) -> list[str]:
     return lines
 
 
-def render_projection(request, plans: list[Any], rates) -> str:
+def render_projection(request: PlanRequest, plans: list[GlobalPlan], rates: MeasuredRates) -> str:
     """Save and load times per node count from the record's per-rank rates."""
     from tabulate import tabulate
 
@@ -171,6 +179,8 @@ def render_projection(request, plans: list[Any], rates) -> str:
         metadata_gets = rq.parts(plan.metadata_bytes, part) * plan.world_size
         if storage.kind != StorageKind.s3:
             puts = gets = metadata_gets = 0
+        # read_rates measured a save or a load (else UserError): both rates are set
+        assert save_rate is not None and load_rate is not None
         projection = rq.project(plan.world_size // request.ranks_per_node, plan.world_size,
                                 max(plan.rank_bytes()), plan.planning_s, plan.metadata_bytes,
                                 plan.metadata_pickle_s, plan.metadata_unpickle_s, save_rate,

@@ -17,7 +17,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -43,6 +43,10 @@ from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.base import CheckpointStore
 from dcp_fsdp.storage.metadata_peek import MetadataFacts
 from dcp_fsdp.telemetry.records import Sample
+
+if TYPE_CHECKING:
+    from dcp_fsdp.rank.async_save import AsyncSaver
+    from dcp_fsdp.telemetry.request_log import RequestLog
 
 
 def take_timeline_file(timeline: HookTimeline) -> bool:
@@ -81,7 +85,7 @@ class PendingSave:
 
 class CheckpointLoop:
     def __init__(self, cfg: BenchmarkConfig, ctx: RankContext, store: CheckpointStore,
-                 sharded: ShardedModel, state_dict: dict[str, Any], request_log,
+                 sharded: ShardedModel, state_dict: dict[str, Any], request_log: RequestLog | None,
                  say: Callable[[str], None], on_timeout: Callable[[str], None],
                  async_saver: Any = None) -> None:
         self.cfg = cfg
@@ -194,7 +198,7 @@ class CheckpointLoop:
             handle.result()  # done now; else the loop completes it once the upload is waited for
         return handle
 
-    def _async_saver_for(self, op: str):
+    def _async_saver_for(self, op: str) -> AsyncSaver | None:
         """The async saver (created on first use, per rank, untimed), for an async save."""
         if op != "save" or self.cfg.save_mode.value != "async":
             return None
@@ -210,7 +214,7 @@ class CheckpointLoop:
             self._memory = PeakMemory(self.ctx.device, self.log)
         return self._memory
 
-    def _prepare(self, op: str, iteration: int, suffix: str, saver) -> OpInProgress:
+    def _prepare(self, op: str, iteration: int, suffix: str, saver: AsyncSaver | None) -> OpInProgress:
         """Everything an operation needs before its barrier (untimed)."""
         # The process checkpointer pickles the writer into its daemon: the timed writer's
         # copy there writes its timeline to a file, read back once the upload is done.
@@ -241,7 +245,7 @@ class CheckpointLoop:
                                        f"{','.join(storage.round_robin_prefixes)}")
         return run
 
-    def _complete(self, run: OpInProgress, saver, message: str) -> Sample:
+    def _complete(self, run: OpInProgress, saver: AsyncSaver | None, message: str) -> Sample:
         """The operation's sample, once it is done (an async save: its upload waited for)."""
         timing = run.timing
         if saver is not None and timing is not None and timing.end_mono is None:
@@ -265,7 +269,8 @@ class CheckpointLoop:
                               run.pickled and not daemon_reported)
         return sample
 
-    def _heartbeat(self, op: str, iteration: int, timeline: HookTimeline | None):
+    def _heartbeat(self, op: str, iteration: int,
+                   timeline: HookTimeline | None) -> Heartbeat | contextlib.nullcontext[None]:
         """Rank 0's progress lines during the operation (progress=true), else nothing."""
         if not (self.cfg.progress and self.ctx.is_coordinator):
             return contextlib.nullcontext()

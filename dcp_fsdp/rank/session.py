@@ -13,7 +13,7 @@ import os
 import resource
 import time
 import traceback
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.process.ending import RankEnding, write_error_file
@@ -26,6 +26,11 @@ from dcp_fsdp.telemetry import records
 from dcp_fsdp.telemetry.records import InitRow, RunRecord, Sample
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from dcp_fsdp.models.build import ShardedModel
     from dcp_fsdp.rank.distributed import RankContext
     from dcp_fsdp.rank.loop import CheckpointLoop
     from dcp_fsdp.storage.base import CheckpointStore
@@ -125,7 +130,7 @@ class RankSession:
                     layout.check_loadable(store, self.cfg.suffix)
         rank0_decides(self.joined(), preflight)
 
-    def build(self):
+    def build(self) -> tuple[ShardedModel, dict[str, Any]]:
         from dcp_fsdp.models.build import build_sharded_model
         from dcp_fsdp.models.presets import model_shape
         from dcp_fsdp.rank.state import state_bytes
@@ -171,7 +176,7 @@ class RankSession:
         self.init.init_s = time.monotonic() - self.process_start_mono
         return sharded, state_dict
 
-    def run_loop(self, sharded, state_dict) -> None:
+    def run_loop(self, sharded: ShardedModel, state_dict: dict[str, Any]) -> None:
         from dcp_fsdp.rank.loop import CheckpointLoop
         from dcp_fsdp.rank.tune_trials import TuneTrials, load_spec
 
@@ -216,7 +221,8 @@ class RankSession:
         self._untimed_all = [untimed for _, untimed in gathered]
         return [row for row, _ in gathered]
 
-    def write_record(self, status: str, error_line: str | None, samples, init_rows):
+    def write_record(self, status: str, error_line: str | None, samples: list[Sample],
+                     init_rows: list[InitRow]) -> Path:
         run = self.run
         run.status, run.error, run.finished_at = status, error_line, records.utc_now()
         run.suffixes = list(self.loop.suffixes) if self.loop is not None else []
@@ -287,7 +293,7 @@ class RankSession:
         self.record_path = str(self.write_record(status, error_line, samples, init_rows))
 
 
-def gpus(device) -> dict | None:
+def gpus(device: torch.device) -> dict | None:
     """The GPU model of this rank's device and the node's count, when the rank runs on
     CUDA; None on a CPU rank, also on a GPU host: get_device_name initialises CUDA in the
     process, and a gloo rank must open no CUDA context."""

@@ -12,12 +12,61 @@ the tuner (`launch/tune.py`) use only what is declared here (`data_object_prefix
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 
 from typing import Any, Iterable, Protocol, runtime_checkable
 
-from dcp_fsdp.storage.layout import CheckpointInfo, OpenUpload, SuffixClaim
 from dcp_fsdp.storage.timeline import HookTimeline
+
+
+# -- what a store answers (layout.py re-exports them with the rules that use them) ---------
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    suffix: str
+    complete: bool
+    size_bytes: int
+    object_count: int
+    modified: str  # ISO 8601, UTC, of the newest object
+    # Nothing but the claim (layout.CLAIM_NAME): a save that ended between its claim and its first
+    # object (an abandoned claim), or one starting there now; not a checkpoint.
+    claim_only: bool = False
+    # Folders below it holding checkpoints of their own: a prefix (`ckpt/<run>/<suffix>`)
+    nested: tuple[str, ...] = ()
+    own_object_count: int = 0  # objects directly in it (a prefix strategy's data lie deeper)
+
+    @property
+    def recognised(self) -> bool:
+        """Removable as one checkpoint: objects of its own, and no checkpoint below it."""
+        return self.own_object_count > 0 and not self.nested
+
+
+@dataclasses.dataclass(frozen=True)
+class SuffixClaim:
+    """A store's answer to a claim: did this save get the suffix, and how it was decided."""
+
+    won: bool  # False: another save's claim object is there
+    method: str  # layout's CLAIM_CONDITIONAL | CLAIM_EXCLUSIVE | CLAIM_NOT_ATOMIC
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenUpload:
+    """A multipart upload neither completed nor aborted: its parts are stored (and, on
+    AWS, billed) until it is aborted."""
+
+    suffix: str  # the checkpoint it belongs to ("" when directly under the root)
+    key: str
+    upload_id: str
+    initiated: str  # ISO 8601, UTC
+    part_count: int
+    size_bytes: int
+
+    def age_s(self, now: datetime.datetime | None = None) -> float:
+        """Seconds since it was started (by the server's clock; never negative)."""
+        now = now or datetime.datetime.now(datetime.timezone.utc)
+        return max(0.0, (now - datetime.datetime.fromisoformat(self.initiated)).total_seconds())
+
+
 
 
 class RawArea(Protocol):

@@ -8,7 +8,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp.units import MIB
 from dcp_fsdp.compat import data_object_prefix
@@ -18,6 +18,11 @@ from dcp_fsdp.storage.layout import (CLAIM_EXCLUSIVE, CLAIM_NAME, METADATA_NAME,
                                      SuffixClaim, check_suffix, nested_checkpoints)
 from dcp_fsdp.storage.raw import FsRawArea, fs_ceiling_dir
 from dcp_fsdp.storage.timeline import HookTimeline
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter, StorageReader, StorageWriter
+
+    from dcp_fsdp.storage.layout import OpenUpload
 
 
 def _info(entry: Path) -> CheckpointInfo:
@@ -50,7 +55,7 @@ class FsStore:
     def describe(self) -> dict[str, Any]:
         return {"kind": "fs", "path": str(self.root)}
 
-    def writer(self, suffix: str, timeline: HookTimeline | None = None):
+    def writer(self, suffix: str, timeline: HookTimeline | None = None) -> FileSystemWriter:
         kwargs: dict[str, Any] = dict(thread_count=self.config.thread_count, sync_files=self.config.sync_files,
                       overwrite=False)
         if timeline is None:
@@ -61,10 +66,10 @@ class FsStore:
 
         return TimedFileSystemWriter(self.location(suffix), timeline=timeline, **kwargs)
 
-    def warm_up(self, storage_io) -> None:
+    def warm_up(self, storage_io: StorageWriter | StorageReader) -> None:
         """Nothing to set up for a file system."""
 
-    def client_events(self, storage_io) -> list:
+    def client_events(self, storage_io: StorageWriter | StorageReader) -> list[Any]:
         """No S3 client, no request statistics."""
         return []
 
@@ -80,7 +85,7 @@ class FsStore:
         index, count = share
         return pagecache.drop(pagecache.checkpoint_files(self.location(suffix))[index::count])
 
-    def reader(self, suffix: str, timeline: HookTimeline | None = None):
+    def reader(self, suffix: str, timeline: HookTimeline | None = None) -> FileSystemReader:
         if timeline is None:
             from torch.distributed.checkpoint import FileSystemReader
 
@@ -165,7 +170,7 @@ class FsStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
 
-    def open_uploads(self, suffix: str | None = None) -> list:
+    def open_uploads(self, suffix: str | None = None) -> list[OpenUpload]:
         return []  # files are written in place: nothing is left open and billed
 
     def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0,

@@ -20,22 +20,25 @@ write: not atomic, said in the log and recorded as `suffix_claim=not_atomic`.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import os
 import secrets
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp import contract
 from dcp_fsdp.config.validate import check_suffix  # the setting's syntax: a config check
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.metadata_peek import MAX_METADATA_BYTES, MetadataFacts, read_facts
+from dcp_fsdp.storage.base import CheckpointInfo, OpenUpload, SuffixClaim
+
+if TYPE_CHECKING:
+    from dcp_fsdp.storage.base import CheckpointStore
 
 __all__ = ["CEILING_ROOT", "CHECKPOINT_MARKERS", "CLAIM_NAME", "MANIFEST_NAME", "METADATA_NAME",
-           "CheckpointInfo", "SuffixClaim", "check_loadable", "check_suffix",
+           "CheckpointInfo", "OpenUpload", "SuffixClaim", "check_loadable", "check_suffix",
            "claim_configured_suffixes", "encode_manifest", "release_claims", "holds_only_claim_of",
            "manifest_if_readable", "metadata_facts", "nested_checkpoints", "new_suffix",
            "read_claim", "read_manifest", "save_suffix"]
@@ -54,26 +57,6 @@ CLAIM_NOT_ATOMIC = "not_atomic"  # the server ignores the condition: a check, th
 CEILING_ROOT = "_dcp_fsdp.ceiling"
 
 
-@dataclasses.dataclass(frozen=True)
-class CheckpointInfo:
-    suffix: str
-    complete: bool
-    size_bytes: int
-    object_count: int
-    modified: str  # ISO 8601, UTC, of the newest object
-    # Nothing but the claim (CLAIM_NAME): a save that ended between its claim and its first
-    # object (an abandoned claim), or one starting there now; not a checkpoint.
-    claim_only: bool = False
-    # Folders below it holding checkpoints of their own: a prefix (`ckpt/<run>/<suffix>`)
-    nested: tuple[str, ...] = ()
-    own_object_count: int = 0  # objects directly in it (a prefix strategy's data lie deeper)
-
-    @property
-    def recognised(self) -> bool:
-        """Removable as one checkpoint: objects of its own, and no checkpoint below it."""
-        return self.own_object_count > 0 and not self.nested
-
-
 # The objects that make a folder a checkpoint: DCP's commit, our manifest and our claim. A
 # prefix strategy's data folders inside a checkpoint never hold one.
 CHECKPOINT_MARKERS = frozenset({METADATA_NAME, MANIFEST_NAME, CLAIM_NAME})
@@ -84,32 +67,6 @@ def nested_checkpoints(names: list[str]) -> tuple[str, ...]:
     the names of the suffix's objects (relative to it)."""
     return tuple(sorted({folder for folder, _, base in (name.rpartition("/") for name in names)
                          if folder and base in CHECKPOINT_MARKERS}))
-
-
-@dataclasses.dataclass(frozen=True)
-class SuffixClaim:
-    """A store's answer to a claim: did this save get the suffix, and how it was decided."""
-
-    won: bool  # False: another save's claim object is there
-    method: str  # CLAIM_CONDITIONAL | CLAIM_EXCLUSIVE | CLAIM_NOT_ATOMIC
-
-
-@dataclasses.dataclass(frozen=True)
-class OpenUpload:
-    """A multipart upload neither completed nor aborted: its parts are stored (and, on
-    AWS, billed) until it is aborted."""
-
-    suffix: str  # the checkpoint it belongs to ("" when directly under the root)
-    key: str
-    upload_id: str
-    initiated: str  # ISO 8601, UTC
-    part_count: int
-    size_bytes: int
-
-    def age_s(self, now: datetime.datetime | None = None) -> float:
-        """Seconds since it was started (by the server's clock; never negative)."""
-        now = now or datetime.datetime.now(datetime.timezone.utc)
-        return max(0.0, (now - datetime.datetime.fromisoformat(self.initiated)).total_seconds())
 
 
 # -- suffixes ------------------------------------------------------------------------------
@@ -127,20 +84,20 @@ def configured_save_suffixes(configured: str, iterations: int) -> list[str]:
     return [f"{configured}-{iteration}" for iteration in range(1, iterations + 1)]
 
 
-def check_save_suffixes_free(store, configured: str, iterations: int) -> None:
+def check_save_suffixes_free(store: CheckpointStore, configured: str, iterations: int) -> None:
     """Before any rank starts: a save never overwrites; say so now, not after the build."""
     for suffix in configured_save_suffixes(configured, iterations)[:100]:
         if store.has_objects(suffix):
             raise _exists(store, suffix)
 
 
-def _exists(store, suffix: str) -> UserError:
+def _exists(store: CheckpointStore, suffix: str) -> UserError:
     return UserError(f"suffix={suffix}: a checkpoint already exists at {store.location(suffix)} "
                      "(or another save is writing it); choose another suffix or omit it to get "
                      "a fresh one")
 
 
-def save_suffix(store, configured: str | None, iterations: int, iteration: int,
+def save_suffix(store: CheckpointStore, configured: str | None, iterations: int, iteration: int,
                 used: list[str]) -> tuple[str, str]:
     """The suffix for save `iteration` (1-based) in `store`, claimed for this save (never
     one that holds objects, nor one another save claimed first), and how it was claimed."""
@@ -159,7 +116,7 @@ def save_suffix(store, configured: str | None, iterations: int, iteration: int,
                 return suffix, claim.method
 
 
-def _claim_configured(store, suffix: str, run_id: str | None) -> str:
+def _claim_configured(store: CheckpointStore, suffix: str, run_id: str | None) -> str:
     """Claim `suffix=NAME`'s `suffix` for this run (how it was claimed); UserError when it
     holds objects or another save claimed it first."""
     if store.has_objects(suffix):
@@ -172,7 +129,7 @@ def _claim_configured(store, suffix: str, run_id: str | None) -> str:
     return claim.method
 
 
-def claim_configured_suffixes(store, configured: str, iterations: int,
+def claim_configured_suffixes(store: CheckpointStore, configured: str, iterations: int,
                               run_id: str) -> tuple[list[str], str]:
     """The launcher, before any rank starts: claim every suffix `suffix=NAME` will write
     (the first 100, as check_save_suffixes_free) for run `run_id`, so the loser of a race
@@ -191,7 +148,7 @@ def claim_configured_suffixes(store, configured: str, iterations: int,
     return taken, method
 
 
-def release_claims(store, suffixes: list[str], run_id: str | None) -> list[str]:
+def release_claims(store: CheckpointStore, suffixes: list[str], run_id: str | None) -> list[str]:
     """Remove those of `suffixes` that hold nothing but run `run_id`'s claim (a claim with
     no data is not a checkpoint); the ones removed."""
     removed = [suffix for suffix in suffixes if holds_only_claim_of(store, suffix, run_id)]
@@ -207,7 +164,7 @@ def _claim_body(run_id: str | None) -> bytes:
                            datetime.timezone.utc).isoformat(timespec="seconds")}).encode()
 
 
-def read_claim(store, suffix: str) -> dict[str, Any]:
+def read_claim(store: CheckpointStore, suffix: str) -> dict[str, Any]:
     """`suffix`'s claim object as written by `_claim_body` ({} when absent or unreadable)."""
     try:
         claim = _plain_object(store.get_small(suffix, CLAIM_NAME, 4096) or b"{}")
@@ -229,7 +186,7 @@ def _plain_object(data: bytes) -> dict[str, Any] | None:
     return parsed
 
 
-def _claimed_by(store, suffix: str) -> str:
+def _claimed_by(store: CheckpointStore, suffix: str) -> str:
     """' (run R on host H)' from the other save's claim object, when it can be read."""
     claim = read_claim(store, suffix)
     if not claim.get("host"):
@@ -237,7 +194,7 @@ def _claimed_by(store, suffix: str) -> str:
     return f" (run {claim.get('run_id') or '?'} on host {claim['host']})"
 
 
-def holds_only_claim_of(store, suffix: str, run_id: str | None) -> bool:
+def holds_only_claim_of(store: CheckpointStore, suffix: str, run_id: str | None) -> bool:
     """True when `suffix` holds nothing but run `run_id`'s claim: that run's save ended
     before it wrote anything there (a claim with no data is not a checkpoint)."""
     if not run_id or set(store.object_sizes(suffix)) != {CLAIM_NAME}:
@@ -247,7 +204,7 @@ def holds_only_claim_of(store, suffix: str, run_id: str | None) -> bool:
 
 # -- loadability ---------------------------------------------------------------------------
 
-def check_loadable(store, suffix: str) -> None:
+def check_loadable(store: CheckpointStore, suffix: str) -> None:
     """UserError unless `suffix` names a complete checkpoint; lists the ones that exist."""
     if store.is_complete(suffix):
         return
@@ -279,7 +236,7 @@ def encode_manifest(manifest: dict[str, Any]) -> bytes:
     return json.dumps(manifest).encode()
 
 
-def read_manifest(store, suffix: str) -> dict[str, Any] | None:
+def read_manifest(store: CheckpointStore, suffix: str) -> dict[str, Any] | None:
     """The checkpoint's manifest; None only when none is stored. A stored one that is not a
     JSON object is refused (UserError): it does not mean "nothing to verify against"."""
     data = store.get_small(suffix, MANIFEST_NAME, MAX_MANIFEST_BYTES + 1)
@@ -295,7 +252,7 @@ def read_manifest(store, suffix: str) -> dict[str, Any] | None:
     return parsed
 
 
-def manifest_if_readable(store, suffix: str) -> dict[str, Any] | None:
+def manifest_if_readable(store: CheckpointStore, suffix: str) -> dict[str, Any] | None:
     """The manifest for what it can say (settings in an error line); None if absent or damaged."""
     try:
         return read_manifest(store, suffix)
@@ -305,7 +262,7 @@ def manifest_if_readable(store, suffix: str) -> dict[str, Any] | None:
 
 # -- .metadata: read once per run, always through the screen -------------------------------
 
-def metadata_facts(store, suffix: str) -> MetadataFacts:
+def metadata_facts(store: CheckpointStore, suffix: str) -> MetadataFacts:
     """What checkpoint `suffix`'s `.metadata` holds, screened (MetadataRefused for a file
     that may be hostile): the launcher's reading when it handed one over for this suffix
     (contract.METADATA_FACTS_ENV), else one GET here."""
@@ -360,7 +317,8 @@ def check_replicas_mirrorable(manifest: dict[str, Any] | None, replicas: int, su
             f"saving mesh: drop ceiling=true, or load with model.replicas={saved or 1}")
 
 
-def check_objects_whole(store, suffix: str, facts: MetadataFacts, prefix_strategy: str) -> None:
+def check_objects_whole(store: CheckpointStore, suffix: str, facts: MetadataFacts,
+                        prefix_strategy: str) -> None:
     """Every data object `.metadata` names is there, at least as long as its last item ends:
     a deleted or truncated object is refused in one line naming it, before any rank reads
     (DCP would fail part way with "The key does not exist" or "stream exhausted").
@@ -388,7 +346,7 @@ def objects_damage(facts: MetadataFacts, stored: dict[str, int]) -> str | None:
     return f"data object {name} {what}" + (f" (and {more} more object(s) damaged)" if more else "")
 
 
-def checkpoint_damage(store, suffix: str) -> str | None:
+def checkpoint_damage(store: CheckpointStore, suffix: str) -> str | None:
     """`list --check`: what is wrong with the complete checkpoint `suffix` (its objects lying
     under it, storage.prefix_strategy=default), None when whole. One GET of its `.metadata`,
     read through the screen (a hostile one is reported, never unpickled), and one listing."""

@@ -14,7 +14,7 @@ import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp.units import MIB
 from dcp_fsdp.compat import round_robin_prefix_strategy
@@ -26,6 +26,11 @@ from dcp_fsdp.storage.s3_control import S3ControlPlane
 from dcp_fsdp.storage.s3_clients import FsspecClient, MscClient, client_versions
 from dcp_fsdp.storage.s3_target import S3Target, resolve_endpoint, resolve_region
 from dcp_fsdp.storage.timeline import HookTimeline
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint import StorageReader, StorageWriter
+
+    from dcp_fsdp.storage.layout import OpenUpload
 
 __all__ = ["S3Store", "S3Target", "prefix_strategy", "resolve_endpoint", "resolve_region"]
 
@@ -95,7 +100,7 @@ class S3Store:
                 "client_versions": client_versions(self.config.client)}
 
     # -- DCP writer / reader -----------------------------------------------------------
-    def _client_config(self):
+    def _client_config(self) -> Any:
         from s3torchconnector import S3ClientConfig
 
         return S3ClientConfig(
@@ -105,10 +110,10 @@ class S3Store:
             max_attempts=self.config.max_attempts,
         )
 
-    def _prefix_strategy(self):
+    def _prefix_strategy(self) -> Any:
         return prefix_strategy(self.config)
 
-    def writer(self, suffix: str, timeline: HookTimeline | None = None):
+    def writer(self, suffix: str, timeline: HookTimeline | None = None) -> StorageWriter:
         if self.other_client is not None:
             return self.other_client.writer(suffix, timeline)
         from s3torchconnector.dcp import S3StorageWriter
@@ -125,7 +130,7 @@ class S3Store:
             overwrite=False,
         )
 
-    def warm_up(self, storage_io) -> None:
+    def warm_up(self, storage_io: StorageWriter | StorageReader) -> None:
         """Build the connector's native (CRT) client now, outside the timed region.
 
         s3torchconnector creates it lazily on the first request; the first
@@ -141,7 +146,7 @@ class S3Store:
 
         build_native_client(client_file_system(storage_io))  # warns once when it cannot
 
-    def client_events(self, storage_io) -> list[Any]:
+    def client_events(self, storage_io: StorageWriter | StorageReader) -> list[Any]:
         """The botocore event emitters of the client under `storage_io` (built: warm_up),
         where the request statistics hook in; [] for the connector (its own log says them)."""
         return [] if self.other_client is None else self.other_client.warm_up(storage_io)
@@ -150,7 +155,7 @@ class S3Store:
         """No local cache between a load and S3 (every read is a GET)."""
         return None
 
-    def reader(self, suffix: str, timeline: HookTimeline | None = None):
+    def reader(self, suffix: str, timeline: HookTimeline | None = None) -> StorageReader:
         if self.other_client is not None:
             return self.other_client.reader(suffix, timeline)
         from s3torchconnector import S3ReaderConstructor
@@ -220,7 +225,7 @@ class S3Store:
         return S3RawArea(self.bucket, s3_ceiling_prefix(self.prefix, token), self.region,
                          self._client_config)
 
-    def open_uploads(self, suffix: str | None = None):
+    def open_uploads(self, suffix: str | None = None) -> list[OpenUpload]:
         return self.control.open_uploads(suffix)
 
     def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0,

@@ -12,13 +12,17 @@ import datetime
 import os
 import re
 import secrets
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp import log
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.layout import (CEILING_ROOT, CLAIM_NAME, METADATA_NAME, CheckpointInfo,
                                      OpenUpload, nested_checkpoints)
 from dcp_fsdp.storage.s3_target import S3Target
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
 
 
 def credential_chain_error(error: BaseException) -> UserError | None:
@@ -73,7 +77,7 @@ class S3ControlPlane:
         self._boto_client = None
         self._honours_if_none_match: bool | None = None  # asked once, on the first claim
 
-    def client(self):
+    def client(self) -> Any:
         """boto3's client; the AWS credential chain is read here (UserError if broken)."""
         if self._boto_client is None:
             import boto3
@@ -86,7 +90,7 @@ class S3ControlPlane:
                 raise credential_chain_error(error) or self._explain(error) from None
         return self._boto_client
 
-    def _make_client(self, boto3, botocore_config):
+    def _make_client(self, boto3: ModuleType, botocore_config: ModuleType) -> Any:
         # A broken profile or shared file fails here: botocore resolves credentials now
         # (once per process: boto3's default session keeps them; a launcher running several
         # jobs starts each with a fresh one, launch/preflight.py).
@@ -180,7 +184,7 @@ class S3ControlPlane:
         # is a mismatch on any endpoint.
         redirects: list[str | None] = []
 
-        def on_response(response_dict=None, **_):
+        def on_response(response_dict: dict[str, Any] | None = None, **_: Any) -> None:
             if response_dict and response_dict.get("status_code") == 301:
                 region = response_dict.get("headers", {}).get("x-amz-bucket-region")
                 if region is None and redirects:
@@ -297,7 +301,7 @@ class S3ControlPlane:
     def put_key(self, key: str, data: bytes) -> None:
         self._explained(self.client().put_object, Key=key, Body=data)
 
-    def _explained(self, call, **kwargs) -> Any:
+    def _explained(self, call: Callable[..., Any], **kwargs: Any) -> Any:
         """A boto3 call on the bucket; its failure as one line (UserError) naming the fix."""
         import botocore.exceptions as bx
 

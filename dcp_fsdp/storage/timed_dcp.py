@@ -13,13 +13,23 @@ Ranks only (imports torch): the stores import this module when asked for a timed
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
 from dcp_fsdp.errors import StorageStreamError
 from dcp_fsdp.storage.timed_fs import TimedFileSystem
 from dcp_fsdp.storage.timeline import HookTimeline
+
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan, SavePlanner
+    from torch.distributed.checkpoint.storage import WriteResult
+    from torch.futures import Future
+
+    _Plan = TypeVar("_Plan", SavePlan, LoadPlan)  # the writer's plans, or the reader's
 
 
 class _TimedPlanning:
@@ -35,11 +45,11 @@ class _TimedPlanning:
         self.timeline = timeline
         self.fs = TimedFileSystem(self.fs, timeline)
 
-    def prepare_local_plan(self, plan):
+    def prepare_local_plan(self, plan: _Plan) -> _Plan:
         with self.timeline.span("prepare_local_plan"):
             return super().prepare_local_plan(plan)  # type: ignore[misc]  # a mixin (as finish)
 
-    def prepare_global_plan(self, plans):
+    def prepare_global_plan(self, plans: list[_Plan]) -> list[_Plan]:
         with self.timeline.span("prepare_global_plan"):
             return super().prepare_global_plan(plans)  # type: ignore[misc]  # a mixin (as finish)
 
@@ -48,7 +58,7 @@ class TimedWriter(_TimedPlanning):
     """Mixin before a DCP `FileSystemWriter` subclass: times its hooks on `self.timeline`
     and its object streams through `TimedFileSystem`."""
 
-    def write_data(self, plan, planner):
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         started = self.timeline.io_started()
         try:
             future = super().write_data(plan, planner)  # type: ignore[misc]  # a mixin (as finish)
@@ -68,7 +78,7 @@ class TimedWriter(_TimedPlanning):
             self.timeline.io_ended("write_data", started)
             self.timeline.dump()  # in the process checkpointer's daemon: for the rank
 
-    def finish(self, metadata, results) -> None:
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         with self.timeline.span("finish"):
             super().finish(metadata, results)  # type: ignore[misc]  # a mixin: the DCP class after it has it
         self.timeline.dump()
@@ -80,14 +90,14 @@ class TimedReader(_TimedPlanning):
     (a resharded load that reads a saved item whole for a part of it fetches more than the
     plan names)."""
 
-    def read_metadata(self, *args, **kwargs):
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         parent = super().read_metadata  # type: ignore[misc]  # a mixin (as finish)
         if kwargs and "kwargs" not in inspect.signature(parent).parameters:
             kwargs = {}  # DCP passes rank= and process_group= only where the reader takes them
         with self.timeline.span("read_metadata"):
             return parent(*args, **kwargs)
 
-    def read_data(self, plan, planner):
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         started = self.timeline.io_started()
         try:
             future = super().read_data(plan, planner)  # type: ignore[misc]  # a mixin (as finish)

@@ -44,7 +44,10 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 class BusyClock:
@@ -156,7 +159,7 @@ class HookTimeline:
             self.stream_error = f"{type(error).__name__}: {' '.join(str(error).split())[:2000]}"
 
     @contextlib.contextmanager
-    def span(self, hook: str):
+    def span(self, hook: str) -> Iterator[None]:
         start = time.monotonic()
         try:
             yield

@@ -21,7 +21,8 @@ def install_control_plane_hook(record_call: Callable[[Any], None]) -> None:
     if boto3.DEFAULT_SESSION is None:
         boto3.setup_default_session()
 
-    def on_attempt(event_name: str = "", response=None, caught_exception=None, **kwargs):
+    def on_attempt(event_name: str = "", response: Any = None,
+                   caught_exception: Exception | None = None, **kwargs: Any) -> None:
         operation = event_name.rsplit(".", 1)[-1]
         status = None
         if response is not None:

@@ -16,11 +16,20 @@ import secrets
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterable
 from urllib.parse import urlsplit, urlunsplit
 
 from dcp_fsdp.contract import ARGV_ENV
 from dcp_fsdp.telemetry.record_checks import field_types, parse_line, run_problem, sample_problem
+
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    from _typeshed import DataclassInstance
+
+    from dcp_fsdp.config.schema import BenchmarkConfig
+
+    _Record = TypeVar("_Record", bound=DataclassInstance)
 
 # Bumped whenever a field is added, renamed or changes meaning; readers accept every
 # earlier version (missing fields read as their defaults). 1: the first format.
@@ -89,7 +98,7 @@ def redact_url(url: str | None) -> str | None:
     return url
 
 
-def config_for_record(cfg) -> dict[str, Any]:
+def config_for_record(cfg: BenchmarkConfig) -> dict[str, Any]:
     """The resolved settings as plain data, with any credentials in URLs removed."""
     from omegaconf import OmegaConf
 
@@ -248,7 +257,7 @@ class RunRecord:
         return {"record": "run", **dataclasses.asdict(self)}
 
 
-def _from_dict(cls, row: dict[str, Any]):
+def _from_dict(cls: type[_Record], row: dict[str, Any]) -> _Record:
     """A dataclass from a record line: unknown keys (newer writers) are dropped, missing
     ones (older writers) take their defaults."""
     names = {f.name for f in dataclasses.fields(cls)}
