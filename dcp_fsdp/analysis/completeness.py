@@ -29,6 +29,17 @@ def _ranks_text(ranks: set[int]) -> str:
 
 def incomplete_reason(run: dict[str, Any], samples: list[dict[str, Any]]) -> str | None:
     """Why an ok run's record is not whole, or None when it is."""
+    ranks_per_op: dict[tuple[str, int], set[int]] = defaultdict(set)
+    for sample in samples:
+        # rank is a required sample field (telemetry.record_checks): never absent here
+        ranks_per_op[(str(sample.get("op")), int(sample.get("iteration") or 0))].add(
+            int(sample["rank"]))
+    return (_lines_reason(run) or _ranks_reason(run, ranks_per_op)
+            or _iterations_reason(run, ranks_per_op))
+
+
+def _lines_reason(run: dict[str, Any]) -> str | None:
+    """Lines of the record file that could not be read."""
     unreadable = run.get("unreadable_lines") or 0
     if unreadable:
         return (f"{unreadable} unreadable line(s) in its record file: cut off or damaged, "
@@ -37,33 +48,42 @@ def incomplete_reason(run: dict[str, Any], samples: list[dict[str, Any]]) -> str
     if unknown and not _has_sample_count(run):
         return (f"{unknown} unreadable line(s) in its record file, and it has no sample count "
                 "to show whether a rank's sample is lost")
-    ranks_per_op: dict[tuple[str, int], set[int]] = defaultdict(set)
-    for sample in samples:
-        # rank is a required sample field (telemetry.record_checks): never absent here
-        ranks_per_op[(str(sample.get("op")), int(sample.get("iteration") or 0))].add(
-            int(sample["rank"]))
+    return None
+
+
+def _ranks_reason(run: dict[str, Any], ranks_per_op: dict[tuple[str, int], set[int]]) -> str | None:
+    """A rank missing from an operation, or one outside the world."""
     world_size = run.get("world_size")
-    if isinstance(world_size, int) and world_size > 0:
-        expected = set(range(world_size))
-        for (op, iteration), ranks in sorted(ranks_per_op.items()):
-            if ranks - expected:
-                return (f"{op} iteration {iteration}: rank(s) {_ranks_text(ranks - expected)} "
-                        f"outside world_size {world_size}")
-            if expected - ranks:
-                return (f"{op} iteration {iteration}: no sample of rank(s) "
-                        f"{_ranks_text(expected - ranks)} (world_size {world_size})")
-    elif len({frozenset(ranks) for ranks in ranks_per_op.values()}) > 1:
-        return "world_size unknown and the ranks differ between operations"
-    if int(run.get("schema_version") or 0) >= 2:
-        command = run.get("command")
-        iterations = (run.get("config") or {}).get("iterations")
-        if command in COMMAND_OPS and isinstance(iterations, int) and iterations > 0:
-            for op in COMMAND_OPS[command]:
-                present = {i for o, i in ranks_per_op if o == op}
-                missing = set(range(1, iterations + 1)) - present
-                if missing:
-                    return (f"no {op} sample of iteration(s) {_ranks_text(missing)} "
-                            f"(iterations={iterations})")
+    if not (isinstance(world_size, int) and world_size > 0):
+        if len({frozenset(ranks) for ranks in ranks_per_op.values()}) > 1:
+            return "world_size unknown and the ranks differ between operations"
+        return None
+    expected = set(range(world_size))
+    for (op, iteration), ranks in sorted(ranks_per_op.items()):
+        if ranks - expected:
+            return (f"{op} iteration {iteration}: rank(s) {_ranks_text(ranks - expected)} "
+                    f"outside world_size {world_size}")
+        if expected - ranks:
+            return (f"{op} iteration {iteration}: no sample of rank(s) "
+                    f"{_ranks_text(expected - ranks)} (world_size {world_size})")
+    return None
+
+
+def _iterations_reason(run: dict[str, Any],
+                       ranks_per_op: dict[tuple[str, int], set[int]]) -> str | None:
+    """An iteration of a timed operation with no sample at all (records of format 2 on)."""
+    if int(run.get("schema_version") or 0) < 2:
+        return None
+    command = run.get("command")
+    iterations = (run.get("config") or {}).get("iterations")
+    if command not in COMMAND_OPS or not isinstance(iterations, int) or iterations <= 0:
+        return None
+    for op in COMMAND_OPS[command]:
+        present = {i for o, i in ranks_per_op if o == op}
+        missing = set(range(1, iterations + 1)) - present
+        if missing:
+            return (f"no {op} sample of iteration(s) {_ranks_text(missing)} "
+                    f"(iterations={iterations})")
     return None
 
 

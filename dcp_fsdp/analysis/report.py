@@ -166,26 +166,41 @@ def main(argv: list[str] | None = None) -> int:
     if args.format == "csv":
         sys.stdout.write(wide_csv(result).to_csv(index=False))
     else:
-        width = shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
-        sys.stdout.write(render(result, args.format, warnings, width=width,
-                                wide=args.columns == "all"))
-        from dcp_fsdp.analysis import decision_text, scaling
+        _write_tables(args, result, runs, warnings, prices)
+    _write_files(args, result)
+    return 0
 
-        sys.stdout.write(scaling.render(result, args.format))
-        if args.node_mtbf_hours is not None:
-            sys.stdout.write(decision_text.render(result, runs, args.node_mtbf_hours,
-                                                  args.nodes, args.interval_minutes, args.keep,
-                                                  prices, args.format))
-            if args.nodes:
-                for line in scaling.prefix_warnings(result, runs, args.nodes, prices):
-                    print(f"warning: {line}")
+
+def _write_tables(args: argparse.Namespace, result: dict[str, Any], runs: list[dict[str, Any]],
+                  warnings: list[str], prices: Prices | None) -> None:
+    """The terminal (or markdown) report: the tables, scaling, and with --node-mtbf-hours the
+    interval decision."""
+    from dcp_fsdp.analysis import decision_text, scaling
+
+    width = shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+    sys.stdout.write(render(result, args.format, warnings, width=width,
+                            wide=args.columns == "all"))
+    sys.stdout.write(scaling.render(result, args.format))
+    if args.node_mtbf_hours is None:
+        return
+    # checked_arguments loaded them: --node-mtbf-hours without prices is refused there
+    assert prices is not None
+    sys.stdout.write(decision_text.render(result, runs, args.node_mtbf_hours, args.nodes,
+                                          args.interval_minutes, args.keep, prices, args.format))
+    if args.nodes:
+        for line in scaling.prefix_warnings(result, runs, args.nodes, prices):
+            print(f"warning: {line}")
+
+
+def _write_files(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """--csv and --plot: each path written is named (on stderr when stdout is the csv)."""
+    stream = sys.stderr if args.format == "csv" else sys.stdout
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         wide_csv(result).to_csv(args.csv, index=False)
-        print(f"csv: {args.csv}", file=sys.stderr if args.format == "csv" else sys.stdout)
+        print(f"csv: {args.csv}", file=stream)
     if args.plot:
         from dcp_fsdp.analysis import scaling
 
         for path in [*plot(result, Path(args.plot)), *scaling.plot(result, Path(args.plot))]:
-            print(f"plot: {path}", file=sys.stderr if args.format == "csv" else sys.stdout)
-    return 0
+            print(f"plot: {path}", file=stream)

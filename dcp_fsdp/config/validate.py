@@ -361,6 +361,11 @@ def _check_storage(storage: StorageConfig) -> None:
     if not S3_MIN_PART_SIZE_MIB <= storage.part_size_mib <= S3_MAX_PART_SIZE_MIB:
         raise UserError(f"storage.part_size_mib={storage.part_size_mib}: S3 multipart parts must "
                         f"be {S3_MIN_PART_SIZE_MIB}..{S3_MAX_PART_SIZE_MIB} MiB")
+    _check_prefixes(storage)
+
+
+def _check_prefixes(storage: StorageConfig) -> None:
+    """storage.prefix_strategy and the settings that go with one strategy only."""
     if storage.prefix_strategy == PrefixStrategy.round_robin and not storage.round_robin_prefixes:
         raise UserError("storage.round_robin_prefixes is empty: prefix_strategy=round_robin needs "
                         "a list, e.g. 'storage.round_robin_prefixes=[a,b,c]'")

@@ -206,34 +206,40 @@ def check_environment(cfg: BenchmarkConfig) -> None:
     check_torch()
     _positive_int("OMP_NUM_THREADS", "4")
     if cfg.storage.kind == StorageKind.s3:
-        for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
-            value = os.environ.get(name)
-            if value is not None and cfg.storage.endpoint is None:
-                check_endpoint(value, name)
-                if cfg.storage.uri is None:
-                    raise UserError(f"storage.uri is not set but {name} is: give the bucket "
-                                    "too, e.g. storage.uri=s3://my-bucket/checkpoints (or "
-                                    f"unset {name} for the embedded server)")
-                break  # the first one set is the one used
-        for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
-            value = os.environ.get(name)
-            if value is not None and cfg.storage.region is None:
-                check_region(value, name)
-                break
-        if cfg.request_stats:
-            from dcp_fsdp.telemetry.connector_log import version_problem
-
-            problem = version_problem()  # its counts could be silently wrong otherwise
-            if problem:
-                raise UserError(f"request_stats=true: {problem}")
-            for name in CONNECTOR_LOG_ENV:
-                if name in os.environ:
-                    raise UserError(f"{name} is set, but request_stats=true sets the "
-                                    f"connector's log itself: unset {name}, or add "
-                                    "request_stats=false to keep your own log")
+        _check_s3_environment(cfg)
     if contract.CONFIG_ENV in os.environ:
         raise UserError(f"{contract.CONFIG_ENV} is set: it is for ranks that dcp-fsdp starts "
                         f"itself; unset {contract.CONFIG_ENV}")
+
+
+def _check_s3_environment(cfg: BenchmarkConfig) -> None:
+    """The AWS variables an s3 run reads (when the settings leave them in charge), and the
+    connector's log variables that request_stats=true owns."""
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        value = os.environ.get(name)
+        if value is not None and cfg.storage.endpoint is None:
+            check_endpoint(value, name)
+            if cfg.storage.uri is None:
+                raise UserError(f"storage.uri is not set but {name} is: give the bucket "
+                                "too, e.g. storage.uri=s3://my-bucket/checkpoints (or "
+                                f"unset {name} for the embedded server)")
+            break  # the first one set is the one used
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        value = os.environ.get(name)
+        if value is not None and cfg.storage.region is None:
+            check_region(value, name)
+            break
+    if cfg.request_stats:
+        from dcp_fsdp.telemetry.connector_log import version_problem
+
+        problem = version_problem()  # its counts could be silently wrong otherwise
+        if problem:
+            raise UserError(f"request_stats=true: {problem}")
+        for name in CONNECTOR_LOG_ENV:
+            if name in os.environ:
+                raise UserError(f"{name} is set, but request_stats=true sets the "
+                                f"connector's log itself: unset {name}, or add "
+                                "request_stats=false to keep your own log")
 
 
 def check_torchrun_environment() -> int:
@@ -254,6 +260,12 @@ def check_torchrun_environment() -> int:
                         "be below WORLD_SIZE (start the ranks with torchrun)")
     if not 0 < numbers["MASTER_PORT"] < 65536:
         raise UserError(f"MASTER_PORT={numbers['MASTER_PORT']}: must be a port, 1..65535")
+    _check_launcher_variables()
+    return numbers["LOCAL_WORLD_SIZE"]
+
+
+def _check_launcher_variables() -> None:
+    """What dcp-fsdp's launcher hands its ranks: a run id and the command line."""
     run_id = os.environ.get(contract.RUN_ID_ENV)
     if run_id is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", run_id):
         raise UserError(f"{contract.RUN_ID_ENV}={run_id!r}: a run id is a file name: use "
@@ -266,7 +278,6 @@ def check_torchrun_environment() -> int:
         except ValueError:
             raise UserError(f"{contract.ARGV_ENV} is not a JSON list: it is set by dcp-fsdp's "
                             f"launcher; unset {contract.ARGV_ENV}") from None
-    return numbers["LOCAL_WORLD_SIZE"]
 
 
 def check_model(cfg: BenchmarkConfig) -> None:

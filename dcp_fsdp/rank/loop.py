@@ -335,15 +335,7 @@ class CheckpointLoop:
         dcp_iterations = 0 if command == Command.ceiling else self.cfg.iterations
         for iteration in range(1, dcp_iterations + 1):
             if command in (Command.save, Command.save_and_load):
-                suffix = self._choose_save_suffix(iteration)
-                self._note_writing(suffix)
-                handle = self._timed("save", iteration, suffix)
-                self._complete_pending()  # the previous save (this one waited for its upload)
-                self._pending_save = PendingSave(handle, suffix, iteration)
-                # A load needs the checkpoint committed; the last save's upload ends the run.
-                if handle.done() or command == Command.save_and_load or \
-                        iteration == self.cfg.iterations:
-                    self._complete_pending()
+                suffix = self._save(iteration)
             else:
                 suffix = self._load_suffix()
                 if iteration == 1:
@@ -353,12 +345,7 @@ class CheckpointLoop:
                 self._pause()
                 self.verified_load(iteration, suffix)
             elif command == Command.load:
-                self._load_expected_checksums(suffix)
-                if self._expected_checksums[suffix] is not None:
-                    zero_local_tensors(self.state_dict)
-                self.keep(self._timed_now("load", iteration, suffix))
-                self._verify_checksums(suffix, iteration)
-                apply_state_dict(self.sharded, self.state_dict)
+                self._checked_load(iteration, suffix)
             if iteration < self.cfg.iterations:
                 self._pause()
         for iteration in range(1, self.cfg.iterations + 1) if mlperf else ():
@@ -372,6 +359,29 @@ class CheckpointLoop:
                 self.keep(sample)
         dist.barrier()
         return self.samples
+
+    def _save(self, iteration: int) -> str:
+        """One timed save (async: started, the previous one completed); its suffix."""
+        suffix = self._choose_save_suffix(iteration)
+        self._note_writing(suffix)
+        handle = self._timed("save", iteration, suffix)
+        self._complete_pending()  # the previous save (this one waited for its upload)
+        self._pending_save = PendingSave(handle, suffix, iteration)
+        # A load needs the checkpoint committed; the last save's upload ends the run.
+        if handle.done() or self.cfg.command == Command.save_and_load or \
+                iteration == self.cfg.iterations:
+            self._complete_pending()
+        return suffix
+
+    def _checked_load(self, iteration: int, suffix: str) -> None:
+        """`dcp-fsdp load`'s timed load of a checkpoint it did not save: checked against the
+        checksums its save recorded, when there are any."""
+        self._load_expected_checksums(suffix)
+        if self._expected_checksums[suffix] is not None:
+            zero_local_tensors(self.state_dict)
+        self.keep(self._timed_now("load", iteration, suffix))
+        self._verify_checksums(suffix, iteration)
+        apply_state_dict(self.sharded, self.state_dict)
 
     def _dcp_load(self, run: OpInProgress, suffix: str) -> None:
         """dcp.load; a load that failed because the checkpoint was deleted under it says so

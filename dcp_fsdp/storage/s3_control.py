@@ -128,30 +128,35 @@ class S3ControlPlane:
                              f"({type(error).__name__}{reason}); check the address and that the "
                              "server is up")
         if isinstance(error, bx.ClientError):
-            response = error.response
-            code = str(response.get("Error", {}).get("Code", ""))
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
-            if code == "404" and not self._is_s3_answer():
-                return self._not_s3(f"HTTP {status} without an S3 error code")
-            if code in ("404", "NoSuchBucket"):
-                return UserError(f"{where}: bucket '{self.target.bucket}' does not exist; create it or "
-                                 "fix the bucket name")
-            if status == 301 or code in ("301", "PermanentRedirect", "AuthorizationHeaderMalformed"):
-                actual = headers.get("x-amz-bucket-region", "another region")
-                return UserError(f"storage.region={self.target.region}: bucket '{self.target.bucket}' is in "
-                                 f"{actual}; set storage.region={actual}")
-            # A HEAD answer has no body: its "code" is just the status again.
-            answer = f"HTTP {status}" if code in ("", str(status)) else f"HTTP {status} {code}"
-            if code in ("403", "AccessDenied", "SignatureDoesNotMatch", "InvalidAccessKeyId",
-                        "InvalidToken", "ExpiredToken"):
-                return UserError(f"{where}: S3 refused the credentials ({answer}); "
-                                 "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_PROFILE "
-                                 "and the bucket policy")
-            return UserError(f"{where}: S3 answered {answer}")
+            return self._explain_answer(error)
         if isinstance(error, bx.BotoCoreError):
             return UserError(f"{where}: {type(error).__name__}: {error}")
         raise error
+
+    def _explain_answer(self, error: Any) -> UserError:
+        """One line for an error answer of the server (botocore's ClientError)."""
+        where = f"storage.uri={self.target.uri}"
+        response = error.response
+        code = str(response.get("Error", {}).get("Code", ""))
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        if code == "404" and not self._is_s3_answer():
+            return self._not_s3(f"HTTP {status} without an S3 error code")
+        if code in ("404", "NoSuchBucket"):
+            return UserError(f"{where}: bucket '{self.target.bucket}' does not exist; create it or "
+                             "fix the bucket name")
+        if status == 301 or code in ("301", "PermanentRedirect", "AuthorizationHeaderMalformed"):
+            actual = headers.get("x-amz-bucket-region", "another region")
+            return UserError(f"storage.region={self.target.region}: bucket '{self.target.bucket}' is in "
+                             f"{actual}; set storage.region={actual}")
+        # A HEAD answer has no body: its "code" is just the status again.
+        answer = f"HTTP {status}" if code in ("", str(status)) else f"HTTP {status} {code}"
+        if code in ("403", "AccessDenied", "SignatureDoesNotMatch", "InvalidAccessKeyId",
+                    "InvalidToken", "ExpiredToken"):
+            return UserError(f"{where}: S3 refused the credentials ({answer}); "
+                             "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_PROFILE "
+                             "and the bucket policy")
+        return UserError(f"{where}: S3 answered {answer}")
 
     def _is_s3_answer(self) -> bool:
         """A HEAD 404 has no body: is it S3's 'no such bucket', or a server that is not S3?
