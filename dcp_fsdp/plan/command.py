@@ -27,7 +27,6 @@ EXACT_MAX_ITEMS = 300_000
 DEFAULT_RANKS_PER_NODE = 8  # a GPU node's usual count; capped at world_size
 
 
-
 def _whole(name: str, text: str) -> int:
     try:
         value = int(text)

@@ -22,7 +22,7 @@ from dcp_fsdp.storage.timeline import HookTimeline
 if TYPE_CHECKING:
     from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter, StorageReader, StorageWriter
 
-    from dcp_fsdp.storage.layout import OpenUpload
+    from dcp_fsdp.storage.base import OpenUpload
 
 
 def _info(entry: Path) -> CheckpointInfo:

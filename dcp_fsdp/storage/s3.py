@@ -30,7 +30,7 @@ from dcp_fsdp.storage.timeline import HookTimeline
 if TYPE_CHECKING:
     from torch.distributed.checkpoint import StorageReader, StorageWriter
 
-    from dcp_fsdp.storage.layout import OpenUpload
+    from dcp_fsdp.storage.base import OpenUpload
 
 __all__ = ["S3Store", "S3Target", "prefix_strategy", "resolve_endpoint", "resolve_region"]
 
@@ -110,9 +110,6 @@ class S3Store:
             max_attempts=self.config.max_attempts,
         )
 
-    def _prefix_strategy(self) -> Any:
-        return prefix_strategy(self.config)
-
     def writer(self, suffix: str, timeline: HookTimeline | None = None) -> StorageWriter:
         if self.other_client is not None:
             return self.other_client.writer(suffix, timeline)
@@ -126,7 +123,7 @@ class S3Store:
             writer_class, extra = TimedS3StorageWriter, {"timeline": timeline}
         return writer_class(
             **extra, region=self.region, path=self.location(suffix), s3client_config=self._client_config(),
-            prefix_strategy=self._prefix_strategy(), thread_count=self.config.thread_count,
+            prefix_strategy=prefix_strategy(self.config), thread_count=self.config.thread_count,
             overwrite=False,
         )
 
@@ -219,7 +216,7 @@ class S3Store:
 
     # -- raw objects (the raw ceiling), see raw.py --------------------------------------
     def data_object_prefix(self, rank: int) -> str:
-        return self._prefix_strategy()(rank)
+        return prefix_strategy(self.config)(rank)
 
     def raw_area(self, token: str) -> S3RawArea:
         return S3RawArea(self.bucket, s3_ceiling_prefix(self.prefix, token), self.region,
