@@ -26,6 +26,16 @@ if TYPE_CHECKING:
 PROCESS_START_MONO = time.monotonic()
 
 
+def _process_started() -> None:
+    global PROCESS_START_MONO
+    PROCESS_START_MONO = time.monotonic()
+
+
+# A rank forked from the agent (launch/forked_rank.py), which imported this module, starts at
+# its fork: its init_s counts from there, as an exec'd rank's counts from its interpreter.
+os.register_at_fork(after_in_child=_process_started)
+
+
 def _fail(message: str, code: int = 2) -> int:
     from dcp_fsdp import log
 

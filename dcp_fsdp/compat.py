@@ -31,6 +31,12 @@ if TYPE_CHECKING:
 TORCH_MIN = (2, 11)
 TORCH_MAX_TESTED = (2, 15)
 CONNECTOR_MINOR = (1, 5)
+# torch's modules a rank imports before its first figure (python -X importtime of a rank,
+# 2026-11-27), for the agent to import before it forks its ranks (launch/forked_rank.py).
+# torch._dynamo is private, and not imported by any of ours: the first DTensor that
+# fully_shard makes imports it, and so does a normal_ on the meta device.
+RANK_TORCH_MODULES = ("torch", "torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
+                      "torch.distributed.fsdp", "torch._dynamo")
 
 _warned: set[str] = set()
 

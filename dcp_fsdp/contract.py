@@ -52,6 +52,13 @@ def harness_off(value: str | None) -> tuple[frozenset[str], list[str]]:
 # (SIGTERM / SIGINT mean a user or the scheduler stopped the run).
 PEER_FAILED_SIGNAL_NAME = "SIGUSR1"
 
+# -- processes ---------------------------------------------------------------------------
+# The name (Linux's comm, 15 bytes at most) of a rank forked from our agent
+# (launch/forked_rank.py): its /proc environ is its agent's, so siblings and tests know it by
+# this. Global rank: "dcp-fsdp-r" and up to 5 digits fit.
+RANK_PROCESS_NAME = "dcp-fsdp-r{rank}"
+RANK_PROCESS_NAME_PREFIX = "dcp-fsdp-r"
+
 # -- exit codes --------------------------------------------------------------------------
 EXIT_OK = 0
 EXIT_FAILED = 1  # a save or load failed (storage, timeout, corruption)

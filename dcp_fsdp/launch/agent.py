@@ -3,11 +3,12 @@ this process, so the ranks are its children exactly as on a cluster.
 
 `python -m dcp_fsdp.launch.agent TORCHRUN-ARGS` is what `dcp-fsdp COMMAND nproc=N` starts,
 and what each node's task of the Slurm batch scripts runs (batch/node_task.sh).
-It differs from plain `torchrun` only in what it prints: torchrun ends a failed or
-interrupted run with a Python traceback (ChildFailedError / SignalException); here the
-outcome goes, as JSON, to the file named by DCP_FSDP_AGENT_SUMMARY (per-rank exit codes,
-signals and the messages the ranks left in their TORCHELASTIC_ERROR_FILE), and the
-light parent prints the one line. DCP_FSDP_DEBUG=1 keeps torchrun's own log lines.
+It differs from plain `torchrun` in two ways. It forks the ranks of `-m dcp_fsdp` from this
+process, which has imported what a rank imports (launch/forked_rank.py), where torchrun
+execs each. And torchrun ends a failed or interrupted run with a Python traceback
+(ChildFailedError / SignalException); here the outcome goes, as JSON, to the file named
+by DCP_FSDP_AGENT_SUMMARY (per-rank exit codes, signals and the messages the ranks left in
+their TORCHELASTIC_ERROR_FILE), and the light parent prints the one line. DCP_FSDP_DEBUG=1 keeps torchrun's own log lines.
 """
 
 import os
@@ -24,7 +25,6 @@ def _quiet_exit(signum: int, frame: FrameType | None) -> NoReturn:
 
 
 def main(argv: list[str]) -> int:
-    import logging
     import time
 
     from dcp_fsdp import contract
@@ -38,18 +38,21 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    from dcp_fsdp.launch import forked_rank
+
     if not debug:
         # torchrun's own lines ("failed (exitcode: 1) ...", "Sending process ... closing
         # signal") repeat what the launcher says in one line.
-        for name in list(logging.root.manager.loggerDict):
-            if name.startswith("torch.distributed"):
-                logging.getLogger(name).setLevel(logging.CRITICAL)
+        forked_rank.quiet_agent_logs()
     summary: dict = {"outcome": "ok", "signal": None, "failures": {}}
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     code = 0
     try:
-        run(parse_args(argv))
+        args = parse_args(argv)
+        if forked_rank.forkable(args):  # `-m dcp_fsdp`: forked ranks, the imports done once
+            forked_rank.fork_instead(args)
+        run(args)
     except ChildFailedError as error:
         summary["outcome"] = "failed"
         for rank, failure in error.failures.items():

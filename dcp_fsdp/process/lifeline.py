@@ -27,6 +27,7 @@ from typing import NoReturn
 import psutil
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 # `-p<pid>-h<host>-`: a pid means nothing on another host, and a shared TMPDIR (NFS or
 # Lustre scratch) is seen by many. Names without the host tag are from older versions.
 _OWNER = re.compile(r"-p(\d+)-(?:h([0-9a-f]{8})-)?")
@@ -55,6 +56,16 @@ def die_with_parent(signum: int = signal.SIGTERM) -> bool:
     if os.getppid() == 1:
         os.kill(os.getpid(), signum)
     return True
+
+
+def name_process(name: str) -> bool:
+    """Set this process's name (Linux's comm, what `ps -o comm` and psutil's name() show;
+    cut to 15 bytes). False where the call is not available."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
 
 
 def host_tag() -> str:
@@ -167,23 +178,39 @@ def remove_seaweed_sockets(ports: Iterable[int]) -> None:
                 leftover.unlink(missing_ok=True)
 
 
+_success_returns = False  # return_on_success(): this process was forked by torch's agent
+
+
+def return_on_success() -> None:
+    """This rank was forked by torch's agent (launch/forked_rank.py), which waits for the
+    return value of the function it forked: from now on end_process(0) raises SystemExit(0)
+    (torch's entry returns None for it) instead of ending the process, which would leave the
+    agent waiting. The child still ends with os._exit (multiprocessing's), after it."""
+    global _success_returns
+    _success_returns = True
+
+
 def end_process(exit_code: int) -> NoReturn:
     """End a rank's process now, skipping interpreter teardown. The native libraries'
     threads (gloo, the CRT S3 client) are still about at exit, and their destructors
     can abort a process that has already succeeded ("terminate called without an
     active exception", exit 134), which would turn a good run into a failed job.
     Everything we keep is written and flushed by then. No torch import here: a rank
-    stopped while torch was still importing ends through this too."""
+    stopped while torch was still importing ends through this too. A forked rank that
+    succeeded returns instead (return_on_success)."""
     import logging
     import sys
 
-    remove_multiprocessing_tempdir()
+    if not (exit_code == 0 and _success_returns):
+        remove_multiprocessing_tempdir()  # else multiprocessing's own exit, after the return
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
+    if exit_code == 0 and _success_returns:
+        raise SystemExit(0)
     os._exit(exit_code)
 
 

@@ -4,7 +4,9 @@ torch's elastic agent stops the surviving ranks with SIGTERM when one rank ends 
 error or a signal; a scheduler (scancel) or a user sends the same SIGTERM. The survivors
 tell the two apart here: when the signal arrives, has a sibling (a child of the same
 agent, same TORCHELASTIC_RUN_ID) already ended? Exits take much longer than this check,
-so a signal sent to every process at once finds all siblings alive.
+so a signal sent to every process at once finds all siblings alive. An exec'd sibling is
+known by its environment, a forked one (launch/forked_rank.py: its /proc environ is the
+agent's) by its process name.
 """
 
 from __future__ import annotations
@@ -13,7 +15,18 @@ import os
 
 import psutil
 
+from dcp_fsdp import contract
+
 _START_PARENT = os.getppid()
+
+
+def _started() -> None:
+    global _START_PARENT
+    _START_PARENT = os.getppid()
+
+
+# A rank forked from an agent that had imported this module: its parent is the agent.
+os.register_at_fork(after_in_child=_started)
 
 
 def _live_children(pid: int) -> list[psutil.Process]:
@@ -40,6 +53,26 @@ def _environ(child: psutil.Process) -> dict[str, str]:
         return {}
 
 
+def _name(child: psutil.Process) -> str:
+    try:
+        return child.name()
+    except psutil.Error:
+        return ""
+
+
+def sibling_local_rank(child: psutil.Process, run_id: str, base: int) -> int | None:
+    """The local rank of a child of this rank's agent, or None when it is not a rank of this
+    run: a forked rank by its name (global rank - base), an exec'd one by its environment."""
+    name = _name(child)
+    if name.startswith(contract.RANK_PROCESS_NAME_PREFIX):
+        global_rank = name[len(contract.RANK_PROCESS_NAME_PREFIX):]
+        return int(global_rank) - base if global_rank.isdigit() else None
+    env = _environ(child)
+    if env.get("TORCHELASTIC_RUN_ID") == run_id and env.get("LOCAL_RANK", "").isdigit():
+        return int(env["LOCAL_RANK"])
+    return None
+
+
 def ended_local_peers() -> list[int]:
     """Global ranks of this node's ranks that have ended; [] when not under torchrun, when
     every sibling is alive, or when the agent itself is gone (then nobody failed first)."""
@@ -53,12 +86,8 @@ def ended_local_peers() -> list[int]:
     parent = os.getppid()
     if parent != _START_PARENT or parent == 1:
         return []
-    alive = {local_rank}
-    for child in _live_children(parent):
-        if child.pid == os.getpid():
-            continue
-        env = _environ(child)
-        if env.get("TORCHELASTIC_RUN_ID") == run_id and env.get("LOCAL_RANK", "").isdigit():
-            alive.add(int(env["LOCAL_RANK"]))
     base = rank - local_rank
+    siblings = (sibling_local_rank(child, run_id, base) for child in _live_children(parent)
+                if child.pid != os.getpid())
+    alive = {local_rank, *(sibling for sibling in siblings if sibling is not None)}
     return [base + other for other in range(local_world) if other not in alive]

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kit.cli import REPO, clean_env
+from tests.kit.cli import REPO, clean_env, rank_of
 
 CLUSTER = REPO / "scripts" / "slurm" / "localcluster.sh"
 BATCH = REPO / "batch"
@@ -334,10 +334,10 @@ def _step_processes(job_id: str, host: str) -> dict[str, list[int]]:
             continue
         if env.get(b"SLURM_JOB_ID") != job_id.encode() or env.get(b"SLURMD_NODENAME") != host.encode():
             continue
-        if b"dcp_fsdp.launch.agent" in argv:
-            found["agent"].append(int(proc.name))
-        elif b"RANK" in env and b"TORCHELASTIC_RUN_ID" in env:
+        if rank_of(int(proc.name)) is not None:  # forked by our agent: its argv and environ
             found["ranks"].append(int(proc.name))
+        elif b"dcp_fsdp.launch.agent" in argv:
+            found["agent"].append(int(proc.name))
         elif len(argv) > 1 and argv[1].endswith(b"node_task.sh"):
             found["task"].append(int(proc.name))
     return found

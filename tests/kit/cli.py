@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from dcp_fsdp import contract
 from dcp_fsdp.launch.embedded_s3 import S3Endpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,17 +130,44 @@ def rank_pids(launcher_pid: int) -> dict[int, int]:
     """{RANK: pid} of the ranks below a launcher (they run under torch's elastic agent)."""
     pids = {}
     for pid in descendants(launcher_pid):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        # The ranks, not a rank's own children (the async process checkpointer's daemon
-        # inherits RANK): a rank's parent has no RANK.
-        if any(entry.startswith(b"RANK=") for entry in environ) and not _has_rank(parent_of(pid)):
-            for entry in environ:
-                if entry.startswith(b"RANK="):
-                    pids[int(entry[5:])] = pid
+        rank = rank_of(pid)
+        if rank is not None:
+            pids[rank] = pid
     return pids
+
+
+def rank_of(pid: int) -> int | None:
+    """The global rank process `pid` runs, or None. Our agent forks its ranks and names them
+    (contract.RANK_PROCESS_NAME); plain torchrun's exec'd ranks carry RANK in their
+    environment, and so does a rank's own child (the async process checkpointer's daemon
+    inherits it), whose parent is a rank."""
+    named = _named_rank(pid)
+    if named is not None:
+        return named
+    environ = _environ(pid)
+    if environ is None or "RANK" not in environ:
+        return None
+    parent = parent_of(pid)
+    if _named_rank(parent) is not None or "RANK" in (_environ(parent) or {}):
+        return None
+    return int(environ["RANK"])
+
+
+def _named_rank(pid: int) -> int | None:
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+    digits = name[len(contract.RANK_PROCESS_NAME_PREFIX):]
+    return int(digits) if name.startswith(contract.RANK_PROCESS_NAME_PREFIX) and digits.isdigit() else None
+
+
+def _environ(pid: int) -> dict[str, str] | None:
+    try:
+        entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return dict(entry.decode(errors="replace").split("=", 1) for entry in entries if b"=" in entry)
 
 
 def parent_of(pid: int) -> int:
@@ -149,25 +177,17 @@ def parent_of(pid: int) -> int:
         return 0
 
 
-def _has_rank(pid: int) -> bool:
-    try:
-        return any(e.startswith(b"RANK=") for e in Path(f"/proc/{pid}/environ").read_bytes()
-                   .split(b"\0"))
-    except OSError:
-        return False
-
-
 def assert_under_elastic_agent(ranks: dict[int, int]) -> None:
     """Each rank is a child of torch's elastic agent: one parent for all, running
-    torch.distributed.run's agent, and the ranks carry the variables only that agent sets."""
+    torch.distributed.run's agent; a rank is named by our agent (it forks them) or carries
+    the variables only torch's agent sets (plain torchrun execs them)."""
     parents = {parent_of(pid) for pid in ranks.values()}
     assert len(parents) == 1, parents
     agent_cmdline = Path(f"/proc/{parents.pop()}/cmdline").read_bytes().split(b"\0")
     assert b"dcp_fsdp.launch.agent" in agent_cmdline or b"torch.distributed.run" in agent_cmdline, \
         agent_cmdline
     for pid in ranks.values():
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        assert any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in environ), pid
+        assert _named_rank(pid) is not None or "TORCHELASTIC_RUN_ID" in (_environ(pid) or {}), pid
 
 
 def wait_for_committed_object(s3: S3Endpoint, held_path: str, key_pattern: str,

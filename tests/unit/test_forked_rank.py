@@ -1,0 +1,120 @@
+"""Ranks forked from the agent (launch/forked_rank.py): which starts are forked, how torchrun's
+arguments are rewritten, how a forked rank ends and is known by its siblings. The forked
+start itself runs in every integration test that launches ranks (tests/kit/cli.rank_of
+finds them by name)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from torch.distributed.run import config_from_args, parse_args, run_script_path
+
+from dcp_fsdp import contract
+from dcp_fsdp.launch import forked_rank
+from dcp_fsdp.process import lifeline, peers
+
+AGENT_ARGS = ["--standalone", "--nproc-per-node=2", "--max-restarts=0"]
+
+
+@pytest.mark.parametrize("argv, forked", [
+    (["-m", "dcp_fsdp"], True),
+    (["-m", "dcp_fsdp", "save", "model=tiny_llama"], True),
+    (["-m", "dcp_fsdp.launch.agent"], False),  # only the package's own entry is known
+    (["-m", "other_package"], False),
+    (["script.py"], False),
+    (["--no-python", "dcp_fsdp"], False),
+    (["--run-path", "dcp_fsdp"], False),
+])
+def test_only_the_package_module_is_forked(argv, forked):
+    assert forked_rank.forkable(parse_args([*AGENT_ARGS, *argv])) is forked
+
+
+def test_fork_instead_is_torchruns_own_run_path_entry_with_fork(monkeypatch):
+    """torchrun's config for the rewritten arguments: its function entry (run_script_path)
+    started by fork, with this file as the script and the module and its arguments after it."""
+    imported: list[str] = []
+    monkeypatch.setattr(forked_rank.importlib, "import_module", imported.append)
+    args = parse_args([*AGENT_ARGS, "-m", "dcp_fsdp", "save", "nproc=2"])
+    forked_rank.fork_instead(args)
+    config, entry, entry_args = config_from_args(args)
+    assert entry is run_script_path and config.start_method == "fork"
+    assert Path(entry_args[0]) == Path(forked_rank.__file__)
+    assert entry_args[1:] == ["dcp_fsdp", "save", "nproc=2"]
+    assert imported[:1] == ["torch"] and "dcp_fsdp.rank.session" in imported
+
+
+class _Child:
+    """What peers reads of a psutil.Process: its name and environment."""
+
+    def __init__(self, name: str, environ: dict[str, str]):
+        self._name, self._environ = name, environ
+
+    def name(self) -> str:
+        return self._name
+
+    def environ(self) -> dict[str, str]:
+        return self._environ
+
+
+@pytest.mark.parametrize("name, environ, local_rank", [
+    ("dcp-fsdp-r13", {}, 1),  # forked: global rank 13 on the node whose first is 12
+    ("python", {"TORCHELASTIC_RUN_ID": "run", "LOCAL_RANK": "3"}, 3),  # exec'd
+    ("python", {"TORCHELASTIC_RUN_ID": "another", "LOCAL_RANK": "3"}, None),
+    ("python", {}, None),  # the agent's other children
+    ("dcp-fsdp-rX", {}, None),
+])
+def test_a_sibling_is_known_by_name_when_forked_and_by_environment_when_execd(name, environ,
+                                                                              local_rank):
+    child: Any = _Child(name, environ)
+    assert peers.sibling_local_rank(child, "run", base=12) == local_rank
+
+
+def test_a_forked_rank_returns_on_success_and_ends_with_its_code_otherwise(monkeypatch):
+    """torch's agent waits for a forked rank's return value: success raises SystemExit(0)
+    (torch's entry returns None for it), a failure still ends the process at once."""
+    ended: list[int] = []
+
+    def fake_exit(code: int) -> None:
+        ended.append(code)
+        raise RuntimeError("ended")
+
+    monkeypatch.setattr(lifeline.os, "_exit", fake_exit)
+    monkeypatch.setattr(lifeline, "remove_multiprocessing_tempdir", lambda: None)  # pytest's own
+    monkeypatch.setattr(lifeline, "_success_returns", False)
+    with pytest.raises(RuntimeError):
+        lifeline.end_process(0)
+    lifeline.return_on_success()
+    with pytest.raises(SystemExit) as returned:
+        lifeline.end_process(0)
+    assert returned.value.code == 0
+    with pytest.raises(RuntimeError):
+        lifeline.end_process(contract.EXIT_FAILED)
+    assert ended == [0, contract.EXIT_FAILED]
+
+
+def test_name_process_sets_the_name_ps_and_siblings_read():
+    """prctl names the calling thread (a rank calls it from its main thread, whose name is
+    the process's): here a thread of the test, not the test process."""
+    seen: list[str] = []
+
+    def named() -> None:
+        assert lifeline.name_process(contract.RANK_PROCESS_NAME.format(rank=12345))
+        seen.append(Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip())
+
+    thread = threading.Thread(target=named)
+    thread.start()
+    thread.join()
+    assert seen == ["dcp-fsdp-r12345"]
+
+
+def test_the_start_parent_is_the_parent_at_fork(monkeypatch):
+    """peers compares the parent at a signal with the parent at the start: for a forked rank
+    that is the agent, not the agent's own parent (the value when the agent imported it).
+    Its fork hook (os.register_at_fork) reads it again; called here as the child would."""
+    monkeypatch.setattr(peers, "_START_PARENT", 1)
+    monkeypatch.setattr(peers.os, "getppid", lambda: 4321)
+    peers._started()
+    assert peers._START_PARENT == 4321
