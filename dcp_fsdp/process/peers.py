@@ -86,8 +86,12 @@ def ended_local_peers() -> list[int]:
     parent = os.getppid()
     if parent != _START_PARENT or parent == 1:
         return []
+    others = [child for child in _live_children(parent) if child.pid != os.getpid()]
+    if len(others) >= local_world - 1:
+        # as many as its siblings: none has ended (a sibling forked this moment, not named
+        # yet, counts too)
+        return []
     base = rank - local_rank
-    siblings = (sibling_local_rank(child, run_id, base) for child in _live_children(parent)
-                if child.pid != os.getpid())
+    siblings = (sibling_local_rank(child, run_id, base) for child in others)
     alive = {local_rank, *(sibling for sibling in siblings if sibling is not None)}
     return [base + other for other in range(local_world) if other not in alive]

@@ -118,3 +118,29 @@ def test_the_start_parent_is_the_parent_at_fork(monkeypatch):
     monkeypatch.setattr(peers.os, "getppid", lambda: 4321)
     peers._started()
     assert peers._START_PARENT == 4321
+
+
+class _Live(_Child):
+    def __init__(self, pid: int, name: str, environ: dict[str, str]):
+        super().__init__(name, environ)
+        self.pid = pid
+
+
+@pytest.mark.parametrize("children, ended", [
+    # every sibling runs, one not named yet (forked this moment): nobody ended first
+    ([_Live(11, "dcp-fsdp-r4", {}), _Live(12, "pt_elastic", {}), _Live(13, "dcp-fsdp-r7", {})], []),
+    # global rank 5 (local 1) has ended; 4 and 7 run, forked
+    ([_Live(11, "dcp-fsdp-r4", {}), _Live(13, "dcp-fsdp-r7", {})], [5]),
+    # exec'd siblings, known by their environment; local 3 has ended
+    ([_Live(11, "python", {"TORCHELASTIC_RUN_ID": "run", "LOCAL_RANK": "0"}),
+      _Live(12, "python", {"TORCHELASTIC_RUN_ID": "run", "LOCAL_RANK": "1"})], [7]),
+])
+def test_ended_local_peers_counts_then_names_the_siblings(monkeypatch, children, ended):
+    """This rank is global 6, local 2 of 4 on its node (the node's first is global 4)."""
+    for name, value in {"LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "2", "RANK": "6",
+                        "TORCHELASTIC_RUN_ID": "run"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(peers, "_START_PARENT", 4321)
+    monkeypatch.setattr(peers.os, "getppid", lambda: 4321)
+    monkeypatch.setattr(peers, "_live_children", lambda pid: children)
+    assert peers.ended_local_peers() == ended
