@@ -1,20 +1,20 @@
 """What starting the ranks costs, in CPU seconds, by how torch's elastic agent starts them.
 
-A run's ranks are today what torchrun starts for `-m dcp_fsdp`: each a fresh interpreter
-that imports torch, DCP and the package (several CPU seconds a rank, before any figure).
-torch's agent can instead start a function entrypoint by `fork` (from the agent, which has
-the imports already) or `forkserver` (from one process that imports them once). This
-measures the three ways doing the same work per rank: import what a rank imports, join a
-gloo group, build tiny_llama sharded as a run does (models.build), save it with DCP to a
-temporary directory, leave the group. The figure is the CPU time the machine spent while one
-launch ran in a child process (/proc/stat's busy time, so run it on an otherwise idle
-machine): the forkserver is not a process its agent waits for, so the agent's rusage misses
-it and its ranks.
+Plain torchrun starts `-m dcp_fsdp` by exec: each rank a fresh interpreter that imports
+torch, DCP and the package (several CPU seconds a rank, before any figure). torch's agent can
+instead start a function entrypoint by `fork` (from the agent, which has the imports already;
+what our agent does since 2026-11-27: launch/forked_rank.py) or `forkserver` (from one
+process that imports them once). This measures the three ways doing the same work per rank:
+import what a rank imports, join a gloo group, build tiny_llama sharded as a run does
+(models.build), save it with DCP to a temporary directory, leave the group. The figure is the
+CPU time the machine spent while one launch ran in a child process (/proc/stat's busy time,
+so run it on an otherwise idle machine): the forkserver is not a process its agent waits
+for, so the agent's rusage misses it and its ranks.
 
   python -m benchmarks.rank_start --nproc 1 2 4 --repeat 3
 
-It answers one question for issue 32 (the suite's CPU is its launches): how much of a
-launch would a forked start save. It changes nothing in the product.
+It answered one question for issue 32 (the suite's CPU is its launches): how much of a
+launch a forked start saves. It starts its own agents; the product's start is not used.
 """
 
 from __future__ import annotations
