@@ -15,6 +15,7 @@ What a fork keeps, and what is done about it:
 - torch's function entry turns on faulthandler, which an exec'd rank does not have: off;
 - the logging levels the agent quietened: restored;
 - buffered stdout/stderr: write-through, as `-u` makes them;
+- torch's thread count, read before torchrun set OMP_NUM_THREADS: set from it;
 - /proc/PID/environ is the agent's (os.environ changes after a fork are not shown there), so
   a forked rank is known by its process name, `dcp-fsdp-r<RANK>` (contract.RANK_PROCESS_NAME:
   process/peers.py, tests);
@@ -108,8 +109,20 @@ def become_rank(module: str, rank: int) -> None:
         logging.getLogger(name).setLevel(level)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(write_through=True)  # type: ignore[union-attr]
+    _threads_from_environment()
     lifeline.return_on_success()
     sys.argv = [module, *sys.argv[2:]]
+
+
+def _threads_from_environment() -> None:
+    """torch's intra-op threads as an exec'd rank would have them: its OpenMP read
+    OMP_NUM_THREADS when the agent imported torch, before torchrun set it for the ranks (1
+    where the user set none, with more than one rank a node)."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    if value.isdigit() and int(value) > 0:
+        import torch
+
+        torch.set_num_threads(int(value))
 
 
 def run_forked(argv: list[str]) -> None:
