@@ -8,7 +8,8 @@ process, which has imported what a rank imports (launch/forked_rank.py), where t
 execs each. And torchrun ends a failed or interrupted run with a Python traceback
 (ChildFailedError / SignalException); here the outcome goes, as JSON, to the file named
 by DCP_FSDP_AGENT_SUMMARY (per-rank exit codes, signals and the messages the ranks left in
-their TORCHELASTIC_ERROR_FILE), and the light parent prints the one line. DCP_FSDP_DEBUG=1 keeps torchrun's own log lines.
+their TORCHELASTIC_ERROR_FILE), and the light parent prints the one line. DCP_FSDP_DEBUG=1
+keeps torchrun's own log lines.
 """
 
 import os

@@ -279,7 +279,8 @@ def test_batch_scripts_on_two_emulated_nodes(cluster: Cluster):
 
 
 def _rank_zero_of(job_id: str) -> int | None:
-    """The pid of rank 0 of a Slurm job (a child of torch's agent: its parent has no RANK)."""
+    """The pid of rank 0 of a Slurm job (tests/kit/cli.rank_of: named by our agent, which
+    forks it; its environment is the agent's, with the job's id)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -288,8 +289,7 @@ def _rank_zero_of(job_id: str) -> int | None:
                        .split(b"\0") if b"=" in entry)
         except OSError:
             continue
-        if env.get(b"SLURM_JOB_ID") == job_id.encode() and env.get(b"RANK") == b"0" \
-                and b"TORCHELASTIC_RUN_ID" in env:
+        if env.get(b"SLURM_JOB_ID") == job_id.encode() and rank_of(int(proc.name)) == 0:
             return int(proc.name)
     return None
 
