@@ -36,7 +36,9 @@ def test_fork_instead_is_torchruns_own_run_path_entry_with_fork(monkeypatch):
     """torchrun's config for the rewritten arguments: its function entry (run_script_path)
     started by fork, with this file as the script and the module and its arguments after it."""
     imported: list[str] = []
+    frozen: list[bool] = []
     monkeypatch.setattr(forked_rank.importlib, "import_module", imported.append)
+    monkeypatch.setattr(forked_rank.gc, "freeze", lambda: frozen.append(True))
     args = parse_args([*AGENT_ARGS, "-m", "dcp_fsdp", "save", "nproc=2"])
     forked_rank.fork_instead(args)
     config, entry, entry_args = config_from_args(args)
@@ -44,6 +46,8 @@ def test_fork_instead_is_torchruns_own_run_path_entry_with_fork(monkeypatch):
     assert Path(entry_args[0]) == Path(forked_rank.__file__)
     assert entry_args[1:] == ["dcp_fsdp", "save", "nproc=2"]
     assert imported[:1] == ["torch"] and "dcp_fsdp.rank.session" in imported
+    # the agent's objects out of the ranks' collections (copy-on-write: a slower timed save)
+    assert frozen == [True]
 
 
 class _Child:
