@@ -35,7 +35,7 @@ demo: setup
 # a file's tests share fixtures); PYTEST_WORKERS=0 runs them in this process. Two on two
 # cores: three took make test from 14:53 to 11:45 alone (2-core VM, 2026-11-26), but inside
 # .ci/run they are slower than two (2026-11-27: 25:11 against 24:09, 11 % more CPU for the
-# same tests; docs/measurements/2026-11-27-ci-cost.md).
+# same tests; with forked ranks, 19:21 against 19:11; docs/measurements/2026-11-27-ci-cost.md).
 PYTEST_WORKERS ?= 2
 # The package and tests byte-compiled first: where PYTHONDONTWRITEBYTECODE=1 (this project's
 # machines set it) Python never writes a .pyc, so each of the suite's ~2,000 processes would
