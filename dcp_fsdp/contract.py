@@ -56,8 +56,17 @@ PEER_FAILED_SIGNAL_NAME = "SIGUSR1"
 # The name (Linux's comm, 15 bytes at most) of a rank forked from our agent
 # (launch/forked_rank.py): its /proc environ is its agent's, so siblings and tests know it by
 # this. Global rank: "dcp-fsdp-r" and up to 5 digits fit.
-RANK_PROCESS_NAME = "dcp-fsdp-r{rank}"
 RANK_PROCESS_NAME_PREFIX = "dcp-fsdp-r"
+
+
+def rank_process_name(rank: int) -> str:
+    return f"{RANK_PROCESS_NAME_PREFIX}{rank}"
+
+
+def rank_of_process_name(name: str) -> int | None:
+    """The global rank a process name (rank_process_name) gives, or None for any other name."""
+    digits = name.removeprefix(RANK_PROCESS_NAME_PREFIX)
+    return int(digits) if name.startswith(RANK_PROCESS_NAME_PREFIX) and digits.isdigit() else None
 
 # -- exit codes --------------------------------------------------------------------------
 EXIT_OK = 0

@@ -17,7 +17,7 @@ What a fork keeps, and what is done about it:
 - buffered stdout/stderr: write-through, as `-u` makes them;
 - torch's thread count, read before torchrun set OMP_NUM_THREADS: set from it;
 - /proc/PID/environ is the agent's (os.environ changes after a fork are not shown there), so
-  a forked rank is known by its process name, `dcp-fsdp-r<RANK>` (contract.RANK_PROCESS_NAME:
+  a forked rank is known by its process name, `dcp-fsdp-r<RANK>` (contract.rank_process_name:
   process/peers.py, tests);
 - exit: torch's agent waits for each forked rank's return value, so a rank that succeeded
   returns (lifeline.end_process) instead of ending with os._exit(0); failures still end
@@ -106,7 +106,7 @@ def become_rank(module: str, rank: int) -> None:
     """In the forked child, before anything else: undo what the fork kept (the module's
     docstring). `rank` names the process."""
     lifeline.die_with_parent(signal.SIGTERM)  # fork cleared it; the agent may be gone already
-    lifeline.name_process(contract.RANK_PROCESS_NAME.format(rank=rank))
+    lifeline.name_process(contract.rank_process_name(rank))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_DFL)

@@ -43,14 +43,18 @@ STALE_SOCKET_AGE_S = 60.0
 SERVER_END_WAIT_S = 3.0
 
 
+def _prctl(option: int, value: int | ctypes.c_char_p) -> bool:
+    """Linux's prctl(option, value); False where it failed or is not available (not Linux)."""
+    try:
+        return bool(ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
 def die_with_parent(signum: int = signal.SIGTERM) -> bool:
     """Ask Linux to send `signum` to this process when its parent ends. False where the
     call is not available (not Linux): the process then outlives a killed parent."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
-            return False
-    except (OSError, AttributeError):
+    if not _prctl(_PR_SET_PDEATHSIG, int(signum)):
         return False
     # The parent may have died before the call: then nobody would send the signal.
     if os.getppid() == 1:
@@ -61,11 +65,7 @@ def die_with_parent(signum: int = signal.SIGTERM) -> bool:
 def name_process(name: str) -> bool:
     """Set this process's name (Linux's comm, what `ps -o comm` and psutil's name() show;
     cut to 15 bytes). False where the call is not available."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
+    return _prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]))
 
 
 def host_tag() -> str:
@@ -201,7 +201,8 @@ def end_process(exit_code: int) -> NoReturn:
     import logging
     import sys
 
-    if not (exit_code == 0 and _success_returns):
+    returns = exit_code == 0 and _success_returns
+    if not returns:
         remove_multiprocessing_tempdir()  # else multiprocessing's own exit, after the return
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
@@ -209,7 +210,7 @@ def end_process(exit_code: int) -> NoReturn:
             stream.flush()
         except (OSError, ValueError):
             pass
-    if exit_code == 0 and _success_returns:
+    if returns:
         raise SystemExit(0)
     os._exit(exit_code)
 

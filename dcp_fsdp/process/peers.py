@@ -65,8 +65,8 @@ def sibling_local_rank(child: psutil.Process, run_id: str, base: int) -> int | N
     run: a forked rank by its name (global rank - base), an exec'd one by its environment."""
     name = _name(child)
     if name.startswith(contract.RANK_PROCESS_NAME_PREFIX):
-        global_rank = name[len(contract.RANK_PROCESS_NAME_PREFIX):]
-        return int(global_rank) - base if global_rank.isdigit() else None
+        global_rank = contract.rank_of_process_name(name)
+        return None if global_rank is None else global_rank - base
     env = _environ(child)
     if env.get("TORCHELASTIC_RUN_ID") == run_id and env.get("LOCAL_RANK", "").isdigit():
         return int(env["LOCAL_RANK"])

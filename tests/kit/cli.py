@@ -138,7 +138,7 @@ def rank_pids(launcher_pid: int) -> dict[int, int]:
 
 def rank_of(pid: int) -> int | None:
     """The global rank process `pid` runs, or None. Our agent forks its ranks and names them
-    (contract.RANK_PROCESS_NAME); plain torchrun's exec'd ranks carry RANK in their
+    (contract.rank_process_name); plain torchrun's exec'd ranks carry RANK in their
     environment, and so does a rank's own child (the async process checkpointer's daemon
     inherits it), whose parent is a rank."""
     named = _named_rank(pid)
@@ -158,8 +158,7 @@ def _named_rank(pid: int) -> int | None:
         name = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return None
-    digits = name[len(contract.RANK_PROCESS_NAME_PREFIX):]
-    return int(digits) if name.startswith(contract.RANK_PROCESS_NAME_PREFIX) and digits.isdigit() else None
+    return contract.rank_of_process_name(name)
 
 
 def _environ(pid: int) -> dict[str, str] | None:

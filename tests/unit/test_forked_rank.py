@@ -105,7 +105,7 @@ def test_name_process_sets_the_name_ps_and_siblings_read():
     seen: list[str] = []
 
     def named() -> None:
-        assert lifeline.name_process(contract.RANK_PROCESS_NAME.format(rank=12345))
+        assert lifeline.name_process(contract.rank_process_name(12345))
         seen.append(Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip())
 
     thread = threading.Thread(target=named)
