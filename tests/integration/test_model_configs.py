@@ -24,8 +24,7 @@ def transformers_state(name: str) -> dict[str, tuple[int, ...]]:
     data = json.loads((HF_CONFIGS / name).read_text())
     config = CONFIG_MAPPING[data["model_type"]].from_dict(data)
     with torch.device("meta"):
-        # transformers annotates the lazy mapping's items as (class, class) pairs; it holds classes
-        model = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)  # type: ignore[operator]
+        model = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)
     return {f"model.{key}": tuple(tensor.shape) for key, tensor in model.state_dict().items()}
 
 

@@ -54,8 +54,7 @@ def transformers_model(config):
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 
     with torch.device("meta"):
-        # transformers annotates the lazy mapping's items as (class, class) pairs; it holds classes
-        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)  # type: ignore[operator]
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)
 
 
 def file_config(name: str):
