@@ -113,10 +113,17 @@ class PortTaken(RuntimeError):
     """The server exited because a port chosen for it was taken before it could bind it."""
 
 
+# Go's soft heap limit for SeaweedFS. At 512 MiB its garbage collector ran all through a
+# large save and the server was the bottleneck: a 2-rank L660m bf16 save (1,262.6 MiB) took
+# 28-30 s of the server's CPU and ran at 72-76 MiB/s; at 2 GiB, 18 s and 111-118 MiB/s, with
+# 1.8 GiB resident at most (2-core VM; docs/measurements/2026-11-27-ci-cost.md).
+MEMORY_LIMIT_MIB = 2048
+
+
 class EmbeddedS3:
     """Context manager: a SeaweedFS S3 server on 127.0.0.1, stopped on exit."""
 
-    def __init__(self, bucket: str = "dcp-fsdp", memory_limit_mib: int = 512,
+    def __init__(self, bucket: str = "dcp-fsdp", memory_limit_mib: int = MEMORY_LIMIT_MIB,
                  start_timeout_s: float = 60.0, host: str = LOOPBACK,
                  access_key_id: str | None = None, secret_access_key: str | None = None) -> None:
         self.bucket = bucket

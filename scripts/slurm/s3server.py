@@ -17,7 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
-from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
+from dcp_fsdp.launch.embedded_s3 import MEMORY_LIMIT_MIB, EmbeddedS3
 
 
 def main() -> int:
@@ -27,7 +27,7 @@ def main() -> int:
     parser.add_argument("--prefix", default="checkpoints", help="URI prefix written to the env file")
     parser.add_argument("--env-file", required=True, type=Path)
     parser.add_argument("--pid-file", type=Path)
-    parser.add_argument("--memory-limit-mib", type=int, default=512)
+    parser.add_argument("--memory-limit-mib", type=int, default=MEMORY_LIMIT_MIB)
     args = parser.parse_args()
 
     stopping = False
