@@ -19,17 +19,18 @@ SMOKE_TORCH ?= 2.11.0 2.15.0
 UV_SPEC ?= uv==0.13.9
 UV := $(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode
 
-# pip byte-compiles torch on one core (26 of its 42 CPU s); uv compiles only what it installs.
-# So torch is installed uncompiled and compiled on every core while uv installs the rest:
-# setup 73 -> ~55 s of wall (2-core VM, docs/measurements/2026-11-27-ci-cost.md). compileall's
-# exit status is not checked, as pip does not check it: torch ships a file written for a newer
-# Python (torch/testing/_internal/py312_intrinsics.py), which stays uncompiled.
-TORCH_DIR = $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("platlib"))')/torch
+# pip byte-compiles on one core (26 of its 42 CPU s here, torch and its dependencies); uv
+# compiles only what it installs. So pip installs without compiling, and what it installed
+# (every entry of site-packages at that moment) is compiled on every core while uv installs
+# the rest: setup 81-91 -> 69-73 s of wall (2-core VM, docs/measurements/2026-11-27-ci-cost.md).
+# compileall's exit status is not checked, as pip does not check it: torch ships a file
+# written for a newer Python (torch/testing/_internal/py312_intrinsics.py), left uncompiled.
+SITE_PACKAGES = $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("platlib"))')
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile "$(TORCH_SPEC)" "$(UV_SPEC)"
-	$(BIN)/python -m compileall -q -j 0 "$(TORCH_DIR)" >/dev/null 2>&1 & \
+	$(BIN)/python -m compileall -q -j 0 "$(SITE_PACKAGES)"/* >/dev/null 2>&1 & \
 	  $(UV) -c constraints.txt "$(TORCH_SPEC)" -e '.[test,lint]'; status=$$?; wait; exit $$status
 	@touch $(STAMP)
 
