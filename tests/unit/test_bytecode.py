@@ -41,8 +41,8 @@ def test_every_installed_module_a_launch_imports_has_an_up_to_date_pyc():
     for name in (*compat.RANK_TORCH_MODULES, *forked_rank.RANK_MODULES, *LAUNCH_MODULES):
         importlib.import_module(name)
     site_packages = Path(sysconfig.get_path("platlib")).resolve()
-    sources = {Path(module.__file__).resolve() for module in list(sys.modules.values())
-               if getattr(module, "__file__", None) and str(module.__file__).endswith(".py")}
+    files = [getattr(module, "__file__", None) for module in list(sys.modules.values())]
+    sources = {Path(file).resolve() for file in files if file and file.endswith(".py")}
     installed = [source for source in sources if source.is_relative_to(site_packages)]
     assert len(installed) > 500, f"only {len(installed)} modules from {site_packages}"
     stale = sorted(str(source.relative_to(site_packages)) for source in installed
