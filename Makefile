@@ -22,7 +22,7 @@ UV := $(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode
 # pip byte-compiles on one core (26 of its 42 CPU s here, torch and its dependencies); uv
 # compiles only what it installs. So pip installs without compiling, and what it installed
 # (every entry of site-packages at that moment) is compiled on every core while uv installs
-# the rest: setup 81-91 -> 69-73 s of wall (2-core VM, docs/measurements/2026-11-27-ci-cost.md).
+# the rest: setup 81-91 -> 64 s of wall (2-core VM, docs/measurements/2026-11-27-ci-cost.md).
 # compileall's exit status is not checked, as pip does not check it: torch ships a file
 # written for a newer Python (torch/testing/_internal/py312_intrinsics.py), left uncompiled.
 SITE_PACKAGES = $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("platlib"))')
