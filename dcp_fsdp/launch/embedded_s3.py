@@ -44,7 +44,8 @@ class S3Endpoint:
     endpoint_url: str
     bucket: str
     access_key_id: str
-    secret_access_key: str
+    # Out of repr: a failing test prints its fixtures, and a secret never reaches a log.
+    secret_access_key: str = dataclasses.field(repr=False)
     region: str = "us-east-1"
     metrics_url: str | None = None
 

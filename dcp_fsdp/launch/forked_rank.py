@@ -25,7 +25,8 @@ What a fork keeps, and what is done about it:
 Values computed when a module was imported (the process's start, its parent) are reset
 by those modules' own fork hooks (cli.py, process/peers.py).
 
-Plain `torchrun -m dcp_fsdp` (users' own launches) stays the exec start.
+Plain `torchrun -m dcp_fsdp` (users' own launches) stays the exec start, and so does every
+start on a host with CUDA devices (fork_instead says why).
 """
 
 from __future__ import annotations
@@ -68,12 +69,18 @@ def fork_instead(args: argparse.Namespace) -> bool:
     """The ranks' imports done here, once, so that every forked rank has them, and
     torchrun's arguments for `-m dcp_fsdp ARGS` made into `--run-path --start-method fork
     THIS-FILE dcp_fsdp ARGS` (torchrun's function entry, `run_script_path`). False, with
-    the arguments as they were (exec'd ranks), where CUDA is initialised in this process:
-    a fork cannot use it."""
-    for name in (*compat.RANK_TORCH_MODULES, *RANK_MODULES):
-        importlib.import_module(name)
+    the arguments as they were (exec'd ranks), on a host with CUDA devices or where CUDA is
+    initialised in this process: a fork cannot use CUDA once its parent asked CUDA anything.
+    torch.cuda.is_available(), which torch's own modules call as they are imported, marks
+    every later fork "bad" without initialising CUDA, and the forked rank's first CUDA call
+    raises (seen on the lent H100, torch 2.11: docs/measurements/2026-11-28-gpu.md). The
+    device count read here is NVML's, which marks nothing."""
     import torch
 
+    if torch.cuda.device_count() > 0:
+        return False
+    for name in (*compat.RANK_TORCH_MODULES, *RANK_MODULES):
+        importlib.import_module(name)
     if torch.cuda.is_initialized():
         return False
     args.module = False

@@ -5,6 +5,7 @@ finds them by name)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -148,3 +149,29 @@ def test_ended_local_peers_counts_then_names_the_siblings(monkeypatch, children,
     monkeypatch.setattr(peers.os, "getppid", lambda: 4321)
     monkeypatch.setattr(peers, "_live_children", lambda pid: children)
     assert peers.ended_local_peers() == ended
+
+
+def test_a_host_with_cuda_devices_keeps_the_execd_start(monkeypatch):
+    """On a CUDA host the ranks are exec'd, and the agent imports nothing for them: torch's
+    own imports ask CUDA whether it is available, which makes every later fork's first CUDA
+    call raise "Cannot re-initialize CUDA in forked subprocess" (every nccl launch on the
+    lent H100 did, issue 32) although torch.cuda.is_initialized() stays False."""
+    import torch
+
+    imported: list[str] = []
+    monkeypatch.setattr(forked_rank.importlib, "import_module", imported.append)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    args = parse_args([*AGENT_ARGS, "-m", "dcp_fsdp", "save", "nproc=1"])
+    assert forked_rank.fork_instead(args) is False
+    config, entry, entry_args = config_from_args(args)
+    assert entry == sys.executable and config.start_method == "spawn"
+    assert entry_args[:2] == ["-u", "-m"] and "dcp_fsdp" in entry_args
+    assert imported == []
+
+
+def test_an_endpoints_secret_stays_out_of_its_repr():
+    from dcp_fsdp.launch.embedded_s3 import S3Endpoint
+
+    endpoint = S3Endpoint("http://127.0.0.1:1", "bench", "KEYID", "the-secret-value")
+    assert "the-secret-value" not in repr(endpoint) and "KEYID" in repr(endpoint)
