@@ -222,7 +222,8 @@ class CheckpointLoop:
         run = OpInProgress(op, iteration, suffix, pickled=pickled, timeline=HookTimeline(
             dump_path=self._timeline_file(suffix) if pickled else None))
         timed = None if "hooks" in self.harness_off else run.timeline
-        run.storage_io = (self.store.writer(suffix, timed) if op == "save"
+        run.storage_io = (self.store.writer(suffix, timed, host_state=self.ctx.device.type == "cpu")
+                          if op == "save"
                           else self.store.reader(suffix, timed))
         if op == "load" and suffix in self._screened_sha256:  # a checkpoint not this run's
             expect_metadata(run.storage_io, self._screened_sha256[suffix])

@@ -97,6 +97,13 @@ class RawArea(Protocol):
         held (storage/pagecache.py), None where there is no local cache (S3)."""
 
 
+# A writer's kwargs for state in host memory: no copy-ahead. DCP's writers pick a loader by
+# the machine, not the tensors: with CUDA available and one thread they overlap device-to-host
+# copies on torch.cuda.current_stream(), which opens a CUDA context on GPU 0 in every gloo
+# rank of a GPU host (seen on the lent H100, issue 32). With 0 they read the tensors in order.
+HOST_STATE_WRITER_KWARGS: dict[str, Any] = {"per_thread_copy_ahead": 0}
+
+
 @runtime_checkable
 class CheckpointStore(Protocol):
     kind: str  # "s3" | "fs"
@@ -109,9 +116,11 @@ class CheckpointStore(Protocol):
         """What the run record says about this store (no secrets)."""
 
     # -- data plane: DCP's writer and reader ---------------------------------------------
-    def writer(self, suffix: str, timeline: HookTimeline | None = None) -> Any:
+    def writer(self, suffix: str, timeline: HookTimeline | None = None,
+               host_state: bool = False) -> Any:
         """A DCP StorageWriter for a new checkpoint `suffix`; with a timeline, the timed
-        subclass of it that records there (storage/timed_dcp.py)."""
+        subclass of it that records there (storage/timed_dcp.py). `host_state`: the tensors
+        are in host memory (a CPU rank), so no copy-ahead (HOST_STATE_WRITER_KWARGS)."""
 
     def reader(self, suffix: str, timeline: HookTimeline | None = None) -> Any:
         """A DCP StorageReader for checkpoint `suffix`; with a timeline, timed likewise."""

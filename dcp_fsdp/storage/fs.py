@@ -17,6 +17,7 @@ from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.layout import (CLAIM_EXCLUSIVE, CLAIM_NAME, METADATA_NAME, CheckpointInfo,
                                      SuffixClaim, check_suffix, nested_checkpoints)
 from dcp_fsdp.storage.raw import FsRawArea, fs_ceiling_dir
+from dcp_fsdp.storage.base import HOST_STATE_WRITER_KWARGS
 from dcp_fsdp.storage.timeline import HookTimeline
 
 if TYPE_CHECKING:
@@ -55,9 +56,10 @@ class FsStore:
     def describe(self) -> dict[str, Any]:
         return {"kind": "fs", "path": str(self.root)}
 
-    def writer(self, suffix: str, timeline: HookTimeline | None = None) -> FileSystemWriter:
+    def writer(self, suffix: str, timeline: HookTimeline | None = None,
+               host_state: bool = False) -> FileSystemWriter:
         kwargs: dict[str, Any] = dict(thread_count=self.config.thread_count, sync_files=self.config.sync_files,
-                      overwrite=False)
+                      overwrite=False, **(HOST_STATE_WRITER_KWARGS if host_state else {}))
         if timeline is None:
             from torch.distributed.checkpoint import FileSystemWriter
 

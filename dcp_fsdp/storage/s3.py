@@ -25,6 +25,7 @@ from dcp_fsdp.storage.raw import S3RawArea, s3_ceiling_prefix
 from dcp_fsdp.storage.s3_control import S3ControlPlane
 from dcp_fsdp.storage.s3_clients import FsspecClient, MscClient, client_versions
 from dcp_fsdp.storage.s3_target import S3Target, resolve_endpoint, resolve_region
+from dcp_fsdp.storage.base import HOST_STATE_WRITER_KWARGS
 from dcp_fsdp.storage.timeline import HookTimeline
 
 if TYPE_CHECKING:
@@ -110,9 +111,10 @@ class S3Store:
             max_attempts=self.config.max_attempts,
         )
 
-    def writer(self, suffix: str, timeline: HookTimeline | None = None) -> StorageWriter:
+    def writer(self, suffix: str, timeline: HookTimeline | None = None,
+               host_state: bool = False) -> StorageWriter:
         if self.other_client is not None:
-            return self.other_client.writer(suffix, timeline)
+            return self.other_client.writer(suffix, timeline, host_state)
         from s3torchconnector.dcp import S3StorageWriter
 
         writer_class: type = S3StorageWriter
@@ -124,7 +126,7 @@ class S3Store:
         return writer_class(
             **extra, region=self.region, path=self.location(suffix), s3client_config=self._client_config(),
             prefix_strategy=prefix_strategy(self.config), thread_count=self.config.thread_count,
-            overwrite=False,
+            overwrite=False, **(HOST_STATE_WRITER_KWARGS if host_state else {}),
         )
 
     def warm_up(self, storage_io: StorageWriter | StorageReader) -> None:

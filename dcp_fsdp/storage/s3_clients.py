@@ -23,6 +23,7 @@ from typing import Any
 from dcp_fsdp.units import MIB
 from dcp_fsdp.config.schema import StorageClient, StorageConfig
 from dcp_fsdp.storage.s3_target import S3Target
+from dcp_fsdp.storage.base import HOST_STATE_WRITER_KWARGS
 from dcp_fsdp.storage.timeline import HookTimeline
 
 MSC_PROFILE = "dcp-fsdp"  # the profile msc_environment() writes
@@ -60,7 +61,7 @@ class FsspecClient:
             options["endpoint_url"] = self.target.endpoint
         return options
 
-    def writer(self, suffix: str, timeline: HookTimeline | None) -> Any:
+    def writer(self, suffix: str, timeline: HookTimeline | None, host_state: bool = False) -> Any:
         import dcp_fsdp.storage.timed_clients as timed_clients
 
         writer_class: type = timed_clients.FsspecWriter
@@ -69,7 +70,7 @@ class FsspecClient:
             writer_class, extra = timed_clients.TimedFsspecWriter, {"timeline": timeline}
         return writer_class(self.location(suffix), sync_files=self.config.fsspec_sync_files,
                             thread_count=self.config.thread_count, overwrite=False, **extra,
-                            **self.storage_options())
+                            **(HOST_STATE_WRITER_KWARGS if host_state else {}), **self.storage_options())
 
     def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
         import dcp_fsdp.storage.timed_clients as timed_clients
@@ -122,7 +123,7 @@ class MscClient:
         path.write_text(json.dumps(self.profile()))
         return {MSC_CONFIG_ENV: str(path)}
 
-    def writer(self, suffix: str, timeline: HookTimeline | None) -> Any:
+    def writer(self, suffix: str, timeline: HookTimeline | None, host_state: bool = False) -> Any:
         import dcp_fsdp.storage.timed_clients as timed_clients
 
         writer_class: type = timed_clients.MultiStorageFileSystemWriter
@@ -130,7 +131,8 @@ class MscClient:
         if timeline is not None:
             writer_class, extra = timed_clients.TimedMscWriter, {"timeline": timeline}
         return writer_class(self.location(suffix), sync_files=False,
-                            thread_count=self.config.thread_count, overwrite=False, **extra)
+                            thread_count=self.config.thread_count, overwrite=False, **extra,
+                            **(HOST_STATE_WRITER_KWARGS if host_state else {}))
 
     def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
         import dcp_fsdp.storage.timed_clients as timed_clients

@@ -7,7 +7,12 @@ from __future__ import annotations
 import os
 import subprocess
 
+import matplotlib.font_manager  # noqa: F401 - before any test: see below
 import pytest
+
+# matplotlib's first import on a machine builds its font cache by running `fc-list`, a
+# process: on a fresh machine the first unit test that plots (test_report, test_scaling)
+# failed here for that alone. Imported above, once, before the fixture refuses processes.
 
 _WHY = ("tests/unit starts no process (make test-unit runs the logic in-process); a test that "
         "needs a process, a server or root belongs in tests/integration")
