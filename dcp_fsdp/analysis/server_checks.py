@@ -30,5 +30,6 @@ def _cause(check: dict[str, Any]) -> str:
         return "the server restarted during the run (its counters went back)"
     if check.get("cause") == "unanswered_requests":
         return (f"{check.get('unanswered')} request(s) got no answer before the client gave up "
-                "(a stalled server counts them when it answers, after the check)")
+                "(the server counts them when it answers: after the check, or under a status "
+                "the client never saw)")
     return "another client of the bucket, or a misread request log"

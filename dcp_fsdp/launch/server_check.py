@@ -91,7 +91,8 @@ class ServerCheck:
                     "at zero), so they cannot be compared with the run's")
         if result["cause"] == "unanswered_requests":
             return (f"{result['unanswered']} request(s) got no answer before the client gave "
-                    "up; a stalled server counts a request when it answers it, which may be "
-                    "after this check")
+                    "up; the server counts a request when it answers it: after this check (a "
+                    "stalled server), or under a status the client never saw (its connection "
+                    "broke or it timed out)")
         return (f"another client of bucket {self.bucket} during the run would explain it, "
                 "otherwise the request log was misread")

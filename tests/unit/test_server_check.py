@@ -4,6 +4,7 @@ sets (the real SeaweedFS: tests/integration/test_request_counts.py)."""
 
 from __future__ import annotations
 
+import collections
 import http.server
 import json
 import threading
@@ -142,3 +143,25 @@ def test_a_server_restart_and_unanswered_requests_are_named_not_another_client(
     err = capsys.readouterr().err
     assert "1 request(s) got no answer before the client gave up" in err
     assert "another client" not in err
+
+
+@pytest.mark.parametrize("record_counts, server_counts, cause", [
+    # the server answered 2 UploadParts whose answers the client never saw (retried: 2 more)
+    ({("PUT", "200"): 10, ("PUT", "none"): 2}, {("PUT", "200"): 12}, "unanswered_requests"),
+    # one unanswered, answered later or never: the server has fewer
+    ({("PUT", "200"): 10, ("PUT", "none"): 1}, {("PUT", "200"): 10}, "unanswered_requests"),
+    # more surplus than unanswered requests: another client
+    ({("PUT", "200"): 10, ("PUT", "none"): 1}, {("PUT", "200"): 12}, None),
+    # the surplus is of another type than the unanswered requests
+    ({("PUT", "200"): 10, ("PUT", "none"): 2}, {("PUT", "200"): 10, ("GET", "200"): 2}, None),
+    # a status the client saw that the server lacks, beside a surplus
+    ({("PUT", "200"): 10, ("PUT", "none"): 2, ("GET", "404"): 1}, {("PUT", "200"): 12}, None),
+])
+def test_answers_the_client_never_saw_are_named_not_another_client(record_counts, server_counts,
+                                                                    cause):
+    """A 2-core VM's L7b save to the embedded server: `PUT 200 -42, PUT none +42` was blamed
+    on another client; the server had answered 42 UploadParts the client gave up on."""
+    unanswered = sum(n for (_, code), n in record_counts.items() if code == "none")
+    result = server_counters.compare(collections.Counter(record_counts), collections.Counter(server_counts), [],
+                     "metrics", unanswered=unanswered)
+    assert not result["match"] and result["cause"] == cause
