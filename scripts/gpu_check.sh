@@ -1,5 +1,6 @@
 #!/bin/bash
-# The GPU checks of issue 32 in one call on a lent GPU machine (about 7 minutes on one H100):
+# The GPU checks of issue 32 in one call on a lent GPU machine (about 9.5 minutes on one H100;
+# the first run, docs/measurements/2026-11-28-gpu.md, ran out of a 560 s limit in L7b async):
 # tests/gpu, then save-and-load of GPT-4B and L7b (bf16), sync with the raw ceiling and async
 # with training steps between saves, against SeaweedFS on loopback (.device/setup.sh; restarted
 # empty before each L7b run: the disk holds about two runs' checkpoints). Each stage has a time
@@ -8,7 +9,8 @@
 # Here first: bash ../shared/device/prepare.sh (builds the git-ignored .device/ this needs).
 # There, from the project root, with .device carried: OUT=DIR bash scripts/gpu_check.sh [STAGE...]
 # Stages (all by default, in this order): env tests gpt4b_sync gpt4b_async l7b_sync l7b_async
-# Output in OUT: env.txt, tests.log, runs.log, report.txt, records.tgz (the runs' JSON Lines).
+# Output in OUT: env.txt, tests.log, runs.log, report.txt, records.tgz (the runs' JSON Lines),
+# and server.log (the server's log tail after a failed run).
 # GPU_CHECK_SETUP=0 skips .device/setup.sh (a dry run where dcp_fsdp and an S3 are already set up);
 # GPU_CHECK_MID / GPU_CHECK_BIG replace GPT-4B / L7b there.
 set -u
@@ -54,7 +56,12 @@ run() {
   echo "== $name $(date -u +%T): dcp-fsdp $* (limit ${limit_s} s)" >>"$OUT/runs.log"
   timeout -k 30 -s INT "$limit_s" python3 -m dcp_fsdp "$@" "storage.uri=s3://bench/$name" \
     "results_dir=$RESULTS/$name" >>"$OUT/runs.log" 2>&1
-  echo "== $name rc=$? $(date -u +%T)" >>"$OUT/runs.log"
+  local rc=$?
+  echo "== $name rc=$rc $(date -u +%T)" >>"$OUT/runs.log"
+  # the server's own log of a failed run, before a restart deletes it (S3D: setup.sh's)
+  if [ "$rc" != 0 ] && [ -n "${S3D:-}" ]; then
+    { echo "== $name: SeaweedFS log tail"; tail -n 60 "$S3D/weed.out"; } >>"$OUT/server.log" 2>&1
+  fi
   tar czf "$OUT/records.tgz" -C "$RESULTS" . 2>/dev/null
   python3 -m dcp_fsdp report "$RESULTS" --wide >"$OUT/report.txt" 2>&1
 }
