@@ -64,6 +64,7 @@ run() {
   fi
   tar czf "$OUT/records.tgz" -C "$RESULTS" . 2>/dev/null
   python3 -m dcp_fsdp report "$RESULTS" --wide >"$OUT/report.txt" 2>&1
+  return "$rc"
 }
 
 TRAIN="train_step_s=0.05 async_save.steps_between_saves=20 async_save.train_step_work=memory"
