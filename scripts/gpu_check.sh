@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU checks of issue 32 in one call on a lent GPU machine (about 9.5 minutes on one H100;
+# The GPU checks of issue 32 in one call on a lent GPU machine (about 10 minutes on one H100;
 # the first run, docs/measurements/2026-11-28-gpu.md, ran out of a 560 s limit in L7b async):
 # tests/gpu, then save-and-load of GPT-4B and L7b (bf16), sync with the raw ceiling and async
 # with training steps between saves, against SeaweedFS on loopback (.device/setup.sh; restarted
