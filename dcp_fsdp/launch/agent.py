@@ -30,6 +30,9 @@ def main(argv: list[str]) -> int:
 
     from dcp_fsdp import contract
     from dcp_fsdp.process.lifeline import die_with_parent
+    from dcp_fsdp.process.oom_kills import oom_kills, oom_kills_since
+
+    oom_kills_at_start = oom_kills()  # before any rank: a SIGKILL'd rank's cause, below
 
     die_with_parent(signal.SIGTERM)  # the launcher killed (even by SIGKILL): stop the ranks
     parent = os.getppid()
@@ -56,12 +59,14 @@ def main(argv: list[str]) -> int:
         run(args)
     except ChildFailedError as error:
         summary["outcome"] = "failed"
+        node_oom_kills = oom_kills_since(oom_kills_at_start)
         for rank, failure in error.failures.items():
             summary["failures"][str(rank)] = {
                 "local_rank": failure.local_rank, "pid": failure.pid,
                 "exitcode": failure.exitcode,
                 "signal": failure.signal_name() if failure.exitcode < 0 else None,
                 "message": _message(failure.message), "timestamp": failure.timestamp,
+                "node_oom_kills": node_oom_kills,  # the kernel's OOM kills on this node
                 # our rank's own fields (status, error, cause), when it wrote its error file
                 **_ours(failure.error_file_data, contract.ERROR_FILE_KEY)}
         code = 1

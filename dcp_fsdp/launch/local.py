@@ -211,8 +211,8 @@ def _rank_failed(failures: dict[str, dict[str, Any]]) -> RanksOutcome:
                             failures=failures, cause=contract.EndCause.INTERRUPTED)
     if code < 0:
         line = f"rank {rank} was killed by {first['signal'] or f'signal {-code}'}"
-        if code == -signal.SIGKILL:  # nobody of ours sends it: the kernel's OOM killer does
-            line += " (out of memory is the likely cause: `dmesg` or the job's memory record says)"
+        if code == -signal.SIGKILL:  # nobody of ours sends it
+            line += _sigkill_cause(first.get("node_oom_kills"))
         return RanksOutcome(contract.EXIT_FAILED, "failed", line, failures=failures,
                             cause=contract.EndCause.KILLED)
     said, message = first.get("error"), first["message"]  # our rank's own line, or torch's text
@@ -223,6 +223,17 @@ def _rank_failed(failures: dict[str, dict[str, Any]]) -> RanksOutcome:
     return RanksOutcome(code if code in (contract.EXIT_FAILED, contract.EXIT_USER_ERROR)
                         else contract.EXIT_FAILED, "failed", line, failures=failures,
                         cause=contract.EndCause(rank_cause) if known else contract.EndCause.ERROR)
+
+
+def _sigkill_cause(node_oom_kills: int | None) -> str:
+    """Who sent a rank's SIGKILL, as far as its node's kernel says (process/oom_kills.py)."""
+    if node_oom_kills is None:  # an agent before 2026-11-28, or no count on that node
+        return " (out of memory is the likely cause: `dmesg` or the job's memory record says)"
+    if node_oom_kills:
+        return (" (out of memory: the kernel's OOM killer killed "
+                f"{node_oom_kills} process(es) on its node during the run; `dmesg` names them)")
+    return (" (not the kernel's OOM killer: it killed nothing on that node during the run, "
+            "/proc/vmstat oom_kill; a person or another process sent it)")
 
 
 def first_failure(failures: dict[str, dict]) -> tuple[int, dict]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import signal
 
+import pytest
+
 from dcp_fsdp import contract
 from dcp_fsdp.launch import aftermath
 from dcp_fsdp.launch.aftermath import RanksOutcome
@@ -116,3 +118,35 @@ def test_every_outcome_keeps_failures_apart_from_the_suffix(tmp_path):
         run = json.loads(path.read_text().splitlines()[0])
         assert run.get("incomplete_suffix") == writing_suffix  # a string or null, never a dict
         assert run["rank_failures"]["1"]["signal"] == "SIGKILL"
+
+
+@pytest.mark.parametrize("node_oom_kills, says", [
+    (2, "rank 1 was killed by SIGKILL (out of memory: the kernel's OOM killer killed 2 "
+        "process(es) on its node during the run; `dmesg` names them)"),
+    (0, "rank 1 was killed by SIGKILL (not the kernel's OOM killer: it killed nothing on that "
+        "node during the run, /proc/vmstat oom_kill; a person or another process sent it)"),
+    (None, "rank 1 was killed by SIGKILL (out of memory is the likely cause"),
+])
+def test_a_sigkill_names_the_oom_killer_only_when_its_node_counted_one(node_oom_kills, says):
+    """A kill -9 (a person, a test, a scheduler's cleanup) was reported as "out of memory is
+    the likely cause"; the agent now counts the kernel's OOM kills on its node while the ranks
+    ran, and the line says which it was (None: an agent or a kernel that does not say)."""
+    entry = failure(-9, "Signal 9 (SIGKILL) received by PID 7", 101, "SIGKILL")
+    entry["node_oom_kills"] = node_oom_kills
+    outcome = _outcome(1, {"outcome": "failed", "failures": {"1": entry}}, None)
+    assert outcome.error is not None and outcome.error.startswith(says)
+    assert outcome.cause is contract.EndCause.KILLED
+
+
+def test_the_kernels_oom_kill_count_is_read_from_vmstat(tmp_path):
+    from dcp_fsdp.process.oom_kills import oom_kills, oom_kills_since
+
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 123\noom_kill 4\npgfault 9\n")
+    assert oom_kills(str(vmstat)) == 4
+    vmstat.write_text("nr_free_pages 123\noom_kill 7\n")
+    assert oom_kills_since(4, str(vmstat)) == 3
+    assert oom_kills_since(None, str(vmstat)) is None
+    vmstat.write_text("nr_free_pages 123\n")  # a kernel before 4.13
+    assert oom_kills(str(vmstat)) is None and oom_kills_since(4, str(vmstat)) is None
+    assert oom_kills(str(tmp_path / "absent")) is None

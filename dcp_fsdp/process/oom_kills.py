@@ -1,0 +1,29 @@
+"""The kernel's count of OOM kills on this node (`oom_kill` in /proc/vmstat, Linux 4.13+;
+a cgroup's memory limit counts there too): whether a rank that died of SIGKILL was killed by
+the OOM killer, or by a person or another process. The agent reads it when it starts and
+when its ranks fail, and each failure carries the difference (`node_oom_kills`)."""
+
+from __future__ import annotations
+
+VMSTAT = "/proc/vmstat"
+
+
+def oom_kills(path: str = VMSTAT) -> int | None:
+    """The count now; None where the kernel does not say (no /proc, an older kernel)."""
+    try:
+        with open(path) as vmstat:
+            for line in vmstat:
+                name, _, value = line.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def oom_kills_since(before: int | None, path: str = VMSTAT) -> int | None:
+    """OOM kills on this node since `before` was read; None where either reading is not known."""
+    after = oom_kills(path)
+    if before is None or after is None:
+        return None
+    return max(0, after - before)
