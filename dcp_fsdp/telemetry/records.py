@@ -233,7 +233,7 @@ class RunRecord:
     # maybe open multipart uploads) left there, no .metadata, never loadable.
     incomplete_suffix: str | None = None
     # How each rank that did not end cleanly ended, as torch's elastic agent saw it (written
-    # by the launcher): {global rank: {exitcode, signal, message, timestamp}}.
+    # by the launcher): {global rank: {exitcode, signal, message, timestamp, node_oom_kills}}.
     rank_failures: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     integrity: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     # How the saves claimed their suffixes (storage/layout.py): conditional_write (S3
