@@ -353,6 +353,9 @@ def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) 
         else:
             line = "stopped by the launcher after another rank failed (a rank died or raised first)"
         return RankEnding("failed", line, contract.EXIT_FAILED, cause.PEER_ENDED)
+    after_peer = _after_a_peer_ended(error, guard, session)
+    if after_peer is not None:
+        return after_peer
     if guard.signal_name is not None or caused_by_interrupt(error):
         name = guard.signal_name or ("SIGTERM" if isinstance(error, Terminated) else "SIGINT")
         return RankEnding("interrupted", f"interrupted by {name}", contract.EXIT_INTERRUPTED,
@@ -371,6 +374,25 @@ def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) 
                   if session.ctx is not None and not collective_error(error) else "")
         log.error(f"{prefix}{error_line}")
     return RankEnding("failed", error_line, contract.EXIT_FAILED, cause.ERROR)
+
+
+def _after_a_peer_ended(error: BaseException, guard: InterruptGuard,
+                        session: RankSession) -> RankEnding | None:
+    """A rank whose own error came after a sibling on its node had already ended: a
+    consequence (gloo's "Connection closed by peer", a collective with a dead rank), not
+    the root cause. The launcher names the sibling: the agent notes a killed rank's end
+    only when it next looks, so by time alone this rank's error would seem first (a 2-core
+    VM under load recorded rank 0's lost connection for rank 1's SIGKILL). None otherwise."""
+    if guard.signal_name is not None or isinstance(error, UserError) or caused_by_interrupt(error):
+        return None
+    ended = guard.ended_peers or peers.ended_local_peers()
+    if not ended:
+        return None
+    guard.ended_peers = ended
+    said = " ".join(str(error).split())[:300] or type(error).__name__
+    line = (f"stopped after rank {', '.join(str(r) for r in ended)} ended first (killed, or "
+            f"failed; its own line or the launcher's says why); rank {session.rank}: {said}")
+    return RankEnding("failed", line, contract.EXIT_FAILED, contract.EndCause.PEER_ENDED)
 
 
 def _end_stuck_rank(signal_name: str, session: RankSession | None) -> None:

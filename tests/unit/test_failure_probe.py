@@ -77,3 +77,35 @@ def test_a_probe_that_hangs_is_given_up_within_its_deadline(monkeypatch):
     assert ending.error_line is not None
     assert ending.error_line.startswith("the storage did not answer a probe within 0.2 s")
     assert ending.error_line.endswith("(RuntimeError: unexpected pos)")
+
+
+def test_an_error_after_a_sibling_ended_is_a_consequence_not_the_cause(monkeypatch):
+    """Rank 1 SIGKILLed: rank 0's gloo collective fails at once ("Connection closed by
+    peer"), and under load its error file was stamped before the agent noticed rank 1's
+    end, so the record named rank 0's lost connection. Seen with a sibling already ended,
+    the error is the rank's stop (peer_ended), and the storage is not probed for it."""
+    from dcp_fsdp import contract
+    from dcp_fsdp.process import peers
+
+    monkeypatch.setattr(peers, "ended_local_peers", lambda: [1])
+    store = CountedStore()
+    lost = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                        "[127.0.0.1]:48799")
+    ending = _outcome(lost, InterruptGuard(), _rank(store, 0))
+    assert ending.cause is contract.EndCause.PEER_ENDED and ending.status == "failed"
+    assert ending.error_line is not None
+    assert ending.error_line.startswith("stopped after rank 1 ended first")
+    assert "rank 0: [gloo/transport/tcp/pair.cc:553] Connection closed by peer" in ending.error_line
+    assert store.probes == 0
+    # a settings error is every rank's own, whoever ended first
+    assert _outcome(UserError("bad"), InterruptGuard(),
+                    _rank(store, 0)).cause is contract.EndCause.USER_ERROR
+
+
+def test_with_no_sibling_ended_the_ranks_error_is_its_own(monkeypatch):
+    from dcp_fsdp import contract
+    from dcp_fsdp.process import peers
+
+    monkeypatch.setattr(peers, "ended_local_peers", lambda: [])
+    ending = _outcome(RuntimeError("unexpected pos"), InterruptGuard(), _rank(CountedStore(), 0))
+    assert ending.cause is contract.EndCause.ERROR
