@@ -376,22 +376,36 @@ def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) 
     return RankEnding("failed", error_line, contract.EXIT_FAILED, cause.ERROR)
 
 
+# How long a rank's own error waits to see a node sibling ended (failures only).
+PEER_END_GRACE_S = 0.5
+
+
 def _after_a_peer_ended(error: BaseException, guard: InterruptGuard,
                         session: RankSession) -> RankEnding | None:
     """A rank whose own error came after a sibling on its node had already ended: a
     consequence (gloo's "Connection closed by peer", a collective with a dead rank), not
     the root cause. The launcher names the sibling: the agent notes a killed rank's end
     only when it next looks, so by time alone this rank's error would seem first (a 2-core
-    VM under load recorded rank 0's lost connection for rank 1's SIGKILL). None otherwise."""
-    if guard.signal_name is not None or isinstance(error, UserError) or caused_by_interrupt(error):
+    VM under load recorded rank 0's lost connection for rank 1's SIGKILL). The sibling is
+    given PEER_END_GRACE_S to be seen ended: a killed process closes its sockets (which
+    raised here) a moment before it is gone. None otherwise, and for the errors every rank
+    raises together (DCP's, ours: rank 0 reports and probes those)."""
+    from dcp_fsdp.process.failures import collective_error
+
+    if (guard.signal_name is not None or collective_error(error)
+            or caused_by_interrupt(error)):
         return None
     ended = guard.ended_peers or peers.ended_local_peers()
+    deadline = time.monotonic() + PEER_END_GRACE_S
+    while not ended and time.monotonic() < deadline:
+        time.sleep(0.05)
+        ended = peers.ended_local_peers()
     if not ended:
         return None
     guard.ended_peers = ended
     said = " ".join(str(error).split())[:300] or type(error).__name__
     line = (f"stopped after rank {', '.join(str(r) for r in ended)} ended first (killed, or "
-            f"failed; its own line or the launcher's says why); rank {session.rank}: {said}")
+            f"failed; its own line or the launcher's says why): {said}")
     return RankEnding("failed", line, contract.EXIT_FAILED, contract.EndCause.PEER_ENDED)
 
 

@@ -95,7 +95,7 @@ def test_an_error_after_a_sibling_ended_is_a_consequence_not_the_cause(monkeypat
     assert ending.cause is contract.EndCause.PEER_ENDED and ending.status == "failed"
     assert ending.error_line is not None
     assert ending.error_line.startswith("stopped after rank 1 ended first")
-    assert "rank 0: [gloo/transport/tcp/pair.cc:553] Connection closed by peer" in ending.error_line
+    assert "says why): [gloo/transport/tcp/pair.cc:553] Connection closed by peer" in ending.error_line
     assert store.probes == 0
     # a settings error is every rank's own, whoever ended first
     assert _outcome(UserError("bad"), InterruptGuard(),
