@@ -104,6 +104,11 @@ class RawArea(Protocol):
 HOST_STATE_WRITER_KWARGS: dict[str, Any] = {"per_thread_copy_ahead": 0}
 
 
+def host_state_kwargs(host_state: bool) -> dict[str, Any]:
+    """What every store's writer adds for `writer(..., host_state=)`."""
+    return HOST_STATE_WRITER_KWARGS if host_state else {}
+
+
 @runtime_checkable
 class CheckpointStore(Protocol):
     kind: str  # "s3" | "fs"

@@ -17,7 +17,7 @@ from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.layout import (CLAIM_EXCLUSIVE, CLAIM_NAME, METADATA_NAME, CheckpointInfo,
                                      SuffixClaim, check_suffix, nested_checkpoints)
 from dcp_fsdp.storage.raw import FsRawArea, fs_ceiling_dir
-from dcp_fsdp.storage.base import HOST_STATE_WRITER_KWARGS
+from dcp_fsdp.storage.base import host_state_kwargs
 from dcp_fsdp.storage.timeline import HookTimeline
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class FsStore:
     def writer(self, suffix: str, timeline: HookTimeline | None = None,
                host_state: bool = False) -> FileSystemWriter:
         kwargs: dict[str, Any] = dict(thread_count=self.config.thread_count, sync_files=self.config.sync_files,
-                      overwrite=False, **(HOST_STATE_WRITER_KWARGS if host_state else {}))
+                      overwrite=False, **host_state_kwargs(host_state))
         if timeline is None:
             from torch.distributed.checkpoint import FileSystemWriter
 

@@ -25,7 +25,7 @@ from dcp_fsdp.storage.raw import S3RawArea, s3_ceiling_prefix
 from dcp_fsdp.storage.s3_control import S3ControlPlane
 from dcp_fsdp.storage.s3_clients import FsspecClient, MscClient, client_versions
 from dcp_fsdp.storage.s3_target import S3Target, resolve_endpoint, resolve_region
-from dcp_fsdp.storage.base import HOST_STATE_WRITER_KWARGS
+from dcp_fsdp.storage.base import host_state_kwargs
 from dcp_fsdp.storage.timeline import HookTimeline
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ class S3Store:
         return writer_class(
             **extra, region=self.region, path=self.location(suffix), s3client_config=self._client_config(),
             prefix_strategy=prefix_strategy(self.config), thread_count=self.config.thread_count,
-            overwrite=False, **(HOST_STATE_WRITER_KWARGS if host_state else {}),
+            overwrite=False, **host_state_kwargs(host_state),
         )
 
     def warm_up(self, storage_io: StorageWriter | StorageReader) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from dcp_fsdp.units import MIB
 from dcp_fsdp.config.schema import StorageClient, StorageConfig
 from dcp_fsdp.storage.s3_target import S3Target
-from dcp_fsdp.storage.base import HOST_STATE_WRITER_KWARGS
+from dcp_fsdp.storage.base import host_state_kwargs
 from dcp_fsdp.storage.timeline import HookTimeline
 
 MSC_PROFILE = "dcp-fsdp"  # the profile msc_environment() writes
@@ -70,7 +70,7 @@ class FsspecClient:
             writer_class, extra = timed_clients.TimedFsspecWriter, {"timeline": timeline}
         return writer_class(self.location(suffix), sync_files=self.config.fsspec_sync_files,
                             thread_count=self.config.thread_count, overwrite=False, **extra,
-                            **(HOST_STATE_WRITER_KWARGS if host_state else {}), **self.storage_options())
+                            **host_state_kwargs(host_state), **self.storage_options())
 
     def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
         import dcp_fsdp.storage.timed_clients as timed_clients
@@ -132,7 +132,7 @@ class MscClient:
             writer_class, extra = timed_clients.TimedMscWriter, {"timeline": timeline}
         return writer_class(self.location(suffix), sync_files=False,
                             thread_count=self.config.thread_count, overwrite=False, **extra,
-                            **(HOST_STATE_WRITER_KWARGS if host_state else {}))
+                            **host_state_kwargs(host_state))
 
     def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
         import dcp_fsdp.storage.timed_clients as timed_clients
