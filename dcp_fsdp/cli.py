@@ -86,7 +86,10 @@ def execute(command: str, cfg: BenchmarkConfig, min_age_s: float | None = None, 
 
         die_with_parent(signal.SIGTERM)  # the agent killed: this rank ends too
         check_torchrun_rank(cfg)  # before torch is imported: bad input fails in a second
-        from dcp_fsdp.rank.session import run_rank
+        from dcp_fsdp.process.collector import paused_for_imports
+
+        with paused_for_imports():  # torch's (process/collector.py)
+            from dcp_fsdp.rank.session import run_rank
 
         own_dir = _own_torch_cache_dir()
         end_rank(run_rank(cfg, PROCESS_START_MONO), own_dir)
@@ -102,10 +105,12 @@ def launched_rank() -> NoReturn:
 
     from dcp_fsdp.config.schema import BenchmarkConfig, to_config
     from dcp_fsdp.contract import CONFIG_ENV, EXIT_INTERRUPTED
-    from dcp_fsdp.rank.session import run_rank
-
+    from dcp_fsdp.process.collector import paused_for_imports
     from dcp_fsdp.process.lifeline import end_process
     from dcp_fsdp.process.signals import Terminated
+
+    with paused_for_imports():  # an exec'd rank's torch (a forked one has it: no-op)
+        from dcp_fsdp.rank.session import run_rank
 
     try:
         cfg = to_config(OmegaConf.merge(OmegaConf.structured(BenchmarkConfig),

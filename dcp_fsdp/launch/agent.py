@@ -29,6 +29,7 @@ def main(argv: list[str]) -> int:
     import time
 
     from dcp_fsdp import contract
+    from dcp_fsdp.process.collector import paused_for_imports
     from dcp_fsdp.process.lifeline import die_with_parent
     from dcp_fsdp.process.oom_kills import oom_kills, oom_kills_since
 
@@ -38,11 +39,12 @@ def main(argv: list[str]) -> int:
     parent = os.getppid()
     summary_path = os.environ.get(contract.AGENT_SUMMARY_ENV)
     debug = bool(os.environ.get(contract.DEBUG_ENV))
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    with paused_for_imports():  # torch's: a quarter of the agent's CPU otherwise
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import parse_args, run
 
-    from dcp_fsdp.launch import forked_rank
+        from dcp_fsdp.launch import forked_rank
 
     if not debug:
         # torchrun's own lines ("failed (exitcode: 1) ...", "Sending process ... closing
@@ -55,7 +57,8 @@ def main(argv: list[str]) -> int:
     try:
         args = parse_args(argv)
         if forked_rank.forkable(args):  # `-m dcp_fsdp`: forked ranks, the imports done once
-            forked_rank.fork_instead(args)
+            with paused_for_imports():  # on again before any rank is forked
+                forked_rank.fork_instead(args)
         run(args)
     except ChildFailedError as error:
         summary["outcome"] = "failed"

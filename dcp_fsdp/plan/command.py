@@ -104,9 +104,12 @@ def plan_world(request: PlanRequest, world_size: int,
     """(state template, global plan) of a save by `world_size` ranks; `moe_layout`: another
     layout than the settings' (the MoE comparison)."""
     from dcp_fsdp.models.presets import model_shape
-    from dcp_fsdp.plan.build import build_global_plan
-    from dcp_fsdp.plan.sample import can_sample, sampled_global_plan
-    from dcp_fsdp.plan.state import state_template
+    from dcp_fsdp.process.collector import paused_for_imports
+
+    with paused_for_imports():  # torch's and DCP's (process/collector.py)
+        from dcp_fsdp.plan.build import build_global_plan
+        from dcp_fsdp.plan.sample import can_sample, sampled_global_plan
+        from dcp_fsdp.plan.state import state_template
 
     cfg = request.cfg
     template = state_template(model_shape(cfg.model), cfg.model.dtype, cfg.state,
