@@ -160,8 +160,11 @@ def build_global_plan(template: StateTemplate, world_size: int, replicas: int, t
 
 
 _UNPICKLE_CHILD = """
-import os, pickle, sys, time
+import gc, os, pickle, sys, time
+gc.disable()  # the imports as a rank makes them (dcp_fsdp/process/collector.py)
 import torch.distributed.checkpoint  # DCP's classes, as a rank has them imported
+gc.freeze()
+gc.enable()
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
