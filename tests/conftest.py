@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from dcp_fsdp.contract import CONFIG_ENV
 from dcp_fsdp.launch.embedded_s3 import EmbeddedS3, S3Endpoint
+from tests.kit.cli import SCRUBBED_ENV
 
 # The Ctrl-C tests signal the commands they start as a terminal would. A suite started in the
 # background by a non-interactive shell (`make test &`, a CI wrapper) inherits SIGINT ignored,
@@ -21,6 +23,14 @@ from dcp_fsdp.launch.embedded_s3 import EmbeddedS3, S3Endpoint
 # at exec, so the commands get a terminal's Ctrl-C whatever started the suite.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# A developer's shell may point at another S3 (an exported AWS_ENDPOINT_URL: `dcp-fsdp
+# s3-server start` prints one) or hold the connector's log switch: the suite runs against its
+# own servers, so they are gone for the whole session. In-process tests compose settings that
+# read them (6 unit tests failed under an exported AWS_ENDPOINT_URL); subprocesses get
+# clean_env's copy as before.
+for _name in (*SCRUBBED_ENV, "S3_TORCH_CONNECTOR_DEBUG_LOGS", CONFIG_ENV):
+    os.environ.pop(_name, None)
 
 # Marked by directory (markers registered in pyproject.toml): `pytest -m unit` is the fast set.
 _DIRECTORY_MARKS = {"unit": "unit", "integration": "integration", "gpu": "gpu"}

@@ -14,14 +14,15 @@ from dcp_fsdp import contract
 from dcp_fsdp.launch.embedded_s3 import S3Endpoint
 
 REPO = Path(__file__).resolve().parents[2]
-# Variables that would point a test run at some other S3 or identity.
-_SCRUBBED = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_ACCESS_KEY_ID",
+# Variables that would point a test run at some other S3 or identity (tests/conftest.py
+# removes them from the whole session, in-process tests included).
+SCRUBBED_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_ACCESS_KEY_ID",
              "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION",
              "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
+    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
     env["PYTHONUNBUFFERED"] = "1"
     # Two test workers share two cores: a rank's intra-op threads (the launcher gives each
     # rank cpu_count // nproc of them) spin against the other worker's ranks, about 1.5 CPU
