@@ -12,6 +12,7 @@ timed work of a rank collects garbage as a training process does.
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -21,6 +22,7 @@ def paused_for_imports() -> Iterator[None]:
     """No cyclic collection inside the block; the collector as it was after it (an exception
     included). Nested blocks leave it paused until the outermost ends."""
     enabled = gc.isenabled()
+    modules_before = len(sys.modules)
     gc.disable()
     try:
         yield
@@ -28,7 +30,10 @@ def paused_for_imports() -> Iterator[None]:
         # What the imports made lives as long as the process (modules, their functions
         # and classes): out of every later collection, which would otherwise visit it again
         # (the first passes after the pause are over all of it). A forked rank's agent does
-        # the same before it forks (launch/forked_rank.py), for the pages it shares.
-        gc.freeze()
+        # the same before it forks (launch/forked_rank.py), for the pages it shares. Only
+        # when the block imported something: a long-lived caller (plan_world in a sweep of
+        # world sizes, a test process) would otherwise freeze its own garbage each time.
+        if len(sys.modules) > modules_before:
+            gc.freeze()
         if enabled:
             gc.enable()

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import gc
+import sys
+import types
 from collections.abc import Iterator
 
 import pytest
@@ -22,14 +24,34 @@ def _collector_as_it_was() -> Iterator[None]:
         gc.disable()
 
 
-def test_paused_inside_on_after_with_what_was_made_frozen():
+@pytest.fixture
+def new_module(monkeypatch) -> Iterator[str]:
+    """The name of a module that importing it inside a block adds to sys.modules."""
+    name = "dcp_fsdp_test_collector_module"
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    yield name
+    sys.modules.pop(name, None)
+
+
+def test_paused_inside_on_after_with_what_the_imports_made_frozen(new_module):
     gc.enable()
     frozen_before = gc.get_freeze_count()
     with paused_for_imports():
         assert not gc.isenabled()
+        sys.modules[new_module] = types.ModuleType(new_module)  # what an import does
         made = [[index] for index in range(1000)]  # containers the collector tracks
     assert gc.isenabled()
     assert gc.get_freeze_count() >= frozen_before + len(made)
+
+
+def test_a_block_that_imported_nothing_freezes_nothing():
+    """plan_world's imports are done after its first call: later calls must not freeze
+    the caller's objects (its garbage would never be collected)."""
+    gc.enable()
+    frozen_before = gc.get_freeze_count()
+    with paused_for_imports():
+        made = [[index] for index in range(1000)]
+    assert gc.get_freeze_count() == frozen_before, len(made)
 
 
 def test_an_exception_inside_leaves_the_collector_on():
