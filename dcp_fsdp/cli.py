@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from dcp_fsdp.config.schema import BenchmarkConfig
@@ -86,16 +87,22 @@ def execute(command: str, cfg: BenchmarkConfig, min_age_s: float | None = None, 
 
         die_with_parent(signal.SIGTERM)  # the agent killed: this rank ends too
         check_torchrun_rank(cfg)  # before torch is imported: bad input fails in a second
-        from dcp_fsdp.process.collector import paused_for_imports
-
-        with paused_for_imports():  # torch's (process/collector.py)
-            from dcp_fsdp.rank.session import run_rank
-
+        run_rank = _rank_entry()
         own_dir = _own_torch_cache_dir()
         end_rank(run_rank(cfg, PROCESS_START_MONO), own_dir)
     from dcp_fsdp.launch.local import launch_local
 
     return launch_local(cfg)
+
+
+def _rank_entry() -> Callable[[BenchmarkConfig, float], RankResult]:
+    """rank.session.run_rank, imported (torch with it) with the collector paused
+    (process/collector.py); a forked rank has it imported already."""
+    from dcp_fsdp.process.collector import paused_for_imports
+
+    with paused_for_imports():
+        from dcp_fsdp.rank.session import run_rank
+    return run_rank
 
 
 def launched_rank() -> NoReturn:
@@ -105,13 +112,10 @@ def launched_rank() -> NoReturn:
 
     from dcp_fsdp.config.schema import BenchmarkConfig, to_config
     from dcp_fsdp.contract import CONFIG_ENV, EXIT_INTERRUPTED
-    from dcp_fsdp.process.collector import paused_for_imports
     from dcp_fsdp.process.lifeline import end_process
     from dcp_fsdp.process.signals import Terminated
 
-    with paused_for_imports():  # an exec'd rank's torch (a forked one has it: no-op)
-        from dcp_fsdp.rank.session import run_rank
-
+    run_rank = _rank_entry()
     try:
         cfg = to_config(OmegaConf.merge(OmegaConf.structured(BenchmarkConfig),
                                         OmegaConf.load(os.environ[CONFIG_ENV])))

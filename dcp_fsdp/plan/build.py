@@ -160,11 +160,10 @@ def build_global_plan(template: StateTemplate, world_size: int, replicas: int, t
 
 
 _UNPICKLE_CHILD = """
-import gc, os, pickle, sys, time
-gc.disable()  # the imports as a rank makes them (dcp_fsdp/process/collector.py)
-import torch.distributed.checkpoint  # DCP's classes, as a rank has them imported
-gc.freeze()
-gc.enable()
+import os, pickle, sys, time
+from dcp_fsdp.process.collector import paused_for_imports
+with paused_for_imports():  # as a rank imports them
+    import torch.distributed.checkpoint  # DCP's classes, as a rank has them imported
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
