@@ -18,6 +18,15 @@ import sys
 from types import FrameType
 from typing import Any, NoReturn
 
+# How the agent's interpreter is started (`python PYTHON_FLAGS -m dcp_fsdp.launch.agent`: the
+# local launcher, batch/node_task.sh). frozen_modules=off: the standard library's runpy, which
+# runs `-m`, then has a source file. torch's c10d rendezvous names each of its events with
+# inspect.stack(), twice per event, and for a frame of a frozen module (`<frozen runpy>`, two
+# under every `-m`) inspect searches every imported module for its file: with the ~2,700
+# modules the agent holds for its forked ranks, 16 % of the agent's CPU, ~0.4 s per launch
+# (docs/measurements/2026-11-27-ci-cost.md, 2026-11-28 third session).
+PYTHON_FLAGS = ("-X", "frozen_modules=off")
+
 
 def _quiet_exit(signum: int, frame: FrameType | None) -> NoReturn:
     # A signal while torch is still importing (the first seconds): no workers exist yet,

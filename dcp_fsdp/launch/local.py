@@ -35,6 +35,7 @@ from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.metadata_peek import MetadataFacts
 from dcp_fsdp.config.schema import BenchmarkConfig
 from dcp_fsdp.launch.aftermath import RanksOutcome
+from dcp_fsdp.launch.agent import PYTHON_FLAGS as AGENT_PYTHON_FLAGS
 from dcp_fsdp.launch.checks import check_launch
 from dcp_fsdp.launch.preflight import claim_save_suffixes, preflight, storage_environment
 from dcp_fsdp.launch.server_check import ServerCheck
@@ -105,7 +106,7 @@ def run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str],
 
 
 def _agent_command(cfg: BenchmarkConfig, module: str, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "dcp_fsdp.launch.agent", "--standalone",
+    return [sys.executable, *AGENT_PYTHON_FLAGS, "-m", "dcp_fsdp.launch.agent", "--standalone",
             f"--nproc-per-node={cfg.nproc}", "--max-restarts=0",
             f"--log-dir={run_dir / 'torchelastic'}", "-m", module]
 
