@@ -12,6 +12,7 @@ difference: the check is exact only on a bucket the run has to itself.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import urllib.error
@@ -19,8 +20,9 @@ from pathlib import Path
 
 from dcp_fsdp import log
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
+from dcp_fsdp.storage.s3_control import observe_clients
 from dcp_fsdp.telemetry import server_counters
-from dcp_fsdp.telemetry.control_plane import install_control_plane_hook
+from dcp_fsdp.telemetry.control_plane import count_control_calls
 from dcp_fsdp.telemetry.request import Request
 from dcp_fsdp.telemetry.summaries import control_plane_counts
 
@@ -49,7 +51,8 @@ class ServerCheck:
             log.warning(f"storage.metrics_url={self.metrics_url} could not be read ({error}): "
                         "the request counts are not checked against the server's")
             return
-        install_control_plane_hook(self._calls.append)
+        observe_clients("server-check", functools.partial(count_control_calls,
+                                                          record_call=self._calls.append))
 
     def end(self, record: Path | None) -> None:
         """After the ranks ended and recorded: compare, amend the run line, say it."""

@@ -9,6 +9,7 @@ local launcher. Everything before the loop's first barrier is initialisation: me
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import resource
 import time
@@ -101,6 +102,13 @@ class RankSession:
         self.request_log = open_for_rank(self.rank, self.cfg.keep_request_log, self.cfg.storage.client.value)
         if self.request_log is not None:
             os.environ.update(self.request_log.environment())
+            from dcp_fsdp.storage.s3_control import observe_clients
+            from dcp_fsdp.telemetry.control_plane import count_control_calls
+
+            # our own boto3 calls (pre-flight, manifests, listings): every control-plane
+            # client this rank creates, tune's trials and the after-failure probes included
+            observe_clients("request-log", functools.partial(
+                count_control_calls, record_call=self.request_log.record_control_call))
 
     def join(self) -> None:
         from dcp_fsdp.rank.device import process_group_timeout_s

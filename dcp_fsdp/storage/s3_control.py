@@ -12,6 +12,7 @@ import datetime
 import os
 import re
 import secrets
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp import log
@@ -21,8 +22,21 @@ from dcp_fsdp.storage.layout import (CEILING_ROOT, CLAIM_NAME, METADATA_NAME, Ch
 from dcp_fsdp.storage.s3_target import S3Target
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from types import ModuleType
+
+
+# key -> observer of every control-plane client this process creates (observe_clients)
+_client_observers: dict[str, Callable[[Any], None]] = {}
+
+
+def observe_clients(key: str, observer: Callable[[Any], None]) -> None:
+    """Call `observer(events)` with the botocore event emitter of each boto3 client this
+    process's control planes create from now on (the request counts register their hooks
+    there: telemetry/control_plane.py). A client takes its hooks from its emitter when it is
+    created, so hooks go on each client: observing needs no boto3 import, and a rank that
+    never makes a control-plane call (every rank but the coordinator, mostly) imports none.
+    One observer per key: a later one replaces it."""
+    _client_observers[key] = observer
 
 
 def credential_chain_error(error: BaseException) -> UserError | None:
@@ -85,9 +99,12 @@ class S3ControlPlane:
             import botocore.exceptions as bx
 
             try:
-                self._boto_client = self._make_client(boto3, botocore.config)
+                client = self._make_client(boto3, botocore.config)
             except bx.BotoCoreError as error:
                 raise credential_chain_error(error) or self._explain(error) from None
+            for observer in list(_client_observers.values()):
+                observer(client.meta.events)
+            self._boto_client = client
         return self._boto_client
 
     def _make_client(self, boto3: ModuleType, botocore_config: ModuleType) -> Any:

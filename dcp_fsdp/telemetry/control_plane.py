@@ -10,34 +10,23 @@ import time
 from typing import Any, Callable
 
 
-def install_control_plane_hook(record_call: Callable[[Any], None]) -> None:
-    """Count every boto3 S3 attempt (per attempt, with its status) made in this process."""
+def count_control_calls(events: Any, record_call: Callable[[Any], None]) -> None:
+    """Count every S3 attempt of the boto3 client whose event emitter is `events` (per
+    attempt, with its status): the control plane's clients (storage/s3_control.py
+    observe_clients hands over each one's)."""
     from dcp_fsdp.telemetry.request import Request
-
-    try:
-        import boto3
-    except ImportError:
-        return
-    if boto3.DEFAULT_SESSION is None:
-        boto3.setup_default_session()
 
     def on_attempt(event_name: str = "", response: Any = None,
                    caught_exception: Exception | None = None, **kwargs: Any) -> None:
         operation = event_name.rsplit(".", 1)[-1]
-        status = None
-        if response is not None:
-            try:
-                status = int(response[0].status_code)
-            except (AttributeError, IndexError, TypeError, ValueError):
-                status = None
+        status = _attempt_status(response)
         outcome = ("ok" if status is not None and status < 400 else
                    "miss" if status == 404 and operation.startswith("Head") else "failed")
         record_call(Request(end_wall_s=time.time(), kind=operation, outcome=outcome,
-                                        status=status, duration_s=None))
+                            status=status, duration_s=None))
         return None  # never influences botocore's retry decision
 
-    boto3.DEFAULT_SESSION.events.register("needs-retry.s3", on_attempt,
-                                          unique_id="dcp-fsdp-control-plane-count")
+    events.register("needs-retry.s3", on_attempt, unique_id="dcp-fsdp-control-plane-count")
 
 
 _STARTED = "dcp_fsdp_attempt_started"  # in botocore's per-request context

@@ -53,7 +53,7 @@ from dcp_fsdp.process.lifeline import owned_tempdir
 from dcp_fsdp.telemetry import summaries
 from dcp_fsdp.telemetry.connector_log import (  # noqa: F401 - parse_lines re-exported
     LogParser, Unparsed, parse_lines, version_problem)
-from dcp_fsdp.telemetry.control_plane import install_control_plane_hook, install_data_plane_hook
+from dcp_fsdp.telemetry.control_plane import install_data_plane_hook
 from dcp_fsdp.telemetry.request import THROTTLE_STATUSES, Request  # noqa: F401 - re-exported
 
 DEBUG_LOGS_ENV = "S3_TORCH_CONNECTOR_DEBUG_LOGS"
@@ -288,6 +288,4 @@ def open_for_rank(rank: int | str, keep_raw: bool = False,
     # Named after this process: a rank killed before close() leaves it, the next run
     # removes it (dcp_fsdp/process/lifeline.py).
     directory = owned_tempdir(f"dcp-fsdp-requests-r{rank}-")
-    request_log = RequestLog(directory, keep_raw=keep_raw, client=client)
-    install_control_plane_hook(request_log.record_control_call)
-    return request_log
+    return RequestLog(directory, keep_raw=keep_raw, client=client)
