@@ -22,6 +22,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import uuid
 
 WAYS = {"-m (frozen runpy)": (), "-X frozen_modules=off -m": ("-X", "frozen_modules=off")}
@@ -52,11 +53,15 @@ def agent() -> None:
 
 
 def measure(flags: tuple[str, ...]) -> float:
-    """One launch's CPU seconds (the child and its ranks)."""
-    before = os.times()
-    subprocess.run([sys.executable, *flags, "-m", "benchmarks.agent_start", "--agent"],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    after = os.times()
+    """One launch's CPU seconds (the child and its ranks). TMPDIR is a directory of its own,
+    removed after: torch's agent leaves torchelastic_* there, and torch._dynamo makes
+    torchinductor_$USER."""
+    with tempfile.TemporaryDirectory(prefix="dcp-fsdp-agent-start-") as tmp:
+        before = os.times()
+        subprocess.run([sys.executable, *flags, "-m", "benchmarks.agent_start", "--agent"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       env={**os.environ, "TMPDIR": tmp})
+        after = os.times()
     return (after.children_user - before.children_user
             + after.children_system - before.children_system)
 
