@@ -17,7 +17,10 @@ SMOKE_TORCH ?= 2.11.0 2.15.0
 # cap), the rest by uv: the same constraints, resolved and installed in about 30 s of wall
 # time instead of pip's 115 (2-core VM, 2026-11-27), byte-compiled as pip does (see `test`).
 UV_SPEC ?= uv==0.13.9
-UV := $(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode
+# TMPDIR inside the venv: uv leaves an empty uv-setuptools-<hash>.lock in its temp dir for
+# each editable build, and /tmp is not ours to leave files in.
+UV_TMP := $(abspath $(VENV))/.uv-tmp
+UV := TMPDIR=$(UV_TMP) $(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode
 
 # pip byte-compiles on one core (26 of its 42 CPU s here, torch and its dependencies); uv
 # compiles only what it installs. So pip installs without compiling, and what it installed
@@ -29,6 +32,7 @@ SITE_PACKAGES = $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path(
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@mkdir -p $(UV_TMP)
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile "$(TORCH_SPEC)" "$(UV_SPEC)"
 	$(BIN)/python -m compileall -q -j 0 "$(SITE_PACKAGES)"/* >/dev/null 2>&1 & \
 	  $(UV) -c constraints.txt "$(TORCH_SPEC)" -e '.[test,lint]'; status=$$?; wait; exit $$status

@@ -28,7 +28,9 @@ if [[ ! -f $STAMP || pyproject.toml -nt $STAMP || constraints.txt -nt $STAMP ]];
     # the smoke writes .pyc files for what it imports (below), about a sixth of the venv's
     # 16,000 modules, where compiling them all cost more CPU than the smoke itself.
     if [[ -x .venv/bin/uv ]]; then
-        install=(.venv/bin/uv pip install --python "$VENV/bin/python" --quiet)
+        # TMPDIR in the venv: uv leaves an empty uv-setuptools-<hash>.lock per editable build
+        mkdir -p "$VENV/.uv-tmp"
+        install=(env TMPDIR="$PWD/$VENV/.uv-tmp" .venv/bin/uv pip install --python "$VENV/bin/python" --quiet)
     else
         install=("$VENV/bin/pip" install --quiet --disable-pip-version-check --no-compile)
     fi
