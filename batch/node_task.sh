@@ -19,7 +19,7 @@ export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$node_dir/torchinducto
 # torch's C++ warnings (a rendezvous store gone with a killed node: a 25-line trace) only
 # with DCP_FSDP_DEBUG=1; the aftermath names the cause in one line
 [[ -n ${DCP_FSDP_DEBUG:-} ]] || export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-ERROR}
-# -X frozen_modules=off: dcp_fsdp/launch/agent.py PYTHON_FLAGS says why (torch's rendezvous, ~0.4 s)
+# -X frozen_modules=off: dcp_fsdp/launch/agent.py PYTHON_FLAGS says why (torch's rendezvous, ~0.3 CPU s)
 "$python" -X frozen_modules=off -m dcp_fsdp.launch.agent --log-dir "$node_dir/torchelastic" "$@" &
 pid=$!
 # Slurm signals every process of the step (this one, the agent and the ranks) itself:

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 # runs `-m`, then has a source file. torch's c10d rendezvous names each of its events with
 # inspect.stack(), twice per event, and for a frame of a frozen module (`<frozen runpy>`, two
 # under every `-m`) inspect searches every imported module for its file: with the ~2,700
-# modules the agent holds for its forked ranks, 16 % of the agent's CPU, ~0.4 s per launch
+# modules the agent holds for its forked ranks, 16 % of the agent's samples, ~0.3 CPU s a launch
 # (docs/measurements/2026-11-27-ci-cost.md, 2026-11-28 third session).
 PYTHON_FLAGS = ("-X", "frozen_modules=off")
 
