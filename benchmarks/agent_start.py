@@ -25,7 +25,9 @@ import sys
 import tempfile
 import uuid
 
-WAYS = {"-m (frozen runpy)": (), "-X frozen_modules=off -m": ("-X", "frozen_modules=off")}
+from dcp_fsdp.launch.agent import PYTHON_FLAGS
+
+WAYS = {"-m (frozen runpy)": (), f"{' '.join(PYTHON_FLAGS)} -m": PYTHON_FLAGS}
 
 
 def _rank() -> None:
