@@ -319,3 +319,24 @@ def test_no_module_sets_attributes_on_objects_not_its_own():
     assert private_assignments("planner._key = 1\nself._own = 2\nself.fs._client = 3\n"
                                "setattr(stager, '_config', 4)") == [
         "line 1: ._key =", "line 3: ._client =", "line 4: setattr(...)"]
+
+
+def test_hydras_registry_holds_its_own_plugins_and_no_installed_one():
+    """What compose needs of Hydra's registry after `hydra_own_plugins_only` (whichever made it
+    in this process: a compose before this test, or the call here): Hydra's own sweeper,
+    launcher and config sources; with it made here, no installed `hydra_plugins` class."""
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.config_source import ConfigSource
+    from hydra.plugins.launcher import Launcher
+    from hydra.plugins.sweeper import Sweeper
+
+    made_here = compat.hydra_own_plugins_only()
+    plugins = Plugins.instance()
+    names = {f"{kind.__module__}.{kind.__name__}" for kind in plugins.discover()}
+    assert {p.__name__ for p in plugins.discover(Sweeper)} >= {"BasicSweeper"}
+    assert {p.__name__ for p in plugins.discover(Launcher)} >= {"BasicLauncher"}
+    sources = [p for p in plugins.discover(ConfigSource) if issubclass(p, ConfigSource)]
+    assert {p.scheme() for p in sources} >= {"file", "pkg", "structured"}
+    if made_here or type(plugins).__name__ == "HydraOwnPlugins":
+        assert not [name for name in names if name.startswith("hydra_plugins.")], names
+    assert compat.hydra_own_plugins_only() is made_here  # once per process
