@@ -23,11 +23,15 @@ answered by a plain stand-in defined here, never by the real class:
   `multistorageclient.pathlib.MultiStoragePath` (that of a storage.client=msc save): its path
   strings only.
 
-Nothing else: no builtins at all (DCP pickles with protocol >= 2, where dicts, lists, tuples
-and sets are opcodes), so no `getattr`, `eval`, `os`, `subprocess`, `functools.partial` or
-any other `torch.*` name. The stand-ins only turn plain data into plain data: a dataclass
-stand-in accepts its state only as a dict of lower-case field names (no dunders, so a
-`__setstate__` payload cannot set `__class__` or shadow a method) holding no callables;
+Nothing else: no builtins but `getattr` in the one shape in which Python 3.11.0-3.11.x
+pickle an Enum member, `getattr(_MEM_FORMAT_ENCODING, "<member name>")` (every `.metadata`
+written under Debian 12's python3.11 holds it; 3.11.7 pickles the member by value), answered
+with the member's format name and refused for any other owner or name. DCP pickles with
+protocol >= 2, where dicts, lists, tuples and sets are opcodes: so no `eval`, `os`,
+`subprocess`, `functools.partial`, no other use of `getattr`, and no other `torch.*` name.
+The stand-ins only turn plain data into plain data: a dataclass stand-in accepts its state
+only as a dict of lower-case field names (no dunders, so a `__setstate__` payload cannot set
+`__class__` or shadow a method) holding no callables;
 fields a newer torch adds (as 2.15 added `TensorProperties.strides`) are kept, not refused.
 Persistent ids are refused (the default unpickler's behaviour). Files over
 MAX_METADATA_BYTES (1 GiB) are refused unread: a real `.metadata` is KiB to a few MiB.
@@ -68,6 +72,9 @@ _LAYOUTS = {"strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "
             "_mkldnn", "jagged"}
 # _MEM_FORMAT_ENCODING's values (torch/distributed/checkpoint/metadata.py).
 _MEMORY_FORMATS = {0: "contiguous_format", 1: "channels_last", 2: "preserve_format"}
+# ... and its members' names, for a pickle that names them (_EnumMemberByName)
+_MEMORY_FORMAT_MEMBERS = {"TORCH_CONTIGUOUS_FORMAT": 0, "TORCH_CHANNELS_LAST": 1,
+                          "TORCH_PRESERVE_FORMAT": 2}
 _FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
@@ -188,6 +195,22 @@ class _MemoryFormatEncoding(_Callable):
         return _MEMORY_FORMATS[value]
 
 
+class _EnumMemberByName(_Callable):
+    """`builtins.getattr` as Python 3.11.0-3.11.x pickle an Enum member, by its name:
+    `getattr(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT")` (Debian 12's python3.11, 3.11.2;
+    3.11.7 pickles it by value, as above). Admitted in that one shape: the owner must be
+    the encoding's stand-in and the name one of its members; any other getattr is refused."""
+
+    def __new__(cls, owner: Any, name: Any) -> str:  # type: ignore[misc]
+        if owner is not _MemoryFormatEncoding or not isinstance(name, str) or (
+                name not in _MEMORY_FORMAT_MEMBERS):
+            owner_name = next((".".join(key) for key, standin in ADMITTED.items()
+                               if standin is owner), type(owner).__name__)
+            raise _Refused(f"builtins.getattr({owner_name}, {name!r}), not a "
+                           f"{METADATA_MEMORY_FORMAT[1]} member")
+        return _MEMORY_FORMATS[_MEMORY_FORMAT_MEMBERS[name]]
+
+
 class _PosixPath(_Callable):
     def __new__(cls, *parts: Any) -> str:  # type: ignore[misc]
         if not all(isinstance(part, str) for part in parts):
@@ -249,6 +272,7 @@ ADMITTED: dict[tuple[str, str], type] = {
     **{("torch.distributed.checkpoint.metadata", name): standin
        for name, standin in _CHECKPOINT_CLASSES.items()},
     METADATA_MEMORY_FORMAT: _MemoryFormatEncoding,
+    ("builtins", "getattr"): _EnumMemberByName,  # that enum's member by name (Python 3.11.2)
     METADATA_STORAGE_INFO: _record(".".join(METADATA_STORAGE_INFO)),
     ("torch", "Size"): _Size,
     # StorageMeta.checkpoint_id of a multi-storage-client save (storage.client=msc): its

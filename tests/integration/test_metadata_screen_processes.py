@@ -35,5 +35,5 @@ def test_a_load_of_a_hostile_metadata_exits_in_one_line_before_any_rank(tmp_path
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     lines = [line for line in result.stderr.splitlines() if "refused as" in line]
-    assert len(lines) == 1 and "global builtins.getattr" in lines[0], result.stderr
+    assert len(lines) == 1 and "builtins.getattr(" in lines[0], result.stderr
     assert not marker.exists()

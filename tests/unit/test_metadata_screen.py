@@ -62,6 +62,20 @@ def test_a_torch_2_15_metadata_with_strides_passes():
     assert properties.strides == (4, 1) and properties.memory_format == "contiguous_format"
 
 
+def test_a_metadata_written_under_python_3_11_2_passes():
+    """Saved (torch 2.13, AdamW state, 2 ranks) by Debian 12's python3.11 (3.11.2), whose Enum
+    pickles a member by name, `builtins.getattr(_MEM_FORMAT_ENCODING, "TORCH_..._FORMAT")`:
+    the screen refused every such checkpoint as possibly hostile."""
+    data = (DATA / "torch213_py3112_adamw.metadata").read_bytes()
+    assert b"getattr" in data and b"TORCH_CONTIGUOUS_FORMAT" in data
+    tensors = metadata_peek.read_tensors(data)
+    assert tensors["model.model.embed_tokens.weight"] == TensorEntry((8192, 256), "float32")
+    assert tensors["optim.state.model.norm.weight.exp_avg"] == TensorEntry((256,), "float32")
+    entries = metadata_peek.screen(data).state_dict_metadata
+    assert {entry.properties.memory_format for entry in entries.values()
+            if hasattr(entry, "properties")} == {"contiguous_format"}
+
+
 # -- crafted pickles ----------------------------------------------------------------------
 
 def _text(value: str) -> bytes:
@@ -100,9 +114,24 @@ def test_the_getattr_chain_is_refused_and_runs_nothing(tmp_path):
         metadata_peek.read_tensors(attack, "suffix=x: .metadata")
     message = str(refused.value)
     assert "\n" not in message and message.startswith("suffix=x: .metadata: refused")
-    assert "global builtins.getattr" in message and "possibly hostile" in message
+    assert f"builtins.getattr({METADATA_MODULE}.TensorProperties, '__init__')" in message
+    assert "possibly hostile" in message
     assert "not loaded" in message
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("owner, name", [
+    (_global(METADATA_MODULE, "_MEM_FORMAT_ENCODING"), _text("__class__")),
+    (_global(METADATA_MODULE, "_MEM_FORMAT_ENCODING"), _text("mro")),
+    (_global(METADATA_MODULE, "_MEM_FORMAT_ENCODING"), b"I0\n"),  # a member's value, not name
+    (_global("torch", "Size"), _text("TORCH_CONTIGUOUS_FORMAT")),
+    (_global("torch.serialization", "_get_layout"), _text("__globals__")),
+], ids=["dunder", "method", "not-a-name", "another-owner", "globals"])
+def test_getattr_in_any_other_shape_is_refused(owner, name):
+    with pytest.raises(MetadataRefused) as refused:
+        metadata_peek.read_tensors(_call(_global("builtins", "getattr"), owner, name) + b".")
+    message = str(refused.value)
+    assert "builtins.getattr(" in message and "possibly hostile" in message, message
 
 
 class _Reduce:
