@@ -60,7 +60,11 @@ def prepare(command: str, overrides: list[str]) -> BenchmarkConfig:
     # `list` and `clean-uploads` take the same storage settings as a save; the command
     # value is unused.
     cfg = compose("save" if command in STORAGE_ONLY_COMMANDS else command, overrides)
-    if command not in STORAGE_ONLY_COMMANDS and not under_torchrun():
+    if command in STORAGE_ONLY_COMMANDS:
+        from dcp_fsdp.launch.checks import check_endpoint_environment
+
+        check_endpoint_environment(cfg)
+    elif not under_torchrun():
         from dcp_fsdp.launch.checks import check_launch
 
         check_launch(cfg)

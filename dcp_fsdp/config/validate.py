@@ -344,13 +344,13 @@ def _check_storage(storage: StorageConfig) -> None:
             raise UserError("storage.path is not set: give the directory for storage=fs, "
                             "e.g. storage.path=/fsx/checkpoints")
         return
+    if storage.endpoint is not None:  # first: the message below repeats the endpoint
+        check_endpoint(storage.endpoint, "storage.endpoint")
     if storage.uri is not None:
         parse_s3_uri(storage.uri)
     elif storage.endpoint:
         raise UserError(f"storage.uri is not set but storage.endpoint={storage.endpoint} is: "
                         "give the bucket too, e.g. storage.uri=s3://my-bucket/checkpoints")
-    if storage.endpoint is not None:
-        check_endpoint(storage.endpoint, "storage.endpoint")
     if storage.region is not None:
         check_region(storage.region, "storage.region")
     check_client_installed(storage.client)
@@ -384,7 +384,13 @@ def _check_prefixes(storage: StorageConfig) -> None:
 
 
 def check_endpoint(endpoint: str, name: str) -> None:
-    """`name` is the setting or environment variable the endpoint came from."""
+    """`name` is the setting or environment variable the endpoint came from. One with
+    credentials (http://KEY:SECRET@host:port) is refused without repeating it: the command
+    line is recorded (`argv`), and the endpoint is recorded and printed in errors."""
+    if "@" in endpoint:
+        raise UserError(f"{name} holds credentials (user:password@ before the host), which "
+                        "would be recorded and printed: remove them from the URL and set "
+                        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY instead")
     if not re.match(r"^https?://[^/\s]+/?$", endpoint):
         raise UserError(f"{name}={endpoint}: write it as http(s)://host:port")
 

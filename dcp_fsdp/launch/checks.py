@@ -34,6 +34,7 @@ from dcp_fsdp.telemetry.results_dir import (fallback_results_dir, record_written
 
 RANKS_PER_CORE = 4  # more ranks than this per core only measures the scheduler
 CONNECTOR_LOG_ENV = ("S3_TORCH_CONNECTOR_DEBUG_LOGS", "S3_TORCH_CONNECTOR_LOGS_DIR_PATH")
+ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # the first one set is used
 
 
 # -- results_dir -----------------------------------------------------------------------------
@@ -212,18 +213,26 @@ def check_environment(cfg: BenchmarkConfig) -> None:
                         f"itself; unset {contract.CONFIG_ENV}")
 
 
+def check_endpoint_environment(cfg: BenchmarkConfig) -> str | None:
+    """The AWS_ENDPOINT_URL* variable an s3 store uses (the first one set, where
+    storage.endpoint is not set), checked (no credentials in it): its name, or None. Also
+    for `list`, `delete` and `clean-uploads`, which connect without the launch checks."""
+    if cfg.storage.kind != StorageKind.s3 or cfg.storage.endpoint is not None:
+        return None
+    name = next((name for name in ENDPOINT_ENV if name in os.environ), None)
+    if name is not None:
+        check_endpoint(os.environ[name], name)
+    return name
+
+
 def _check_s3_environment(cfg: BenchmarkConfig) -> None:
     """The AWS variables an s3 run reads (when the settings leave them in charge), and the
     connector's log variables that request_stats=true owns."""
-    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
-        value = os.environ.get(name)
-        if value is not None and cfg.storage.endpoint is None:
-            check_endpoint(value, name)
-            if cfg.storage.uri is None:
-                raise UserError(f"storage.uri is not set but {name} is: give the bucket "
-                                "too, e.g. storage.uri=s3://my-bucket/checkpoints (or "
-                                f"unset {name} for the embedded server)")
-            break  # the first one set is the one used
+    name = check_endpoint_environment(cfg)
+    if name is not None and cfg.storage.uri is None:
+        raise UserError(f"storage.uri is not set but {name} is: give the bucket "
+                        "too, e.g. storage.uri=s3://my-bucket/checkpoints (or "
+                        f"unset {name} for the embedded server)")
     for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
         value = os.environ.get(name)
         if value is not None and cfg.storage.region is None:

@@ -117,6 +117,7 @@ def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
 
 def tune(overrides: list[str], started_mono: float) -> int:
     from dcp_fsdp.config.compose import compose
+    from dcp_fsdp.launch.checks import check_launch
     from dcp_fsdp.launch.local import launch_local
     from dcp_fsdp.launch.preflight import preflight, storage_environment
 
@@ -133,6 +134,7 @@ def tune(overrides: list[str], started_mono: float) -> int:
         raise UserError(f"tune.trials={cfg.tune.trials}: must be 1 or more (or null)")
     if cfg.tune.repeats < 1:
         raise UserError(f"tune.repeats={cfg.tune.repeats}: must be 1 or more")
+    check_launch(cfg)  # as any launch, before the storage: the environment's endpoint too
     space, start = search_space(cfg, overrides)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     session_dir = Path(cfg.results_dir) / f"tune-{stamp}-{os.getpid()}"

@@ -150,6 +150,44 @@ def test_environment_variables_we_read(monkeypatch, env, overrides, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+SECRET_ENDPOINT = "http://AKIAKEY:s3cr3tPW@127.0.0.1:1"  # port 1: nothing listens
+
+
+@pytest.mark.parametrize("command", ["save-and-load", "tune", "list", "delete", "clean-uploads",
+                                     "load"])
+@pytest.mark.parametrize("variable", [None, "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"])
+def test_an_endpoint_with_credentials_is_refused_without_repeating_them(
+        command, variable, tmp_path, monkeypatch, capsys):
+    """Issue 49 item 10: `user:password@` in the endpoint reached the record (argv,
+    storage.endpoint) and the cannot-connect error. Refused in one line naming the setting
+    or variable and where the keys go, before any connection, rank or record."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    args = [command, "storage.uri=s3://bucket/x", f"results_dir={tmp_path}", "suffix=x"]
+    if variable is None:
+        args.append(f"storage.endpoint={SECRET_ENDPOINT}")
+    else:
+        monkeypatch.setenv(variable, SECRET_ENDPOINT)
+    assert cli.main(args) == 2
+    captured = capsys.readouterr()
+    assert "s3cr3tPW" not in captured.out + captured.err and "AKIAKEY" not in captured.err
+    line = captured.err.strip()
+    assert "\n" not in line, line
+    assert f"{variable or 'storage.endpoint'} holds credentials" in line, line
+    assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in line
+    assert list(tmp_path.iterdir()) == []  # no record
+
+
+def test_an_endpoint_with_credentials_and_no_uri_is_not_repeated():
+    """The 'storage.uri is not set' line repeats the endpoint: the credentials are refused
+    first."""
+    with pytest.raises(UserError) as error:
+        compose("save", [f"storage.endpoint={SECRET_ENDPOINT}"])
+    assert "holds credentials" in str(error.value) and "s3cr3tPW" not in str(error.value)
+
+
 def test_environment_that_is_fine(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setenv("AWS_REGION", "eu-west-1")
