@@ -134,8 +134,9 @@ def launched_rank() -> NoReturn:
 
 def _own_torch_cache_dir() -> Path | None:
     """Under a plain torchrun, torch makes $TMPDIR/torchinductor_$USER in every rank and
-    leaves it; a rank-owned directory instead (unless the user chose one), removed at the
-    end (the local launcher points it into its run directory)."""
+    leaves it (at the first import of torch._dynamo, which building any module does); a
+    rank-owned directory instead (unless the user chose one), removed at the end (the local
+    launcher points it into its run directory). `plan` builds modules too: the same."""
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         return None
     from dcp_fsdp.process.lifeline import owned_tempdir
@@ -143,6 +144,17 @@ def _own_torch_cache_dir() -> Path | None:
     own = owned_tempdir("dcp-fsdp-inductor-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(own)
     return own
+
+
+def _drop_own_torch_cache_dir(own_dir: Path | None) -> None:
+    """The directory of `_own_torch_cache_dir` removed, and the variable it set with it (a
+    command run in-process, e.g. by a test, leaves the environment as it found it)."""
+    if own_dir is None:
+        return
+    import shutil
+
+    shutil.rmtree(own_dir, ignore_errors=True)
+    os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
 
 
 def end_rank(result: RankResult, own_dir: Path | None = None) -> NoReturn:
@@ -267,6 +279,7 @@ def run_plan(args: list[str]) -> int:
     if any(arg in ("-h", "--help") for arg in args):
         print(helptext.plan_help())
         return 0
+    own_dir = _own_torch_cache_dir()  # building the state's modules imports torch._dynamo
     try:
         from dcp_fsdp.plan.command import main as plan_main
 
@@ -275,6 +288,8 @@ def run_plan(args: list[str]) -> int:
         return _fail(str(error))
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
+    finally:
+        _drop_own_torch_cache_dir(own_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -97,3 +97,15 @@ def test_a_world_from_a_subset_of_the_layers_is_the_full_build():
     assert sum(sampled.rank_bytes()) == sum(full.rank_bytes())
     assert [o.name for o in sampled.objects] == [o.name for o in full.objects]
     assert abs(sampled.metadata_bytes - full.metadata_bytes) <= 0.005 * full.metadata_bytes
+
+
+def test_plan_leaves_nothing_in_tmpdir(tmp_path):
+    """Issue 49 item 11: each `plan` left an empty $TMPDIR/torchinductor_$USER (building the
+    state's modules imports torch._dynamo, which makes torch's cache directory); its own
+    directory now, removed at its end. A process of its own: in this one torch._dynamo may be
+    imported already, and it makes the directory only once."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    result = run_cli(["plan", "world_size=2"], env={"TMPDIR": str(tmpdir)})
+    assert_ok(result)
+    assert sorted(p.name for p in tmpdir.iterdir()) == []
