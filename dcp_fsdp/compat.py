@@ -360,6 +360,14 @@ def msc_botocore_events(storage_client: Any) -> Any:
     return meta.events
 
 
+def msc_reads_ranged(stream: Any) -> bool:
+    """Whether a multi-storage-client object file reads by ranged GETs (an object above its
+    `MEMORY_LOAD_LIMIT`, 512 MiB in 1.3: a private `RemoteFileReader` behind `_file`) rather
+    than out of the whole object it downloaded. Ask after its first call returned (that
+    call waits until the file knows)."""
+    return type(getattr(stream, "_file", None)).__name__ == "RemoteFileReader"
+
+
 # -- Hydra: its plugin registry (config/compose.py) ------------------------------------------
 
 @functools.cache

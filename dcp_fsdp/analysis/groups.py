@@ -18,6 +18,7 @@ import pandas as pd
 
 from dcp_fsdp.analysis.caveats import stager_note
 from dcp_fsdp.analysis.completeness import incomplete_runs
+from dcp_fsdp.telemetry import time_split
 from dcp_fsdp.telemetry.figures import NOISE_HINT, NOISY_SPREAD
 from dcp_fsdp.analysis.metrics import per_operation, samples_frame
 from dcp_fsdp.analysis.tables import (OP_ORDER, mean_or_nan, ordered, phase_row,
@@ -265,14 +266,14 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
     result: dict[str, Any] = {"group_keys": group_keys, "varying": varying, "runs": run_rows,
                               "notes": [],
                               "throughput": empty, "phases": empty, "types": empty,
-                              "samples": empty, "operations": empty}
+                              "samples": empty, "operations": empty, "splits": []}
     not_ok = run_rows[run_rows["status"] != "ok"]
     result["not_ok"] = not_ok
     if not ok_samples:
         return result
     frame, ops = _with_settings(samples_frame(ok_samples), run_rows, group_keys, varying)
     result["samples"], result["operations"] = frame, ops
-    throughput, phases, types = [], [], []
+    throughput, phases, types, splits = [], [], [], []
     failed_runs = not_ok[(not_ok["status"] != "incomplete") & not_ok["matches_constants"]]
     for group_key, group_ops in ops.groupby(group_keys, sort=True, dropna=False):
         values = group_key if isinstance(group_key, tuple) else (group_key,)
@@ -287,6 +288,9 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
         throughput.append(throughput_row(labels, group_ops, group_samples, untimed, failed, ops))
         phases.append(phase_row(labels, group_samples, group_ops))
         types.extend(type_rows(labels, group_samples, len(group_ops)))
+        found = time_split.split(str(labels["op"]), group_samples)
+        if found is not None:
+            splits.append((labels, time_split.split_line(found)))
     result["throughput"] = with_client_ratio(ordered(pd.DataFrame(throughput), group_keys),
                                              group_keys)
     noisy = int(result["throughput"]["spread"].gt(NOISY_SPREAD).sum())
@@ -300,4 +304,5 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
         result["notes"].append(note)
     result["phases"] = ordered(pd.DataFrame(phases), group_keys)
     result["types"] = ordered(pd.DataFrame(types), group_keys)
+    result["splits"] = splits
     return result

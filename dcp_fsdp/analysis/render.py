@@ -263,6 +263,20 @@ def _figures(page: _Page, result: dict[str, Any]) -> None:
     if not result["types"].empty:
         page.heading("S3 requests by type (timed regions, all ranks)")
         page.table(result["types"], cols.TYPES)
+    _splits(page, result)
+
+
+def _splits(page: _Page, result: dict[str, Any]) -> None:
+    """Where each group's time went and what bounds it (telemetry/time_split.py)."""
+    if not result.get("splits"):
+        return
+    page.heading("Where the time went (mean per rank and operation; docs/metrics.md)")
+    varying = [key for key in result["group_keys"] if key != "op"]
+    for labels, line in result["splits"]:
+        settings = ", ".join(f"{key}={labels[key]}" for key in varying if key in labels)
+        page.wrapped(f"{line}" + (f" [{settings}]" if settings else ""),
+                     "- " if page.fmt == "md" else "  ")
+    page.out.append("")
 
 
 def _mlperf(page: _Page, result: dict[str, Any]) -> None:

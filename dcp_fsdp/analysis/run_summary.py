@@ -26,6 +26,10 @@ def print_run_summary(run: RunRecord, samples: list[Sample]) -> None:
     print(tabulate(rows, headers=headers, tablefmt="github"))
     for line in notes:
         print(line)
+    from dcp_fsdp.telemetry.time_split import split_lines
+
+    for line in split_lines(dataclasses.asdict(s) for s in samples):
+        print(line)
     for line in async_lines(samples):
         print(line)
     for line in mlperf_lines(run, samples):

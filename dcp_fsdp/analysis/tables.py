@@ -12,6 +12,7 @@ from dcp_fsdp.units import GIB, MIB
 from dcp_fsdp.telemetry.figures import (above_ceiling_note, amplification_note, broken_note,
                                       efficiency, egress_mib, noise_note, pooled, read_amplification,
                                       union_s)
+from dcp_fsdp.telemetry.time_split import fresh_pages_per_byte
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_merge, hist_quantile
 
 # save, then its ceiling; load, then its ceiling; anything else after
@@ -19,6 +20,8 @@ OP_ORDER = {"save": 0, "raw_put": 1, "load": 2, "raw_get": 3}
 # phase columns: (table column, sample field), each a mean per rank and operation
 PHASE_MEANS = [("plan_s", "plan_s"), ("io_s", "io_s"), ("commit_s", "commit_s"),
                ("metadata_s", "metadata_s"), ("finish_s", "finish_s"),
+               ("storage_wait_s", "storage_wait_s"), ("deserialise_s", "deserialise_s"),
+               ("target_copy_s", "target_copy_s"),
                ("io_wait_s", "io_wait_s"), ("copy_s", "copy_s"), ("stage_s", "stage_s"),
                ("upload_s", "upload_s"), ("blocked_s", "blocked_s"), ("staged_s", "staged_s"),
                ("persisted_s", "persisted_s"), ("previous_wait_s", "previous_wait_s"),
@@ -174,6 +177,7 @@ def phase_row(labels: dict[str, Any], group_samples: pd.DataFrame, group_ops: pd
         "slowest_rank": slowest,
         "slowest_lag_s": lag,
         "peak_rss_gib": max_or_nan(group_ops["peak_rss_bytes"]) / GIB,
+        "fresh_pages_per_byte": fresh_pages_per_byte(group_samples),
         "cuda_max_allocated_gib": max_or_nan(group_ops["cuda_max_allocated_bytes"]) / GIB,
     }
 

@@ -34,6 +34,7 @@ from dcp_fsdp.rank.memory import PeakMemory
 from dcp_fsdp.process.failures import caused_by_interrupt
 from dcp_fsdp.process.progress import Heartbeat
 from dcp_fsdp.process.wire_meter import progress_measure
+from dcp_fsdp.storage.timed_dcp import TimedLoadPlanner
 from dcp_fsdp.storage.timed_fs import expect_metadata, metadata_changed
 from dcp_fsdp.rank.replicas import held_bytes, read_once_load, replica_share
 from dcp_fsdp.rank.state import (apply_state_dict, checkable_seed, checkpoint_mismatch, local_bytes,
@@ -237,6 +238,8 @@ class CheckpointLoop:
         if saver is not None:
             saver.prepare()  # collective, first save only
             run.baseline_s = saver.baseline()
+        if op == "load" and timed is not None:  # the copy into the live tensors timed
+            run.planner = TimedLoadPlanner(timed)
         if op == "save" and saver is None:
             from dcp_fsdp.compat import save_planner
 
@@ -388,7 +391,7 @@ class CheckpointLoop:
         """dcp.load; a load that failed because the checkpoint was deleted under it says so
         (DCP's own error is "metadata is None" or a missing object's)."""
         try:
-            dcp.load(self.state_dict, storage_reader=run.storage_io)
+            dcp.load(self.state_dict, storage_reader=run.storage_io, planner=run.planner)
         except (Exception, dcp.CheckpointException) as error:  # DCP's is a BaseException
             changed = metadata_changed(run.storage_io)
             if changed is not None:  # DCP says "metadata is None"; the cause is this

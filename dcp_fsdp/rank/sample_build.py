@@ -4,8 +4,10 @@ recorded (storage/timeline.py): the phases are defined once, here (docs/metrics.
   duration_s  the barrier's release -> the op is done (an async save: persisted, so that
               throughput compares with a sync save; what training pays is stall_s)
   plan_s      -> the data-I/O hook starts (write_data / read_data)
-  io_s        the data-I/O hook, split into the time inside the object streams (upload_s /
-              io_wait_s) and the rest (stage_s / copy_s)
+  io_s        the data-I/O hook, split by who spends it (storage/timeline.py): save:
+              upload_s (the client's upload calls) + stage_s (DCP's own work); load:
+              storage_wait_s (the client waiting for storage) + target_copy_s (the copy
+              into the live tensors) + deserialise_s (DCP's own work: the rest)
   commit_s    the data-I/O hook ends -> the op is done
 """
 
@@ -93,10 +95,10 @@ class OpInProgress:
 
 
 def io_split(timeline: HookTimeline, op: str) -> tuple[float | None, tuple[float, float] | None]:
-    """(io_s, (inside the streams, the rest) or None)."""
+    """(io_s, (inside the client's storage calls, the rest) or None)."""
     io_span = timeline.spans.get("write_data" if op == "save" else "read_data")
     io_s = None if io_span is None else io_span[1] - io_span[0]
-    busy_s = timeline.stream_io_s
+    busy_s = timeline.storage_s
     if io_s is None or busy_s is None:
         return io_s, None
     busy_s = min(busy_s, io_s)  # the two clocks differ by microseconds at most
@@ -120,7 +122,7 @@ def build_sample(op: str, iteration: int, suffix: str, timeline: HookTimeline,
             clocks.begin_wall if clocks.window_wall is None else clocks.window_wall,
             clocks.end_wall, timeline.uploaded_bytes if op == "save" else None,
             moved_bytes=timeline.io_bytes)
-    return Sample(
+    sample = Sample(
         op=op, iteration=iteration, suffix=suffix, rank=rank, host=host,
         begin_wall_s=clocks.begin_wall, end_wall_s=clocks.end_wall,
         begin_mono_s=clocks.begin_mono, end_mono_s=clocks.end_mono,
@@ -136,9 +138,20 @@ def build_sample(op: str, iteration: int, suffix: str, timeline: HookTimeline,
         requests=requests,
         upload_s=split_s[0] if split_s and op == "save" else None,
         stage_s=split_s[1] if split_s and op == "save" else None,
-        io_wait_s=split_s[0] if split_s and op == "load" else None,
-        copy_s=split_s[1] if split_s and op == "load" else None,
     )
+    if op == "load" and split_s is not None:
+        sample.storage_wait_s, sample.target_copy_s, sample.deserialise_s = _load_split(
+            split_s, timeline.target_copy_s)
+    return sample
+
+
+def _load_split(split_s: tuple[float, float], target_copy_s: float | None
+                ) -> tuple[float, float | None, float]:
+    """A load's io_s by who spends it: (storage wait, the copy into the live tensors, DCP's
+    own work: the rest; never below zero: the clocks differ by microseconds at most)."""
+    storage_s, rest_s = split_s
+    copied_s = min(target_copy_s, rest_s) if target_copy_s is not None else None
+    return storage_s, copied_s, rest_s - (copied_s or 0.0)
 
 
 def _fetched_bytes(timeline: HookTimeline, requests: dict[str, Any] | None) -> int:

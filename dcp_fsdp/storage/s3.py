@@ -157,25 +157,35 @@ class S3Store:
     def reader(self, suffix: str, timeline: HookTimeline | None = None) -> StorageReader:
         if self.other_client is not None:
             return self.other_client.reader(suffix, timeline)
-        from s3torchconnector import S3ReaderConstructor
         from s3torchconnector.dcp import S3StorageReader
 
-        constructor: Any
-        if self.config.reader == ReaderKind.dcp_optimized:
-            constructor = S3ReaderConstructor.dcp_optimized(
-                max_gap_size=int(self.config.max_gap_size_mib * MIB))
-        else:
-            constructor = {
-                ReaderKind.sequential: S3ReaderConstructor.sequential,
-                ReaderKind.range_based: S3ReaderConstructor.range_based,
-            }[self.config.reader]()
         kwargs = dict(region=self.region, path=self.location(suffix),
-                      s3client_config=self._client_config(), reader_constructor=constructor)
+                      s3client_config=self._client_config())
         if timeline is None:
-            return S3StorageReader(**kwargs)
+            return S3StorageReader(**kwargs, reader_constructor=self._reader_constructor())
         from dcp_fsdp.storage.timed_s3 import TimedS3StorageReader
 
-        return TimedS3StorageReader(timeline=timeline, **kwargs)
+        return TimedS3StorageReader(timeline=timeline, **kwargs,
+                                    reader_constructor=self._reader_constructor(timeline))
+
+    def _reader_constructor(self, timeline: HookTimeline | None = None) -> Any:
+        """The connector's reader constructor of `storage.reader`; with a timeline, its
+        chunk iterator clocked (storage/timed_s3.py)."""
+        from s3torchconnector import S3ReaderConstructor
+
+        max_gap_size = int(self.config.max_gap_size_mib * MIB)
+        if timeline is not None:
+            from dcp_fsdp.storage.timed_s3 import TimedDcpOptimizedConstructor, TimedReaderConstructor
+
+            if self.config.reader == ReaderKind.dcp_optimized:
+                return TimedDcpOptimizedConstructor(timeline.storage_clock, max_gap_size)
+            return TimedReaderConstructor(self._reader_constructor(), timeline.storage_clock)
+        if self.config.reader == ReaderKind.dcp_optimized:
+            return S3ReaderConstructor.dcp_optimized(max_gap_size=max_gap_size)
+        return {
+            ReaderKind.sequential: S3ReaderConstructor.sequential,
+            ReaderKind.range_based: S3ReaderConstructor.range_based,
+        }[self.config.reader]()
 
     # -- control plane (boto3), see s3_control.py ---------------------------------------
     def preflight(self, writes: bool = True) -> None:

@@ -8,6 +8,7 @@ from multistorageclient.contrib.torch import MultiStorageFileSystemReader, Multi
 
 from dcp_fsdp.compat import fsspec_dcp_classes
 from dcp_fsdp.storage.timed_dcp import TimedReader, TimedWriter
+from dcp_fsdp.storage.timed_fs import DownloadingReadStream, FetchingReadStream
 
 FsspecWriter, FsspecReader = fsspec_dcp_classes()
 
@@ -21,7 +22,7 @@ class TimedFsspecWriter(TimedWriter, FsspecWriter):  # type: ignore[valid-type,m
 
 
 class TimedFsspecReader(TimedReader, FsspecReader):  # type: ignore[valid-type,misc]
-    pass
+    read_stream = FetchingReadStream  # s3fs waits inside read()
 
 
 class TimedMscWriter(TimedWriter, MultiStorageFileSystemWriter):
@@ -29,4 +30,4 @@ class TimedMscWriter(TimedWriter, MultiStorageFileSystemWriter):
 
 
 class TimedMscReader(TimedReader, MultiStorageFileSystemReader):
-    pass
+    read_stream = DownloadingReadStream  # MSC waits in its first call, then in ranged reads

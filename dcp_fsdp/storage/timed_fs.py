@@ -27,7 +27,7 @@ import hashlib
 import io
 import os
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, Protocol, cast
 
 from torch.distributed.checkpoint.filesystem import FileSystemBase
@@ -103,7 +103,7 @@ class TimedWriteStream(_TimedStream):
     written counted, the first error either raises noted on the timeline."""
 
     def write(self, data: Any, /) -> int:
-        clock = self._timeline.stream_clock
+        clock = self._timeline.storage_clock
         clock.enter()
         try:
             written = self.inner.write(data)
@@ -117,7 +117,7 @@ class TimedWriteStream(_TimedStream):
         return memoryview(data).nbytes if written is None else written
 
     def close(self) -> None:
-        clock = self._timeline.stream_clock
+        clock = self._timeline.storage_clock
         clock.enter()
         try:
             self.inner.close()
@@ -129,41 +129,102 @@ class TimedWriteStream(_TimedStream):
 
 
 class TimedReadStream(_TimedStream):
-    """A read stream: read(), readinto() and readline() timed on the stream clock (waiting
-    for storage), the bytes they return counted."""
+    """A read stream of a file system (storage=fs): read(), readinto() and readline() timed
+    on the storage clock (the kernel's copy from the page cache or the disk), the bytes they
+    return counted. Subclasses clock where their client waits instead (`_clocked`)."""
 
-    def read(self, size: int | None = -1, /) -> bytes:
-        clock = self._timeline.stream_clock
+    def _clocked(self, call: str) -> bool:
+        """Whether this data call is time the client spends on storage."""
+        return True
+
+    def _call(self, call: str, *args: Any) -> Any:
+        """The client's `call`, on the storage clock where `_clocked` says it waits."""
+        method = getattr(self.inner, call)
+        return self._timed(call, lambda: method(*args))
+
+    def _timed(self, call: str, work: Callable[[], Any]) -> Any:
+        if not self._clocked(call):
+            return work()
+        clock = self._timeline.storage_clock
         clock.enter()
         try:
-            data = self.inner.read(-1 if size is None else size)
+            return work()
         finally:
             clock.exit()
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        data = self._call("read", -1 if size is None else size)
         if data:
             self._moved(len(data))
         return data
 
     def readinto(self, buffer: Any, /) -> int:
-        clock = self._timeline.stream_clock
-        clock.enter()
-        try:
-            count = self.inner.readinto(buffer)
-        finally:
-            clock.exit()
+        count = self._call("readinto", buffer)
         if count:
             self._moved(count)
         return count or 0
 
     def readline(self, size: int | None = -1, /) -> bytes:
-        clock = self._timeline.stream_clock
-        clock.enter()
-        try:
-            line = self.inner.readline(-1 if size is None else size)
-        finally:
-            clock.exit()
+        line = self._call("readline", -1 if size is None else size)
         if line:
             self._moved(len(line))
         return line
+
+
+class FetchingReadStream(TimedReadStream):
+    """torch's fsspec reader over s3fs: s3fs waits for a range inside read(); its readinto()
+    is read() and a copy into the buffer, done here the same way so that the copy (into
+    torch's fresh storage, with its page faults) is the rank's, not storage's."""
+
+    def readinto(self, buffer: Any, /) -> int:
+        target = memoryview(buffer).cast("B")
+        data = self.read(target.nbytes)
+        target[:len(data)] = data
+        return len(data)
+
+
+class DownloadingReadStream(FetchingReadStream):
+    """multi-storage-client's object file: below its memory limit it downloads the whole
+    object in a thread and every call (seek, tell, closed, seekable, read...) first waits
+    for that download; above it, each read() is a ranged GET (compat.msc_reads_ranged).
+    So the first call of any kind is clocked (the download wait), and read() after it only
+    where reads are ranged (else it is a copy out of memory)."""
+
+    def __init__(self, inner: ObjectStream, timeline: HookTimeline) -> None:
+        self._ranged: bool | None = None  # known once the first call has returned
+        super().__init__(inner, timeline)
+
+    def _clocked(self, call: str) -> bool:
+        return self._ranged is None or (self._ranged and call in ("read", "readline"))
+
+    def _timed(self, call: str, work: Callable[[], Any]) -> Any:
+        result = super()._timed(call, work)
+        if self._ranged is None:
+            from dcp_fsdp.compat import msc_reads_ranged
+
+            self._ranged = msc_reads_ranged(self.inner)
+        return result
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._timed("closed", lambda: self.inner.closed))
+
+    def seekable(self) -> bool:
+        return bool(self._call("seekable"))
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET, /) -> int:
+        return int(self._call("seek", offset, whence))
+
+    def tell(self) -> int:
+        return int(self._call("tell"))
+
+
+class ChunkTimedReadStream(TimedReadStream):
+    """The connector's reader: its stream's chunk iterator is clocked where it waits
+    (storage/timed_s3.py), so no call here is; the bytes are counted."""
+
+    def _clocked(self, call: str) -> bool:
+        return False
 
 
 class TimedFileSystem(FileSystemBase):
@@ -171,9 +232,11 @@ class TimedFileSystem(FileSystemBase):
     each method of torch's `FileSystemBase` (and `ls`, which torch's, fsspec's and MSC's have)
     calls the same method of `inner`, the client's file system."""
 
-    def __init__(self, inner: FileSystemBase, timeline: HookTimeline) -> None:
+    def __init__(self, inner: FileSystemBase, timeline: HookTimeline,
+                 read_stream: type[TimedReadStream] = TimedReadStream) -> None:
         self.inner = inner
         self.timeline = timeline
+        self.read_stream = read_stream  # where this client waits on a read (the classes above)
         self._lock = threading.Lock()
         # A load of a checkpoint the launcher (or rank 0) screened: the SHA-256 of the
         # .metadata it screened (expect_metadata); DCP's read must be those bytes
@@ -181,10 +244,10 @@ class TimedFileSystem(FileSystemBase):
         self.metadata_changed: str | None = None  # why DCP's read was refused (its own error hides it)
 
     def __getstate__(self) -> dict[str, Any]:  # a lock does not pickle (process checkpointer)
-        return {"inner": self.inner, "timeline": self.timeline}
+        return {"inner": self.inner, "timeline": self.timeline, "read_stream": self.read_stream}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["inner"], state["timeline"])  # type: ignore[misc]
+        self.__init__(state["inner"], state["timeline"], state["read_stream"])  # type: ignore[misc]
 
     @contextlib.contextmanager
     def create_stream(self, path: StrPath, mode: str) -> Generator[io.IOBase, None, None]:
@@ -196,7 +259,7 @@ class TimedFileSystem(FileSystemBase):
             if "w" in mode:
                 timed: io.IOBase = TimedWriteStream(client_stream, self.timeline)
             elif "r" in mode:
-                timed = TimedReadStream(client_stream, self.timeline)
+                timed = self.read_stream(client_stream, self.timeline)
             else:
                 timed = stream
             yield timed

@@ -1,12 +1,27 @@
 """The connector's DCP writer and reader, timed (storage/timed_dcp.py says how). A module
 of its own so that only ranks of an S3 store import the connector; its classes are at
-module level so that the process checkpointer can pickle a writer into its daemon."""
+module level so that the process checkpointer can pickle a writer into its daemon.
+
+A load through the connector waits for storage in its native stream's chunk iterator (each
+`next()` hands over the next part of the GET's body as a Python `bytes`); its reader then
+copies the chunks into DCP's buffers, which is the rank's work, not storage's. The reader
+constructors here hand the connector's readers a `get_stream` whose streams are clocked at
+that iterator: through `reader_constructor`, the connector's public hook, a subclass of its
+`DCPOptimizedConstructor` (so that its reader's range injection works unchanged).
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
 from s3torchconnector.dcp import S3StorageReader, S3StorageWriter
+from s3torchconnector.s3reader.constructor import DCPOptimizedConstructor
 
 from dcp_fsdp.storage.timed_dcp import TimedReader, TimedWriter
+from dcp_fsdp.storage.timed_fs import ChunkTimedReadStream
+from dcp_fsdp.storage.timeline import BusyClock
 
 
 class TimedS3StorageWriter(TimedWriter, S3StorageWriter):
@@ -14,4 +29,65 @@ class TimedS3StorageWriter(TimedWriter, S3StorageWriter):
 
 
 class TimedS3StorageReader(TimedReader, S3StorageReader):
-    pass
+    read_stream = ChunkTimedReadStream  # storage waits are clocked at the chunk iterator
+
+
+class TimedChunks:
+    """A GET's body as the connector's native stream yields it, each `next()` on `clock`."""
+
+    def __init__(self, inner: Iterator[bytes], clock: BusyClock) -> None:
+        self._inner = inner
+        self._clock = clock
+
+    def __iter__(self) -> TimedChunks:
+        return self
+
+    def __next__(self) -> bytes:
+        self._clock.enter()
+        try:
+            return next(self._inner)
+        finally:
+            self._clock.exit()
+
+
+class TimedGetStream:
+    """The connector's `get_stream(start=None, end=None)` with its streams clocked (the
+    request is sent when the stream is made: that call is clocked too)."""
+
+    def __init__(self, inner: Callable[..., Iterator[bytes]], clock: BusyClock) -> None:
+        self._inner = inner
+        self._clock = clock
+
+    def __call__(self, *args: Any, **kwargs: Any) -> TimedChunks:
+        self._clock.enter()
+        try:
+            stream = self._inner(*args, **kwargs)
+        finally:
+            self._clock.exit()
+        return TimedChunks(stream, self._clock)
+
+
+class TimedDcpOptimizedConstructor(DCPOptimizedConstructor):
+    """The connector's default DCP reader (`dcp_optimized`), its chunk iterator clocked."""
+
+    def __init__(self, clock: BusyClock, max_gap_size: int | float) -> None:
+        super().__init__(max_gap_size=max_gap_size)
+        self._clock = clock
+
+    def __call__(self, bucket: str, key: str, get_object_info: Any, get_stream: Any) -> Any:
+        return super().__call__(bucket, key, get_object_info, TimedGetStream(get_stream, self._clock))
+
+
+class TimedReaderConstructor(functools.partial):
+    """The connector's sequential or range-based reader constructor (a `partial` of its
+    reader class, which the connector reads back for its user agent), its chunk iterator
+    clocked."""
+
+    def __new__(cls, inner: functools.partial, clock: BusyClock) -> TimedReaderConstructor:
+        return super().__new__(cls, inner.func, *inner.args, **inner.keywords)
+
+    def __init__(self, inner: functools.partial, clock: BusyClock) -> None:
+        self._clock = clock
+
+    def __call__(self, bucket: str, key: str, get_object_info: Any, get_stream: Any) -> Any:
+        return super().__call__(bucket, key, get_object_info, TimedGetStream(get_stream, self._clock))

@@ -25,13 +25,22 @@ uploads (the connector's request log gives no upload sizes).
 
 Inside io_s (per rank; `BusyClock`: wall time with at least one call in progress, so
 writer/reader threads > 1 never count an instant twice, and io_s - busy >= 0):
-  save: upload_s = inside the object streams' write() and close() (the connector's
-                   PutObject / multipart stream: blocked on the upload, or on the page cache
-                   for fs); stage_s = io_s - upload_s (resolving, copying and serialising
-                   tensors: torch.save into the stream)
-  load: io_wait_s = inside the object streams' read() / readinto() (waiting for bytes from
-                    storage); copy_s = io_s - io_wait_s (deserialising and copying into the
-                    live tensors, host-to-device included)
+  save: upload_s        = inside the client's write() and close() on its object streams
+                          (blocked on the upload, or handing bytes to it: the client's own
+                          copy into its upload buffer; the page cache for fs)
+        stage_s         = io_s - upload_s (DCP's own work: resolving, copying and
+                          serialising tensors, torch.save into the stream)
+  load: storage_wait_s  = inside the client, waiting for the next bytes from storage, where
+                          that client waits (`storage_clock`; storage/timed_fs.py and
+                          timed_s3.py say where for each client): the connector's chunk
+                          iterator, s3fs's fetches, MSC's download (any first call) and
+                          ranged reads, the file system's read()
+        target_copy_s   = copying each loaded tensor into the live one (DCP's
+                          `target.copy_()`, timed between the planner's resolve_tensor and
+                          commit_tensor: host-to-device on a GPU, a host copy on a CPU)
+        deserialise_s   = io_s - storage_wait_s - target_copy_s (DCP's own work: torch.load
+                          of each item, its framing, the copies from the client's buffers
+                          into fresh storages, and their page faults)
 Two perf_counter reads and one uncontended lock per call (calls carry whole tensors or
 buffer-sized chunks): nothing per byte.
 """
@@ -117,10 +126,12 @@ class HookTimeline:
     io_bytes: int = 0
     # object path -> bytes written through the writer's streams (data files and .metadata)
     object_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
-    # time inside the object streams' data calls (see the module docstring)
-    stream_clock: BusyClock = dataclasses.field(default_factory=BusyClock)
-    # stream_clock's total over the data-I/O hook (write_data / read_data), seconds
-    stream_io_s: float | None = None
+    # time inside the client's storage calls (see the module docstring)
+    storage_clock: BusyClock = dataclasses.field(default_factory=BusyClock)
+    # storage_clock's total over the data-I/O hook (write_data / read_data), seconds
+    storage_s: float | None = None
+    # load: seconds copying loaded tensors into the live ones (TimedLoadPlanner)
+    target_copy_s: float | None = None
     # The first error an object stream's write or close raised ("S3Exception: ..."): DCP's
     # own error may hide it (TimedWriter.write_data puts it first)
     stream_error: str | None = None
@@ -147,11 +158,11 @@ class HookTimeline:
 
     def io_started(self) -> tuple[float, float, int]:
         """At the start of the data-I/O hook: (monotonic start, stream clock, bytes moved)."""
-        return time.monotonic(), self.stream_clock.total_s(), self.moved.total
+        return time.monotonic(), self.storage_clock.total_s(), self.moved.total
 
     def io_ended(self, hook: str, started: tuple[float, float, int]) -> None:
         start, busy_before, _ = started
-        self.stream_io_s = self.stream_clock.total_s() - busy_before
+        self.storage_s = self.storage_clock.total_s() - busy_before
         self.record(hook, start, time.monotonic())
 
     def note_stream_error(self, error: BaseException) -> None:
@@ -172,8 +183,9 @@ class HookTimeline:
         if self.dump_path is None:
             return
         data = {"spans": self.spans, "io_bytes": self.io_bytes,
-                "object_bytes": self.object_bytes, "stream_io_s": self.stream_io_s,
-                "moved_bytes": self.moved.total, "stream_error": self.stream_error}
+                "object_bytes": self.object_bytes, "storage_s": self.storage_s,
+                "moved_bytes": self.moved.total, "stream_error": self.stream_error,
+                "target_copy_s": self.target_copy_s}
         tmp = Path(f"{self.dump_path}.tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(self.dump_path)
@@ -190,7 +202,8 @@ class HookTimeline:
         self.spans.update({name: (float(a), float(b)) for name, (a, b) in data["spans"].items()})
         self.io_bytes = int(data["io_bytes"])
         self.object_bytes.update({str(k): int(v) for k, v in data["object_bytes"].items()})
-        self.stream_io_s = data["stream_io_s"]
+        self.storage_s = data["storage_s"]
         self.moved.total = int(data["moved_bytes"])
         self.stream_error = data.get("stream_error")
+        self.target_copy_s = data.get("target_copy_s")
         return True

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 # 5: the run line carries suffix_claim (how the saves claimed their suffixes).
 # 7: an S3 load's fetched_bytes is its whole GET bodies (the wire, with request statistics);
 # request summaries carry broken and bytes_down_broken_max, bytes_down only whole bodies.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # Job id, node count, node list and tasks per node (SLURM_NTASKS_PER_NODE is set only when
 # --ntasks-per-node was given; SLURM_TASKS_PER_NODE always is, e.g. "1(x8)").
 SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NUM_NODES", "SLURM_NNODES",
@@ -151,10 +151,12 @@ class Sample:
     train_step_slowdown: float | None = None
     fetched_bytes: int | None = None  # load: bytes read from storage (>= bytes if amplified)
     written_bytes: int | None = None  # save: tensor bytes written to storage by this rank
-    io_wait_s: float | None = None  # load: waiting for bytes from storage (inside io_s)
-    copy_s: float | None = None  # load: copying into tensors (host-to-device included)
-    stage_s: float | None = None  # save: staging / serialising (inside io_s)
-    upload_s: float | None = None  # save: uploading (inside io_s)
+    # before schema 8, a load's io_s split into the time inside the object streams' reads
+    # (io_wait_s, mostly the rank's own copies and page faults) and the rest (copy_s)
+    io_wait_s: float | None = None
+    copy_s: float | None = None
+    stage_s: float | None = None  # save: DCP's own work: staging, serialising (inside io_s)
+    upload_s: float | None = None  # save: inside the client's upload calls (inside io_s)
     peak_rss_bytes: int | None = None  # resident memory high-water mark during this op
     cuda_max_allocated_bytes: int | None = None  # CUDA: torch.cuda.max_memory_allocated
     # -- schema 3 -------------------------------------------------------------------------
@@ -183,6 +185,10 @@ class Sample:
     # staging allocated its pinned / shared buffers again (inside staged_s and stall_s);
     # False: the stager and its buffers are reused from save to save; None: sync
     stager_renewed: bool | None = None
+    # -- schema 8: a load's io_s by who spends it (storage/timeline.py, docs/metrics.md) -----
+    storage_wait_s: float | None = None  # load: inside the client, waiting for storage
+    deserialise_s: float | None = None  # load: DCP's own work (torch.load, host copies)
+    target_copy_s: float | None = None  # load: copying into the live tensors (GPU: H2D)
     run_id: str | None = None  # set when read back from a record file
 
 

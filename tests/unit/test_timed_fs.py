@@ -71,7 +71,7 @@ def test_a_write_stream_times_and_counts_its_writes_and_leaves_the_stream_as_it_
     assert isinstance(stream, io.BufferedIOBase) and stream.writable()
     assert stream.write(b"abc") == 3 and stream.tell() == 3
     stream.flush()
-    assert timeline.stream_clock.total_s() >= 0.01 and timeline.moved.total == 3
+    assert timeline.storage_clock.total_s() >= 0.01 and timeline.moved.total == 3
     assert set(vars(inner)) == set(before)  # nothing assigned on the client's stream
     stream.close()
     assert inner.closed and stream.closed
@@ -85,7 +85,7 @@ def test_a_write_stream_over_a_built_in_file(tmp_path):
         assert stream.fileno() == raw.fileno()
         stream.close()
     assert (tmp_path / "f").read_bytes() == b"abc"
-    assert timeline.stream_clock.total_s() > 0 and timeline.moved.total == 3
+    assert timeline.storage_clock.total_s() > 0 and timeline.moved.total == 3
 
 
 def test_a_streams_own_error_is_noted_and_its_clock_stops():
@@ -97,8 +97,8 @@ def test_a_streams_own_error_is_noted_and_its_clock_stops():
     with pytest.raises(OSError):
         TimedWriteStream(Aborted(), timeline).write(b"x")
     assert timeline.stream_error == "OSError: NoSuchUpload"
-    timeline.stream_clock.enter()  # not left inside a call: a new one opens and closes
-    timeline.stream_clock.exit()
+    timeline.storage_clock.enter()  # not left inside a call: a new one opens and closes
+    timeline.storage_clock.exit()
     assert timeline.moved.total == 0
 
 
@@ -128,7 +128,7 @@ def test_a_timed_save_and_load_round_trip_and_count(tmp_path):
     assert isinstance(writer.fs, TimedFileSystem) and isinstance(writer.fs.inner, FileSystem)
     assert client_file_system(writer) is writer.fs.inner
     dcp.save(state, storage_writer=writer)
-    assert save_timeline.moved.total >= 40_000 and save_timeline.stream_io_s is not None
+    assert save_timeline.moved.total >= 40_000 and save_timeline.storage_s is not None
     assert any(path.endswith(".metadata.tmp") for path in save_timeline.object_bytes)
 
     load_timeline = HookTimeline()

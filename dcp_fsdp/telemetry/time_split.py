@@ -1,0 +1,148 @@
+"""Where a save's or load's time went, by who spent it (defined once here; printed by the
+end-of-run summary and `report`; docs/metrics.md "Where the time goes").
+
+Per rank and operation, the timed duration is exactly plan_s + io_s + commit_s (the hooks'
+clock reads: rank/sample_build.py), and io_s splits by who spends it (storage/timeline.py):
+
+  save: planning (plan_s) + DCP's own work (stage_s: serialising) + storage (upload_s:
+        inside the client's upload calls) + commit (commit_s: results gathered, .metadata)
+  load: planning (plan_s, .metadata read included) + storage wait (storage_wait_s: the
+        client waiting for bytes) + DCP's own work (deserialise_s: torch.load, host copies,
+        their page faults) + the copy into the live tensors (target_copy_s: host-to-device
+        on a GPU) + commit (commit_s: the closing collective, waiting for the slowest rank)
+
+Fresh pages per byte: the rank's minor page faults during the operation x the page size /
+the bytes it saved or loaded. Near 0: its buffers were reused; 1 or more: every byte landed
+in memory the kernel had to hand over fresh (glibc's defaults map and unmap each chunk above
+its mmap threshold), a cost inside DCP's own work and the client's calls.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+import pandas as pd
+
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+# fresh pages per byte from which the allocator, not DCP's code, is named as the bound
+ALLOCATOR_PAGES_PER_BYTE = 1.0
+
+
+class Part(NamedTuple):
+    field: str
+    words: str  # what a user reads
+    owner: str  # who spent it: "storage", "dcp", "copy", "commit"
+
+
+PARTS = {
+    "save": (Part("plan_s", "planning", "dcp"), Part("stage_s", "serialising", "dcp"),
+             Part("upload_s", "storage (the client's uploads)", "storage"),
+             Part("commit_s", "commit", "commit")),
+    "load": (Part("plan_s", "planning", "dcp"),
+             Part("storage_wait_s", "storage wait", "storage"),
+             Part("deserialise_s", "deserialising", "dcp"),
+             Part("target_copy_s", "copy into the live tensors", "copy"),
+             Part("commit_s", "commit", "commit")),
+}
+OWNER_WORDS = {"storage": "storage", "dcp": "DCP's own work", "copy": "the copy into the live "
+               "tensors (host-to-device on a GPU)", "commit": "the commit (waiting for the "
+               "slowest rank, .metadata)"}
+
+
+class TimeSplit(NamedTuple):
+    op: str
+    duration_s: float  # mean per rank and operation
+    parts_s: dict[str, float]  # field -> mean seconds per rank and operation
+    owners_s: dict[str, float]  # owner -> seconds
+    fresh_pages_per_byte: float  # NaN where the samples have no fault counts
+    bound: str  # "storage" | "dcp" | "copy" | "commit" | "allocator"
+
+
+def _mean(frame: pd.DataFrame, field: str) -> float:
+    if field not in frame:
+        return math.nan
+    values = pd.to_numeric(frame[field], errors="coerce").dropna()
+    return float(values.mean()) if len(values) else math.nan
+
+
+def fresh_pages_per_byte(frame: pd.DataFrame) -> float:
+    """Minor faults x page size / bytes over the samples that have both (NaN: none)."""
+    if "minor_faults" not in frame or frame.empty:
+        return math.nan
+    faults = pd.to_numeric(frame["minor_faults"], errors="coerce")
+    have = faults.notna() & (frame["bytes"] > 0)
+    if not have.any():
+        return math.nan
+    return float(faults[have].sum() * PAGE_BYTES / frame.loc[have, "bytes"].sum())
+
+
+def split(op: str, frame: pd.DataFrame) -> TimeSplit | None:
+    """The split of one op's samples (a frame of Sample fields); None where the samples
+    lack it (an untimed writer or reader: harness_off=hooks, an async save's daemon)."""
+    parts = PARTS.get(op)
+    if "save_mode" in frame:  # an async save's duration is not its hooks' spans
+        frame = frame[frame["save_mode"] != "async"]
+    if parts is None or frame.empty:
+        return None
+    parts_s = {part.field: _mean(frame, part.field) for part in parts}
+    io_fields = [p.field for p in parts if p.field not in ("plan_s", "commit_s", "target_copy_s")]
+    if any(math.isnan(parts_s[field]) for field in ("plan_s", "commit_s", *io_fields)):
+        return None
+    parts_s = {k: (0.0 if math.isnan(v) else v) for k, v in parts_s.items()}
+    owners_s: dict[str, float] = {}
+    for part in parts:
+        owners_s[part.owner] = owners_s.get(part.owner, 0.0) + parts_s[part.field]
+    pages = fresh_pages_per_byte(frame)
+    bound = max(owners_s, key=lambda owner: owners_s[owner])
+    if bound == "dcp" and not math.isnan(pages) and pages >= ALLOCATOR_PAGES_PER_BYTE:
+        bound = "allocator"
+    return TimeSplit(op, _mean(frame, "duration_s"), parts_s, owners_s, pages, bound)
+
+
+def _share(seconds: float, total: float) -> str:
+    return f"{seconds:.3f} s ({100 * seconds / total:.0f} %)" if total > 0 else f"{seconds:.3f} s"
+
+
+def split_line(found: TimeSplit) -> str:
+    """One line: where a rank's mean operation went, and what bounds it."""
+    total = sum(found.parts_s.values())
+    cells = []
+    for part in PARTS[found.op]:
+        if part.field == "target_copy_s" and found.parts_s[part.field] == 0.0:
+            continue
+        cells.append(f"{part.words} {_share(found.parts_s[part.field], total)}")
+    pages = ("" if math.isnan(found.fresh_pages_per_byte)
+             else f"; {found.fresh_pages_per_byte:.2f} fresh pages per byte")
+    return (f"{found.op}: {found.duration_s:.3f} s per rank = " + ", ".join(cells) + pages
+            + f". {bound_words(found)}")
+
+
+def bound_words(found: TimeSplit) -> str:
+    total = sum(found.owners_s.values())
+    if found.bound == "allocator":
+        dcp_s = found.owners_s["dcp"]
+        return (f"Bound by the allocator: DCP's own work took {_share(dcp_s, total)} with "
+                f"{found.fresh_pages_per_byte:.2f} fresh pages per byte (every byte landed in "
+                "freshly faulted memory); try malloc=raised (docs/metrics.md)")
+    seconds = found.owners_s[found.bound]
+    hint = {"storage": "faster storage, more connections or more ranks per node help",
+            "dcp": "storage is not the limit: DCP's serial reader/writer is",
+            "copy": "the device copy is the limit (pageable memory, synchronous)",
+            "commit": "the ranks wait for the slowest one, or for .metadata"}[found.bound]
+    return f"Bound by {OWNER_WORDS[found.bound]}: {_share(seconds, total)}; {hint}"
+
+
+def split_lines(samples: Iterable[dict[str, Any]] | pd.DataFrame) -> list[str]:
+    """One line per op ("save", "load") of the samples that have the split."""
+    frame = samples if isinstance(samples, pd.DataFrame) else pd.DataFrame(list(samples))
+    if frame.empty or "op" not in frame:
+        return []
+    lines = []
+    for op in ("save", "load"):
+        found = split(op, frame[frame["op"] == op])
+        if found is not None:
+            lines.append(split_line(found))
+    return lines
