@@ -115,6 +115,13 @@ class Protocol(str, enum.Enum):
 MLPERF_CHECKPOINTS = 10  # MLPerf Storage v3.0: checkpoints written, then reads of the last
 
 
+class Malloc(str, enum.Enum):
+    # the ranks' glibc allocator (process/allocator.py): its defaults, or its mmap and trim
+    # thresholds raised so that large blocks stay on the heap (docs/metrics.md)
+    default = "default"
+    raised = "raised"
+
+
 class Backend(str, enum.Enum):
     auto = "auto"  # nccl when CUDA is present, else gloo
     gloo = "gloo"
@@ -316,6 +323,9 @@ class BenchmarkConfig:
     train_step_s: float = setting(0.0, "async: length of a simulated training step (matmuls on "
                                        "the rank's device) run while the upload proceeds; 0: off; "
                                        "needs save_mode=async")
+    malloc: Malloc = setting(Malloc.default, "the ranks' glibc allocator: default, or raised "
+                                             "(mmap threshold 256 MiB, trim threshold 1 GiB: "
+                                             "large blocks stay mapped; docs/metrics.md)")
     ceiling: bool = setting(False, "after the DCP operations, move the same bytes raw (PUT then "
                                    "GET, same client settings): the storage's ceiling")
     progress: bool = setting(True, "rank 0 prints a heartbeat every progress_interval_s during "

@@ -24,8 +24,9 @@ from collections.abc import Callable
 
 from dcp_fsdp.units import GIB
 from dcp_fsdp import contract, log
+from dcp_fsdp.process import allocator
 from dcp_fsdp.config.schema import (AsyncCheckpointer, Backend, BenchmarkConfig,
-                                    CheckpointState, Command, Dtype, StorageKind)
+                                    CheckpointState, Command, Dtype, Malloc, StorageKind)
 from dcp_fsdp.config.validate import check_endpoint, check_region, check_replicas
 from dcp_fsdp.errors import UserError
 # where records go (and their fallback), shared with the ranks and `report`:
@@ -206,11 +207,25 @@ def check_environment(cfg: BenchmarkConfig) -> None:
     the torch release, which both paths share)."""
     check_torch()
     _positive_int("OMP_NUM_THREADS", "4")
+    if cfg.malloc == Malloc.raised:
+        _check_glibc_allocator()
     if cfg.storage.kind == StorageKind.s3:
         _check_s3_environment(cfg)
     if contract.CONFIG_ENV in os.environ:
         raise UserError(f"{contract.CONFIG_ENV} is set: it is for ranks that dcp-fsdp starts "
                         f"itself; unset {contract.CONFIG_ENV}")
+
+
+def _check_glibc_allocator() -> None:
+    """malloc=raised sets glibc's thresholds: the ranks must run glibc's malloc."""
+    replacement = allocator.preloaded_replacement()
+    if replacement is not None:
+        raise UserError(f"malloc=raised: LD_PRELOAD loads {replacement}, whose thresholds "
+                        "glibc's settings do not reach; drop malloc=raised (the record names "
+                        "the allocator) or unset LD_PRELOAD")
+    if not allocator.loaded_allocator().startswith("glibc"):
+        raise UserError(f"malloc=raised: this system's allocator is "
+                        f"{allocator.loaded_allocator()}, not glibc's; drop malloc=raised")
 
 
 def check_endpoint_environment(cfg: BenchmarkConfig) -> str | None:

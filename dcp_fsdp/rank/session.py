@@ -20,9 +20,9 @@ from dcp_fsdp import contract, log
 from dcp_fsdp.process.ending import RankEnding, write_error_file
 from dcp_fsdp.process.failures import caused_by_interrupt
 from dcp_fsdp.process.signals import STUCK_AFTER_SIGNAL_S, InterruptGuard, PeerFailed, Terminated
-from dcp_fsdp.config.schema import BenchmarkConfig, Command, StorageKind
+from dcp_fsdp.config.schema import BenchmarkConfig, Command, Malloc, StorageKind
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.process import lifeline, peers
+from dcp_fsdp.process import allocator, lifeline, peers
 from dcp_fsdp.telemetry import records
 from dcp_fsdp.telemetry.records import InitRow, RunRecord, Sample
 
@@ -145,6 +145,9 @@ class RankSession:
         from dcp_fsdp.models.build import dcp_state_dict
 
         cfg, ctx, store = self.cfg, self.joined(), self.opened_store()
+        raised, started_with = cfg.malloc == Malloc.raised, allocator.allocator_environment()
+        if raised:  # before the model's memory is allocated (process/allocator.py)
+            allocator.raise_glibc_thresholds()
         shape = model_shape(cfg.model)
         t0 = time.monotonic()
         sharded = build_sharded_model(shape, cfg.model.dtype, cfg.state, ctx.device, ctx.world_size,
@@ -164,6 +167,7 @@ class RankSession:
         run.nproc_per_node, run.hostnames = ctx.local_world_size, list(ctx.hostnames)
         run.backend, run.device = ctx.backend, str(ctx.device)
         run.gpus = gpus(ctx.device)
+        run.allocator = allocator.describe(raised, started_with)
         run.storage = {**store.describe(),
                        "embedded": os.environ.get(contract.EMBEDDED_ENV) == "1"}
         model = run.model

@@ -233,6 +233,10 @@ class RunRecord:
     backend: str | None = None
     device: str | None = None
     gpus: dict[str, Any] | None = None  # CUDA: {"model": name, "count": per node}
+    # schema 8: the allocator rank 0 runs (process/allocator.py): {"name": "glibc 2.36" |
+    # "jemalloc" | ..., "thresholds": "default" | "raised" (malloc=), "environment": the
+    # MALLOC_* / GLIBC_TUNABLES / LD_PRELOAD variables the ranks had}
+    allocator: dict[str, Any] | None = None
     storage: dict[str, Any] | None = None
     suffixes: list[str] = dataclasses.field(default_factory=list)
     # The suffix a save was writing when the run failed or was interrupted: objects (and

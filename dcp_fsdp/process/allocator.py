@@ -1,0 +1,74 @@
+"""The memory allocator a rank runs, and glibc's thresholds raised on request (malloc=raised).
+
+Why it matters (docs/metrics.md "The allocator"): a load's client hands over each part of a
+GET's body as a fresh Python `bytes`, and DCP's reader deserialises every item into a fresh
+storage. With glibc's defaults, a block above its mmap threshold (dynamic, 128 KiB growing
+to 32 MiB at most) is mapped for the call and unmapped when freed, so every such block costs
+one page fault per 4 KiB the next time: 64 MiB parts load 2-4x slower than 8 MiB ones with no
+network at all. Raising the mmap threshold (256 MiB) and the trim threshold (1 GiB) keeps
+those blocks on the heap and their pages mapped.
+
+`mallopt` applies in the running process, so a forked rank and an exec'd one are set alike;
+the same values go to the environment (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_), which
+glibc reads at start, for the processes the rank starts (the process checkpointer's daemon).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+from pathlib import Path
+
+MMAP_THRESHOLD_BYTES = 256 * 2**20
+TRIM_THRESHOLD_BYTES = 2**30  # mallopt takes an int: at most 2 GiB - 1
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES),
+               "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD_BYTES)}
+# libraries that replace malloc when preloaded or linked, as /proc/self/maps names them
+REPLACEMENTS = ("jemalloc", "tcmalloc", "mimalloc")
+
+
+def loaded_allocator(maps_path: str = "/proc/self/maps") -> str:
+    """The allocator this process runs: a replacement it has mapped, else its libc's."""
+    try:
+        maps = Path(maps_path).read_text(errors="replace")
+    except OSError:
+        maps = ""
+    for name in REPLACEMENTS:
+        if f"lib{name}" in maps:
+            return name
+    libc, version = platform.libc_ver()
+    return f"{libc or 'unknown libc'} {version}".strip()
+
+
+def allocator_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables that change the allocator of the ranks (MALLOC_*, GLIBC_TUNABLES,
+    LD_PRELOAD), as the environment holds them."""
+    environ = dict(os.environ if environ is None else environ)
+    return {key: environ[key] for key in sorted(environ)
+            if key.startswith("MALLOC_") or key in ("GLIBC_TUNABLES", "LD_PRELOAD")}
+
+
+def preloaded_replacement(environ: dict[str, str] | None = None) -> str | None:
+    """A malloc replacement LD_PRELOAD names (malloc=raised does not apply to it)."""
+    preload = (os.environ if environ is None else environ).get("LD_PRELOAD", "")
+    return next((name for name in REPLACEMENTS if name in preload), None)
+
+
+def raise_glibc_thresholds() -> None:
+    """glibc's mmap and trim thresholds raised in this process and its children; OSError
+    where glibc refuses (the launcher refused other allocators before any rank started)."""
+    libc = ctypes.CDLL(None)
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None or not (mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+                               and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)):
+        raise OSError("malloc=raised: glibc's mallopt refused the thresholds")
+    os.environ.update(ENVIRONMENT)
+
+
+def describe(raised: bool, environment: dict[str, str]) -> dict[str, object]:
+    """The record's `allocator` block: what the ranks run, how it was set, and the
+    variables the rank started with (`allocator_environment()` before raising)."""
+    return {"name": loaded_allocator(), "thresholds": "raised" if raised else "default",
+            "environment": environment}
