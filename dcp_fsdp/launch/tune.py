@@ -32,7 +32,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from dcp_fsdp import contract, log
-from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
+from dcp_fsdp.config.schema import MLPERF_CHECKPOINTS, BenchmarkConfig, Protocol, StorageKind
 from dcp_fsdp.config.validate import CLIENT_ONLY
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.tune.report import override_line
@@ -115,15 +115,15 @@ def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
     raise KeyboardInterrupt()
 
 
-def tune(overrides: list[str], started_mono: float) -> int:
-    from dcp_fsdp.config.compose import compose
-    from dcp_fsdp.launch.checks import check_launch
-    from dcp_fsdp.launch.local import launch_local
-    from dcp_fsdp.launch.preflight import preflight, storage_environment
-
-    if "RANK" in os.environ:
-        raise UserError("tune launches its own ranks (nproc=N); run it without torchrun")
-    cfg = compose("save-and-load", overrides)
+def check_tune_settings(cfg: BenchmarkConfig) -> None:
+    """tune.* and what tune cannot honour, before anything starts."""
+    if cfg.protocol == Protocol.mlperf:
+        # Its trials would be recorded as protocol=mlperf, and `report` would show them as
+        # MLPerf's figures.
+        raise UserError("protocol=mlperf: tune's trials run 1 and 3 save-and-load iterations, "
+                        f"not MLPerf's {MLPERF_CHECKPOINTS} saves then {MLPERF_CHECKPOINTS} "
+                        "loads; tune without it, then run save-and-load protocol=mlperf with "
+                        "the OVERRIDES it prints")
     if cfg.tune.budget_s <= 0:
         raise UserError(f"tune.budget_s={cfg.tune.budget_s:g}: must be positive (seconds)")
     if cfg.tune.budget_s < MIN_BUDGET_S:
@@ -134,6 +134,18 @@ def tune(overrides: list[str], started_mono: float) -> int:
         raise UserError(f"tune.trials={cfg.tune.trials}: must be 1 or more (or null)")
     if cfg.tune.repeats < 1:
         raise UserError(f"tune.repeats={cfg.tune.repeats}: must be 1 or more")
+
+
+def tune(overrides: list[str], started_mono: float) -> int:
+    from dcp_fsdp.config.compose import compose
+    from dcp_fsdp.launch.checks import check_launch
+    from dcp_fsdp.launch.local import launch_local
+    from dcp_fsdp.launch.preflight import preflight, storage_environment
+
+    if "RANK" in os.environ:
+        raise UserError("tune launches its own ranks (nproc=N); run it without torchrun")
+    cfg = compose("save-and-load", overrides)
+    check_tune_settings(cfg)
     check_launch(cfg)  # as any launch, before the storage: the environment's endpoint too
     space, start = search_space(cfg, overrides)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

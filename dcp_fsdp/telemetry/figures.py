@@ -125,6 +125,20 @@ def mlperf_gib_s(samples: Iterable[Any] | pd.DataFrame, op: str) -> float:
     return sum(rates) / len(rates)
 
 
+def mlperf_shortfall(samples: Iterable[Any] | pd.DataFrame) -> str | None:
+    """Why one run's operations are not MLPerf Storage's checkpointing protocol (exactly
+    MLPERF_CHECKPOINTS saves and as many loads), in words; None when they are. A record
+    saying protocol=mlperf is not enough: tune's 1- and 3-iteration trials were recorded so."""
+    from dcp_fsdp.config.schema import MLPERF_CHECKPOINTS
+
+    ops = operations(samples)
+    saves, loads = (int((ops["op"] == op).sum()) for op in ("save", "load"))
+    if saves == loads == MLPERF_CHECKPOINTS:
+        return None
+    return (f"{saves} saves and {loads} loads, not MLPerf's {MLPERF_CHECKPOINTS} + "
+            f"{MLPERF_CHECKPOINTS}")
+
+
 def spread(values: Iterable[float]) -> float:
     """(max - min) / median of per-operation rates; NaN with fewer than two."""
     series = pd.Series(list(values), dtype=float).dropna()

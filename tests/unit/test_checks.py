@@ -188,6 +188,17 @@ def test_an_endpoint_with_credentials_and_no_uri_is_not_repeated():
     assert "holds credentials" in str(error.value) and "s3cr3tPW" not in str(error.value)
 
 
+def test_tune_refuses_protocol_mlperf_before_anything_starts(tmp_path, capsys):
+    """Issue 49 item 7: tune's 1- and 3-iteration trials were recorded with protocol=mlperf
+    and reported as MLPerf Storage figures. Refused in one line, nothing started or written
+    (a server or rank would be a process: refused in tests/unit)."""
+    assert cli.main(["tune", "protocol=mlperf", f"results_dir={tmp_path}"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and line.startswith("dcp-fsdp: error: protocol=mlperf: tune's trials"), line
+    assert "save-and-load protocol=mlperf" in line
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_environment_that_is_fine(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setenv("AWS_REGION", "eu-west-1")

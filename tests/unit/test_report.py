@@ -171,3 +171,31 @@ def test_run_table_gains_request_columns_and_tolerates_old_samples():
     old = [{k: v for k, v in s.items() if k != "requests"} for s in samples]
     headers, rows = run_table(old)
     assert "requests" not in headers and len(rows[0]) == len(headers)  # nothing to show
+
+
+def mlperf_run(root: Path, run_id: str, iterations: int) -> None:
+    """A protocol=mlperf record with `iterations` saves and as many loads on 2 ranks."""
+    write(root / f"{run_id}.jsonl",
+          [run_line(run_id, command="save-and-load", extra_config={"protocol": "mlperf"})]
+          + [sample_line(run_id, op, i, r, 10.0 * i, 10.0 * i + 1 + r, 100 * MIB,
+                         with_requests=False)
+             for op in ("save", "load") for i in range(1, iterations + 1) for r in (0, 1)])
+
+
+def test_only_runs_of_mlperfs_counts_are_labelled_mlperf_storage(tmp_path):
+    """Issue 49 item 7: tune's 1-iteration trials, recorded with protocol=mlperf, were
+    printed as "MLPerf Storage v3.0" figures. Only 10 saves + 10 loads are; the others are
+    named in a note."""
+    mlperf_run(tmp_path / "both", "whole", 10)
+    for root in (tmp_path / "both", tmp_path / "trial"):
+        mlperf_run(root, "trial", 1)
+    heading = "MLPerf Storage v3.0 checkpointing"
+    for root, labelled in ((tmp_path / "both", ["whole"]), (tmp_path / "trial", [])):
+        runs, samples, warnings = report.read_records(report.record_files([str(root)]))
+        text = report.render(report.build(runs, samples), "table", warnings)
+        section = text.split(heading)[1].split("\n\n")[0] if labelled else ""
+        assert (heading in text) == bool(labelled), text
+        assert [run for run in ("whole", "trial") if f"{run}:" in section] == labelled
+        assert ("1 run(s) recorded with protocol=mlperf are not shown as MLPerf Storage "
+                "figures") in " ".join(text.split())
+        assert "trial: 1 saves and 1 loads, not MLPerf's 10 + 10" in " ".join(text.split())
