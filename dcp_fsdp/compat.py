@@ -157,6 +157,25 @@ def storage_info(relative_path: str, offset: int, length: int) -> Any:
     return info_class(relative_path, offset, length)
 
 
+# -- torch: a tensor with no memory behind it -----------------------------------------------
+
+@functools.cache
+def _fake_tensor_mode() -> Any:
+    mode_class = _internal("torch._subclasses.fake_tensor", "FakeTensorMode", "torch",
+                           _TORCH_RANGE)
+    return mode_class()
+
+
+def fake_tensor(shape: tuple[int, ...], dtype: Any) -> Any:
+    """A tensor of `shape` and `dtype` with no memory behind it (torch's FakeTensorMode):
+    torch.save under `torch.serialization.skip_data(materialize_fake_tensors=True)` writes
+    all but its bytes, so `plan` sizes a chunk without allocating it."""
+    import torch
+
+    with _fake_tensor_mode():
+        return torch.empty(shape, dtype=dtype)
+
+
 def dcp_metadata_version() -> str:
     """The version string DCP's FileSystemWriter stamps into `.metadata`."""
     return str(_internal("torch.distributed.checkpoint.filesystem", "CURRENT_DCP_VERSION",

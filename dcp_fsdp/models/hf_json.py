@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.models.llama_model_config import FAMILIES, LLAMA_RMS_NORM_EPS, ModelShape
+from dcp_fsdp.models.llama_model_config import (FAMILIES, LLAMA_RMS_NORM_EPS, MOE_LAYOUTS,
+                                                ModelShape, state_shapes)
+
+# torch refuses a tensor of 2^63 bytes or more ("Storage size calculation overflowed"):
+# this many elements at 4 bytes (fp32, the widest dtype the tool builds)
+MAX_TENSOR_ELEMENTS = 2**63 // 4 - 1
 
 # Fields without which the shape is unknown, per family.
 LLAMA_LIKE_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -150,4 +156,17 @@ def read_config_json(path: str) -> ModelShape:
     data = _load(path)
     fields = _Fields(f"model.config={path}", data)
     family = data["model_type"]
-    return _gpt2(fields) if family == "gpt2" else _llama_like(family, fields)
+    shape = _gpt2(fields) if family == "gpt2" else _llama_like(family, fields)
+    _check_sizable(shape, fields.where)
+    return shape
+
+
+def _check_sizable(shape: ModelShape, where: str) -> None:
+    """Every tensor of the shape (in either MoE layout) is one torch can size: a vocab_size
+    of 1e18 is refused here in one line, not deep in a build or a `plan` (issue 49 item 3)."""
+    name, dims = max((tensor for layout in MOE_LAYOUTS for tensor in state_shapes(shape, layout)),
+                     key=lambda tensor: math.prod(tensor[1]))
+    if math.prod(dims) > MAX_TENSOR_ELEMENTS:
+        raise UserError(f"{where}: its {name} would be {' x '.join(map(str, dims))} = "
+                        f"{math.prod(dims):.3g} elements, more than torch can size (2^63 bytes "
+                        "at fp32); check vocab_size and the other sizes in the file")

@@ -5,11 +5,12 @@ copies DCP gathers), then DefaultSavePlanner.create_global_plan runs over all of
 hints, validation: rank 0's global planning, timed). Each rank's final plan is binned into
 `thread_count` files by DCP's own `_split_by_size_and_type` and written in DCP's order
 (non-tensors first, then tensors); an item's length is what `torch.save` of the contiguous
-local chunk writes (measured once per dtype and shape into a counting sink: the bytes
-are never held). The write results' indexes are fresh objects too (rank 0 unpickles them
-from each rank's results), and the `.metadata` is the Metadata that FileSystemWriter.finish
-pickles: version, storage data, storage meta. It is pickled here (its bytes, rank 0's time
-to pickle) and unpickled in a fresh child process (what each rank pays on a load, and the memory the object takes).
+local chunk writes (measured once per dtype and shape into a counting sink, of a fake
+tensor with its bytes skipped: nothing is allocated). The write results' indexes are fresh
+objects too (rank 0 unpickles them from each rank's results), and the `.metadata` is the
+Metadata that FileSystemWriter.finish pickles: version, storage data, storage meta. It is
+pickled here (its bytes, rank 0's time to pickle) and unpickled in a fresh child process
+(what each rank pays on a load, and the memory the object takes).
 Times are the process's CPU seconds (time.process_time): what the step takes on a core of
 its own, which a rank has; wall time on a shared machine would add other work's turns.
 """
@@ -31,8 +32,8 @@ from torch.distributed.checkpoint.metadata import MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from dcp_fsdp.compat import (DATA_OBJECT_SUFFIX, dcp_metadata_version, split_by_size_and_type,
-                             storage_info)
+from dcp_fsdp.compat import (DATA_OBJECT_SUFFIX, dcp_metadata_version, fake_tensor,
+                             split_by_size_and_type, storage_info)
 from dcp_fsdp.plan.state import StateTemplate, local_plan, own_copy
 
 
@@ -66,24 +67,42 @@ class GlobalPlan:
 
 
 class _CountingSink(io.RawIOBase):
+    """The size of what is written: seekable, as torch.save under skip_data seeks past each
+    storage's bytes instead of writing them; the size is the furthest position reached."""
+
     def __init__(self) -> None:
+        self.position = 0
         self.count = 0
 
     def writable(self) -> bool:
         return True
 
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.count}[whence]
+        self.position = base + offset
+        return self.position
+
     def write(self, data: Any) -> int:
         size = memoryview(data).nbytes
-        self.count += size
+        self.position += size
+        self.count = max(self.count, self.position)
         return size
 
 
 @functools.lru_cache(maxsize=4096)
 def tensor_item_bytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
-    """What DCP writes for one local chunk: torch.save of a contiguous tensor of that shape.
-    The tensor is allocated but never touched (its pages stay unmapped)."""
+    """What DCP writes for one local chunk: torch.save of a contiguous tensor of that shape,
+    its bytes skipped: a fake tensor, nothing allocated (a chunk may be larger than this
+    machine's memory, issue 49 item 3)."""
     sink = _CountingSink()
-    torch.save(torch.empty(shape, dtype=dtype), sink)  # type: ignore[arg-type]  # a raw stream
+    with torch.serialization.skip_data(materialize_fake_tensors=True):
+        torch.save(fake_tensor(shape, dtype), sink)  # type: ignore[arg-type]  # a raw stream
     return sink.count
 
 

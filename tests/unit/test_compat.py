@@ -171,6 +171,8 @@ def test_the_internals_work_on_the_installed_torch():
     flat, _ = compat.flatten_state_dict({"model": {"w": torch.ones(2)}, "step": 3})
     assert set(flat) == {"model.w", "step"}
     assert compat.split_by_size_and_type(1, ["a", "b"]) == [["a", "b"]]
+    fake = compat.fake_tensor((10**13, 100), torch.float32)  # 4e15 bytes: nothing allocated
+    assert fake.shape == (10**13, 100) and fake.dtype == torch.float32
 
 
 def test_a_missing_internal_names_it_the_version_and_a_way_out(monkeypatch):

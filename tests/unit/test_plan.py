@@ -3,6 +3,8 @@ request arithmetic, the prefix recommendation, the projection and bad input."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -169,3 +171,51 @@ def test_plan_record_of_several_configurations_is_refused_naming_them(tmp_path):
     assert line.startswith(f"record={tmp_path}: holds finished runs of 2 configurations (model=")
     assert "world_size=8" in line and "give the record (.jsonl) of one of them" in line
     assert read_rates(one) == rates  # one file of the directory still reads alone
+
+
+def test_a_chunk_is_sized_as_torch_save_writes_it_without_allocating_it():
+    """Issue 49 item 3: a chunk's size was measured by torch.save of a real torch.empty, which
+    allocates (640 GB for a vocabulary of 1e10). Now a fake tensor with its bytes skipped:
+    byte for byte what torch.save of the real tensor writes, and nothing allocated for a chunk
+    no machine could hold (4e15 bytes: past any address space)."""
+    import io
+
+    from dcp_fsdp.plan.build import tensor_item_bytes
+
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape in ((), (7,), (100, 64), (3, 5, 7), (4096, 1100)):
+            written = io.BytesIO()
+            torch.save(torch.zeros(shape, dtype=dtype), written)
+            assert tensor_item_bytes(dtype, shape) == written.tell(), (dtype, shape)
+    huge = 10**13 * 100 * 4
+    assert huge < tensor_item_bytes(torch.float32, (10**13, 100)) < huge + 4096
+
+
+@pytest.mark.parametrize("vocab, exit_code", [(10**10, 0), (10**18, 2)])
+def test_plan_of_a_huge_vocabulary_plans_or_refuses_in_one_line(tmp_path, capsys, monkeypatch,
+                                                                 vocab, exit_code):
+    """Issue 49 item 3: a config.json with vocab_size 1e10 ended `plan` in a traceback after
+    trying to allocate; 1e18 in torch's "Storage size calculation overflowed". 1e10 plans
+    (nothing allocated; the plan itself, without the .metadata's unpickling in a child
+    process); 1e18, a tensor torch cannot size, is refused in one line naming the file,
+    before anything is built (save-and-load gets the same line)."""
+    from dcp_fsdp.cli import main
+    from dcp_fsdp.plan.command import parse_request, plan_world
+
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+              "vocab_size": vocab}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = [f"model.config={tmp_path}", "world_size=2"]
+    if exit_code == 0:
+        from dcp_fsdp.plan import build
+
+        monkeypatch.setattr(build, "unpickle_cost", lambda blob: (0.0, 0))  # a child process
+        _, plan = plan_world(parse_request(args), 2)
+        embedding = vocab * 64 * 4  # embed_tokens and lm_head, half of each per rank
+        assert embedding < plan.rank_bytes()[0] < embedding + (1 << 20)
+        return
+    assert main(["plan", *args]) == exit_code
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and f"model.config={tmp_path}: its model.embed_tokens.weight" in line
+    assert "more than torch can size" in line and "vocab_size" in line
