@@ -125,8 +125,8 @@ def bound_words(found: TimeSplit) -> str:
     if found.bound == "allocator":
         dcp_s = found.owners_s["dcp"]
         return (f"Bound by the allocator: DCP's own work took {_share(dcp_s, total)} with "
-                f"{found.fresh_pages_per_byte:.2f} fresh pages per byte (every byte landed in "
-                "freshly faulted memory); try malloc=raised (docs/metrics.md)")
+                f"{found.fresh_pages_per_byte:.2f} fresh pages per byte (its bytes landed in "
+                "memory the kernel faulted in afresh); docs/metrics.md \"The allocator\"")
     seconds = found.owners_s[found.bound]
     hint = {"storage": "faster storage, more connections or more ranks per node help",
             "dcp": "storage is not the limit: DCP's serial reader/writer is",
