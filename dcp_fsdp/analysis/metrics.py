@@ -26,6 +26,7 @@ import pandas as pd
 
 from dcp_fsdp.units import MIB
 from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, CEILING_OPS, KEYS, NOISE_HINT,
+                                      ceiling_lines,
                                       NOISY_SPREAD, above_ceiling_note, one_run_if_unnamed, operations,
                                       amplification_note, broken_note,
                                       efficiency, efficiency_per_operation, egress_mib,
@@ -221,6 +222,7 @@ def run_figures(samples: Iterable[dict[str, Any]]
     notes = []
     if (ops["efficiency"] > 1).any():
         notes.append(ABOVE_CEILING_LINE)
+    notes += ceiling_lines(ops)
     if noisy:
         notes.append(f"NOISY: the iterations' aggregate MiB/s differ by more than "
                      f"{100 * NOISY_SPREAD:.0f} % of their median (spread); {NOISE_HINT}.")

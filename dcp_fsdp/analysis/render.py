@@ -17,6 +17,7 @@ import pandas as pd
 
 from dcp_fsdp.analysis import columns as cols
 from dcp_fsdp.analysis.columns import Column
+from dcp_fsdp.telemetry.figures import ceiling_lines
 
 DEFAULT_WIDTH = 100  # when the output is not a terminal
 KEY_CELL_MAX = 18  # characters of a group key's value in the compact view
@@ -264,6 +265,25 @@ def _figures(page: _Page, result: dict[str, Any]) -> None:
         page.heading("S3 requests by type (timed regions, all ranks)")
         page.table(result["types"], cols.TYPES)
     _splits(page, result)
+    _ceilings(page, result)
+
+
+def _ceilings(page: _Page, result: dict[str, Any]) -> None:
+    """Per run with ceiling=true: each ceiling with its rounds' spread and DCP's efficiency
+    against it (telemetry/figures.py)."""
+    ops = result.get("operations")
+    if ops is None or ops.empty:
+        return
+    found = [(run_id, ceiling_lines(group)) for run_id, group in ops.groupby("run_id", sort=True)]
+    found = [(run_id, lines) for run_id, lines in found if lines]
+    if not found:
+        return
+    page.heading("Ceilings (ceiling=true runs; docs/metrics.md)")
+    for run_id, lines in found:
+        page.wrapped(f"{run_id}:")
+        for line in lines:
+            page.wrapped(line, "  ")
+    page.out.append("")
 
 
 def _splits(page: _Page, result: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ import io
 import math
 import os
 import secrets
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -180,6 +181,12 @@ class Mover:
     def get(self, client: Client, iteration: int, obj: RawObject) -> int:
         return self.area.get(client, self.name(iteration, obj))
 
+    def get_into(self, client: Client, iteration: int, obj: RawObject, landing: TensorLanding) -> int:
+        return landing.land(lambda target: self.area.get_into(client, self.name(iteration, obj), target))
+
+    def put_live(self, client: Client, iteration: int, obj: RawObject, live: LiveBytes) -> None:
+        self.area.put(client, self.name(iteration, obj), live.chunks(obj.size_bytes, self.chunk_bytes))
+
     def drop_cache(self, iteration: int, objects: list[RawObject]) -> str | None:
         """Before the timed GET (untimed): the objects out of any local cache; the policy
         that held (None: nothing to drop, e.g. S3)."""
@@ -187,6 +194,72 @@ class Mover:
 
     def remove(self, client: Client, iteration: int, objects: list[RawObject]) -> None:
         self.area.delete(client, [self.name(iteration, obj) for obj in objects])
+
+
+class TensorLanding:
+    """Where the storage-into-tensors GET lands each object, made before the timer: a host
+    tensor of the largest object's size, touched (no page fault in the timer); on a CUDA
+    device two pinned ones and a device tensor, each object copied to the device without
+    blocking while the next one lands (the copy waited for before its buffer is reused,
+    and by the timed region's device sync at the end)."""
+
+    def __init__(self, size_bytes: int, device: torch.device) -> None:
+        cuda = device.type == "cuda"
+        self.hosts = [torch.zeros(max(1, size_bytes), dtype=torch.uint8, pin_memory=cuda)
+                      for _ in range(2 if cuda else 1)]
+        self.on_device = torch.empty(max(1, size_bytes), dtype=torch.uint8, device=device) if cuda else None
+        self.copied: list[Any] = [None] * len(self.hosts)  # CUDA events of each host's last copy
+        self._next = 0
+
+    def land(self, fetch: Callable[[memoryview], int]) -> int:
+        index, self._next = self._next, (self._next + 1) % len(self.hosts)
+        if self.copied[index] is not None:
+            self.copied[index].synchronize()
+        host = self.hosts[index]
+        count = fetch(host.numpy().data.cast("B"))
+        if self.on_device is not None:
+            self.on_device[:count].copy_(host[:count], non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self.copied[index] = event
+        return count
+
+
+class LiveBytes:
+    """The rank's live tensors as bytes, what the storage-into-tensors PUT reads: host
+    tensors as zero-copy views; device tensors copied to the host a chunk at a time, as DCP's
+    writer copies each tensor (synchronously, to pageable memory)."""
+
+    def __init__(self, state_dict: dict[str, Any]) -> None:
+        self.tensors = [flat for flat in (_flat_bytes(value) for value in _tensors(state_dict))
+                        if flat.numel()]
+
+    def chunks(self, size_bytes: int, chunk_bytes: int) -> Iterable[memoryview]:
+        """`size_bytes` of the live tensors' bytes in chunks of at most `chunk_bytes`, cycling
+        through them (an object's size and its tensors' need not match: only bytes move)."""
+        if not self.tensors:
+            raise BenchmarkFailure("the storage-into-tensors PUT found no tensor bytes on this rank")
+        left, index, offset = size_bytes, 0, 0
+        while left:
+            tensor = self.tensors[index]
+            take = min(left, chunk_bytes, tensor.numel() - offset)
+            part = tensor[offset:offset + take]
+            yield (part if part.device.type == "cpu" else part.cpu()).numpy().data
+            left, offset = left - take, offset + take
+            if offset == tensor.numel():
+                index, offset = (index + 1) % len(self.tensors), 0
+
+
+def _tensors(state_dict: dict[str, Any]) -> Iterable[torch.Tensor]:
+    from dcp_fsdp.compat import flatten_state_dict
+
+    for value in flatten_state_dict(state_dict)[0].values():
+        if isinstance(value, torch.Tensor):
+            yield value.to_local() if hasattr(value, "to_local") else value
+
+
+def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
 # -- the timed rounds -----------------------------------------------------------------------
@@ -249,6 +322,10 @@ class Ceiling:
                              if loop.replicas > 1 and not loop.read_once else get_bytes)
         samples = []
         threads = max(1, self.cfg.storage.thread_count)
+        # the storage-into-tensors rounds' buffers and views, made before any timer
+        landing = TensorLanding(max((o.size_bytes for o in get_objects), default=0),
+                                loop.ctx.device)
+        live = LiveBytes(loop.state_dict)
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ceiling") as pool:
             for iteration in range(1, self.cfg.iterations + 1):
                 self.mover.prepare(iteration, put_objects)
@@ -264,7 +341,14 @@ class Ceiling:
                     samples.append(self._timed("raw_get", iteration, own, get_objects,
                                                (counted_get_bytes, get_bytes), None,
                                                self.mover.get))
-                finally:  # after the GET's collective: no rank still reads these
+                    samples.append(self._timed(
+                        "raw_get_tensors", iteration, own, get_objects,
+                        (counted_get_bytes, get_bytes), None,
+                        lambda client, it, obj: self.mover.get_into(client, it, obj, landing)))
+                    samples.append(self._timed(
+                        "raw_put_tensors", iteration, own, put_objects, (put_bytes, put_bytes),
+                        pool, lambda client, it, obj: self.mover.put_live(client, it, obj, live)))
+                finally:  # after the last collective: no rank still reads these
                     self._remove(iteration, put_objects)
         return samples
 
@@ -278,7 +362,8 @@ class Ceiling:
         try:  # a rank that fails here still meets the others in the collectives below (it
             # must not remove objects another rank is about to read)
             client = self.mover.new_client()
-            cache_policy = self.mover.drop_cache(iteration, objects) if op == "raw_get" else None
+            cache_policy = (self.mover.drop_cache(iteration, objects) if op.startswith("raw_get")
+                            else None)
         except Exception as error:
             failure = f"{type(error).__name__}: {error}"
         watchdog = Watchdog(self.cfg.op_timeout_s, self.loop.on_timeout,
@@ -305,15 +390,73 @@ class Ceiling:
             op=op, iteration=iteration, suffix=suffix, rank=self.rank, host=self.loop.host,
             begin_wall_s=begin_wall, end_wall_s=end_wall, begin_mono_s=begin_mono,
             end_mono_s=end_mono, duration_s=duration, bytes=counted,
-            fetched_bytes=moved if op == "raw_get" else None,
+            fetched_bytes=moved if op.startswith("raw_get") else None,
             barrier_wait_s=begin_mono - barrier_start, io_s=duration, cache_policy=cache_policy,
             requests=(None if request_log is None else request_log.window(
-                begin_wall, end_wall, moved if op == "raw_put" else None, moved_bytes=moved)))
+                begin_wall, end_wall, moved if op.startswith("raw_put") else None,
+                moved_bytes=moved)))
 
     def _remove(self, iteration: int, objects: list[RawObject]) -> None:
         """Untimed: each rank removes its own objects (no collective: also after a failure)."""
         self.mover.remove(self.mover.new_client(), iteration, objects)
 
 
+# -- DCP alone: the same dcp.save / dcp.load on storage that is memory ---------------------
+
+MEMORY_DIR = "/dev/shm"  # tmpfs on Linux: a file there is pages of memory
+MEMORY_HEADROOM = 1.25  # free tmpfs space wanted over the node's checkpoint bytes
+
+
+def dcp_alone(loop: Any) -> list["Sample"]:
+    """`iterations` rounds of the run's own dcp.save then dcp.load (same state dict, same
+    thread_count, timed and split as the run's) through DCP's FileSystemWriter/Reader on a
+    tmpfs directory: what DCP costs when storage is as fast as memory. The reader path is
+    DCP's `read_data`, which every client's reader inherits; only the stream under it is a
+    tmpfs file instead of the client's. One node only (the checkpoint's .metadata is in rank
+    0's memory); skipped, with a line, where tmpfs lacks the room. Rank 0 removes the
+    directory after the rounds, and the next launch reaps it after a kill (lifeline)."""
+    from dataclasses import replace
+
+    from dcp_fsdp.config.schema import StorageConfig, StorageKind
+    from dcp_fsdp.process import lifeline
+    from dcp_fsdp.storage.fs import FsStore
+
+    ctx = loop.ctx
+    if ctx.node_count > 1:
+        loop.log("ceiling: DCP alone (tmpfs) is measured on one node only; skipped")
+        return []
+    needed = sum_over_ranks(layout_bytes(loop.state_dict))[0] * MEMORY_HEADROOM
+
+    def make_dir() -> str:
+        if not os.path.isdir(MEMORY_DIR) or shutil.disk_usage(MEMORY_DIR).free < needed:
+            return ""
+        return str(lifeline.owned_tempdir("dcp-fsdp-mem-", MEMORY_DIR))
+    directory = rank0_decides(ctx, make_dir)
+    if not directory:
+        loop.log(f"ceiling: DCP alone skipped: {MEMORY_DIR} lacks {needed / MIB:.0f} MiB free")
+        return []
+    store = FsStore(StorageConfig(kind=StorageKind.fs, path=directory, sync_files=False,
+                                  thread_count=loop.cfg.storage.thread_count))
+    samples = []
+    try:
+        for iteration in range(1, loop.cfg.iterations + 1):
+            suffix = f"dcp-alone-{iteration}"
+            for op in ("save", "load"):
+                sample = loop.timed_on(store, op, iteration, suffix)
+                samples.append(replace(sample, op=f"mem_{op}"))
+    finally:
+        import torch.distributed as dist
+
+        dist.barrier()  # no rank still reads it
+        if ctx.rank == 0:
+            shutil.rmtree(directory, ignore_errors=True)
+    return samples
+
+
+def layout_bytes(state_dict: dict[str, Any]) -> int:
+    """This rank's tensor bytes (what its save writes, give or take torch.save's framing)."""
+    return sum(t.numel() * t.element_size() for t in _tensors(state_dict))
+
+
 def run_ceiling(loop: Any) -> list["Sample"]:
-    return Ceiling(loop).run()
+    return Ceiling(loop).run() + dcp_alone(loop)

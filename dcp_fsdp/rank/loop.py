@@ -164,11 +164,13 @@ class CheckpointLoop:
         self._screened_sha256[suffix] = rank0_decides(self.ctx, decide)
 
     # -- one timed operation -------------------------------------------------------------
-    def _timed(self, op: str, iteration: int, suffix: str) -> SampleHandle:
+    def _timed(self, op: str, iteration: int, suffix: str,
+               store: CheckpointStore | None = None) -> SampleHandle:
         """The operation's sample, done; or (an async save with a cadence, its upload in
-        flight) to come once the upload is waited for."""
-        saver = self._async_saver_for(op)
-        run = self._prepare(op, iteration, suffix, saver)
+        flight) to come once the upload is waited for. `store`: another store than the
+        run's (the ceiling's DCP-alone rounds on tmpfs: sync saves only)."""
+        saver = self._async_saver_for(op) if store is None else None
+        run = self._prepare(op, iteration, suffix, saver, store or self.store)
         memory = self._memory_marks()
         # Built before the barrier: its expected-bytes sum walks the state dict.
         heartbeat = self._heartbeat(op, iteration, None if run.pickled else run.timeline)
@@ -215,7 +217,8 @@ class CheckpointLoop:
             self._memory = PeakMemory(self.ctx.device, self.log)
         return self._memory
 
-    def _prepare(self, op: str, iteration: int, suffix: str, saver: AsyncSaver | None) -> OpInProgress:
+    def _prepare(self, op: str, iteration: int, suffix: str, saver: AsyncSaver | None,
+                 store: CheckpointStore) -> OpInProgress:
         """Everything an operation needs before its barrier (untimed)."""
         # The process checkpointer pickles the writer into its daemon: the timed writer's
         # copy there writes its timeline to a file, read back once the upload is done.
@@ -223,18 +226,18 @@ class CheckpointLoop:
         run = OpInProgress(op, iteration, suffix, pickled=pickled, timeline=HookTimeline(
             dump_path=self._timeline_file(suffix) if pickled else None))
         timed = None if "hooks" in self.harness_off else run.timeline
-        run.storage_io = (self.store.writer(suffix, timed, host_state=self.ctx.device.type == "cpu")
+        run.storage_io = (store.writer(suffix, timed, host_state=self.ctx.device.type == "cpu")
                           if op == "save"
-                          else self.store.reader(suffix, timed))
+                          else store.reader(suffix, timed))
         if op == "load" and suffix in self._screened_sha256:  # a checkpoint not this run's
             expect_metadata(run.storage_io, self._screened_sha256[suffix])
         if not pickled:  # (a client built here would not be the one that uploads)
-            self.store.warm_up(run.storage_io)
+            store.warm_up(run.storage_io)
             if self.request_log is not None:  # storage.client=fsspec|msc: botocore's hooks
-                for events in self.store.client_events(run.storage_io):
+                for events in store.client_events(run.storage_io):
                     self.request_log.hook_client(events)
         # fs: the load reads the file system, not the page cache its save left (untimed)
-        run.cache_policy = drop_cache_on_node(self.store, suffix, self.ctx) if op == "load" else None
+        run.cache_policy = drop_cache_on_node(store, suffix, self.ctx) if op == "load" else None
         if saver is not None:
             saver.prepare()  # collective, first save only
             run.baseline_s = saver.baseline()
@@ -244,7 +247,9 @@ class CheckpointLoop:
             from dcp_fsdp.compat import save_planner
 
             storage = self.cfg.storage  # plans carry file prefixes: one cache per layout
-            run.planner = save_planner(self.cfg.plan_caching, f"{storage.kind.value}:"
+            # (another store's plans name other files: never from this run's cache)
+            run.planner = save_planner(self.cfg.plan_caching and store is self.store,
+                                       f"{storage.kind.value}:"
                                        f"{storage.prefix_strategy.value}:{storage.prefix_count}:"
                                        f"{','.join(storage.round_robin_prefixes)}")
         return run
@@ -432,6 +437,11 @@ class CheckpointLoop:
     def _timed_now(self, op: str, iteration: int, suffix: str) -> Sample:
         """The operation's sample, waited for if it is an upload in flight."""
         return self._timed(op, iteration, suffix).result()
+
+    def timed_on(self, store: CheckpointStore, op: str, iteration: int, suffix: str) -> Sample:
+        """A sync save or a load, timed as the run's are, on another store (the ceiling's
+        DCP-alone rounds): nothing else of the run's (no claim, manifest or verification)."""
+        return self._timed(op, iteration, suffix, store).result()
 
     def _load_suffix(self) -> str:
         if self.cfg.suffix is None:  # the config's validation requires one for a load

@@ -89,6 +89,9 @@ class RawArea(Protocol):
     def get(self, client: Any, name: str) -> int:
         """Read one object to its end, discarding the bytes; the number read."""
 
+    def get_into(self, client: Any, name: str, target: memoryview) -> int:
+        """Read one object into `target` (a preallocated tensor's bytes); the number read."""
+
     def delete(self, client: Any, names: Iterable[str]) -> None:
         """Remove these objects; the area's folders go when nothing is left in them."""
 

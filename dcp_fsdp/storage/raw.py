@@ -70,6 +70,17 @@ class S3RawArea:
             received += len(chunk)
         return received
 
+    def get_into(self, client: Client, name: str, target: memoryview) -> int:
+        """The native object stream landed in `target` (a preallocated tensor's bytes): the
+        copy out of each chunk is the one any reader of the bytes must make."""
+        from dcp_fsdp.compat import object_chunks
+
+        received = 0
+        for chunk in object_chunks(client, self.bucket, self._key(name)):
+            target[received:received + len(chunk)] = chunk
+            received += len(chunk)
+        return received
+
     def delete(self, client: Client, names: Iterable[str]) -> None:
         for name in names:
             client.delete_object(self.bucket, self._key(name))
@@ -117,6 +128,14 @@ class FsRawArea:
         received = 0
         with open(self.path(name), "rb", buffering=0) as source:
             while count := source.readinto(buffer):
+                received += count
+        return received
+
+    def get_into(self, client: Client, name: str, target: memoryview) -> int:
+        """The file read straight into `target` (a preallocated tensor's bytes)."""
+        received = 0
+        with open(self.path(name), "rb", buffering=0) as source:
+            while count := source.readinto(target[received:]):
                 received += count
         return received
 

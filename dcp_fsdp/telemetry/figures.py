@@ -25,8 +25,9 @@ overlap (async saves with a cadence: save N persists after save N+1 began) share
   slowest_rank_mib_s  = sum(bytes) / MiB / (sum(slowest_rank_s) - overlap_s)
   spread              = (max - min) / median of the operations' own aggregate_mib_s
                         (2 or more operations; above NOISY_SPREAD the group is marked noisy)
-  ceiling_mib_s       = the best aggregate_mib_s of a run's raw operations of one op
-                        (raw_put, raw_get): what the storage did at its best for these objects
+  ceiling_mib_s       = the median aggregate_mib_s of a run's rounds of one ceiling
+                        (raw_put, raw_get; and raw_put_tensors, raw_get_tensors, mem_save,
+                        mem_load: `CEILINGS`), always shown with the rounds' min-max
   efficiency          = aggregate_mib_s / its run's ceiling_mib_s (raw_put for save,
                         raw_get for load); pooled: sum(bytes / ceiling) / MiB / pooled span
                         (the seconds the bytes would take at their runs' ceilings over the
@@ -55,8 +56,15 @@ from typing import Any, Iterable
 import pandas as pd
 from dcp_fsdp.units import GIB, MIB
 
-# the raw storage ceiling measured in the same run, per DCP operation
+# the raw storage ceiling measured in the same run, per DCP operation (the efficiency column)
 CEILING_OPS = {"save": "raw_put", "load": "raw_get"}
+# every ceiling ceiling=true measures, per DCP operation (rank/ceiling.py), and its words
+CEILINGS = {
+    "save": (("raw_put", "raw PUT"), ("raw_put_tensors", "PUT from the live tensors"),
+             ("mem_save", "DCP alone (tmpfs)")),
+    "load": (("raw_get", "raw GET (bytes discarded)"), ("raw_get_tensors", "storage into tensors"),
+             ("mem_load", "DCP alone (tmpfs)")),
+}
 NOISY_SPREAD = 0.10  # a group whose iterations differ by more is marked, with a hint
 AMPLIFICATION_SHOWN = 0.05  # read amplification below this is not worth a word
 NOISE_HINT = ("more iterations, a delay_s between operations, or a quieter machine "
@@ -200,33 +208,58 @@ def pooled(ops: pd.DataFrame) -> dict[str, float]:
 
 
 def ceilings(all_ops: pd.DataFrame) -> dict[tuple[Any, str], float]:
-    """(run_id, raw op) -> the best aggregate MiB/s of that run's raw operations: a ceiling
-    is what the storage did at its best, not one round of it (a round that met an fsync
-    stall or a busy core would otherwise make DCP look above its ceiling)."""
-    raw = all_ops[all_ops["op"].isin(list(CEILING_OPS.values()))]
+    """(run_id, ceiling op) -> the median aggregate MiB/s of that run's rounds of it: what
+    the storage (or DCP alone) did in a typical round, shown with its spread
+    (`ceiling_lines`); neither a lucky round nor a stalled one decides it."""
+    raw = all_ops[all_ops["op"].isin(list(CEILING_OPS.values()) + [
+        op for ops in CEILINGS.values() for op, _ in ops])]
     if raw.empty:
         return {}
     found: dict[tuple[Any, str], float] = {}
     for (run, op), group in raw.groupby(["run_id", "op"], sort=False):
-        best = group["aggregate_mib_s"].max()
-        if best and not pd.isna(best):
-            found[(run, str(op))] = float(best)
+        typical = group["aggregate_mib_s"].median()
+        if typical and not pd.isna(typical):
+            found[(run, str(op))] = float(typical)
     return found
 
 
-def _ceiling_of(ops: pd.DataFrame, best: dict[tuple[Any, str], float]) -> pd.Series:
-    """Each operation's run ceiling (NaN where its run has no raw rounds of its op)."""
-    return pd.Series([best.get((run, CEILING_OPS.get(op, "")), math.nan)
+def ceiling_lines(all_ops: pd.DataFrame) -> list[str]:
+    """Per DCP op with ceilings in its run (ceiling=true): DCP's pooled MiB/s and each
+    ceiling's median MiB/s with its rounds' spread, and DCP's efficiency against each
+    (pooled: the seconds at that ceiling over the seconds taken)."""
+    lines = []
+    for op, kinds in CEILINGS.items():
+        dcp = all_ops[all_ops["op"] == op]
+        cells = []
+        for kind, words in kinds:
+            rounds = all_ops[all_ops["op"] == kind]["aggregate_mib_s"].dropna()
+            if dcp.empty or rounds.empty:
+                continue
+            value = efficiency(dcp, all_ops, kind)
+            cells.append(f"{words} {rounds.median():.1f} ({rounds.min():.1f}-{rounds.max():.1f}, "
+                         f"{len(rounds)} round{'s' if len(rounds) > 1 else ''}): "
+                         f"efficiency {value:.2f}")
+        if cells:
+            lines.append(f"{op}: DCP {pooled(dcp)['aggregate_mib_s']:.1f} MiB/s; ceilings, MiB/s "
+                         "median (min-max): " + "; ".join(cells))
+    return lines
+
+
+def _ceiling_of(ops: pd.DataFrame, typical: dict[tuple[Any, str], float],
+                kind: str | None = None) -> pd.Series:
+    """Each operation's run ceiling of `kind` (default: its op's raw one; NaN where its run
+    has no rounds of it)."""
+    return pd.Series([typical.get((run, kind or CEILING_OPS.get(op, "")), math.nan)
                       for run, op in zip(ops["run_id"], ops["op"])], index=ops.index, dtype=float)
 
 
-def efficiency(ops: pd.DataFrame, all_ops: pd.DataFrame) -> float:
-    """Pooled efficiency of `ops` (one op) against their runs' ceilings in `all_ops`:
-    sum(bytes / ceiling) / MiB over the pooled span of the operations that have one; NaN
-    when none has."""
+def efficiency(ops: pd.DataFrame, all_ops: pd.DataFrame, kind: str | None = None) -> float:
+    """Pooled efficiency of `ops` (one op) against their runs' ceilings of `kind` (default
+    the raw one of their op) in `all_ops`: sum(bytes / ceiling) / MiB over the pooled span
+    of the operations that have one; NaN when none has."""
     if ops.empty:
         return math.nan
-    ceiling = _ceiling_of(ops, ceilings(all_ops))
+    ceiling = _ceiling_of(ops, ceilings(all_ops), kind)
     paired = ops[ceiling.notna()]
     if paired.empty:
         return math.nan
@@ -236,16 +269,16 @@ def efficiency(ops: pd.DataFrame, all_ops: pd.DataFrame) -> float:
 
 
 def efficiency_per_operation(all_ops: pd.DataFrame) -> pd.Series:
-    """Each save (load) operation's aggregate over its run's ceiling (best raw_put, raw_get)."""
+    """Each save (load) operation's aggregate over its run's ceiling (median raw_put, raw_get)."""
     if all_ops.empty:
         return pd.Series([], dtype=float)
     return all_ops["aggregate_mib_s"] / _ceiling_of(all_ops, ceilings(all_ops))
 
 
 ABOVE_CEILING_LINE = (
-    "above the ceiling: DCP beat the best raw round of its run (efficiency > 1), so that raw "
-    "round is no ceiling here: the raw rounds met a stall DCP did not (compare their spread), "
-    "or they were too few; more iterations give the raw side more chances.")
+    "above the ceiling: DCP beat the median raw round of its run (efficiency > 1), so that "
+    "raw median is no ceiling here: the raw rounds met a stall DCP did not (compare their "
+    "spread), or they were too few; more iterations give the raw side more chances.")
 
 
 def above_ceiling_note(value: float) -> str:

@@ -77,6 +77,10 @@ def settled_counters(metrics_url: str, bucket: str, tries: int = 20) -> collecti
     return previous
 
 
+# ops that never reach the storage server (rank/ceiling.py: DCP alone, on tmpfs)
+OFF_SERVER_PREFIX = "mem_"
+
+
 def record_view(samples: Iterable[dict[str, Any]], untimed: dict[str, Any] | None,
                 launcher_calls: dict[str, dict[str, int]] | None = None
                 ) -> tuple[collections.Counter, list[str]]:
@@ -85,6 +89,8 @@ def record_view(samples: Iterable[dict[str, Any]], untimed: dict[str, Any] | Non
     gaps: list[str] = []
     for sample in samples:
         requests = sample.get("requests")
+        if str(sample.get("op")).startswith(OFF_SERVER_PREFIX):
+            continue  # the ceiling's DCP-alone rounds ran on tmpfs: no request to the server
         if not isinstance(requests, dict):
             gaps.append(f"{sample.get('op')} rank {sample.get('rank')}: no request counts")
             continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+from pathlib import Path
 
 import boto3
 import botocore.config
@@ -10,6 +11,8 @@ import botocore.config
 from tests.kit.cli import read_run, run_cli, s3_args, s3_env
 
 OBJECT_STARTS = ("CreateMultipartUpload", "PutObject")  # one per object written
+# every op a ceiling=true run records beside its DCP ones (rank/ceiling.py)
+CEILING_OPS = {"raw_put", "raw_get", "raw_get_tensors", "raw_put_tensors", "mem_save", "mem_load"}
 
 
 def assert_ok(result):
@@ -50,19 +53,30 @@ def test_ceiling_moves_each_ranks_saved_objects_raw_and_removes_them(s3, s3_uri,
                 if posixpath.basename(k).startswith(f"__{rank}_") and k.endswith(".distcp")}
         assert len(mine) == 2  # thread_count=2: two objects per rank
         by_op = {s["op"]: s for s in samples if s["rank"] == rank}
-        assert set(by_op) == {"save", "load", "raw_put", "raw_get"}
+        assert set(by_op) == {"save", "load", *CEILING_OPS}
         # the same bytes as the rank's save, in as many objects
         # (a save's `bytes` are checkpoint bytes; what it stored is `written_bytes`)
         assert by_op["raw_put"]["bytes"] == by_op["save"]["written_bytes"] == sum(mine.values())
         assert by_op["raw_get"]["bytes"] == by_op["save"]["written_bytes"]
         assert objects_started(by_op["raw_put"]) == len(mine)
         assert by_op["raw_get"]["requests"]["bytes_down"] == sum(mine.values())
-        for op in ("raw_put", "raw_get"):
+        # storage into tensors: the same objects landed in a preallocated tensor, and PUT
+        # again from the live tensors' bytes
+        assert by_op["raw_get_tensors"]["requests"]["bytes_down"] == sum(mine.values())
+        assert objects_started(by_op["raw_put_tensors"]) == len(mine)
+        # DCP alone: the same dcp.save / dcp.load on tmpfs, split, and no request to S3
+        for op in ("mem_save", "mem_load"):
+            assert by_op[op]["bytes"] == by_op["save"]["bytes"] and by_op[op]["plan_s"] > 0
+        assert by_op["mem_load"]["storage_wait_s"] >= 0 and by_op["mem_load"]["deserialise_s"] > 0
+        assert by_op["mem_save"]["stage_s"] > 0
+        for op in ("raw_put", "raw_get", "raw_get_tensors", "raw_put_tensors"):
             sample = by_op[op]
             assert sample["suffix"] == suffix and sample["iteration"] == 1
             assert 0 < sample["duration_s"] == sample["io_s"]
             assert sample["begin_wall_s"] < sample["end_wall_s"]
             assert sample["begin_wall_s"] >= by_op["load"]["end_wall_s"]  # after the DCP ops
+    assert "load: DCP" in result.stdout and "storage into tensors" in result.stdout
+    assert not list(Path("/dev/shm").glob("dcp-fsdp-mem-*"))  # DCP alone's tmpfs removed
     # Nothing of the ceiling is left, and it never lay inside the checkpoints' prefix.
     leftovers = [k for k in all_keys(client, s3.bucket) if ".ceiling/" in k]
     assert leftovers == []
@@ -80,7 +94,7 @@ def test_ceiling_command_alone_moves_the_planned_shards(s3, s3_uri, tmp_path):
     run, samples = read_run(tmp_path)
     assert run["status"] == "ok" and run["command"] == "ceiling" and run["suffixes"] == []
     assert sorted((s["op"], s["iteration"], s["rank"]) for s in samples) == sorted(
-        (op, i, r) for op in ("raw_put", "raw_get") for i in (1, 2) for r in (0, 1))
+        (op, i, r) for op in CEILING_OPS for i in (1, 2) for r in (0, 1))
     state_bytes = run["model"]["state_bytes"]
     for op in ("raw_put", "raw_get"):
         for iteration in (1, 2):
@@ -99,7 +113,7 @@ def test_request_stats_false_records_no_requests(s3, s3_uri, tmp_path):
     assert_ok(result)
     run, samples = read_run(tmp_path)
     assert run["status"] == "ok" and run["untimed_requests"] is None
-    assert {s["op"] for s in samples} == {"save", "load", "raw_put", "raw_get"}
+    assert {s["op"] for s in samples} == {"save", "load", *CEILING_OPS}
     assert all(s["requests"] is None for s in samples)
     assert all(row["untimed_request_count"] is None for row in run["init"])
     # the run table still prints (blank request columns)

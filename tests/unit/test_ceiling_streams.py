@@ -68,8 +68,28 @@ def test_the_raw_put_uses_thread_count_streams_and_the_get_one(one_rank_group, t
     put, get = Overlap(raw.mover.put), Overlap(raw.mover.get)
     raw.mover.put, raw.mover.get = put, get  # type: ignore[method-assign]
     samples = raw.run()
-    assert [s.op for s in samples] == ["raw_put", "raw_get"]
+    assert [s.op for s in samples] == ["raw_put", "raw_get", "raw_get_tensors", "raw_put_tensors"]
     fetched = samples[1].fetched_bytes
     assert fetched is not None and samples[0].bytes == samples[1].bytes == fetched > 0
+    assert samples[2].fetched_bytes == fetched and samples[3].bytes == samples[0].bytes
     assert put.most == THREADS  # the planned save: thread_count objects, one stream each
     assert get.most == 1
+
+
+def test_the_tensor_ceiling_lands_whole_objects_and_puts_the_live_bytes(tmp_path):
+    from dcp_fsdp.storage.raw import FsRawArea
+
+    area = FsRawArea(tmp_path, read_chunk_bytes=4)
+    area.prepare(["a"])
+    payload = bytes(range(10))
+    area.put(None, "a", [payload])
+    landing = ceiling.TensorLanding(16, torch.device("cpu"))
+    assert landing.land(lambda target: area.get_into(None, "a", target)) == 10
+    assert bytes(landing.hosts[0][:10].numpy()) == payload
+    # the live bytes: every tensor's bytes in order, cycling where an object is larger
+    state = {"w": torch.arange(4, dtype=torch.int16), "b": torch.tensor([7], dtype=torch.uint8)}
+    live = ceiling.LiveBytes(state)
+    stream = b"".join(bytes(c) for c in live.chunks(20, 3))
+    once = torch.arange(4, dtype=torch.int16).numpy().tobytes() + bytes([7])
+    assert stream == (once * 3)[:20]
+    assert max(len(c) for c in live.chunks(20, 3)) == 3
