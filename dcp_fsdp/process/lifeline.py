@@ -37,6 +37,8 @@ SERVER_PID_FILE = "server.pid"  # a server using the directory: never removed un
 TEMP_PREFIX = "dcp-fsdp-"
 # SeaweedFS's gRPC servers put unix sockets in /tmp whatever TMPDIR says.
 SEAWEED_SOCKET_DIRS = ("/tmp",)
+# The ceiling's DCP-alone rounds write a checkpoint to tmpfs (rank/ceiling.py): memory.
+MEMORY_DIR = "/dev/shm"
 # A socket nobody listens on is removed once this old (seconds since it was bound).
 STALE_SOCKET_AGE_S = 60.0
 # A server whose owner is gone was killed with it (SIGKILL): this long to end.
@@ -97,7 +99,7 @@ def remove_stale(tmpdir: str | None = None) -> list[Path]:
     """Remove our temporary directories whose owner process is gone (a launcher or rank
     killed before it could clean up), and the SeaweedFS sockets named in them."""
     removed, here = [], host_tag()
-    places = dict.fromkeys([tmpdir or tempfile.gettempdir(), *SEAWEED_SOCKET_DIRS])
+    places = dict.fromkeys([tmpdir or tempfile.gettempdir(), *SEAWEED_SOCKET_DIRS, MEMORY_DIR])
     for path in (p for place in places for p in Path(place).glob(TEMP_PREFIX + "*")):
         owner = _OWNER.search(path.name[len(TEMP_PREFIX):])
         if owner is None or owner.group(2) not in (None, here) or alive(int(owner.group(1))):

@@ -403,7 +403,6 @@ class Ceiling:
 
 # -- DCP alone: the same dcp.save / dcp.load on storage that is memory ---------------------
 
-MEMORY_DIR = "/dev/shm"  # tmpfs on Linux: a file there is pages of memory
 MEMORY_HEADROOM = 1.25  # free tmpfs space wanted over the node's checkpoint bytes
 
 
@@ -428,11 +427,14 @@ def dcp_alone(loop: Any) -> list["Sample"]:
     needed = sum_over_ranks(layout_bytes(loop.state_dict))[0] * MEMORY_HEADROOM
 
     def make_dir() -> str:
-        if not os.path.isdir(MEMORY_DIR) or shutil.disk_usage(MEMORY_DIR).free < needed:
+        memory = lifeline.MEMORY_DIR
+        if not os.path.isdir(memory) or shutil.disk_usage(memory).free < needed:
             return ""
-        return str(lifeline.owned_tempdir("dcp-fsdp-mem-", MEMORY_DIR))
+        return str(lifeline.owned_tempdir("dcp-fsdp-mem-", memory))
     directory = rank0_decides(ctx, make_dir)
     if not directory:
+        from dcp_fsdp.process.lifeline import MEMORY_DIR
+
         loop.log(f"ceiling: DCP alone skipped: {MEMORY_DIR} lacks {needed / MIB:.0f} MiB free")
         return []
     store = FsStore(StorageConfig(kind=StorageKind.fs, path=directory, sync_files=False,

@@ -33,3 +33,18 @@ def test_remove_stale_takes_only_what_dead_owners_left(tmp_path, monkeypatch):
     assert sorted(removed) == sorted([dead, legacy])
     assert live.exists() and unrelated.exists() and other_host.exists() and not dead.exists()
     assert sorted(p.name for p in sockets.iterdir()) == ["seaweedfs-master-49999.sock"]
+
+
+def test_a_killed_ceilings_tmpfs_checkpoint_is_reaped(tmp_path, monkeypatch):
+    memory = tmp_path / "shm"
+    memory.mkdir()
+    monkeypatch.setattr(lifeline, "MEMORY_DIR", str(memory))
+    dead_pid = subprocess.Popen(["true"])
+    dead_pid.wait()
+    left = memory / f"dcp-fsdp-mem-p{dead_pid.pid}-h{lifeline.host_tag()}-abc"
+    (left / "dcp-alone-1").mkdir(parents=True)
+    (left / "dcp-alone-1" / "__0_0.distcp").write_bytes(b"x" * 1024)
+    mine = memory / f"dcp-fsdp-mem-p{os.getpid()}-h{lifeline.host_tag()}-def"
+    mine.mkdir()
+    assert lifeline.remove_stale(str(tmp_path / "tmp")) == [left]
+    assert not left.exists() and mine.exists()
