@@ -68,7 +68,7 @@ PHASES = [
     Column("commit_s", "commit s", ".3f", 1),
     Column("metadata_s", "metadata read s", ".3f", 6),
     Column("finish_s", "metadata write s", ".3f", 6),
-    Column("storage_wait_s", "storage wait s", ".3f", 2),
+    Column("storage_s", "in client s", ".3f", 2),
     Column("deserialise_s", "deserialise s", ".3f", 2),
     Column("target_copy_s", "copy to tensors s", ".3f", 2),
     # before schema 8: the time inside the streams' reads (copies and faults included)

@@ -44,7 +44,7 @@ OPTIONAL_COLUMNS = ("plan_s", "io_s", "commit_s", "metadata_s", "finish_s", "bar
                     "requests", "save_mode", "blocked_s", "staged_s", "persisted_s",
                     "previous_wait_s", "train_steps", "train_step_slowdown", "fetched_bytes",
                     "io_wait_s", "copy_s", "stage_s", "upload_s", "peak_rss_bytes",
-                    "storage_wait_s", "deserialise_s", "target_copy_s", "minor_faults",
+                    "storage_s", "deserialise_s", "target_copy_s", "minor_faults",
                     "cuda_max_allocated_bytes", "stall_s", "interval_s", "train_lost_s",
                     "train_lost_share", "train_wait_s")
 REQUEST_COLUMNS = {"req_count": "count", "req_failed": "failed", "req_throttled": "throttled",

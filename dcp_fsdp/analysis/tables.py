@@ -21,7 +21,7 @@ OP_ORDER = {"save": 0, "raw_put": 1, "raw_put_tensors": 2, "mem_save": 3, "load"
 # phase columns: (table column, sample field), each a mean per rank and operation
 PHASE_MEANS = [("plan_s", "plan_s"), ("io_s", "io_s"), ("commit_s", "commit_s"),
                ("metadata_s", "metadata_s"), ("finish_s", "finish_s"),
-               ("storage_wait_s", "storage_wait_s"), ("deserialise_s", "deserialise_s"),
+               ("storage_s", "storage_s"), ("deserialise_s", "deserialise_s"),
                ("target_copy_s", "target_copy_s"),
                ("io_wait_s", "io_wait_s"), ("copy_s", "copy_s"), ("stage_s", "stage_s"),
                ("upload_s", "upload_s"), ("blocked_s", "blocked_s"), ("staged_s", "staged_s"),

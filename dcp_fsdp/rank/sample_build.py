@@ -6,7 +6,7 @@ recorded (storage/timeline.py): the phases are defined once, here (docs/metrics.
   plan_s      -> the data-I/O hook starts (write_data / read_data)
   io_s        the data-I/O hook, split by who spends it (storage/timeline.py): save:
               upload_s (the client's upload calls) + stage_s (DCP's own work); load:
-              storage_wait_s (the client waiting for storage) + target_copy_s (the copy
+              storage_s (the client waiting for storage) + target_copy_s (the copy
               into the live tensors) + deserialise_s (DCP's own work: the rest)
   commit_s    the data-I/O hook ends -> the op is done
 """
@@ -140,14 +140,14 @@ def build_sample(op: str, iteration: int, suffix: str, timeline: HookTimeline,
         stage_s=split_s[1] if split_s and op == "save" else None,
     )
     if op == "load" and split_s is not None:
-        sample.storage_wait_s, sample.target_copy_s, sample.deserialise_s = _load_split(
+        sample.storage_s, sample.target_copy_s, sample.deserialise_s = _load_split(
             split_s, timeline.target_copy_s)
     return sample
 
 
 def _load_split(split_s: tuple[float, float], target_copy_s: float | None
                 ) -> tuple[float, float | None, float]:
-    """A load's io_s by who spends it: (storage wait, the copy into the live tensors, DCP's
+    """A load's io_s by who spends it: (inside the storage client, the copy into the live tensors, DCP's
     own work: the rest; never below zero: the clocks differ by microseconds at most)."""
     storage_s, rest_s = split_s
     copied_s = min(target_copy_s, rest_s) if target_copy_s is not None else None

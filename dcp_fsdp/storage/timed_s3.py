@@ -29,7 +29,7 @@ class TimedS3StorageWriter(TimedWriter, S3StorageWriter):
 
 
 class TimedS3StorageReader(TimedReader, S3StorageReader):
-    read_stream = ChunkTimedReadStream  # storage waits are clocked at the chunk iterator
+    read_stream = ChunkTimedReadStream  # the client is clocked at its chunk iterator
 
 
 class TimedChunks:

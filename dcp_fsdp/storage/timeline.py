@@ -30,15 +30,16 @@ writer/reader threads > 1 never count an instant twice, and io_s - busy >= 0):
                           copy into its upload buffer; the page cache for fs)
         stage_s         = io_s - upload_s (DCP's own work: resolving, copying and
                           serialising tensors, torch.save into the stream)
-  load: storage_wait_s  = inside the client, waiting for the next bytes from storage, where
-                          that client waits (`storage_clock`; storage/timed_fs.py and
-                          timed_s3.py say where for each client): the connector's chunk
-                          iterator, s3fs's fetches, MSC's download (any first call) and
-                          ranged reads, the file system's read()
+  load: storage_s       = inside the storage client's calls for the next bytes, where that
+                          client waits (`storage_clock`; storage/timed_fs.py and timed_s3.py
+                          say where for each client): the connector's chunk iterator,
+                          s3fs's fetches, MSC's download (any first call) and ranged reads,
+                          the file system's read(). Network waits, and the client's own copy
+                          of each part into a Python object (not separable from Python)
         target_copy_s   = copying each loaded tensor into the live one (DCP's
                           `target.copy_()`, timed between the planner's resolve_tensor and
                           commit_tensor: host-to-device on a GPU, a host copy on a CPU)
-        deserialise_s   = io_s - storage_wait_s - target_copy_s (DCP's own work: torch.load
+        deserialise_s   = io_s - storage_s - target_copy_s (DCP's own work: torch.load
                           of each item, its framing, the copies from the client's buffers
                           into fresh storages, and their page faults)
 Two perf_counter reads and one uncontended lock per call (calls carry whole tensors or

@@ -186,7 +186,7 @@ class Sample:
     # False: the stager and its buffers are reused from save to save; None: sync
     stager_renewed: bool | None = None
     # -- schema 8: a load's io_s by who spends it (storage/timeline.py, docs/metrics.md) -----
-    storage_wait_s: float | None = None  # load: inside the client, waiting for storage
+    storage_s: float | None = None  # load: inside the storage client's calls for bytes
     deserialise_s: float | None = None  # load: DCP's own work (torch.load, host copies)
     target_copy_s: float | None = None  # load: copying into the live tensors (GPU: H2D)
     run_id: str | None = None  # set when read back from a record file

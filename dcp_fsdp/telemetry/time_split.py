@@ -6,10 +6,11 @@ clock reads: rank/sample_build.py), and io_s splits by who spends it (storage/ti
 
   save: planning (plan_s) + DCP's own work (stage_s: serialising) + storage (upload_s:
         inside the client's upload calls) + commit (commit_s: results gathered, .metadata)
-  load: planning (plan_s, .metadata read included) + storage wait (storage_wait_s: the
-        client waiting for bytes) + DCP's own work (deserialise_s: torch.load, host copies,
-        their page faults) + the copy into the live tensors (target_copy_s: host-to-device
-        on a GPU) + commit (commit_s: the closing collective, waiting for the slowest rank)
+  load: planning (plan_s, .metadata read included) + in the storage client (storage_s:
+        its calls for bytes: network waits and its own copy of each part) + DCP's own
+        work (deserialise_s: torch.load, host copies, their page faults) + the copy into
+        the live tensors (target_copy_s: host-to-device on a GPU) + commit (commit_s: the
+        closing collective, waiting for the slowest rank)
 
 Fresh pages per byte: the rank's minor page faults during the operation x the page size /
 the bytes it saved or loaded. Near 0: its buffers were reused; 1 or more: every byte landed
@@ -42,14 +43,17 @@ PARTS = {
              Part("upload_s", "storage (the client's uploads)", "storage"),
              Part("commit_s", "commit", "commit")),
     "load": (Part("plan_s", "planning", "dcp"),
-             Part("storage_wait_s", "storage wait", "storage"),
+             Part("storage_s", "in the storage client", "storage"),
              Part("deserialise_s", "deserialising", "dcp"),
              Part("target_copy_s", "copy into the live tensors", "copy"),
              Part("commit_s", "commit", "commit")),
 }
-OWNER_WORDS = {"storage": "storage", "dcp": "DCP's own work", "copy": "the copy into the live "
-               "tensors (host-to-device on a GPU)", "commit": "the commit (waiting for the "
-               "slowest rank, .metadata)"}
+OWNER_WORDS = {
+    "storage": "the storage client (its network waits and its own copies)",
+    "dcp": "DCP's own work",
+    "copy": "the copy into the live tensors (host-to-device on a GPU)",
+    "commit": "the commit (waiting for the slowest rank, .metadata)",
+}
 
 
 class TimeSplit(NamedTuple):

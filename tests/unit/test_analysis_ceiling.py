@@ -94,7 +94,7 @@ def async_save(sample: dict) -> dict:
                       stall_s=sample["duration_s"] / 4, interval_s=2.0, train_lost_s=0.2,
                       train_lost_share=0.1, stage_s=0.01, upload_s=sample["io_s"] - 0.01)
     else:
-        sample.update(fetched_bytes=sample["bytes"] * 3 // 2, storage_wait_s=sample["io_s"] * 0.75,
+        sample.update(fetched_bytes=sample["bytes"] * 3 // 2, storage_s=sample["io_s"] * 0.75,
                       deserialise_s=sample["io_s"] * 0.25)
     return sample
 
@@ -135,13 +135,13 @@ def test_async_and_sync_side_by_side_with_memory_and_read_amplification(tmp_path
     assert phases.iloc[0]["blocked_s"] == pytest.approx(sum(s["blocked_s"] for s in saves) / 2)
     assert phases.iloc[0]["peak_rss_gib"] == pytest.approx(1.0)  # the larger rank's
     assert phases.iloc[0]["upload_s"] > phases.iloc[0]["stage_s"] > 0
-    assert phases.iloc[2]["storage_wait_s"] == pytest.approx(3 * phases.iloc[2]["deserialise_s"])
+    assert phases.iloc[2]["storage_s"] == pytest.approx(3 * phases.iloc[2]["deserialise_s"])
     assert math.isnan(phases.iloc[1]["peak_rss_gib"]) and math.isnan(phases.iloc[1]["stage_s"])
     text = report.render(result, "table", [], width=100)
     assert max(len(line) for line in text.splitlines()) <= 100
     assert "MiB/s blocked" not in text
     for header in ("stall s", "train lost %", "MiB/s persisted", "fetched/bytes", "blocked s",
-                   "persisted s", "peak RSS GiB", "storage wait s", "upload s"):
+                   "persisted s", "peak RSS GiB", "in client s", "upload s"):
         assert header in text, header
     assert "CUDA max GiB" not in text  # no value in any row: no column
     (line,) = async_lines(read_record_file(a).samples)
