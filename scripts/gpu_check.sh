@@ -8,7 +8,11 @@
 #
 # Here first: bash ../shared/device/prepare.sh (builds the git-ignored .device/ this needs).
 # There, from the project root, with .device carried: OUT=DIR bash scripts/gpu_check.sh [STAGE...]
-# Stages (all by default, in this order): env tests gpt4b_sync gpt4b_async l7b_sync l7b_async
+# Stages (by default the "where the time goes" set, issue 45, in one 10-minute call: env
+# gpt4b_time gpt4b_time_raised l7b_time): GPT-4B bf16 with every ceiling (ceiling=true: raw
+# PUT/GET, storage into tensors, DCP alone on tmpfs) and the split, under glibc's defaults and
+# with malloc=raised, then L7b likewise with malloc=raised. The issue-32 set stays available
+# by name: env tests gpt4b_sync gpt4b_async l7b_sync l7b_async
 # Output in OUT: env.txt, tests.log, runs.log, report.txt, records.tgz (the runs' JSON Lines),
 # and server.log (the server's log tail after a failed run).
 # GPU_CHECK_SETUP=0 skips .device/setup.sh (a dry run where dcp_fsdp and an S3 are already set up);
@@ -75,7 +79,16 @@ stage_l7b_sync() { run l7b-sync 150 1 save-and-load "model=$BIG" model.dtype=bf1
 stage_l7b_async() { run l7b-async 150 1 save-and-load "model=$BIG" model.dtype=bf16 iterations=2 \
   save_mode=async $TRAIN; }
 
-[ $# -gt 0 ] || set -- env tests gpt4b_sync gpt4b_async l7b_sync l7b_async
+# where the time goes (issue 45): each with every ceiling; the end-of-run lines and report.txt
+# carry the split, the fresh pages per byte and the efficiency against each ceiling
+stage_gpt4b_time() { run gpt4b-time 170 1 save-and-load "model=$MID" model.dtype=bf16 iterations=2 \
+  ceiling=true progress=false; }
+stage_gpt4b_time_raised() { run gpt4b-time-raised 170 1 save-and-load "model=$MID" model.dtype=bf16 \
+  iterations=2 ceiling=true malloc=raised progress=false; }
+stage_l7b_time() { run l7b-time 230 1 save-and-load "model=$BIG" model.dtype=bf16 iterations=1 \
+  ceiling=true malloc=raised progress=false; }
+
+[ $# -gt 0 ] || set -- env gpt4b_time gpt4b_time_raised l7b_time
 for stage in "$@"; do
   started_s=$SECONDS
   "stage_$stage"
