@@ -114,6 +114,43 @@ def saving_rank(name: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+# -- torch: DCP's reader internals the tool's own reader reuses (storage/read_ahead.py) ------
+
+def load_stream(reader: Any, read_item: Any, storage_info: Any, raw: Any) -> Any:
+    """An item's stream after DCP's load transforms (`FileSystemReader.transforms`, private;
+    torch 2.11-2.15), as DCP's read_data makes it; the raw stream where a reader has none."""
+    transforms = getattr(reader, "transforms", None)
+    if transforms is None:
+        return raw
+    return transforms.transform_load_stream(
+        read_item, getattr(storage_info, "transform_descriptors", None) or (), raw)
+
+
+def saved_tensor_view(item: memoryview, as_file: Any) -> Any:
+    """The tensor one `torch.save` wrote into `item` (its bytes, writable), as a view of
+    those bytes: torch.load to the meta device gives its dtype, shape, strides and offset
+    without reading its data; torch's zip reader (private `torch._C.PyTorchFileReader`)
+    gives where its data record lies. `as_file(view)`: a seekable file over a memoryview."""
+    import torch
+
+    meta = torch.load(as_file(item), map_location="meta", weights_only=True)
+    if meta.untyped_storage().nbytes() == 0:  # frombuffer takes no empty range
+        return torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype)
+    records: Any = torch._C.PyTorchFileReader(as_file(item))
+    (name,) = [record for record in records.get_all_records() if record.startswith("data/")]
+    data = torch.frombuffer(item, dtype=torch.uint8, count=meta.untyped_storage().nbytes(),
+                            offset=records.get_record_offset(name))
+    return data.view(meta.dtype).as_strided(meta.size(), meta.stride(), meta.storage_offset())
+
+
+def narrow_tensor_by_index(tensor: Any, offsets: Any, sizes: Any) -> Any:
+    """DCP's own narrowing of a loaded item to the part a read asks for (private in
+    torch.distributed._shard._utils)."""
+    narrow = _internal("torch.distributed._shard._utils", "narrow_tensor_by_index", "torch",
+                       _TORCH_RANGE)
+    return narrow(tensor, offsets, sizes)
+
+
 # -- torch: the private names a `.metadata` pickle holds --------------------------------------
 # storage/metadata_peek.py's screen admits these (module, name) globals, each stood in by a
 # class of its own: nothing of torch is imported to read a `.metadata` (torch 2.11-2.15).

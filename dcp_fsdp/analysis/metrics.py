@@ -26,7 +26,7 @@ import pandas as pd
 
 from dcp_fsdp.units import MIB
 from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, CEILING_OPS, KEYS, NOISE_HINT,
-                                      ceiling_lines,
+                                      ceiling_lines, headroom_lines,
                                       NOISY_SPREAD, above_ceiling_note, one_run_if_unnamed, operations,
                                       amplification_note, broken_note,
                                       efficiency, efficiency_per_operation, egress_mib,
@@ -44,7 +44,7 @@ OPTIONAL_COLUMNS = ("plan_s", "io_s", "commit_s", "metadata_s", "finish_s", "bar
                     "requests", "save_mode", "blocked_s", "staged_s", "persisted_s",
                     "previous_wait_s", "train_steps", "train_step_slowdown", "fetched_bytes",
                     "io_wait_s", "copy_s", "stage_s", "upload_s", "peak_rss_bytes",
-                    "storage_s", "deserialise_s", "target_copy_s", "minor_faults",
+                    "storage_s", "deserialise_s", "target_copy_s", "minor_faults", "reader",
                     "cuda_max_allocated_bytes", "stall_s", "interval_s", "train_lost_s",
                     "train_lost_share", "train_wait_s")
 REQUEST_COLUMNS = {"req_count": "count", "req_failed": "failed", "req_throttled": "throttled",
@@ -222,7 +222,7 @@ def run_figures(samples: Iterable[dict[str, Any]]
     notes = []
     if (ops["efficiency"] > 1).any():
         notes.append(ABOVE_CEILING_LINE)
-    notes += ceiling_lines(ops)
+    notes += ceiling_lines(ops) + headroom_lines(ops, frame)
     if noisy:
         notes.append(f"NOISY: the iterations' aggregate MiB/s differ by more than "
                      f"{100 * NOISY_SPREAD:.0f} % of their median (spread); {NOISE_HINT}.")

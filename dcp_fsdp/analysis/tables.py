@@ -16,8 +16,8 @@ from dcp_fsdp.telemetry.time_split import fresh_pages_per_byte
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_merge, hist_quantile
 
 # save, then its ceiling; load, then its ceiling; anything else after
-OP_ORDER = {"save": 0, "raw_put": 1, "raw_put_tensors": 2, "mem_save": 3, "load": 4,
-            "raw_get": 5, "raw_get_tensors": 6, "mem_load": 7}
+OP_ORDER = {"save": 0, "raw_put": 1, "raw_put_tensors": 2, "mem_save": 3, "tc_save": 4,
+            "load": 5, "raw_get": 6, "raw_get_tensors": 7, "mem_load": 8, "ra_load": 9}
 # phase columns: (table column, sample field), each a mean per rank and operation
 PHASE_MEANS = [("plan_s", "plan_s"), ("io_s", "io_s"), ("commit_s", "commit_s"),
                ("metadata_s", "metadata_s"), ("finish_s", "finish_s"),

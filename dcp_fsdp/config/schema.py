@@ -203,6 +203,12 @@ class StorageConfig:
     max_gap_size_mib: float = setting(32.0, "s3: reader=dcp_optimized only: byte ranges of one "
                                             "object closer than this are read in one stream, "
                                             "MiB (0: no coalescing; 32: the connector's default)")
+    read_ahead: int = setting(0, "loads: 0 = DCP's own reader (the figure users get); N >= 1 "
+                                 "= the tool's reader, not DCP's: N range fetches in flight "
+                                 "while the rank deserialises (0..64; docs/headroom.md)")
+    read_ahead_mib: int = setting(64, "storage.read_ahead >= 1: the most bytes of one range "
+                                      "fetch, MiB (1..5120); the reader holds at most "
+                                      "read_ahead x this (or x the largest item)")
     path: Optional[str] = setting(None, "fs: checkpoint directory (local disk, NFS, Lustre); "
                                         "needs storage=fs")
     sync_files: bool = setting(True, "fs: fsync every file a save writes, inside the timed "

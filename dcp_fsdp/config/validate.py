@@ -232,6 +232,9 @@ def _value(cfg: BenchmarkConfig, name: str) -> Any:
     return functools.reduce(getattr, name.split("."), cfg)
 
 
+MAX_READ_AHEAD = 64  # the tool's reader's fetches in flight (threads) per rank
+
+
 def _check_numbers(cfg: BenchmarkConfig) -> None:
     for name in setting_names():
         value = _value(cfg, name)
@@ -257,6 +260,8 @@ def _check_numbers(cfg: BenchmarkConfig) -> None:
         ("storage.msc_part_size_mib", S3_MIN_PART_SIZE_MIB, S3_MAX_PART_SIZE_MIB, True),
         ("storage.msc_multipart_threshold_mib", S3_MIN_PART_SIZE_MIB, None, True),
         ("storage.msc_max_concurrency", 1, MAX_THREAD_COUNT, True),
+        ("storage.read_ahead", 0, MAX_READ_AHEAD, True),
+        ("storage.read_ahead_mib", 1, S3_MAX_PART_SIZE_MIB, True),
     )
     for name, lowest, highest, lowest_ok in ranges:
         value = _value(cfg, name)

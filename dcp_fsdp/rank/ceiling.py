@@ -460,5 +460,81 @@ def layout_bytes(state_dict: dict[str, Any]) -> int:
     return sum(t.numel() * t.element_size() for t in _tensors(state_dict))
 
 
+# -- headroom: the tool's reader, more files per rank --------------------------------------
+# Headroom (`ceiling=true`, after the ceilings): what the same run's checkpoint would take
+# with a better reader, and with more files per rank, measured in the same run.
+#
+# - `ra_load`: the run's last checkpoint loaded again through the tool's own reader
+#   (storage/read_ahead.py) with `storage.read_ahead` fetches in flight (READ_AHEAD when the
+#   run's loads used DCP's reader), timed and split as a load. Not DCP's reader: what one that
+#   did not wait on itself would give on this storage.
+# - `tc_save`: the run's state saved again by DCP with twice the writer threads (files per
+#   rank, `storage.thread_count`), into the run's ceiling area (beside the checkpoints, never
+#   where `list` looks), then deleted.
+#
+# Rounds per iteration, as the ceilings'; one node or many alike (both go through the run's
+# storage). A `dcp-fsdp ceiling` run has no checkpoint: no `ra_load`.
+
+READ_AHEAD = 8  # fetches in flight when the run itself used DCP's reader
+MAX_THREADS = 256  # storage.thread_count's own limit (config/validate.py)
+
+
+def headroom(loop: Any) -> list["Sample"]:
+    samples: list["Sample"] = []
+    if loop.suffixes:
+        samples += _read_ahead_loads(loop, loop.suffixes[-1])
+    samples += _more_files_saves(loop)
+    return samples
+
+
+def _read_ahead_loads(loop: Any, suffix: str) -> list["Sample"]:
+    from dcp_fsdp.storage import make_store
+
+    storage = loop.cfg.storage
+    store = make_store(dataclasses.replace(storage, read_ahead=storage.read_ahead or READ_AHEAD))
+    return [dataclasses.replace(loop.timed_on(store, "load", iteration, suffix), op="ra_load")
+            for iteration in range(1, loop.cfg.iterations + 1)]
+
+
+def _more_files_saves(loop: Any) -> list["Sample"]:
+    """DCP's save of the same state with twice the files per rank, into the ceiling area."""
+    from dcp_fsdp.storage import make_store
+
+    storage = loop.cfg.storage
+    threads = min(MAX_THREADS, 2 * storage.thread_count)
+    if threads == storage.thread_count:
+        return []
+    token = rank0_decides(loop.ctx, lambda: secrets.token_hex(4))
+    area = loop.store.raw_area(f"files-{token}").location  # never inside a checkpoint
+    place = {"uri": area} if storage.kind.value == "s3" else {"path": area}
+    store = make_store(dataclasses.replace(storage, thread_count=threads, **place))
+    samples = []
+    for iteration in range(1, loop.cfg.iterations + 1):
+        suffix = f"save-{iteration}"
+        try:
+            samples.append(dataclasses.replace(
+                loop.timed_on(store, "save", iteration, suffix), op="tc_save"))
+        finally:
+            import torch.distributed as dist
+
+            dist.barrier()  # every rank's objects are written before rank 0 removes them
+            if loop.ctx.rank == 0:
+                store.delete(suffix)
+    if loop.ctx.rank == 0 and storage.kind.value == "fs":
+        _remove_empty_dirs(area)
+    return samples
+
+
+def _remove_empty_dirs(area: str) -> None:
+    """The emptied area's directory, and `<path>.ceiling` above it when nothing else is there."""
+    from pathlib import Path
+
+    for directory in (Path(area), Path(area).parent):
+        try:
+            directory.rmdir()
+        except OSError:  # not empty (another round's files) or gone
+            return
+
+
 def run_ceiling(loop: Any) -> list["Sample"]:
-    return Ceiling(loop).run() + dcp_alone(loop)
+    return Ceiling(loop).run() + dcp_alone(loop) + headroom(loop)

@@ -226,6 +226,8 @@ class CheckpointLoop:
         run = OpInProgress(op, iteration, suffix, pickled=pickled, timeline=HookTimeline(
             dump_path=self._timeline_file(suffix) if pickled else None))
         timed = None if "hooks" in self.harness_off else run.timeline
+        read_ahead = getattr(getattr(store, "config", None), "read_ahead", 0)
+        run.reader = f"read_ahead={read_ahead}" if op == "load" and read_ahead else None
         run.storage_io = (store.writer(suffix, timed, host_state=self.ctx.device.type == "cpu")
                           if op == "save"
                           else store.reader(suffix, timed))
@@ -272,6 +274,8 @@ class CheckpointLoop:
         sample.peak_rss_bytes, sample.cuda_max_allocated_bytes = run.peak_rss, run.cuda_peak
         sample.cache_policy = run.cache_policy
         sample.minor_faults = run.minor_faults
+        sample.reader = run.reader
+        sample.read_ahead_peak_bytes = run.timeline.read_ahead_peak_bytes
         sample.broadcast_s = run.broadcast_s
         if run.op == "save":
             fill_save_figures(sample, self.cfg.save_mode.value, timing,

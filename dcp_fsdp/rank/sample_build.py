@@ -83,6 +83,7 @@ class OpInProgress:
     peak_rss: int | None = None
     cuda_peak: int | None = None
     minor_faults: int | None = None
+    reader: str | None = None  # a load through the tool's reader: "read_ahead=N"
 
     def clocks(self, end_mono: float) -> OpClocks:
         # A cadence overlaps saves: this one's requests start after the previous upload's.

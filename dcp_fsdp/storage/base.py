@@ -208,3 +208,8 @@ class CheckpointStore(Protocol):
         moment of the call); how many were aborted. A caller that showed which uploads it
         would abort passes the `now` it decided with, so none is aborted that it said it
         would leave."""
+
+
+def read_ahead_kwargs(storage: Any) -> dict[str, int]:
+    """The tool's reader's arguments (storage/read_ahead.py) from a store's settings."""
+    return {"read_ahead": storage.read_ahead, "group_bytes": storage.read_ahead_mib * 2**20}

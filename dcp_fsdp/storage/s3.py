@@ -25,7 +25,7 @@ from dcp_fsdp.storage.raw import S3RawArea, s3_ceiling_prefix
 from dcp_fsdp.storage.s3_control import S3ControlPlane
 from dcp_fsdp.storage.s3_clients import FsspecClient, MscClient, client_versions
 from dcp_fsdp.storage.s3_target import S3Target, resolve_endpoint, resolve_region
-from dcp_fsdp.storage.base import host_state_kwargs
+from dcp_fsdp.storage.base import host_state_kwargs, read_ahead_kwargs
 from dcp_fsdp.storage.timeline import HookTimeline
 
 if TYPE_CHECKING:
@@ -161,6 +161,16 @@ class S3Store:
 
         kwargs = dict(region=self.region, path=self.location(suffix),
                       s3client_config=self._client_config())
+        if self.config.read_ahead:  # the tool's reader: a ranged GET per range group
+            from s3torchconnector import S3ReaderConstructor
+
+            from dcp_fsdp.storage.timed_s3 import TimedReadAheadS3StorageReader, TimedReaderConstructor
+
+            timeline = timeline or HookTimeline()
+            return TimedReadAheadS3StorageReader(
+                timeline=timeline, **kwargs, **read_ahead_kwargs(self.config),
+                reader_constructor=TimedReaderConstructor(S3ReaderConstructor.range_based(),
+                                                          timeline.storage_clock))
         if timeline is None:
             return S3StorageReader(**kwargs, reader_constructor=self._reader_constructor())
         from dcp_fsdp.storage.timed_s3 import TimedS3StorageReader

@@ -23,7 +23,7 @@ from typing import Any
 from dcp_fsdp.units import MIB
 from dcp_fsdp.config.schema import StorageClient, StorageConfig
 from dcp_fsdp.storage.s3_target import S3Target
-from dcp_fsdp.storage.base import host_state_kwargs
+from dcp_fsdp.storage.base import host_state_kwargs, read_ahead_kwargs
 from dcp_fsdp.storage.timeline import HookTimeline
 
 MSC_PROFILE = "dcp-fsdp"  # the profile msc_environment() writes
@@ -75,6 +75,10 @@ class FsspecClient:
     def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
         import dcp_fsdp.storage.timed_clients as timed_clients
 
+        if self.config.read_ahead:  # the tool's reader: cat_file per range group
+            return timed_clients.TimedReadAheadFsspecReader(
+                self.location(suffix), timeline=timeline or HookTimeline(),
+                **read_ahead_kwargs(self.config), **self.storage_options())
         if timeline is None:
             return timed_clients.FsspecReader(self.location(suffix), **self.storage_options())
         return timed_clients.TimedFsspecReader(self.location(suffix), timeline=timeline,
@@ -137,6 +141,10 @@ class MscClient:
     def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
         import dcp_fsdp.storage.timed_clients as timed_clients
 
+        if self.config.read_ahead:  # the tool's reader: read(byte_range=...) per range group
+            return timed_clients.TimedReadAheadMscReader(
+                self.location(suffix), timeline=timeline or HookTimeline(),
+                thread_count=self.config.thread_count, **read_ahead_kwargs(self.config))
         if timeline is None:
             return timed_clients.MultiStorageFileSystemReader(
                 self.location(suffix), thread_count=self.config.thread_count)

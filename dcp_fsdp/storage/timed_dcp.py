@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter
 
 from dcp_fsdp.errors import StorageStreamError
+from dcp_fsdp.storage.read_ahead import ReadAhead
 from dcp_fsdp.storage.timed_fs import TimedFileSystem, TimedReadStream
 from dcp_fsdp.storage.timeline import HookTimeline
 
@@ -150,3 +151,7 @@ class TimedFileSystemWriter(TimedWriter, FileSystemWriter):
 
 class TimedFileSystemReader(TimedReader, FileSystemReader):
     pass
+
+
+class TimedReadAheadFileSystemReader(TimedReader, ReadAhead, FileSystemReader):
+    """The tool's reader (storage.read_ahead=N) over files: a seek and a read per group."""

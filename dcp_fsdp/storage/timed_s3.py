@@ -19,6 +19,7 @@ from typing import Any
 from s3torchconnector.dcp import S3StorageReader, S3StorageWriter
 from s3torchconnector.s3reader.constructor import DCPOptimizedConstructor
 
+from dcp_fsdp.storage.read_ahead import ReadAhead
 from dcp_fsdp.storage.timed_dcp import TimedReader, TimedWriter
 from dcp_fsdp.storage.timed_fs import ChunkTimedReadStream
 from dcp_fsdp.storage.timeline import BusyClock
@@ -30,6 +31,13 @@ class TimedS3StorageWriter(TimedWriter, S3StorageWriter):
 
 class TimedS3StorageReader(TimedReader, S3StorageReader):
     read_stream = ChunkTimedReadStream  # the client is clocked at its chunk iterator
+
+
+class TimedReadAheadS3StorageReader(TimedReader, ReadAhead, S3StorageReader):
+    """The tool's reader (storage.read_ahead=N) through the connector: built with its
+    range-based reader constructor, so each group is one ranged GET (storage/s3.py)."""
+
+    read_stream = ChunkTimedReadStream
 
 
 class TimedChunks:
@@ -83,10 +91,10 @@ class TimedReaderConstructor(functools.partial):
     reader class, which the connector reads back for its user agent), its chunk iterator
     clocked."""
 
-    def __new__(cls, inner: functools.partial, clock: BusyClock) -> TimedReaderConstructor:
+    def __new__(cls, inner: Any, clock: BusyClock) -> TimedReaderConstructor:
         return super().__new__(cls, inner.func, *inner.args, **inner.keywords)
 
-    def __init__(self, inner: functools.partial, clock: BusyClock) -> None:
+    def __init__(self, inner: Any, clock: BusyClock) -> None:
         self._clock = clock
 
     def __call__(self, bucket: str, key: str, get_object_info: Any, get_stream: Any) -> Any:

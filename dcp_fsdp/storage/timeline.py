@@ -133,6 +133,8 @@ class HookTimeline:
     storage_s: float | None = None
     # load: seconds copying loaded tensors into the live ones (TimedLoadPlanner)
     target_copy_s: float | None = None
+    # load through the tool's reader (storage/read_ahead.py): the most bytes it held at once
+    read_ahead_peak_bytes: int | None = None
     # The first error an object stream's write or close raised ("S3Exception: ..."): DCP's
     # own error may hide it (TimedWriter.write_data puts it first)
     stream_error: str | None = None

@@ -245,6 +245,34 @@ def ceiling_lines(all_ops: pd.DataFrame) -> list[str]:
     return lines
 
 
+def headroom_lines(all_ops: pd.DataFrame, samples: pd.DataFrame) -> list[str]:
+    """ceiling=true (rank/headroom.py): the load through the tool's reader beside DCP's and
+    storage into tensors; the save's serialising share and the save with twice the files
+    per rank. Pooled aggregates of one run's operations; medians of the ceiling rounds."""
+    lines = []
+    rate = {op: pooled(all_ops[all_ops["op"] == op])["aggregate_mib_s"]
+            for op in ("load", "ra_load", "save", "tc_save")}
+    tensors = all_ops[all_ops["op"] == "raw_get_tensors"]["aggregate_mib_s"].dropna()
+    if not math.isnan(rate["load"]) and not math.isnan(rate["ra_load"]):
+        readers: list[Any] = (list(samples[samples["op"] == "ra_load"]["reader"].dropna())
+                              if "reader" in samples else [])
+        reader = readers[0] if readers else "read_ahead=?"
+        line = (f"load headroom: DCP's reader {rate['load']:.1f} MiB/s; the tool's reader "
+                f"({reader}, not DCP's) {rate['ra_load']:.1f} ({rate['ra_load'] / rate['load']:.2f}x)")
+        if len(tensors):
+            line += (f"; storage into tensors {tensors.median():.1f}: DCP's reader leaves "
+                     f"{max(0.0, 1 - rate['load'] / tensors.median()):.2f} of this storage unused")
+        lines.append(line)
+    saves = samples[samples["op"] == "save"] if "op" in samples else samples.iloc[0:0]
+    if not math.isnan(rate["save"]) and not math.isnan(rate["tc_save"]) and len(saves):
+        share = (pd.to_numeric(saves["stage_s"], errors="coerce").sum()
+                 / pd.to_numeric(saves["duration_s"], errors="coerce").sum())
+        lines.append(f"save headroom: DCP's own serialising is {share:.0%} of the save; twice the "
+                     f"files per rank (storage.thread_count x2): {rate['tc_save']:.1f} MiB/s, "
+                     f"{rate['tc_save'] / rate['save']:.2f}x this run's saves")
+    return lines
+
+
 def _ceiling_of(ops: pd.DataFrame, typical: dict[tuple[Any, str], float],
                 kind: str | None = None) -> pd.Series:
     """Each operation's run ceiling of `kind` (default: its op's raw one; NaN where its run

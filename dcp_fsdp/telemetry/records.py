@@ -189,6 +189,10 @@ class Sample:
     storage_s: float | None = None  # load: inside the storage client's calls for bytes
     deserialise_s: float | None = None  # load: DCP's own work (torch.load, host copies)
     target_copy_s: float | None = None  # load: copying into the live tensors (GPU: H2D)
+    # a load through the tool's own reader (storage.read_ahead), not DCP's: "read_ahead=N";
+    # null: DCP's reader. Its io_s parts overlap (fetches run while the rank deserialises)
+    reader: str | None = None
+    read_ahead_peak_bytes: int | None = None  # the most bytes the tool's reader held at once
     run_id: str | None = None  # set when read back from a record file
 
 

@@ -63,6 +63,7 @@ class TimeSplit(NamedTuple):
     owners_s: dict[str, float]  # owner -> seconds
     fresh_pages_per_byte: float  # NaN where the samples have no fault counts
     bound: str  # "storage" | "dcp" | "copy" | "commit" | "allocator"
+    reader: str | None = None  # loads through the tool's reader: "read_ahead=N"
 
 
 def _mean(frame: pd.DataFrame, field: str) -> float:
@@ -103,7 +104,9 @@ def split(op: str, frame: pd.DataFrame) -> TimeSplit | None:
     bound = max(owners_s, key=lambda owner: owners_s[owner])
     if bound == "dcp" and not math.isnan(pages) and pages >= ALLOCATOR_PAGES_PER_BYTE:
         bound = "allocator"
-    return TimeSplit(op, _mean(frame, "duration_s"), parts_s, owners_s, pages, bound)
+    readers = frame["reader"].dropna() if "reader" in frame else pd.Series([], dtype=object)
+    return TimeSplit(op, _mean(frame, "duration_s"), parts_s, owners_s, pages, bound,
+                     str(readers.iloc[0]) if len(readers) else None)
 
 
 def _share(seconds: float, total: float) -> str:
@@ -120,7 +123,9 @@ def split_line(found: TimeSplit) -> str:
         cells.append(f"{part.words} {_share(found.parts_s[part.field], total)}")
     pages = ("" if math.isnan(found.fresh_pages_per_byte)
              else f"; {found.fresh_pages_per_byte:.2f} fresh pages per byte")
-    return (f"{found.op}: {found.duration_s:.3f} s per rank = " + ", ".join(cells) + pages
+    label = found.op if found.reader is None else (
+        f"{found.op} (the tool's reader, {found.reader}, not DCP's: fetching overlaps the rest)")
+    return (f"{label}: {found.duration_s:.3f} s per rank = " + ", ".join(cells) + pages
             + f". {bound_words(found)}")
 
 

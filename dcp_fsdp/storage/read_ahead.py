@@ -1,0 +1,256 @@
+"""The tool's own reader (storage.read_ahead=N): what a load could be if DCP's reader did not
+wait on itself. Not DCP's: a user gets it only by writing such a reader (or when upstream
+lands one: pytorch/pytorch#194881, s3-connector-for-pytorch#375).
+
+DCP's `FileSystemReader.read_data` (every client's reader inherits it) takes one item at a
+time on the rank's one thread: it waits for the client's bytes, deserialises them and copies
+the tensor into its target before it asks for the next. `ReadAhead.read_data` keeps N range
+fetches in flight on N threads, through the same client and its same settings, while the
+rank's thread deserialises what has arrived:
+
+- a *range group* is a run of items of one file that lie back to back (the order DCP wrote
+  them), up to `group_bytes` (storage.read_ahead_mib; an item larger than that is a group of
+  its own), fetched as one ranged read;
+- N buffers, reused from group to group (a fetch lands in memory already faulted in): the
+  memory bound is N x max(group_bytes, the largest item), and the reader records the most it
+  held (`HookTimeline.read_ahead_peak_bytes`);
+- each item is resolved, narrowed and committed through DCP's planner exactly as DCP's reader
+  does, so resharded, replicated, tensor-parallel and optimizer-state loads are the same
+  loads; a tensor is read where it lies in the fetched bytes (torch.save's record, found
+  without copying it) and copied once, into its target, where DCP's reader copies it into a
+  fresh storage first (an item with DCP load transforms goes through them and torch.load).
+
+Each client fetches a range its own way (`fetch_range`): the connector through its ranged
+reader (a ranged GET per group), s3fs with `cat_file(start, end)`, multi-storage-client with
+`read(byte_range=...)`, a file system with a seek and a read. Every fetch is on the storage
+clock and counted in the bytes moved, as DCP's own reads are.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from collections import deque
+from concurrent.futures import Future as PoolFuture
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
+    from torch.futures import Future
+
+    from dcp_fsdp.storage.timeline import HookTimeline
+
+
+@dataclass
+class RangeGroup:
+    """Items of one file that lie back to back, fetched as one range [start, end)."""
+
+    relative_path: str
+    start: int
+    end: int
+    items: list[Any] = field(default_factory=list)  # DCP ReadItems, in file order
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+def range_groups(items: list[ReadItem], storage_data: dict[Any, Any],
+                 group_bytes: int) -> list[RangeGroup]:
+    """The plan's items as range groups: per file (in the plan's order of files), items by
+    offset, joined while they touch and the group stays within `group_bytes`."""
+    per_file: dict[str, list[ReadItem]] = {}
+    for item in items:
+        per_file.setdefault(storage_data[item.storage_index].relative_path, []).append(item)
+    groups: list[RangeGroup] = []
+    for relative_path, file_items in per_file.items():
+        current: RangeGroup | None = None
+        for item in sorted(file_items, key=lambda i: storage_data[i.storage_index].offset):
+            info = storage_data[item.storage_index]
+            start, end = info.offset, info.offset + info.length
+            if current is not None and start == current.end and end - current.start <= group_bytes:
+                current.end = end
+                current.items.append(item)
+                continue
+            if current is not None and start >= current.start and end <= current.end:
+                current.items.append(item)  # the same bytes again (a replicated item)
+                continue
+            current = RangeGroup(relative_path, start, end, [item])
+            groups.append(current)
+    return groups
+
+
+class MemorySlice(io.RawIOBase):
+    """A read-only, seekable file over a slice of fetched bytes (no copy): what torch.load
+    and DCP's load transforms read an item from."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET, /) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: len(self._view)}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def readinto(self, buffer: Any, /) -> int:
+        target = memoryview(buffer).cast("B")
+        count = max(0, min(len(target), len(self._view) - self._position))
+        target[:count] = self._view[self._position:self._position + count]
+        self._position += count
+        return count
+
+
+class HeldBytes:
+    """The bytes the reader holds (fetched or in flight), and the most it held at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.now = 0
+        self.peak = 0
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self.now += count
+            self.peak = max(self.peak, self.now)
+
+    def release(self, count: int) -> None:
+        with self._lock:
+            self.now -= count
+
+
+class ReadAhead:
+    """Mixin before a client's DCP reader (after `TimedReader`): `read_data` with
+    `read_ahead` range fetches in flight (module docstring). Attributes of the DCP reader
+    it uses: `fs`, `path`, `storage_data` and DCP's load transforms (compat)."""
+
+    fs: Any
+    path: Any
+    storage_data: dict[Any, Any]
+    timeline: HookTimeline
+
+    def __init__(self, *args: Any, read_ahead: int, group_bytes: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.read_ahead = read_ahead
+        self.group_bytes = group_bytes
+
+    # -- fetching (the threads) ------------------------------------------------------------
+    def fetch_into(self, path: Any, start: int, target: memoryview) -> None:
+        """Fill `target` with the bytes of object `path` from `start`, through the reader's
+        (timed) file system: a seek and readinto (the connector's ranged reader: one ranged
+        GET, its chunks copied into `target`; a file). Clients with a ranged call of their
+        own override this."""
+        with self.fs.create_stream(path, "rb") as stream:
+            stream.seek(start)
+            filled = 0
+            while filled < len(target):
+                count = stream.readinto(target[filled:])
+                if not count:
+                    raise OSError(f"{path}: ended {len(target) - filled} bytes before "
+                                  f"{start + len(target)}")
+                filled += count
+
+    def clocked_into(self, target: memoryview, fetch: Callable[[], bytes]) -> None:
+        """A client's own ranged call (returning bytes), on the storage clock and counted in
+        the bytes moved as the timed streams count reads, copied into `target`."""
+        clock = self.timeline.storage_clock
+        clock.enter()
+        try:
+            data = fetch()
+        finally:
+            clock.exit()
+        if len(data) != len(target):
+            raise OSError(f"a ranged read returned {len(data)} of {len(target)} bytes")
+        self.timeline.moved.add(len(data))
+        target[:] = data
+
+    def _fetch(self, group: RangeGroup, buffer: bytearray) -> memoryview:
+        view = memoryview(buffer)[:group.length]
+        self.fetch_into(self.fs.concat_path(self.path, group.relative_path), group.start, view)
+        return view
+
+    # -- the rank's thread -----------------------------------------------------------------
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        from torch.futures import Future
+
+        groups = deque(range_groups(plan.items, self.storage_data, self.group_bytes))
+        held = HeldBytes()
+        # N buffers of the largest group, reused group after group: a fetch lands in memory
+        # already faulted in (never resized: views of the last group may still be alive)
+        largest = max((group.length for group in groups), default=0)
+        free = [bytearray(largest) for _ in range(min(self.read_ahead, len(groups)))]
+        pending: deque[tuple[RangeGroup, bytearray, PoolFuture[memoryview]]] = deque()
+        with ThreadPoolExecutor(self.read_ahead, thread_name_prefix="read-ahead") as pool:
+            try:
+                while groups or pending:
+                    while groups and free:
+                        group, buffer = groups.popleft(), free.pop()
+                        held.add(group.length)
+                        pending.append((group, buffer, pool.submit(self._fetch, group, buffer)))
+                    group, buffer, fetched = pending.popleft()
+                    self._consume(group, fetched.result(), planner)
+                    free.append(buffer)
+                    held.release(group.length)
+            finally:
+                for _, _, fetched in pending:
+                    fetched.cancel()
+        self.timeline.read_ahead_peak_bytes = held.peak
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def _consume(self, group: RangeGroup, view: memoryview, planner: LoadPlanner) -> None:
+        """Each item of a fetched group, as DCP's read_data handles it, except that a tensor
+        is read where it lies in the fetched bytes (compat.saved_tensor_view) and copied
+        once, into its target."""
+        from torch.distributed.checkpoint.planner import LoadItemType
+
+        from dcp_fsdp.compat import narrow_tensor_by_index
+
+        for req in group.items:
+            info = self.storage_data[req.storage_index]
+            begin = info.offset - group.start
+            item = view[begin:begin + info.length]
+            if req.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(req, io.BytesIO(self._stream(req, info, item).read(-1)))
+                continue
+            tensor = narrow_tensor_by_index(self._tensor(req, info, item), req.storage_offsets,
+                                            req.lengths)
+            target = planner.resolve_tensor(req).detach()
+            if target.size() != tensor.size():
+                raise AssertionError(f"req {req.storage_index} mismatch sizes "
+                                     f"{target.size()} vs {tensor.size()}")
+            target.copy_(tensor)
+            planner.commit_tensor(req, target)
+
+    def _stream(self, req: Any, info: Any, item: memoryview) -> Any:
+        from dcp_fsdp.compat import load_stream
+
+        return load_stream(self, req, info, MemorySlice(item))
+
+    def _tensor(self, req: Any, info: Any, item: memoryview) -> Any:
+        """The saved tensor: a view of the fetched bytes where DCP applied no transform to
+        the item (the default), else torch.load of the transformed stream, as DCP does."""
+        import torch
+
+        from dcp_fsdp.compat import saved_tensor_view
+
+        if not getattr(info, "transform_descriptors", None):
+            return saved_tensor_view(item, MemorySlice)
+        stream = self._stream(req, info, item)
+        seekable = stream if stream.seekable() else io.BytesIO(stream.read(-1))
+        return torch.load(seekable, map_location="cpu", weights_only=True)
