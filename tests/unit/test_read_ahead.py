@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -17,8 +18,8 @@ from dcp_fsdp.storage.timed_dcp import TimedLoadPlanner, TimedReadAheadFileSyste
 from dcp_fsdp.storage.timeline import HookTimeline
 
 
-def item(index: int) -> SimpleNamespace:
-    return SimpleNamespace(storage_index=index)
+def item(index: int) -> Any:
+    return SimpleNamespace(storage_index=index)  # what range_groups reads of a ReadItem
 
 
 def test_items_that_touch_are_one_range_up_to_the_cap():
@@ -48,11 +49,11 @@ def test_a_saved_tensor_is_read_where_it_lies(tensor):
 
 
 def test_a_load_through_the_tool_s_reader_is_bit_exact_and_within_its_bound(tmp_path):
-    state = {f"layer{i}.weight": torch.randn(256, 64 + i) for i in range(12)}
+    state: dict[str, Any] = {f"layer{i}.weight": torch.randn(256, 64 + i) for i in range(12)}
     state["step"] = torch.tensor(7.0)
     state["extra"] = {"note": io.BytesIO(b"bytes item")}  # a BYTE_IO item
     dcp.save(state, checkpoint_id=str(tmp_path))
-    target = {k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else v)
+    target: dict[str, Any] = {k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else v)
               for k, v in state.items()}
     target["extra"] = {"note": io.BytesIO()}
     timeline = HookTimeline()
