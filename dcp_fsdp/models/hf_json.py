@@ -39,6 +39,9 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 HEAD_DIM_DEFAULT = {"qwen3": 128}
 # Families whose class reads attention_bias (q/k/v/o biases); Qwen2 always biases q/k/v.
 ATTENTION_BIAS_FAMILIES = ("llama", "qwen3", "qwen3_moe")
+# The rope types transformers 5.x builds (its ROPE_INIT_FUNCTIONS, and "default"): another
+# name is built by no model class (issue 49 item 2; the parity test checks the list).
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
 
 
 class _Fields:
@@ -126,9 +129,51 @@ def _dense_layers(fields: _Fields, layers: int) -> tuple[int, ...]:
     return tuple(i for i in range(layers) if i in only or (i + 1) % step)
 
 
+def _check_attention(family: str, fields: _Fields, head_dim: int) -> None:
+    """What transformers refuses of the attention's shape: LlamaConfig a width that is not a
+    multiple of the heads, every family's rotary embedding an odd head width (over 4), and its
+    attention KV heads that do not divide the heads (issue 49 item 2)."""
+    hidden, heads = fields.data["hidden_size"], fields.data["num_attention_heads"]
+    kv_heads = fields.data["num_key_value_heads"]
+    if family == "llama" and hidden % heads:
+        raise UserError(f"{fields.where}: 'hidden_size' {hidden} is not a multiple of "
+                        f"'num_attention_heads' {heads}, which transformers' LlamaConfig "
+                        "refuses; make hidden_size a multiple of num_attention_heads")
+    if head_dim > 4 and head_dim % 2:
+        source = ("'head_dim'" if "head_dim" in fields.data
+                  else f"'hidden_size' {hidden} / 'num_attention_heads' {heads}")
+        raise UserError(f"{fields.where}: the head width ({source}) is {head_dim}, odd, and "
+                        "transformers' rotary embedding needs an even one; give an even "
+                        "head_dim")
+    if kv_heads > heads or heads % kv_heads:
+        raise UserError(f"{fields.where}: 'num_key_value_heads' {kv_heads} does not divide "
+                        f"'num_attention_heads' {heads}, which transformers' attention "
+                        "cannot group; give a divisor of num_attention_heads")
+
+
+def _check_rope(fields: _Fields) -> None:
+    """A rope_scaling (or rope_parameters) of a type transformers has no rotary embedding
+    for is built by no model class."""
+    for name in ("rope_scaling", "rope_parameters"):
+        value = fields.data.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise UserError(f"{fields.where}: '{name}' is {json.dumps(value)}; it must be an "
+                            "object (e.g. {\"rope_type\": \"llama3\", ...}) or null")
+        kind = value.get("rope_type", value.get("type", "default"))
+        if kind not in ROPE_TYPES:
+            raise UserError(f"{fields.where}: '{name}' has rope_type {json.dumps(kind)}, which "
+                            f"transformers does not build; use one of {', '.join(ROPE_TYPES)}")
+
+
 def _llama_like(family: str, fields: _Fields) -> ModelShape:
     hidden, heads = fields.whole("hidden_size"), fields.whole("num_attention_heads")
     layers = fields.whole("num_hidden_layers")
+    head_dim = fields.whole("head_dim", HEAD_DIM_DEFAULT.get(family, hidden // heads))
+    fields.whole("num_key_value_heads")
+    _check_attention(family, fields, head_dim)
+    _check_rope(fields)
     bias = family in ATTENTION_BIAS_FAMILIES and fields.flag("attention_bias", False)
     experts = {"qwen3_moe": lambda: fields.whole("num_experts", minimum=0),
                "mixtral": lambda: fields.whole("num_local_experts")}.get(family, lambda: 0)()
@@ -139,7 +184,7 @@ def _llama_like(family: str, fields: _Fields) -> ModelShape:
         intermediate_size=fields.whole("intermediate_size"),
         num_kv_heads=fields.whole("num_key_value_heads"),
         rms_norm_eps=fields.number("rms_norm_eps", LLAMA_RMS_NORM_EPS),
-        head_dim=fields.whole("head_dim", HEAD_DIM_DEFAULT.get(family, hidden // heads)),
+        head_dim=head_dim,
         tie_embeddings=fields.flag("tie_word_embeddings", False),
         qkv_bias=bias or family == "qwen2", o_bias=bias,
         mlp_bias=family == "llama" and fields.flag("mlp_bias", False),

@@ -47,6 +47,50 @@ def test_a_bad_config_json_is_refused_in_one_line_naming_it(tmp_path, text, expe
     assert expected in refusal(tmp_path, text)
 
 
+LLAMA = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
+         "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 1000,
+         "intermediate_size": 512}
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"hidden_size": 250}, "'hidden_size' 250 is not a multiple of 'num_attention_heads' 8, "
+                           "which transformers' LlamaConfig refuses"),
+    ({"hidden_size": 250, "model_type": "mistral"},
+     "the head width ('hidden_size' 250 / 'num_attention_heads' 8) is 31, odd"),
+    ({"head_dim": 33}, "the head width ('head_dim') is 33, odd"),
+    ({"num_key_value_heads": 3}, "'num_key_value_heads' 3 does not divide 'num_attention_heads' 8"),
+    ({"num_key_value_heads": 16}, "'num_key_value_heads' 16 does not divide 'num_attention_heads' 8"),
+    ({"rope_scaling": {"rope_type": "bogus", "factor": 2.0}},
+     "'rope_scaling' has rope_type \"bogus\", which transformers does not build; use one of "
+     "default, linear"),
+    ({"rope_parameters": {"type": "bogus"}}, "'rope_parameters' has rope_type \"bogus\""),
+    ({"rope_scaling": "linear"}, "'rope_scaling' is \"linear\"; it must be an object"),
+])
+def test_a_config_transformers_refuses_is_refused_naming_the_field(tmp_path, change, expected):
+    """Issue 49 item 2: built and benchmarked before, though transformers builds none of them."""
+    assert expected in refusal(tmp_path, json.dumps({**LLAMA, **change}))
+
+
+@pytest.mark.parametrize("change", [{"num_key_value_heads": 2}, {"head_dim": 4},
+                                    {"rope_scaling": {"type": "linear", "factor": 2.0}},
+                                    {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+                                    {"rope_scaling": None}])
+def test_a_config_transformers_builds_is_taken(tmp_path, change):
+    from dcp_fsdp.models.hf_json import read_config_json
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA, **change}))
+    assert read_config_json(str(path)).num_layers == 2
+
+
+def test_the_rope_types_are_those_transformers_builds():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from dcp_fsdp.models.hf_json import ROPE_TYPES
+
+    assert set(ROPE_TYPES) == {"default", *ROPE_INIT_FUNCTIONS}
+
+
 def test_a_missing_file_is_refused_and_never_downloaded(tmp_path):
     cfg = compose("save", ["model.config=Qwen/Qwen3-8B", f"results_dir={tmp_path}"])
     with pytest.raises(UserError, match=r"^model.config=Qwen/Qwen3-8B: no such file; give the path "
