@@ -11,9 +11,10 @@ rank's thread deserialises what has arrived:
 - a *range group* is a run of items of one file that lie back to back (the order DCP wrote
   them), up to `group_bytes` (storage.read_ahead_mib; an item larger than that is a group of
   its own), fetched as one ranged read;
-- N buffers, reused from group to group (a fetch lands in memory already faulted in): the
-  memory bound is N x max(group_bytes, the largest item), and the reader records the most it
-  held (`HookTimeline.read_ahead_peak_bytes`);
+- N buffers, reused from group to group and kept for the process's next load (a fetch lands
+  in memory already faulted in, `BufferPool`): the memory bound is N x max(group_bytes, the
+  largest item), held between loads too, and the reader records the most it held in flight
+  (`HookTimeline.read_ahead_peak_bytes`);
 - each item is resolved, narrowed and committed through DCP's planner exactly as DCP's reader
   does, so resharded, replicated, tensor-parallel and optimizer-state loads are the same
   loads; a tensor is read where it lies in the fetched bytes (torch.save's record, found
@@ -133,6 +134,32 @@ class HeldBytes:
             self.now -= count
 
 
+class BufferPool:
+    """The fetch buffers of this process, kept from one load to the next: zero-filling N
+    fresh buffers of the largest group costs every load a page fault per 4 KiB of them (a
+    quarter of a second for 4 x 64 MiB here), so they are kept, as a training job keeps its
+    staging buffers. Between loads the process holds them: N x the largest group."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: list[bytearray] = []
+
+    def take(self, count: int, size: int) -> list[bytearray]:
+        """`count` buffers of at least `size` bytes (never resized: views of an earlier
+        load's last group may still be alive)."""
+        with self._lock:
+            fitting = [buffer for buffer in self._free if len(buffer) >= size][:count]
+            self._free = []  # the rest are too small, or more than needed: dropped
+        return fitting + [bytearray(size) for _ in range(count - len(fitting))]
+
+    def give(self, buffers: list[bytearray]) -> None:
+        with self._lock:
+            self._free.extend(buffers)
+
+
+POOL = BufferPool()
+
+
 class ReadAhead:
     """Mixin before a client's DCP reader (after `TimedReader`): `read_data` with
     `read_ahead` range fetches in flight (module docstring). Attributes of the DCP reader
@@ -192,7 +219,8 @@ class ReadAhead:
         # N buffers of the largest group, reused group after group: a fetch lands in memory
         # already faulted in (never resized: views of the last group may still be alive)
         largest = max((group.length for group in groups), default=0)
-        free = [bytearray(largest) for _ in range(min(self.read_ahead, len(groups)))]
+        buffers = POOL.take(min(self.read_ahead, len(groups)), largest)
+        free = list(buffers)
         pending: deque[tuple[RangeGroup, bytearray, PoolFuture[memoryview]]] = deque()
         with ThreadPoolExecutor(self.read_ahead, thread_name_prefix="read-ahead") as pool:
             try:
@@ -208,6 +236,7 @@ class ReadAhead:
             finally:
                 for _, _, fetched in pending:
                     fetched.cancel()
+        POOL.give(buffers)  # after the pool's threads ended: no fetch still writes into one
         self.timeline.read_ahead_peak_bytes = held.peak
         done: Future[None] = Future()
         done.set_result(None)
