@@ -55,18 +55,22 @@ S3_SPACE: dict[str, list[Any]] = {
     "storage.max_gap_size_mib": [32.0, 0.0, 8.0, 128.0],
     "storage.prefix_strategy": ["default", "binary", "hex"],
     "storage.throughput_target_gbps": [10.0, 25.0, 50.0, 5.0],
+    # the tool's own reader (storage/read_ahead.py), not DCP's: labelled as such if chosen
+    "storage.read_ahead": [0, 4, 8],
 }
-FS_SPACE: dict[str, list[Any]] = {"storage.thread_count": [1, 2, 4, 8]}
+FS_SPACE: dict[str, list[Any]] = {"storage.thread_count": [1, 2, 4, 8], "storage.read_ahead": [0, 4, 8]}
 # DCP's own knob, for any storage: sync saves only (validate.py refuses it with async).
 DCP_SPACE: dict[str, list[Any]] = {"plan_caching": [False, True]}
 # A setting that matters only when another has a given value: not searched otherwise, and
 # left out of the OVERRIDES= line (a run refuses it there).
 CONNECTOR: tuple[str, Any] = ("storage.client", "s3torchconnector")
 CLIENT_SETTINGS = frozenset().union(*CLIENT_ONLY.values())  # the settings of one client each
+DCPS_READER: tuple[str, Any] = ("storage.read_ahead", 0)  # the tool's reader has no reader kind
 REQUIRES: dict[str, Any] = {
-    **{name: CONNECTOR for name in ("storage.part_size_mib", "storage.reader",
-                                    "storage.prefix_strategy", "storage.throughput_target_gbps")},
-    "storage.max_gap_size_mib": [("storage.reader", "dcp_optimized"), CONNECTOR]}
+    **{name: CONNECTOR for name in ("storage.part_size_mib", "storage.prefix_strategy",
+                                    "storage.throughput_target_gbps")},
+    "storage.reader": [CONNECTOR, DCPS_READER],
+    "storage.max_gap_size_mib": [("storage.reader", "dcp_optimized"), CONNECTOR, DCPS_READER]}
 
 
 def _get(cfg: BenchmarkConfig, dotted: str) -> Any:

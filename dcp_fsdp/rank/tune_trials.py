@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 import os
 import time
 from collections.abc import Iterable
@@ -77,6 +78,8 @@ def figures_of(samples: Iterable[Sample]) -> dict[str, Any]:
             figures[f"{op}_spread"] = found[op]["spread"]
             rates = [v for v in found[op]["per_iteration_mib_s"] if not math.isnan(v)]
             figures[f"{op}_best_mib_s"] = max(rates) if rates else math.nan
+            # the ceiling figures divide by: the median round (telemetry/figures.py)
+            figures[f"{op}_median_mib_s"] = statistics.median(rates) if rates else math.nan
             if op in ("save", "load"):
                 figures[f"{op}_efficiency"] = found[op]["efficiency"]
     if {"save_s", "load_s"} <= figures.keys():

@@ -40,7 +40,8 @@ def ceiling_summary(trial: Trial) -> dict[str, Any]:
         return found
     for op, raw in (("save", "raw_put"), ("load", "raw_get")):
         found.update({f"{op}_mib_s": figures.get(f"{op}_mib_s"),
-                      f"{raw}_mib_s": figures.get(f"{raw}_best_mib_s"),
+                      f"{raw}_mib_s": figures.get(f"{raw}_median_mib_s",
+                                                  figures.get(f"{raw}_best_mib_s")),
                       f"{raw}_spread": figures.get(f"{raw}_spread"),
                       f"{op}_efficiency": figures.get(f"{op}_efficiency")})
     return found
@@ -96,7 +97,7 @@ def verdict_lines(summary: dict[str, Any]) -> list[str]:
         scores = rows[override_line(chosen)]["final_scores_mib_s"]
         return [f"recommended: {override_line(_changed(chosen, defaults))} (its worst final "
                 f"score {min(scores):.1f} MiB/s above the defaults' best {max(base):.1f}; "
-                f"median gain {summary['gain'] * 100:+.1f} %)", seen]
+                f"median gain {summary['gain'] * 100:+.1f} %)", seen, *_not_dcps(chosen)]
     others = [r for r in summary["ranking"] if r["finalist"] and r["final_scores_mib_s"]
               and override_line(r["settings"]) != override_line(defaults)]
     if len(base) < MIN_FINAL_SCORES:
@@ -134,12 +135,21 @@ def efficiency_lines(ceiling: dict[str, Any]) -> list[str]:
             above.append(op)
     lines = ["efficiency of the recommendation against the ceiling (its own trial: "
              f"{CEILING_ROUNDS} save-and-load iterations, then a raw PUT/GET round of the same "
-             "objects per iteration with the same client settings; the ceiling is the best raw "
+             "objects per iteration with the same client settings; the ceiling is the median raw "
              "round): " + ("; ".join(parts) or "no figures")]
     if above:
-        lines.append(f"  above 1 ({', '.join(above)}): DCP beat every raw round, so they are no "
-                     "ceiling here (a stalled round, or too few); see the record")
+        lines.append(f"  above 1 ({', '.join(above)}): DCP beat the median raw round, so it is "
+                     "no ceiling here (a stalled round, or too few); see the record")
     return lines
+
+
+def _not_dcps(chosen: dict[str, Any]) -> list[str]:
+    """A recommendation that holds the tool's own reader says that DCP's is not it."""
+    read_ahead = chosen.get("storage.read_ahead")
+    if not read_ahead or str(read_ahead) == "0":
+        return []
+    return [f"  storage.read_ahead={read_ahead} is the tool's reader, not DCP's: a training job "
+            "gets its gain only with such a reader of its own (docs/headroom.md)"]
 
 
 def print_result(summary: dict[str, Any]) -> None:

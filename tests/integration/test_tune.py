@@ -41,14 +41,17 @@ def test_tune_runs_every_trial_in_one_launch_and_its_override_line_runs(s3, s3_u
     given = dict(o.split("=", 1) for o in overrides)
     # every tuned setting; the connector's own only with the connector, the reader's gap
     # size only with the reader that has one
-    connector = ["storage.part_size_mib", "storage.reader", "storage.prefix_strategy",
+    connector = ["storage.part_size_mib", "storage.prefix_strategy",
                  "storage.throughput_target_gbps"]
     with_connector = given["storage.client"] == "s3torchconnector"
+    dcps_reader = given["storage.read_ahead"] == "0"  # the tool's own reader has no kind
     assert set(given) == {
-        "storage.thread_count", "storage.client", "plan_caching",
+        "storage.thread_count", "storage.client", "plan_caching", "storage.read_ahead",
         *(connector if with_connector else []),
+        *(["storage.reader"] if with_connector and dcps_reader else []),
         *(["storage.max_gap_size_mib"]
-          if with_connector and given["storage.reader"] == "dcp_optimized" else [])}
+          if with_connector and dcps_reader and given["storage.reader"] == "dcp_optimized"
+          else [])}
     assert "recommended: " in tuned.stdout and "noise seen: " in tuned.stdout
     # Every trial is a normal run record in one session directory, with its role.
     session, runs = _records(results)
