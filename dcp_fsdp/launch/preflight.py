@@ -164,8 +164,16 @@ def check_compatible(store: CheckpointStore, cfg: BenchmarkConfig) -> MetadataFa
               "state": cfg.state.value}
     if not manifest:  # not saved by this tool (plain dcp.save): its tensors say what it is
         _check_model_tensors(suffix, cfg, tensors)
+    # A manifest with the model's shape identifies the model by its tensors, not by its name
+    # (model.config's path): the file edited is refused, an identical copy is taken.
+    by_shape = isinstance(manifest.get("model.shape"), str)
+    if by_shape:
+        _check_same_shape(suffix, cfg, manifest)
+    elif manifest:  # saved before model.shape: no model tensor there may be missing here
+        _check_no_extra_tensors(suffix, cfg, tensors, manifest)
     differ = [key for key in wanted if saved[key] is not None and saved[key] != wanted[key]
-              and not (key == "state" and saved[key] == "model_and_optimizer")]
+              and not (key == "state" and saved[key] == "model_and_optimizer")
+              and not (key == "model" and by_shape)]
     if differ:
         from dcp_fsdp.models.presets import model_setting
 
@@ -183,6 +191,44 @@ def check_compatible(store: CheckpointStore, cfg: BenchmarkConfig) -> MetadataFa
     return facts
 
 
+def _check_same_shape(suffix: str, cfg: BenchmarkConfig, manifest: dict) -> None:
+    """The model the settings describe has the tensors the checkpoint was saved from (the
+    manifest's `model.shape`, models/presets.py shape_digest); UserError otherwise, before
+    any rank: a smaller model would load part of the checkpoint (issue 49 item 1)."""
+    from dcp_fsdp.models.llama_model_config import param_count
+    from dcp_fsdp.models.presets import model_setting, model_shape, shape_digest
+
+    if shape_digest(cfg.model) == manifest["model.shape"]:
+        return
+    saved = model_setting("model", manifest.get("model"))
+    asked = model_setting("model", cfg.model.name)
+    there = manifest.get("param_count")
+    counts = (f"{there:,} parameters there, " if isinstance(there, int) else "") + (
+        f"{param_count(model_shape(cfg.model)):,} here")
+    edited = " (was the file edited since the save?)" if saved == asked else ""
+    fix = ("restore the file as it was at the save, or give a config.json of that shape"
+           if saved == asked else f"load it with {saved}")
+    raise UserError(f"suffix={suffix}: checkpoint was saved from another model than {asked} "
+                    f"describes now{edited}: its tensors differ ({counts}); {fix}")
+
+
+def _check_no_extra_tensors(suffix: str, cfg: BenchmarkConfig, tensors: dict,
+                            manifest: dict) -> None:
+    """A checkpoint whose manifest has no `model.shape`: a model tensor it holds that the
+    configured model has not (a config.json edited since) is refused before any rank."""
+    from dcp_fsdp.models.llama_model_config import state_shapes
+    from dcp_fsdp.models.presets import model_setting, model_shape
+
+    expected = {f"model.{name}" for name, _ in state_shapes(model_shape(cfg.model),
+                                                           cfg.model.moe_layout.value)}
+    extra = layout.extra_model_tensor(tensors, expected)
+    if extra is not None:
+        asked = model_setting("model", cfg.model.name)
+        raise UserError(f"suffix={suffix}: checkpoint was saved from another model than {asked} "
+                        f"describes now ({extra}); load it with the model it was saved from "
+                        f"({model_setting('model', manifest.get('model'))} as it was then)")
+
+
 def _dtype_of(tensors: dict[str, TensorEntry]) -> str | None:
     """The model's dtype as a setting value, from its parameters' dtype in .metadata."""
     names = {entry.dtype for key, entry in (tensors or {}).items() if key.startswith("model.")}
@@ -198,9 +244,11 @@ def _check_model_tensors(suffix: str, cfg: BenchmarkConfig, tensors: dict) -> No
     from dcp_fsdp.models.llama_model_config import state_shapes
     from dcp_fsdp.models.presets import model_shape
 
+    expected = {f"model.{name}": tuple(dims)
+                for name, dims in state_shapes(model_shape(cfg.model), cfg.model.moe_layout.value)}
     problem = metadata_peek.first_difference(
-        tensors, ((f"model.{name}", tuple(dims), None)
-                  for name, dims in state_shapes(model_shape(cfg.model), cfg.model.moe_layout.value)))
+        tensors, ((key, dims, None) for key, dims in expected.items())) or layout.extra_model_tensor(
+            tensors, expected)
     if problem is None:
         return
     held = ", ".join(f"'{key}'" for key in list(tensors)[:3]) + (", ..." if len(tensors) > 3 else "")

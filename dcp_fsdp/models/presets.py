@@ -37,6 +37,20 @@ def model_shape(model: ModelConfig) -> ModelShape:
     return shape
 
 
+def shape_digest(model: ModelConfig) -> str:
+    """The model's tensors (each name and shape, in the hf layout) as 16 hex digits: what a
+    checkpoint's manifest records as `model.shape`, so that a load identifies a model.config
+    model by the file's content, not its path (issue 49 item 1): an identical copy, or the
+    same file by another path, is the same model; the file edited is another."""
+    import hashlib
+    import json
+
+    from dcp_fsdp.models.llama_model_config import state_shapes
+
+    tensors = [[name, list(dims)] for name, dims in state_shapes(model_shape(model), "hf")]
+    return hashlib.sha256(json.dumps(tensors).encode()).hexdigest()[:16]
+
+
 def model_setting(key: str, value: object) -> str:
     """`key=value` as a user types it for a manifest's entry: its model `config:PATH` (what
     ModelConfig.name calls a config.json model) is the setting model.config=PATH."""

@@ -482,7 +482,10 @@ class CheckpointLoop:
         """A small description of the checkpoint (after .metadata: not part of the commit)."""
         if not self.ctx.is_coordinator:
             return
-        manifest = {"model": self.cfg.model.name, "model.moe_layout": self.cfg.model.moe_layout.value,
+        from dcp_fsdp.models.presets import shape_digest
+
+        manifest = {"model": self.cfg.model.name, "model.shape": shape_digest(self.cfg.model),
+                    "model.moe_layout": self.cfg.model.moe_layout.value,
                     "model.dtype": self.cfg.model.dtype.value,
                     "state": self.cfg.state.value, "world_size": self.ctx.world_size,
                     "replicas": self.replicas, "tp": self.cfg.model.tp,

@@ -21,6 +21,7 @@ from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.models import values
 from dcp_fsdp.models.build import ShardedModel, local_tensor, unique_shards
 from dcp_fsdp.rank.distributed import first_problem
+from dcp_fsdp.storage.layout import extra_model_tensor
 from dcp_fsdp.storage.metadata_peek import first_difference
 
 
@@ -43,9 +44,14 @@ def flat_tensors(state_dict: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 def checkpoint_mismatch(stored: dict[str, Any], state_dict: dict[str, Any]) -> str | None:
     """How a checkpoint's tensors (`MetadataFacts.tensors`: key -> shape and dtype name)
-    differ from this state dict's, or None when every tensor is there as it is here."""
-    return first_difference(stored, ((key, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
-                                     for key, tensor in flat_tensors(state_dict).items()))
+    differ from this state dict's, or None when every tensor is there as it is here and
+    every model tensor there is here (a smaller model would load part of it: issue 49
+    item 1; a model-only load of a checkpoint with optimizer state is a load of its model)."""
+    tensors = flat_tensors(state_dict)
+    problem = first_difference(stored, ((key, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
+                                        for key, tensor in tensors.items()))
+    return problem or extra_model_tensor(stored, tensors)
+
 
 
 def mismatch_error(suffix: str, cfg: Any, problem: str, manifest: dict[str, Any] | None) -> UserError:

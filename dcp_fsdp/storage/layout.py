@@ -359,3 +359,13 @@ def checkpoint_damage(store: CheckpointStore, suffix: str) -> str | None:
         return objects_damage(facts, store.object_sizes(suffix)) if facts.object_sizes else None
     except UserError as refused:  # not a file (a FIFO); MetadataRefused: hostile, not DCP's
         return str(refused)
+
+
+def extra_model_tensor(stored: dict[str, Any], expected: Any) -> str | None:
+    """The first model tensor of the checkpoint (`stored`) the expected keys lack, said, or
+    None: a load would leave it unread and report the rest as the checkpoint's load."""
+    extra = [key for key in stored if key.startswith("model.") and key not in expected]
+    if not extra:
+        return None
+    more = f" and {len(extra) - 1} more" if len(extra) > 1 else ""
+    return f"it holds tensor '{extra[0]}'{more}, which this model has not"

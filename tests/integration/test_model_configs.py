@@ -93,3 +93,51 @@ def test_a_released_model_this_machine_cannot_hold_is_refused_in_seconds(tmp_pat
     assert "756.0 GiB of state" in errors[0] and "Traceback" not in result.stderr
     assert result.elapsed_s < 15, f"took {result.elapsed_s:.1f} s"
     assert not (tmp_path / "c").exists()
+
+
+def test_a_config_json_is_identified_by_its_content_not_its_path(tmp_path):
+    """Issue 49 item 1: a load against a config.json edited since the save (2 layers, then 1)
+    is refused in one line before any rank (it loaded part of the checkpoint and reported a
+    load); an identical copy elsewhere, or the same file by a relative path, loads it."""
+    model = tmp_path / "mut"
+    model.mkdir()
+    data = json.loads((HF_CONFIGS / "qwen3_tied.json").read_text())
+    (model / "config.json").write_text(json.dumps({**data, "num_hidden_layers": 2}))
+    store = ["storage=fs", f"storage.path={tmp_path / 'ckpt'}"]
+    save = run_cli(["save", f"model.config={model}", "nproc=1", "suffix=s1", *store,
+                    f"results_dir={tmp_path / 'saves'}"])
+    assert save.returncode == 0, save.stderr
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "config.json").write_text((model / "config.json").read_text())
+
+    for n, (config, cwd) in enumerate([(str(copy / "config.json"), tmp_path),
+                                       ("mut", tmp_path)]):
+        load = run_cli(["load", f"model.config={config}", "nproc=1", "suffix=s1", *store,
+                        f"results_dir={tmp_path / f'loads{n}'}"], cwd=cwd)
+        assert load.returncode == 0, load.stderr
+        run, _ = read_run(tmp_path / f"loads{n}")
+        assert_every_load_verified(run)
+
+    (model / "config.json").write_text(json.dumps({**data, "num_hidden_layers": 1}))
+    edited = run_cli(["load", f"model.config={model}", "nproc=1", "suffix=s1", *store,
+                      f"results_dir={tmp_path / 'edited'}"])
+    assert edited.returncode == 2 and "Traceback" not in edited.stderr, edited.stderr
+    errors = [line for line in edited.stderr.splitlines() if line.startswith("dcp-fsdp: error:")]
+    assert errors == [edited.stderr.strip().splitlines()[-1]] and errors[0].startswith(
+        f"dcp-fsdp: error: suffix=s1: checkpoint was saved from another model than "
+        f"model.config={model} describes now (was the file edited since the save?): its "
+        "tensors differ ("), edited.stderr
+    assert not list((tmp_path / "edited").glob("**/*.jsonl"))  # no rank ran, nothing recorded
+
+    # a checkpoint saved before the manifest named the shape: its tensors decide, still
+    # before any rank
+    manifest_path = tmp_path / "ckpt" / "s1" / "dcp_fsdp.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["model.shape"]
+    manifest_path.write_text(json.dumps(manifest))
+    older = run_cli(["load", f"model.config={model}", "nproc=1", "suffix=s1", *store,
+                     f"results_dir={tmp_path / 'older'}"])
+    assert older.returncode == 2 and "Traceback" not in older.stderr, older.stderr
+    assert "which this model has not" in older.stderr.strip().splitlines()[-1], older.stderr
+    assert not list((tmp_path / "older").glob("**/*.jsonl"))
