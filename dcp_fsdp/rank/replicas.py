@@ -44,21 +44,39 @@ def held_bytes(state_dict: dict[str, Any], mesh: DeviceMesh | None) -> int:
     each (split exactly, as replica_share splits): with model.tp > 1, FSDP alone shards the
     norms, embeddings and head (their DTensors' mesh has no "tp" dimension), so the tp ranks
     of a dp shard hold the same bytes; over all ranks the shares then sum to the checkpoint's
-    state bytes, as without TP. 0-dim tensors (AdamW's step) count on every rank, as before."""
+    state bytes, as without TP. A plain tensor (AdamW's step scalars) is on every rank and
+    DCP writes it once: its bytes are split the same way over the ranks of a replica (issue
+    49 item 8: they were counted on every rank, (world - 1) x 156 B too many)."""
     tp, tp_rank = 1, 0
     if mesh is not None and TP_DIM in (mesh.mesh_dim_names or ()):
         tp, tp_rank = mesh[TP_DIM].size(), mesh.get_local_rank(TP_DIM)
     flat, _ = flatten_state_dict(state_dict)
-    total = 0
+    total = everywhere = 0
     for tensor in flat.values():
         if not isinstance(tensor, torch.Tensor):
             continue
         local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
         nbytes = local.numel() * local.element_size()
-        whole_over_tp = (isinstance(tensor, DTensor)
-                         and TP_DIM not in (tensor.device_mesh.mesh_dim_names or ()))
+        if not isinstance(tensor, DTensor):
+            everywhere += nbytes
+            continue
+        whole_over_tp = TP_DIM not in (tensor.device_mesh.mesh_dim_names or ())
         total += replica_share(nbytes, tp, tp_rank) if whole_over_tp else nbytes
-    return total
+    return total + replica_share(everywhere, *_place_in_replica(mesh))
+
+
+def _place_in_replica(mesh: DeviceMesh | None) -> tuple[int, int]:
+    """(ranks in a replica, this rank's place among them): every mesh dimension but
+    "replicate" (replica_share splits over the replicas), row-major; (1, 0) without a mesh."""
+    if mesh is None:
+        return 1, 0
+    names = mesh.mesh_dim_names or (None,) * mesh.ndim
+    coordinate = mesh.get_coordinate() or [0] * mesh.ndim
+    size, place = 1, 0
+    for name, extent, index in zip(names, mesh.shape, coordinate):
+        if name != REPLICATE_DIM:
+            size, place = size * extent, place * extent + index
+    return size, place
 
 
 def read_once_load(state_dict: dict[str, Any], storage_reader: StorageReader | None, mesh: DeviceMesh,

@@ -79,10 +79,12 @@ def test_save_and_load_model_and_optimizer_gpt2_bf16(s3, s3_uri, tmp_path):
                       "nproc=2", "delay_s=0.2", f"results_dir={tmp_path}"], env=s3_env(s3))
     assert_ok(result)
     run, samples = read_run(tmp_path)
-    check_samples(run, samples, {"save": 2, "load": 2})
+    totals = check_samples(run, samples, {"save": 2, "load": 2})
     model = run["model"]
     assert model["dtype"] == "bf16" and model["state"] == "model_and_optimizer"
     assert model["state_bytes"] > 2.5 * model["param_bytes"]
+    # AdamW's step scalars are on every rank and written once: counted once (issue 49 item 8)
+    assert set(totals.values()) == {model["state_bytes"]}, totals
     assert "aggregate MiB/s" in result.stdout and "save (all)" in result.stdout
     # The delay sits between phases, outside the timers.
     for iteration in (1, 2):
