@@ -15,6 +15,8 @@ rank's thread deserialises what has arrived:
   in memory already faulted in, `BufferPool`): the memory bound is N x max(group_bytes, the
   largest item), held between loads too, and the reader records the most it held in flight
   (`HookTimeline.read_ahead_peak_bytes`);
+- on a CUDA rank the buffers are pinned and each tensor is copied to the device on a side
+  stream without blocking (`DeviceCopies`); elsewhere `target.copy_()` as DCP's;
 - each item is resolved, narrowed and committed through DCP's planner exactly as DCP's reader
   does, so resharded, replicated, tensor-parallel and optimizer-state loads are the same
   loads; a tensor is read where it lies in the fetched bytes (torch.save's record, found
@@ -32,6 +34,7 @@ from __future__ import annotations
 import io
 import os
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future as PoolFuture
 from concurrent.futures import ThreadPoolExecutor
@@ -135,26 +138,75 @@ class HeldBytes:
 
 
 class BufferPool:
-    """The fetch buffers of this process, kept from one load to the next: zero-filling N
-    fresh buffers of the largest group costs every load a page fault per 4 KiB of them (a
-    quarter of a second for 4 x 64 MiB here), so they are kept, as a training job keeps its
-    staging buffers. Between loads the process holds them: N x the largest group."""
+    """The fetch buffers of this process, kept from one load to the next: N fresh buffers
+    of the largest group cost every load a page fault per 4 KiB of them (a quarter of a
+    second for 4 x 64 MiB here; pinning them, on a GPU, costs far more), so they are kept,
+    as a training job keeps its staging buffers. Between loads the process holds them: N x
+    the largest group. Buffers are uint8 tensors, pinned on a CUDA rank."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._free: list[bytearray] = []
+        self._free: list[Any] = []
 
-    def take(self, count: int, size: int) -> list[bytearray]:
+    def take(self, count: int, size: int, pinned: bool) -> list[Any]:
         """`count` buffers of at least `size` bytes (never resized: views of an earlier
         load's last group may still be alive)."""
-        with self._lock:
-            fitting = [buffer for buffer in self._free if len(buffer) >= size][:count]
-            self._free = []  # the rest are too small, or more than needed: dropped
-        return fitting + [bytearray(size) for _ in range(count - len(fitting))]
+        import torch
 
-    def give(self, buffers: list[bytearray]) -> None:
+        with self._lock:
+            fitting = [b for b in self._free if b.numel() >= size and b.is_pinned() == pinned]
+            self._free = []  # the rest are too small, of the other kind, or too many: dropped
+        return fitting[:count] + [torch.empty(max(1, size), dtype=torch.uint8, pin_memory=pinned)
+                                  for _ in range(count - len(fitting[:count]))]
+
+    def give(self, buffers: list[Any]) -> None:
         with self._lock:
             self._free.extend(buffers)
+
+
+class DeviceCopies:
+    """How each tensor reaches its target. On a CUDA rank (fetch buffers pinned): on a side
+    stream without blocking, a buffer reused only once its copies are done (an event per
+    buffer), all of them waited for before read_data returns (`finish`, timed as the copy
+    into the live tensors). Elsewhere: `target.copy_()`, as DCP does."""
+
+    def __init__(self, cuda: bool) -> None:
+        import torch
+
+        self.stream = torch.cuda.Stream() if cuda else None
+        self._copied: dict[int, Any] = {}  # id(buffer) -> the event after its last copy
+
+    def copy(self, target: Any, tensor: Any) -> None:
+        import torch
+
+        if self.stream is None or target.device.type != "cuda":
+            target.copy_(tensor)
+            return
+        with torch.cuda.stream(self.stream):
+            target.copy_(tensor, non_blocking=True)
+
+    def copied_from(self, buffer: Any) -> None:
+        """Every copy out of `buffer` so far is enqueued: mark it."""
+        if self.stream is not None:
+            import torch
+
+            event = torch.cuda.Event()
+            event.record(self.stream)
+            self._copied[id(buffer)] = event
+
+    def reusable(self, buffer: Any) -> None:
+        """Wait until the copies out of `buffer` are done (before a fetch overwrites it)."""
+        event = self._copied.pop(id(buffer), None)
+        if event is not None:
+            event.synchronize()
+
+    def finish(self) -> float:
+        """Wait for every copy; the seconds waited."""
+        if self.stream is None:
+            return 0.0
+        started = time.perf_counter()
+        self.stream.synchronize()
+        return time.perf_counter() - started
 
 
 POOL = BufferPool()
@@ -205,47 +257,53 @@ class ReadAhead:
         self.timeline.moved.add(len(data))
         target[:] = data
 
-    def _fetch(self, group: RangeGroup, buffer: bytearray) -> memoryview:
-        view = memoryview(buffer)[:group.length]
+    def _fetch(self, group: RangeGroup, buffer: Any) -> memoryview:
+        view = buffer.numpy().data[:group.length]
         self.fetch_into(self.fs.concat_path(self.path, group.relative_path), group.start, view)
         return view
 
     # -- the rank's thread -----------------------------------------------------------------
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        import torch
         from torch.futures import Future
 
         groups = deque(range_groups(plan.items, self.storage_data, self.group_bytes))
         held = HeldBytes()
-        # N buffers of the largest group, reused group after group: a fetch lands in memory
-        # already faulted in (never resized: views of the last group may still be alive)
+        # N buffers of the largest group, reused group after group (and load after load)
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # a GPU rank
         largest = max((group.length for group in groups), default=0)
-        buffers = POOL.take(min(self.read_ahead, len(groups)), largest)
-        free = list(buffers)
-        pending: deque[tuple[RangeGroup, bytearray, PoolFuture[memoryview]]] = deque()
+        buffers = POOL.take(min(self.read_ahead, len(groups)), largest, pinned=cuda)
+        free, copies = list(buffers), DeviceCopies(cuda)
+        pending: deque[tuple[RangeGroup, Any, PoolFuture[memoryview]]] = deque()
         with ThreadPoolExecutor(self.read_ahead, thread_name_prefix="read-ahead") as pool:
             try:
                 while groups or pending:
                     while groups and free:
                         group, buffer = groups.popleft(), free.pop()
+                        copies.reusable(buffer)
                         held.add(group.length)
                         pending.append((group, buffer, pool.submit(self._fetch, group, buffer)))
                     group, buffer, fetched = pending.popleft()
-                    self._consume(group, fetched.result(), planner)
+                    self._consume(group, fetched.result(), planner, copies)
+                    copies.copied_from(buffer)
                     free.append(buffer)
                     held.release(group.length)
             finally:
                 for _, _, fetched in pending:
                     fetched.cancel()
+                waited_s = copies.finish()
         POOL.give(buffers)  # after the pool's threads ended: no fetch still writes into one
         self.timeline.read_ahead_peak_bytes = held.peak
+        self.timeline.target_copy_s = (self.timeline.target_copy_s or 0.0) + waited_s
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def _consume(self, group: RangeGroup, view: memoryview, planner: LoadPlanner) -> None:
+    def _consume(self, group: RangeGroup, view: memoryview, planner: LoadPlanner,
+                 copies: DeviceCopies) -> None:
         """Each item of a fetched group, as DCP's read_data handles it, except that a tensor
         is read where it lies in the fetched bytes (compat.saved_tensor_view) and copied
-        once, into its target."""
+        once, into its target (`copies`)."""
         from torch.distributed.checkpoint.planner import LoadItemType
 
         from dcp_fsdp.compat import narrow_tensor_by_index
@@ -263,7 +321,7 @@ class ReadAhead:
             if target.size() != tensor.size():
                 raise AssertionError(f"req {req.storage_index} mismatch sizes "
                                      f"{target.size()} vs {tensor.size()}")
-            target.copy_(tensor)
+            copies.copy(target, tensor)
             planner.commit_tensor(req, target)
 
     def _stream(self, req: Any, info: Any, item: memoryview) -> Any:

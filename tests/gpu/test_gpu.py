@@ -49,6 +49,19 @@ def test_nccl_save_and_load(s3, s3_uri, tmp_path):
         (op, it) for op in ("save", "load") for it in (1, 2) for _ in range(nproc))
 
 
+def test_the_tool_s_reader_copies_to_the_device_on_a_side_stream(s3, s3_uri, tmp_path):
+    """storage.read_ahead on a GPU: pinned fetch buffers, non-blocking copies on a side
+    stream (storage/read_ahead.py DeviceCopies), every load verified bit for bit; the
+    copies' wait is in target_copy_s."""
+    nproc = ranks()
+    result = run_cli(["save-and-load", *s3_args(s3, s3_uri), "backend=nccl", f"nproc={nproc}",
+                      "model=tiny_llama", "iterations=2", "storage.read_ahead=4",
+                      f"results_dir={tmp_path}"], env=s3_env(s3))
+    _, samples = check_run(result, tmp_path, nproc)
+    loads = [s for s in samples if s["op"] == "load"]
+    assert loads and all(s["reader"] == "read_ahead=4" and s["target_copy_s"] >= 0 for s in loads)
+
+
 @pytest.mark.parametrize("checkpointer", ["thread", "process"])
 def test_async_save_with_pinned_staging(s3, s3_uri, tmp_path, checkpointer):
     nproc = ranks()
