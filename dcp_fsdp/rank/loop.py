@@ -318,7 +318,8 @@ class CheckpointLoop:
         else:
             seed, reason = None, "integrity=false"
         self._expected_checksums[suffix] = seed
-        self.integrity[suffix] = {"checked": reason is None, "reason": reason}
+        if reason is not None:  # checked: said once a load of it completed and was checked
+            self.integrity[suffix] = {"checked": False, "reason": reason}
         if reason and self.cfg.integrity:
             self.log(f"integrity check of suffix={suffix} skipped: {reason}")
 
@@ -394,6 +395,8 @@ class CheckpointLoop:
             zero_local_tensors(self.state_dict)
         self.keep(self._timed_now("load", iteration, suffix))
         self._verify_checksums(suffix, iteration)
+        if self._expected_checksums[suffix] is not None:  # a failed load checked nothing
+            self.integrity[suffix] = {"checked": True, "reason": None}
         apply_state_dict(self.sharded, self.state_dict)
 
     def _dcp_load(self, run: OpInProgress, suffix: str) -> None:

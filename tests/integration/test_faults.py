@@ -369,3 +369,21 @@ def test_an_endpoint_killed_mid_save_is_named_first_with_the_fix(s3, s3_uri, tmp
     assert "inline_container" not in run["error"].split("(found by probing", 1)[0]
     # The launcher cannot look at the partial checkpoint either: it says why the same way.
     assert f"could not check the partial checkpoint ({lead})" in stderr, stderr
+
+
+def test_a_failed_load_never_says_its_checkpoint_was_checked(s3, s3_uri, tmp_path):
+    """Issue 49 item 9: a load whose data GETs all fail ends with a failed record and no
+    sample; its integrity must not say checked (it said `checked: true, reason: null`)."""
+    save = run_cli(["save", f"storage.uri={s3_uri}", f"storage.endpoint={s3.endpoint_url}",
+                    "nproc=1", "suffix=item9", f"results_dir={tmp_path / 'save'}"],
+                   env=s3_env(s3), timeout_s=TIMEOUT_S)
+    assert save.returncode == 0, save.stderr
+    with FaultProxy(s3.endpoint_url, targets=["GetObject", "GetObjectRanged"],
+                    key_pattern=r"\.distcp$", error_503_rate=1.0) as proxy:
+        load = run_cli(["load", f"storage.uri={s3_uri}", f"storage.endpoint={proxy.url}",
+                        "nproc=1", "suffix=item9", "storage.max_attempts=1",
+                        f"results_dir={tmp_path / 'load'}"], env=s3_env(s3), timeout_s=TIMEOUT_S)
+    assert load.returncode != 0 and proxy.injected().get("503"), load.stderr
+    run, samples = read_run(tmp_path / "load")
+    assert run["status"] != "ok" and not [s for s in samples if s["op"] == "load"]
+    assert not any(entry.get("checked") for entry in run["integrity"].values()), run["integrity"]
