@@ -446,13 +446,17 @@ def dcp_alone(loop: Any) -> list["Sample"]:
             for op in ("save", "load"):
                 sample = loop.timed_on(store, op, iteration, suffix)
                 samples.append(replace(sample, op=f"mem_{op}"))
+        _barrier()  # no rank still reads it (after a failure: no collective, peers may be gone)
     finally:
-        import torch.distributed as dist
-
-        dist.barrier()  # no rank still reads it
         if ctx.rank == 0:
             shutil.rmtree(directory, ignore_errors=True)
     return samples
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
 
 
 def layout_bytes(state_dict: dict[str, Any]) -> int:
@@ -509,20 +513,30 @@ def _more_files_saves(loop: Any) -> list["Sample"]:
     place = {"uri": area} if storage.kind.value == "s3" else {"path": area}
     store = make_store(dataclasses.replace(storage, thread_count=threads, **place))
     samples = []
-    for iteration in range(1, loop.cfg.iterations + 1):
+    try:
+        for iteration in range(1, loop.cfg.iterations + 1):
+            samples.append(dataclasses.replace(
+                loop.timed_on(store, "save", iteration, f"save-{iteration}"), op="tc_save"))
+            _barrier()  # every rank's objects are written before rank 0 removes them
+            if loop.ctx.rank == 0:
+                store.delete(f"save-{iteration}")
+    finally:  # after a failure, no collective (peers may be gone): what rank 0 finds goes
+        if loop.ctx.rank == 0:
+            _remove_area(store, storage.kind.value, area, loop.cfg.iterations)
+    return samples
+
+
+def _remove_area(store: CheckpointStore, kind: str, area: str, iterations: int) -> None:
+    """The more-files saves' objects and open uploads (a save cut short leaves both)."""
+    for iteration in range(1, iterations + 1):
         suffix = f"save-{iteration}"
         try:
-            samples.append(dataclasses.replace(
-                loop.timed_on(store, "save", iteration, suffix), op="tc_save"))
-        finally:
-            import torch.distributed as dist
-
-            dist.barrier()  # every rank's objects are written before rank 0 removes them
-            if loop.ctx.rank == 0:
-                store.delete(suffix)
-    if loop.ctx.rank == 0 and storage.kind.value == "fs":
+            store.abort_uploads(suffix)
+            store.delete(suffix)
+        except Exception:  # the run's outcome stands; list / clean-uploads show the rest
+            continue
+    if kind == "fs":
         _remove_empty_dirs(area)
-    return samples
 
 
 def _remove_empty_dirs(area: str) -> None:

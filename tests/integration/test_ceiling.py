@@ -12,7 +12,9 @@ from tests.kit.cli import read_run, run_cli, s3_args, s3_env
 
 OBJECT_STARTS = ("CreateMultipartUpload", "PutObject")  # one per object written
 # every op a ceiling=true run records beside its DCP ones (rank/ceiling.py)
-CEILING_OPS = {"raw_put", "raw_get", "raw_get_tensors", "raw_put_tensors", "mem_save", "mem_load"}
+CEILING_OPS = {"raw_put", "raw_get", "raw_get_tensors", "raw_put_tensors", "mem_save", "mem_load",
+               "tc_save"}
+HEADROOM_LOAD = "ra_load"  # the tool's reader over the run's checkpoint (none without one)
 
 
 def assert_ok(result):
@@ -53,7 +55,7 @@ def test_ceiling_moves_each_ranks_saved_objects_raw_and_removes_them(s3, s3_uri,
                 if posixpath.basename(k).startswith(f"__{rank}_") and k.endswith(".distcp")}
         assert len(mine) == 2  # thread_count=2: two objects per rank
         by_op = {s["op"]: s for s in samples if s["rank"] == rank}
-        assert set(by_op) == {"save", "load", *CEILING_OPS}
+        assert set(by_op) == {"save", "load", HEADROOM_LOAD, *CEILING_OPS}
         # the same bytes as the rank's save, in as many objects
         # (a save's `bytes` are checkpoint bytes; what it stored is `written_bytes`)
         assert by_op["raw_put"]["bytes"] == by_op["save"]["written_bytes"] == sum(mine.values())
@@ -76,6 +78,7 @@ def test_ceiling_moves_each_ranks_saved_objects_raw_and_removes_them(s3, s3_uri,
             assert sample["begin_wall_s"] < sample["end_wall_s"]
             assert sample["begin_wall_s"] >= by_op["load"]["end_wall_s"]  # after the DCP ops
     assert "load: DCP" in result.stdout and "storage into tensors" in result.stdout
+    assert "load headroom: DCP's reader" in result.stdout and "save headroom:" in result.stdout
     assert not list(Path("/dev/shm").glob("dcp-fsdp-mem-*"))  # DCP alone's tmpfs removed
     # Nothing of the ceiling is left, and it never lay inside the checkpoints' prefix.
     leftovers = [k for k in all_keys(client, s3.bucket) if ".ceiling/" in k]
@@ -113,7 +116,7 @@ def test_request_stats_false_records_no_requests(s3, s3_uri, tmp_path):
     assert_ok(result)
     run, samples = read_run(tmp_path)
     assert run["status"] == "ok" and run["untimed_requests"] is None
-    assert {s["op"] for s in samples} == {"save", "load", *CEILING_OPS}
+    assert {s["op"] for s in samples} == {"save", "load", HEADROOM_LOAD, *CEILING_OPS}
     assert all(s["requests"] is None for s in samples)
     assert all(row["untimed_request_count"] is None for row in run["init"])
     # the run table still prints (blank request columns)
