@@ -117,9 +117,12 @@ class MscClient:
             options["endpoint_url"] = self.target.endpoint
         if self.target.force_path_style:
             options["s3"] = {"addressing_style": "path"}
-        if self.config.msc_rust_client:
-            options["rust_client"] = {}
+        if self.config.msc_rust_client:  # object_store refuses http:// unless allowed
+            options["rust_client"] = {"allow_http": True} if self._plain_http() else {}
         return {"profiles": {MSC_PROFILE: {"storage_provider": {"type": "s3", "options": options}}}}
+
+    def _plain_http(self) -> bool:
+        return bool(self.target.endpoint) and str(self.target.endpoint).lower().startswith("http://")
 
     def write_profile(self, directory: Path) -> dict[str, str]:
         """The profile as a file in `directory`; what the rank must set (MSC_CONFIG)."""

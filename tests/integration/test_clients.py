@@ -156,3 +156,14 @@ def test_a_resent_upload_counts_as_a_retry_with_each_client(s3, s3_uri, tmp_path
         # connections were reused (0 seen under load, 1 on a quiet machine). What botocore
         # saw fail is counted as failed and retried, never as a first try that succeeded.
         assert failed <= 2 and retries == failed, saves
+
+
+def test_msc_rust_client_saves_and_loads_over_http(s3, s3_uri, tmp_path):
+    """storage.msc_rust_client=true with an http:// endpoint (object_store refuses plain
+    http unless the profile allows it: every PUT failed with "builder error")."""
+    assert s3.endpoint_url.startswith("http://")
+    result = run_cli(["save-and-load", *s3_args(s3, s3_uri), "nproc=1", "storage.client=msc",
+                      "storage.msc_rust_client=true", f"results_dir={tmp_path}"],
+                     env=s3_env(s3), timeout_s=TIMEOUT_S)
+    assert_ok(result)
+    verified_loads(*read_run(tmp_path))
