@@ -30,6 +30,8 @@ def count_control_calls(events: Any, record_call: Callable[[Any], None]) -> None
 
 
 _STARTED = "dcp_fsdp_attempt_started"  # in botocore's per-request context
+_SENT = "dcp_fsdp_upload_body_bytes"  # ... and an upload attempt's body length
+UPLOADS = ("PutObject", "UploadPart")  # the requests whose bodies are object bytes
 _PREVIOUS = "dcp_fsdp_previous_attempt"
 _RETRYABLE_STATUSES = (408, 429, 500, 502, 503, 504)
 
@@ -51,15 +53,31 @@ def _body_bytes(response: Any, operation: str) -> int | None:
         return None
 
 
+def _upload_body_bytes(request: Any, event_name: str) -> int | None:
+    """A PutObject or UploadPart attempt's body length, as botocore measures it for its
+    Content-Length (bytes, or a file object: MSC and s3transfer send files, whose length is
+    read without consuming them); None for other requests or a body of unknown length."""
+    if event_name.rsplit(".", 1)[-1] not in UPLOADS:
+        return None
+    from botocore.utils import determine_content_length
+
+    try:
+        length = determine_content_length(getattr(request, "body", None))
+    except Exception:  # a body botocore cannot measure either: unknown, never fatal
+        return None
+    return None if length is None else int(length)
+
+
 def install_data_plane_hook(events: Any, record_call: Callable[[Any], None]) -> None:
     """Record every S3 attempt of a botocore or aiobotocore client (s3fs under torch's
     fsspec path, multi-storage-client) as the connector's log lines are recorded: kind,
-    outcome, status, duration from the attempt's request to its answer, GetObject bytes; an
+    outcome, status, duration from the attempt's request to its answer, GetObject bytes
+    and PutObject / UploadPart body bytes (an upload's `nbytes`); an
     attempt followed by another of the same call is marked `retried`, so a re-sent request
     never reads as a first try. Registered once per emitter (unique ids)."""
     from dcp_fsdp.telemetry.request import Request
 
-    def on_request_created(request: Any = None, **kwargs: Any) -> None:
+    def on_request_created(request: Any = None, event_name: str = "", **kwargs: Any) -> None:
         context = getattr(request, "context", None)
         if context is None:
             return
@@ -67,6 +85,7 @@ def install_data_plane_hook(events: Any, record_call: Callable[[Any], None]) -> 
         if previous is not None:
             previous.retried = True  # botocore is sending this call again
         context[_STARTED] = time.time()
+        context[_SENT] = _upload_body_bytes(request, event_name)
 
     def on_attempt(event_name: str = "", response: Any = None, request_dict: Any = None,
                    **kwargs: Any) -> None:
@@ -78,7 +97,8 @@ def install_data_plane_hook(events: Any, record_call: Callable[[Any], None]) -> 
                    "miss" if status == 404 and operation.startswith("Head") else "failed")
         call = Request(end_wall_s=ended, kind=operation, outcome=outcome, status=status,
                        duration_s=None if started is None else ended - started,
-                       nbytes=_body_bytes(response, operation),
+                       nbytes=(context.get(_SENT) if operation in UPLOADS
+                               else _body_bytes(response, operation)),
                        retryable=outcome == "failed" and (status is None
                                                           or status in _RETRYABLE_STATUSES),
                        opened_wall_s=started)

@@ -20,7 +20,9 @@ class Request:
     status: int | None  # HTTP status; None when no response arrived
     duration_s: float | None
     ttfb_s: float | None = None
-    nbytes: int | None = None  # GetObject: bytes in the requested range
+    # GetObject: bytes in the requested range; PutObject / UploadPart (botocore's hook only):
+    # the body's bytes
+    nbytes: int | None = None
     retryable: bool = False
     retried: bool = False
     key: str | None = None

@@ -20,7 +20,8 @@ def summarize(requests: list["Request"], seconds: float | None = None,
     """Figures for one window (one rank's save or load, or everything untimed).
 
     `seconds`: the window's length, for req_per_s. `bytes_up`: bytes this rank wrote
-    into objects (the connector's log does not give upload sizes). `unparsed`: request
+    into objects (the connector's log does not give upload sizes); where the requests carry
+    their upload bodies' lengths (botocore's hook), their sum instead. `unparsed`: request
     lines in the window that did not parse in full (the counts lack them); `late` (untimed
     only): requests of a timed operation whose line reached the log after its window was
     summarised. `parser`: the format of the parser that read the lines.
@@ -53,7 +54,7 @@ def summarize(requests: list["Request"], seconds: float | None = None,
         "broken": sum(r.broken for r in requests),
         "bytes_down_broken_max": sum(r.nbytes or 0 for r in requests
                                      if r.kind == "GetObject" and _partial_body(r)),
-        "bytes_up": bytes_up,
+        "bytes_up": _uploaded_bytes(requests, bytes_up),
         "status": dict(sorted(status.items())),
         "latency_ms": percentiles_ms(durations),
         "ttfb_ms": percentiles_ms(ttfbs),
@@ -67,6 +68,17 @@ def summarize(requests: list["Request"], seconds: float | None = None,
     if control_plane:
         summary["control_plane"] = control_plane_counts(control_plane)
     return summary
+
+
+def _uploaded_bytes(requests: Iterable["Request"], written: int | None) -> int | None:
+    """What a save uploaded: the bodies of its successful PutObject and UploadPart attempts
+    where every one of them carries its length (the botocore hook's, fsspec and MSC: MSC's
+    file streams cannot say what they wrote once closed); else `written`, the bytes the
+    rank's streams counted (the connector's log gives no upload sizes)."""
+    uploads = [r for r in requests if r.kind in ("PutObject", "UploadPart") and r.outcome == "ok"]
+    if not uploads or any(r.nbytes is None for r in uploads):
+        return written
+    return sum(r.nbytes or 0 for r in uploads)
 
 
 def _whole_get_bytes(requests: Iterable["Request"]) -> int:

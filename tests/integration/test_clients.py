@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from tests.kit.cli import read_run, run_cli, s3_args, s3_env
+from tests.kit.cli import read_run, run_cli, s3_args, s3_client, s3_env
 from tests.kit.fault_proxy import FaultProxy
 
 CLIENTS = ("s3torchconnector", "fsspec", "msc")
@@ -156,6 +156,38 @@ def test_a_resent_upload_counts_as_a_retry_with_each_client(s3, s3_uri, tmp_path
         # connections were reused (0 seen under load, 1 on a quiet machine). What botocore
         # saw fail is counted as failed and retried, never as a first try that succeeded.
         assert failed <= 2 and retries == failed, saves
+
+
+def _objects(s3, s3_uri: str, suffix: str) -> dict[str, int]:
+    """{object name: bytes} of checkpoint `suffix` under s3_uri, as the server lists them."""
+    bucket, prefix = s3_uri.removeprefix("s3://").split("/", 1)
+    listed = s3_client(s3).list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{suffix}/")
+    return {obj["Key"].rsplit("/", 1)[-1]: int(obj["Size"]) for obj in listed.get("Contents", [])}
+
+
+def _msc_save(s3, s3_uri: str, results, *extra: str) -> str:
+    save = run_cli(["save", *s3_args(s3, s3_uri), "nproc=1", "storage.client=msc", *extra,
+                    f"results_dir={results}"], env=s3_env(s3), timeout_s=TIMEOUT_S)
+    assert_ok(save)
+    run, _ = read_run(results)
+    return str(run["suffixes"][0])
+
+
+def test_an_msc_save_counts_the_bytes_it_uploaded(s3, s3_uri, tmp_path):
+    """MSC uploads each object from a file object when it is closed (its stream cannot say
+    what it wrote afterwards): the save's bytes_up is the bodies of its PutObject and
+    UploadPart requests, which equal its data objects and .metadata as the server lists them
+    (thread_count=2: two data objects of this rank)."""
+    suffix = _msc_save(s3, s3_uri, tmp_path, "storage.thread_count=2")
+    stored = _objects(s3, s3_uri, suffix)
+    written = sum(size for name, size in stored.items()
+                  if name.endswith(".distcp") or name == ".metadata")
+    _, samples = read_run(tmp_path)
+    (save,) = [s for s in samples if s["op"] == "save"]
+    assert save["requests"]["bytes_up"] == written, (save["requests"], stored)
+    uploads = save["requests"]["by_type"]
+    assert sum(uploads[kind].get("bytes", 0) for kind in ("PutObject", "UploadPart")
+               if kind in uploads) == written, uploads
 
 
 def test_msc_rust_client_saves_and_loads_over_http(s3, s3_uri, tmp_path):
