@@ -92,10 +92,14 @@ def _damage(store: CheckpointStore, cfg: BenchmarkConfig,
         log.info(f"--check: storage.prefix_strategy={strategy} puts the data objects outside "
                  "the suffixes; not checked (a load checks them)")
         return {}
+    only_msc: set[str] = set()
     found = {suffix: what for suffix in complete
-             if (what := layout.checkpoint_damage(store, suffix)) is not None}
+             if (what := layout.checkpoint_damage(store, suffix, only_msc)) is not None}
     log.info(f"--check: {len(complete)} complete checkpoint(s) checked against their "
              f".metadata: {len(found)} damaged")
+    for suffix in sorted(only_msc):  # whole, but not for every client
+        log.info(f"--check: suffix={suffix} was written by storage.client=msc (its .metadata "
+                 "holds multi-storage-client path objects): only storage.client=msc loads it")
     return found
 
 

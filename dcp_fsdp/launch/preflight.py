@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from dcp_fsdp.process.environ import environment
 from dcp_fsdp.units import MIB
 from dcp_fsdp import contract, log
-from dcp_fsdp.config.schema import BenchmarkConfig, Command, StorageKind, to_config
+from dcp_fsdp.config.schema import BenchmarkConfig, Command, StorageClient, StorageKind, to_config
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 from dcp_fsdp.storage import layout, make_store, metadata_peek
@@ -149,6 +149,10 @@ def check_compatible(store: CheckpointStore, cfg: BenchmarkConfig) -> MetadataFa
                         "pre-load screen (removed since, or not readable with these "
                         "credentials); the checkpoint was not loaded")
     facts = metadata_peek.read_facts(raw, f"suffix={suffix}: {layout.METADATA_NAME}")
+    only_msc = metadata_peek.msc_only(facts)
+    if only_msc and not (cfg.storage.kind == StorageKind.s3 and cfg.storage.client == StorageClient.msc):
+        raise UserError(f"suffix={suffix}: {only_msc}: load it with storage.client=msc "
+                        "(saves by this version store a plain string: any client loads them)")
     layout.check_objects_whole(store, suffix, facts, cfg.storage.prefix_strategy.value)
     if cfg.ceiling:
         layout.check_mirrorable(facts, cfg.nproc, suffix)

@@ -346,15 +346,19 @@ def objects_damage(facts: MetadataFacts, stored: dict[str, int]) -> str | None:
     return f"data object {name} {what}" + (f" (and {more} more object(s) damaged)" if more else "")
 
 
-def checkpoint_damage(store: CheckpointStore, suffix: str) -> str | None:
+def checkpoint_damage(store: CheckpointStore, suffix: str,
+                      only_msc: set[str] | None = None) -> str | None:
     """`list --check`: what is wrong with the complete checkpoint `suffix` (its objects lying
     under it, storage.prefix_strategy=default), None when whole. One GET of its `.metadata`,
-    read through the screen (a hostile one is reported, never unpickled), and one listing."""
+    read through the screen (a hostile one is reported, never unpickled), and one listing.
+    A whole checkpoint only storage.client=msc can load goes into `only_msc`."""
     try:
         raw = store.get_small(suffix, METADATA_NAME, MAX_METADATA_BYTES + 1)
         if raw is None:
             return f"{METADATA_NAME} is gone (removed since it was listed)"
         facts = read_facts(raw, f"{METADATA_NAME}")
+        if facts.msc_paths and only_msc is not None:
+            only_msc.add(suffix)
         # a data object that is not a file (fs: a FIFO, a link to /dev/zero) is refused too
         return objects_damage(facts, store.object_sizes(suffix)) if facts.object_sizes else None
     except UserError as refused:  # not a file (a FIFO); MetadataRefused: hostile, not DCP's

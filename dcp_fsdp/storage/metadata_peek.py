@@ -305,6 +305,10 @@ class MetadataFacts:
     # SHA-256 of the bytes screened: DCP's own read of .metadata must be these bytes before
     # it unpickles them (storage/timed_fs.py), so a file swapped in between is never loaded
     sha256: str = ""
+    # its StorageMeta names the checkpoint by multi-storage-client's path object (an MSC
+    # save before its writer stored a string): torch's unpickler needs MSC and the writer's
+    # profile, so only storage.client=msc can load it
+    msc_paths: bool = False
 
     @property
     def saving_world_size(self) -> int:
@@ -314,13 +318,14 @@ class MetadataFacts:
 
     def to_json(self) -> dict[str, Any]:
         return {"tensors": {k: [list(t.shape), t.dtype] for k, t in self.tensors.items()},
-                "object_sizes": dict(self.object_sizes), "sha256": self.sha256}
+                "object_sizes": dict(self.object_sizes), "sha256": self.sha256,
+                "msc_paths": self.msc_paths}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MetadataFacts:
         return cls({k: TensorEntry(tuple(shape), dtype) for k, (shape, dtype) in data["tensors"].items()},
                    {str(k): int(v) for k, v in data["object_sizes"].items()},
-                   str(data.get("sha256") or ""))
+                   str(data.get("sha256") or ""), bool(data.get("msc_paths")))
 
 
 # A data object's name as DCP writes it (`__0_0.distcp`): never a path out of the checkpoint.
@@ -358,7 +363,17 @@ def read_facts(data: bytes, source: str = ".metadata") -> MetadataFacts:
             raise _refusal(source, f"a storage entry names object {path!r} at {offset!r}+{length!r}",
                            hostile=True)
         sizes[path] = max(sizes.get(path, 0), offset + length)
-    return MetadataFacts(_tensors(metadata), sizes, hashlib.sha256(data).hexdigest())
+    storage_meta = getattr(metadata, "storage_meta", None)
+    msc_paths = isinstance(getattr(storage_meta, "checkpoint_id", None), _MultiStoragePath)
+    return MetadataFacts(_tensors(metadata), sizes, hashlib.sha256(data).hexdigest(), msc_paths)
+
+
+def msc_only(facts: MetadataFacts) -> str | None:
+    """Why only storage.client=msc can load this checkpoint, or None (any client can)."""
+    if not facts.msc_paths:
+        return None
+    return ("it was saved by storage.client=msc and its .metadata holds multi-storage-client "
+            "path objects, which only MSC (with its profile) can unpickle")
 
 
 def read_tensors(data: bytes, source: str = ".metadata") -> dict[str, TensorEntry]:

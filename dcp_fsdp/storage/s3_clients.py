@@ -131,12 +131,12 @@ class MscClient:
         return {MSC_CONFIG_ENV: str(path)}
 
     def writer(self, suffix: str, timeline: HookTimeline | None, host_state: bool = False) -> Any:
-        import dcp_fsdp.storage.timed_clients as timed_clients
+        import dcp_fsdp.storage.msc_dcp as msc_dcp  # .metadata any client can read
 
-        writer_class: type = timed_clients.MultiStorageFileSystemWriter
+        writer_class: type = msc_dcp.PortableMscWriter
         extra: dict[str, Any] = {}
         if timeline is not None:
-            writer_class, extra = timed_clients.TimedMscWriter, {"timeline": timeline}
+            writer_class, extra = msc_dcp.TimedPortableMscWriter, {"timeline": timeline}
         return writer_class(self.location(suffix), sync_files=False,
                             thread_count=self.config.thread_count, overwrite=False, **extra,
                             **host_state_kwargs(host_state))

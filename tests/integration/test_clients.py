@@ -190,6 +190,18 @@ def test_an_msc_save_counts_the_bytes_it_uploaded(s3, s3_uri, tmp_path):
                if kind in uploads) == written, uploads
 
 
+@pytest.mark.parametrize("loader", ("s3torchconnector", "fsspec"))
+def test_an_msc_save_loads_verified_with_another_client(s3, s3_uri, tmp_path, loader):
+    """MSC's .metadata names its checkpoint by a string, not MSC's path object (which only
+    MSC, with the writer's profile, could unpickle): the connector and fsspec load it."""
+    suffix = _msc_save(s3, s3_uri, tmp_path / "save")
+    load = run_cli(["load", *s3_args(s3, s3_uri), "nproc=1", f"storage.client={loader}",
+                    f"suffix={suffix}", f"results_dir={tmp_path / 'load'}"],
+                   env=s3_env(s3), timeout_s=TIMEOUT_S)
+    assert_ok(load)
+    verified_loads(*read_run(tmp_path / "load"))
+
+
 def test_msc_rust_client_saves_and_loads_over_http(s3, s3_uri, tmp_path):
     """storage.msc_rust_client=true with an http:// endpoint (object_store refuses plain
     http unless the profile allows it: every PUT failed with "builder error")."""
@@ -199,3 +211,46 @@ def test_msc_rust_client_saves_and_loads_over_http(s3, s3_uri, tmp_path):
                      env=s3_env(s3), timeout_s=TIMEOUT_S)
     assert_ok(result)
     verified_loads(*read_run(tmp_path))
+
+
+def test_an_msc_checkpoint_with_msc_paths_is_refused_by_other_clients(s3, s3_uri, tmp_path,
+                                                                        monkeypatch):
+    """A .metadata as MSC's own writer pickles it (StorageMeta.checkpoint_id an MSC path
+    object, as every MSC save before this tool stored a string): the connector and fsspec
+    are refused before any rank, in one line naming storage.client=msc; `list --check` says
+    which client wrote it; MSC loads it verified."""
+    import pickle
+
+    from multistorageclient.pathlib import MultiStoragePath
+
+    suffix = _msc_save(s3, s3_uri, tmp_path / "save")
+    bucket, prefix = s3_uri.removeprefix("s3://").split("/", 1)
+    key = f"{prefix}/{suffix}/.metadata"
+    client = s3_client(s3)
+    metadata = pickle.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    profile = tmp_path / "msc.json"  # MSC builds its path objects from a profile
+    profile.write_text(json.dumps({"profiles": {"dcp-fsdp": {"storage_provider": {
+        "type": "s3", "options": {"base_path": bucket, "endpoint_url": s3.endpoint_url}}}}}))
+    monkeypatch.setenv("MSC_CONFIG", str(profile))
+    metadata.storage_meta.checkpoint_id = MultiStoragePath(f"msc://dcp-fsdp/{prefix}/{suffix}")
+    client.put_object(Bucket=bucket, Key=key, Body=pickle.dumps(metadata))
+
+    for loader in ("s3torchconnector", "fsspec"):
+        results = tmp_path / f"load-{loader}"
+        load = run_cli(["load", *s3_args(s3, s3_uri), "nproc=1", f"storage.client={loader}",
+                        f"suffix={suffix}", f"results_dir={results}"],
+                       env=s3_env(s3), timeout_s=TIMEOUT_S)
+        assert load.returncode == 2, load.stdout + load.stderr
+        errors = [line for line in load.stderr.splitlines() if line.startswith("dcp-fsdp: error:")]
+        assert len(errors) == 1 and "load it with storage.client=msc" in errors[0], load.stderr
+        assert "Traceback" not in load.stderr
+        assert not list(results.glob("*.jsonl"))
+    listed = run_cli(["list", *s3_args(s3, s3_uri), "--check"], env=s3_env(s3), timeout_s=60)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert (f"suffix={suffix} was written by storage.client=msc"
+            in listed.stdout + listed.stderr), listed.stdout + listed.stderr
+    load = run_cli(["load", *s3_args(s3, s3_uri), "nproc=1", "storage.client=msc",
+                    f"suffix={suffix}", f"results_dir={tmp_path / 'load-msc'}"],
+                   env=s3_env(s3), timeout_s=TIMEOUT_S)
+    assert_ok(load)
+    verified_loads(*read_run(tmp_path / "load-msc"))
