@@ -189,8 +189,7 @@ class StorageConfig:
                                          "gives up, 1..100")
     force_path_style: Optional[bool] = setting(None, "s3: path-style addressing; default true "
                                                      "when an endpoint is set")
-    thread_count: int = setting(1, "writer threads per rank, 1..256 (s3 and fs, every client; "
-                                   "msc: also its load's prefetch threads)")
+    thread_count: int = setting(1, "writer threads per rank, 1..256 (s3 and fs, every client)")
     prefix_strategy: PrefixStrategy = setting(PrefixStrategy.default,
                                               "s3: object key prefixes: default (__{rank}_), "
                                               "binary, hex, round_robin")
@@ -228,6 +227,9 @@ class StorageConfig:
                                                    "upload in parts, MiB (MSC: 64)")
     msc_max_concurrency: int = setting(8, "s3: client=msc only: threads per object upload/download "
                                           "(MSC: 8)")
+    msc_prefetch_threads: int = setting(1, "s3: client=msc only: a load's files downloaded this many "
+                                           "at a time before DCP reads them, each once, 1..256 "
+                                           "(MSC: 1, no prefetch)")
     msc_rust_client: bool = setting(False, "s3: client=msc only: MSC's Rust client for data requests "
                                            "(MSC's default: off)")
     connect_timeout_s: float = setting(3.0, "s3: seconds the pre-flight check waits to "

@@ -45,7 +45,7 @@ S3_ONLY = frozenset({"storage.uri", "storage.region", "storage.endpoint", "stora
                              "fsspec_sync_files", "fsspec_block_size_mib",
                              "fsspec_max_pool_connections", "msc_part_size_mib",
                              "msc_multipart_threshold_mib", "msc_max_concurrency",
-                             "msc_rust_client")})
+                             "msc_prefetch_threads", "msc_rust_client")})
 # storage.* settings of one S3 client only (storage.client=); the rest reach every client.
 CLIENT_ONLY = {
     StorageClient.s3torchconnector: frozenset({
@@ -55,7 +55,8 @@ CLIENT_ONLY = {
     StorageClient.fsspec: frozenset({"storage.fsspec_sync_files", "storage.fsspec_block_size_mib",
                                      "storage.fsspec_max_pool_connections"}),
     StorageClient.msc: frozenset({"storage.msc_part_size_mib", "storage.msc_multipart_threshold_mib",
-                                  "storage.msc_max_concurrency", "storage.msc_rust_client"}),
+                                  "storage.msc_max_concurrency", "storage.msc_prefetch_threads",
+                                  "storage.msc_rust_client"}),
 }
 # What each client needs installed, and how (pyproject's dependencies bring all three).
 CLIENT_PACKAGES = {StorageClient.s3torchconnector: ("s3torchconnector", "'s3torchconnector[dcp]'"),
@@ -260,6 +261,7 @@ def _check_numbers(cfg: BenchmarkConfig) -> None:
         ("storage.msc_part_size_mib", S3_MIN_PART_SIZE_MIB, S3_MAX_PART_SIZE_MIB, True),
         ("storage.msc_multipart_threshold_mib", S3_MIN_PART_SIZE_MIB, None, True),
         ("storage.msc_max_concurrency", 1, MAX_THREAD_COUNT, True),
+        ("storage.msc_prefetch_threads", 1, MAX_THREAD_COUNT, True),
         ("storage.read_ahead", 0, MAX_READ_AHEAD, True),
         ("storage.read_ahead_mib", 1, S3_MAX_PART_SIZE_MIB, True),
     )

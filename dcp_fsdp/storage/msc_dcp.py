@@ -1,22 +1,49 @@
-"""multi-storage-client's DCP writer as this tool builds it (storage.client=msc;
-storage/s3_clients.py `MscClient`): a subclass of MSC's own writer with a `.metadata` any
-client can load. torch's writer pickles `StorageMeta(checkpoint_id=self.checkpoint_id)` into
-`.metadata`, and MSC's checkpoint id is its `MultiStoragePath`: unpickling it needs
-multistorageclient and the writer's MSC profile, so the connector and fsspec failed on an MSC
-save ("Profile not found"). `PortableMscWriter` stores the id as its string
-(`msc://dcp-fsdp/<prefix>/<suffix>`), as a local save stores a path.
+"""multi-storage-client's DCP writer and reader, as this tool builds them (storage.client=msc;
+storage/s3_clients.py `MscClient`): subclasses of MSC's own classes that fix two things.
+
+- **A `.metadata` any client can load.** torch's writer pickles `StorageMeta(checkpoint_id=
+  self.checkpoint_id)` into `.metadata`, and MSC's checkpoint id is its `MultiStoragePath`:
+  unpickling it needs multistorageclient and the writer's MSC profile, so the connector and
+  fsspec failed on an MSC save ("Profile not found"). `PortableMscWriter` stores the id as
+  its string (`msc://dcp-fsdp/<prefix>/<suffix>`), as a local save stores a path.
+- **Each object downloaded once.** MSC's reader, given `thread_count` > 1, opens and reads
+  every file in a pool (`_prefetch_objects`) and then `read_data` opens it again: with no MSC
+  cache (this tool configures none) each object under MSC's 512 MiB memory limit came down
+  twice, the first time unseen by the reader's streams. `OnceMscReader` prefetches with its
+  own thread count (`storage.msc_prefetch_threads`, 1 = MSC's default: no prefetch) into file
+  objects that `read_data` then reads: one download per object. A prefetched rank holds all
+  its objects in memory at once (MSC's file objects hold a whole object below the limit).
+  No cache is configured instead: a disk cache would put a local copy between later loads
+  and the bucket, and would write every object to local disk inside the timed load.
 
 Ranks only (imports torch and multistorageclient).
 """
 
 from __future__ import annotations
 
-from multistorageclient.contrib.torch.filesystem import MultiStorageFileSystemWriter
+import contextlib
+import os
+from collections.abc import Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from multistorageclient.contrib.torch.filesystem import (
+    MultiStorageFileSystem,
+    MultiStorageFileSystemReader,
+    MultiStorageFileSystemWriter,
+)
+from multistorageclient.pathlib import MultiStoragePath
 from torch.distributed.checkpoint.metadata import StorageMeta
 
-from dcp_fsdp.storage.timed_clients import TimedMscWriter
+from dcp_fsdp.storage.timed_clients import TimedMscReader, TimedMscWriter
 
-__all__ = ["PortableMscWriter", "TimedPortableMscWriter"]
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+    from torch.futures import Future
+
+_Result = TypeVar("_Result")
+
+__all__ = ["OnceMscReader", "PortableMscWriter", "TimedOnceMscReader", "TimedPortableMscWriter"]
 
 
 class PortableMscWriter(MultiStorageFileSystemWriter):
@@ -32,3 +59,97 @@ class PortableMscWriter(MultiStorageFileSystemWriter):
 class TimedPortableMscWriter(TimedMscWriter, PortableMscWriter):
     pass  # timed as TimedMscWriter (timeline=), portable .metadata
 
+
+class _PrefetchedFileSystem(MultiStorageFileSystem):
+    """MSC's file system that hands `read_data` the file objects already prefetched (each
+    once: popped when opened, closed when DCP's `with` ends); any other path as MSC opens it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._held: dict[str, Any] = {}
+
+    def hold(self, path: str | os.PathLike, stream: Any) -> None:
+        self._held[str(path)] = stream
+
+    def release(self) -> None:
+        """Close what was prefetched and never opened (a plan that failed part-way)."""
+        held, self._held = self._held, {}
+        for stream in held.values():
+            stream.close()
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[Any, None, None]:
+        held = self._held.pop(str(path), None) if mode == "rb" else None
+        if held is None:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        try:
+            yield held
+        finally:
+            held.close()
+
+
+def _download(path: str | os.PathLike) -> Any:
+    """MSC's file object for `path`, its download done (below MSC's memory limit the whole
+    object; above it, MSC reads ranges on demand and nothing is fetched here)."""
+    stream = MultiStoragePath(path).open(mode="rb", prefetch_file=True)
+    try:
+        stream.tell()  # MSC's file waits for its download in any call
+    except BaseException:
+        stream.close()
+        raise
+    return stream
+
+
+class OnceMscReader(MultiStorageFileSystemReader):
+    """MSC's reader; `prefetch_threads` > 1 downloads the plan's files that many at a time
+    before DCP reads them, into the file objects DCP then reads (each object fetched once)."""
+
+    def __init__(self, path: str | os.PathLike, prefetch_threads: int = 1) -> None:
+        super().__init__(path, thread_count=1)  # MSC's own prefetch off: it fetches twice
+        self.prefetch_threads = prefetch_threads
+        self._prefetched = _PrefetchedFileSystem()
+        self.fs = self._prefetched  # type: ignore[assignment]  # as MSC's own __init__ sets its fs
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        try:
+            if self.prefetch_threads > 1:
+                self._prefetch(plan)
+            return super().read_data(plan, planner)
+        finally:
+            self._prefetched.release()
+
+    def _prefetch(self, plan: LoadPlan) -> None:
+        names = dict.fromkeys(self.storage_data[item.storage_index].relative_path
+                              for item in plan.items)
+        # as DCP's read_data names them (the same keys)
+        paths = [self._prefetched.concat_path(self.path, name) for name in names]
+        with ThreadPoolExecutor(max_workers=self.prefetch_threads,
+                                thread_name_prefix="msc-prefetch") as pool:
+            futures = [pool.submit(_download, path) for path in paths]
+            try:
+                for path, future in zip(paths, futures):
+                    self._prefetched.hold(path, self.prefetch_wait(future.result))
+            except BaseException:
+                for future in futures:  # the others: closed once done
+                    if not future.cancel() and future.exception() is None:
+                        future.result().close()
+                raise
+
+    def prefetch_wait(self, wait: Callable[[], _Result]) -> _Result:
+        """Where the rank waits for a prefetched download (the timed reader clocks it)."""
+        return wait()
+
+
+class TimedOnceMscReader(TimedMscReader, OnceMscReader):
+    """Timed as TimedMscReader; the wait for prefetched downloads is on the storage clock
+    (the rank's thread waits for storage there, as in a stream's first call)."""
+
+    def prefetch_wait(self, wait: Callable[[], _Result]) -> _Result:
+        clock = self.timeline.storage_clock
+        clock.enter()
+        try:
+            return wait()
+        finally:
+            clock.exit()

@@ -142,17 +142,19 @@ class MscClient:
                             **host_state_kwargs(host_state))
 
     def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
+        import dcp_fsdp.storage.msc_dcp as msc_dcp
         import dcp_fsdp.storage.timed_clients as timed_clients
 
         if self.config.read_ahead:  # the tool's reader: read(byte_range=...) per range group
             return timed_clients.TimedReadAheadMscReader(
                 self.location(suffix), timeline=timeline or HookTimeline(),
-                thread_count=self.config.thread_count, **read_ahead_kwargs(self.config))
+                **read_ahead_kwargs(self.config))
+        # storage.msc_prefetch_threads: MSC's prefetch, each object downloaded once
+        prefetch = self.config.msc_prefetch_threads
         if timeline is None:
-            return timed_clients.MultiStorageFileSystemReader(
-                self.location(suffix), thread_count=self.config.thread_count)
-        return timed_clients.TimedMscReader(self.location(suffix), timeline=timeline,
-                                            thread_count=self.config.thread_count)
+            return msc_dcp.OnceMscReader(self.location(suffix), prefetch_threads=prefetch)
+        return msc_dcp.TimedOnceMscReader(self.location(suffix), timeline=timeline,
+                                          prefetch_threads=prefetch)
 
     def warm_up(self, storage_io: Any) -> list[Any]:
         """MSC's client for the profile built now (MSC builds it on the first request, then

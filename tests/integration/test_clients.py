@@ -190,6 +190,29 @@ def test_an_msc_save_counts_the_bytes_it_uploaded(s3, s3_uri, tmp_path):
                if kind in uploads) == written, uploads
 
 
+def test_msc_prefetch_downloads_each_object_once(s3, s3_uri, tmp_path):
+    """storage.msc_prefetch_threads=3 (a load's prefetch, not storage.thread_count): the
+    server's own counters see the same GETs as a load without prefetch (MSC's default),
+    and the rank's GET bodies are the same bytes (MSC's own prefetch downloaded every object
+    below its 512 MiB limit twice). Three data objects: saved with storage.thread_count=3."""
+    suffix = _msc_save(s3, s3_uri, tmp_path / "save", "storage.thread_count=3")
+    assert sum(name.endswith(".distcp") for name in _objects(s3, s3_uri, suffix)) == 3
+    seen = {}
+    for threads in (1, 3):
+        results = tmp_path / f"load-{threads}"
+        load = run_cli(["load", *s3_args(s3, s3_uri), "nproc=1", "storage.client=msc",
+                        f"suffix={suffix}", f"storage.msc_prefetch_threads={threads}",
+                        f"storage.metrics_url={s3.metrics_url}", f"results_dir={results}"],
+                       env=s3_env(s3), timeout_s=TIMEOUT_S)
+        assert_ok(load)
+        run, samples = read_run(results)
+        (sample,) = verified_loads(run, samples)
+        check = run["server_requests"]
+        assert check["match"] and check["differences"] == {}, check
+        seen[threads] = (check["server"], sample["requests"]["bytes_down"])
+    assert seen[3] == seen[1], seen
+
+
 @pytest.mark.parametrize("loader", ("s3torchconnector", "fsspec"))
 def test_an_msc_save_loads_verified_with_another_client(s3, s3_uri, tmp_path, loader):
     """MSC's .metadata names its checkpoint by a string, not MSC's path object (which only
