@@ -94,28 +94,35 @@ class S3ControlPlane:
     def client(self) -> Any:
         """boto3's client; the AWS credential chain is read here (UserError if broken)."""
         if self._boto_client is None:
-            import boto3
-            import botocore.config
-            import botocore.exceptions as bx
-
-            try:
-                client = self._make_client(boto3, botocore.config)
-            except bx.BotoCoreError as error:
-                raise credential_chain_error(error) or self._explain(error) from None
-            for observer in list(_client_observers.values()):
-                observer(client.meta.events)
-            self._boto_client = client
+            self._boto_client = self._built(self.answer_timeout_s or 30,
+                                            1 if self.answer_timeout_s else 2)
         return self._boto_client
 
-    def _make_client(self, boto3: ModuleType, botocore_config: ModuleType) -> Any:
+    def _built(self, read_timeout_s: float, attempts: int) -> Any:
+        """A boto3 client (the observers told of it); UserError if the credential chain is
+        broken."""
+        import boto3
+        import botocore.config
+        import botocore.exceptions as bx
+
+        try:
+            client = self._make_client(boto3, botocore.config, read_timeout_s, attempts)
+        except bx.BotoCoreError as error:
+            raise credential_chain_error(error) or self._explain(error) from None
+        for observer in list(_client_observers.values()):
+            observer(client.meta.events)
+        return client
+
+    def _make_client(self, boto3: ModuleType, botocore_config: ModuleType,
+                     read_timeout_s: float, attempts: int) -> Any:
         # A broken profile or shared file fails here: botocore resolves credentials now
         # (once per process: boto3's default session keeps them; a launcher running several
         # jobs starts each with a fresh one, launch/preflight.py).
         return boto3.client(
             "s3", region_name=self.target.region, endpoint_url=self.target.endpoint,
             config=botocore_config.Config(
-                connect_timeout=self.connect_timeout_s, read_timeout=self.answer_timeout_s or 30,
-                retries={"mode": "standard", "total_max_attempts": 1 if self.answer_timeout_s else 2},
+                connect_timeout=self.connect_timeout_s, read_timeout=read_timeout_s,
+                retries={"mode": "standard", "total_max_attempts": attempts},
                 s3={"addressing_style": "path" if self.target.force_path_style else "auto"}))
 
     def _explain(self, error: BaseException) -> UserError:
@@ -136,9 +143,20 @@ class S3ControlPlane:
         if isinstance(error, bx.NoCredentialsError):
             return UserError(f"{where}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
                              "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or use an instance role")
-        if isinstance(error, (bx.EndpointConnectionError, bx.ConnectTimeoutError,
-                              bx.ReadTimeoutError)):
+        if isinstance(error, bx.ReadTimeoutError):  # connected: the server did not answer
             target = self.target.endpoint or f"AWS S3 in {self.target.region}"
+            return UserError(f"{self.target.endpoint_source}={target}: connected, but no answer "
+                             f"within storage.connect_timeout_s={self.connect_timeout_s:g} s "
+                             "(ReadTimeoutError, the pre-flight's bound on an answer): check that "
+                             "it is an S3 server and that it is up (raise "
+                             "storage.connect_timeout_s for a slow one)")
+        if isinstance(error, (bx.EndpointConnectionError, bx.ConnectTimeoutError)):
+            target = self.target.endpoint or f"AWS S3 in {self.target.region}"
+            if isinstance(error, bx.ConnectTimeoutError):
+                return UserError(f"{self.target.endpoint_source}={target}: cannot connect within "
+                                 f"storage.connect_timeout_s={self.connect_timeout_s:g} s "
+                                 "(ConnectTimeoutError); check the address and that the "
+                                 "server is up")
             errno_text = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(error.kwargs.get("error")))
             reason = f": {errno_text[1].strip().lower()}" if errno_text else ""  # refused, ...
             return UserError(f"{self.target.endpoint_source}={target}: cannot connect "
@@ -199,7 +217,10 @@ class S3ControlPlane:
         """Fail in seconds (not after the CRT's retries) on bad bucket, keys or endpoint."""
         import botocore.exceptions as bx
 
-        client = self.client()
+        # One attempt, storage.connect_timeout_s to connect and as long for the answer: a
+        # server that accepts TCP and never answers is refused in that time, not after
+        # botocore's 2 x 30 s (issue 49, late item 2). HeadBucket answers in milliseconds.
+        client = self._built(self.connect_timeout_s, 1)
         # The CRT client signs for storage.region and would fail every request (after its
         # retries) in another region. boto3 follows a 301 to the bucket's region by itself
         # (and an S3-compatible server may then accept it), so a redirect seen on the way

@@ -76,6 +76,41 @@ def test_unreachable_endpoint_fails_fast(s3, tmp_path):
     assert_refused(result, "storage.endpoint=", "cannot connect", within_s=10)
 
 
+def test_an_endpoint_that_connects_and_never_answers_is_refused_by_the_tools_timeout(s3,
+                                                                                    tmp_path):
+    """Issue 49 late item 2: a listener that accepts TCP and never answers was refused after
+    botocore's 2 x 30 s read timeout as "cannot connect". The pre-flight makes one attempt
+    and waits storage.connect_timeout_s for the answer, and says which bound applied."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:  # closed: the test is over
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        result = run_cli(["save", "storage.uri=s3://bench/x", f"storage.endpoint={endpoint}",
+                          "storage.connect_timeout_s=1", "nproc=1", f"results_dir={tmp_path}"],
+                         env=s3_env(s3), timeout_s=120)
+    finally:
+        listener.close()
+        for connection in accepted:
+            connection.close()
+    assert_refused(result, f"storage.endpoint={endpoint}: connected, but no answer within "
+                           "storage.connect_timeout_s=1 s (ReadTimeoutError", within_s=60)
+    assert "cannot connect" not in result.stderr
+    assert len(accepted) == 1  # one attempt, not botocore's retry
+    assert_no_success_record(tmp_path)
+
+
 def test_unreachable_endpoint_under_torchrun_fails_fast(s3, tmp_path):
     from dcp_fsdp.launch.embedded_s3 import free_ports
 
