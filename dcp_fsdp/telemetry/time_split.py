@@ -40,7 +40,7 @@ class Part(NamedTuple):
 
 PARTS = {
     "save": (Part("plan_s", "planning", "dcp"), Part("stage_s", "serialising", "dcp"),
-             Part("upload_s", "storage (the client's uploads)", "storage"),
+             Part("upload_s", "in the storage client (uploads)", "storage"),
              Part("commit_s", "commit", "commit")),
     "load": (Part("plan_s", "planning", "dcp"),
              Part("storage_s", "in the storage client", "storage"),
