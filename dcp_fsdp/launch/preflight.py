@@ -170,14 +170,10 @@ def check_compatible(store: CheckpointStore, cfg: BenchmarkConfig) -> MetadataFa
         _check_model_tensors(suffix, cfg, tensors)
     # A manifest with the model's shape identifies the model by its tensors, not by its name
     # (model.config's path): the file edited is refused, an identical copy is taken.
-    by_shape = isinstance(manifest.get("model.shape"), str)
-    if by_shape:
-        _check_same_shape(suffix, cfg, manifest)
-    elif manifest:  # saved before model.shape: no model tensor there may be missing here
-        _check_no_extra_tensors(suffix, cfg, tensors, manifest)
+    same_shape = _check_same_shape(suffix, cfg, manifest, tensors)
     differ = [key for key in wanted if saved[key] is not None and saved[key] != wanted[key]
               and not (key == "state" and saved[key] == "model_and_optimizer")
-              and not (key == "model" and by_shape)]
+              and not (key == "model" and same_shape)]
     if differ:
         from dcp_fsdp.models.presets import model_setting
 
@@ -195,25 +191,32 @@ def check_compatible(store: CheckpointStore, cfg: BenchmarkConfig) -> MetadataFa
     return facts
 
 
-def _check_same_shape(suffix: str, cfg: BenchmarkConfig, manifest: dict) -> None:
-    """The model the settings describe has the tensors the checkpoint was saved from (the
-    manifest's `model.shape`, models/presets.py shape_digest); UserError otherwise, before
-    any rank: a smaller model would load part of the checkpoint (issue 49 item 1)."""
+def _check_same_shape(suffix: str, cfg: BenchmarkConfig, manifest: dict, tensors: dict) -> bool:
+    """Whether the model the settings describe has the tensors the checkpoint was saved from
+    (the manifest's `model.shape`, models/presets.py shape_digest): then another name or path
+    for it loads. The same name with other tensors (its config.json edited since) is refused
+    before any rank: a smaller model would load part of the checkpoint (issue 49 item 1);
+    another name is left to the settings' own comparison (`load it with model=...`)."""
     from dcp_fsdp.models.llama_model_config import param_count
     from dcp_fsdp.models.presets import model_setting, model_shape, shape_digest
 
+    if not isinstance(manifest.get("model.shape"), str):
+        if manifest:  # saved before model.shape: no model tensor there may be missing here
+            _check_no_extra_tensors(suffix, cfg, tensors, manifest)
+        return False
     if shape_digest(cfg.model) == manifest["model.shape"]:
-        return
+        return True
     saved = model_setting("model", manifest.get("model"))
     asked = model_setting("model", cfg.model.name)
+    if saved != asked:
+        return False
     there = manifest.get("param_count")
     counts = (f"{there:,} parameters there, " if isinstance(there, int) else "") + (
         f"{param_count(model_shape(cfg.model)):,} here")
-    edited = " (was the file edited since the save?)" if saved == asked else ""
-    fix = ("restore the file as it was at the save, or give a config.json of that shape"
-           if saved == asked else f"load it with {saved}")
     raise UserError(f"suffix={suffix}: checkpoint was saved from another model than {asked} "
-                    f"describes now{edited}: its tensors differ ({counts}); {fix}")
+                    f"describes now (was the file edited since the save?): its tensors differ "
+                    f"({counts}); restore the file as it was at the save, or give a config.json "
+                    "of that shape")
 
 
 def _check_no_extra_tensors(suffix: str, cfg: BenchmarkConfig, tensors: dict,
