@@ -118,7 +118,9 @@ def test_unreachable_endpoint_under_torchrun_fails_fast(s3, tmp_path):
     result = run_cli(["save", "storage.uri=s3://bench/x", f"storage.endpoint=http://127.0.0.1:{port}",
                       f"results_dir={tmp_path}"], env=s3_env(s3), torchrun_nproc=2)
     assert result.returncode != 0
-    assert "cannot connect" in result.stderr
+    # refused at connect; or, where another test's listener took the port meanwhile (two
+    # workers share the machine), connected and unanswered within the tool's bound
+    assert "cannot connect" in result.stderr or "but no answer within" in result.stderr
     assert result.elapsed_s < 30  # torchrun start-up included; never the CRT's 50 s retries
     assert_no_success_record(tmp_path)
 

@@ -26,6 +26,7 @@ def test_a_load_with_a_ceiling_reads_metadata_once_plus_dcps_own(s3, s3_uri, tmp
     assert load.returncode == 0, load.stderr
     run, samples = read_run(tmp_path / "l")
     assert run["status"] == "ok" and {s["op"] for s in samples} >= {"load", "raw_get"}
-    # the launcher's screen (1), DCP's load on each rank (NPROC); rank 0's compatibility
-    # check and the ceiling's object sizes read none of their own
-    assert gets == 1 + NPROC, proxy.counts
+    # the launcher's screen (1), DCP's load on each rank (NPROC) and the ceiling's load
+    # through the tool's reader on each rank (NPROC: DCP's own read, in dcp.load); rank 0's
+    # compatibility check and the ceiling's object sizes read none of their own
+    assert gets == 1 + 2 * NPROC, proxy.counts

@@ -53,7 +53,11 @@ def test_fs_load_and_raw_get_start_with_the_files_out_of_the_page_cache(tmp_path
     resident, pages = seen["raw_get"]
     assert pages > 0 and resident == 0, f"{resident} of {pages} pages cached when the GET began"
     assert policies(seen) == {"save": None, "load": pagecache.DROPPED, "raw_put": None,
-                              "raw_get": pagecache.DROPPED}
+                              "raw_get": pagecache.DROPPED, "raw_get_tensors": pagecache.DROPPED,
+                              "raw_put_tensors": None, "tc_save": None,
+                              "ra_load": pagecache.DROPPED,
+                              # DCP alone runs on tmpfs: the memory is the storage
+                              "mem_save": None, "mem_load": pagecache.TMPFS}
 
 
 def test_tmpfs_load_is_recorded_as_not_droppable(tmp_path):
