@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -121,6 +123,14 @@ def moto_s3():
 def moto_uri(moto_s3) -> str:
     """A fresh prefix in moto's bucket for one test."""
     return f"s3://{moto_s3.bucket}/t-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def tmpfs_dir():
+    """A fresh directory on tmpfs (/dev/shm: a file there is memory), removed after."""
+    path = Path(tempfile.mkdtemp(prefix="dcp-test-shm-", dir="/dev/shm"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 # -- the suite leaves nothing behind -------------------------------------------------------

@@ -5,10 +5,6 @@ tool's reader in the record and the end-of-run lines, and held within its memory
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
 import pytest
 
 from tests.kit.cli import read_run, run_cli, s3_args, s3_env
@@ -48,13 +44,6 @@ def test_resharded_and_tensor_parallel_loads_through_the_tool_s_reader(s3, s3_ur
         # embedding and head shards of fp32 rows, 4 MiB whole)
         assert 0 < load["read_ahead_peak_bytes"] <= 3 * 4 * MIB + 3 * 4096, load
         assert load["storage_s"] > 0 and load["fetched_bytes"] >= load["bytes"]
-
-
-@pytest.fixture
-def tmpfs_dir():
-    path = Path(tempfile.mkdtemp(prefix="read-ahead-test-", dir="/dev/shm"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_the_tool_s_reader_holds_no_more_memory_than_its_bound(tmp_path, tmpfs_dir):

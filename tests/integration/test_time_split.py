@@ -5,10 +5,6 @@ come from the link's rate (bytes / rate), not from how busy the machine is."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
 import pytest
 
 from tests.kit.cli import read_run, run_cli, s3_args, s3_env
@@ -41,13 +37,6 @@ def test_a_slow_link_is_storage_time_for_each_client(s3, s3_uri, tmp_path, clien
         assert inside_client_s >= 0.8 * at_link_rate_s, sample
         assert inside_client_s >= 0.6 * sample["duration_s"], sample
     assert "Bound by the storage client" in result.stdout
-
-
-@pytest.fixture
-def tmpfs_dir():
-    path = Path(tempfile.mkdtemp(prefix="split-test-", dir="/dev/shm"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_a_load_from_memory_spends_little_in_storage(tmp_path, tmpfs_dir):
