@@ -23,7 +23,7 @@ rank's thread deserialises what has arrived:
   without copying it) and copied once, into its target, where DCP's reader copies it into a
   fresh storage first (an item with DCP load transforms goes through them and torch.load).
 
-Each client fetches a range its own way (`fetch_range`): the connector through its ranged
+Each client fetches a range its own way (`fetch_into`): the connector through its ranged
 reader (a ranged GET per group), s3fs with `cat_file(start, end)`, multi-storage-client with
 `read(byte_range=...)`, a file system with a seek and a read. Every fetch is on the storage
 clock and counted in the bytes moved, as DCP's own reads are.
@@ -120,21 +120,20 @@ class MemorySlice(io.RawIOBase):
 
 
 class HeldBytes:
-    """The bytes the reader holds (fetched or in flight), and the most it held at once."""
+    """The bytes the reader holds (fetched or in flight), and the most it held at once;
+    counted on the rank's thread alone (a group is counted when its fetch is submitted and
+    released once its items are copied)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self.now = 0
         self.peak = 0
 
     def add(self, count: int) -> None:
-        with self._lock:
-            self.now += count
-            self.peak = max(self.peak, self.now)
+        self.now += count
+        self.peak = max(self.peak, self.now)
 
     def release(self, count: int) -> None:
-        with self._lock:
-            self.now -= count
+        self.now -= count
 
 
 class BufferPool:
