@@ -77,20 +77,18 @@ def _width(text: str) -> int:
 
 
 def _tabulate(headers: list[str], columns: list[list[str]], tablefmt: str,
-              padding: int | None = None) -> str:
-    """`padding`: tabulate's extra spaces around each header (its default: 2); the compact
-    view asks for none, the two spaces between columns keep them apart."""
-    import tabulate as tabulate_module
+              compact: bool = False) -> str:
+    """`compact`: tabulate's "simple" table without the two spaces it adds around each
+    header (its module-wide MIN_PADDING, which no call can set): the headers as the first
+    row of a "plain" table, then their rule; the two spaces between columns keep them apart."""
+    from tabulate import tabulate
 
     rows = [list(row) for row in zip(*columns)] if columns else []
-    saved = tabulate_module.MIN_PADDING
-    if padding is not None:
-        tabulate_module.MIN_PADDING = padding
-    try:
-        return tabulate_module.tabulate(rows, headers=headers, tablefmt=tablefmt,
-                                        disable_numparse=True)
-    finally:
-        tabulate_module.MIN_PADDING = saved
+    if not compact:
+        return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+    lines = tabulate([headers, *rows], tablefmt="plain", disable_numparse=True).split("\n")
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
+    return "\n".join([lines[0], "  ".join("-" * width for width in widths), *lines[1:]])
 
 
 def full_table(frame: pd.DataFrame, keys: list[str], columns: list[Column], tablefmt: str
@@ -120,7 +118,7 @@ def compact_table(frame: pd.DataFrame, keys: list[str], columns: list[Column], w
     dropped: list[str] = []
     while True:
         text = _tabulate(key_headers + [c.header for c, _ in shown],
-                         key_cells + [cells for _, cells in shown], "simple", padding=0)
+                         key_cells + [cells for _, cells in shown], "simple", compact=True)
         if _width(text) <= width or not shown:
             return text, dropped
         # the least important column goes first; of equals, the rightmost
