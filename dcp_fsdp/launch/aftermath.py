@@ -75,6 +75,29 @@ def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
                             or replaced_root_cause):
         log.error(outcome.error)  # no rank said it: it was killed, or never got going
     _partial_checkpoints(cfg, run_line, env or {}, claimed or [])
+    if cfg.ceiling or cfg.command.value == "ceiling":
+        _ceiling_leftovers(cfg, run_id, env or {})
+
+
+def _ceiling_leftovers(cfg: BenchmarkConfig, run_id: str, env: dict[str, str]) -> None:
+    """A run stopped during its ceiling rounds leaves their objects (and on S3 open
+    multipart uploads, billed) in its raw areas, named by the run (rank/ceiling.py): gone."""
+    if os.environ.get(contract.EMBEDDED_ENV) == "1" or env.get(contract.EMBEDDED_ENV) == "1":
+        return  # deleted with the embedded server
+    from dcp_fsdp.storage import make_store
+    from dcp_fsdp.storage.base import ceiling_token
+
+    token = ceiling_token(run_id)
+    with environment({k: v for k, v in env.items() if k.startswith("AWS_")}):
+        try:
+            store = make_store(cfg.storage, after_failure=True)  # a stalled server: seconds
+            aborted = sum(store.clean_raw_area(area) for area in (token, f"files-{token}"))
+        except Exception as error:  # cleanup: the run's outcome stands, say what is left
+            log.warning(f"could not remove the ceiling's objects of this run ({error}); "
+                        "`dcp-fsdp clean-uploads` aborts open uploads")
+            return
+    if aborted:
+        log.info(f"ceiling: {aborted} open multipart upload(s) of this run's raw rounds aborted")
 
 
 def _amend(path: Path, outcome: "RanksOutcome") -> tuple[dict, bool]:

@@ -40,7 +40,6 @@ import dataclasses
 import io
 import math
 import os
-import secrets
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -55,7 +54,8 @@ from dcp_fsdp.rank.distributed import first_problem, rank0_decides, rank0_scatte
 from dcp_fsdp.rank.replicas import replica_share
 from dcp_fsdp.process.watchdog import Watchdog
 from dcp_fsdp.storage import layout
-from dcp_fsdp.storage.base import CheckpointStore
+from dcp_fsdp.contract import RUN_ID_ENV
+from dcp_fsdp.storage.base import CheckpointStore, ceiling_token
 from dcp_fsdp.storage.raw import Client
 
 if TYPE_CHECKING:
@@ -271,7 +271,7 @@ class Ceiling:
         self.loop = loop
         self.cfg = loop.cfg
         self.rank = loop.ctx.rank
-        token = rank0_decides(loop.ctx, lambda: secrets.token_hex(4))
+        token = rank0_decides(loop.ctx, lambda: ceiling_token(os.environ.get(RUN_ID_ENV)))
         self.mover = Mover(loop.store, token, self.cfg.storage.part_size_mib * MIB)
         self.token = token
 
@@ -508,7 +508,7 @@ def _more_files_saves(loop: Any) -> list["Sample"]:
     threads = min(MAX_THREADS, 2 * storage.thread_count)
     if threads == storage.thread_count:
         return []
-    token = rank0_decides(loop.ctx, lambda: secrets.token_hex(4))
+    token = rank0_decides(loop.ctx, lambda: ceiling_token(os.environ.get(RUN_ID_ENV)))
     area = loop.store.raw_area(f"files-{token}").location  # never inside a checkpoint
     place = {"uri": area} if storage.kind.value == "s3" else {"path": area}
     store = make_store(dataclasses.replace(storage, thread_count=threads, **place))

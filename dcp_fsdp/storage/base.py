@@ -209,6 +209,18 @@ class CheckpointStore(Protocol):
         would abort passes the `now` it decided with, so none is aborted that it said it
         would leave."""
 
+    def clean_raw_area(self, token: str) -> int:
+        """Everything a run left in its raw area `token` (a ceiling cut short: its objects,
+        and on S3 its open multipart uploads, aborted); how many uploads were aborted."""
+
+
+def ceiling_token(run_id: str | None) -> str:
+    """The raw area of one run's ceiling rounds: named by the run, so that the launcher can
+    clean up after a run killed mid-round (launch/aftermath.py); a random name without one."""
+    import secrets
+
+    return run_id or f"t-{secrets.token_hex(4)}"
+
 
 def read_ahead_kwargs(storage: Any) -> dict[str, int]:
     """The tool's reader's arguments (storage/read_ahead.py) from a store's settings."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import errno
 import os
+import shutil
 import secrets
 import stat
 from pathlib import Path
@@ -214,6 +215,15 @@ class FsStore:
     # -- raw objects (the raw ceiling), see raw.py --------------------------------------
     def data_object_prefix(self, rank: int) -> str:
         return data_object_prefix(rank)  # FileSystemWriter's: no folders
+
+    def clean_raw_area(self, token: str) -> int:
+        area = fs_ceiling_dir(self.root, token)
+        shutil.rmtree(area, ignore_errors=True)
+        try:
+            area.parent.rmdir()  # `<path>.ceiling`, when nothing else is there
+        except OSError:
+            pass
+        return 0
 
     def raw_area(self, token: str) -> FsRawArea:
         return FsRawArea(fs_ceiling_dir(self.root, token), self.config.part_size_mib * MIB,

@@ -244,6 +244,12 @@ class S3Store:
         return S3RawArea(self.bucket, s3_ceiling_prefix(self.prefix, token), self.region,
                          self._client_config)
 
+    def clean_raw_area(self, token: str) -> int:
+        prefix = s3_ceiling_prefix(self.prefix, token) + "/"
+        aborted = self.control.abort_uploads_under(prefix)
+        self.control.delete_prefix(prefix)
+        return aborted
+
     def open_uploads(self, suffix: str | None = None) -> list[OpenUpload]:
         return self.control.open_uploads(suffix)
 

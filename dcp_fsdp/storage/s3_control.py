@@ -404,6 +404,27 @@ class S3ControlPlane:
             if keys:
                 client.delete_objects(Bucket=self.target.bucket, Delete={"Objects": keys})
 
+    def abort_uploads_under(self, key_prefix: str) -> int:
+        """Abort every open multipart upload whose key begins with `key_prefix` (a raw area
+        of the ceiling, beside the checkpoints); how many."""
+        import botocore.exceptions as bx
+
+        client, aborted = self.client(), 0
+        try:
+            for page in client.get_paginator("list_multipart_uploads").paginate(
+                    Bucket=self.target.bucket, Prefix=key_prefix):
+                for upload in page.get("Uploads", []):
+                    try:
+                        client.abort_multipart_upload(Bucket=self.target.bucket, Key=upload["Key"],
+                                                      UploadId=upload["UploadId"])
+                        aborted += 1
+                    except bx.ClientError as error:  # completed or aborted meanwhile
+                        if error.response.get("Error", {}).get("Code") != "NoSuchUpload":
+                            raise
+        except (bx.BotoCoreError, bx.ClientError) as error:
+            raise self._explain(error) from None
+        return aborted
+
     # -- multipart uploads a stopped save left open -----------------------------------------
     def open_uploads(self, suffix: str | None = None) -> list[OpenUpload]:
         import botocore.exceptions as bx

@@ -160,3 +160,45 @@ def test_a_resharded_load_with_a_ceiling_is_refused_before_any_rank(tmp_path):
     assert len(errors) == 1, load.stderr
     assert "ceiling=true: suffix=one was saved by 1 rank(s)" in errors[0] and "load with 1 ranks" in errors[0]
     assert not (tmp_path / "l").exists() or not list((tmp_path / "l").glob("*.jsonl"))
+
+
+def test_a_run_killed_during_its_ceiling_leaves_no_upload_and_no_object(s3, s3_uri, tmp_path):
+    """A rank SIGKILLed while the ceiling's raw PUT has a multipart upload open (its parts
+    held at a proxy): the launcher aborts the upload and removes the run's raw area, which is
+    named by the run (rank/ceiling.py, launch/aftermath.py)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.kit.cli import REPO, clean_env, rank_pids
+    from tests.kit.fault_proxy import FaultProxy
+
+    with FaultProxy(s3.endpoint_url, stall_rate=1.0, stall_s=300, targets=("UploadPart",),
+                    key_pattern=r"\.ceiling/") as proxy:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "dcp_fsdp", "save", f"storage.uri={s3_uri}",
+             f"storage.endpoint={proxy.url}", "model=tiny_llama", "nproc=1", "ceiling=true",
+             "storage.part_size_mib=5", f"results_dir={tmp_path}"],
+            env=clean_env(s3_env(s3)), cwd=REPO, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 180
+            while not proxy.events and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert proxy.events, "the ceiling never uploaded a part"
+            client = boto(s3)
+            held = client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
+            assert any(".ceiling/" in upload["Key"] for upload in held), held
+            os.kill(rank_pids(process.pid)[0], signal.SIGKILL)
+            output = process.communicate(timeout=120)[0]
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert process.returncode == 1, output
+    left = client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
+    assert not [u for u in left if ".ceiling/" in u["Key"]], left
+    assert [k for k in all_keys(client, s3.bucket) if ".ceiling/" in k] == []
+    assert "open multipart upload(s) of this run's raw rounds aborted" in output, output
