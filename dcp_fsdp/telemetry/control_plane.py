@@ -6,6 +6,7 @@ each attempt as a `Request` of its own kind (HeadBucket, ListObjectsV2, ...).
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable
 
@@ -33,6 +34,7 @@ _STARTED = "dcp_fsdp_attempt_started"  # in botocore's per-request context
 _SENT = "dcp_fsdp_upload_body_bytes"  # ... and an upload attempt's body length
 UPLOADS = ("PutObject", "UploadPart")  # the requests whose bodies are object bytes
 _PREVIOUS = "dcp_fsdp_previous_attempt"
+_GET = "dcp_fsdp_get_target"  # a GetObject attempt's (URL, Range): a re-sent GET has the same
 _RETRYABLE_STATUSES = (408, 429, 500, 502, 503, 504)
 
 
@@ -74,8 +76,13 @@ def install_data_plane_hook(events: Any, record_call: Callable[[Any], None]) -> 
     outcome, status, duration from the attempt's request to its answer, GetObject bytes
     and PutObject / UploadPart body bytes (an upload's `nbytes`); an
     attempt followed by another of the same call is marked `retried`, so a re-sent request
-    never reads as a first try. Registered once per emitter (unique ids)."""
+    never reads as a first try. A GET whose body breaks mid-stream (after botocore's
+    events saw its status) is marked failed and broken by its body (get_bodies.py), and
+    retried when the client sends the same GET again. Registered once per emitter (unique
+    ids)."""
     from dcp_fsdp.telemetry.request import Request
+
+    broken_gets = _BrokenGets()
 
     def on_request_created(request: Any = None, event_name: str = "", **kwargs: Any) -> None:
         context = getattr(request, "context", None)
@@ -84,8 +91,26 @@ def install_data_plane_hook(events: Any, record_call: Callable[[Any], None]) -> 
         previous = context.get(_PREVIOUS)
         if previous is not None:
             previous.retried = True  # botocore is sending this call again
+        if event_name.endswith(".GetObject"):
+            target = (str(getattr(request, "url", "")),
+                      str((getattr(request, "headers", None) or {}).get("Range", "")))
+            context[_GET] = target
+            broken_gets.sent_again(target)
         context[_STARTED] = time.time()
         context[_SENT] = _upload_body_bytes(request, event_name)
+
+    def on_get_answered(http_response: Any = None, parsed: Any = None, context: Any = None,
+                        **kwargs: Any) -> None:
+        call = (context or {}).get(_PREVIOUS)
+        if call is None or call.outcome != "ok" or not isinstance(parsed, dict) \
+                or "Body" not in parsed:
+            return
+        from dcp_fsdp.telemetry.get_bodies import BodyCount, aiohttp_body_bytes, counted_body
+
+        target = context.get(_GET)
+        count = BodyCount(call, lambda broken: broken_gets.add(target, broken),
+                          aiohttp_body_bytes(http_response))
+        parsed["Body"] = counted_body(parsed["Body"], count)
 
     def on_attempt(event_name: str = "", response: Any = None, request_dict: Any = None,
                    **kwargs: Any) -> None:
@@ -109,3 +134,25 @@ def install_data_plane_hook(events: Any, record_call: Callable[[Any], None]) -> 
     events.register("request-created.s3", on_request_created,
                     unique_id="dcp-fsdp-data-plane-started")
     events.register("needs-retry.s3", on_attempt, unique_id="dcp-fsdp-data-plane-count")
+    events.register("after-call.s3.GetObject", on_get_answered,
+                    unique_id="dcp-fsdp-data-plane-get-body")
+
+
+class _BrokenGets:
+    """GETs whose body broke, by (URL, Range), until the client sends the same GET again
+    (s3fs, MSC and s3transfer re-send it whole): then it was retried."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[tuple[str, str], Any] = {}
+        self._lock = threading.Lock()
+
+    def add(self, target: tuple[str, str] | None, call: Any) -> None:
+        if target is not None:
+            with self._lock:
+                self._waiting[target] = call
+
+    def sent_again(self, target: tuple[str, str]) -> None:
+        with self._lock:
+            call = self._waiting.pop(target, None)
+        if call is not None:
+            call.retried = True

@@ -32,6 +32,10 @@ class Request:
     # its status came (2xx) but the transfer broke (a crt_error): failed, and its body came
     # in part, how much unknown (up to nbytes)
     broken: bool = False
+    # a broken GET of a botocore-based client (telemetry/get_bodies.py): the body bytes known
+    # to have come down before the break, and whether they are all that came (else a floor)
+    received: int | None = None
+    body_known: bool = False
 
     @property
     def at_s(self) -> float:

@@ -27,10 +27,11 @@ def summarize(requests: list["Request"], seconds: float | None = None,
     summarised. `parser`: the format of the parser that read the lines.
 
     `bytes_down`: the bodies of the GETs that came down whole (each one's range), what
-    crossed the wire for them; a GET that broke mid-body (`broken`, also failed and
-    retried) sent part of its range, how much the connector does not say: at most
-    `bytes_down_broken_max` more came down. 503s and attempts without a response carry no
-    body of checkpoint bytes and count in neither.
+    crossed the wire for them, and of a GET that broke mid-body (`broken`, also failed and
+    retried) what its client counted before the break (fsspec, MSC: `received`); what the
+    client does not say (the connector: all of it; MSC's read of a whole body: what that
+    read had got) is at most `bytes_down_broken_max` more, the rest of its range. 503s and
+    attempts without a response carry no body of checkpoint bytes and count in neither.
     """
     count = len(requests)
     failed = sum(r.outcome == "failed" for r in requests)
@@ -52,8 +53,7 @@ def summarize(requests: list["Request"], seconds: float | None = None,
         "req_per_s": round(count / seconds, 3) if count and seconds else None,
         "bytes_down": _whole_get_bytes(requests),
         "broken": sum(r.broken for r in requests),
-        "bytes_down_broken_max": sum(r.nbytes or 0 for r in requests
-                                     if r.kind == "GetObject" and _partial_body(r)),
+        "bytes_down_broken_max": sum(_unknown_body_bytes(r) for r in requests),
         "bytes_up": _uploaded_bytes(requests, bytes_up),
         "status": dict(sorted(status.items())),
         "latency_ms": percentiles_ms(durations),
@@ -82,7 +82,17 @@ def _uploaded_bytes(requests: Iterable["Request"], written: int | None) -> int |
 
 
 def _whole_get_bytes(requests: Iterable["Request"]) -> int:
-    return sum(r.nbytes or 0 for r in requests if r.kind == "GetObject" and r.outcome == "ok")
+    """The GETs' bodies that came whole, and what came of the broken ones where known."""
+    return sum((r.nbytes or 0) if r.outcome == "ok" else (r.received or 0)
+               for r in requests if r.kind == "GetObject")
+
+
+def _unknown_body_bytes(request: "Request") -> int:
+    """At most how many bytes of a GET's body came down uncounted: none of a whole or a
+    fully counted one, the rest of its range of one that broke or was canceled."""
+    if request.kind != "GetObject" or not _partial_body(request) or request.body_known:
+        return 0
+    return max(0, (request.nbytes or 0) - (request.received or 0))
 
 
 def _partial_body(request: "Request") -> bool:
@@ -105,8 +115,9 @@ def _type_entry(rows: list["Request"]) -> dict[str, Any]:
         "latency_hist": histogram(d * 1e3 for d in durations),
     }
     sizes = [r.nbytes for r in rows if r.nbytes is not None and r.outcome == "ok"]
+    sizes += [r.received for r in rows if r.outcome != "ok" and r.received is not None]
     if sizes:
-        entry["bytes"] = sum(sizes)  # whole bodies only, as bytes_down
+        entry["bytes"] = sum(sizes)  # as bytes_down: whole bodies, broken ones' counted part
     return entry
 
 

@@ -1,0 +1,153 @@
+"""GetObject bodies that break mid-stream, for the botocore-based clients (s3fs over
+aiobotocore, multi-storage-client over boto3; telemetry/control_plane.py).
+
+botocore's events see an attempt when its status and headers arrive (`needs-retry`): a GET
+whose body is cut after that (a connection reset mid-body) fails later, in the body's read,
+and the client sends it again by itself (s3fs's `_error_wrapper`, MSC's retry, s3transfer):
+to the events both attempts were whole, successful GETs of their full range. So the hook
+hands each GET's body out through a counting body of the same kind (`counted_body`): a read
+that raises marks the attempt `broken` (failed, retryable), with the body bytes that came
+down before the cut as `received`; the next GET of the same object and range marks it
+`retried` (control_plane.py).
+
+What came down: s3fs (aiohttp) counts every body byte it took off the socket
+(`total_raw_bytes` of the response's stream), read or still buffered: exact. boto3 (urllib3)
+gives the bytes of the reads that returned; a read of the whole rest that raises loses what
+it had got (http.client drops it), so such a body's figure is a floor and its range
+bounds the rest (`body_known` False, as the connector's broken GETs). Bytes the kernel
+received and dropped with the reset (a reset discards a socket's unread data) reach no
+client: only the socket's own counters (process/wire_meter.py) see them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from botocore.response import StreamingBody
+
+from dcp_fsdp.telemetry.request import Request
+
+
+class BodyCount:
+    """What one GET's body delivered, and the attempt it belongs to."""
+
+    def __init__(self, call: Request, on_break: Callable[[Request], None],
+                 wire_bytes: Callable[[], int | None]) -> None:
+        self.call, self._on_break, self._wire_bytes = call, on_break, wire_bytes
+        self.read = 0
+
+    def broke(self, whole_read: bool) -> None:
+        """A read raised: the attempt failed mid-body (once; a later read of the same broken
+        body changes nothing)."""
+        if self.call.broken:
+            return
+        wire = self._wire_bytes()
+        self.call.broken, self.call.outcome, self.call.retryable = True, "failed", True
+        self.call.received = max(self.read, wire or 0)
+        self.call.body_known = wire is not None or not whole_read
+        self._on_break(self.call)
+
+
+class CountedBody(StreamingBody):
+    """A botocore StreamingBody that reads through another (the one botocore made) and
+    counts what it delivers; its content length is checked by that one."""
+
+    def __init__(self, body: StreamingBody, count: BodyCount) -> None:
+        super().__init__(body, None)
+        self._body, self._count = body, count
+
+    def read(self, amt: int | None = None) -> bytes:
+        try:
+            chunk = self._body.read(amt)
+        except Exception:
+            self._count.broke(whole_read=amt is None or amt < 0)
+            raise
+        self._count.read += len(chunk)
+        return chunk
+
+    def readinto(self, b: Any) -> int:
+        try:
+            amount = self._body.readinto(b)
+        except Exception:
+            self._count.broke(whole_read=False)
+            raise
+        self._count.read += amount
+        return amount
+
+    def set_socket_timeout(self, timeout: float) -> None:
+        self._body.set_socket_timeout(timeout)
+
+    def tell(self) -> int:
+        return self._body.tell()
+
+    def close(self) -> None:
+        self._body.close()
+
+
+class CountedAioBody:
+    """The same for aiobotocore's async bodies: reads counted, everything else delegated."""
+
+    def __init__(self, body: Any, count: BodyCount) -> None:
+        self._body, self._count = body, count
+
+    async def read(self, amt: int | None = None) -> bytes:
+        try:
+            chunk: bytes = await self._body.read(amt)
+        except Exception:
+            self._count.broke(whole_read=amt is None or amt < 0)
+            raise
+        self._count.read += len(chunk)
+        return chunk
+
+    async def readinto(self, b: Any) -> int:
+        try:
+            amount: int = await self._body.readinto(b)
+        except Exception:
+            self._count.broke(whole_read=False)
+            raise
+        self._count.read += amount
+        return amount
+
+    def __aiter__(self) -> Any:
+        return self.iter_chunks()
+
+    async def iter_chunks(self, chunk_size: int = 1024) -> Any:
+        while chunk := await self.read(chunk_size):
+            yield chunk
+
+    async def __aenter__(self) -> "CountedAioBody":
+        await self._body.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        return await self._body.__aexit__(*exc_info)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._body, name)
+
+
+def counted_body(body: Any, count: BodyCount) -> Any:
+    """`body` read through a counter, of its kind (sync or async); an unknown kind as is."""
+    if isinstance(body, StreamingBody) and not _is_async(body):
+        return CountedBody(body, count)
+    if _is_async(body):
+        return CountedAioBody(body, count)
+    return body
+
+
+def _is_async(body: Any) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(getattr(body, "read", None))
+
+
+def aiohttp_body_bytes(http_response: Any) -> Callable[[], int | None]:
+    """The body bytes aiohttp took off the socket for this response (None: not aiohttp, or
+    a release without the count)."""
+    content = getattr(getattr(http_response, "raw", None), "content", None)
+
+    def wire_bytes() -> int | None:
+        total = getattr(content, "total_raw_bytes", None)
+        return total if isinstance(total, int) else None
+
+    return wire_bytes
