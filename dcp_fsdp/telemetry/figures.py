@@ -347,6 +347,8 @@ def broken_note(broken: float, broken_max_bytes: float, fetched_bytes: float,
     re-sent bodies, the broken ones' partial bodies only as a bound."""
     if pd.isna(broken) or broken <= 0 or pd.isna(broken_max_bytes):
         return ""
+    if broken_max_bytes <= 0:  # what came down of them is known (fsspec: aiohttp's count)
+        return f"{broken:.0f} GET(s) broke mid-body and were sent again (egress counts what came down)"
     note = f"{broken:.0f} GET(s) broke mid-body: up to {broken_max_bytes / MIB:.1f} MiB more came down"
     if not pd.isna(fetched_bytes) and state_bytes:
         note += f" (reads up to {(fetched_bytes + broken_max_bytes) / state_bytes:.2f}x)"
