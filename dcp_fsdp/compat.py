@@ -186,6 +186,15 @@ def split_by_size_and_type(bins: int, items: list) -> list[list]:
     return split(bins, items)
 
 
+def dedup_save_plans(plans: list) -> list:
+    """DCP's coordinator's deduplication (DefaultSavePlanner.create_global_plan's first step):
+    an item on several ranks' plans kept on one, the rank with the least planned so far
+    (`dcp-fsdp plan` lays out a large world's files without the rest of the global plan)."""
+    dedup = _internal("torch.distributed.checkpoint._dedup_save_plans", "dedup_save_plans",
+                      "torch", _TORCH_RANGE)
+    return dedup(plans)
+
+
 def storage_info(relative_path: str, offset: int, length: int) -> Any:
     """What DCP's FileSystemWriter records for one write item in `.metadata`'s storage_data
     (`dcp-fsdp plan` builds the `.metadata` a save would write, without writing one)."""

@@ -34,8 +34,11 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from dcp_fsdp.compat import (DATA_OBJECT_SUFFIX, dcp_metadata_version, fake_tensor,
                              split_by_size_and_type, storage_info)
-from dcp_fsdp.plan.state import StateTemplate, local_plan, own_copy
+from dcp_fsdp.plan.state import StateTemplate, local_plan, own_copy, shard_block
 
+# One rank's reads at a load: (object name, first byte, end) ranges, sorted, each a run of
+# items that lie back to back in that object
+Reads = tuple[tuple[str, int, int], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +61,9 @@ class GlobalPlan:
     metadata_unpickle_s: float  # every rank, at a load
     metadata_memory_bytes: int  # the unpickled Metadata's resident memory, measured
     sampled: str | None = None  # how a large world was built from a subset (plan/sample.py)
+    # each rank's reads at a load of the same layout (load_reads); None: not laid out item by
+    # item (a sampled build without TP or replicas: each rank reads its own objects)
+    load_reads: tuple[Reads, ...] | None = None
 
     def rank_bytes(self) -> list[int]:
         sizes = [0] * self.world_size
@@ -146,6 +152,68 @@ def _item_length(item: WriteItem, value_bytes: dict[str, int]) -> int:
     return tensor_item_bytes(item.tensor_data.properties.dtype, tuple(item.tensor_data.chunk.sizes))
 
 
+def write_out(global_plans: list[SavePlan], template: StateTemplate, thread_count: int,
+              rank_prefix: Callable[[int], str]) -> tuple[list[DataObject], dict[Any, Any]]:
+    """(every rank's data objects, `.metadata`'s storage_data) of the final plans, each
+    rank's items binned and laid out as FileSystemWriter writes them. Empties the plans as
+    it goes (memory goes back)."""
+    value_bytes = {e.fqn: _bytes_item_size(e.value) for e in template.entries if e.shape is None}
+    objects: list[DataObject] = []
+    storage_data: dict[Any, Any] = {}
+    for rank in range(len(global_plans)):
+        results, files = _rank_results(global_plans[rank], rank_prefix(rank), thread_count,
+                                       value_bytes)
+        global_plans[rank] = SavePlan([])
+        storage_data.update({r.index: r.storage_data for r in results})
+        objects.extend(DataObject(rank, name, size) for name, size in files)
+    return objects, storage_data
+
+
+def load_reads(template: StateTemplate, world_size: int, replicas: int, tp: int,
+               storage_data: dict[Any, Any]) -> tuple[Reads, ...]:
+    """What each rank reads at a load of the same layout: every item its own state needs,
+    wherever DCP's deduplication had it written (a tensor TP or a replica group holds whole
+    is in one rank's file, read by all that hold it; AdamW's steps and param_groups by every
+    rank), an empty chunk nothing (it overlaps no saved chunk). Ranges of one object that lie
+    back to back are one."""
+    from dcp_fsdp.models.tensor_parallel import tp_split_dim
+
+    where = {(index.fqn, None if index.offset is None else tuple(index.offset)):
+             (info.relative_path, info.offset, info.length)
+             for index, info in storage_data.items()}
+    shards = world_size // (replicas * tp)
+    tp_dims = {e.fqn: tp_split_dim(e.fqn) if tp > 1 else None for e in template.entries}
+    out = []
+    for rank in range(world_size):
+        shard, tp_rank = (rank // tp) % shards, rank % tp
+        ranges = []
+        for entry in template.entries:
+            if entry.shape is None:
+                key: tuple[str, tuple[int, ...] | None] = (entry.fqn, None)
+            elif not entry.sharded:
+                key = (entry.fqn, ())
+            else:
+                offsets, sizes = shard_block(entry.shape, shards, shard, tp_dims[entry.fqn], tp,
+                                             tp_rank)
+                if 0 in sizes:
+                    continue
+                key = (entry.fqn, offsets)
+            name, offset, length = where[key]
+            ranges.append((name, offset, offset + length))
+        out.append(_merged(ranges))
+    return tuple(out)
+
+
+def _merged(ranges: list[tuple[str, int, int]]) -> Reads:
+    merged: list[tuple[str, int, int]] = []
+    for name, start, end in sorted(ranges):
+        if merged and merged[-1][0] == name and merged[-1][2] == start:
+            merged[-1] = (name, merged[-1][1], end)
+        else:
+            merged.append((name, start, end))
+    return tuple(merged)
+
+
 def build_global_plan(template: StateTemplate, world_size: int, replicas: int, thread_count: int,
                       rank_prefix: Callable[[int], str], checkpoint_id: str | Path,
                       tp: int = 1) -> GlobalPlan:
@@ -156,15 +224,8 @@ def build_global_plan(template: StateTemplate, world_size: int, replicas: int, t
     global_plans, metadata = DefaultSavePlanner().create_global_plan(plans)
     planning_s = time.process_time() - start
     del plans
-    value_bytes = {e.fqn: _bytes_item_size(e.value) for e in template.entries if e.shape is None}
-    objects: list[DataObject] = []
-    storage_data: dict[Any, Any] = {}
-    for rank in range(world_size):
-        results, files = _rank_results(global_plans[rank], rank_prefix(rank), thread_count,
-                                       value_bytes)
-        global_plans[rank] = SavePlan([])  # done with: memory goes back as we go
-        storage_data.update({r.index: r.storage_data for r in results})
-        objects.extend(DataObject(rank, name, size) for name, size in files)
+    objects, storage_data = write_out(global_plans, template, thread_count, rank_prefix)
+    reads = load_reads(template, world_size, replicas, tp, storage_data)
     metadata.version = dcp_metadata_version()
     metadata.storage_data = storage_data
     metadata.storage_meta = StorageMeta(checkpoint_id=checkpoint_id, save_id=str(uuid.uuid4()))
@@ -175,7 +236,22 @@ def build_global_plan(template: StateTemplate, world_size: int, replicas: int, t
     del metadata, storage_data, global_plans
     unpickle_s, memory = unpickle_cost(blob)
     return GlobalPlan(world_size, tuple(objects), items, plan_sizes[0], plan_sizes[0] * world_size,
-                      planning_s, len(blob), pickle_s, unpickle_s, memory)
+                      planning_s, len(blob), pickle_s, unpickle_s, memory, load_reads=reads)
+
+
+def laid_out(template: StateTemplate, world_size: int, replicas: int, thread_count: int,
+             rank_prefix: Callable[[int], str], tp: int = 1) -> tuple[list[DataObject], tuple[Reads, ...]]:
+    """(every data object, each rank's reads at a load) of the whole world, item by item, as
+    build_global_plan lays them out but without the rest of the global plan (its validation,
+    `.metadata`'s pickle): where DCP's deduplication decides which rank writes what (a layout
+    with TP or replicas), no subset of the layers extrapolates it (plan/sample.py)."""
+    from dcp_fsdp.compat import dedup_save_plans
+
+    plans = [local_plan(template, rank, world_size, replicas, tp) for rank in range(world_size)]
+    final = dedup_save_plans(plans)
+    del plans
+    objects, storage_data = write_out(final, template, thread_count, rank_prefix)
+    return objects, load_reads(template, world_size, replicas, tp, storage_data)
 
 
 _UNPICKLE_CHILD = """

@@ -39,6 +39,21 @@ def prefixes(request: PlanRequest, world_size: int) -> rq.Prefixes:
                            storage.round_robin_prefixes, world_size)
 
 
+def plan_requests(request: PlanRequest, plan: GlobalPlan) -> rq.Requests:
+    """The plan's S3 requests; a load's GETs from each rank's reads where the plan has them
+    and the connector's default reader reads them (else each object once, whole)."""
+    from dcp_fsdp.config.schema import ReaderKind, StorageClient
+
+    storage = request.cfg.storage
+    reads = plan.load_reads
+    if not (storage.client == StorageClient.s3torchconnector and storage.read_ahead == 0
+            and storage.reader == ReaderKind.dcp_optimized):
+        reads = None
+    return rq.count_requests([o.size_bytes for o in plan.objects], plan.metadata_bytes,
+                             plan.world_size, storage.part_size_mib * MIB, reads,
+                             int(storage.max_gap_size_mib * MIB))
+
+
 def render_plan(request: PlanRequest, template: StateTemplate, plan: GlobalPlan,
                 elapsed_s: float) -> str:
     cfg = request.cfg
@@ -46,7 +61,7 @@ def render_plan(request: PlanRequest, template: StateTemplate, plan: GlobalPlan,
     part = storage.part_size_mib * MIB
     per_rank = plan.rank_bytes()
     sizes = [obj.size_bytes for obj in plan.objects]
-    reqs = rq.count_requests(sizes, plan.metadata_bytes, plan.world_size, part)
+    reqs = plan_requests(request, plan)
     nodes = plan.world_size // request.ranks_per_node
     lines = [
         f"plan: {cfg.model.name} {cfg.model.dtype.value} {cfg.state.value}, {plan.world_size} "
@@ -141,8 +156,7 @@ def _prefix_lines(request: PlanRequest, plan: GlobalPlan, part: int) -> list[str
                 "storage=s3)"]
     chosen = prefixes(request, plan.world_size)
     rate = storage.throughput_target_gbps * 1e9 / 8
-    reqs = rq.count_requests([o.size_bytes for o in plan.objects], plan.metadata_bytes,
-                             plan.world_size, part)
+    reqs = plan_requests(request, plan)
     load = rq.prefix_load(rank_objects(plan), chosen, part, rate, reqs.metadata_gets_per_rank)
     lines = [
         f"prefixes: storage.prefix_strategy={chosen.strategy} spreads the keys over "

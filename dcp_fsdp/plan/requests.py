@@ -4,8 +4,13 @@ Requests (s3torchconnector 1.5 over the CRT client): every object the writer put
 multipart upload (CreateMultipartUpload, one UploadPart per `part_size` of it, at least one,
 and CompleteMultipartUpload); `.metadata` is written as `.metadata.tmp` and renamed, which on
 S3 is a CopyObject and a DeleteObject. A GET of an object is split by the CRT into ranged
-GETs of `part_size` each. A load at the same world size reads each data object once (by its
-rank) and `.metadata` once per rank (DCP's read_metadata runs in every rank's local step).
+GETs of `part_size` each. A load at the same layout reads `.metadata` once per rank (DCP's
+read_metadata runs in every rank's local step) and, with the connector's default reader
+(dcp_optimized), each rank the byte ranges its state needs (plan/build.py load_reads: its own
+objects, and what deduplication had another rank write: the tensors TP leaves whole, AdamW's
+steps), ranges of one object closer than `max_gap_size` in one stream, each stream split
+into ranged GETs of `part_size` (issue 49 item 6). Without those reads (a sampled build
+without TP or replicas; another reader or client) each data object is read once, whole.
 The tool's own requests (its manifest, HEADs) are not counted.
 
 Rates: S3 serves at least 3,500 PUT/COPY/POST/DELETE and 5,500 GET/HEAD requests per second
@@ -64,12 +69,37 @@ class Requests:
 
 
 def count_requests(object_sizes: Iterable[int], metadata_bytes: int, world_size: int,
-                   part_bytes: int) -> Requests:
+                   part_bytes: int, load_reads: Sequence[Sequence[tuple[str, int, int]]] | None = None,
+                   max_gap_bytes: int = 0) -> Requests:
+    """`load_reads`: each rank's (object, start, end) reads at a load (build.load_reads), read
+    as the connector's dcp_optimized reader reads them; None: each object once, whole."""
     sizes = list(object_sizes)
     save = sum(put_requests(s, part_bytes) for s in sizes) + put_requests(metadata_bytes, part_bytes) + 1
     metadata_gets = parts(metadata_bytes, part_bytes)
-    load = sum(parts(s, part_bytes) for s in sizes) + world_size * metadata_gets
-    return Requests(save, 1, load, metadata_gets)
+    if load_reads is None:
+        data_gets = sum(parts(s, part_bytes) for s in sizes)
+    else:
+        data_gets = sum(rank_read_gets(reads, part_bytes, max_gap_bytes) for reads in load_reads)
+    return Requests(save, 1, data_gets + world_size * metadata_gets, metadata_gets)
+
+
+def rank_read_gets(reads: Sequence[tuple[str, int, int]], part_bytes: int,
+                   max_gap_bytes: int) -> int:
+    """Ranged GETs of one rank's reads (sorted by object, then start): the dcp_optimized
+    reader's range groups (ranges of one object whose gap is at most `max_gap_bytes` share a
+    stream, from the first's start to the last's end), each stream `part_bytes` a GET."""
+    gets = 0
+    group: tuple[str, int, int] | None = None
+    for name, start, end in reads:
+        if group is not None and group[0] == name and start - group[2] <= max_gap_bytes:
+            group = (name, group[1], end)
+            continue
+        if group is not None:
+            gets += parts(group[2] - group[1], part_bytes)
+        group = (name, start, end)
+    if group is not None:
+        gets += parts(group[2] - group[1], part_bytes)
+    return gets
 
 
 @dataclasses.dataclass(frozen=True)

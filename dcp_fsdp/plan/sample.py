@@ -19,6 +19,15 @@ crosses 2^16 or 2^31; both well under 0.1 % (docs/plan.md has the check against 
 Times and the unpickled `.metadata`'s memory grow with the items; they are scaled from the
 largest subset by items (DCP's planning, pickle and unpickle each walk every item once).
 With thread_count > 1 a rank's added bytes spread over its objects in proportion to size.
+
+Not with model.tp or model.replicas above 1: then several ranks hold the same chunk (the
+tensors TP leaves whole, a replica group's shards) and DCP's deduplication gives it to the
+rank with the least planned so far, so which rank writes what depends on every item before
+it, and a layer more moves other layers' items between ranks (per-rank differences
+extrapolated 120 times gave -3 MB ranks, issue 49 item 4). There each rank's objects and its
+reads at a load are laid out item by item over every layer (build.laid_out: DCP's own
+deduplication, without the global plan's validation or `.metadata`'s pickle); `.metadata`,
+the items and the times still come from the subsets.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import re
 from collections import Counter
 from typing import Any, Callable
 
-from dcp_fsdp.plan.build import DataObject, GlobalPlan, build_global_plan
+from dcp_fsdp.plan.build import DataObject, GlobalPlan, build_global_plan, laid_out
 from dcp_fsdp.plan.state import StateTemplate
 
 BASE_LAYERS = 2
@@ -97,12 +106,20 @@ def sampled_global_plan(template: StateTemplate, world_size: int, replicas: int,
         plus_bytes = plus.rank_bytes()
         rank_bytes = [r + count * (p - f) for r, p, f in zip(rank_bytes, plus_bytes, first.rank_bytes())]
         largest = plus
-    added = [after - before for after, before in zip(rank_bytes, first.rank_bytes())]
     scale = items / largest.items
+    reads = None
+    if tp > 1 or replicas > 1:  # deduplication decides who writes what: lay out every item
+        laid, reads = laid_out(template, world_size, replicas, thread_count, rank_prefix, tp)
+        objects = tuple(laid)
+    else:
+        added = [after - before for after, before in zip(rank_bytes, first.rank_bytes())]
+        objects = _spread(first.objects, added)
     return GlobalPlan(
-        world_size, _spread(first.objects, added), items,
+        world_size, objects, items,
         round(largest.local_plan_bytes_max * scale), round(largest.local_plan_bytes_total * scale),
         largest.planning_s * scale, metadata, largest.metadata_pickle_s * scale,
         largest.metadata_unpickle_s * scale, round(largest.metadata_memory_bytes * scale),
         sampled=f"{BASE_LAYERS} + 1 of {len(layers)} layers built in full, the rest added per "
-                "layer (docs/plan.md)")
+                "layer" + ("; each rank's objects laid out over every layer (TP or replicas: "
+                           "DCP's deduplication decides who writes what)" if reads else "")
+                + " (docs/plan.md)", load_reads=reads)

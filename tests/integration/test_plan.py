@@ -82,6 +82,41 @@ def test_planned_requests_match_an_s3_save(s3, s3_uri, tmp_path):
     assert planned.save_put == measured
 
 
+@pytest.mark.parametrize("nproc, tp, state", [
+    (2, 2, "model"), (4, 2, "model"), (4, 4, "model"), (2, 1, "model_and_optimizer"),
+])
+def test_planned_gets_match_an_s3_load(s3, s3_uri, tmp_path, nproc, tp, state):
+    """Issue 49 item 6: a load's GETs were planned as each data object once (6 / 8 / 10 at
+    tp=2 on 2 and 4 ranks, tp=4 on 4): every TP rank also reads what TP leaves whole, and
+    every rank AdamW's steps, from the object of the rank DCP's deduplication had write it.
+    Each rank's GETs (the connector's dcp_optimized reader: its range groups, ranged GETs of
+    a part) against what it measured, and the plan's total against the run's."""
+    settings = ["model=tiny_llama", f"model.tp={tp}", f"state={state}"]
+    assert_ok(run_cli(["save", *settings, *s3_args(s3, s3_uri), f"nproc={nproc}",
+                       "progress=false", f"results_dir={tmp_path / 's'}"], env=s3_env(s3),
+                      timeout_s=600))
+    (suffix,) = read_run(tmp_path / "s")[0]["suffixes"]
+    assert_ok(run_cli(["load", *settings, *s3_args(s3, s3_uri), f"nproc={nproc}",
+                       f"suffix={suffix}", "progress=false", f"results_dir={tmp_path / 'l'}"],
+                      env=s3_env(s3), timeout_s=600))
+    _, samples = read_run(tmp_path / "l")
+    measured = {s["rank"]: s["requests"]["by_type"]["GetObject"]["count"]
+                for s in samples if s["op"] == "load"}
+
+    from dcp_fsdp.plan import requests as rq
+    from dcp_fsdp.plan.render import plan_requests
+
+    request = parse_request([*settings, f"storage.uri={s3_uri}", f"world_size={nproc}",
+                             f"ranks_per_node={nproc}"])
+    _, plan = plan_world(request, nproc)
+    assert plan.load_reads is not None
+    part, gap = 8 << 20, 32 << 20  # the defaults: storage.part_size_mib, max_gap_size_mib
+    planned = {rank: rq.rank_read_gets(reads, part, gap) + rq.parts(plan.metadata_bytes, part)
+               for rank, reads in enumerate(plan.load_reads)}
+    assert planned == measured
+    assert plan_requests(request, plan).load_get == sum(measured.values())
+
+
 def test_a_world_from_a_subset_of_the_layers_is_the_full_build():
     """plan/sample.py against a full build: the same write items and total bytes, and a
     `.metadata` within 0.5 % (pickle's frame headers and integer widths are not additive)."""
