@@ -356,25 +356,38 @@ def memory_fixes(cfg: BenchmarkConfig) -> str:
     return f"Choose {listed}, or spread the ranks over more nodes"
 
 
+def rank_state_bytes(cfg: BenchmarkConfig, ranks_here: int, world_size: int) -> tuple[int, int]:
+    """(the largest rank's state, the most any node of `ranks_here` consecutive ranks holds),
+    in bytes: each rank's block of every tensor (tensor_parallel.rank_holdings: FSDP's dim-0
+    shards inside TP's split, a replica group's copy), not the mean: an MoE whose dp shards
+    outnumber its experts has whole experts on its first shards (issue 49 item 5). Weights,
+    and AdamW's two moments of the same dtype with state=model_and_optimizer."""
+    from dcp_fsdp.models.presets import model_shape
+    from dcp_fsdp.models.tensor_parallel import rank_holdings
+
+    world_size = max(1, world_size)
+    scale = _DTYPE_BYTES[cfg.model.dtype.value] * (3 if cfg.state.value == "model_and_optimizer"
+                                                   else 1)
+    held = [count * scale for count in rank_holdings(
+        model_shape(cfg.model), cfg.model.tp, cfg.model.replicas, world_size,
+        cfg.model.moe_layout.value)]
+    here = max(1, min(ranks_here, world_size))
+    nodes = [sum(held[start:start + here]) for start in range(0, world_size, here)]
+    return max(held), max(nodes)
+
+
 def check_memory(cfg: BenchmarkConfig, ranks_here: int, world_size: int) -> None:
     """Ranks that keep their state in host memory (gloo) must fit it on this node: refused
     before the build rather than killed by the kernel part way (SIGKILL, no record)."""
     if cfg.backend == Backend.nccl or (cfg.backend == Backend.auto and _cuda_driver_present()):
         return  # the state lives on the GPUs
-    # each rank holds 1 / (world / replicas) of the state (replicas hold copies); with model.tp,
-    # more: the tensors TP leaves whole are sharded over world / (replicas x tp) ranks only
-    per_rank = state_bytes_estimate(cfg) * cfg.model.replicas // max(1, world_size)
-    if cfg.model.tp > 1:
-        from dcp_fsdp.models.presets import model_shape
-        from dcp_fsdp.models.tensor_parallel import tp_memory_factor
-
-        per_rank = int(per_rank * tp_memory_factor(model_shape(cfg.model), cfg.model.tp))
-    needed, available = per_rank * ranks_here, available_memory_bytes()
+    per_rank, needed = rank_state_bytes(cfg, ranks_here, world_size)
+    available = available_memory_bytes()
     what = f"model={cfg.model.name} model.dtype={cfg.model.dtype.value} state={cfg.state.value}"
     if needed > available:
         raise UserError(
             f"{what}: the {ranks_here} rank(s) on this node hold {needed / GIB:.1f} GiB of state "
-            f"({per_rank / GIB:.2f} GiB each), more than the {available / GIB:.1f} GiB of memory "
+            f"(the largest {per_rank / GIB:.2f} GiB), more than the {available / GIB:.1f} GiB of memory "
             f"available here; the kernel would kill a rank part way. {memory_fixes(cfg)}")
     if needed > MEMORY_WARN_SHARE * available:
         warn_once(f"{what}: the ranks on this node hold {needed / GIB:.1f} GiB of state, "

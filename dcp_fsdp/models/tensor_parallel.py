@@ -20,7 +20,7 @@ import re
 from typing import Any
 
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.models.llama_model_config import ModelShape
+from dcp_fsdp.models.llama_model_config import ModelShape, state_shapes
 
 TP_DIM, DP_DIM = "tp", "dp"
 
@@ -98,8 +98,6 @@ def tp_memory_factor(shape: ModelShape, tp: int) -> float:
     without TP; for the launcher's memory check (its state is in proportion to the weights)."""
     if tp <= 1:
         return 1.0
-    from dcp_fsdp.models.llama_model_config import state_shapes
-
     split = whole = 0
     for name, dims in state_shapes(shape):
         count = math.prod(dims)
@@ -108,3 +106,63 @@ def tp_memory_factor(shape: ModelShape, tp: int) -> float:
         else:
             split += count
     return (split + tp * whole) / (split + whole)
+
+
+def shard_rows(rows: int, shards: int, index: int) -> tuple[int, int]:
+    """(first row, row count) of shard `index` of `shards` along dim 0, as torch's Shard(0)
+    splits a DTensor (torch.chunk: ceil(rows / shards) per shard; empty shards start at
+    `rows`)."""
+    if rows % shards == 0:
+        size = rows // shards
+        return size * index, size
+    size = -(-rows // shards)
+    start = size * index
+    if start >= rows:
+        return rows, 0
+    return start, min(rows, start + size) - start
+
+
+def shard_block(shape: tuple[int, ...], shards: int, shard: int, tp_dim: int | None, tp: int,
+                tp_rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(offsets, sizes) of a rank's block of a tensor of `shape`: FSDP's Shard(0) over the
+    shard dimension, inside TP's even split of `tp_dim` (models/tensor_parallel.py) when the
+    tensor has one. Column-wise (dim 0) FSDP splits the TP rank's rows again (torch's
+    _StridedShard), so the rows start at the TP block's first row."""
+    offsets, sizes = [0] * len(shape), list(shape)
+    if tp_dim is not None:
+        sizes[tp_dim] = shape[tp_dim] // tp
+        offsets[tp_dim] = tp_rank * sizes[tp_dim]
+    start, rows = shard_rows(sizes[0], shards, shard)
+    offsets[0] += start  # an empty shard: past its block's end, as shard_rows places it
+    sizes[0] = rows
+    return tuple(offsets), tuple(sizes)
+
+
+def rank_holdings(shape: ModelShape, tp: int, replicas: int, world_size: int,
+                  moe_layout: str = "hf") -> list[int]:
+    """The parameters (elements) each rank of the world holds under FSDP2 (with model.tp: TP's
+    split inside each dp shard; with model.replicas: each replica group a copy), rank order:
+    its block of every tensor (shard_block), as the plan lays out its save. Not an average: a
+    tensor with fewer rows than shards (an MoE's experts along dim 0 when dp exceeds the
+    expert count) is held by the first shards only, each a whole expert (issue 49 item 5)."""
+    shards = world_size // (replicas * tp)
+    tensors = [(dims, tp_split_dim(f".{name}") if tp > 1 else None)
+               for name, dims in state_shapes(shape, moe_layout)]
+    # TP splits evenly (check_tp): a block's size depends on its dp shard only
+    per_shard = [sum(math.prod(shard_block(dims, shards, shard, dim, tp, 0)[1])
+                     for dims, dim in tensors) for shard in range(shards)]
+    return [per_shard[(rank // tp) % shards] for rank in range(world_size)]
+
+
+def experts_over_shards(shape: ModelShape, tp: int, replicas: int, world_size: int) -> str | None:
+    """A warning where FSDP's dp shards outnumber an MoE's experts (its expert tensors are
+    split along dim 0, the experts): only the first shards hold expert rows, a whole
+    expert each, and the others none; None where they do not."""
+    shards = world_size // (replicas * tp)
+    if not shape.num_experts or shards <= shape.num_experts:
+        return None
+    return (f"the model's {shape.num_experts} experts are split over {shards} FSDP shards (dp = "
+            f"world / (replicas x tp)) along dim 0: ranks of shards 0-{shape.num_experts - 1} "
+            f"hold a whole expert of every sparse layer, the other {shards - shape.num_experts} "
+            "shards none; size nodes by the largest rank, or use a dp of at most the expert "
+            "count (a larger model.tp or model.replicas)")

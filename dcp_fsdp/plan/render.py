@@ -94,19 +94,30 @@ def render_plan(request: PlanRequest, template: StateTemplate, plan: GlobalPlan,
                      "builds every layer)")
     lines += _metadata_lines(plan)
     lines += _prefix_lines(request, plan, part)
-    shard, held = max(per_rank), ""
-    if cfg.model.tp > 1:  # a rank holds more than it writes: DCP writes TP's whole tensors once
-        from dcp_fsdp.models.presets import model_shape
-        from dcp_fsdp.models.tensor_parallel import tp_memory_factor
-
-        factor = tp_memory_factor(model_shape(cfg.model), cfg.model.tp)
-        shard = round(template.state_bytes * cfg.model.replicas * factor / plan.world_size)
-        held = ", held: every TP rank holds the tensors TP leaves whole"
-    how = "scaled from the subset" if plan.sampled else "measured"
-    lines.append(f"memory per rank: {_size(shard + plan.metadata_memory_bytes)} = the state's "
-                 f"shard ({_size(shard)}{held}) + .metadata unpickled on a load "
-                 f"({_size(plan.metadata_memory_bytes)}, {how})")
+    lines += _memory_lines(request, template, plan)
     return "\n".join(lines)
+
+
+def _memory_lines(request: PlanRequest, template: StateTemplate, plan: GlobalPlan) -> list[str]:
+    """The largest rank's state (its block of every tensor, held whether or not it writes
+    it) + the unpickled `.metadata`; and where an MoE's experts sit on a few dp shards."""
+    from dcp_fsdp.models.presets import model_shape
+    from dcp_fsdp.models.tensor_parallel import experts_over_shards
+    from dcp_fsdp.plan.state import held_bytes
+
+    model = request.cfg.model
+    held = held_bytes(template, plan.world_size, model.replicas, model.tp)
+    largest, mean = max(held), sum(held) / len(held)
+    how = "scaled from the subset" if plan.sampled else "measured"
+    lines = [f"memory per rank: {_size(largest + plan.metadata_memory_bytes)} = the largest "
+             f"rank's state ({_size(largest)}: rank {held.index(largest)}; the mean "
+             f"{_size(mean)}, the least {_size(min(held))}"
+             + ("; held: every TP rank holds the tensors TP leaves whole" if model.tp > 1 else "")
+             + f") + .metadata unpickled on a load ({_size(plan.metadata_memory_bytes)}, {how})"]
+    crowded = experts_over_shards(model_shape(model), model.tp, model.replicas, plan.world_size)
+    if crowded:
+        lines.append(f"  warning: {crowded}")
+    return lines
 
 
 def model_line(cfg: BenchmarkConfig) -> str:

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.planner import (SavePlan, TensorWriteData, Wri
 
 from dcp_fsdp.config.schema import CheckpointState, Dtype
 from dcp_fsdp.models.llama_model_config import ModelShape
-from dcp_fsdp.models.tensor_parallel import tp_split_dim
+from dcp_fsdp.models.tensor_parallel import shard_block, tp_split_dim
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,20 +90,6 @@ def state_template(model_shape: str | ModelShape, dtype: Dtype, state: Checkpoin
     return StateTemplate(tuple(entries), dict(mappings))
 
 
-def shard_rows(rows: int, shards: int, index: int) -> tuple[int, int]:
-    """(first row, row count) of shard `index` of `shards` along dim 0, as torch's Shard(0)
-    splits a DTensor (torch.chunk: ceil(rows / shards) per shard; empty shards start at
-    `rows`)."""
-    if rows % shards == 0:
-        size = rows // shards
-        return size * index, size
-    size = -(-rows // shards)
-    start = size * index
-    if start >= rows:
-        return rows, 0
-    return start, min(rows, start + size) - start
-
-
 @functools.lru_cache(maxsize=64)
 def _properties(dtype: torch.dtype) -> TensorProperties:
     return TensorProperties.create_from_tensor(torch.empty(0, dtype=dtype, device="meta"))
@@ -163,17 +149,23 @@ def local_plan(template: StateTemplate, rank: int, world_size: int, replicas: in
     return SavePlan(items, planner_data=mappings)
 
 
-def shard_block(shape: tuple[int, ...], shards: int, shard: int, tp_dim: int | None, tp: int,
-                tp_rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(offsets, sizes) of a rank's block of a tensor of `shape`: FSDP's Shard(0) over the
-    shard dimension, inside TP's even split of `tp_dim` (models/tensor_parallel.py) when the
-    tensor has one. Column-wise (dim 0) FSDP splits the TP rank's rows again (torch's
-    _StridedShard), so the rows start at the TP block's first row."""
-    offsets, sizes = [0] * len(shape), list(shape)
-    if tp_dim is not None:
-        sizes[tp_dim] = shape[tp_dim] // tp
-        offsets[tp_dim] = tp_rank * sizes[tp_dim]
-    start, rows = shard_rows(sizes[0], shards, shard)
-    offsets[0] += start  # an empty shard: past its block's end, as shard_rows places it
-    sizes[0] = rows
-    return tuple(offsets), tuple(sizes)
+def held_bytes(template: StateTemplate, world_size: int, replicas: int = 1,
+               tp: int = 1) -> list[int]:
+    """The state's bytes each rank holds (rank order): its block of every tensor (the block
+    local_plan writes from, before DCP's deduplication decides who writes a shared one), a
+    0-dim tensor whole. What sizes a rank's memory: the largest, not the mean (an MoE's
+    experts on the first dp shards only, issue 49 item 5)."""
+    shards = world_size // (replicas * tp)
+    tensors = [(e.shape, e.dtype.itemsize, tp_split_dim(e.fqn) if tp > 1 else None)
+               for e in template.entries if e.shape is not None and e.dtype is not None]
+    per_shard = []
+    for shard in range(shards):  # TP splits evenly: a block's size depends on its shard only
+        total = 0
+        for shape, itemsize, dim in tensors:
+            sizes = shard_block(shape, shards, shard, dim, tp, 0)[1] if shape else ()
+            count = 1
+            for size in sizes:
+                count *= size
+            total += count * itemsize
+        per_shard.append(total)
+    return [per_shard[(rank // tp) % shards] for rank in range(world_size)]

@@ -11,7 +11,8 @@ import torch
 from dcp_fsdp.config.schema import CheckpointState, Dtype
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.plan import requests as rq
-from dcp_fsdp.plan.state import local_plan, shard_rows, state_template
+from dcp_fsdp.models.tensor_parallel import shard_rows
+from dcp_fsdp.plan.state import local_plan, state_template
 
 
 @pytest.mark.parametrize("rows", [1, 7, 8, 100, 1024, 1025])
@@ -241,3 +242,57 @@ def test_a_sampled_world_under_tp_or_replicas_gives_each_rank_its_full_build_byt
     assert sampled.rank_bytes() == full.rank_bytes()
     assert sampled.objects == full.objects and sampled.load_reads == full.load_reads
 
+
+def test_a_moe_ranks_memory_is_its_largest_holding_not_the_mean():
+    """Issue 49 item 5: mixtral_8x7b at tp=8 on 1,024 ranks was planned (and checked by the
+    launcher) at the mean, 678 MiB a rank; with 128 dp shards over 8 experts the first 8
+    shards hold a whole expert of every layer: 10.5 GiB. The plan's template and the
+    launcher's torch-free arithmetic agree on every rank, and the expert warning says so."""
+    from dcp_fsdp.config.compose import compose
+    from dcp_fsdp.launch.checks import rank_state_bytes
+    from dcp_fsdp.models.presets import PRESETS
+    from dcp_fsdp.models.tensor_parallel import experts_over_shards, rank_holdings
+    from dcp_fsdp.plan.state import held_bytes
+
+    shape = PRESETS["mixtral_8x7b"]
+    held = rank_holdings(shape, 8, 1, 1024)
+    expert = 3 * shape.hidden_size * shape.expert_intermediate  # gate, up, down: one expert
+    assert max(held) > shape.num_layers * expert
+    assert max(held) * 2 / (1 << 30) == pytest.approx(10.5, abs=0.05)
+    assert sum(held) / len(held) * 2 / (1 << 20) == pytest.approx(678, abs=1)  # the old figure
+    template = state_template("mixtral_8x7b", Dtype.bf16, CheckpointState.model)
+    assert held_bytes(template, 1024, 1, 8) == [count * 2 for count in held]
+    cfg = compose("save", ["model=mixtral_8x7b", "model.dtype=bf16", "model.tp=8"])
+    largest, node = rank_state_bytes(cfg, 8, 1024)
+    assert largest == max(held) * 2 and node == sum(held[:8]) * 2  # node 0: shard 0's 8 TP ranks
+    warning = experts_over_shards(shape, 8, 1, 1024)
+    assert warning is not None and "8 experts are split over 128 FSDP shards" in warning
+    assert experts_over_shards(shape, 8, 1, 64) is None  # 8 shards: one expert each
+
+
+def test_a_tp_plans_memory_line_names_the_largest_rank(monkeypatch):
+    """The plan prints the largest rank's holding (and the mean beside it), with the expert
+    warning where dp exceeds the experts."""
+    from dcp_fsdp.plan import build
+    from dcp_fsdp.plan.command import parse_request, plan_world
+    from dcp_fsdp.plan.render import render_plan
+
+    monkeypatch.setattr(build, "unpickle_cost", lambda blob: (0.0, 0))
+    config = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+              "num_local_experts": 2, "num_experts_per_tok": 1, "vocab_size": 256}
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "config.json").write_text(json.dumps(config))
+        request = parse_request([f"model.config={folder}", "model.tp=2", "world_size=16"])
+        template, plan = plan_world(request, 16)
+        text = render_plan(request, template, plan, 0.0)
+    from dcp_fsdp.plan.state import held_bytes
+
+    held = held_bytes(template, 16, 1, 2)
+    assert max(held) > 2 * min(held)  # experts on shards 0 and 1 only
+    line = next(line for line in text.splitlines() if line.startswith("memory per rank:"))
+    assert "the largest rank's state" in line and "held: every TP rank" in line
+    assert "warning: the model's 2 experts are split over 8 FSDP shards" in text
