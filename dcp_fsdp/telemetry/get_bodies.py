@@ -21,6 +21,7 @@ client: only the socket's own counters (process/wire_meter.py) see them.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 from botocore.response import StreamingBody
@@ -34,7 +35,7 @@ class BodyCount:
     def __init__(self, call: Request, on_break: Callable[[Request], None],
                  wire_bytes: Callable[[], int | None]) -> None:
         self.call, self._on_break, self._wire_bytes = call, on_break, wire_bytes
-        self.read = 0
+        self.delivered = 0
 
     def broke(self, whole_read: bool) -> None:
         """A read raised: the attempt failed mid-body (once; a later read of the same broken
@@ -43,7 +44,7 @@ class BodyCount:
             return
         wire = self._wire_bytes()
         self.call.broken, self.call.outcome, self.call.retryable = True, "failed", True
-        self.call.received = max(self.read, wire or 0)
+        self.call.received = max(self.delivered, wire or 0)
         self.call.body_known = wire is not None or not whole_read
         self._on_break(self.call)
 
@@ -62,7 +63,7 @@ class CountedBody(StreamingBody):
         except Exception:
             self._count.broke(whole_read=amt is None or amt < 0)
             raise
-        self._count.read += len(chunk)
+        self._count.delivered += len(chunk)
         return chunk
 
     def readinto(self, b: Any) -> int:
@@ -71,7 +72,7 @@ class CountedBody(StreamingBody):
         except Exception:
             self._count.broke(whole_read=False)
             raise
-        self._count.read += amount
+        self._count.delivered += amount
         return amount
 
     def set_socket_timeout(self, timeout: float) -> None:
@@ -84,46 +85,46 @@ class CountedBody(StreamingBody):
         self._body.close()
 
 
-class CountedAioBody:
-    """The same for aiobotocore's async bodies: reads counted, everything else delegated."""
+@functools.cache
+def counted_aio_body_class() -> type:
+    """The same for aiobotocore's async bodies (s3fs): a subclass of aiobotocore's own body
+    base that reads through the body aiobotocore made, counting what it delivers. Made on
+    first use: only an fsspec rank imports aiobotocore."""
+    from aiobotocore.response import AioStreamingBodyBase
 
-    def __init__(self, body: Any, count: BodyCount) -> None:
-        self._body, self._count = body, count
+    class CountedAioBody(AioStreamingBodyBase):
+        def __init__(self, body: Any, count: BodyCount) -> None:
+            super().__init__(body, None)  # its content length is checked by `body`
+            self._body, self._count = body, count
 
-    async def read(self, amt: int | None = None) -> bytes:
-        try:
-            chunk: bytes = await self._body.read(amt)
-        except Exception:
-            self._count.broke(whole_read=amt is None or amt < 0)
-            raise
-        self._count.read += len(chunk)
-        return chunk
+        def readable(self) -> bool:
+            return bool(self._body.readable())
 
-    async def readinto(self, b: Any) -> int:
-        try:
-            amount: int = await self._body.readinto(b)
-        except Exception:
-            self._count.broke(whole_read=False)
-            raise
-        self._count.read += amount
-        return amount
+        async def read(self, amt: int | None = None) -> bytes:
+            try:
+                chunk: bytes = await self._body.read(amt)
+            except Exception:
+                self._count.broke(whole_read=amt is None or amt < 0)
+                raise
+            self._count.delivered += len(chunk)
+            return chunk
 
-    def __aiter__(self) -> Any:
-        return self.iter_chunks()
+        async def readinto(self, b: Any) -> int:
+            try:
+                amount: int = await self._body.readinto(b)
+            except Exception:
+                self._count.broke(whole_read=False)
+                raise
+            self._count.delivered += amount
+            return amount
 
-    async def iter_chunks(self, chunk_size: int = 1024) -> Any:
-        while chunk := await self.read(chunk_size):
-            yield chunk
+        def close(self) -> None:
+            self._body.close()
 
-    async def __aenter__(self) -> "CountedAioBody":
-        await self._body.__aenter__()
-        return self
+        async def aclose(self) -> None:
+            await self._body.aclose()
 
-    async def __aexit__(self, *exc_info: Any) -> Any:
-        return await self._body.__aexit__(*exc_info)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._body, name)
+    return CountedAioBody
 
 
 def counted_body(body: Any, count: BodyCount) -> Any:
@@ -131,7 +132,7 @@ def counted_body(body: Any, count: BodyCount) -> Any:
     if isinstance(body, StreamingBody) and not _is_async(body):
         return CountedBody(body, count)
     if _is_async(body):
-        return CountedAioBody(body, count)
+        return counted_aio_body_class()(body, count)
     return body
 
 
