@@ -310,11 +310,23 @@ def _interrupt_lost_in_a_callback(unraisable: sys.UnraisableHookArgs) -> None:
     with a traceback and goes on): raised again as a signal, so that it ends the command with
     its one line. Anything else is reported as Python would."""
     if issubclass(unraisable.exc_type, KeyboardInterrupt):
-        import signal
-
-        signal.raise_signal(signal.SIGINT)  # handled in the main thread, between bytecodes
+        try:
+            _interrupt_later()
+        except KeyboardInterrupt:  # another Ctrl-C, here: where it cannot go either
+            _interrupt_later()
         return
     sys.__unraisablehook__(unraisable)
+
+
+def _interrupt_later() -> None:
+    """SIGINT to this process from another thread, handled by the main thread once this hook
+    has returned: raised in the hook itself (raise_signal on the main thread), it could not
+    propagate and Python printed it with a traceback (the trial's Ctrl-C case, 0.75 s in)."""
+    import os
+    import signal
+    import threading
+
+    threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT), daemon=True).start()
 
 
 def _reader_gone() -> int:
