@@ -438,8 +438,13 @@ def test_a_rank_killed_on_the_second_node_mid_save(cluster: Cluster):
 
 
 def test_the_second_nodes_agent_killed_mid_save(cluster: Cluster):
-    _killed_mid_save(cluster, "kill-agent", _kill_on("node2", "agent"),
-                     "node2: the node's torchrun agent was killed by SIGKILL")
+    # the rank under a killed agent is not SIGKILLed itself: it may fail first and abort its
+    # own upload (CI saw "unexpected pos" and nothing left to abort), so the launcher's count
+    # is not asserted; no upload is left open either way (_cut_save_short)
+    info, _, run = _cut_save_short(cluster, "kill-agent", _kill_on("node2", "agent"))
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", info
+    assert run["status"] == "failed" and run["end_cause"] == "killed", run
+    assert run["error"].startswith("node2: the node's torchrun agent was killed by SIGKILL"), run
 
 
 def test_the_first_nodes_processes_killed_mid_save(cluster: Cluster):
