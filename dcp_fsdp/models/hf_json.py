@@ -55,8 +55,9 @@ class _Fields:
         if value is None:
             if default is None:
                 family = self.data["model_type"]
-                raise UserError(f"{self.where}: no '{name}' field; a {family} config.json needs "
-                                f"{', '.join(REQUIRED[family])}")
+                what = f"'{name}' is null" if name in self.data else f"no '{name}' field"
+                raise UserError(f"{self.where}: {what}; a {family} config.json needs "
+                                f"{', '.join(REQUIRED[family])}, each a whole number")
             return default
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise UserError(f"{self.where}: '{name}' is {json.dumps(value)}; it must be a whole "
@@ -88,11 +89,15 @@ class _Fields:
 def _load(path: str) -> dict[str, Any]:
     where = f"model.config={path}"
     file = Path(path)
-    if file.is_dir():
+    folder = file.is_dir()
+    if folder:
         file = file / "config.json"
     try:
         text = file.read_text()
     except FileNotFoundError:
+        if folder:
+            raise UserError(f"{where}: a folder without a config.json; give the folder of a "
+                            "downloaded model (it holds config.json) or the file's own path") from None
         raise UserError(f"{where}: no such file; give the path of a local Hugging Face "
                         "config.json (it is never downloaded)") from None
     except (OSError, UnicodeDecodeError) as error:

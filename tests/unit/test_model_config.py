@@ -37,6 +37,7 @@ def refusal(tmp_path, text: str) -> str:
      "no 'num_key_value_heads' field; a qwen3 config.json needs hidden_size, num_hidden_layers, "
      "num_attention_heads, num_key_value_heads, vocab_size, intermediate_size"),
     (json.dumps({**QWEN3, "model_type": "qwen3_moe"}), "no 'num_experts' field"),
+    (json.dumps({**QWEN3, "vocab_size": None}), "'vocab_size' is null; a qwen3 config.json needs "),
     (json.dumps({**QWEN3, "hidden_size": "256"}), "'hidden_size' is \"256\"; it must be a whole number"),
     (json.dumps({**QWEN3, "num_hidden_layers": 0}), "'num_hidden_layers' is 0; it must be a whole "
                                                     "number, 1 or more"),
@@ -89,6 +90,13 @@ def test_the_rope_types_are_those_transformers_builds():
     from dcp_fsdp.models.hf_json import ROPE_TYPES
 
     assert set(ROPE_TYPES) == {"default", *ROPE_INIT_FUNCTIONS}
+
+
+def test_a_folder_without_a_config_json_says_so(tmp_path):
+    cfg = compose("save", [f"model.config={tmp_path}", f"results_dir={tmp_path}"])
+    with pytest.raises(UserError, match=r": a folder without a config.json; give the folder of a "
+                                        r"downloaded model \(it holds config.json\) or the file's own path$"):
+        checks.check_model(cfg)
 
 
 def test_a_missing_file_is_refused_and_never_downloaded(tmp_path):
