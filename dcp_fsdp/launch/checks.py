@@ -253,6 +253,7 @@ def _check_s3_environment(cfg: BenchmarkConfig) -> None:
         if value is not None and cfg.storage.region is None:
             check_region(value, name)
             break
+    _check_retry_environment()
     if cfg.request_stats:
         from dcp_fsdp.telemetry.connector_log import version_problem
 
@@ -264,6 +265,19 @@ def _check_s3_environment(cfg: BenchmarkConfig) -> None:
                 raise UserError(f"{name} is set, but request_stats=true sets the "
                                 f"connector's log itself: unset {name}, or add "
                                 "request_stats=false to keep your own log")
+
+
+RETRY_MODES = ("legacy", "standard", "adaptive")  # botocore's AWS_RETRY_MODE values
+
+
+def _check_retry_environment() -> None:
+    """botocore's retry variables (the control plane, and fsspec's and MSC's data requests):
+    a value botocore refuses would fail inside the ranks without naming it."""
+    _positive_int("AWS_MAX_ATTEMPTS", "5")
+    mode = os.environ.get("AWS_RETRY_MODE")
+    if mode is not None and mode not in RETRY_MODES:
+        raise UserError(f"AWS_RETRY_MODE={mode!r}: botocore takes {', '.join(RETRY_MODES)}; "
+                        "set one of them or unset AWS_RETRY_MODE")
 
 
 def check_torchrun_environment() -> int:

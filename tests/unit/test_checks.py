@@ -140,6 +140,9 @@ def test_the_device_count_of_this_machine_matches_torch():
     ({"S3_TORCH_CONNECTOR_DEBUG_LOGS": "debug"}, [],
      "S3_TORCH_CONNECTOR_DEBUG_LOGS is set, but request_stats=true"),
     ({"DCP_FSDP_CONFIG": "/tmp/x.yaml"}, [], "DCP_FSDP_CONFIG is set"),
+    ({"AWS_MAX_ATTEMPTS": "0"}, [], "AWS_MAX_ATTEMPTS='0': must be a positive whole number"),
+    ({"AWS_RETRY_MODE": "bogus"}, [], "AWS_RETRY_MODE='bogus': botocore takes legacy, standard, "
+                                      "adaptive"),
 ])
 def test_environment_variables_we_read(monkeypatch, env, overrides, message):
     for name, value in env.items():
