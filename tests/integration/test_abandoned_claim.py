@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from unittest import mock
 
 
@@ -47,10 +46,7 @@ def test_a_save_killed_right_after_its_claim_leaves_no_suffix(s3, s3_uri, tmp_pa
             env=clean_env(s3_env(s3)), cwd=REPO, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True)
         try:
-            deadline = time.monotonic() + 180
-            while not proxy.events and process.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert proxy.events, "the save never wrote after its claim"
+            assert proxy.wait_for_injection(process, 180), "the save never wrote after its claim"
             claimed = _keys(s3, s3_uri)
             assert len(claimed) == 1 and claimed[0].endswith(f"/{layout.CLAIM_NAME}"), claimed
             os.kill(rank_pids(process.pid)[0], signal.SIGKILL)

@@ -170,7 +170,6 @@ def test_a_run_killed_during_its_ceiling_leaves_no_upload_and_no_object(s3, s3_u
     import signal
     import subprocess
     import sys
-    import time
 
     from tests.kit.cli import REPO, clean_env, rank_pids
     from tests.kit.fault_proxy import FaultProxy
@@ -184,10 +183,7 @@ def test_a_run_killed_during_its_ceiling_leaves_no_upload_and_no_object(s3, s3_u
             env=clean_env(s3_env(s3)), cwd=REPO, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True)
         try:
-            deadline = time.monotonic() + 180
-            while not proxy.events and process.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert proxy.events, "the ceiling never uploaded a part"
+            assert proxy.wait_for_injection(process, 180), "the ceiling never uploaded a part"
             client = boto(s3)
             held = client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
             assert any(".ceiling/" in upload["Key"] for upload in held), held

@@ -344,10 +344,7 @@ def test_an_endpoint_killed_mid_save_is_named_first_with_the_fix(s3, s3_uri, tmp
              "storage.max_attempts=2", f"results_dir={tmp_path}"],
             env=clean_env(s3_env(s3)), cwd=REPO, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + TIMEOUT_S
-        while not proxy.events and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert proxy.events, "the save never wrote its data"
+        assert proxy.wait_for_injection(process, TIMEOUT_S), "the save never wrote its data"
     finally:
         proxy.stop()  # the endpoint is gone
     killed = time.monotonic()

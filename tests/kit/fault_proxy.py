@@ -100,7 +100,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from typing import Iterable
+from typing import Any, Iterable
 
 DATA_PLANE = ("UploadPart", "GetObjectRanged")
 FAULT_KINDS = ("503", "reset", "stall", "latency", "redirect")
@@ -505,6 +505,14 @@ class FaultProxy:
         """From now on, keep every exchange with its proxy-side times in `timeline`."""
         self.timeline = []
         return self
+
+    def wait_for_injection(self, process: Any, timeout_s: float) -> bool:
+        """Wait until the proxy injected a fault, `process` (a Popen) ended, or `timeout_s`
+        passed; whether a fault was injected."""
+        deadline = time.monotonic() + timeout_s
+        while not self.events and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return bool(self.events)
 
     def release_stalls(self) -> None:
         """Forward every held request now, and hold no more (stall_s cut short)."""
