@@ -37,19 +37,39 @@ def check_tp(shape: ModelShape, tp: int, replicas: int, world_size: int, name: s
         raise UserError(f"model.tp={tp}: tensor parallel is built for llama-like models (q/k/v, "
                         "gate/up, o/down projections), not gpt2; use a llama, qwen or mixtral "
                         "model, or model.tp=1")
+    counts = _split_counts(shape)
+    for what, count in counts:
+        if count and count % tp:
+            raise UserError(f"model.tp={tp}: the model's {count} {what} do not split evenly "
+                            f"over {tp} ranks; use {_tp_choices(counts, replicas, world_size, name)}")
     group = tp * replicas
     if world_size % group:
         multiple = group * -(-world_size // group)
         times = f" x model.replicas={replicas}" if replicas > 1 else ""
         raise UserError(f"model.tp={tp}: {name}={world_size} is not a multiple of {group} "
-                        f"(model.tp{times}); use {name}={multiple}, or a model.tp that divides it")
-    kv_heads = shape.num_kv_heads or shape.num_heads
-    for what, count in (("attention heads", shape.num_heads), ("KV heads", kv_heads),
-                        ("intermediate size", _dense_width(shape))):
-        if count and count % tp:
-            fits = [n for n in range(1, count + 1) if count % n == 0 and n <= world_size]
-            raise UserError(f"model.tp={tp}: the model's {count} {what} do not split evenly "
-                            f"over {tp} ranks; use model.tp one of {', '.join(map(str, fits))}")
+                        f"(model.tp{times}); use {name}={multiple}, or "
+                        f"{_tp_choices(counts, replicas, world_size, name)}")
+
+
+def _split_counts(shape: ModelShape) -> list[tuple[str, int | None]]:
+    """What TP splits, each of which a model.tp must divide."""
+    return [("attention heads", shape.num_heads),
+            ("KV heads", shape.num_kv_heads or shape.num_heads),
+            ("intermediate size", _dense_width(shape))]
+
+
+def _tp_choices(counts: list[tuple[str, int | None]], replicas: int, world_size: int,
+                name: str) -> str:
+    """The model.tp values that pass every check at this world size: each one a hint names
+    is accepted when given (a value that splits the heads but not the KV heads, or not the
+    world, would be refused in turn; issue 49)."""
+    fits = [n for n in range(2, world_size // replicas + 1)
+            if world_size % (n * replicas) == 0
+            and all(not count or count % n == 0 for _, count in counts)]
+    if not fits:
+        return "model.tp=1"
+    return (f"model.tp one of {', '.join(map(str, [1, *fits]))} (those that split the model "
+            f"evenly and fit {name}={world_size})")
 
 
 def _dense_width(shape: ModelShape) -> int | None:

@@ -5,6 +5,7 @@ comparison with a real tp=2 x dp=2 save: tests/integration/test_tensor_parallel.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -17,12 +18,13 @@ from dcp_fsdp.plan.state import local_plan, state_template
 
 
 @pytest.mark.parametrize("shape, tp, replicas, world, fragments", [
-    (PRESETS["tiny_llama"], 2, 1, 3, ["model.tp=2", "nproc=3 is not a multiple of 2", "nproc=4"]),
+    (PRESETS["tiny_llama"], 2, 1, 3, ["model.tp=2", "nproc=3 is not a multiple of 2", "nproc=4",
+                                      "or model.tp=1"]),
     (PRESETS["tiny_llama"], 2, 2, 6, ["not a multiple of 4 (model.tp x model.replicas=2)",
                                       "nproc=8"]),
     (PRESETS["tiny_llama"], 8, 1, 8, ["4 attention heads", "model.tp one of 1, 2, 4"]),
     (llama(256, 688, 2, 8, 2), 4, 1, 8, ["2 KV heads", "model.tp one of 1, 2"]),
-    (llama(256, 690, 2, 4, 4), 4, 1, 8, ["690 intermediate size", "model.tp one of 1, 2, 3, 5, 6"]),
+    (llama(256, 690, 2, 4, 4), 4, 1, 8, ["690 intermediate size", "model.tp one of 1, 2 ("]),
     (PRESETS["tiny_gpt2"], 2, 1, 2, ["not gpt2"]),
 ])
 def test_layouts_that_do_not_split_are_refused(shape, tp, replicas, world, fragments):
@@ -32,6 +34,29 @@ def test_layouts_that_do_not_split_are_refused(shape, tp, replicas, world, fragm
     assert "\n" not in line and line.startswith(f"model.tp={tp}:")
     for fragment in fragments:
         assert fragment in line, line
+
+
+@pytest.mark.parametrize("shape, tp, world", [
+    (llama(384, 1536, 2, 6, 2), 4, 12),  # "1, 2, 3, 6": 3 splits the 6 heads, not 2 KV heads
+    (llama(256, 688, 2, 8, 2), 4, 8),
+    (llama(256, 690, 2, 4, 4), 4, 8),  # 3, 5, 6 split the width, not the 4 heads
+    (PRESETS["tiny_llama"], 3, 2),  # the model first: nproc=3 would be refused for tp=3
+    (PRESETS["tiny_llama"], 2, 3),
+    (PRESETS["llama3_8b"], 3, 8),
+])
+def test_every_tp_and_nproc_a_refusal_names_is_accepted(shape, tp, world):
+    """Issue 49: 'use model.tp one of 1, 2, 3' where 3 was refused for the KV heads, and
+    'use nproc=3' where tp=3 was refused for the heads: a hint leads to no second refusal."""
+    with pytest.raises(UserError) as refused:
+        check_tp(shape, tp, 1, world, "nproc")
+    line = str(refused.value)
+    choices = re.search(r"model\.tp one of ([\d, ]+)", line) or re.search(r"model\.tp=(1)$", line)
+    assert choices, line
+    for other in map(int, choices.group(1).split(", ")):
+        check_tp(shape, other, 1, world, "nproc")
+    multiple = re.search(r"use nproc=(\d+)", line)
+    if multiple:  # the model splits at this tp: only the world was short
+        check_tp(shape, tp, 1, int(multiple.group(1)), "nproc")
 
 
 def test_even_layouts_pass():
