@@ -7,7 +7,9 @@ rank (or, worse, a silent no-op). tests/unit/test_compat.py fails when a module 
 this one reaches a private torch or connector name.
 
 Importing this module imports neither torch nor the connector: the light launcher uses
-the version checks, and the checkpoint daemon unpickles `_in_daemon` from here.
+the version checks. It imports nothing of the package either (a leaf: import-linter's
+contract in pyproject.toml): what the package's own modules must do around an internal (a
+warning, a death signal) is handed in by the caller.
 """
 
 from __future__ import annotations
@@ -17,12 +19,8 @@ import functools
 import importlib
 import importlib.metadata
 import re
-import signal
 import sys
-from typing import TYPE_CHECKING, Any, Iterable, Literal, overload
-
-from dcp_fsdp import log
-from dcp_fsdp.process.lifeline import die_with_parent
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, overload
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint import DefaultSavePlanner
@@ -89,10 +87,10 @@ def _internal(module: str, name: str, package: str, way_out: str) -> Any:
         raise _missing(f"{module}.{name}", package, way_out) from None
 
 
-def _warn_once(key: str, message: str) -> None:
+def _warn_once(key: str, message: str, warn: Callable[[str], None]) -> None:
     if key not in _warned:
         _warned.add(key)
-        log.warning(message)
+        warn(message)
 
 
 # -- torch: how DCP names a checkpoint's data objects ---------------------------------------
@@ -234,36 +232,19 @@ _PROCESS_WAY_OUT = "use async_save.checkpointer=thread"
 _EXECUTOR = "torch.distributed.checkpoint._async_process_executor"
 
 
-def _in_daemon(info: Any) -> Any:
-    """Unpickled first thing in the daemon (see _DiesWithRank): ties its life to the
-    rank's before any upload can start (SIGKILL when the rank dies, even by SIGKILL: an
-    orphaned daemon would go on uploading), then hands torch its own init info."""
-    die_with_parent(signal.SIGKILL)
-    return info
-
-
-class _DiesWithRank:
-    """torch's init info, pickled so that unpickling it in the daemon runs `_in_daemon`.
-    A wrapper, not a subclass of torch's private class: nothing private is touched when
-    this module is imported, and the daemon receives torch's own object."""
-
-    def __init__(self, info: Any) -> None:
-        self.info = info
-
-    def __reduce__(self) -> tuple:
-        return _in_daemon, (self.info,)
-
-
-def start_checkpoint_daemon(group: Any) -> None:
+def start_checkpoint_daemon(group: Any, wrap_init_info: Callable[[Any], Any]) -> None:
     """Start the process checkpointer's daemon now (untimed; dcp.async_save would do it
-    inside the first timed save), joined to `group` and killed with its rank: a killed
-    rank must not leave an uploader behind that could still commit .metadata."""
+    inside the first timed save), joined to `group`. torch pickles its init info into the
+    daemon; `wrap_init_info(info)` is what is pickled in its place: a wrapper whose
+    unpickling, first thing in the daemon, ties the daemon's life to the rank's
+    (process.lifeline.DiesWithParent: a killed rank must not leave an uploader behind
+    that could still commit .metadata) and gives torch back its own object."""
     executor: Any = importlib.import_module(_EXECUTOR)  # private names, checked below
     names = ("_CHECKPOINT_PROCESS", "_AsyncCheckpointProcess", "_ProcessGroupInitInfo")
     if not all(hasattr(executor, name) for name in names):
         raise _missing(f"{_EXECUTOR}.{'/'.join(names)}", "torch", _PROCESS_WAY_OUT)
     if executor._CHECKPOINT_PROCESS is None:
-        info = _DiesWithRank(executor._ProcessGroupInitInfo(group))
+        info = wrap_init_info(executor._ProcessGroupInitInfo(group))
         executor._CHECKPOINT_PROCESS = executor._AsyncCheckpointProcess(info)
 
 
@@ -274,15 +255,15 @@ _CLIENT_WARNING = ("s3torchconnector {version}: its S3 client could not be built
                    "save or load of each rank")
 
 
-def build_native_client(file_system: Any) -> bool:
+def build_native_client(file_system: Any, warn: Callable[[str], None]) -> bool:
     """Build the connector's lazily created native client of a DCP writer's or reader's file
     system (the connector's S3FileSystem: storage/timed_fs.py `client_file_system`) now.
-    False (warned once per process) when this connector release hides it elsewhere."""
+    False (`warn` called once per process) when this connector release hides it elsewhere."""
     client = getattr(file_system, "_client", None)
     if client is None or not hasattr(type(client), "_client"):
         _warn_once("client", _CLIENT_WARNING.format(
             version=installed_version("s3torchconnector"),
-            why="no _client._client on its storage writer's/reader's file system"))
+            why="no _client._client on its storage writer's/reader's file system"), warn)
         return False
     client._client  # noqa: B018 - property access builds the client
     return True
@@ -410,17 +391,17 @@ def fsspec_dcp_classes() -> tuple[type, type]:
                    "use storage.client=s3torchconnector")
 
 
-def msc_botocore_events(storage_client: Any) -> Any:
+def msc_botocore_events(storage_client: Any, warn: Callable[[str], None]) -> Any:
     """The botocore event emitter of a multi-storage-client StorageClient's S3 provider (MSC
-    exposes neither its provider nor its boto3 client), or None where it has none (its Rust
-    client, another provider)."""
+    exposes neither its provider nor its boto3 client), or None (`warn` called once per
+    process) where it has none (its Rust client, another provider)."""
     provider = getattr(storage_client, "_storage_provider", None)
     boto = getattr(provider, "_s3_client", None)
     meta = getattr(boto, "meta", None)
     if meta is None:
         _warn_once("msc-events", "multi-storage-client's S3 provider exposes no boto3 client "
                                  "here: its requests are not counted by the tool (the server's "
-                                 "counters still are, with storage.metrics_url)")
+                                 "counters still are, with storage.metrics_url)", warn)
         return None
     return meta.events
 

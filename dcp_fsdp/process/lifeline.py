@@ -64,6 +64,26 @@ def die_with_parent(signum: int = signal.SIGTERM) -> bool:
     return True
 
 
+def _unpickled_dying_with_parent(payload: object) -> object:
+    """What unpickling a DiesWithParent runs, first thing in the child: SIGKILL when the
+    parent dies (even by SIGKILL), then `payload` itself."""
+    die_with_parent(signal.SIGKILL)
+    return payload
+
+
+class DiesWithParent:
+    """`payload`, pickled so that the child process which unpickles it dies with its parent
+    before it does anything with it (torch's process checkpointer: its daemon unpickles its
+    init info first, and an orphaned daemon would go on uploading). A wrapper, not a
+    subclass of the payload's class: the child receives the payload's own object."""
+
+    def __init__(self, payload: object) -> None:
+        self.payload = payload
+
+    def __reduce__(self) -> tuple:
+        return _unpickled_dying_with_parent, (self.payload,)
+
+
 def name_process(name: str) -> bool:
     """Set this process's name (Linux's comm, what `ps -o comm` and psutil's name() show;
     cut to 15 bytes). False where the call is not available."""

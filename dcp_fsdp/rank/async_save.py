@@ -186,8 +186,9 @@ class AsyncSaver:
             # long as the rank (PDEATHSIG follows the creating thread). The thread
             # checkpointer never touches the daemon's internals.
             from dcp_fsdp import compat
+            from dcp_fsdp.process.lifeline import DiesWithParent
 
-            compat.start_checkpoint_daemon(self.group)
+            compat.start_checkpoint_daemon(self.group, DiesWithParent)
         if self.train_step is not None:
             self.train_step.calibrate()
 

@@ -140,10 +140,11 @@ class S3Store:
         if self.other_client is not None:
             self.other_client.warm_up(storage_io)
             return
+        from dcp_fsdp import log
         from dcp_fsdp.compat import build_native_client
         from dcp_fsdp.storage.timed_fs import client_file_system
 
-        build_native_client(client_file_system(storage_io))  # warns once when it cannot
+        build_native_client(client_file_system(storage_io), log.warning)  # once when it cannot
 
     def client_events(self, storage_io: StorageWriter | StorageReader) -> list[Any]:
         """The botocore event emitters of the client under `storage_io` (built: warm_up),

@@ -161,8 +161,9 @@ class MscClient:
         keeps it per process); its boto3 event emitter, for the request statistics."""
         from multistorageclient.shortcuts import resolve_storage_client
 
+        from dcp_fsdp import log
         from dcp_fsdp.compat import msc_botocore_events
 
         storage_client, _ = resolve_storage_client(self.location(""))
-        events = None if self.config.msc_rust_client else msc_botocore_events(storage_client)
+        events = None if self.config.msc_rust_client else msc_botocore_events(storage_client, log.warning)
         return [] if events is None else [events]

@@ -4,6 +4,9 @@ dead owner go (with the SeaweedFS sockets they list), a live owner's stay."""
 from __future__ import annotations
 
 import os
+import pickle
+import signal
+import types
 from pathlib import Path
 
 from dcp_fsdp.process import lifeline
@@ -58,3 +61,14 @@ def _sockets_in(tmp_path: Path) -> None:
     finally:
         live.close()
         young.close()
+
+
+def test_a_payload_unpickles_as_itself_after_the_death_signal(monkeypatch):
+    """torch's process checkpointer pickles its init info into the daemon
+    (compat.start_checkpoint_daemon): the daemon sets its death signal before it gets it."""
+    calls = []
+    monkeypatch.setattr(lifeline, "die_with_parent", lambda signum: calls.append(signum))
+    info = types.SimpleNamespace(global_rank=1, world_size=2)
+    restored = pickle.loads(pickle.dumps(lifeline.DiesWithParent(info)))
+    assert calls == [signal.SIGKILL]
+    assert type(restored) is types.SimpleNamespace and restored.global_rank == 1
