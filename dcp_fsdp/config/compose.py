@@ -88,8 +88,9 @@ def _config_file_overrides(path: str) -> list[str]:
     return flatten(content)
 
 
-def compose(command: str, overrides: list[str]) -> BenchmarkConfig:
-    """The validated BenchmarkConfig for a command and overrides, or UserError."""
+def compose(command: str, overrides: list[str], named: str | None = None) -> BenchmarkConfig:
+    """The validated BenchmarkConfig for a command and overrides, or UserError. `named`: the
+    command the user typed, where it composes as `command` (plan as save): errors name it."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.config_store import ConfigStore
@@ -113,7 +114,7 @@ def compose(command: str, overrides: list[str]) -> BenchmarkConfig:
         raise UserError(one_line(error)) from None
     finally:
         GlobalHydra.instance().clear()
-    apply_protocol(cfg, given)  # (before validate: iterations sizes the suffixes)
+    apply_protocol(cfg, given, named)  # (before validate: iterations sizes the suffixes)
     validate(cfg, CONF_DIR)
     check_storage_settings(cfg, given)
     check_model_settings(cfg, given)

@@ -210,15 +210,27 @@ def check_model_settings(cfg: BenchmarkConfig, given: set[str]) -> None:
                         "the model: give one of them")
 
 
-def apply_protocol(cfg: BenchmarkConfig, given: set[str]) -> None:
-    """protocol=mlperf fixes the run to MLPerf's counts (iterations=10) and times nothing
-    but its saves and loads: a setting that would change either is refused."""
+def apply_protocol(cfg: BenchmarkConfig, given: set[str], named: str | None = None) -> None:
+    """protocol=mlperf fixes the run to MLPerf's counts (iterations=10), times nothing but its
+    saves and loads and verifies every load (docs/mlperf.md): a setting that would change any
+    of these is refused. `named`: the command as typed, where it composes as another (plan
+    composes a save)."""
     if cfg.protocol != Protocol.mlperf:
         return
+    if named == "plan":
+        # A plan is of one save and its load, the same under either protocol: accepting it
+        # would print the plan as if the protocol changed it.
+        raise UserError("protocol=mlperf: plan answers for one save and its load, the same "
+                        f"under either protocol (MLPerf's run makes {MLPERF_CHECKPOINTS} such "
+                        f"saves, then loads the last {MLPERF_CHECKPOINTS} times); drop protocol")
     if cfg.command != Command.save_and_load:
         raise UserError(f"protocol=mlperf: MLPerf's checkpointing protocol saves then loads; run "
-                        f"it with dcp-fsdp save-and-load (not {cfg.command.value}), or drop "
-                        "protocol")
+                        f"it with dcp-fsdp save-and-load (not {named or cfg.command.value}), or "
+                        "drop protocol")
+    if not cfg.verify:
+        raise UserError("verify=false: protocol=mlperf verifies every load bit for bit, after "
+                        "its timer (no figure pays for it; docs/mlperf.md); drop verify=false, "
+                        "or drop protocol=mlperf")
     if "iterations" in given and cfg.iterations != MLPERF_CHECKPOINTS:
         raise UserError(f"iterations={cfg.iterations}: protocol=mlperf fixes {MLPERF_CHECKPOINTS} "
                         f"saves, then {MLPERF_CHECKPOINTS} loads of the last; drop iterations, "

@@ -68,7 +68,7 @@ def parse_request(args: list[str]) -> PlanRequest:
         raise UserError(f"world_size={world_size}: not a multiple of ranks_per_node="
                         f"{ranks_per_node}; give whole nodes, e.g. world_size="
                         f"{ranks_per_node * -(-world_size // ranks_per_node)}")
-    cfg = compose("save", rest)
+    cfg = compose("save", rest, named="plan")
     shape = model_shape(cfg.model)  # a preset with no shape, a bad config.json: one line, here
     check_replicas(cfg.model.replicas, world_size, "world_size")
     check_tp(shape, cfg.model.tp, cfg.model.replicas, world_size, "world_size")

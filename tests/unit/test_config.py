@@ -208,3 +208,14 @@ def test_protocol_mlperf_fixes_ten_iterations():
         compose("save-and-load", ["protocol=mlperf", "iterations=1"])
     with pytest.raises(UserError, match=r"^protocol=mlperf: .* \(not load\)"):
         compose("load", ["protocol=mlperf", "suffix=s"])
+
+
+def test_protocol_mlperf_refuses_verify_false():
+    """Issue 49: docs/mlperf.md promises every load of the protocol verified bit for bit;
+    verify=false dropped that without a word. It is refused in one line naming the fix."""
+    compose("save-and-load", ["verify=false"])  # the default protocol may skip it
+    with pytest.raises(UserError) as refused:
+        compose("save-and-load", ["protocol=mlperf", "verify=false"])
+    line = str(refused.value)
+    assert line.startswith("verify=false: protocol=mlperf verifies every load") and "\n" not in line
+    assert "drop verify=false, or drop protocol=mlperf" in line

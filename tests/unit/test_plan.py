@@ -124,6 +124,9 @@ def test_projection_adds_the_coordinator_and_the_prefix_floor():
     (["ranks_per_node=8"], "world_size: required"),
     (["world_size=8", "model=L71b"], "model=L71b: unknown preset"),
     (["world_size=6", "ranks_per_node=2", "model.replicas=4"], "model.replicas=4: world_size=6"),
+    # issue 49: it was refused naming `save`, the command plan composes as
+    (["world_size=8", "protocol=mlperf"], "protocol=mlperf: plan answers for one save and its "
+                                          "load, the same under either protocol"),
 ])
 def test_bad_input_is_one_line(args, words):
     from dcp_fsdp.plan.command import parse_request
