@@ -288,20 +288,23 @@ def _check_numbers(cfg: BenchmarkConfig) -> None:
             raise UserError(f"{name}={_number(value)}: must be {span}")
 
 
-def check_replicas(replicas: int, world_size: int, name: str) -> None:
+def check_replicas(replicas: int, world_size: int, name: str, tp: int = 1) -> None:
     """`world_size` ranks (the setting or variable it came from: `name`) must form
     `replicas` groups of equal size: the (replicate, shard) mesh is a rectangle. Checked by
-    the launcher (nproc) and by a torchrun rank before it joins (WORLD_SIZE)."""
+    the launcher (nproc) and by a torchrun rank before it joins (WORLD_SIZE). With model.tp
+    the fix counts its groups too: a suggested value is not then refused by model.tp's check."""
     if replicas < 1:
         raise UserError(f"model.replicas={replicas}: must be 1 or more")
     if world_size % replicas == 0:
         return
-    fits = [r for r in range(1, world_size + 1) if world_size % r == 0]
-    multiple = replicas * -(-world_size // replicas)
+    group = replicas * tp
+    fits = [r for r in range(1, world_size // tp + 1) if world_size % (r * tp) == 0]
+    multiple = group * -(-world_size // group)
+    times = f" = {replicas} x model.tp={tp}" if tp > 1 else ""
     raise UserError(f"model.replicas={replicas}: {name}={world_size} ranks cannot form "
                     f"{replicas} replica groups of equal size; use {name}={multiple} (a "
-                    f"multiple of {replicas}), or model.replicas one of "
-                    f"{', '.join(map(str, fits))}")
+                    f"multiple of {group}{times}), or model.replicas one of "
+                    f"{', '.join(map(str, fits or [1]))}")
 
 
 def _number(value: float) -> str:

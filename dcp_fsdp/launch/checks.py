@@ -425,7 +425,7 @@ def check_launch(cfg: BenchmarkConfig) -> None:
     check_nproc(cfg.nproc)
     for note in host_limit_notes(cfg.nproc):
         warn_once(note)
-    check_replicas(cfg.model.replicas, cfg.nproc, "nproc")
+    check_replicas(cfg.model.replicas, cfg.nproc, "nproc", cfg.model.tp)
     check_tensor_parallel(cfg, cfg.nproc, "nproc")
     check_devices(cfg.backend, cfg.nproc, cuda_device_count)
     if cfg.command.value != "ceiling":

@@ -70,7 +70,7 @@ def parse_request(args: list[str]) -> PlanRequest:
                         f"{ranks_per_node * -(-world_size // ranks_per_node)}")
     cfg = compose("save", rest, named="plan")
     shape = model_shape(cfg.model)  # a preset with no shape, a bad config.json: one line, here
-    check_replicas(cfg.model.replicas, world_size, "world_size")
+    check_replicas(cfg.model.replicas, world_size, "world_size", cfg.model.tp)
     check_tp(shape, cfg.model.tp, cfg.model.replicas, world_size, "world_size")
     record = Path(own["record"]) if own.get("record") else None
     exact = own.get("exact", "false").lower()

@@ -63,6 +63,24 @@ def test_a_world_size_that_is_not_a_multiple_of_replicas_is_refused(replicas, wo
     assert fix in text and "\n" not in text
 
 
+def test_with_tp_every_fix_a_replicas_refusal_names_is_accepted():
+    """Issue 49: 'model.replicas one of 1, 2, 4' with model.tp=2 on 4 ranks, where replicas=4
+    is then refused by model.tp's check (4 x 2 ranks are not 4)."""
+    from dcp_fsdp.models.presets import PRESETS
+    from dcp_fsdp.models.tensor_parallel import check_tp
+
+    with pytest.raises(UserError) as error:
+        check_replicas(3, 4, "nproc", tp=2)
+    text = str(error.value)
+    assert "use nproc=6 (a multiple of 6 = 3 x model.tp=2), or model.replicas one of 1, 2" in text
+    cfg = compose("save-and-load", ["model.replicas=3", "model.tp=2", "nproc=4"])
+    with pytest.raises(UserError, match="or model.replicas one of 1, 2$"):
+        checks.check_launch(cfg)
+    check_tp(PRESETS["tiny_llama"], 2, 3, 6, "nproc")
+    for replicas in (1, 2):
+        check_tp(PRESETS["tiny_llama"], 2, replicas, 4, "nproc")
+
+
 def test_the_launcher_checks_nproc_against_replicas_before_anything_starts():
     cfg = compose("save-and-load", ["model.replicas=3", "nproc=4"])  # settings alone: fine
     with pytest.raises(UserError, match="model.replicas=3: nproc=4 ranks cannot form"):
