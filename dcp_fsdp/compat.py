@@ -1,4 +1,4 @@
-"""Every private torch, s3torchconnector or Hydra internal the tool uses, and only here.
+"""Every private torch, s3torchconnector or multi-storage-client internal the tool uses, and only here.
 
 A release may rename or drop any of them without notice. Each use below checks that the
 internal is there and, when it is not, raises MissingInternal with one line naming what
@@ -14,7 +14,6 @@ warning, a death signal) is handed in by the caller.
 
 from __future__ import annotations
 
-import collections
 import functools
 import importlib
 import importlib.metadata
@@ -124,20 +123,33 @@ def load_stream(reader: Any, read_item: Any, storage_info: Any, raw: Any) -> Any
         read_item, getattr(storage_info, "transform_descriptors", None) or (), raw)
 
 
-def saved_tensor_view(item: memoryview, as_file: Any) -> Any:
-    """The tensor one `torch.save` wrote into `item` (its bytes, writable), as a view of
-    those bytes: torch.load to the meta device gives its dtype, shape, strides and offset
-    without reading its data; torch's zip reader (private `torch._C.PyTorchFileReader`)
-    gives where its data record lies. `as_file(view)`: a seekable file over a memoryview."""
+def saved_tensor_layout(open_item: Any) -> tuple[Any, int]:
+    """Where the tensor one `torch.save` wrote lies in its bytes: (the tensor on the meta
+    device: its dtype, shape, strides and storage offset; the offset of its data record from
+    the item's start). torch.load to the meta device reads the zip's framing (its first
+    records and its last few KiB), not the data; torch's zip reader (private
+    `torch._C.PyTorchFileReader`) gives where the data record lies. `open_item()`: a new
+    seekable file over the item each call."""
     import torch
 
-    meta = torch.load(as_file(item), map_location="meta", weights_only=True)
+    meta = torch.load(open_item(), map_location="meta", weights_only=True)
+    if meta.untyped_storage().nbytes() == 0:
+        return meta, 0
+    records: Any = torch._C.PyTorchFileReader(open_item())
+    (name,) = [record for record in records.get_all_records() if record.startswith("data/")]
+    return meta, int(records.get_record_offset(name))
+
+
+def saved_tensor_view(item: memoryview, as_file: Any) -> Any:
+    """The tensor one `torch.save` wrote into `item` (its bytes, writable), as a view of
+    those bytes (`saved_tensor_layout`). `as_file(view)`: a seekable file over a memoryview."""
+    import torch
+
+    meta, offset = saved_tensor_layout(lambda: as_file(item))
     if meta.untyped_storage().nbytes() == 0:  # frombuffer takes no empty range
         return torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype)
-    records: Any = torch._C.PyTorchFileReader(as_file(item))
-    (name,) = [record for record in records.get_all_records() if record.startswith("data/")]
     data = torch.frombuffer(item, dtype=torch.uint8, count=meta.untyped_storage().nbytes(),
-                            offset=records.get_record_offset(name))
+                            offset=offset)
     return data.view(meta.dtype).as_strided(meta.size(), meta.stride(), meta.storage_offset())
 
 
@@ -412,42 +424,3 @@ def msc_reads_ranged(stream: Any) -> bool:
     than out of the whole object it downloaded. Ask after its first call returned (that
     call waits until the file knows)."""
     return type(getattr(stream, "_file", None)).__name__ == "RemoteFileReader"
-
-
-# -- Hydra: its plugin registry (config/compose.py) ------------------------------------------
-
-@functools.cache
-def hydra_own_plugins_only() -> bool:
-    """Hydra's plugin registry made, once per process before the first compose, of Hydra's
-    own plugins (its file, package and structured config sources, basic sweeper and launcher)
-    without the modules of installed `hydra_plugins` packages. False where the registry
-    already exists or this Hydra's is not as below: the full scan then runs, as before.
-
-    The first compose imports every module of every installed `hydra_plugins` package, with
-    no setting to leave one out; multi-storage-client (a dependency: storage.client=msc)
-    installs one that imports the whole client, 0.28 of a command's 0.57 CPU s of imports
-    (2-core VM, 2026-11-28), in every command. This tool composes its own conf/ from Hydra's
-    own sources, so no installed plugin takes part. Private (hydra-core 1.3): the scan
-    (`Plugins._initialize`, `_scan_all_plugins`, `_register`), which the subclass narrows,
-    and the singletons' registry (`Singleton._instances`), where `Plugins.instance()` finds
-    it, as it finds what Hydra's own `Singleton.set_state` puts there."""
-    from hydra.core.plugins import Plugins
-    from hydra.core.singleton import Singleton
-
-    hooks = ("_initialize", "_scan_all_plugins", "_register")
-    instances = getattr(Singleton, "_instances", None)
-    if not isinstance(instances, dict) or Plugins in instances or not all(
-            hasattr(Plugins, name) for name in hooks):
-        return False
-
-    class HydraOwnPlugins(Plugins):
-        def _initialize(self) -> None:
-            core_plugins = importlib.import_module("hydra._internal.core_plugins")
-            self.plugin_type_to_subclass_list = collections.defaultdict(list)
-            self.class_name_to_class = {}
-            scanned, self.stats = self._scan_all_plugins(modules=[core_plugins])
-            for plugin in scanned:
-                self._register(plugin)
-
-    instances[Plugins] = HydraOwnPlugins()  # registers Hydra's config sources as it scans
-    return True

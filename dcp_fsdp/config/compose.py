@@ -13,7 +13,6 @@ import itertools
 import re
 from typing import TYPE_CHECKING
 
-from dcp_fsdp import compat
 from dcp_fsdp.config.validate import (apply_protocol, check_model_settings, check_setting_name,
                                       check_storage_settings, model_config_names)
 from dcp_fsdp.config.conf_dir import conf_dir
@@ -102,7 +101,6 @@ def compose(command: str, overrides: list[str], named: str | None = None) -> Ben
     from dcp_fsdp.config.validate import validate
 
     given = check_overrides(overrides)
-    compat.hydra_own_plugins_only()  # not every installed Hydra plugin's imports (its docstring)
     ConfigStore.instance().store(name="base_config", node=BenchmarkConfig)
     GlobalHydra.instance().clear()
     try:

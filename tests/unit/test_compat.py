@@ -369,24 +369,3 @@ def test_no_module_changes_another_module_s_state_unnamed():
                "tabulate.MIN_PADDING = 0\nt.__dict__['x'] = 1\ny.z += 2\nlocal['k'] = 3\n")
     assert module_assignments(planted) == [
         "line 5: tabulate.MIN_PADDING =", "line 6: t.__dict__['x'] =", "line 7: y.z ="]
-
-
-def test_hydras_registry_holds_its_own_plugins_and_no_installed_one():
-    """What compose needs of Hydra's registry after `hydra_own_plugins_only` (whichever made it
-    in this process: a compose before this test, or the call here): Hydra's own sweeper,
-    launcher and config sources; with it made here, no installed `hydra_plugins` class."""
-    from hydra.core.plugins import Plugins
-    from hydra.plugins.config_source import ConfigSource
-    from hydra.plugins.launcher import Launcher
-    from hydra.plugins.sweeper import Sweeper
-
-    made_here = compat.hydra_own_plugins_only()
-    plugins = Plugins.instance()
-    names = {f"{kind.__module__}.{kind.__name__}" for kind in plugins.discover()}
-    assert {p.__name__ for p in plugins.discover(Sweeper)} >= {"BasicSweeper"}
-    assert {p.__name__ for p in plugins.discover(Launcher)} >= {"BasicLauncher"}
-    sources = [p for p in plugins.discover(ConfigSource) if issubclass(p, ConfigSource)]
-    assert {p.scheme() for p in sources} >= {"file", "pkg", "structured"}
-    if made_here or type(plugins).__name__ == "HydraOwnPlugins":
-        assert not [name for name in names if name.startswith("hydra_plugins.")], names
-    assert compat.hydra_own_plugins_only() is made_here  # once per process
