@@ -34,6 +34,8 @@ def print_run_summary(run: RunRecord, samples: list[Sample]) -> None:
         print(line)
     for line in mlperf_lines(run, samples):
         print(line)
+    for line in cache_lines(run, samples):
+        print(line)
     init_s = [row.init_s for row in run.init if row.init_s is not None]
     if init_s:
         print(f"init (untimed, not in any figure above): {max(init_s):.1f} s max over ranks")
@@ -79,6 +81,32 @@ def async_lines(samples: list[Sample]) -> list[str]:
         lines.append(line + f"; persisted {persisted:.3f} s")
     note = stager_note(s.stager_renewed for s in saves)
     return lines + ([note] if note else [])
+
+
+# A load's page-cache policy (Sample.cache_policy, storage/pagecache.py names them; analysis
+# reads records, not the store): where the drop could not leave the cache empty.
+CACHE_KEPT = {
+    "tmpfs-not-droppable": (
+        "storage.path is on a memory file system (tmpfs or ramfs), whose files are the page "
+        "cache itself: nothing could be dropped (cache_policy tmpfs-not-droppable), so every "
+        "load read memory and the load figures above{mlperf} are memory's speed, not a storage "
+        "device's; put storage.path on a disk or network file system to measure one"),
+    "resident-after-drop": (
+        "some of the checkpoint's pages stayed in the page cache after the drop (cache_policy "
+        "resident-after-drop: mapped by another process, or a file system that ignores the "
+        "advice), so the loads read partly from memory and the load figures above{mlperf} may "
+        "overstate the storage"),
+}
+
+
+def cache_lines(run: RunRecord, samples: list[Sample]) -> list[str]:
+    """fs loads that read (partly) from memory because the page cache could not be dropped:
+    the record says so per sample; the console says it once, with what it means for the
+    figure (MLPerf's protocol clears the caches before its reads)."""
+    policies = {s.cache_policy for s in samples if s.op == "load"}
+    mlperf = ", MLPerf's included," if (run.config or {}).get("protocol") == "mlperf" else ""
+    return [f"load: {CACHE_KEPT[policy].format(mlperf=mlperf)}" for policy in CACHE_KEPT
+            if policy in policies]
 
 
 MLPERF_DIFFERENCE = (

@@ -225,6 +225,33 @@ def test_end_of_run_summary_prints_the_notes(tmp_path, capsys):
     assert "slowest-rank MiB/s" in out and "NOISY" in out and "quieter machine" in out
 
 
+@pytest.mark.parametrize("policy, says", [
+    ("tmpfs-not-droppable", "load: storage.path is on a memory file system (tmpfs or ramfs)"),
+    ("resident-after-drop", "load: some of the checkpoint's pages stayed in the page cache"),
+])
+def test_end_of_run_summary_says_when_the_loads_read_the_page_cache(tmp_path, capsys, policy, says):
+    """Issue 49: protocol=mlperf on tmpfs recorded cache_policy tmpfs-not-droppable but said
+    nothing on the console, while its figure was memory's. One line now says it, and what it
+    means for the figures (MLPerf's named under protocol=mlperf)."""
+    from dcp_fsdp.analysis.run_summary import print_run_summary
+
+    def kept(row: dict) -> dict:
+        return {**row, "cache_policy": policy} if row["op"] == "load" else row
+
+    for protocol in ("mlperf", "default"):
+        path = variant(tmp_path, f"cache-{protocol}", TWO_ITERATIONS, sample=kept,
+                       settings={"protocol": protocol})
+        parsed = read_record_file(path)
+        print_run_summary(parsed.runs[0], parsed.samples)
+        said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("load: ")]
+        assert len(said) == 1 and said[0].startswith(says), said
+        assert ("MLPerf's included" in said[0]) == (protocol == "mlperf"), said
+    dropped = read_record_file(variant(tmp_path, "dropped", TWO_ITERATIONS, sample=lambda row: {
+        **row, "cache_policy": "dropped" if row["op"] == "load" else None}))
+    print_run_summary(dropped.runs[0], dropped.samples)
+    assert "load: " not in capsys.readouterr().out
+
+
 def test_mlperf_figure_is_rank_0s_mean_not_the_slowest_rank():
     """MLPerf Storage's published figure (DLIO): per checkpoint, its GiB over rank 0's own
     seconds, then the mean; ours take the slowest rank and pool every byte over every second."""
