@@ -132,8 +132,7 @@ def check_overrides(overrides: list[str]) -> set[str]:
     given = set()
     for override in parsed:
         if override.is_sweep_override():
-            raise UserError(f"{override.input_line}: several values need -m (multirun): "
-                            "add -m to run one job per value, or give one value")
+            raise UserError(_sweep_line(override.input_line or ""))
         key, value = override.key_or_group, override.value() if not override.is_delete() else None
         check_setting_name(override.get_key_element(), key, override.package)
         if key == "model" and value is not None:
@@ -149,6 +148,22 @@ def check_overrides(overrides: list[str]) -> set[str]:
             raise UserError(f"storage={value}: unknown storage; choose s3 or fs")
         given.add(key)
     return given
+
+
+def _sweep_line(line: str) -> str:
+    """A sweep given without -m; where a comma made it one (a path holding a comma), also how
+    to give that one value (quoted, Hydra keeps the comma; -m would run one job per part)."""
+    from dcp_fsdp.config.schema import iter_settings
+
+    key, _, value = line.partition("=")
+    single = ""
+    texts = {name for name, type_name, _, _ in iter_settings() if type_name == "str"}
+    if "," in value and key.lstrip("+~") in texts:
+        quote = '"' if "'" in value else "'"
+        single = (f"; one value holding a comma (a path) must be quoted: write it as "
+                  f"{key}={quote}{value}{quote}, in the shell: \"{key}={quote}{value}{quote}\"")
+    return (f"{line}: several values need -m (multirun): add -m to run one job per value, or "
+            f"give one value{single}")
 
 
 def _bool_settings() -> set[str]:
@@ -186,11 +201,31 @@ def parse_error_line(overrides: list[str], error: BaseException) -> str:
             if value.count("[") != value.count("]") or value.count("{") != value.count("}"):
                 return (f"{key}: cannot parse the value {value!r} (its brackets do not pair "
                         f"up); write a list as {key}=[a,b]; a text must be quoted: {key}='{value}'")
+            refused = _refused_anyway(key, value)
+            if refused:  # quoting it would only lead to this refusal
+                return refused
             quote = '"' if "'" in value else "'"
             return (f"{key}: cannot parse the value {value!r} (non-ASCII letters and ~ ' ( ) "
                     f"[ ] {{ }} = # & must be quoted); write it as {key}={quote}{value}{quote}, "
                     f"in the shell: \"{key}={quote}{value}{quote}\"")
     return f"cannot parse overrides: {one_line(error)}"
+
+
+def _refused_anyway(key: str, value: str) -> str | None:
+    """The refusal a setting's own check gives this value, for a value Hydra cannot parse
+    unquoted: a hint to quote a suffix of non-ASCII letters led to a second refusal, for not
+    being ASCII (issue 49); the setting's own rule is the line to act on."""
+    from dcp_fsdp.config.validate import check_region, check_suffix
+
+    checks = {"suffix": check_suffix,
+              "storage.region": lambda text: check_region(text, "storage.region")}
+    if key not in checks:
+        return None
+    try:
+        checks[key](value)
+    except UserError as refused:
+        return str(refused)
+    return None
 
 
 _FIXES = (  # OmegaConf's words for a wrong type, and what to write instead

@@ -116,6 +116,41 @@ def test_settings_that_would_be_ignored_are_refused(overrides, fragments):
         assert fragment in text, text
 
 
+def test_a_hint_to_quote_leads_to_an_accepted_value(tmp_path):
+    """Issue 49: a non-ASCII suffix was told to quote it, then refused for not being ASCII;
+    a path holding a comma was told to use -m. Each line now gives the fix that is accepted."""
+    import json
+    import re
+
+    from dcp_fsdp.models.presets import model_shape
+
+    with pytest.raises(UserError) as refused:
+        compose("save", ["suffix=é1"])
+    line = str(refused.value)
+    assert line.startswith("suffix=é1: start with an ASCII letter") and "quote" not in line
+    with pytest.raises(UserError, match="region") as refused:
+        compose("save", ["storage.region=é1"])
+    assert "quote" not in str(refused.value)
+
+    folder = tmp_path / "a,b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 128,
+        "intermediate_size": 128}))
+    with pytest.raises(UserError) as refused:
+        compose("save", [f"model.config={folder}"])
+    line = str(refused.value)
+    assert "several values need -m" in line and "\n" not in line
+    hint = re.search(r"write it as (model\.config='[^']+')", line)
+    assert hint, line
+    cfg = compose("save", [hint.group(1)])
+    assert cfg.model.config == str(folder) and model_shape(cfg.model).num_layers == 1
+    with pytest.raises(UserError) as refused:  # a number is no path: no quoting hint
+        compose("save", ["iterations=1,2"])
+    assert "quote" not in str(refused.value)
+
+
 def test_settings_both_storages_use_are_accepted_and_force_add_and_delete_work():
     assert compose("save", ["storage=fs", "storage.path=/x", "storage.thread_count=4"]
                    ).storage.thread_count == 4
