@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from dcp_fsdp.analysis.caveats import stager_note
+from dcp_fsdp.analysis.clients import client_notes, fill_missing_client, with_client_ratio
 from dcp_fsdp.analysis.completeness import incomplete_runs
 from dcp_fsdp.telemetry import time_split
 from dcp_fsdp.telemetry.figures import NOISE_HINT, NOISY_SPREAD
@@ -158,6 +159,7 @@ def runs_frame(runs: list[dict[str, Any]], incomplete: dict[str, str] | None = N
             "clock_spread_s": run.get("clock_spread_s"),
             "protocol": config.get("protocol"),  # protocol=mlperf: render's MLPerf lines
         })
+    fill_missing_client(settings_per_run)  # records from before storage.client: the connector
     included = [s for s, row in zip(settings_per_run, rows) if row["status"] == "ok"]
     varying, constants = [], {}
     keys = sorted({key for settings in included for key in settings} - NOT_SETTINGS)
@@ -234,28 +236,6 @@ def _failed_like(failed_runs: pd.DataFrame, labels: dict[str, Any], varying: lis
     return len(same_group[same_group["command"].isin(commands)]) if commands else math.nan
 
 
-CLIENT_KEY = "storage.client"
-BASE_CLIENT = "s3torchconnector"
-
-
-def with_client_ratio(throughput: pd.DataFrame, group_keys: list[str]) -> pd.DataFrame:
-    """Where the client varies (storage.client=a,b,c): each row's aggregate MiB/s as a ratio
-    to the connector's row of the same work (every other key equal); NaN without one."""
-    if throughput.empty:
-        return throughput
-    if CLIENT_KEY not in group_keys:
-        return throughput.assign(vs_connector=math.nan)  # one client: no ratio to show
-    others = [key for key in group_keys if key != CLIENT_KEY]
-    base = throughput[throughput[CLIENT_KEY].astype(str) == BASE_CLIENT]
-    by_work = {tuple(str(v) for v in row): figure for row, figure in
-               zip(base[others].itertuples(index=False), base["aggregate_mib_s"])}
-    ratios = [figure / by_work[key] if by_work.get(key) else math.nan
-              for key, figure in zip((tuple(str(v) for v in row) for row
-                                      in throughput[others].itertuples(index=False)),
-                                     throughput["aggregate_mib_s"])]
-    return throughput.assign(vs_connector=ratios)
-
-
 def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
     """Every table the report prints, as DataFrames of raw numbers."""
     run_rows, varying = runs_frame(runs, incomplete_runs(runs, samples))
@@ -291,8 +271,10 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
         found = time_split.split(str(labels["op"]), group_samples)
         if found is not None:
             splits.append((labels, time_split.split_line(found)))
-    result["throughput"] = with_client_ratio(ordered(pd.DataFrame(throughput), group_keys),
-                                             group_keys)
+    result["throughput"], single_notes = with_client_ratio(
+        ordered(pd.DataFrame(throughput), group_keys), group_keys)
+    result["notes"] += client_notes([run for run in runs if run.get("run_id") in ok_ids])
+    result["notes"] += single_notes
     noisy = int(result["throughput"]["spread"].gt(NOISY_SPREAD).sum())
     if noisy:
         result["notes"] += [f"{noisy} group(s) marked noisy: their iterations' aggregate MiB/s "

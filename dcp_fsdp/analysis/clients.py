@@ -1,0 +1,106 @@
+"""The S3 client a run used (storage.client) in the report: the `x connector` ratio and what
+the records say, or fail to say, about the client.
+
+- A record without storage.client was written before the setting existed, when
+  s3torchconnector was the only client: it is counted as the connector's, and a note names
+  the files (where other records name a client, so that the pooling is never silent).
+- A client this reader does not know (a record edited by hand, or a newer dcp-fsdp's) keeps
+  its row but gets no ratio, and a note names it and the files.
+- A ratio whose row, or the connector's row it divides by, rests on a single iteration has
+  no spread to show its noise: a note names those rows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from dcp_fsdp.config.schema import StorageClient
+
+CLIENT_KEY = "storage.client"
+BASE_CLIENT = StorageClient.s3torchconnector.value
+KNOWN_CLIENTS = tuple(client.value for client in StorageClient)
+FILES_SHOWN = 3  # record files named per note; the rest are counted
+
+
+def _client(run: dict[str, Any]) -> Any:
+    return ((run.get("config") or {}).get("storage") or {}).get("client")
+
+
+def _is_s3(run: dict[str, Any]) -> bool:
+    storage = (run.get("config") or {}).get("storage") or {}
+    return (storage.get("kind") or (run.get("storage") or {}).get("kind")) == "s3"
+
+
+def _files(runs: list[dict[str, Any]]) -> str:
+    files = [str(run.get("record_file") or run.get("run_id")) for run in runs]
+    more = len(files) - FILES_SHOWN
+    return ", ".join(files[:FILES_SHOWN]) + (f", +{more} more" if more > 0 else "")
+
+
+def fill_missing_client(settings_per_run: list[dict[str, Any]]) -> None:
+    """A run's settings without storage.client, where another run's name one, take the
+    connector's (the only client before the setting): they pool with its runs, said by
+    client_notes, instead of making a row with a blank client."""
+    if any(CLIENT_KEY in settings for settings in settings_per_run):
+        for settings in settings_per_run:
+            settings.setdefault(CLIENT_KEY, BASE_CLIENT)
+
+
+def client_notes(runs: list[dict[str, Any]]) -> list[str]:
+    """One line each: the S3 records without storage.client (counted as the connector's),
+    and those naming a client this reader does not know."""
+    notes = []
+    if any(_client(run) is not None for run in runs):
+        missing = [run for run in runs if _client(run) is None and _is_s3(run)]
+        if missing:
+            notes.append(f"{len(missing)} S3 record(s) have no storage.client (written before the "
+                         f"setting, when {BASE_CLIENT} was the only client): counted as "
+                         f"storage.client={BASE_CLIENT}: {_files(missing)}")
+    unknown = [run for run in runs if _client(run) is not None
+               and str(_client(run)) not in KNOWN_CLIENTS]
+    if unknown:
+        names = ", ".join(sorted({str(_client(run)) for run in unknown}))
+        notes.append(f"{len(unknown)} record(s) name a storage.client this reader does not know "
+                     f"({names}; it knows {', '.join(KNOWN_CLIENTS)}): their rows have no x "
+                     f"connector (a record edited by hand, or a newer dcp-fsdp's: read it with "
+                     f"that): {_files(unknown)}")
+    return notes
+
+
+def with_client_ratio(throughput: pd.DataFrame, group_keys: list[str]
+                      ) -> tuple[pd.DataFrame, list[str]]:
+    """Where the client varies (storage.client=a,b,c): each row's aggregate MiB/s as a ratio
+    to the connector's row of the same work (every other key equal); NaN without one, or
+    for a client this reader does not know. And a note naming the ratios that rest on a
+    single iteration (theirs or the connector's)."""
+    if throughput.empty:
+        return throughput, []
+    if CLIENT_KEY not in group_keys:
+        return throughput.assign(vs_connector=math.nan), []  # one client: no ratio to show
+    others = [key for key in group_keys if key != CLIENT_KEY]
+
+    def work(row: Any) -> tuple[str, ...]:
+        return tuple(str(v) for v in row)
+
+    base = throughput[throughput[CLIENT_KEY].astype(str) == BASE_CLIENT]
+    by_work = {work(row): (figure, count) for row, figure, count in
+               zip(base[others].itertuples(index=False), base["aggregate_mib_s"],
+                   base["iterations"])}
+    ratios, single = [], []
+    for row, client, figure, count in zip(throughput[others].itertuples(index=False),
+                                          throughput[CLIENT_KEY].astype(str),
+                                          throughput["aggregate_mib_s"], throughput["iterations"]):
+        base_figure, base_count = by_work.get(work(row), (math.nan, 0))
+        known = client in KNOWN_CLIENTS and base_figure > 0  # (NaN: no connector's row)
+        ratios.append(figure / base_figure if known else math.nan)
+        if known and client != BASE_CLIENT and min(count, base_count) < 2:
+            single.append(f"{getattr(row, 'op', '')} {client}".strip())
+    notes = []
+    if single:
+        notes.append(f"x connector of {len(single)} row(s) rests on a single iteration (its own "
+                     f"or the connector's row): no spread shows its noise, so a difference may be "
+                     f"chance ({', '.join(single)}); run iterations=3 or more of each client")
+    return throughput.assign(vs_connector=ratios), notes
