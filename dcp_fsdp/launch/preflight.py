@@ -222,18 +222,29 @@ def _check_same_shape(suffix: str, cfg: BenchmarkConfig, manifest: dict, tensors
 def _check_no_extra_tensors(suffix: str, cfg: BenchmarkConfig, tensors: dict,
                             manifest: dict) -> None:
     """A checkpoint whose manifest has no `model.shape`: a model tensor it holds that the
-    configured model has not (a config.json edited since) is refused before any rank."""
+    configured model has not (a config.json edited since) is refused before any rank; and,
+    saved with the very settings given, a model tensor of another shape (its vocabulary
+    changed): 'load it with' those settings would name what the user typed (issue 49)."""
     from dcp_fsdp.models.llama_model_config import state_shapes
     from dcp_fsdp.models.presets import model_setting, model_shape
 
-    expected = {f"model.{name}" for name, _ in state_shapes(model_shape(cfg.model),
-                                                           cfg.model.moe_layout.value)}
+    expected = {f"model.{name}": tuple(dims) for name, dims in state_shapes(
+        model_shape(cfg.model), cfg.model.moe_layout.value)}
+    asked = model_setting("model", cfg.model.name)
     extra = layout.extra_model_tensor(tensors, expected)
     if extra is not None:
-        asked = model_setting("model", cfg.model.name)
         raise UserError(f"suffix={suffix}: checkpoint was saved from another model than {asked} "
                         f"describes now ({extra}); load it with the model it was saved from "
                         f"({model_setting('model', manifest.get('model'))} as it was then)")
+    same_settings = (manifest.get("model") == cfg.model.name
+                     and manifest.get("model.moe_layout", "hf") == cfg.model.moe_layout.value)
+    changed = same_settings and metadata_peek.first_difference(
+        tensors, ((key, dims, None) for key, dims in expected.items()))
+    if changed:
+        raise UserError(f"suffix={suffix}: checkpoint was saved from another model than {asked} "
+                        f"describes now ({changed}): the settings are those of the save, so the "
+                        "model they name changed since (was the file edited?); restore the file "
+                        "as it was at the save, or give a config.json of that shape")
 
 
 def _dtype_of(tensors: dict[str, TensorEntry]) -> str | None:

@@ -63,11 +63,16 @@ def mismatch_error(suffix: str, cfg: Any, problem: str, manifest: dict[str, Any]
     # model.moe_layout=hf is the default: neither side need name it
     saved_with = " ".join(model_setting(k, manifest[k]) for k in MANIFEST_SETTINGS
                           if k in manifest and (k, manifest[k]) != ("model.moe_layout", "hf"))
-    fix = f"load it with {saved_with}" if saved_with else "load it with the settings it was saved with"
     layout = cfg.model.moe_layout.value
-    return UserError(f"suffix={suffix}: checkpoint does not match {model_setting('model', cfg.model.name)} "
-                     + (f"model.moe_layout={layout} " if layout != "hf" else "")
-                     + f"model.dtype={cfg.model.dtype.value} state={cfg.state.value} ({problem}); {fix}")
+    asked = (f"{model_setting('model', cfg.model.name)} "
+             + (f"model.moe_layout={layout} " if layout != "hf" else "")
+             + f"model.dtype={cfg.model.dtype.value} state={cfg.state.value}")
+    fix = f"load it with {saved_with}" if saved_with else "load it with the settings it was saved with"
+    if saved_with == asked:  # 'load it with' what was typed: the model they name changed since
+        fix = ("the settings are those of the save, so the model they name changed since (was "
+               "its config.json edited?); restore the file as it was at the save, or give a "
+               "config.json of that shape")
+    return UserError(f"suffix={suffix}: checkpoint does not match {asked} ({problem}); {fix}")
 
 
 # The manifest's entries that are settings a load must repeat (a checkpoint saved before

@@ -175,3 +175,41 @@ def test_a_load_of_another_model_names_the_settings_it_was_saved_with(tmp_path):
     assert line == (f"suffix=s1: checkpoint does not match model.config={path} "
                     "model.moe_layout=grouped model.dtype=fp32 state=model (it has no tensor 'x'); "
                     f"load it with model.config={path} model.dtype=fp32 state=model")
+
+
+def _llama_json(path: Path, vocab_size: int) -> Path:
+    path.write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": vocab_size,
+        "intermediate_size": 128}))
+    return path
+
+
+def test_a_vocabulary_changed_since_the_save_is_not_told_to_load_with_what_was_typed(tmp_path):
+    """Issue 49: after a config.json's vocabulary changed, the line said 'load it with
+    model.config=mut', the very settings given. Before any rank (a manifest without
+    model.shape) and in the rank's own comparison, the fix is the file as it was."""
+    from dcp_fsdp.launch.preflight import _check_same_shape
+    from dcp_fsdp.models.hf_json import read_config_json
+    from dcp_fsdp.models.llama_model_config import state_shapes
+    from dcp_fsdp.models.presets import model_shape
+    from dcp_fsdp.rank.state import mismatch_error
+    from dcp_fsdp.storage.metadata_peek import TensorEntry
+
+    path = _llama_json(tmp_path / "config.json", 1000)
+    cfg = compose("load", [f"model.config={path}", "suffix=s1", f"results_dir={tmp_path}"])
+    saved = {f"model.{name}": TensorEntry(dims, "float32")
+             for name, dims in state_shapes(model_shape(cfg.model))}
+    manifest = {"model": f"config:{path}", "model.moe_layout": "hf", "model.dtype": "fp32",
+                "state": "model"}  # saved before manifests held model.shape
+    assert _check_same_shape("s1", cfg, manifest, saved) is False  # the same file: loads
+    _llama_json(path, 1200)
+    read_config_json.cache_clear()
+    with pytest.raises(UserError) as refused:
+        _check_same_shape("s1", cfg, manifest, saved)
+    line = str(refused.value)
+    assert "[1000, 64] there but [1200, 64] here" in line and "load it with" not in line
+    assert "restore the file as it was at the save" in line and "\n" not in line
+
+    line = str(mismatch_error("s1", cfg, "'model.model.embed_tokens.weight' differs", manifest))
+    assert "load it with" not in line and "restore the file as it was at the save" in line
