@@ -42,6 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dcp_fsdp.storage.timeline import BusyClock
+
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
     from torch.futures import Future
@@ -120,20 +122,73 @@ class MemorySlice(io.RawIOBase):
 
 
 class HeldBytes:
-    """The bytes the reader holds (fetched or in flight), and the most it held at once;
-    counted on the rank's thread alone (a group is counted when its fetch is submitted and
-    released once its items are copied)."""
+    """The bytes the reader holds (fetched or in flight), and the most it held at once (a
+    group is counted when its fetch is submitted and released once its items are copied; a
+    landing item while its bytes are held)."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self.now = 0
         self.peak = 0
 
     def add(self, count: int) -> None:
-        self.now += count
-        self.peak = max(self.peak, self.now)
+        with self._lock:
+            self.now += count
+            self.peak = max(self.peak, self.now)
 
     def release(self, count: int) -> None:
-        self.now -= count
+        with self._lock:
+            self.now -= count
+
+
+class OutsideFraming(OSError):
+    """torch.load asked an `ItemFraming` for bytes it does not hold."""
+
+
+class ItemFraming(io.RawIOBase):
+    """A seekable file over one saved item of which only the first and the last
+    `FRAMING_BYTES` were read: torch.save's zip framing (its first records, then its
+    directory at the end), all that torch.load to the meta device reads. A read of the data
+    between raises OutsideFraming."""
+
+    def __init__(self, head: bytes | bytearray, tail: bytes | bytearray, length: int) -> None:
+        super().__init__()
+        self._head, self._tail, self._length = head, tail, length
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET, /) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self._length}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def readinto(self, buffer: Any, /) -> int:
+        target = memoryview(buffer).cast("B")
+        start = self._position
+        end = min(start + len(target), self._length)
+        tail_start = self._length - len(self._tail)
+        if end <= len(self._head):
+            source = memoryview(self._head)[start:end]
+        elif start >= tail_start:
+            source = memoryview(self._tail)[start - tail_start:end - tail_start]
+        else:
+            raise OutsideFraming(f"bytes {start}-{end} of a {self._length}-byte item")
+        target[:len(source)] = source
+        self._position += len(source)
+        return len(source)
+
+
+# What an item's framing read holds at each end: torch.save's first records (the pickle,
+# about 0.5 KiB for a tensor) and its zip directory (torch's reader reads the last 4 KiB).
+FRAMING_BYTES = 4096
 
 
 class BufferPool:
@@ -211,6 +266,35 @@ class DeviceCopies:
 POOL = BufferPool()
 
 
+def read_exactly(stream: Any, start: int, target: memoryview, name: Any) -> None:
+    """Fill `target` from `stream` at `start` (a seek and readinto until full)."""
+    stream.seek(start)
+    filled = 0
+    while filled < len(target):
+        count = stream.readinto(target[filled:])
+        if not count:
+            raise OSError(f"{name}: ended {len(target) - filled} bytes before {start + len(target)}")
+        filled += count
+
+
+def lands_in_place(meta: Any, target: Any, req: Any) -> bool:
+    """Whether an item's data record is, byte for byte, its whole target: the saved tensor
+    dense from the start of its storage, the read asking for all of it (no narrowing), and
+    the target a contiguous CPU tensor of the same dtype and shape."""
+    whole = all(offset == 0 for offset in req.storage_offsets) and list(req.lengths) == list(meta.shape)
+    dense = (meta.is_contiguous() and meta.storage_offset() == 0 and meta.numel() > 0
+             and meta.untyped_storage().nbytes() == meta.numel() * meta.element_size())
+    return (whole and dense and target.device.type == "cpu" and target.is_contiguous()
+            and target.dtype == meta.dtype and target.shape == meta.shape)
+
+
+def tensor_bytes(tensor: Any) -> memoryview:
+    """A contiguous CPU tensor's memory as writable bytes (no copy)."""
+    import torch
+
+    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
+
+
 class ReadAhead:
     """Mixin before a client's DCP reader (after `TimedReader`): `read_data` with
     `read_ahead` range fetches in flight (module docstring). Attributes of the DCP reader
@@ -220,6 +304,11 @@ class ReadAhead:
     path: Any
     storage_data: dict[Any, Any]
     timeline: HookTimeline
+
+    # Whether the client's stream reads any range into any memory cheaply (files: a seek and
+    # the kernel's copy), so each item lands straight in its target (`_land`); elsewhere
+    # range groups (one request each) into buffers.
+    lands_directly = False
 
     def __init__(self, *args: Any, read_ahead: int, group_bytes: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -266,10 +355,21 @@ class ReadAhead:
         import torch
         from torch.futures import Future
 
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # a GPU rank
+        if self.lands_directly and not cuda:
+            self._land(plan, planner)
+        else:
+            self._read_groups(plan, planner, cuda)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def _read_groups(self, plan: LoadPlan, planner: LoadPlanner, cuda: bool) -> None:
+        """Range groups fetched on N threads into N buffers; the rank's thread reads each
+        tensor where it lies in them and copies it into its target."""
         groups = deque(range_groups(plan.items, self.storage_data, self.group_bytes))
         held = HeldBytes()
         # N buffers of the largest group, reused group after group (and load after load)
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # a GPU rank
         largest = max((group.length for group in groups), default=0)
         buffers = POOL.take(min(self.read_ahead, len(groups)), largest, pinned=cuda)
         free, copies = list(buffers), DeviceCopies(cuda)
@@ -294,9 +394,98 @@ class ReadAhead:
         POOL.give(buffers)  # after the pool's threads ended: no fetch still writes into one
         self.timeline.read_ahead_peak_bytes = held.peak
         self.timeline.target_copy_s = (self.timeline.target_copy_s or 0.0) + waited_s
-        done: Future[None] = Future()
-        done.set_result(None)
-        return done
+
+    # -- landing: each item straight into its target (files) -------------------------------
+    def _land(self, plan: LoadPlan, planner: LoadPlanner) -> None:
+        """Each item on one of N threads, in file order, N at a time: its framing read (the
+        first and last few KiB), then its data record read straight into its target, the
+        only copy (the kernel's, for a file). An item that cannot land (narrowed, strided,
+        another dtype, transformed, or bytes) is read whole and copied, on the same thread
+        where it is a tensor. The rank's thread resolves each target before its read and
+        commits it after, in order, as DCP's reader does; it holds at most N items' bytes."""
+        from torch.distributed.checkpoint.planner import LoadItemType
+
+        held, copies = HeldBytes(), BusyClock()
+        self.timeline.target_copy_by_reader = True
+        ordered = deque(sorted(plan.items, key=lambda req: (
+            self.storage_data[req.storage_index].relative_path,
+            self.storage_data[req.storage_index].offset)))
+        pending: deque[tuple[Any, Any, PoolFuture[bytearray | None]]] = deque()
+        with ThreadPoolExecutor(self.read_ahead, thread_name_prefix="read-ahead") as pool:
+            try:
+                while ordered or pending:
+                    while ordered and len(pending) < self.read_ahead:
+                        req = ordered.popleft()
+                        target = (None if req.type == LoadItemType.BYTE_IO
+                                  else planner.resolve_tensor(req).detach())
+                        pending.append((req, target, pool.submit(
+                            self._land_item, req, target, held, copies)))
+                    req, target, landed = pending.popleft()
+                    item = landed.result()
+                    self._finish_item(req, target, item, planner, copies)
+                    held.release(len(item or b""))
+            finally:
+                for _, _, landed in pending:
+                    landed.cancel()
+        self.timeline.read_ahead_peak_bytes = held.peak
+        self.timeline.target_copy_s = (self.timeline.target_copy_s or 0.0) + copies.total_s()
+
+    def _land_item(self, req: Any, target: Any, held: HeldBytes,
+                   copies: BusyClock) -> bytearray | None:
+        """On a reading thread: `req`'s item into `target`; the item's bytes where the rank's
+        thread must handle them (bytes, a transformed item: it releases them from `held`),
+        else None."""
+        from dcp_fsdp.compat import narrow_tensor_by_index, saved_tensor_layout, saved_tensor_view
+
+        info = self.storage_data[req.storage_index]
+        path = self.fs.concat_path(self.path, info.relative_path)
+        with self.fs.create_stream(path, "rb") as stream:
+            framed = (target is not None and not getattr(info, "transform_descriptors", None)
+                      and info.length > 2 * FRAMING_BYTES)
+            if framed:
+                head, tail = bytearray(FRAMING_BYTES), bytearray(FRAMING_BYTES)
+                read_exactly(stream, info.offset, memoryview(head), path)
+                read_exactly(stream, info.offset + info.length - FRAMING_BYTES, memoryview(tail), path)
+                meta, data_offset = saved_tensor_layout(lambda: ItemFraming(head, tail, info.length))
+                if lands_in_place(meta, target, req):
+                    read_exactly(stream, info.offset + data_offset, tensor_bytes(target), path)
+                    return None
+            held.add(info.length)
+            item = bytearray(info.length)
+            read_exactly(stream, info.offset, memoryview(item), path)
+        if target is None or getattr(info, "transform_descriptors", None):
+            return item
+        tensor = narrow_tensor_by_index(saved_tensor_view(memoryview(item), MemorySlice),
+                                        req.storage_offsets, req.lengths)
+        if target.size() != tensor.size():
+            raise AssertionError(f"req {req.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
+        copies.enter()
+        try:
+            target.copy_(tensor)
+        finally:
+            copies.exit()
+            held.release(info.length)
+        return None
+
+    def _finish_item(self, req: Any, target: Any, item: bytearray | None, planner: LoadPlanner,
+                     copies: BusyClock) -> None:
+        """On the rank's thread, in order: a byte item loaded, a transformed one
+        deserialised and copied, each tensor committed."""
+        info = self.storage_data[req.storage_index]
+        if target is None:
+            planner.load_bytes(req, io.BytesIO(self._stream(req, info, memoryview(item or b"")).read(-1)))
+            return
+        if item is not None:
+            from dcp_fsdp.compat import narrow_tensor_by_index
+
+            tensor = narrow_tensor_by_index(self._tensor(req, info, memoryview(item)),
+                                            req.storage_offsets, req.lengths)
+            copies.enter()
+            try:
+                target.copy_(tensor)
+            finally:
+                copies.exit()
+        planner.commit_tensor(req, target)
 
     def _consume(self, group: RangeGroup, view: memoryview, planner: LoadPlanner,
                  copies: DeviceCopies) -> None:

@@ -138,6 +138,8 @@ class TimedLoadPlanner(DefaultLoadPlanner):
         return tensor
 
     def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
+        if self._timeline.target_copy_by_reader:  # the tool's reader copies on its threads
+            self._resolved_at = None
         if self._resolved_at is not None:
             copied_s = time.perf_counter() - self._resolved_at
             self._timeline.target_copy_s = (self._timeline.target_copy_s or 0.0) + copied_s
@@ -154,4 +156,7 @@ class TimedFileSystemReader(TimedReader, FileSystemReader):
 
 
 class TimedReadAheadFileSystemReader(TimedReader, ReadAhead, FileSystemReader):
-    """The tool's reader (storage.read_ahead=N) over files: a seek and a read per group."""
+    """The tool's reader (storage.read_ahead=N) over files: each item read straight into its
+    target (a seek and the kernel's copy)."""
+
+    lands_directly = True

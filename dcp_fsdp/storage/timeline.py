@@ -135,6 +135,9 @@ class HookTimeline:
     target_copy_s: float | None = None
     # load through the tool's reader (storage/read_ahead.py): the most bytes it held at once
     read_ahead_peak_bytes: int | None = None
+    # the tool's reader clocks its own copies into the live tensors (it copies on its
+    # threads, between the planner's resolve_tensor and commit_tensor of other items)
+    target_copy_by_reader: bool = False
     # The first error an object stream's write or close raised ("S3Exception: ..."): DCP's
     # own error may hide it (TimedWriter.write_data puts it first)
     stream_error: str | None = None

@@ -13,26 +13,33 @@ CLIENTS = ("s3torchconnector", "fsspec", "msc")
 MIB = 2**20
 
 
-def run(s3, uri, results_dir, *args: str):
-    result = run_cli([*args, *s3_args(s3, uri), "progress=false", f"results_dir={results_dir}"],
-                     env=s3_env(s3), timeout_s=240)
+def run(store: list[str], env: dict[str, str] | None, results_dir, *args: str):
+    result = run_cli([*args, *store, "progress=false", f"results_dir={results_dir}"], env=env,
+                     timeout_s=240)
     assert result.returncode == 0, result.stderr
     return result, read_run(results_dir)
 
 
-@pytest.mark.parametrize("client", CLIENTS)
-def test_resharded_and_tensor_parallel_loads_through_the_tool_s_reader(s3, s3_uri, tmp_path,
-                                                                       client):
-    on = f"storage.client={client}"
+@pytest.mark.parametrize("client", (*CLIENTS, "files"))
+def test_resharded_and_tensor_parallel_loads_through_the_tool_s_reader(request, tmp_path, client):
+    """For files each item lands straight in its target where it can (storage/read_ahead.py
+    `_land`): the resharded and TP loads are the ones where it cannot, and must not."""
+    if client == "files":
+        on, env = f"storage.path={request.getfixturevalue('tmpfs_dir')}", None
+        store = lambda name: ["storage=fs"]  # noqa: E731
+    else:
+        s3, s3_uri = request.getfixturevalue("s3"), request.getfixturevalue("s3_uri")
+        on, env = f"storage.client={client}", s3_env(s3)
+        store = lambda name: s3_args(s3, f"{s3_uri}/{name}")  # noqa: E731
     loads = []
     for name, save_settings, load_settings in (
             ("fsdp", ["state=model_and_optimizer"], ["state=model_and_optimizer"]),
             ("tp", ["model.tp=2"], ["model.tp=1"])):
-        _, (saved, _) = run(s3, f"{s3_uri}/{name}", tmp_path / f"save-{name}", "save", "nproc=2",
-                            on, *save_settings)
+        _, (saved, _) = run(store(name), env, tmp_path / f"save-{name}", "save", "nproc=2", on,
+                            *save_settings)
         (suffix,) = saved["suffixes"]
         result, (loaded, samples) = run(
-            s3, f"{s3_uri}/{name}", tmp_path / f"load-{name}", "load", "nproc=1", on,
+            store(name), env, tmp_path / f"load-{name}", "load", "nproc=1", on,
             f"suffix={suffix}", "storage.read_ahead=3", "storage.read_ahead_mib=2", *load_settings)
         assert loaded["integrity"] == {suffix: {"checked": True, "reason": None}}
         (load,) = [s for s in samples if s["op"] == "load"]

@@ -12,8 +12,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from dcp_fsdp.compat import saved_tensor_view
-from dcp_fsdp.storage.read_ahead import MemorySlice, range_groups
+from dcp_fsdp.compat import saved_tensor_layout, saved_tensor_view
+from dcp_fsdp.storage.read_ahead import (FRAMING_BYTES, ItemFraming, MemorySlice, OutsideFraming,
+                                         lands_in_place, range_groups, tensor_bytes)
 from dcp_fsdp.storage.timed_dcp import TimedLoadPlanner, TimedReadAheadFileSystemReader
 from dcp_fsdp.storage.timeline import HookTimeline
 
@@ -70,3 +71,62 @@ def test_a_load_through_the_tool_s_reader_is_bit_exact_and_within_its_bound(tmp_
     peak = timeline.read_ahead_peak_bytes
     assert peak is not None and 0 < peak <= read_ahead * max(group_bytes, largest_item)
     assert timeline.moved.total > 0 and timeline.target_copy_s is not None
+
+
+def saved(tensor: torch.Tensor) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
+    return buffer.getvalue()
+
+
+def test_an_item_s_layout_comes_from_its_framing_alone():
+    """torch.load to the meta device reads the first and last few KiB of an item, never its
+    data: the framing file serves those and refuses the rest."""
+    tensor = torch.randn(512, 256)
+    data = saved(tensor)
+    framing = ItemFraming(data[:FRAMING_BYTES], data[-FRAMING_BYTES:], len(data))
+    meta, offset = saved_tensor_layout(lambda: ItemFraming(data[:FRAMING_BYTES],
+                                                            data[-FRAMING_BYTES:], len(data)))
+    assert meta.device.type == "meta" and meta.shape == tensor.shape and meta.dtype == tensor.dtype
+    landed = torch.empty_like(tensor)
+    tensor_bytes(landed)[:] = data[offset:offset + tensor.numel() * tensor.element_size()]
+    assert torch.equal(landed, tensor)
+    framing.seek(len(data) // 2)
+    with pytest.raises(OutsideFraming):
+        framing.read(16)
+
+
+def read(lengths: list[int], offsets: list[int] | None = None) -> Any:
+    return SimpleNamespace(lengths=lengths, storage_offsets=offsets or [0] * len(lengths))
+
+
+@pytest.mark.parametrize(("saved_tensor", "target", "req", "lands"), [
+    (torch.zeros(8, 4), torch.empty(8, 4), read([8, 4]), True),
+    (torch.zeros(8, 4), torch.empty(4, 4), read([4, 4], [4, 0]), False),  # narrowed
+    (torch.zeros(8, 4), torch.empty(8, 4, dtype=torch.bfloat16), read([8, 4]), False),  # dtype
+    (torch.zeros(4, 8).t(), torch.empty(8, 4), read([8, 4]), False),  # saved strided
+    (torch.zeros(8, 4), torch.empty(4, 8).t(), read([8, 4]), False),  # target strided
+    (torch.zeros(0, 4), torch.empty(0, 4), read([0, 4]), False),  # nothing to land
+])
+def test_only_a_whole_dense_item_of_the_target_s_dtype_lands_in_place(saved_tensor, target, req,
+                                                                      lands):
+    meta = torch.load(io.BytesIO(saved(saved_tensor)), map_location="meta", weights_only=True)
+    assert lands_in_place(meta, target, req) is lands
+
+
+def test_a_load_that_cannot_land_is_copied_bit_exact(tmp_path):
+    """Strided, narrowed-away and other-dtype items through the landing reader: each falls
+    back to a whole read and a copy, bit for bit."""
+    state: dict[str, Any] = {"strided": torch.randn(64, 300).t(), "plain": torch.randn(300, 64),
+                             "cast": torch.randn(128, 64)}
+    dcp.save(state, checkpoint_id=str(tmp_path))
+    target: dict[str, Any] = {"strided": torch.zeros(300, 64), "plain": torch.zeros(300, 64),
+                              "cast": torch.zeros(128, 64, dtype=torch.float64)}
+    timeline = HookTimeline()
+    reader = TimedReadAheadFileSystemReader(str(tmp_path), timeline=timeline, read_ahead=2,
+                                            group_bytes=2**20)
+    dcp.load(target, storage_reader=reader, planner=TimedLoadPlanner(timeline))
+    assert torch.equal(target["strided"], state["strided"])
+    assert torch.equal(target["plain"], state["plain"])
+    assert torch.equal(target["cast"], state["cast"].double())
+    assert timeline.target_copy_by_reader and (timeline.target_copy_s or 0) > 0
