@@ -29,8 +29,10 @@ from benchmarks.paired import PairedRatio, load_average
 REPO = Path(__file__).resolve().parents[1]
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 VARIANTS = {"8MiB-default": (8, "default"), "64MiB-default": (64, "default"),
-            "64MiB-raised": (64, "raised"), "8MiB-raised": (8, "raised")}
-BASELINE = "8MiB-default"
+            "64MiB-raised": (64, "raised"), "8MiB-raised": (8, "raised"),
+            "64MiB-raised-arena1": (64, "raised")}
+# variables a variant adds to its launch's environment (the ranks inherit them)
+VARIANT_ENVIRONMENT = {"64MiB-raised-arena1": {"MALLOC_ARENA_MAX": "1"}}
 
 
 def run_tool(args: argparse.Namespace, endpoint: str, uri: str, variant: str,
@@ -43,7 +45,8 @@ def run_tool(args: argparse.Namespace, endpoint: str, uri: str, variant: str,
                         f"storage.part_size_mib={part_mib}", f"malloc={malloc}",
                         f"iterations={args.iterations}", f"results_dir={results}",
                         "progress=false"],
-                       cwd=REPO, env=env, stdout=log, stderr=log, check=True)
+                       cwd=REPO, env={**env, **VARIANT_ENVIRONMENT.get(variant, {})},
+                       stdout=log, stderr=log, check=True)
         (record,) = Path(results).glob("*.jsonl")
         lines = [json.loads(line) for line in record.read_text().splitlines()]
     loads = [s for s in lines[1:] if s["record"] == "sample" and s["op"] == "load"]
@@ -55,10 +58,10 @@ def run_tool(args: argparse.Namespace, endpoint: str, uri: str, variant: str,
             / sum(s["bytes"] for s in last)}
 
 
-def summarise(figures: dict[str, list[dict[str, float]]]) -> list[str]:
-    lines = [f"{'variant':<14} {'load s (med)':>12} {'geo-mean / 8MiB-default':>23} "
+def summarise(figures: dict[str, list[dict[str, float]]], baseline: str) -> list[str]:
+    lines = [f"{'variant':<20} {'load s (med)':>12} {'geo-mean / ' + baseline:>23} "
              f"{'95 % CI':>17} {'in client s':>14} {'DCP own s':>9} {'pages/B':>7}"]
-    base = [f["load_s"] for f in figures[BASELINE]]
+    base = [f["load_s"] for f in figures[baseline]]
     for variant, rounds in figures.items():
         seconds = [f["load_s"] for f in rounds]
         paired = PairedRatio.of(seconds, base)
@@ -66,7 +69,7 @@ def summarise(figures: dict[str, list[dict[str, float]]]) -> list[str]:
         waits = sorted(f["storage_s"] for f in rounds)[len(rounds) // 2]
         dcp = sorted(f["dcp_s"] for f in rounds)[len(rounds) // 2]
         pages = sorted(f["pages_per_byte"] for f in rounds)[len(rounds) // 2]
-        lines.append(f"{variant:<14} {median:>12.3f} {paired.cells(23)} {waits:>14.3f} "
+        lines.append(f"{variant:<20} {median:>12.3f} {paired.cells(23)} {waits:>14.3f} "
                      f"{dcp:>9.3f} {pages:>7.2f}")
     return lines
 
@@ -81,6 +84,8 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=5, help="rounds (each variant once)")
     parser.add_argument("--log", default="allocator_cliff.log", help="the launches' own output")
     parser.add_argument("--json", default=None, help="write every launch's figures here")
+    parser.add_argument("--variants", default=",".join(list(VARIANTS)[:4]),
+                        help=f"comma-separated, of {', '.join(VARIANTS)}; the first is the baseline")
     args = parser.parse_args()
 
     from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
@@ -97,7 +102,10 @@ def main() -> int:
     env = {**os.environ, **endpoint.client_env(), "PYTHONPATH": str(REPO)}
     for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "RANK", "WORLD_SIZE"):
         env.pop(name, None)
-    names = list(VARIANTS)
+    names = args.variants.split(",")
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)}; use {', '.join(VARIANTS)}")
     figures: dict[str, list[dict[str, float]]] = {v: [] for v in names}
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     try:
@@ -116,7 +124,7 @@ def main() -> int:
     finally:
         server.stop()
     print(f"{args.model} {args.dtype}, {args.nproc} rank(s), embedded SeaweedFS, {started}")
-    print("\n".join(summarise(figures)))
+    print("\n".join(summarise(figures, names[0])))
     if args.json:
         Path(args.json).write_text(json.dumps(figures))
     return 0
