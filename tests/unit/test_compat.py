@@ -322,41 +322,100 @@ def test_no_module_sets_attributes_on_objects_not_its_own():
         "line 1: ._key =", "line 3: ._client =", "line 4: setattr(...)"]
 
 
-def module_assignments(source: str) -> list[str]:
-    """Attribute and subscript assignments rooted at an imported name (`tabulate.MIN_PADDING
-    = 0`, `torch.__dict__["x"] = y`, `os.environ["X"] = ...`): a change to another module's
-    state, for the whole process, that no subclass scan sees."""
-    tree = ast.parse(source)
-    imported: set[str] = set()
+# Methods that change a mapping or a list in place: called on another module's state
+# (`os.environ.update(...)`, `mod.__dict__.update(...)`), they write into it as an assignment does.
+MUTATORS = {"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__",
+            "append", "extend", "insert", "remove"}
+# Calls whose result is the object they are given (or one of its members), not a new one:
+# `vars(mod)["x"] = 1` writes into the module's own dict.
+SAME_OBJECT_CALLS = {"vars", "getattr"}
+
+
+def _state_root(node: ast.AST) -> ast.AST:
+    """What an attribute, subscript or vars()/getattr() chain is rooted at (`vars(m)["x"].y`
+    -> m); a call of anything else makes a new object, and is the root itself."""
+    while True:
+        if isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in SAME_OBJECT_CALLS and node.args):
+            node = node.args[0]
+        else:
+            return node
+
+
+def _imported_names(tree: ast.AST) -> set[str]:
+    """The names a module binds by import, and the local names it binds to their state
+    (`instances = getattr(Singleton, "_instances")`, `namespace = vars(tabulate)`): writing
+    through either writes into the other module's state."""
+    names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            imported.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            imported.update(alias.asname or alias.name for alias in node.names)
+            names.update(alias.asname or alias.name for alias in node.names)
+    aliases = [(target.id, node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+               for target in node.targets if isinstance(target, ast.Name)]
+    grown = True
+    while grown:  # an alias of an alias is one too
+        before = len(names)
+        names.update(name for name, value in aliases
+                     if isinstance(root := _state_root(value), ast.Name) and root.id in names)
+        grown = len(names) > before
+    return names
+
+
+def module_assignments(source: str) -> list[str]:
+    """Writes into the state of an imported module or of an object it holds: attribute and
+    subscript assignments and deletions rooted at an imported name, directly or through a
+    local alias of it or vars()/getattr() (`tabulate.MIN_PADDING = 0`, `vars(m)["x"] = y`,
+    `instances = getattr(Singleton, "_instances"); instances[k] = v`, `del os.environ["X"]`),
+    and in-place mutator calls on such state (`os.environ.update(...)`,
+    `m.__dict__.update(...)`): a change to another module's state, for the whole process,
+    that no subclass scan sees."""
+    tree = ast.parse(source)
+    imported = _imported_names(tree)
+
+    def foreign(target: ast.AST, bare: bool = False) -> bool:
+        """Rooted at an imported name or an alias of its state; `bare`: the name itself
+        counts (a mutator called on it), not only an attribute or item of it."""
+        root = _state_root(target)
+        return ((bare or target is not root) and isinstance(root, ast.Name)
+                and root.id in imported)
+
     found = []
     for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else (
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else (
             [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
         for target in targets:
-            root = target
-            while isinstance(root, (ast.Attribute, ast.Subscript)):
-                root = root.value
-            if target is not root and isinstance(root, ast.Name) and root.id in imported:
-                found.append(f"line {target.lineno}: {ast.unparse(target)} =")
-    return found
+            if foreign(target):
+                found.append(f"line {target.lineno}: del {ast.unparse(target)}"
+                             if isinstance(node, ast.Delete)
+                             else f"line {target.lineno}: {ast.unparse(target)} =")
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in MUTATORS and foreign(node.func.value, bare=True)):
+            found.append(f"line {node.lineno}: {ast.unparse(node.func)}(...)")
+    return sorted(found, key=lambda use: int(use.split(":")[0].split()[1]))
 
 
-# The process's own state, each named: the environment its children inherit (torch's inductor
-# cache, tune's plan, the launcher's variables), sys.argv of a forked rank's entry, and the
-# unraisable hook (issue 48: one owner of it is still to come). tune_trials' `summary` is a
-# local dict that shares its name with an imported function.
+# The process's own state, each named: the environment it and its children read (torch's
+# inductor cache, tune's plan, the launcher's and the embedded server's variables, a store's
+# client settings, the request log's, nccl's, the raised allocator's), sys.argv of a forked
+# rank's entry, and the unraisable hook (issue 48: one owner of it is still to come).
+# tune_trials' `summary` is a local dict that shares its name with an imported function.
 KNOWN_MODULE_ASSIGNMENTS = {
-    "dcp_fsdp/cli.py": ["os.environ['TORCHINDUCTOR_CACHE_DIR'] =", "sys.unraisablehook ="],
+    "dcp_fsdp/cli.py": ["os.environ['TORCHINDUCTOR_CACHE_DIR'] =", "os.environ.pop(...)",
+                        "sys.unraisablehook ="],
     "dcp_fsdp/launch/forked_rank.py": ["sys.argv ="],
-    "dcp_fsdp/launch/tune.py": ["os.environ[contract.TUNE_ENV] ="],
-    "dcp_fsdp/process/environ.py": ["os.environ[key] ="],
+    "dcp_fsdp/launch/tune.py": ["os.environ.update(...)", "os.environ[contract.TUNE_ENV] =",
+                                "os.environ.pop(...)"],
+    "dcp_fsdp/process/allocator.py": ["os.environ.update(...)"],
+    "dcp_fsdp/process/environ.py": ["os.environ.update(...)", "os.environ.pop(...)",
+                                    "os.environ[key] ="],
     "dcp_fsdp/process/signals.py": ["sys.unraisablehook ="],
-    "dcp_fsdp/rank/tune_trials.py": ["summary['ceiling'] ="],
+    "dcp_fsdp/rank/distributed.py": ["os.environ.update(...)"],
+    "dcp_fsdp/rank/session.py": ["os.environ.update(...)", "os.environ.update(...)"],
+    "dcp_fsdp/rank/tune_trials.py": ["summary['ceiling'] =", "os.environ.update(...)"],
 }
 
 
@@ -369,3 +428,38 @@ def test_no_module_changes_another_module_s_state_unnamed():
                "tabulate.MIN_PADDING = 0\nt.__dict__['x'] = 1\ny.z += 2\nlocal['k'] = 3\n")
     assert module_assignments(planted) == [
         "line 5: tabulate.MIN_PADDING =", "line 6: t.__dict__['x'] =", "line 7: y.z ="]
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import tabulate\ntabulate.MIN_PADDING = 0", "tabulate.MIN_PADDING ="),
+    ("import tabulate\ntabulate.__dict__['MIN_PADDING'] = 0", "tabulate.__dict__['MIN_PADDING'] ="),
+    ("import tabulate\nvars(tabulate)['MIN_PADDING'] = 0", "vars(tabulate)['MIN_PADDING'] ="),
+    ("import tabulate\nnamespace = vars(tabulate)\nnamespace['MIN_PADDING'] = 0",
+     "namespace['MIN_PADDING'] ="),
+    ("import tabulate\ntabulate.__dict__.update(MIN_PADDING=0)", "tabulate.__dict__.update(...)"),
+    ("import sys\nsys.modules['tabulate'].MIN_PADDING = 0", "sys.modules['tabulate'].MIN_PADDING ="),
+    ("import hydra.core.singleton\nhydra.core.singleton.Singleton._instances[k] = v",
+     "hydra.core.singleton.Singleton._instances[k] ="),
+    ("from hydra.core.singleton import Singleton\nSingleton._instances[k] = v",
+     "Singleton._instances[k] ="),
+    # compat.py's own form until issue 48: the registry fetched by getattr, then written
+    ("from hydra.core.singleton import Singleton\n"
+     "instances = getattr(Singleton, '_instances', None)\ninstances[k] = v", "instances[k] ="),
+    ("from hydra.core.singleton import Singleton\nregistry = Singleton._instances\n"
+     "same = registry\nsame.setdefault(k, v)", "same.setdefault(...)"),
+    ("import os\nos.environ.update(extra)", "os.environ.update(...)"),
+    ("import os\ndel os.environ['X']", "del os.environ['X']"),
+    ("import tabulate\ndel tabulate.MIN_PADDING", "del tabulate.MIN_PADDING"),
+])
+def test_the_module_scan_finds_each_write_into_another_module_s_state(source, expected):
+    assert [use.split(": ", 1)[1] for use in module_assignments(source)] == [expected]
+
+
+def test_the_module_scan_passes_new_objects_and_own_state():
+    """What a call returns is a new object (a tensor, a copy of the environment), and a
+    module's own names and locals are its own."""
+    source = ("import os\nimport torch\nx = torch.zeros(3)\nx[0] = 1\n"
+              "env = dict(os.environ)\nenv['X'] = '1'\nenv.update(os.environ)\n"
+              "local = {}\nlocal['k'] = 1\nlocal.update(k=2)\nclass A:\n"
+              "    def f(self):\n        self.x = os.sep\n        self.x.pop()\n")
+    assert module_assignments(source) == []
