@@ -6,8 +6,9 @@ recorded (storage/timeline.py): the phases are defined once, here (docs/metrics.
   plan_s      -> the data-I/O hook starts (write_data / read_data)
   io_s        the data-I/O hook, split by who spends it (storage/timeline.py): save:
               upload_s (the client's upload calls) + stage_s (DCP's own work); load:
-              storage_s (the client waiting for storage) + target_copy_s (the copy
-              into the live tensors) + deserialise_s (DCP's own work: the rest)
+              storage_s (inside the client's calls for bytes: its network waits and
+              its own copy of each part) + target_copy_s (the copy into the live
+              tensors) + deserialise_s (DCP's own work: the rest)
   commit_s    the data-I/O hook ends -> the op is done
 """
 
