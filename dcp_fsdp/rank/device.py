@@ -18,8 +18,12 @@ from typing import Any
 
 from dcp_fsdp.errors import UserError
 
-# torch's name (2.2 onwards; NCCL_ASYNC_ERROR_HANDLING before): 1 = on a failed or timed-out
-# collective, abort the communicators and raise, instead of blocking until the job is killed.
+# torch's name (2.2 onwards; NCCL_ASYNC_ERROR_HANDLING before). 1 is TearDown (ProcessGroupNCCL's
+# ErrorHandlingMode, torch 2.11-2.15): on a failed or timed-out collective torch's watchdog
+# aborts the communicators and ends the process (no exception the rank's Python could catch),
+# instead of blocking until the job is killed; torchrun's agent sets 1 too. (2 CleanUpOnly
+# aborts without ending the process; 3 SkipCleanUp, torch's own default, ends it without
+# aborting the communicators; 0 does nothing.)
 NCCL_ASYNC_ERROR_HANDLING_ENV = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
 
