@@ -67,8 +67,8 @@ test: setup
 	$(BIN)/python -m pytest -q -rs --durations=12 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The inner loop: tests/unit, the logic alone, in this process (no root, no servers, no
-# subprocess: what needs them is in tests/integration). At most 60 s on 2 cores (2 workers:
-# one alone takes about 65 s of CPU).
+# subprocess: what needs them is in tests/integration). About a minute on an idle 2-core
+# machine (2 workers: one alone takes about 65 s of CPU); longer while other work shares it.
 test-unit: setup
 	$(BIN)/python -m compileall -q dcp_fsdp tests >/dev/null
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests/unit $(PYTEST_ARGS)
