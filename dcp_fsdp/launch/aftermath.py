@@ -14,13 +14,16 @@ import json
 import os
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from dcp_fsdp.process.environ import environment
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import BenchmarkConfig
 from dcp_fsdp.launch.checks import fallback_results_dir, write_record
 from dcp_fsdp.telemetry import records
+
+if TYPE_CHECKING:
+    from dcp_fsdp.storage.base import CheckpointStore, OpenUpload
 
 
 @dataclass
@@ -180,35 +183,62 @@ def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, st
         log.info(f"partial checkpoint suffix={candidates[0]}: on the embedded S3 server, "
                  "deleted with it at exit")
         return
-    from dcp_fsdp.storage import layout, make_store
+    from dcp_fsdp.storage import make_store
 
     with environment({k: v for k, v in env.items() if k.startswith("AWS_")}):
         try:
             store = make_store(cfg.storage, after_failure=True)  # a stalled server: seconds
             for suffix in dict.fromkeys(candidates):
-                if store.is_complete(suffix):
-                    continue
-                aborted = store.abort_uploads(suffix)
-                uploads = (f"; {aborted} open multipart upload(s) aborted" if aborted else "")
-                if layout.holds_only_claim_of(store, suffix, run_line.get("run_id")):
-                    store.delete(suffix)  # a claim with no data is not a checkpoint
-                    log.info(_claim_only_line(suffix, store.location(suffix), aborted))
-                    continue
-                state = ("incomplete: no .metadata, not loadable; remove it or keep it to "
-                         "inspect" if store.has_objects(suffix) else "nothing committed")
-                log.info(f"partial checkpoint suffix={suffix} at {store.location(suffix)} "
-                         f"({state}{uploads})")
+                if not store.is_complete(suffix):
+                    _settle_suffix(store, suffix, run_line.get("run_id"))
         except Exception as error:  # cleanup: the run's outcome stands, say what is left
             log.warning(f"could not check the partial checkpoint ({error}); `dcp-fsdp list` "
                         "shows it and its open uploads, `dcp-fsdp clean-uploads` aborts them")
 
 
-def _claim_only_line(suffix: str, location: str, aborted: int) -> str:
+def _settle_suffix(store: CheckpointStore, suffix: str, run_id: str | None) -> None:
+    """One suffix a stopped save was writing: its open uploads aborted (what they held
+    said), a claim with nothing else removed, and one line on what is left."""
+    from dcp_fsdp.storage import layout
+
+    opened = store.open_uploads(suffix)
+    store.abort_uploads(suffix)
+    # an upload a rank started after the abort (still ending as it was stopped) is left
+    # open: it must never be called "ended before writing", and the claim stays with it
+    left = store.open_uploads(suffix)
+    aborted = [u for u in opened if u.upload_id not in {u.upload_id for u in left}]
+    location = store.location(suffix)
+    if left:
+        log.warning(f"partial checkpoint suffix={suffix} at {location}: "
+                    f"{_uploads_words(left)} still open after the abort (a rank still "
+                    "writing as it stopped), stored and billed until aborted: `dcp-fsdp "
+                    f"delete suffix={suffix} --force` with the same storage settings aborts "
+                    "them and removes the checkpoint")
+        return
+    if layout.holds_only_claim_of(store, suffix, run_id):
+        store.delete(suffix)  # a claim with no data is not a checkpoint
+        log.info(_claim_only_line(suffix, location, aborted))
+        return
+    state = ("incomplete: no .metadata, not loadable; remove it or keep it to inspect"
+             if store.has_objects(suffix) else "nothing committed")
+    uploads = f"; {_uploads_words(aborted)} aborted" if aborted else ""
+    log.info(f"partial checkpoint suffix={suffix} at {location} ({state}{uploads})")
+
+
+def _uploads_words(uploads: list[OpenUpload]) -> str:
+    """"2 open multipart upload(s), 31 part(s), 201.9 MiB"."""
+    return (f"{len(uploads)} open multipart upload(s), {sum(u.part_count for u in uploads)} "
+            f"part(s), {sum(u.size_bytes for u in uploads) / 2**20:.1f} MiB")
+
+
+def _claim_only_line(suffix: str, location: str, aborted: list[OpenUpload]) -> str:
     """A suffix whose only stored object is this run's claim: removed. With uploads open it
-    is still a partial checkpoint (the save was writing; nothing was committed)."""
+    was a save that ended mid-upload (its parts stored, nothing committed), not one that
+    ended before writing."""
     if aborted:
-        return (f"partial checkpoint suffix={suffix} at {location} (nothing committed; "
-                f"{aborted} open multipart upload(s) aborted); it held only this run's claim, "
-                "no data: removed, the suffix is free again")
+        return (f"partial checkpoint suffix={suffix} at {location}: a save that ended "
+                f"mid-upload (nothing committed; {_uploads_words(aborted)}, aborted: no longer "
+                "stored or billed); it held only this run's claim otherwise: removed, the "
+                "suffix is free again")
     return (f"suffix={suffix} held only this run's claim, no data (the save ended before "
             f"writing): removed from {location}")

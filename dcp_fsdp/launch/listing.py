@@ -15,7 +15,7 @@ from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch.preflight import check_fs_root, needs_embedded_server
 from dcp_fsdp.storage import make_store
 from dcp_fsdp.storage import layout
-from dcp_fsdp.storage.layout import CheckpointInfo, read_claim
+from dcp_fsdp.storage.layout import CheckpointInfo, OpenUpload, read_claim
 
 if TYPE_CHECKING:
     from dcp_fsdp.storage.base import CheckpointStore
@@ -39,7 +39,11 @@ def list_checkpoints(cfg: BenchmarkConfig, check: bool = False) -> int:
     store = _store(cfg, "list")
     checkpoints = store.list_checkpoints()
     damage = _damage(store, cfg, checkpoints) if check else {}
-    rows = [[c.suffix, "DAMAGED" if c.suffix in damage else _state(c),
+    uploads = store.open_uploads()
+    by_suffix: dict[str, list[OpenUpload]] = {}
+    for upload in uploads:
+        by_suffix.setdefault(upload.suffix, []).append(upload)
+    rows = [[c.suffix, "DAMAGED" if c.suffix in damage else _state(c, c.suffix in by_suffix),
              f"{c.size_bytes / 2**20:.1f}", c.object_count, c.modified] for c in checkpoints]
     print(printable(f"checkpoints under {store.location('')}"))
     print(_table(rows, ["suffix", "state", "MiB", "objects", "modified (UTC)"]))
@@ -52,17 +56,13 @@ def list_checkpoints(cfg: BenchmarkConfig, check: bool = False) -> int:
     for prefix in (c for c in checkpoints if c.nested):
         print(printable(_prefix_note(store, prefix)))
     for claim in (c for c in checkpoints if c.claim_only):
-        print(printable(_abandoned_claim_note(store, claim)))
+        print(printable(_abandoned_claim_note(store, claim, by_suffix.get(claim.suffix, []))))
     for untaken in (c for c in checkpoints if c.complete and not suffix_taken(c.suffix)):
         print(printable(f"suffix={untaken.suffix}: complete, but not a name `load` and `delete` "
                         "take (a suffix starts with an ASCII letter or digit, then letters, "
                         "digits, '.', '_' and '-'): rename it to load it with this tool, or "
                         "load it with torch's dcp.load"))
-    uploads = store.open_uploads()
     if uploads:
-        by_suffix: dict[str, list] = {}
-        for upload in uploads:
-            by_suffix.setdefault(upload.suffix, []).append(upload)
         rows = [[suffix or "(root)", len(group), sum(u.part_count for u in group),
                  f"{sum(u.size_bytes for u in group) / 2**20:.1f}",
                  min(u.initiated for u in group)] for suffix, group in sorted(by_suffix.items())]
@@ -103,18 +103,20 @@ def _damage(store: CheckpointStore, cfg: BenchmarkConfig,
     return found
 
 
-def _state(info: CheckpointInfo) -> str:
+def _state(info: CheckpointInfo, uploading: bool = False) -> str:
+    """`uploading`: multipart uploads are open under the suffix."""
     if info.nested:
         above = f"PREFIX OF {len(info.nested)} CHECKPOINT(S)"
-        return above if not info.own_object_count else f"{_own_state(info)}; {above}"
-    return _own_state(info)
+        return above if not info.own_object_count else f"{_own_state(info, uploading)}; {above}"
+    return _own_state(info, uploading)
 
 
-def _own_state(info: CheckpointInfo) -> str:
+def _own_state(info: CheckpointInfo, uploading: bool) -> str:
     if info.complete:
         return "complete" if suffix_taken(info.suffix) else "complete; NAME NOT TAKEN"
-    if info.claim_only:
-        return f"CLAIMED, NO DATA ({_age(_age_s(info))} old)"
+    if info.claim_only:  # parts in open uploads are data, just not committed objects
+        what = "UPLOADS OPEN, NOTHING COMMITTED" if uploading else "NO DATA"
+        return f"CLAIMED, {what} ({_age(_age_s(info))} old)"
     return "INCOMPLETE"
 
 
@@ -153,16 +155,36 @@ def _not_a_checkpoint(store: CheckpointStore, info: CheckpointInfo) -> str:
             "your storage's own tools if it is not needed)")
 
 
-def _abandoned_claim_note(store: CheckpointStore, info: CheckpointInfo) -> str:
-    """One line for a suffix that holds only a save's claim: who claimed it, how long ago,
-    and how to remove it."""
+def _abandoned_claim_note(store: CheckpointStore, info: CheckpointInfo,
+                         uploads: list[OpenUpload] | None = None) -> str:
+    """One line for a suffix that holds only a save's claim as objects: who claimed it, how
+    long ago, what its open uploads hold (a save that ended mid-upload: its parts are
+    stored and billed, though no object was committed), and the command that removes it."""
     claim = read_claim(store, info.suffix)
     who = (f" by run {claim.get('run_id') or '?'} on host {claim['host']}"
            if claim.get("host") else "")
-    return (f"suffix={info.suffix}: claimed {_age(_age_s(info))} ago{who} and holds no data: an "
+    age_s = _age_s(info)
+    # delete leaves a suffix younger than its --min-age-s alone: the hint names --force
+    # then, or it would lead to a second refusal
+    young = age_s < DEFAULT_MIN_AGE_S
+    delete = (f"`dcp-fsdp delete suffix={info.suffix}{' --force' if young else ''}` with the "
+              "same storage settings")
+    why = (f" (--force: it is younger than {_age(DEFAULT_MIN_AGE_S)}, below which delete "
+           "leaves a suffix alone)" if young else "")
+    if uploads:
+        return (f"suffix={info.suffix}: claimed {_age(age_s)} ago{who}; no object was committed, "
+                f"but {_uploads_words(uploads)} are open there, stored and billed until aborted: "
+                "a save that ended mid-upload, unless a save is writing there now; "
+                f"{delete} aborts them and removes the claim{why}")
+    return (f"suffix={info.suffix}: claimed {_age(age_s)} ago{who} and holds no data: an "
             "abandoned claim (a save that ended before writing), unless a save is starting "
-            f"there now; `dcp-fsdp delete suffix={info.suffix}` with the same storage settings "
-            "removes it")
+            f"there now; {delete} removes it{why}")
+
+
+def _uploads_words(uploads: list[OpenUpload]) -> str:
+    """"2 multipart upload(s) holding 31 part(s), 201.9 MiB"."""
+    return (f"{len(uploads)} multipart upload(s) holding {sum(u.part_count for u in uploads)} "
+            f"part(s), {sum(u.size_bytes for u in uploads) / 2**20:.1f} MiB")
 
 
 def _age(seconds: float) -> str:

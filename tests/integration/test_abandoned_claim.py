@@ -83,7 +83,7 @@ def test_list_names_an_abandoned_claim_and_delete_removes_it(s3, s3_uri, tmp_pat
                                 if line.startswith("| half "))
     note = next(line for line in listing.stdout.splitlines() if line.startswith("suffix=orphan:"))
     assert "by run gone-run on host" in note and "abandoned claim" in note, note
-    assert "`dcp-fsdp delete suffix=orphan`" in note
+    assert "`dcp-fsdp delete suffix=orphan --force`" in note  # it is young: delete needs it
 
     delete = [*s3_args(s3, s3_uri), "suffix=orphan"]
     young = run_cli(["delete", *delete], env=s3_env(s3))
