@@ -13,8 +13,9 @@ import itertools
 import re
 from typing import TYPE_CHECKING
 
-from dcp_fsdp.config.validate import (apply_protocol, check_model_settings, check_setting_name,
-                                      check_storage_settings, model_config_names)
+from dcp_fsdp.config.validate import (apply_config_dtype, apply_protocol, check_model_settings,
+                                      check_setting_name, check_storage_settings,
+                                      model_config_names)
 from dcp_fsdp.config.conf_dir import conf_dir
 from dcp_fsdp.errors import UserError
 
@@ -116,6 +117,7 @@ def compose(command: str, overrides: list[str], named: str | None = None) -> Ben
     validate(cfg, CONF_DIR)
     check_storage_settings(cfg, given)
     check_model_settings(cfg, given)
+    apply_config_dtype(cfg, given)  # after the check: model.config alone names the model
     return cfg
 
 

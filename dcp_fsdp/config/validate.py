@@ -18,7 +18,7 @@ from dcp_fsdp.config.schema import (MLPERF_CHECKPOINTS, BenchmarkConfig, Command
 from dcp_fsdp.errors import UserError
 
 if TYPE_CHECKING:
-    from dcp_fsdp.config.schema import StorageConfig
+    from dcp_fsdp.config.schema import ModelConfig, StorageConfig
 
 S3_MIN_PART_SIZE_MIB = 5  # S3 rejects multipart parts below 5 MiB (except the last)
 S3_MAX_PART_SIZE_MIB = 5 * 1024
@@ -208,6 +208,63 @@ def check_model_settings(cfg: BenchmarkConfig, given: set[str]) -> None:
     if cfg.model.config and given & {"model", "model.preset"}:
         raise UserError(f"model={cfg.model.preset} and model.config={cfg.model.config} both name "
                         "the model: give one of them")
+
+
+# A config.json's dtype field as model.dtype: transformers writes `dtype` since 4.56, `torch_dtype`
+# before. float16 is built as bf16: as many bytes a parameter (what a checkpoint's I/O depends
+# on), and the tool's values need a dtype both CPUs and GPUs fill fast.
+CONFIG_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "bf16"}
+CONFIG_DTYPE_FIELDS = ("dtype", "torch_dtype")
+
+
+def config_json_dtype(path: str) -> tuple[str, Any] | None:
+    """(field, value) of the dtype a config.json names, or None: no such field, or a file the
+    model's own check refuses in its own line (models/hf_json.py)."""
+    import json
+
+    file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return next(((field, data[field]) for field in CONFIG_DTYPE_FIELDS
+                 if data.get(field) is not None), None)
+
+
+def apply_config_dtype(cfg: BenchmarkConfig, given: set[str]) -> None:
+    """model.config's model is built in the dtype its file names (a Llama-3.1-8B config.json
+    says bfloat16: 15.0 GiB, where fp32 made 29.9), unless model.dtype is given; a dtype the
+    tool does not build is refused, naming the field and the fix (issue 49)."""
+    from dcp_fsdp.config.schema import Dtype
+
+    if not cfg.model.config or "model.dtype" in given:
+        return
+    found = config_json_dtype(cfg.model.config)
+    if found is None:
+        return
+    field, value = found
+    if value not in CONFIG_DTYPES:
+        raise UserError(f"model.config={cfg.model.config}: '{field}' is {value!r}, which this "
+                        "tool does not build (float32, bfloat16, float16 as bfloat16); give "
+                        "model.dtype=fp32 or model.dtype=bf16")
+    cfg.model.dtype = Dtype(CONFIG_DTYPES[value])
+
+
+def dtype_origin(model: ModelConfig) -> tuple[str, str]:
+    """(where model.dtype came from, a few words saying it): "config.json" where the file names
+    the dtype used, else "model.dtype" (a preset's, or given, or the file names none or
+    another). The run line, `plan` and the record say it (issue 49)."""
+    found = config_json_dtype(model.config) if model.config else None
+    if found is None:
+        return "model.dtype", ("the config.json names no dtype: model.dtype's" if model.config
+                               else "")
+    field, value = found
+    if CONFIG_DTYPES.get(value) == model.dtype.value:
+        same_bytes = ", as many bytes" if value == "float16" else ""
+        return "config.json", f"the config.json's {field} {value}{same_bytes}"
+    return "model.dtype", f"model.dtype given; the config.json's {field} is {value}"
 
 
 def apply_protocol(cfg: BenchmarkConfig, given: set[str], named: str | None = None) -> None:

@@ -56,6 +56,8 @@ def plan_requests(request: PlanRequest, plan: GlobalPlan) -> rq.Requests:
 
 def render_plan(request: PlanRequest, template: StateTemplate, plan: GlobalPlan,
                 elapsed_s: float) -> str:
+    from dcp_fsdp.config.validate import dtype_origin
+
     cfg = request.cfg
     storage = cfg.storage
     part = storage.part_size_mib * MIB
@@ -63,8 +65,11 @@ def render_plan(request: PlanRequest, template: StateTemplate, plan: GlobalPlan,
     sizes = [obj.size_bytes for obj in plan.objects]
     reqs = plan_requests(request, plan)
     nodes = plan.world_size // request.ranks_per_node
+    _, dtype_words = dtype_origin(cfg.model)
     lines = [
-        f"plan: {cfg.model.name} {cfg.model.dtype.value} {cfg.state.value}, {plan.world_size} "
+        f"plan: {cfg.model.name} {cfg.model.dtype.value}"
+        + (f" ({dtype_words})" if dtype_words else "")
+        + f" {cfg.state.value}, {plan.world_size} "
         f"rank(s) = {nodes} node(s) x {request.ranks_per_node}, replicas {cfg.model.replicas}"
         + (f", tp {cfg.model.tp}" if cfg.model.tp > 1 else "") + "; "
         f"storage {storage.kind.value}, thread_count {storage.thread_count}, part "
@@ -124,15 +129,17 @@ def model_line(cfg: BenchmarkConfig) -> str:
     """The model's parameter count and what its weights take: the figure to hold against a
     model card (llama3_8b: 8,030,261,248)."""
     from dcp_fsdp.models.llama_model_config import param_count
-    from dcp_fsdp.models.presets import model_shape
+    from dcp_fsdp.models.presets import DTYPE_BYTES, model_shape, tied_words
 
     shape = model_shape(cfg.model)
     params = param_count(shape)
-    weight_bytes = params * {"fp32": 4, "bf16": 2}[cfg.model.dtype.value]
+    weight_bytes = params * DTYPE_BYTES[cfg.model.dtype.value]
     experts = (f", {shape.num_experts} experts per sparse layer, moe_layout "
                f"{cfg.model.moe_layout.value}" if shape.num_experts else "")
     return (f"model: {params:,} parameters ({shape.family}{experts}): {weight_bytes:,} B "
-            f"({_size(weight_bytes)}) of {cfg.model.dtype.value} weights")
+            f"({_size(weight_bytes)}) of {cfg.model.dtype.value} weights"
+            + tied_words(shape, cfg.model.dtype.value) + (" (in the state below)"
+                                                          if shape.tie_embeddings else ""))
 
 
 def render_moe_layouts(chosen: str, layouts: dict[str, Any]) -> str:

@@ -140,7 +140,8 @@ class RankSession:
 
     def build(self) -> tuple[ShardedModel, dict[str, Any]]:
         from dcp_fsdp.models.build import build_sharded_model
-        from dcp_fsdp.models.presets import model_shape
+        from dcp_fsdp.config.validate import dtype_origin
+        from dcp_fsdp.models.presets import model_shape, tied_words
         from dcp_fsdp.rank.state import state_bytes
         from dcp_fsdp.models.build import dcp_state_dict
 
@@ -159,8 +160,10 @@ class RankSession:
         state_dict = dcp_state_dict(sharded.model, sharded.optimizer)
         self.init.state_dict_s = time.monotonic() - t0
         run = self.run
+        dtype_from, dtype_words = dtype_origin(cfg.model)
         run.model = {"preset": cfg.model.name, "family": shape.family, "config": cfg.model.config,
                      "moe_layout": cfg.model.moe_layout.value, "dtype": cfg.model.dtype.value,
+                     "dtype_from": dtype_from,
                      "state": cfg.state.value, "param_count": sharded.param_count,
                      "param_bytes": sharded.param_bytes, "state_bytes": state_bytes(state_dict)}
         run.world_size, run.node_count = ctx.world_size, ctx.node_count
@@ -173,8 +176,10 @@ class RankSession:
         model = run.model
         self.say(f"run {run.run_id}: {cfg.command.value} model={model['preset']} "
                  + (f"moe_layout={cfg.model.moe_layout.value} " if shape.num_experts else "")
-                 + f"({model['param_count']:,} params, {model['dtype']}, "
-                 f"{model['state']}, {model['state_bytes'] / 2**20:.1f} MiB) "
+                 + f"({model['param_count']:,} params, {model['dtype']}"
+                 + (f" ({dtype_words})" if dtype_words else "") + ", "
+                 f"{model['state']}, {model['state_bytes'] / 2**20:.1f} MiB"
+                 + tied_words(shape, cfg.model.dtype.value) + ") "
                  f"world_size={ctx.world_size} nodes={ctx.node_count} "
                  + (f"replicas={cfg.model.replicas} ({cfg.model.replica_load.value} loads) "
                     if cfg.model.replicas > 1 else "")

@@ -57,7 +57,10 @@ def test_a_config_json_saves_and_loads_on_two_ranks_as_transformers_state(tmp_pa
     assert_every_load_verified(run)
     assert run["model"]["family"] == family and run["model"]["config"] == str(config)
     assert f"model=config:{config} " in result.stderr + result.stdout
-    assert f"({run['model']['param_count']:,} params, fp32, " in result.stderr + result.stdout
+    # the file's torch_dtype (bfloat16), said (issue 49)
+    assert (f"({run['model']['param_count']:,} params, bf16 (the config.json's torch_dtype "
+            "bfloat16), ") in result.stderr + result.stdout
+    assert run["model"]["dtype"] == "bf16" and run["model"]["dtype_from"] == "config.json"
     (suffix,) = run["suffixes"]
     assert checkpoint_state(tmp_path / "ckpt" / suffix) == transformers_state(name)
     if family == "mixtral":  # the other layout's load is refused by the launcher, with the fix
@@ -67,8 +70,8 @@ def test_a_config_json_saves_and_loads_on_two_ranks_as_transformers_state(tmp_pa
         assert load.returncode != 0 and "Traceback" not in load.stderr
         assert load.stderr.strip().splitlines()[-1] == (
             f"dcp-fsdp: error: suffix={suffix}: checkpoint was saved with model.config={config} "
-            f"model.dtype=fp32 state=model, not model.moe_layout=grouped; load it with "
-            f"model.config={config} model.dtype=fp32 state=model")
+            f"model.dtype=bf16 state=model, not model.moe_layout=grouped; load it with "
+            f"model.config={config} model.dtype=bf16 state=model")
 
 
 def test_the_grouped_layout_saves_and_loads_on_the_embedded_s3(tmp_path):

@@ -135,11 +135,11 @@ def test_plan_shows_both_expert_layouts(capsys, monkeypatch):
     """`dcp-fsdp plan` of an MoE model: tensors, .metadata and planning of each layout (the
     unpickling child, a torch import per plan, is tests/integration/test_plan.py's)."""
     from dcp_fsdp.plan import build
-    from dcp_fsdp.plan.command import main
+    from dcp_fsdp.cli import main
 
     monkeypatch.setattr(build, "unpickle_cost", lambda blob: (0.0, len(blob)))
 
-    assert main([f"model.config={HF_CONFIGS / 'mixtral_4x.json'}", "world_size=4",
+    assert main(["plan", f"model.config={HF_CONFIGS / 'mixtral_4x.json'}", "--world-size=4",
                  "storage=fs", "storage.path=/tmp/unused"]) == 0
     out = capsys.readouterr().out
     assert "model: 9,050,368 parameters (mixtral, 4 experts per sparse layer, moe_layout hf)" in out
@@ -167,8 +167,8 @@ def test_a_load_of_another_model_names_the_settings_it_was_saved_with(tmp_path):
     from dcp_fsdp.rank.state import mismatch_error
 
     path = HF_CONFIGS / "mixtral_4x.json"
-    cfg = compose("load", [f"model.config={path}", "model.moe_layout=grouped", "suffix=s1",
-                           f"results_dir={tmp_path}"])
+    cfg = compose("load", [f"model.config={path}", "model.moe_layout=grouped", "model.dtype=fp32",
+                           "suffix=s1", f"results_dir={tmp_path}"])
     manifest = {"model": f"config:{path}", "model.moe_layout": "hf", "model.dtype": "fp32",
                 "state": "model"}
     line = str(mismatch_error("s1", cfg, "it has no tensor 'x'", manifest))
@@ -213,3 +213,71 @@ def test_a_vocabulary_changed_since_the_save_is_not_told_to_load_with_what_was_t
 
     line = str(mismatch_error("s1", cfg, "'model.model.embed_tokens.weight' differs", manifest))
     assert "load it with" not in line and "restore the file as it was at the save" in line
+
+
+@pytest.mark.parametrize("fields, given, dtype, origin", [
+    ({"torch_dtype": "bfloat16"}, [], "bf16", ("config.json", "the config.json's torch_dtype bfloat16")),
+    ({"dtype": "bfloat16"}, [], "bf16", ("config.json", "the config.json's dtype bfloat16")),
+    ({"dtype": "float32", "torch_dtype": "bfloat16"}, [], "fp32",
+     ("config.json", "the config.json's dtype float32")),  # transformers 4.56+ writes dtype
+    ({"torch_dtype": "float16"}, [], "bf16",
+     ("config.json", "the config.json's torch_dtype float16, as many bytes")),
+    ({"torch_dtype": "bfloat16"}, ["model.dtype=fp32"], "fp32",
+     ("model.dtype", "model.dtype given; the config.json's torch_dtype is bfloat16")),
+    ({"torch_dtype": "float64"}, ["model.dtype=bf16"], "bf16",
+     ("model.dtype", "model.dtype given; the config.json's torch_dtype is float64")),
+    ({}, [], "fp32", ("model.dtype", "the config.json names no dtype: model.dtype's")),
+])
+def test_a_config_json_model_is_built_in_the_files_dtype_unless_given(tmp_path, fields, given,
+                                                                      dtype, origin):
+    """Issue 49: a config.json saying bfloat16 ran in fp32 without a word (Llama-3.1-8B: 29.9
+    GiB, not 15.0). The file's dtype is used unless model.dtype is given, and said."""
+    from dcp_fsdp.config.validate import dtype_origin
+
+    path = _llama_json(tmp_path / "config.json", 1000)
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+    cfg = compose("save", [f"model.config={tmp_path}", *given, f"results_dir={tmp_path}"])
+    assert cfg.model.dtype.value == dtype
+    assert dtype_origin(cfg.model) == origin
+
+
+def test_a_config_json_dtype_the_tool_does_not_build_is_refused_naming_the_fix(tmp_path):
+    path = _llama_json(tmp_path / "config.json", 1000)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "torch_dtype": "float64"}))
+    with pytest.raises(UserError) as refused:
+        compose("save", [f"model.config={path}", f"results_dir={tmp_path}"])
+    assert str(refused.value) == (
+        f"model.config={path}: 'torch_dtype' is 'float64', which this tool does not build "
+        "(float32, bfloat16, float16 as bfloat16); give model.dtype=fp32 or model.dtype=bf16")
+
+
+def test_presets_keep_their_dtype():
+    from dcp_fsdp.config.validate import dtype_origin
+
+    for preset, dtype in (("llama3_8b", "bf16"), ("L7b", "fp32"), ("mlperf_llama3_8b", "bf16"),
+                          ("tiny_llama", "fp32")):
+        cfg = compose("save", [f"model={preset}"])
+        assert cfg.model.dtype.value == dtype and dtype_origin(cfg.model) == ("model.dtype", "")
+
+
+def test_plan_says_the_dtype_used_and_what_tied_embeddings_add(capsys, monkeypatch):
+    """Issue 49: `plan` names where the dtype came from, and that tied embeddings are saved
+    twice (DCP writes lm_head and the embedding apart: the state is more than parameters x
+    dtype by vocab x hidden x dtype)."""
+    from dcp_fsdp.cli import main
+    from dcp_fsdp.models.presets import PRESETS, tied_extra_bytes
+    from dcp_fsdp.plan import build
+
+    monkeypatch.setattr(build, "unpickle_cost", lambda blob: (0.0, len(blob)))
+    assert main(["plan", f"model.config={HF_CONFIGS / 'qwen3_tied.json'}", "--world-size=2",
+                 "storage=fs", "storage.path=/tmp/unused"]) == 0
+    out = capsys.readouterr().out
+    head, model, state = out.splitlines()[:3]
+    assert " bf16 (the config.json's torch_dtype bfloat16) model, 2 rank(s)" in head
+    extra = 4096 * 256 * 2  # vocab x hidden x bf16
+    assert model.endswith(f"of bf16 weights; tied embeddings: saved twice, +{extra / 2**20:.1f} "
+                          "MiB (in the state below)"), model
+    params = 2 * int(model.split(" parameters")[0].removeprefix("model: ").replace(",", ""))
+    assert state.startswith(f"state: {(params + extra) / 2**20:.1f} MiB in "), state
+    assert tied_extra_bytes(PRESETS["GPT-4B"], "bf16") == 5_552_558_080 - 5_295_242_240  # measured
+    assert tied_extra_bytes(PRESETS["llama3_8b"], "bf16") == 0
