@@ -12,7 +12,7 @@
 #   DURATION=30m sbatch --nodes 8 batch/waitbatch.sh
 #   scancel <jobid>                    # ends it cleanly
 #
-# Arguments go to `dcp-fsdp wait` (duration=1h30m, heartbeat=5m, duration_min=90).
+# Arguments go to `dcp-fsdp wait` (--duration 1h30m, --heartbeat 5m).
 # Settings (environment):
 #   DURATION   how long to hold, with a unit: 90s, 2m, 1h30m, 1.5h, forever   [2m]
 #   HEARTBEAT  interval of the "alive" log line, with a unit; 0 for none       [1m]
@@ -25,8 +25,8 @@ BATCH_DIR=${BATCH_DIR:-$(dirname "$(scontrol show job -o "${SLURM_JOB_ID:-0}" 2>
 source "$BATCH_DIR/common.sh"
 
 batch_init waitbatch
-settings=("duration=${DURATION:-2m}")
-[[ -n ${HEARTBEAT:-} ]] && settings+=("heartbeat=$HEARTBEAT")
+options=(--duration "${DURATION:-2m}")
+[[ -n ${HEARTBEAT:-} ]] && options+=(--heartbeat "$HEARTBEAT")
 rc=0
-run_per_node "$PYTHON" -m dcp_fsdp wait "${settings[@]}" "$@" || rc=$?
+run_per_node "$PYTHON" -m dcp_fsdp wait "${options[@]}" "$@" || rc=$?
 batch_finish "$rc"

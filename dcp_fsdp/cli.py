@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Callable
     from pathlib import Path
 
@@ -53,9 +54,8 @@ def under_torchrun() -> bool:
 def prepare(command: str, overrides: list[str]) -> BenchmarkConfig:
     """The validated config of one job, after every check that needs no rank: bad input
     fails here, before anything starts (for a sweep: before its first job starts)."""
+    from dcp_fsdp.config.arguments import STORAGE_ONLY_COMMANDS
     from dcp_fsdp.config.compose import compose
-
-    from dcp_fsdp.config.usage import STORAGE_ONLY_COMMANDS
 
     # `list` and `clean-uploads` take the same storage settings as a save; the command
     # value is unused.
@@ -71,19 +71,16 @@ def prepare(command: str, overrides: list[str]) -> BenchmarkConfig:
     return cfg
 
 
-def execute(command: str, cfg: BenchmarkConfig, min_age_s: float | None = None, check: bool = False) -> int:
-    if command == "list":  # check: its --check (main)
+def execute(args: argparse.Namespace, cfg: BenchmarkConfig) -> int:
+    if args.command == "list":
         from dcp_fsdp.launch.listing import list_checkpoints
 
-        return list_checkpoints(cfg, check)
-    if command == "clean-uploads":  # min_age_s: its --min-age-s / --force (main)
-        from dcp_fsdp.launch.listing import DEFAULT_MIN_AGE_S, clean_uploads
+        return list_checkpoints(cfg, args.check)
+    if args.command in ("clean-uploads", "delete"):  # the age an upload or suffix must have
+        from dcp_fsdp.launch.listing import clean_uploads, delete_checkpoint
 
-        return clean_uploads(cfg, DEFAULT_MIN_AGE_S if min_age_s is None else min_age_s)
-    if command == "delete":  # the same options: the age an incomplete suffix must have
-        from dcp_fsdp.launch.listing import DEFAULT_MIN_AGE_S, delete_checkpoint
-
-        return delete_checkpoint(cfg, DEFAULT_MIN_AGE_S if min_age_s is None else min_age_s)
+        remove = clean_uploads if args.command == "clean-uploads" else delete_checkpoint
+        return remove(cfg, args.min_age_s)
     if under_torchrun():
         import signal
 
@@ -223,25 +220,29 @@ def check_torchrun_rank(cfg: BenchmarkConfig) -> None:
     checks.check_staging_space(cfg, ranks_here, int(os.environ["WORLD_SIZE"]))
 
 
-def run_command(command: str, overrides: list[str], min_age_s: float | None = None,
-                check: bool = False) -> int:
-    from dcp_fsdp.contract import EXIT_INTERRUPTED
+def run_settings(args: argparse.Namespace) -> int:
+    """A command of settings (key=value, `--config FILE`, `-m` sweeps): one run or a sweep."""
+    from dcp_fsdp.config.compose import config_file_overrides, expand_sweeps, parse_error_line
     from dcp_fsdp.errors import UserError
 
+    overrides = [*config_file_overrides(args.config), *args.settings]
+    if args.command == "tune":  # a parent that launches trial runs (launch/tune.py)
+        if args.multirun:
+            raise UserError("-m: tune runs its own search over the connector settings; drop -m "
+                            "(and give the fixed settings, e.g. model=L7b nproc=8)")
+        from dcp_fsdp.launch.tune import tune
+
+        return tune(overrides, PROCESS_START_MONO)
+    if not args.multirun:
+        return execute(args, prepare(args.command, overrides))
     try:
-        if command == "tune":  # a parent that launches trial runs (launch/tune.py)
-            from dcp_fsdp.launch.tune import tune
-
-            return tune(overrides, PROCESS_START_MONO)
-        return execute(command, prepare(command, overrides), min_age_s, check)
-    except UserError as error:
-        return _fail(str(error))
-    except KeyboardInterrupt:
-        return _fail("interrupted", EXIT_INTERRUPTED)
+        jobs = expand_sweeps(overrides)
+    except Exception as error:  # Hydra's parser raises its own exception types
+        raise UserError(parse_error_line(overrides, error)) from None
+    return run_sweep(args, jobs)
 
 
-def run_sweep(command: str, jobs: list[list[str]], min_age_s: float | None = None,
-              check: bool = False) -> int:
+def run_sweep(args: argparse.Namespace, jobs: list[list[str]]) -> int:
     """Every job composed and checked first: a bad value in the last job fails before the
     first one runs."""
     from dcp_fsdp import log
@@ -251,19 +252,18 @@ def run_sweep(command: str, jobs: list[list[str]], min_age_s: float | None = Non
     configs = []
     for number, job in enumerate(jobs):
         try:
-            configs.append(prepare(command, job))
+            configs.append(prepare(args.command, job))
         except UserError as error:
             swept = [arg for arg in job if not all(arg in other for other in jobs)]
-            return _fail(f"multirun job {number + 1}/{len(jobs)} ({' '.join(swept)}): {error}")
+            raise UserError(f"multirun job {number + 1}/{len(jobs)} ({' '.join(swept)}): "
+                            f"{error}") from None
     worst = 0
     for number, (job, cfg) in enumerate(zip(jobs, configs)):
         log.info(f"multirun job {number + 1}/{len(jobs)}: {' '.join(job)}")
         try:
-            code = execute(command, cfg, min_age_s, check)
+            code = execute(args, cfg)
         except UserError as error:
             code = _fail(str(error))
-        except KeyboardInterrupt:
-            return _fail("interrupted", EXIT_INTERRUPTED)
         worst = worst or code
         if code == EXIT_INTERRUPTED:  # an interrupt ends the sweep, not just this job
             log.info(f"multirun: interrupted at job {number + 1}/{len(jobs)}; later jobs not run")
@@ -271,23 +271,13 @@ def run_sweep(command: str, jobs: list[list[str]], min_age_s: float | None = Non
     return worst
 
 
-def run_plan(args: list[str]) -> int:
-    """`dcp-fsdp plan`: no rank, no storage; its own keys beside a save's settings."""
-    from dcp_fsdp.config import usage as helptext
-    from dcp_fsdp.errors import UserError
-
-    if any(arg in ("-h", "--help") for arg in args):
-        print(helptext.plan_help())
-        return 0
+def run_plan(args: argparse.Namespace) -> int:
+    """`dcp-fsdp plan`: no rank, no storage; its options beside a save's settings."""
     own_dir = _own_torch_cache_dir()  # building the state's modules imports torch._dynamo
     try:
         from dcp_fsdp.plan.command import main as plan_main
 
         return plan_main(args)
-    except UserError as error:
-        return _fail(str(error))
-    except KeyboardInterrupt:
-        return _fail("interrupted", 130)
     finally:
         _drop_own_torch_cache_dir(own_dir)
 
@@ -352,87 +342,25 @@ def interrupted() -> int:
 
 
 def _command(argv: list[str] | None) -> int:
-    from dcp_fsdp.config import usage as helptext
+    """The command line parsed by the one parser (config/arguments.py), then the function its
+    command names run (imported only then)."""
+    import importlib
+
+    from dcp_fsdp.config.arguments import parse
     from dcp_fsdp.contract import CONFIG_ENV
+    from dcp_fsdp.errors import UserError
 
     if os.environ.get(CONFIG_ENV) and "RANK" in os.environ:
         launched_rank()  # a rank of the local launcher (launch/local.py)
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help", "help"):
-        print(helptext.usage())
-        return 0 if args else 2
-    if args[0] in ("-V", "--version"):
-        from dcp_fsdp import __version__
-
-        print(f"dcp-fsdp {__version__}")
-        return 0
-    command, rest = args[0], args[1:]
-    own = _own_parser_command(command, rest)
-    if own is not None:
-        return own
-    if command not in helptext.SETTINGS_COMMANDS:
-        import difflib
-
-        close = difflib.get_close_matches(command, list(helptext.COMMANDS), n=1)
-        hint = f"did you mean {close[0]}? " if close else ""
-        return _fail(f"unknown command '{command}'; {hint}choose one of "
-                     f"{', '.join(helptext.COMMANDS)} (dcp-fsdp --help)")
-    if any(arg in ("-h", "--help") for arg in rest):
-        print(helptext.command_help(command))
-        return 0
-    return _settings_command(command, rest)
-
-
-def _own_parser_command(command: str, rest: list[str]) -> int | None:
-    """Commands with their own arguments (no Hydra, no torch); None for the others."""
-    if command == "wait":  # see dcp_fsdp/wait.py
-        from dcp_fsdp.wait import main as wait_main
-        return wait_main(rest)
-    if command == "report":  # its own argparse (dcp-fsdp report --help)
-        from dcp_fsdp.analysis.report import main as report_main
-        return report_main(rest)
-    if command == "plan":  # DCP's plan for a world you do not have: dcp_fsdp/plan/
-        return run_plan(rest)
-    if command != "s3-server":
-        return None
-    from dcp_fsdp.errors import UserError  # a local S3 that outlives one run: launch/s3_server.py
-    from dcp_fsdp.launch.s3_server import main as s3_server_main
-
     try:
-        return s3_server_main(rest)
+        try:
+            args = parse(argv)
+        except SystemExit as printed:  # --help or --version
+            return int(printed.code or 0)
+        module, _, function = args.entry.partition(":")
+        return int(getattr(importlib.import_module(module), function)(args))
     except UserError as error:
         return _fail(str(error))
-    except KeyboardInterrupt:
-        return _fail("interrupted", 130)
-
-
-def _settings_command(command: str, rest: list[str]) -> int:
-    """A command of settings (key=value, `--config FILE`, `-m` sweeps): one run or a sweep."""
-    from dcp_fsdp.config.arguments import settings_line
-    from dcp_fsdp.config.compose import config_file_overrides, expand_sweeps, parse_error_line
-    from dcp_fsdp.errors import UserError
-
-    try:
-        line = settings_line(command, rest)
-        overrides = [*config_file_overrides(line.config_files), *line.settings]
-    except UserError as error:
-        return _fail(str(error))
-    multirun, min_age_s, check = line.multirun, line.min_age_s, line.check
-    if multirun and command == "tune":
-        return _fail("-m: tune runs its own search over the connector settings; drop -m "
-                     "(and give the fixed settings, e.g. model=L7b nproc=8)")
-    for arg in overrides:
-        if arg.startswith("-"):
-            name = arg.lstrip("-").split("=", 1)[0]
-            return _fail(f"'{arg}': settings are written key=value without dashes, e.g. "
-                         f"{name}=VALUE (dcp-fsdp {command} --help lists them)")
-    if not multirun:
-        return run_command(command, overrides, min_age_s, check)
-    try:
-        jobs = expand_sweeps(overrides)
-    except Exception as error:  # Hydra's parser raises its own exception types
-        return _fail(parse_error_line(overrides, error))
-    return run_sweep(command, jobs, min_age_s, check)
 
 
 if __name__ == "__main__":

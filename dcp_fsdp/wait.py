@@ -1,4 +1,4 @@
-"""`dcp-fsdp wait duration=2m`: hold a Slurm allocation (or a terminal) doing nothing.
+"""`dcp-fsdp wait --duration 2m`: hold a Slurm allocation (or a terminal) doing nothing.
 
 The keep-alive of `batch/waitbatch.sh`: it sleeps for the given duration using
 next to no CPU (one wake-up per heartbeat), prints a heartbeat line, and on
@@ -6,13 +6,13 @@ SIGTERM (scancel, the job's time limit) or SIGINT says so and exits 0 at once.
 It imports nothing heavy (no torch, no Hydra), so it starts in well under a second.
 
 The duration always carries its unit, so minutes and hours cannot be confused:
-`duration=90s`, `duration=2m`, `duration=1h30m`, `duration=1.5h`, `duration=2d`,
-or a unit in the name: `duration_s=90`, `duration_min=2`, `duration_h=1.5`.
-`duration=forever` waits until it is signalled.
+`--duration 90s`, `2m`, `1h30m`, `1.5h`, `2d`; `--duration forever` waits until it is
+signalled.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import re
@@ -23,31 +23,15 @@ import time
 from types import FrameType
 from typing import NoReturn, TextIO
 
-from dcp_fsdp import log
+from dcp_fsdp.errors import UserError
 
-DEFAULT_DURATION = "2m"
-DEFAULT_HEARTBEAT = "1m"
 MIN_HEARTBEAT_S = 1.0
 MAX_DURATION_S = 366 * 86400.0  # beyond a year: a typo, or `forever`
 _UNIT_SECONDS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
-# A unit in the name: duration_s=90, duration_min=2, duration_h=1.5 (and heartbeat_*).
-_NAMED_UNIT = re.compile(r"^(duration|heartbeat)_(s|sec|m|min|h|hr|d)$")
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(sec|min|hr|s|m|h|d)")
 
-USAGE = """usage: dcp-fsdp wait [duration=2m] [heartbeat=1m]
 
-Hold the allocation for `duration` with next to no CPU, print a heartbeat every
-`heartbeat`, exit 0 when the time is up or on SIGTERM/SIGINT (scancel).
-  duration   with a unit: 90s, 2m, 1h30m, 1.5h, 2d, or forever (until signalled);
-             or the unit in the name: duration_s=90, duration_min=2, duration_h=1.5
-  heartbeat  same units (default 1m); 0 turns heartbeats off"""
-
-
-class WaitUsageError(ValueError):
-    pass
-
-
-def parse_duration(text: str, setting: str = "duration") -> float:
+def parse_duration(text: str, option: str) -> float:
     """Seconds from '90s', '2m', '1h30m', '1.5h', '2d', 'forever' (math.inf). A unit is required."""
     value = text.strip().lower()
     if value in ("forever", "inf", "infinity"):
@@ -58,46 +42,24 @@ def parse_duration(text: str, setting: str = "duration") -> float:
     parts = _PART.findall(compact)
     if not parts or "".join(number + unit for number, unit in parts) != compact:
         if re.fullmatch(r"\d+(?:\.\d*)?", compact):
-            raise WaitUsageError(
-                f"{setting}={text}: give a unit, e.g. {setting}={compact}m (minutes), "
-                f"{compact}h (hours) or {compact}s (seconds), or {setting}_min={compact}")
-        raise WaitUsageError(f"{setting}={text}: not a duration; write e.g. 90s, 2m, 1h30m, 1.5h "
-                             "or forever")
+            raise UserError(f"{option}={text}: give a unit, e.g. {option}={compact}m "
+                            f"(minutes), {compact}h (hours) or {compact}s (seconds)")
+        raise UserError(f"{option}={text}: not a duration; write e.g. 90s, 2m, 1h30m, 1.5h "
+                        "or forever")
     return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
 
 
-def parse_args(args: list[str]) -> tuple[float, float]:
-    """(duration_s, heartbeat_s) from key=value arguments."""
-    found = {"duration": parse_duration(DEFAULT_DURATION),
-             "heartbeat": parse_duration(DEFAULT_HEARTBEAT)}
-    for arg in args:
-        key, equals, value = arg.partition("=")
-        key = key.lstrip("+")
-        if not equals or not value:
-            raise WaitUsageError(f"'{arg}': write settings as key=value, e.g. duration=2m")
-        named = _NAMED_UNIT.match(key)
-        if named:
-            name, unit = named.groups()
-            try:
-                number = float(value)
-            except ValueError:
-                raise WaitUsageError(f"{key}={value}: give a plain number, e.g. {key}=2 "
-                                     "(the unit is in the name)") from None
-            if number < 0 or not math.isfinite(number):
-                raise WaitUsageError(f"{key}={value}: must be 0 or more")
-            found[name] = number * _UNIT_SECONDS[unit]
-        elif key in found:
-            found[key] = parse_duration(value, key)
-        else:
-            raise WaitUsageError(f"{key}: unknown setting for wait; use duration=... and "
-                                 "heartbeat=... (dcp-fsdp wait --help)")
-    if 0 < found["heartbeat"] < MIN_HEARTBEAT_S:
-        raise WaitUsageError(f"heartbeat={found['heartbeat']:g}s: too often (a line per "
-                             f"heartbeat); give {MIN_HEARTBEAT_S:g}s or more, or 0 for none")
-    if math.isfinite(found["duration"]) and found["duration"] > MAX_DURATION_S:
-        raise WaitUsageError(f"duration={format_seconds(found['duration'])}: more than a year; "
-                             "use duration=forever to wait until signalled")
-    return found["duration"], found["heartbeat"]
+def durations(args: argparse.Namespace) -> tuple[float, float]:
+    """(duration_s, heartbeat_s) of `--duration` and `--heartbeat`."""
+    duration_s = parse_duration(args.duration, "--duration")
+    heartbeat_s = parse_duration(args.heartbeat, "--heartbeat")
+    if 0 < heartbeat_s < MIN_HEARTBEAT_S:
+        raise UserError(f"--heartbeat={args.heartbeat}: too often (a line per heartbeat); "
+                        f"give {MIN_HEARTBEAT_S:g}s or more, or 0 for none")
+    if math.isfinite(duration_s) and duration_s > MAX_DURATION_S:
+        raise UserError(f"--duration={args.duration}: more than a year; use --duration "
+                        "forever to wait until signalled")
+    return duration_s, heartbeat_s
 
 
 def format_seconds(seconds: float) -> str:
@@ -165,17 +127,5 @@ def wait(duration_s: float, heartbeat_s: float, out: TextIO | None = None) -> in
             signal.signal(sig, handler)
 
 
-def main(args: list[str]) -> int:
-    if any(arg in ("-h", "--help", "help") for arg in args):
-        print(USAGE)
-        return 0
-    try:
-        duration_s, heartbeat_s = parse_args(args)
-    except WaitUsageError as error:
-        log.error(str(error))
-        return 2
-    return wait(duration_s, heartbeat_s)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def main(args: argparse.Namespace) -> int:
+    return wait(*durations(args))

@@ -344,16 +344,16 @@ def cases(ctx):  # noqa: C901 - one long list of cases, on purpose
     bad("report --format xml", ["report", str(tmp), "--format", "xml"], "xml")
     bad("report --plot into a file", ["report", str(tmp), "--plot", str(ctx["a_file"])],
         "--plot")
-    bad("wait duration=abc", ["wait", "duration=abc"], "duration")
-    bad("wait duration=-1m", ["wait", "duration=-1m"], "duration")
-    bad("wait heartbeat=0.001s", ["wait", "heartbeat=0.001s"], "heartbeat")
+    bad("wait --duration abc", ["wait", "--duration", "abc"], "--duration")
+    bad("wait --duration=-1m", ["wait", "--duration=-1m"], "--duration")
+    bad("wait --heartbeat 0.001s", ["wait", "--heartbeat", "0.001s"], "--heartbeat")
     # -- s3-server ----------------------------------------------------------------------------
-    bad("s3-server bogus", ["s3-server", "bogus"], "s3-server bogus")
-    bad("s3-server start bucket=BAD_", ["s3-server", "start", "bucket=BAD_"], "bucket name",
+    bad("s3-server bogus", ["s3-server", "bogus"], "invalid choice: 'bogus'")
+    bad("s3-server start --bucket BAD_", ["s3-server", "start", "--bucket", "BAD_"], "bucket name",
         env={"XDG_RUNTIME_DIR": str(tmp)})
     bad("s3-server env when not running", ["s3-server", "env"], "not running",
         env={"XDG_RUNTIME_DIR": str(tmp)})
-    bad("s3-server stop extra=1", ["s3-server", "stop", "extra=1"], "unexpected")
+    bad("s3-server stop extra=1", ["s3-server", "stop", "extra=1"], "unrecognized arguments")
     # -- good cases ---------------------------------------------------------------------------
     good("--help", ["--help"])
     good("save --help", ["save", "--help"])

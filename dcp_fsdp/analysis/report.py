@@ -29,49 +29,12 @@ from dcp_fsdp.analysis.groups import build
 from dcp_fsdp.analysis.plots import plot
 from dcp_fsdp.analysis.render import DEFAULT_WIDTH, render, wide_csv
 from dcp_fsdp.analysis.sources import read_records, record_files
-from dcp_fsdp.config.arguments import CommandArguments
 from dcp_fsdp.errors import UserError
 
 if TYPE_CHECKING:
     from dcp_fsdp.analysis.costs import Prices
 
-RUN_DEFAULT_PATHS = ["results"]
-
 __all__ = ["build", "plot", "render", "wide_csv", "read_records", "record_files", "main"]
-
-
-def parser() -> argparse.ArgumentParser:
-    arguments = CommandArguments(
-        "report", help_flag=True,
-        description="Tables (and plots) over run records, grouped by node count, world size, "
-                    "model, operation, storage and every setting that differs between runs.")
-    arguments.add_argument("paths", nargs="*", default=RUN_DEFAULT_PATHS,
-                           help="record files (read whatever their name), directories "
-                                "(searched recursively) or globs; these two take *.jsonl "
-                                "(default: results)")
-    arguments.add_argument("--format", choices=("table", "md", "csv"), default="table",
-                           help="table: terminal; md: Markdown; csv: the wide group table")
-    arguments.add_argument("--columns", choices=("compact", "all"), default="compact",
-                           help="table: compact (fits the terminal width) or all columns")
-    arguments.add_argument("--wide", action="store_const", const="all", dest="columns",
-                           help="the same as --columns all")
-    arguments.add_argument("--csv", metavar="FILE", help="also write the wide group table as CSV")
-    arguments.add_argument("--plot", metavar="DIR", help="write PNG plots into DIR")
-    decide = arguments.add_argument_group(
-        "decisions", "how often to checkpoint, the training time it costs, and dollars, from "
-                     "the records' own figures (docs/decisions.md)")
-    decide.add_argument("--node-mtbf-hours", type=float, metavar="H",
-                        help="mean time between failures of one node, hours (e.g. 6000)")
-    decide.add_argument("--nodes", type=int, metavar="N",
-                        help="nodes of the training job (default: each run's node count)")
-    decide.add_argument("--interval-minutes", type=float, metavar="X",
-                        help="also price and cost a checkpoint every X minutes")
-    decide.add_argument("--keep", type=int, default=1, metavar="K",
-                        help="checkpoints kept in storage (default 1)")
-    decide.add_argument("--prices", metavar="FILE",
-                        help="prices YAML (default: S3 Standard us-east-1 list prices, "
-                             "conf/prices/s3-standard-us-east-1.yaml)")
-    return arguments
 
 
 def decision_problem(args: argparse.Namespace) -> tuple[str | None, Prices | None]:
@@ -125,10 +88,9 @@ def _in_dir(directory: Path, problem: str | None) -> str | None:
     return f"its directory {directory}: {problem}" if problem else None
 
 
-def checked_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, Any, list[Path]]:
-    """(arguments, prices, record files): every option checked and the files found before
-    any record is read; UserError (one line naming the option and the fix) otherwise."""
-    args = parser().parse_args(argv)
+def checked_arguments(args: argparse.Namespace) -> tuple[Any, list[Path]]:
+    """(prices, record files): every option checked and the files found before any record
+    is read; UserError (one line naming the option and the fix) otherwise."""
     problem = output_problem(args)
     if not problem:
         problem, prices = decision_problem(args)
@@ -140,17 +102,23 @@ def checked_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, Any, 
         raise UserError(f"report: {error}") from None
     if not files:
         raise UserError(f"report: no record files (*.jsonl) under {' '.join(args.paths)}")
-    return args, prices, files
+    return prices, files
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
+    """`dcp-fsdp report ARGV` in-process (the tests'): the CLI's one parser, then `run`."""
+    from dcp_fsdp.config.arguments import parse
+
     try:
-        args, prices, files = checked_arguments(argv)
-    except SystemExit as stop:  # --help
-        return int(stop.code or 0)
+        return run(parse(["report", *argv]))
     except UserError as error:  # one line, like every other bad input
         print(f"dcp-fsdp: error: {error}", file=sys.stderr)
         return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    """`dcp-fsdp report`, parsed (config/arguments.py)."""
+    prices, files = checked_arguments(args)
     runs, samples, warnings = read_records(files)
     if not runs:
         print("dcp-fsdp: error: report: no dcp-fsdp records among "

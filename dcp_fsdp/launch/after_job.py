@@ -171,8 +171,7 @@ def job_outcome(reports: list[dict], srun_ends: list[tuple[str, str]], step_exit
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = CommandArguments("after_job", help_flag=True,
-                              prog="python -m dcp_fsdp.launch.after_job")
+    parser = CommandArguments(prog="python -m dcp_fsdp.launch.after_job")
     parser.add_argument("--job-dir", required=True, type=Path)
     parser.add_argument("--step-exit", required=True, type=int)
     parser.add_argument("--signal", default=None)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from dcp_fsdp import log
 from dcp_fsdp.log import printable
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
-from dcp_fsdp.config.usage import CLEAN_UPLOADS_MIN_AGE_S as DEFAULT_MIN_AGE_S
+from dcp_fsdp.config.arguments import CLEAN_UPLOADS_MIN_AGE_S as DEFAULT_MIN_AGE_S
 from dcp_fsdp.config.validate import suffix_taken
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch.preflight import check_fs_root, needs_embedded_server

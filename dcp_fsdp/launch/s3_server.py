@@ -19,6 +19,7 @@ would go from under the run) unless `--force`.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import json
@@ -35,7 +36,6 @@ from types import FrameType
 from typing import NoReturn
 
 from dcp_fsdp import log
-from dcp_fsdp.config.arguments import CommandArguments
 from dcp_fsdp.process import lifeline
 from dcp_fsdp.errors import UserError
 
@@ -44,13 +44,6 @@ LOG_NAME = "server.log"
 START_TIMEOUT_S = 90.0  # SeaweedFS answers in ~1 s idle; a loaded 2-core machine is slower
 STOP_TIMEOUT_S = 30.0
 LOCK_WAIT_S = START_TIMEOUT_S + STOP_TIMEOUT_S + 30.0  # the longest start or stop, and some
-USAGE = ("usage: dcp-fsdp s3-server start|status|env|stop [bucket=NAME] [--force]\n"
-         "  start   start a local SeaweedFS S3 server that stays up across runs\n"
-         "  status  say whether it is up, and where\n"
-         "  env     print its settings as export lines: eval \"$(dcp-fsdp s3-server env)\"\n"
-         "  stop    stop it and delete its data (refused while a run uses it, unless --force)\n"
-         "state and data: $XDG_RUNTIME_DIR/dcp-fsdp-s3 (else ~/.cache/dcp-fsdp-s3)")
-
 
 # Unix socket paths are limited to 107 bytes; SeaweedFS puts its sockets in the server's
 # directory (dcp-fsdp-s3/dcp-fsdp-s3-XXXXXXXX/filer.sock): leave room for those names.
@@ -131,8 +124,7 @@ def runs_using(state: dict) -> list[tuple[int, str]]:
         except (OSError, IndexError, ValueError):
             continue
         text = " ".join(words)
-        if ("dcp_fsdp" not in text and "dcp-fsdp" not in text) or "s3-server" in words \
-                or "dcp_fsdp.launch.s3_server" in words:
+        if ("dcp_fsdp" not in text and "dcp-fsdp" not in text) or "s3-server" in words:
             continue
         if any(e.split(b"=", 1)[-1].decode(errors="replace").rstrip("/") == url for e in environ
                if e.startswith((b"AWS_ENDPOINT_URL=", b"AWS_ENDPOINT_URL_S3="))) \
@@ -201,9 +193,9 @@ def start(where: Path, bucket: str) -> int:
         raise _cannot_write(where, "start", error) from None
     env = {**os.environ, "TMPDIR": str(where)}  # SeaweedFS's sockets go here, not /tmp
     with open(where / LOG_NAME, "ab") as out:
-        daemon = subprocess.Popen([sys.executable, "-m", "dcp_fsdp.launch.s3_server", "serve",
-                                   str(where), bucket], env=env, stdout=out, stderr=out,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
+        daemon = subprocess.Popen([sys.executable, "-m", "dcp_fsdp", "s3-server", "serve",
+                                   "--bucket", bucket, str(where)], env=env, stdout=out,
+                                  stderr=out, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + START_TIMEOUT_S
     try:
         while (state := read_state(where) if (where / STATE_NAME).exists() else None) is None:
@@ -307,57 +299,23 @@ def serve(where: Path, bucket: str) -> int:
         server.stop()
 
 
-def _bucket(settings: list[str]) -> str:
-    """`start`'s bucket=NAME (the last one given), checked by the S3 bucket-name rules."""
-    bucket = "dcp-fsdp"
-    for setting in settings:
-        if not setting.startswith("bucket="):
-            raise UserError(f"s3-server start: unexpected '{setting}'; {USAGE.splitlines()[0]}")
-        bucket = setting.split("=", 1)[1]
-        from dcp_fsdp.config.validate import parse_s3_uri
-
-        try:
-            parse_s3_uri(f"s3://{bucket}")  # the same bucket-name rules
-        except UserError:
-            raise UserError(f"s3-server bucket={bucket}: not a valid S3 bucket name; use 3-63 "
-                            "lowercase letters, digits, dots and hyphens, e.g. bucket=ckpt"
-                            ) from None
-    return bucket
-
-
-def main(args: list[str]) -> int:
-    if not args or args[0] in ("-h", "--help", "help"):
-        print(USAGE)
-        return 0 if args else 2
-    arguments = CommandArguments("s3-server")
-    arguments.add_argument("action")
-    arguments.add_argument("settings", nargs="*")  # bucket=NAME (start)
-    arguments.add_argument("--force", action="store_true")  # stop
-    given = arguments.parse_args(args)
-    action = given.action
-    if action not in ("start", "status", "env", "stop"):
-        raise UserError(f"s3-server {action}: unknown action; {USAGE.splitlines()[0]}")
-    unexpected = [*(given.settings if action != "start" else []),
-                  *(["--force"] if given.force and action != "stop" else [])]
-    if unexpected:
-        raise UserError(f"s3-server {action}: unexpected '{unexpected[0]}'; {USAGE.splitlines()[0]}")
-    bucket = _bucket(given.settings)
+def main(args: argparse.Namespace) -> int:
+    """`dcp-fsdp s3-server ACTION` parsed (config/arguments.py): start, status, env, stop, or
+    the daemon's own `serve`."""
+    if args.action == "serve":
+        return serve(Path(args.state_dir), args.bucket)
     where = state_dir()
-    if action in ("start", "stop"):
-        with locked(where, action):
-            return start(where, bucket) if action == "start" else stop(where, given.force)
+    if args.action in ("start", "stop"):
+        with locked(where, args.action):
+            return start(where, args.bucket) if args.action == "start" else stop(where, args.force)
     state = read_state(where)  # status or env
     if state is None:
-        if action == "env":
+        if args.action == "env":
             raise UserError("s3-server: not running; start it: dcp-fsdp s3-server start")
         log.info("s3-server: not running (start it: dcp-fsdp s3-server start)")
         return 3
-    if action == "env":
+    if args.action == "env":
         print(exports(state))
     else:
         log.info(_describe(state))
     return 0
-
-
-if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "serve":
-    sys.exit(serve(Path(sys.argv[2]), sys.argv[3]))

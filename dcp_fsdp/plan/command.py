@@ -1,12 +1,13 @@
-"""`dcp-fsdp plan model=... state=... world_size=N ranks_per_node=K [record=PATH] [settings]`.
+"""`dcp-fsdp plan --world-size N [--ranks-per-node K] [--record PATH] [--exact] [settings]`.
 
 The settings of a save (model, state, storage, replicas, part size, prefix strategy, thread
-count) compose and validate as for `save`; `world_size`, `ranks_per_node` and `record` are
-the plan's own and are taken off first. Nothing starts: no rank, no storage request.
+count) compose and validate as for `save`; the options are the plan's own
+(config/arguments.py parses both). Nothing starts: no rank, no storage request.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,63 +21,32 @@ if TYPE_CHECKING:
     from dcp_fsdp.plan.build import GlobalPlan
     from dcp_fsdp.plan.state import StateTemplate
 
-PLAN_KEYS = ("world_size", "ranks_per_node", "record", "exact")
 # Above this many write items (world size x state values) the plan is built from a subset
-# of the layers (plan/sample.py) unless exact=true: ~0.3 M items take ~1 min and ~1 GB here.
+# of the layers (plan/sample.py) unless --exact: ~0.3 M items take ~1 min and ~1 GB here.
 EXACT_MAX_ITEMS = 300_000
 DEFAULT_RANKS_PER_NODE = 8  # a GPU node's usual count; capped at world_size
 
 
-def _whole(name: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise UserError(f"{name}={text}: give a whole number, 1 or more") from None
-    if value < 1:
-        raise UserError(f"{name}={value}: must be 1 or more")
-    return value
-
-
-def split_plan_args(args: list[str]) -> tuple[dict[str, str], list[str]]:
-    """(the plan's own key=value pairs, every other override)."""
-    own: dict[str, str] = {}
-    rest = []
-    for arg in args:
-        key, sep, value = arg.partition("=")
-        if sep and key in PLAN_KEYS:
-            own[key] = value
-        else:
-            rest.append(arg)
-    return own, rest
-
-
-def parse_request(args: list[str]) -> PlanRequest:
-    """The validated request, or UserError naming the setting and the fix."""
+def parse_request(args: argparse.Namespace) -> PlanRequest:
+    """The validated request of the parsed `plan` command line (config/arguments.py), or
+    UserError naming the option or setting and the fix."""
     from dcp_fsdp.config.compose import compose
     from dcp_fsdp.config.validate import check_replicas
     from dcp_fsdp.models.presets import model_shape
     from dcp_fsdp.models.tensor_parallel import check_tp
 
-    own, rest = split_plan_args(args)
-    if "world_size" not in own:
-        raise UserError("world_size: required; give the ranks of the world to plan, e.g. "
-                        "world_size=1024 ranks_per_node=8")
-    world_size = _whole("world_size", own["world_size"])
-    ranks_per_node = (_whole("ranks_per_node", own["ranks_per_node"]) if "ranks_per_node" in own
-                      else min(DEFAULT_RANKS_PER_NODE, world_size))
+    world_size = args.world_size
+    ranks_per_node = args.ranks_per_node or min(DEFAULT_RANKS_PER_NODE, world_size)
     if world_size % ranks_per_node:
-        raise UserError(f"world_size={world_size}: not a multiple of ranks_per_node="
-                        f"{ranks_per_node}; give whole nodes, e.g. world_size="
+        raise UserError(f"--world-size={world_size}: not a multiple of --ranks-per-node="
+                        f"{ranks_per_node}; give whole nodes, e.g. --world-size="
                         f"{ranks_per_node * -(-world_size // ranks_per_node)}")
-    cfg = compose("save", rest, named="plan")
+    cfg = compose("save", args.settings, named="plan")
     shape = model_shape(cfg.model)  # a preset with no shape, a bad config.json: one line, here
-    check_replicas(cfg.model.replicas, world_size, "world_size", cfg.model.tp)
-    check_tp(shape, cfg.model.tp, cfg.model.replicas, world_size, "world_size")
-    record = Path(own["record"]) if own.get("record") else None
-    exact = own.get("exact", "false").lower()
-    if exact not in ("true", "false"):
-        raise UserError(f"exact={own['exact']}: give true or false")
-    return PlanRequest(world_size, ranks_per_node, record, cfg, exact == "true")
+    check_replicas(cfg.model.replicas, world_size, "--world-size", cfg.model.tp)
+    check_tp(shape, cfg.model.tp, cfg.model.replicas, world_size, "--world-size")
+    record = Path(args.record) if args.record else None
+    return PlanRequest(world_size, ranks_per_node, record, cfg, args.exact)
 
 
 def rank_prefix_function(cfg: BenchmarkConfig, world_size: int) -> Callable[[int], str]:
@@ -122,7 +92,7 @@ def plan_world(request: PlanRequest, world_size: int,
                            cfg.model.tp)
 
 
-def main(args: list[str]) -> int:
+def main(args: argparse.Namespace) -> int:
     import time
 
     from dcp_fsdp.models.llama_model_config import MOE_LAYOUTS

@@ -186,13 +186,13 @@ def test_config_file_that_cannot_be_read(tmp_path):
 
 
 def test_config_file_settings_apply_and_command_line_wins(tmp_path):
-    from dcp_fsdp.config.arguments import settings_line
+    from dcp_fsdp.config.arguments import parse
     from dcp_fsdp.config.compose import compose, config_file_overrides
 
     config = tmp_path / "run.yaml"
     config.write_text("model: tiny_gpt2\niterations: 2\nstorage:\n  part_size_mib: 16\n")
-    line = settings_line("save", ["iterations=3", "--config", str(config)])
-    cfg = compose("save", [*config_file_overrides(line.config_files), *line.settings])
+    line = parse(["save", "iterations=3", "--config", str(config)])
+    cfg = compose("save", [*config_file_overrides(line.config), *line.settings])
     assert (cfg.model.preset, cfg.iterations, cfg.storage.part_size_mib) == ("tiny_gpt2", 3, 16)
 
 
@@ -315,10 +315,11 @@ def test_report_arguments(tmp_path, args, fragments):
 
 
 @pytest.mark.parametrize("args, fragments", [
-    (["heartbeat=0.001s"], ["heartbeat=0.001s: too often"]),
-    (["duration=99999d"], ["more than a year", "duration=forever"]),
-    (["duration=-1m"], ["duration=-1m: not a duration"]),
-    (["duration=5"], ["give a unit"]),
+    (["--heartbeat=0.001s"], ["--heartbeat=0.001s: too often"]),
+    (["--duration=99999d"], ["more than a year", "--duration forever"]),
+    (["--duration=-1m"], ["--duration=-1m: not a duration"]),
+    (["--duration=5"], ["give a unit"]),
+    (["duration=2m"], ["wait: unrecognized arguments: duration=2m", "wait --help"]),
 ])
 def test_wait_arguments(args, fragments):
     assert_refused(run_cli(["wait", *args]), *fragments, within_s=5)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dcp_fsdp.config.schema import CheckpointState, Dtype
+from dcp_fsdp.config.arguments import parse
 from dcp_fsdp.plan.command import parse_request, plan_world
 from dcp_fsdp.plan.state import state_template
 from tests.kit.cli import read_run, run_cli, s3_args, s3_env
@@ -35,7 +36,8 @@ def test_plan_matches_a_measured_save(tmp_path, nproc, thread_count, state):
     assert_ok(result)
     saved = tmp_path / "ckpt" / "s"
 
-    request = parse_request([*settings, f"world_size={nproc}", f"ranks_per_node={nproc}"])
+    request = parse_request(parse(["plan", *settings, f"--world-size={nproc}",
+                                  f"--ranks-per-node={nproc}"]))
     _, plan = plan_world(request, nproc)
 
     assert {o.name: o.size_bytes for o in plan.objects} == saved_files(saved)
@@ -51,8 +53,8 @@ def test_plan_matches_a_measured_save(tmp_path, nproc, thread_count, state):
 
 
 def assert_plan_command_projects_from_the_record(settings: list[str], results: Path) -> None:
-    result = run_cli(["plan", *settings, "world_size=8", "ranks_per_node=2",
-                      f"record={results}"], timeout_s=600)
+    result = run_cli(["plan", *settings, "--world-size=8", "--ranks-per-node=2",
+                      f"--record={results}"], timeout_s=600)
     assert_ok(result)
     out = result.stdout
     assert ".metadata:" in out and "memory per rank:" in out and "global planning" in out
@@ -75,7 +77,7 @@ def test_planned_requests_match_an_s3_save(s3, s3_uri, tmp_path):
 
     from dcp_fsdp.plan import requests as rq
 
-    request = parse_request([*settings, f"storage.uri={s3_uri}", "world_size=2"])
+    request = parse_request(parse(["plan", *settings, f"storage.uri={s3_uri}", "--world-size=2"]))
     _, plan = plan_world(request, 2)
     planned = rq.count_requests([o.size_bytes for o in plan.objects], plan.metadata_bytes, 2,
                                 5 << 20)
@@ -106,8 +108,8 @@ def test_planned_gets_match_an_s3_load(s3, s3_uri, tmp_path, nproc, tp, state):
     from dcp_fsdp.plan import requests as rq
     from dcp_fsdp.plan.render import plan_requests
 
-    request = parse_request([*settings, f"storage.uri={s3_uri}", f"world_size={nproc}",
-                             f"ranks_per_node={nproc}"])
+    request = parse_request(parse(["plan", *settings, f"storage.uri={s3_uri}",
+                                   f"--world-size={nproc}", f"--ranks-per-node={nproc}"]))
     _, plan = plan_world(request, nproc)
     assert plan.load_reads is not None
     part, gap = 8 << 20, 32 << 20  # the defaults: storage.part_size_mib, max_gap_size_mib
@@ -141,6 +143,6 @@ def test_plan_leaves_nothing_in_tmpdir(tmp_path):
     imported already, and it makes the directory only once."""
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    result = run_cli(["plan", "world_size=2"], env={"TMPDIR": str(tmpdir)})
+    result = run_cli(["plan", "--world-size=2"], env={"TMPDIR": str(tmpdir)})
     assert_ok(result)
     assert sorted(p.name for p in tmpdir.iterdir()) == []

@@ -93,7 +93,8 @@ def _serve_daemons(runtime: Path) -> list[int]:
             words = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"dcp_fsdp.launch.s3_server" in words and str(runtime).encode() in b" ".join(words):
+        if b"s3-server" in words and b"serve" in words \
+                and str(runtime).encode() in b" ".join(words):
             found.append(int(entry.name))
     return found
 

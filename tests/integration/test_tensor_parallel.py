@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from dcp_fsdp.config.arguments import parse
 from dcp_fsdp.plan.command import parse_request, plan_world
 from tests.kit.cli import read_run, run_cli
 
@@ -44,8 +45,8 @@ def test_tp2_dp2_save_loads_verified_at_tp1_dp2(tmp_path):
     assert run["model"]["state_bytes"] <= data < 1.01 * run["model"]["state_bytes"]
 
     # `plan` lays out the same save without a rank: the same objects, bytes and .metadata
-    request = parse_request(["model=tiny_llama", *store, "model.tp=2", "world_size=4",
-                             "ranks_per_node=4"])
+    request = parse_request(parse(["plan", "model=tiny_llama", *store, "model.tp=2",
+                                   "--world-size=4", "--ranks-per-node=4"]))
     _, plan = plan_world(request, 4)
     assert {o.name: o.size_bytes for o in plan.objects} == {
         p.name: p.stat().st_size for p in (tmp_path / "ck" / suffix).glob("*.distcp")}
@@ -120,10 +121,10 @@ def test_layouts_that_cannot_be_built_are_refused_before_any_rank(tmp_path, sett
 
 
 def test_plan_takes_model_tp():
-    planned = run_cli(["plan", "model.tp=2", "world_size=8"])
+    planned = run_cli(["plan", "model.tp=2", "--world-size=8"])
     assert planned.returncode == 0, planned.stderr
     assert "replicas 1, tp 2;" in planned.stdout and ".metadata:" in planned.stdout
     # a rank's memory counts the tensors TP leaves whole on each TP rank (not only what it writes)
     assert "held: every TP rank holds the tensors TP leaves whole" in planned.stdout
-    refused = run_cli(["plan", "model.tp=3", "world_size=8"])
-    assert "world_size=8 is not a multiple of 3" in refusal(refused)
+    refused = run_cli(["plan", "model.tp=3", "--world-size=8"])
+    assert "--world-size=8 is not a multiple of 3" in refusal(refused)

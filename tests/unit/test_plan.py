@@ -117,22 +117,30 @@ def test_projection_adds_the_coordinator_and_the_prefix_floor():
     assert bound.save_throttled and bound.save_s == pytest.approx(0.5 + 100 + 0.2 + 0.1)
 
 
-@pytest.mark.parametrize("args, words", [
-    (["world_size=12", "ranks_per_node=8"], "world_size=12: not a multiple of ranks_per_node=8"),
-    (["world_size=0"], "world_size=0: must be 1 or more"),
-    (["world_size=many"], "world_size=many: give a whole number"),
-    (["ranks_per_node=8"], "world_size: required"),
-    (["world_size=8", "model=L71b"], "model=L71b: unknown preset"),
-    (["world_size=6", "ranks_per_node=2", "model.replicas=4"], "model.replicas=4: world_size=6"),
-    # issue 49: it was refused naming `save`, the command plan composes as
-    (["world_size=8", "protocol=mlperf"], "protocol=mlperf: plan answers for one save and its "
-                                          "load, the same under either protocol"),
-])
-def test_bad_input_is_one_line(args, words):
+def plan_request(args: list[str]):
+    """`dcp-fsdp plan ARGS`'s request, parsed by the CLI's one parser."""
+    from dcp_fsdp.config.arguments import parse
     from dcp_fsdp.plan.command import parse_request
 
+    return parse_request(parse(["plan", *args]))
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--world-size=12", "--ranks-per-node=8"],
+     "--world-size=12: not a multiple of --ranks-per-node=8; give whole nodes, e.g. --world-size=16"),
+    (["--world-size=0"], "--world-size=0: must be 1 or more"),
+    (["--world-size=many"], "--world-size=many: give a whole number"),
+    (["--ranks-per-node=8"], "the following arguments are required: --world-size"),
+    (["--world-size=8", "model=L71b"], "model=L71b: unknown preset"),
+    (["--world-size=6", "--ranks-per-node=2", "model.replicas=4"],
+     "model.replicas=4: --world-size=6"),
+    # issue 49: it was refused naming `save`, the command plan composes as
+    (["--world-size=8", "protocol=mlperf"], "protocol=mlperf: plan answers for one save and its "
+                                            "load, the same under either protocol"),
+])
+def test_bad_input_is_one_line(args, words):
     with pytest.raises(UserError) as error:
-        parse_request(args)
+        plan_request(args)
     assert words in str(error.value)
     assert "\n" not in str(error.value)
 
@@ -140,9 +148,9 @@ def test_bad_input_is_one_line(args, words):
 def test_cli_refuses_bad_input_before_planning(capsys):
     from dcp_fsdp.cli import main
 
-    assert main(["plan", "model=tiny_llama", "world_size=10", "ranks_per_node=4"]) == 2
+    assert main(["plan", "model=tiny_llama", "--world-size", "10", "--ranks-per-node", "4"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "ranks_per_node=4" in err
+    assert len(err.splitlines()) == 1 and "--ranks-per-node=4" in err
 
 
 def test_template_bytes_are_the_models():
@@ -204,18 +212,18 @@ def test_plan_of_a_huge_vocabulary_plans_or_refuses_in_one_line(tmp_path, capsys
     process); 1e18, a tensor torch cannot size, is refused in one line naming the file,
     before anything is built (save-and-load gets the same line)."""
     from dcp_fsdp.cli import main
-    from dcp_fsdp.plan.command import parse_request, plan_world
+    from dcp_fsdp.plan.command import plan_world
 
     config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
               "vocab_size": vocab}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    args = [f"model.config={tmp_path}", "world_size=2"]
+    args = [f"model.config={tmp_path}", "--world-size=2"]
     if exit_code == 0:
         from dcp_fsdp.plan import build
 
         monkeypatch.setattr(build, "unpickle_cost", lambda blob: (0.0, 0))  # a child process
-        _, plan = plan_world(parse_request(args), 2)
+        _, plan = plan_world(plan_request(args), 2)
         embedding = vocab * 64 * 4  # embed_tokens and lm_head, half of each per rank
         assert embedding < plan.rank_bytes()[0] < embedding + (1 << 20)
         return
@@ -277,7 +285,7 @@ def test_a_tp_plans_memory_line_names_the_largest_rank(monkeypatch):
     """The plan prints the largest rank's holding (and the mean beside it), with the expert
     warning where dp exceeds the experts."""
     from dcp_fsdp.plan import build
-    from dcp_fsdp.plan.command import parse_request, plan_world
+    from dcp_fsdp.plan.command import plan_world
     from dcp_fsdp.plan.render import render_plan
 
     monkeypatch.setattr(build, "unpickle_cost", lambda blob: (0.0, 0))
@@ -289,7 +297,7 @@ def test_a_tp_plans_memory_line_names_the_largest_rank(monkeypatch):
 
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "config.json").write_text(json.dumps(config))
-        request = parse_request([f"model.config={folder}", "model.tp=2", "world_size=16"])
+        request = plan_request([f"model.config={folder}", "model.tp=2", "--world-size=16"])
         template, plan = plan_world(request, 16)
         text = render_plan(request, template, plan, 0.0)
     from dcp_fsdp.plan.state import held_bytes
