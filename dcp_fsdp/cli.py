@@ -283,40 +283,18 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Every command answers Ctrl-C with one line and exit 130, at any moment: its imports
-    (pandas, torch: seconds) included (the trial's case 109: a KeyboardInterrupt traceback)."""
-    sys.unraisablehook = _interrupt_lost_in_a_callback
+    """The entry point (`dcp-fsdp`, `python -m dcp_fsdp`): every command answers Ctrl-C with
+    one line and exit 130, at any moment: its imports (pandas, torch: seconds) included (the
+    trial's case 109: a KeyboardInterrupt traceback)."""
     try:
+        from dcp_fsdp.process.signals import own_the_unraisable_hook
+
+        own_the_unraisable_hook()
         return _command(argv)
     except KeyboardInterrupt:
         return interrupted()
     except BrokenPipeError:
         return _reader_gone()
-
-
-def _interrupt_lost_in_a_callback(unraisable: sys.UnraisableHookArgs) -> None:
-    """Ctrl-C that landed in a callback Python cannot raise from (an import lock's weakref
-    callback, during the imports: Python prints "Exception ignored in ... KeyboardInterrupt"
-    with a traceback and goes on): raised again as a signal, so that it ends the command with
-    its one line. Anything else is reported as Python would."""
-    if issubclass(unraisable.exc_type, KeyboardInterrupt):
-        try:
-            _interrupt_later()
-        except KeyboardInterrupt:  # another Ctrl-C, here: where it cannot go either
-            _interrupt_later()
-        return
-    sys.__unraisablehook__(unraisable)
-
-
-def _interrupt_later() -> None:
-    """SIGINT to this process from another thread, handled by the main thread once this hook
-    has returned: raised in the hook itself (raise_signal on the main thread), it could not
-    propagate and Python printed it with a traceback (the trial's Ctrl-C case, 0.75 s in)."""
-    import os
-    import signal
-    import threading
-
-    threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT), daemon=True).start()
 
 
 def _reader_gone() -> int:

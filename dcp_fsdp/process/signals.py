@@ -30,6 +30,43 @@ class PeerFailed(BaseException):
     """The launcher stopped this rank because another rank had failed."""
 
 
+_installed_guard: InterruptGuard | None = None  # the guard whose signals the hook drops
+
+
+def own_the_unraisable_hook() -> None:
+    """The process's one unraisable hook, `unraisable_hook` (cli.main installs it first thing; a
+    rank's guard again: a rank run in-process by a test starts there)."""
+    sys.unraisablehook = unraisable_hook
+
+
+def unraisable_hook(unraisable: sys.UnraisableHookArgs) -> None:
+    """An exception Python could not raise, printed as "Exception ignored in ..." with a
+    traceback and then lost:
+    - a signal's exception once the installed guard has noted the signal: dropped. It can
+      land in the connector's native code building an `S3Exception`, or a `__del__` (seen on
+      a Ctrl-C mid-tune); the run still ends `interrupted` (or the watcher ends it);
+    - any other Ctrl-C (an import lock's weakref callback, during the imports): raised again
+      as a signal, so that it ends the command with its one line;
+    - anything else: reported as Python would."""
+    noted = _installed_guard is not None and _installed_guard.signal_name is not None
+    if noted and isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated, PeerFailed)):
+        return
+    if issubclass(unraisable.exc_type, KeyboardInterrupt):
+        try:
+            _interrupt_later()
+        except KeyboardInterrupt:  # another Ctrl-C, here: where it cannot go either
+            _interrupt_later()
+        return
+    sys.__unraisablehook__(unraisable)
+
+
+def _interrupt_later() -> None:
+    """SIGINT to this process from another thread, handled by the main thread once the hook
+    has returned: raised in the hook itself (raise_signal on the main thread), it could not
+    propagate and Python printed it with a traceback (the trial's Ctrl-C case, 0.75 s in)."""
+    threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT), daemon=True).start()
+
+
 class InterruptGuard:
     """SIGINT / SIGTERM end the run as `interrupted`, whatever code they land in.
 
@@ -53,24 +90,11 @@ class InterruptGuard:
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(getattr(signal, contract.PEER_FAILED_SIGNAL_NAME), self._on_signal)
-        sys.unraisablehook = self._quiet_for_signals(sys.unraisablehook)
+        global _installed_guard
+        _installed_guard = self
+        own_the_unraisable_hook()
         if on_stuck is not None:
             self._watch_for_a_stuck_main_thread(on_stuck)
-
-    def _quiet_for_signals(self, default: Callable) -> Callable:
-        """The unraisable hook: a signal's exception that Python could not propagate is
-        dropped once this guard has noted the signal; anything else goes to `default`.
-
-        The handler's exception can land where Python cannot raise (the connector's native
-        code building an `S3Exception`, a `__del__`): Python would print it as "Exception
-        ignored in ..." with a traceback, seen on a Ctrl-C mid-tune. The signal is already in
-        `signal_name`, so the run still ends `interrupted` (or the watcher ends it)."""
-        def hook(unraisable: sys.UnraisableHookArgs) -> None:
-            if self.signal_name is not None and isinstance(
-                    unraisable.exc_value, (KeyboardInterrupt, Terminated, PeerFailed)):
-                return
-            default(unraisable)
-        return hook
 
     def _watch_for_a_stuck_main_thread(self, on_stuck: Callable[[str], None]) -> None:
         # A Python handler runs only between bytecodes of the main thread: a main thread

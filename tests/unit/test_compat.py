@@ -401,11 +401,10 @@ def module_assignments(source: str) -> list[str]:
 # The process's own state, each named: the environment it and its children read (torch's
 # inductor cache, tune's plan, the launcher's and the embedded server's variables, a store's
 # client settings, the request log's, nccl's, the raised allocator's), sys.argv of a forked
-# rank's entry, and the unraisable hook (issue 48: one owner of it is still to come).
+# rank's entry, and the unraisable hook (its one owner: process/signals.py).
 # tune_trials' `summary` is a local dict that shares its name with an imported function.
 KNOWN_MODULE_ASSIGNMENTS = {
-    "dcp_fsdp/cli.py": ["os.environ['TORCHINDUCTOR_CACHE_DIR'] =", "os.environ.pop(...)",
-                        "sys.unraisablehook ="],
+    "dcp_fsdp/cli.py": ["os.environ['TORCHINDUCTOR_CACHE_DIR'] =", "os.environ.pop(...)"],
     "dcp_fsdp/launch/forked_rank.py": ["sys.argv ="],
     "dcp_fsdp/launch/tune.py": ["os.environ.update(...)", "os.environ[contract.TUNE_ENV] =",
                                 "os.environ.pop(...)"],

@@ -55,10 +55,10 @@ def test_ctrl_c_lost_in_an_import_locks_callback_still_ends_the_command(capsys):
     path (one line, 130) takes it, and nothing is printed."""
     import time
 
-    from dcp_fsdp.cli import _interrupt_lost_in_a_callback
+    from dcp_fsdp.process.signals import unraisable_hook
 
     with pytest.raises(KeyboardInterrupt):
-        _interrupt_lost_in_a_callback(_unraisable(KeyboardInterrupt()))
+        unraisable_hook(_unraisable(KeyboardInterrupt()))
         time.sleep(5)  # the signal's handler runs here, in the main thread
     assert capsys.readouterr().err == ""
 
@@ -67,7 +67,7 @@ def test_other_unraisable_errors_are_reported_as_python_does(monkeypatch, capsys
     import gc
     import sys
 
-    from dcp_fsdp.cli import _interrupt_lost_in_a_callback
+    from dcp_fsdp.process.signals import unraisable_hook
 
     class Broken:
         def __del__(self) -> None:
@@ -79,5 +79,31 @@ def test_other_unraisable_errors_are_reported_as_python_does(monkeypatch, capsys
     gc.collect()
     monkeypatch.undo()
     (unraisable,) = caught
-    _interrupt_lost_in_a_callback(unraisable)
+    unraisable_hook(unraisable)
     assert "ValueError: in a __del__" in capsys.readouterr().err
+
+
+def test_the_unraisable_hook_has_one_owner(monkeypatch, capsys):
+    """Issue 48 item 4: cli.main and a rank's guard each replaced sys.unraisablehook (the guard
+    wrapping whatever it found). Both now install process/signals.py's one hook, which drops a
+    signal's exception once the guard has noted the signal."""
+    import signal
+    import sys
+
+    from dcp_fsdp.process import signals
+
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)
+    monkeypatch.setattr(signals, "_installed_guard", None)
+    assert cli.main(["--version"]) == 0
+    assert sys.unraisablehook is signals.unraisable_hook
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    guard = signals.InterruptGuard()
+    try:
+        guard.install()
+        assert sys.unraisablehook is signals.unraisable_hook  # the same hook, not a wrapper
+        guard.signal_name = "SIGTERM"
+        signals.unraisable_hook(_unraisable(signals.Terminated()))  # noted: dropped, no SIGINT
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert capsys.readouterr().err == ""
