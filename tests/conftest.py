@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dcp_fsdp.contract import CONFIG_ENV
+from dcp_fsdp.contract import CONFIG_ENV, FORK_RANKS_TEST_ONLY_ENV
 from dcp_fsdp.launch.embedded_s3 import EmbeddedS3, S3Endpoint
 from tests.kit.cli import SCRUBBED_ENV
 
@@ -33,6 +33,13 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # clean_env's copy as before.
 for _name in (*SCRUBBED_ENV, "S3_TORCH_CONNECTOR_DEBUG_LOGS", CONFIG_ENV):
     os.environ.pop(_name, None)
+
+# The suite's launches fork their ranks from the agent (launch/forked_rank.py): ~5 CPU s less
+# per rank, which CI's 15 minutes need (docs/measurements/2026-11-27-ci-cost.md). The product
+# never sets it: measured runs exec their ranks. Tests of the exec start unset it
+# (tests/integration/test_rank_start.py); `DCP_FSDP_TEST_ONLY_FORK_RANKS=0 pytest ...` runs
+# the whole suite on exec'd ranks.
+os.environ.setdefault(FORK_RANKS_TEST_ONLY_ENV, "1")
 
 # Marked by directory (markers registered in pyproject.toml): `pytest -m unit` is the fast set.
 _DIRECTORY_MARKS = {"unit": "unit", "integration": "integration", "gpu": "gpu"}

@@ -17,3 +17,16 @@ def stager_note(renewed: Iterable[object]) -> str | None:
     a pandas column may hold numpy booleans)."""
     marked = any(bool(value) for value in renewed if value is not None and value == value)
     return STAGER_RENEWED if marked else None
+
+
+def fork_note(rank_starts: Iterable[object]) -> str | None:
+    """The caution when any run's ranks were forked from the agent (the run line's
+    `rank_start`: the test suite's switch, never a measured run's): a forked rank shares its
+    agent's imported pages, so its timings are not those of the process a user runs. Such
+    runs are never pooled with exec'd ones (groups.RUN_ATTRIBUTES splits them)."""
+    forked = sum(start == "fork" for start in rank_starts)
+    if not forked:
+        return None
+    return (f"{forked} run(s) with forked ranks (rank_start=fork: the test suite's "
+            "DCP_FSDP_TEST_ONLY_FORK_RANKS=1, not the process a user runs): their timings are "
+            "not a user's; they are never pooled with exec'd runs (column rank_start)")

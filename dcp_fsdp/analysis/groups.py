@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from dcp_fsdp.analysis.caveats import stager_note
+from dcp_fsdp.analysis.caveats import fork_note, stager_note
 from dcp_fsdp.analysis.clients import client_notes, fill_missing_client, with_client_ratio
 from dcp_fsdp.analysis.completeness import incomplete_runs
 from dcp_fsdp.telemetry import time_split
@@ -81,6 +81,9 @@ RUN_ATTRIBUTES = {
     "torch": lambda run: (run.get("versions") or {}).get("torch"),
     "connector": lambda run: (run.get("versions") or {}).get("s3torchconnector"),
     "process_group": lambda run: run.get("backend"),
+    # exec'd ranks (as users run them) or forked from the agent (the test suite's switch):
+    # a forked rank's timings are not a user's, never pooled with an exec'd one's
+    "rank_start": lambda run: run.get("rank_start"),
 
     "device": _device,
 }
@@ -249,6 +252,8 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
                               "samples": empty, "operations": empty, "splits": []}
     not_ok = run_rows[run_rows["status"] != "ok"]
     result["not_ok"] = not_ok
+    if note := fork_note(run.get("rank_start") for run in runs if run.get("run_id") in ok_ids):
+        result["notes"].append(note)
     if not ok_samples:
         return result
     frame, ops = _with_settings(samples_frame(ok_samples), run_rows, group_keys, varying)

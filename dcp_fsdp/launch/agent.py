@@ -3,13 +3,14 @@ this process, so the ranks are its children exactly as on a cluster.
 
 `python -m dcp_fsdp.launch.agent TORCHRUN-ARGS` is what `dcp-fsdp COMMAND nproc=N` starts,
 and what each node's task of the Slurm batch scripts runs (batch/node_task.sh).
-It differs from plain `torchrun` in two ways. It forks the ranks of `-m dcp_fsdp` from this
-process, which has imported what a rank imports (launch/forked_rank.py), where torchrun
-execs each. And torchrun ends a failed or interrupted run with a Python traceback
-(ChildFailedError / SignalException); here the outcome goes, as JSON, to the file named
-by DCP_FSDP_AGENT_SUMMARY (per-rank exit codes, signals and the messages the ranks left in
-their TORCHELASTIC_ERROR_FILE), and the light parent prints the one line. DCP_FSDP_DEBUG=1
-keeps torchrun's own log lines.
+It execs each rank as torchrun does (a benchmark measures the process its users run). It
+differs from plain `torchrun` in one way: torchrun ends a failed or interrupted run with a
+Python traceback (ChildFailedError / SignalException); here the outcome goes, as JSON, to
+the file named by DCP_FSDP_AGENT_SUMMARY (per-rank exit codes, signals and the messages the
+ranks left in their TORCHELASTIC_ERROR_FILE), and the light parent prints the one line.
+DCP_FSDP_DEBUG=1 keeps torchrun's own log lines. Only for the test suite
+(DCP_FSDP_TEST_ONLY_FORK_RANKS=1) it forks the ranks of `-m dcp_fsdp` from this process,
+which has then imported what a rank imports (launch/forked_rank.py).
 """
 
 import os
@@ -23,7 +24,7 @@ from typing import Any, NoReturn
 # runs `-m`, then has a source file. torch's c10d rendezvous names each of its events with
 # inspect.stack(), twice per event, and for a frame of a frozen module (`<frozen runpy>`, two
 # under every `-m`) inspect searches every imported module for its file: with the ~2,700
-# modules the agent holds for its forked ranks, 16 % of the agent's samples, ~0.3 CPU s a launch
+# modules the agent holds for forked ranks (the test suite's), 16 % of its samples, ~0.3 CPU s a launch
 # (docs/measurements/2026-11-27-ci-cost.md, 2026-11-28 third session).
 PYTHON_FLAGS = ("-X", "frozen_modules=off")
 
@@ -65,7 +66,8 @@ def main(argv: list[str]) -> int:
     code = 0
     try:
         args = parse_args(argv)
-        if forked_rank.forkable(args):  # `-m dcp_fsdp`: forked ranks, the imports done once
+        # The test suite's switch and `-m dcp_fsdp`: forked ranks, the imports done once
+        if forked_rank.requested() and forked_rank.forkable(args):
             with paused_for_imports():  # on again before any rank is forked
                 forked_rank.fork_instead(args)
         run(args)

@@ -214,6 +214,17 @@ def check_environment(cfg: BenchmarkConfig) -> None:
     if contract.CONFIG_ENV in os.environ:
         raise UserError(f"{contract.CONFIG_ENV} is set: it is for ranks that dcp-fsdp starts "
                         f"itself; unset {contract.CONFIG_ENV}")
+    _check_fork_switch()
+
+
+def _check_fork_switch() -> None:
+    """The test suite's switch (contract.FORK_RANKS_TEST_ONLY_ENV): "1" forks the ranks, unset
+    or "0" execs them; any other value would be read as exec while its setter meant fork."""
+    name = contract.FORK_RANKS_TEST_ONLY_ENV
+    value = os.environ.get(name)
+    if value not in (None, "", "0", "1"):
+        raise UserError(f"{name}={value!r}: a test-only switch, 1 (forked ranks) or 0; "
+                        f"unset {name} to measure ranks as users run them")
 
 
 def _check_glibc_allocator() -> None:

@@ -1,13 +1,16 @@
-"""Ranks forked from the agent instead of exec'd: the imports done once per node, not once
-per rank.
+"""Ranks forked from the agent instead of exec'd, for the test suite only: the imports done
+once per node, not once per rank.
 
 torchrun starts `-m dcp_fsdp` by exec: each rank a fresh interpreter that imports torch,
 DCP and the package again before its first figure (about 5.6 CPU s a rank on a 2-core VM,
-docs/measurements/2026-11-27-ci-cost.md). Our agent (`python -m dcp_fsdp.launch.agent`)
-imports them once and has torchrun fork the ranks through its own public entry for that,
-`--run-path SCRIPT` with `--start-method fork`; SCRIPT is this file. A fork keeps what an
-exec would have reset, so the child first becomes the process `python -u -m dcp_fsdp` would
-have been (`become_rank`), then runs the module exactly as `-m` does (runpy).
+docs/measurements/2026-11-27-ci-cost.md). So does our agent for every measured run: a
+benchmark measures the process its users run. Only where the test suite asks
+(contract.FORK_RANKS_TEST_ONLY_ENV=1, tests/conftest.py; the product never sets it) our agent
+(`python -m dcp_fsdp.launch.agent`) imports them once and has torchrun fork the ranks through
+its own public entry for that, `--run-path SCRIPT` with `--start-method fork`; SCRIPT is this
+file. A fork keeps what an exec would have reset, so the child first becomes the process
+`python -u -m dcp_fsdp` would have been (`become_rank`), then runs the module exactly as `-m`
+does (runpy). The run line's `rank_start` says `fork` (lifeline.rank_start).
 
 What a fork keeps, and what is done about it:
 - the parent-death signal is cleared by fork: set again first thing;
@@ -63,6 +66,13 @@ def forkable(args: argparse.Namespace) -> bool:
     one start this file knows how to fork."""
     return (bool(args.module) and not args.no_python and not args.run_path
             and args.training_script == MODULE)
+
+
+def requested() -> bool:
+    """Whether the test suite asked for forked ranks (contract.FORK_RANKS_TEST_ONLY_ENV=1);
+    any other value (none, "0") is the exec start of every measured run (a value that is
+    neither is refused before any rank: launch/checks.py)."""
+    return os.environ.get(contract.FORK_RANKS_TEST_ONLY_ENV) == "1"
 
 
 def fork_instead(args: argparse.Namespace) -> bool:

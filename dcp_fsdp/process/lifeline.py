@@ -26,6 +26,8 @@ from typing import NoReturn
 
 import psutil
 
+from dcp_fsdp import contract
+
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 # `-p<pid>-h<host>-`: a pid means nothing on another host, and a shared TMPDIR (NFS or
@@ -210,6 +212,12 @@ def return_on_success() -> None:
     agent waiting. The child still ends with os._exit (multiprocessing's), after it."""
     global _success_returns
     _success_returns = True
+
+
+def rank_start() -> str:
+    """How this rank's process started, for the run line (contract.RANK_START_*): forked from
+    the agent (the test suite's switch: the ranks that return on success) or exec'd."""
+    return contract.RANK_START_FORK if _success_returns else contract.RANK_START_EXEC
 
 
 def end_process(exit_code: int) -> NoReturn:

@@ -251,6 +251,7 @@ class RankSession:
         run.slurm = records.slurm_environment()
         off, _ = contract.harness_off(os.environ.get(contract.HARNESS_OFF_ENV))
         run.harness_off = sorted(off) or None
+        run.rank_start = lifeline.rank_start()
         from dcp_fsdp.telemetry.results_dir import write_record  # falls back if it fails
 
         return write_record(self.cfg.results_dir, run, samples)

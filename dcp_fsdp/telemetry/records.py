@@ -265,6 +265,10 @@ class RunRecord:
     tune: dict[str, Any] | None = None
     # benchmark-only: instrumentation pieces left out of the timed path (contract.HARNESS_OFF_ENV)
     harness_off: list[str] | None = None
+    # How the recording rank's process started (from 2026-11-29): "exec" (a fresh interpreter,
+    # as torchrun and every measured run start it) or "fork" (from our agent, the test suite's
+    # contract.FORK_RANKS_TEST_ONLY_ENV); null: an older record, or one the launcher wrote
+    rank_start: str | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict[str, Any]:

@@ -143,6 +143,8 @@ def test_the_device_count_of_this_machine_matches_torch():
     ({"AWS_MAX_ATTEMPTS": "0"}, [], "AWS_MAX_ATTEMPTS='0': must be a positive whole number"),
     ({"AWS_RETRY_MODE": "bogus"}, [], "AWS_RETRY_MODE='bogus': botocore takes legacy, standard, "
                                       "adaptive"),
+    ({"DCP_FSDP_TEST_ONLY_FORK_RANKS": "yes"}, [],
+     "DCP_FSDP_TEST_ONLY_FORK_RANKS='yes': a test-only switch, 1 (forked ranks) or 0; unset"),
 ])
 def test_environment_variables_we_read(monkeypatch, env, overrides, message):
     for name, value in env.items():

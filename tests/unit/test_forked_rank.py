@@ -1,7 +1,8 @@
-"""Ranks forked from the agent (launch/forked_rank.py): which starts are forked, how torchrun's
-arguments are rewritten, how a forked rank ends and is known by its siblings. The forked
-start itself runs in every integration test that launches ranks (tests/kit/cli.rank_of
-finds them by name)."""
+"""Ranks forked from the agent (launch/forked_rank.py): only where the test suite asks, which
+starts are forked, how torchrun's arguments are rewritten, how a forked rank ends and is known
+by its siblings. The forked start itself runs in every integration test that launches ranks
+(tests/conftest.py sets the switch; tests/kit/cli.rank_of finds them by name); the exec start
+in tests/integration/test_rank_start.py."""
 
 from __future__ import annotations
 
@@ -18,6 +19,44 @@ from dcp_fsdp.launch import forked_rank
 from dcp_fsdp.process import lifeline, peers
 
 AGENT_ARGS = ["--standalone", "--nproc-per-node=2", "--max-restarts=0"]
+
+
+@pytest.mark.parametrize("switch, forked", [(None, False), ("0", False), ("", False),
+                                            ("1", True)])
+def test_the_agent_forks_only_where_the_test_suite_asks(monkeypatch, switch, forked):
+    """Measured runs exec their ranks as torchrun does: the agent rewrites torchrun's
+    arguments for a fork only under the test suite's switch; the ranks then record how
+    they started (lifeline.rank_start)."""
+    import signal
+
+    import torch.distributed.run as torchrun
+
+    from dcp_fsdp.launch import agent
+
+    started: list[Any] = []
+    monkeypatch.setattr(torchrun, "run", started.append)  # the agent's torchrun, not started
+    monkeypatch.setattr(forked_rank, "fork_instead", lambda args: started.append("fork"))
+    monkeypatch.setattr(forked_rank, "quiet_agent_logs", lambda: None)
+    monkeypatch.setattr(lifeline, "die_with_parent", lambda signum: None)
+    monkeypatch.delenv(contract.AGENT_SUMMARY_ENV, raising=False)
+    if switch is None:
+        monkeypatch.delenv(contract.FORK_RANKS_TEST_ONLY_ENV, raising=False)
+    else:
+        monkeypatch.setenv(contract.FORK_RANKS_TEST_ONLY_ENV, switch)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert agent.main([*AGENT_ARGS, "-m", "dcp_fsdp"]) == 0
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    assert ("fork" in started) is forked and len(started) == 1 + forked
+
+
+def test_a_rank_records_how_it_started(monkeypatch):
+    monkeypatch.setattr(lifeline, "_success_returns", False)
+    assert lifeline.rank_start() == contract.RANK_START_EXEC == "exec"
+    lifeline.return_on_success()  # what a forked rank does first (become_rank)
+    assert lifeline.rank_start() == contract.RANK_START_FORK == "fork"
 
 
 @pytest.mark.parametrize("argv, forked", [

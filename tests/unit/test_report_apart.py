@@ -248,3 +248,25 @@ def test_a_run_whose_nodes_clocks_disagree_is_named_and_one_node_is_not(tmp_path
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     result, _ = build(tmp_path)
     assert not [note for note in result["notes"] if "wall clocks" in note]
+
+
+# -- ranks forked (the test suite's switch) or exec'd (issue 47, item 4) --------------------
+
+@pytest.mark.parametrize("starts, apart", [(("exec", "fork"), True), (("exec", "exec"), False),
+                                           (("exec", None), False)])
+def test_forked_runs_are_never_pooled_with_execd_ones_and_are_named(tmp_path, starts, apart):
+    """Two runs of the same work, one whose ranks were exec'd and one whose ranks were forked
+    from the agent (run line rank_start): two rows per operation and a caution line, never
+    one pooled row. An older record (no rank_start) splits nothing."""
+    for number, start in enumerate(starts):
+        variant(tmp_path, f"r{number}", run={"rank_start": start})
+    result, _ = build(tmp_path)
+    saves = result["throughput"][result["throughput"]["op"] == "save"]
+    assert ("rank_start" in result["varying"]) is apart
+    assert len(saves) == (2 if apart else 1)
+    if apart:
+        assert sorted(saves["rank_start"]) == ["exec", "fork"]
+    forked = [note for note in result["notes"] if "rank_start=fork" in note]
+    assert len(forked) == (1 if "fork" in starts else 0)
+    if forked:
+        assert forked[0].startswith("1 run(s) with forked ranks")
