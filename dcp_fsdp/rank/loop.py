@@ -234,10 +234,10 @@ class CheckpointLoop:
         if op == "load" and suffix in self._screened_sha256:  # a checkpoint not this run's
             expect_metadata(run.storage_io, self._screened_sha256[suffix])
         if not pickled:  # (a client built here would not be the one that uploads)
-            store.warm_up(run.storage_io)
+            events = store.warm_up(run.storage_io)
             if self.request_log is not None:  # storage.client=fsspec|msc: botocore's hooks
-                for events in store.client_events(run.storage_io):
-                    self.request_log.hook_client(events)
+                for emitter in events:
+                    self.request_log.hook_client(emitter)
         # fs: the load reads the file system, not the page cache its save left (untimed)
         run.cache_policy = drop_cache_on_node(store, suffix, self.ctx) if op == "load" else None
         if saver is not None:

@@ -129,7 +129,7 @@ class RankSession:
         from dcp_fsdp.storage import layout, make_store
 
         store = self.store = make_store(self.cfg.storage)
-        os.environ.update(getattr(store, "connector_environment", dict)())
+        os.environ.update(store.environment())
 
         def preflight() -> None:
             if os.environ.get(contract.PREFLIGHT_DONE_ENV) != "1":

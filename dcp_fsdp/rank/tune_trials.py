@@ -186,7 +186,7 @@ class TuneTrials:
         ceiling = role == "ceiling"  # the recommendation's efficiency trial (_lead)
         cfg = trial_config(session.cfg, settings, ceiling, CEILING_ROUNDS if ceiling else 1)
         store = make_store(cfg.storage)
-        os.environ.update(getattr(store, "connector_environment", dict)())
+        os.environ.update(store.environment())
         run = dataclasses.replace(self.base_run, config=records.config_for_record(cfg),
                                   started_at=records.utc_now(),
                                   tune={"trial": self.count, "role": role, "settings": settings})

@@ -133,13 +133,14 @@ class CheckpointStore(Protocol):
     def reader(self, suffix: str, timeline: HookTimeline | None = None) -> Any:
         """A DCP StorageReader for checkpoint `suffix`; with a timeline, timed likewise."""
 
-    def warm_up(self, storage_io: Any) -> None:
-        """Build any client the writer/reader would build lazily, outside the timed region."""
+    def warm_up(self, storage_io: Any) -> list[Any]:
+        """Build any client the writer/reader would build lazily, outside the timed region;
+        the botocore event emitters of that client, where the request statistics hook in
+        (storage.client=fsspec|msc); [] where the requests are known otherwise (the
+        connector's log) or there are none (fs)."""
 
-    def client_events(self, storage_io: Any) -> list[Any]:
-        """The botocore event emitters of the client under `storage_io` (after warm_up),
-        where the request statistics hook in (storage.client=fsspec|msc); [] where the
-        requests are known otherwise (the connector's log) or there are none (fs)."""
+    def environment(self) -> dict[str, str]:
+        """Variables a rank sets before it builds a writer or reader (storage/s3_clients.py)."""
 
     def close(self) -> None:
         """At the end of the process: remove what the store made in it (MSC's profile)."""

@@ -69,12 +69,12 @@ class FsStore:
 
         return TimedFileSystemWriter(self.location(suffix), timeline=timeline, **kwargs)
 
-    def warm_up(self, storage_io: StorageWriter | StorageReader) -> None:
-        """Nothing to set up for a file system."""
-
-    def client_events(self, storage_io: StorageWriter | StorageReader) -> list[Any]:
-        """No S3 client, no request statistics."""
+    def warm_up(self, storage_io: StorageWriter | StorageReader) -> list[Any]:
+        """Nothing to set up for a file system; no S3 client, no request statistics."""
         return []
+
+    def environment(self) -> dict[str, str]:
+        return {}
 
     def close(self) -> None:
         """Nothing of this process's to remove."""

@@ -1,31 +1,23 @@
-"""The S3 store: s3torchconnector's DCP writer and reader (data plane), over one
-resolved target, with boto3 for the control plane (`s3_control.py`).
-
-The connector's native (CRT) client takes no endpoint argument: it reads
-AWS_ENDPOINT_URL. `connector_environment()` says what the rank must set before it
-builds a writer or reader; this module never writes the environment itself.
-"""
+"""The S3 store: the writer and reader of one DCP client (`s3_clients.py`, by storage.client)
+over one resolved target, and boto3 for the control plane (`s3_control.py`). It never writes
+the environment: `environment()` says what a rank sets before building a writer or reader."""
 
 from __future__ import annotations
 
 import datetime
-
+import functools
 import os
 import secrets
-import shutil
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dcp_fsdp.units import MIB
-from dcp_fsdp.compat import round_robin_prefix_strategy
-from dcp_fsdp.config.schema import PrefixStrategy, ReaderKind, StorageClient, StorageConfig
+from dcp_fsdp.config.schema import StorageConfig
 from dcp_fsdp.storage.layout import (CLAIM_CONDITIONAL, CLAIM_NAME, CLAIM_NOT_ATOMIC,
                                      CheckpointInfo, SuffixClaim, check_suffix)
 from dcp_fsdp.storage.raw import S3RawArea, s3_ceiling_prefix
 from dcp_fsdp.storage.s3_control import S3ControlPlane
-from dcp_fsdp.storage.s3_clients import FsspecClient, MscClient, client_versions
+from dcp_fsdp.storage.s3_clients import (ConnectorClient, FsspecClient, MscClient, S3Client,
+                                         connector_config, prefix_strategy)
 from dcp_fsdp.storage.s3_target import S3Target, resolve_endpoint, resolve_region
-from dcp_fsdp.storage.base import host_state_kwargs, read_ahead_kwargs
 from dcp_fsdp.storage.timeline import HookTimeline
 
 if TYPE_CHECKING:
@@ -35,23 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = ["S3Store", "S3Target", "prefix_strategy", "resolve_endpoint", "resolve_region"]
 
-
-def prefix_strategy(storage: StorageConfig, world_size: int | None = None) -> Any:
-    """The connector's prefix strategy of storage.prefix_strategy: called with a rank, the
-    start of that rank's object names (`<prefix><n>.distcp`). Without storage.prefix_count,
-    binary and hex spread over the world size, which the connector reads from the process
-    group; `world_size` gives it where there is none (`dcp-fsdp plan`)."""
-    from s3torchconnector import dcp as s3dcp
-
-    strategy = storage.prefix_strategy
-    if strategy == PrefixStrategy.default:
-        return s3dcp.DefaultPrefixStrategy()
-    if strategy == PrefixStrategy.round_robin:
-        return round_robin_prefix_strategy(storage.round_robin_prefixes)
-    count = storage.prefix_count or world_size
-    if strategy == PrefixStrategy.binary:
-        return s3dcp.BinaryPrefixStrategy(prefix_count=count)
-    return s3dcp.HexPrefixStrategy(prefix_count=count)
+# storage.client's value -> its client (s3_clients.py): a new client is a class and a line here
+CLIENTS: dict[str, type[S3Client]] = {client.name: client
+                                      for client in (ConnectorClient, FsspecClient, MscClient)}
 
 
 class S3Store:
@@ -62,141 +40,43 @@ class S3Store:
         self.target = S3Target.from_config(storage)
         self.control = S3ControlPlane(self.target, storage.connect_timeout_s,
                                       storage.connect_timeout_s if after_failure else None)
-        # kept as attributes: tests and the run record read them
-        self.uri, self.bucket, self.prefix = self.target.uri, self.target.bucket, self.target.prefix
-        self.region, self.endpoint = self.target.region, self.target.endpoint
-        self.force_path_style = self.target.force_path_style
-        # storage.client=fsspec|msc: their writer and reader (s3_clients.py); None: the connector's
-        self.other_client: FsspecClient | MscClient | None = (
-            FsspecClient(self.target, storage) if storage.client == StorageClient.fsspec else
-            MscClient(self.target, storage) if storage.client == StorageClient.msc else None)
-        self.own_dir: Path | None = None  # msc: where its profile file lives (close() removes it)
+        self.client = CLIENTS[storage.client](self.target, storage)
 
-    def connector_environment(self) -> dict[str, str]:
-        """Variables the client must see (set them before building a writer/reader): the CRT
-        client's endpoint; MSC's profile file, written now into a directory of this process."""
+    def environment(self) -> dict[str, str]:
+        """Variables the client must see (set them before building a writer/reader)."""
         found = {"AWS_ENDPOINT_URL": self.config.endpoint} if self.config.endpoint else {}
-        if isinstance(self.other_client, MscClient):
-            from dcp_fsdp.process.lifeline import owned_tempdir
-
-            if self.own_dir is None:
-                self.own_dir = owned_tempdir("dcp-fsdp-msc-")
-            found.update(self.other_client.write_profile(self.own_dir))
-        return found
+        return {**found, **self.client.environment()}
 
     def close(self) -> None:
-        """What this process made for the store (MSC's profile file) goes."""
-        if self.own_dir is not None:
-            shutil.rmtree(self.own_dir, ignore_errors=True)
-            self.own_dir = None
+        self.client.close()
 
     # -- locations -------------------------------------------------------------------
     def location(self, suffix: str) -> str:
-        return f"{self.uri}/{suffix}"
+        return f"{self.target.uri}/{suffix}"
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "s3", "uri": self.uri, "bucket": self.bucket, "region": self.region,
-                "endpoint": self.endpoint, "force_path_style": self.force_path_style,
-                "client": self.config.client.value,
-                "client_versions": client_versions(self.config.client)}
+        from dcp_fsdp.compat import installed_version
 
-    # -- DCP writer / reader -----------------------------------------------------------
-    def _client_config(self) -> Any:
-        from s3torchconnector import S3ClientConfig
+        target = self.target
+        return {"kind": "s3", "uri": target.uri, "bucket": target.bucket, "region": target.region,
+                "endpoint": target.endpoint, "force_path_style": target.force_path_style,
+                "client": self.client.name, **self.client.retry(),
+                "client_versions": {name: installed_version(name) for name in self.client.packages}}
 
-        return S3ClientConfig(
-            throughput_target_gbps=self.config.throughput_target_gbps,
-            part_size=self.config.part_size_mib * MIB,
-            force_path_style=self.force_path_style,
-            max_attempts=self.config.max_attempts,
-        )
-
+    # -- DCP writer / reader: the client's -----------------------------------------------
     def writer(self, suffix: str, timeline: HookTimeline | None = None,
                host_state: bool = False) -> StorageWriter:
-        if self.other_client is not None:
-            return self.other_client.writer(suffix, timeline, host_state)
-        from s3torchconnector.dcp import S3StorageWriter
+        return self.client.writer(suffix, timeline, host_state)
 
-        writer_class: type = S3StorageWriter
-        extra: dict[str, Any] = {}
-        if timeline is not None:
-            from dcp_fsdp.storage.timed_s3 import TimedS3StorageWriter
+    def reader(self, suffix: str, timeline: HookTimeline | None = None) -> StorageReader:
+        return self.client.reader(suffix, timeline)
 
-            writer_class, extra = TimedS3StorageWriter, {"timeline": timeline}
-        return writer_class(
-            **extra, region=self.region, path=self.location(suffix), s3client_config=self._client_config(),
-            prefix_strategy=prefix_strategy(self.config), thread_count=self.config.thread_count,
-            overwrite=False, **host_state_kwargs(host_state),
-        )
-
-    def warm_up(self, storage_io: StorageWriter | StorageReader) -> None:
-        """Build the connector's native (CRT) client now, outside the timed region.
-
-        s3torchconnector creates it lazily on the first request; the first
-        save of a process otherwise pays ~1 s of client set-up (credential chain,
-        event loop, thread pools) inside the timer. Connections are not opened here:
-        those are part of the I/O a checkpoint really pays.
-        """
-        if self.other_client is not None:
-            self.other_client.warm_up(storage_io)
-            return
-        from dcp_fsdp import log
-        from dcp_fsdp.compat import build_native_client
-        from dcp_fsdp.storage.timed_fs import client_file_system
-
-        build_native_client(client_file_system(storage_io), log.warning)  # once when it cannot
-
-    def client_events(self, storage_io: StorageWriter | StorageReader) -> list[Any]:
-        """The botocore event emitters of the client under `storage_io` (built: warm_up),
-        where the request statistics hook in; [] for the connector (its own log says them)."""
-        return [] if self.other_client is None else self.other_client.warm_up(storage_io)
+    def warm_up(self, storage_io: StorageWriter | StorageReader) -> list[Any]:
+        return self.client.warm_up(storage_io)
 
     def drop_cache(self, suffix: str, share: tuple[int, int] = (0, 1)) -> None:
         """No local cache between a load and S3 (every read is a GET)."""
         return None
-
-    def reader(self, suffix: str, timeline: HookTimeline | None = None) -> StorageReader:
-        if self.other_client is not None:
-            return self.other_client.reader(suffix, timeline)
-        from s3torchconnector.dcp import S3StorageReader
-
-        kwargs = dict(region=self.region, path=self.location(suffix),
-                      s3client_config=self._client_config())
-        if self.config.read_ahead:  # the tool's reader: a ranged GET per range group
-            from s3torchconnector import S3ReaderConstructor
-
-            from dcp_fsdp.storage.timed_s3 import TimedReadAheadS3StorageReader, TimedReaderConstructor
-
-            timeline = timeline or HookTimeline()
-            return TimedReadAheadS3StorageReader(
-                timeline=timeline, **kwargs, **read_ahead_kwargs(self.config),
-                reader_constructor=TimedReaderConstructor(S3ReaderConstructor.range_based(),
-                                                          timeline.storage_clock))
-        if timeline is None:
-            return S3StorageReader(**kwargs, reader_constructor=self._reader_constructor())
-        from dcp_fsdp.storage.timed_s3 import TimedS3StorageReader
-
-        return TimedS3StorageReader(timeline=timeline, **kwargs,
-                                    reader_constructor=self._reader_constructor(timeline))
-
-    def _reader_constructor(self, timeline: HookTimeline | None = None) -> Any:
-        """The connector's reader constructor of `storage.reader`; with a timeline, its
-        chunk iterator clocked (storage/timed_s3.py)."""
-        from s3torchconnector import S3ReaderConstructor
-
-        max_gap_size = int(self.config.max_gap_size_mib * MIB)
-        if timeline is not None:
-            from dcp_fsdp.storage.timed_s3 import TimedDcpOptimizedConstructor, TimedReaderConstructor
-
-            if self.config.reader == ReaderKind.dcp_optimized:
-                return TimedDcpOptimizedConstructor(timeline.storage_clock, max_gap_size)
-            return TimedReaderConstructor(self._reader_constructor(), timeline.storage_clock)
-        if self.config.reader == ReaderKind.dcp_optimized:
-            return S3ReaderConstructor.dcp_optimized(max_gap_size=max_gap_size)
-        return {
-            ReaderKind.sequential: S3ReaderConstructor.sequential,
-            ReaderKind.range_based: S3ReaderConstructor.range_based,
-        }[self.config.reader]()
 
     # -- control plane (boto3), see s3_control.py ---------------------------------------
     def preflight(self, writes: bool = True) -> None:
@@ -242,11 +122,11 @@ class S3Store:
         return prefix_strategy(self.config)(rank)
 
     def raw_area(self, token: str) -> S3RawArea:
-        return S3RawArea(self.bucket, s3_ceiling_prefix(self.prefix, token), self.region,
-                         self._client_config)
+        return S3RawArea(self.target.bucket, s3_ceiling_prefix(self.target.prefix, token), self.target.region,
+                         functools.partial(connector_config, self.target, self.config))
 
     def clean_raw_area(self, token: str) -> int:
-        prefix = s3_ceiling_prefix(self.prefix, token) + "/"
+        prefix = s3_ceiling_prefix(self.target.prefix, token) + "/"
         aborted = self.control.abort_uploads_under(prefix)
         self.control.delete_prefix(prefix)
         return aborted

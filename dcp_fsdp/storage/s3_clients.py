@@ -1,53 +1,194 @@
-"""The DCP clients other than the connector that put a checkpoint on S3 (`storage.client=`;
-docs/clients.md): torch's own `FsspecWriter` / `FsspecReader` over s3fs, and NVIDIA
-multi-storage-client's `MultiStorageFileSystemWriter` / `Reader`. The S3 store
-(`s3.py`) builds its writer and reader here for them, for the same target: the same
-bucket, prefix, endpoint and region; credentials come from the standard AWS chain in every
-client and are never written anywhere (MSC's profile file holds no key).
-
-Pitfalls each builder applies a fix for (field notes, "Other clients"):
-- fsspec: torch's `sync_files=True` calls a host-wide `os.sync()` after every file (an s3fs
-  file has no fileno): off unless `storage.fsspec_sync_files=true`. The endpoint and keys
-  go to the writer's constructor; no `checkpoint_id=` is ever passed to dcp.save/load
-  (torch's `reset(checkpoint_id)` would rebuild the file system without them).
-- msc: its profiles come from a file (`MSC_CONFIG`): `msc_environment()` writes one,
-  holding the bucket, endpoint, region and the client's settings, and nothing secret.
-"""
+"""The DCP clients that put checkpoints on S3 (`storage.client=`, docs/clients.md): one class
+each behind one contract, `S3Client`, named in `s3.CLIENTS` (a new client: a class and a line
+there). The S3 store holds one and never asks which. Every client reaches the same target;
+credentials come from the standard AWS chain and are never written anywhere. Each client's
+pitfalls and their fixes: docs/clients.md."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from dcp_fsdp.units import MIB
-from dcp_fsdp.config.schema import StorageClient, StorageConfig
-from dcp_fsdp.storage.s3_target import S3Target
+from dcp_fsdp.compat import round_robin_prefix_strategy
+from dcp_fsdp.config.schema import PrefixStrategy, ReaderKind, StorageClient, StorageConfig
+from dcp_fsdp.config.validate import CLIENT_ONLY
 from dcp_fsdp.storage.base import host_state_kwargs, read_ahead_kwargs
+from dcp_fsdp.storage.s3_target import S3Target, botocore_retry
 from dcp_fsdp.storage.timeline import HookTimeline
-
-MSC_PROFILE = "dcp-fsdp"  # the profile msc_environment() writes
-MSC_CONFIG_ENV = "MSC_CONFIG"
-VERSIONED = {StorageClient.s3torchconnector: ("s3torchconnector", "s3torchconnectorclient"),
-             StorageClient.fsspec: ("s3fs", "aiobotocore", "botocore", "fsspec"),
-             StorageClient.msc: ("multi-storage-client", "boto3", "botocore")}
+from dcp_fsdp.units import MIB
 
 
-def client_versions(client: StorageClient) -> dict[str, str]:
-    """The versions of what carries this client's bytes (the record's `storage.client_versions`)."""
-    from dcp_fsdp.compat import installed_version
+class S3Client(Protocol):
+    """What every client implements; the defaults are those of a client with no files of its
+    own and no retry settings (botocore's, from AWS_RETRY_MODE / AWS_MAX_ATTEMPTS)."""
 
-    return {name: installed_version(name) for name in VERSIONED[client]}
-
-
-class FsspecClient:
-    """torch's fsspec path: s3fs under FsspecWriter / FsspecReader."""
+    name: str  # storage.client's value: the record's storage.client
+    packages: tuple[str, ...]  # what carries its bytes: the record's storage.client_versions
+    settings: frozenset[str]  # the storage.* settings it alone reads (refused for the others)
+    target: S3Target
+    config: StorageConfig
 
     def __init__(self, target: S3Target, config: StorageConfig) -> None:
         self.target, self.config = target, config
 
     def location(self, suffix: str) -> str:
         return f"{self.target.uri}/{suffix}"
+
+    def environment(self) -> dict[str, str]:
+        """Variables a rank sets before it builds a writer or reader."""
+        return {}
+
+    def close(self) -> None:
+        """At the end of the process: remove what environment() made."""
+
+    def retry(self) -> dict[str, Any]:
+        """The retry mode and most attempts of its data requests (the record's storage block)."""
+        return botocore_retry()
+
+    # DCP's StorageWriter / Reader and the warm-up, as base.CheckpointStore says them
+    def writer(self, suffix: str, timeline: HookTimeline | None, host_state: bool = False) -> Any: ...
+
+    def reader(self, suffix: str, timeline: HookTimeline | None) -> Any: ...
+
+    def warm_up(self, storage_io: Any) -> list[Any]: ...
+
+
+def _built(plain: type, timed: type, timeline: HookTimeline | None, *args: Any, **kwargs: Any) -> Any:
+    """A `plain` writer or reader, or with a timeline the `timed` subclass, recording there."""
+    return plain(*args, **kwargs) if timeline is None else timed(*args, timeline=timeline, **kwargs)
+
+
+def prefix_strategy(storage: StorageConfig, world_size: int | None = None) -> Any:
+    """The connector's prefix strategy of storage.prefix_strategy: called with a rank, the
+    start of that rank's object names (`<prefix><n>.distcp`). Without storage.prefix_count,
+    binary and hex spread over the world size, which the connector reads from the process
+    group; `world_size` gives it where there is none (`dcp-fsdp plan`)."""
+    from s3torchconnector import dcp as s3dcp
+
+    strategy = storage.prefix_strategy
+    if strategy == PrefixStrategy.default:
+        return s3dcp.DefaultPrefixStrategy()
+    if strategy == PrefixStrategy.round_robin:
+        return round_robin_prefix_strategy(storage.round_robin_prefixes)
+    count = storage.prefix_count or world_size
+    if strategy == PrefixStrategy.binary:
+        return s3dcp.BinaryPrefixStrategy(prefix_count=count)
+    return s3dcp.HexPrefixStrategy(prefix_count=count)
+
+
+def connector_config(target: S3Target, config: StorageConfig) -> Any:
+    """The connector's S3ClientConfig (also the raw ceiling's client: raw.py)."""
+    from s3torchconnector import S3ClientConfig
+
+    return S3ClientConfig(throughput_target_gbps=config.throughput_target_gbps,
+                          part_size=config.part_size_mib * MIB,
+                          force_path_style=target.force_path_style,
+                          max_attempts=config.max_attempts)
+
+
+class ConnectorClient(S3Client):
+    name = StorageClient.s3torchconnector.value
+    packages: tuple[str, ...] = ("s3torchconnector", "s3torchconnectorclient")
+    settings = CLIENT_ONLY[StorageClient.s3torchconnector]
+
+    def retry(self) -> dict[str, Any]:
+        # the CRT's standard retry strategy: AWS_RETRY_MODE and AWS_MAX_ATTEMPTS never reach it
+        return {"retry_mode": "crt_standard", "max_attempts": self.config.max_attempts}
+
+    def _common(self, suffix: str) -> dict[str, Any]:
+        return {"region": self.target.region, "path": self.location(suffix),
+                "s3client_config": connector_config(self.target, self.config)}
+
+    def writer(self, suffix: str, timeline: HookTimeline | None, host_state: bool = False) -> Any:
+        from s3torchconnector.dcp import S3StorageWriter
+
+        from dcp_fsdp.storage.timed_s3 import TimedS3StorageWriter
+
+        return _built(S3StorageWriter, TimedS3StorageWriter, timeline, **self._common(suffix),
+                      prefix_strategy=prefix_strategy(self.config), thread_count=self.config.thread_count,
+                      overwrite=False, **host_state_kwargs(host_state))
+
+    def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
+        from s3torchconnector.dcp import S3StorageReader
+
+        if self.config.read_ahead:  # the tool's reader: a ranged GET per range group
+            from s3torchconnector import S3ReaderConstructor
+
+            from dcp_fsdp.storage.timed_s3 import TimedReadAheadS3StorageReader, TimedReaderConstructor
+
+            timeline = timeline or HookTimeline()
+            return TimedReadAheadS3StorageReader(
+                timeline=timeline, **self._common(suffix), **read_ahead_kwargs(self.config),
+                reader_constructor=TimedReaderConstructor(S3ReaderConstructor.range_based(),
+                                                          timeline.storage_clock))
+        if timeline is None:
+            return S3StorageReader(**self._common(suffix), reader_constructor=self._reader_constructor())
+        from dcp_fsdp.storage.timed_s3 import TimedS3StorageReader
+
+        return TimedS3StorageReader(timeline=timeline, **self._common(suffix),
+                                    reader_constructor=self._reader_constructor(timeline))
+
+    def _reader_constructor(self, timeline: HookTimeline | None = None) -> Any:
+        """The connector's reader constructor of `storage.reader`; with a timeline, its
+        chunk iterator clocked (storage/timed_s3.py)."""
+        from s3torchconnector import S3ReaderConstructor
+
+        max_gap_size = int(self.config.max_gap_size_mib * MIB)
+        if timeline is not None:
+            from dcp_fsdp.storage.timed_s3 import TimedDcpOptimizedConstructor, TimedReaderConstructor
+
+            if self.config.reader == ReaderKind.dcp_optimized:
+                return TimedDcpOptimizedConstructor(timeline.storage_clock, max_gap_size)
+            return TimedReaderConstructor(self._reader_constructor(), timeline.storage_clock)
+        if self.config.reader == ReaderKind.dcp_optimized:
+            return S3ReaderConstructor.dcp_optimized(max_gap_size=max_gap_size)
+        return {
+            ReaderKind.sequential: S3ReaderConstructor.sequential,
+            ReaderKind.range_based: S3ReaderConstructor.range_based,
+        }[self.config.reader]()
+
+    def warm_up(self, storage_io: Any) -> list[Any]:
+        """The native (CRT) client built now, outside the timed region: the connector builds
+        it on the first request, and the first save of a process would pay ~1 s of set-up
+        (credential chain, event loop, thread pools) inside the timer. No connection is
+        opened: those are part of the I/O a checkpoint pays. No botocore events: the
+        connector's own log says its requests."""
+        from dcp_fsdp import log
+        from dcp_fsdp.compat import build_native_client
+        from dcp_fsdp.storage.timed_fs import client_file_system
+
+        build_native_client(client_file_system(storage_io), log.warning)  # once when it cannot
+        return []
+
+
+_KEY = "dcp_fsdp_object"  # where a request's object waits in botocore's request context
+
+
+def _note_object(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+    context[_KEY] = f"s3://{params.get('Bucket', '')}/{params.get('Key', '')}"
+
+
+def _name_object(parsed: dict[str, Any], context: dict[str, Any], model: Any, **_: Any) -> None:
+    """An error answer's message names S3's code, the request and its object: s3fs raises the
+    message alone ("[Errno 22] Bad Request", issue 49), and a rank's error reaches the
+    coordinator pickled, without the botocore error behind it."""
+    error = parsed.get("Error") if isinstance(parsed, dict) else None
+    if isinstance(error, dict) and error.get("Code") and context.get(_KEY):
+        error["Message"] = (f"{error.get('Message') or 'no message'} (S3 {error['Code']}, "
+                            f"{getattr(model, 'name', 'request')} {context[_KEY]})")
+
+
+def name_failed_objects(events: Any) -> None:
+    events.register("before-parameter-build.s3", _note_object, unique_id="dcp-fsdp-note-object")
+    events.register("after-call.s3", _name_object, unique_id="dcp-fsdp-name-object")
+
+
+class FsspecClient(S3Client):
+    name = StorageClient.fsspec.value
+    packages: tuple[str, ...] = ("s3fs", "aiobotocore", "botocore", "fsspec")
+    settings = CLIENT_ONLY[StorageClient.fsspec]
 
     def storage_options(self) -> dict[str, Any]:
         """s3fs's constructor arguments (torch passes them through `url_to_fs`)."""
@@ -64,13 +205,10 @@ class FsspecClient:
     def writer(self, suffix: str, timeline: HookTimeline | None, host_state: bool = False) -> Any:
         import dcp_fsdp.storage.timed_clients as timed_clients
 
-        writer_class: type = timed_clients.FsspecWriter
-        extra: dict[str, Any] = {}
-        if timeline is not None:
-            writer_class, extra = timed_clients.TimedFsspecWriter, {"timeline": timeline}
-        return writer_class(self.location(suffix), sync_files=self.config.fsspec_sync_files,
-                            thread_count=self.config.thread_count, overwrite=False, **extra,
-                            **host_state_kwargs(host_state), **self.storage_options())
+        return _built(timed_clients.FsspecWriter, timed_clients.TimedFsspecWriter, timeline,
+                      self.location(suffix), sync_files=self.config.fsspec_sync_files,
+                      thread_count=self.config.thread_count, overwrite=False,
+                      **host_state_kwargs(host_state), **self.storage_options())
 
     def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
         import dcp_fsdp.storage.timed_clients as timed_clients
@@ -79,32 +217,43 @@ class FsspecClient:
             return timed_clients.TimedReadAheadFsspecReader(
                 self.location(suffix), timeline=timeline or HookTimeline(),
                 **read_ahead_kwargs(self.config), **self.storage_options())
-        if timeline is None:
-            return timed_clients.FsspecReader(self.location(suffix), **self.storage_options())
-        return timed_clients.TimedFsspecReader(self.location(suffix), timeline=timeline,
-                                               **self.storage_options())
+        return _built(timed_clients.FsspecReader, timed_clients.TimedFsspecReader, timeline,
+                      self.location(suffix), **self.storage_options())
 
-    @staticmethod
-    def warm_up(storage_io: Any) -> list[Any]:
-        """s3fs's aiobotocore client built now (s3fs builds it on the first request); its
-        event emitter, for the request statistics."""
+    def warm_up(self, storage_io: Any) -> list[Any]:
+        """s3fs's aiobotocore client built now (s3fs builds it on the first request), its
+        errors made to name their object; its event emitter, for the request statistics."""
         from dcp_fsdp.storage.timed_fs import client_file_system
 
         torch_filesystem: Any = client_file_system(storage_io)  # torch's fsspec FileSystem
         s3fs_filesystem = torch_filesystem.fs
         s3fs_filesystem.connect()
-        return [s3fs_filesystem.s3.meta.events]
+        events = s3fs_filesystem.s3.meta.events
+        name_failed_objects(events)
+        return [events]
 
 
-class MscClient:
-    """NVIDIA multi-storage-client: paths msc://<profile>/<prefix>/<suffix>."""
+MSC_PROFILE = "dcp-fsdp"  # the profile environment() writes
+MSC_CONFIG_ENV = "MSC_CONFIG"
+
+
+class MscClient(S3Client):
+    name = StorageClient.msc.value
+    packages: tuple[str, ...] = ("multi-storage-client", "boto3", "botocore")
+    settings = CLIENT_ONLY[StorageClient.msc]
 
     def __init__(self, target: S3Target, config: StorageConfig) -> None:
-        self.target, self.config = target, config
+        super().__init__(target, config)
+        self.own_dir: Path | None = None  # where its profile file lives (close() removes it)
 
     def location(self, suffix: str) -> str:
         prefix = f"{self.target.prefix}/" if self.target.prefix else ""
         return f"msc://{MSC_PROFILE}/{prefix}{suffix}"
+
+    def retry(self) -> dict[str, Any]:
+        if self.config.msc_rust_client:  # its own retries (object_store's), not botocore's
+            return {"retry_mode": "msc_rust", "max_attempts": None}
+        return botocore_retry("standard")  # MSC's boto3 config fixes the mode, not the attempts
 
     def profile(self) -> dict[str, Any]:
         """MSC's configuration: one S3 profile, no credentials (the AWS chain gives them)."""
@@ -124,22 +273,27 @@ class MscClient:
     def _plain_http(self) -> bool:
         return bool(self.target.endpoint) and str(self.target.endpoint).lower().startswith("http://")
 
-    def write_profile(self, directory: Path) -> dict[str, str]:
-        """The profile as a file in `directory`; what the rank must set (MSC_CONFIG)."""
-        path = directory / "msc-config.json"
+    def environment(self) -> dict[str, str]:
+        """The profile written now as a file; what the rank must set (MSC_CONFIG)."""
+        from dcp_fsdp.process.lifeline import owned_tempdir
+
+        if self.own_dir is None:
+            self.own_dir = owned_tempdir("dcp-fsdp-msc-")
+        path = self.own_dir / "msc-config.json"
         path.write_text(json.dumps(self.profile()))
         return {MSC_CONFIG_ENV: str(path)}
+
+    def close(self) -> None:
+        if self.own_dir is not None:
+            shutil.rmtree(self.own_dir, ignore_errors=True)
+            self.own_dir = None
 
     def writer(self, suffix: str, timeline: HookTimeline | None, host_state: bool = False) -> Any:
         import dcp_fsdp.storage.msc_dcp as msc_dcp  # .metadata any client can read
 
-        writer_class: type = msc_dcp.PortableMscWriter
-        extra: dict[str, Any] = {}
-        if timeline is not None:
-            writer_class, extra = msc_dcp.TimedPortableMscWriter, {"timeline": timeline}
-        return writer_class(self.location(suffix), sync_files=False,
-                            thread_count=self.config.thread_count, overwrite=False, **extra,
-                            **host_state_kwargs(host_state))
+        return _built(msc_dcp.PortableMscWriter, msc_dcp.TimedPortableMscWriter, timeline,
+                      self.location(suffix), sync_files=False, thread_count=self.config.thread_count,
+                      overwrite=False, **host_state_kwargs(host_state))
 
     def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
         import dcp_fsdp.storage.msc_dcp as msc_dcp
@@ -150,11 +304,8 @@ class MscClient:
                 self.location(suffix), timeline=timeline or HookTimeline(),
                 **read_ahead_kwargs(self.config))
         # storage.msc_prefetch_threads: MSC's prefetch, each object downloaded once
-        prefetch = self.config.msc_prefetch_threads
-        if timeline is None:
-            return msc_dcp.OnceMscReader(self.location(suffix), prefetch_threads=prefetch)
-        return msc_dcp.TimedOnceMscReader(self.location(suffix), timeline=timeline,
-                                          prefetch_threads=prefetch)
+        return _built(msc_dcp.OnceMscReader, msc_dcp.TimedOnceMscReader, timeline, self.location(suffix),
+                      prefetch_threads=self.config.msc_prefetch_threads)
 
     def warm_up(self, storage_io: Any) -> list[Any]:
         """MSC's client for the profile built now (MSC builds it on the first request, then

@@ -60,3 +60,15 @@ class S3Target:
 
     def key(self, suffix: str, name: str = "") -> str:
         return "/".join(p for p in (self.prefix, suffix, name) if p)
+
+
+def botocore_retry(mode: str | None = None) -> dict[str, object]:
+    """The retry mode and most attempts of a botocore client built now: `mode` where the client
+    fixes it, else AWS_RETRY_MODE or the profile's (default legacy); AWS_MAX_ATTEMPTS or the
+    profile's, else the mode's default (legacy 5, standard and adaptive 3)."""
+    import botocore.session
+
+    session = botocore.session.get_session()
+    mode = mode or session.get_config_variable("retry_mode") or "legacy"
+    attempts = session.get_config_variable("max_attempts") or (5 if mode == "legacy" else 3)
+    return {"retry_mode": mode, "max_attempts": int(attempts)}

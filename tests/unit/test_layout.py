@@ -39,8 +39,8 @@ def test_s3_store_leaves_the_environment_alone(monkeypatch):
     import os
 
     assert "AWS_ENDPOINT_URL" not in os.environ  # the rank applies it, not the constructor
-    assert store.connector_environment() == {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
-    assert store.force_path_style is True
+    assert store.environment() == {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    assert store.target.force_path_style is True
 
 
 def test_new_suffix_sorts_by_time_and_is_valid():
