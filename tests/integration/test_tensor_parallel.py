@@ -126,5 +126,12 @@ def test_plan_takes_model_tp():
     assert "replicas 1, tp 2;" in planned.stdout and ".metadata:" in planned.stdout
     # a rank's memory counts the tensors TP leaves whole on each TP rank (not only what it writes)
     assert "held: every TP rank holds the tensors TP leaves whole" in planned.stdout
-    refused = run_cli(["plan", "model.tp=3", "--world-size=8"])
-    assert "--world-size=8 is not a multiple of 3" in refusal(refused)
+    # the model is checked before the world (ad7b25f): tp=3 is refused for tiny_llama's 4
+    # heads, naming only values that fit the plan's own --world-size
+    heads = refusal(run_cli(["plan", "model.tp=3", "--world-size=8"]))
+    assert "4 attention heads" in heads and "model.tp one of 1, 2, 4" in heads, heads
+    assert "fit --world-size=8" in heads, heads
+    # a tp the model takes, on a world it does not divide: the plan's option is named
+    world = refusal(run_cli(["plan", "model.tp=4", "--world-size=6"]))
+    assert "--world-size=6 is not a multiple of 4" in world, world
+    assert "use --world-size=8" in world, world
