@@ -436,6 +436,9 @@ def check_launch(cfg: BenchmarkConfig) -> None:
     check_nproc(cfg.nproc)
     for note in host_limit_notes(cfg.nproc):
         warn_once(note)
+    if os.environ.get("MSC_CONFIG") and cfg.storage.kind == StorageKind.s3 and cfg.storage.client.value == "msc":
+        warn_once("MSC_CONFIG is set and not read: storage.client=msc runs on a profile dcp-fsdp "
+                  "writes from the storage.* settings (docs/clients.md); unset MSC_CONFIG")
     check_replicas(cfg.model.replicas, cfg.nproc, "nproc", cfg.model.tp)
     check_tensor_parallel(cfg, cfg.nproc, "nproc")
     check_devices(cfg.backend, cfg.nproc, cuda_device_count)

@@ -148,3 +148,17 @@ def test_the_record_says_the_retry_mode_and_attempts_each_client_ran_with(monkey
     assert (described["client"], described["retry_mode"], described["max_attempts"]) == (
         name, mode, attempts)
 
+
+def test_a_users_msc_config_is_said_to_be_unread_at_launch(tmp_path, monkeypatch, capsys):
+    """The ranks run on the profile the tool writes: a user's MSC_CONFIG was ignored without a
+    word (issue 49); the launch says so in one line."""
+    from dcp_fsdp.config.compose import compose
+    from dcp_fsdp.launch import checks
+
+    monkeypatch.setenv("MSC_CONFIG", str(tmp_path / "mine.yaml"))
+    checks.warn_once.cache_clear()
+    checks.check_launch(compose("save", ["storage.client=msc", "nproc=1", f"results_dir={tmp_path}"]))
+    lines = [line for line in capsys.readouterr().err.splitlines() if "MSC_CONFIG" in line]
+    assert len(lines) == 1 and "MSC_CONFIG is set and not read" in lines[0], lines
+    checks.check_launch(compose("save", ["nproc=1", f"results_dir={tmp_path}"]))  # the connector
+    assert "MSC_CONFIG" not in capsys.readouterr().err
