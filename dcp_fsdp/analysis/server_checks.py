@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dcp_fsdp.telemetry.server_counters import RESENT_BELOW_CLIENT
+
 
 def server_check_notes(runs: list[dict[str, Any]]) -> list[str]:
     checked = [run for run in runs if isinstance(run.get("server_requests"), dict)]
@@ -32,4 +34,6 @@ def _cause(check: dict[str, Any]) -> str:
         return (f"{check.get('unanswered')} request(s) got no answer before the client gave up "
                 "(the server counts them when it answers: after the check, or under a status "
                 "the client never saw)")
+    if check.get("cause") == "resent_below_client":
+        return RESENT_BELOW_CLIENT
     return "another client of the bucket, or a misread request log"

@@ -72,7 +72,8 @@ class ServerCheck:
         result = server_counters.compare(
             view, after - self.before, gaps, self.metrics_url,
             restarted=server_counters.went_back(self.before, after),
-            unanswered=server_counters.unanswered_requests(samples, run.get("untimed_requests")))
+            unanswered=server_counters.unanswered_requests(samples, run.get("untimed_requests")),
+            resends_unseen=(run.get("storage") or {}).get("client") in server_counters.RESENDS_UNSEEN)
         run["server_requests"] = result
         tmp = record.with_suffix(".jsonl.tmp")
         tmp.write_text("\n".join([json.dumps(run), *lines[1:]]) + "\n")
@@ -97,5 +98,7 @@ class ServerCheck:
                     "up; the server counts a request when it answers it: after this check (a "
                     "stalled server), or under a status the client never saw (its connection "
                     "broke or it timed out)")
+        if result["cause"] == "resent_below_client":
+            return server_counters.RESENT_BELOW_CLIENT
         return (f"another client of bucket {self.bucket} during the run would explain it, "
                 "otherwise the request log was misread")

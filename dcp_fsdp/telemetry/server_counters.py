@@ -110,9 +110,17 @@ def _label(key: tuple[str, str]) -> str:
     return f"{key[0]} {key[1]}"
 
 
+# Clients that re-send a request whose connection broke below the layer the tool counts
+RESENDS_UNSEEN = frozenset({"fsspec"})
+RESENT_BELOW_CLIENT = (
+    "storage.client=fsspec re-sends a request whose connection broke below the layer the tool "
+    "counts (s3fs over aiobotocore and aiohttp), so the server counted requests the record "
+    "does not hold; another client of the bucket making the same requests would look the same")
+
+
 def compare(record: collections.Counter, server: collections.Counter,
             gaps: list[str], source: str, restarted: bool = False,
-            unanswered: int = 0) -> dict[str, Any]:
+            unanswered: int = 0, resends_unseen: bool = False) -> dict[str, Any]:
     """The run record's `server_requests` field: both views, whether they agree and, when
     they do not, the cause the run itself shows (`cause`, else null: another client of the
     bucket, or a misread log):
@@ -123,7 +131,12 @@ def compare(record: collections.Counter, server: collections.Counter,
       request when it answers it, which may be after the check, and an answer that never
       reached the client (its connection broke, it timed out) is counted by the server under
       its status and by the record as "none" (a 2-core VM's L7b save: PUT 200 -42, PUT none
-      +42, every UploadPart retried)."""
+      +42, every UploadPart retried);
+    - "resent_below_client": the client re-sends a request whose connection broke below the
+      layer the tool counts (`resends_unseen`: s3fs, whose cut upload went up again with the
+      record's `failed 0`), and the server's surplus is only of request types the run made,
+      nothing short on its side (another client of the bucket making the same requests would
+      look the same: the cause names what this run's client is known to do)."""
     keys = sorted(set(record) | set(server))
     match = not gaps and all(record[k] == server[k] for k in keys)
     cause = None
@@ -132,6 +145,8 @@ def compare(record: collections.Counter, server: collections.Counter,
     elif not match and unanswered and (all(record[k] >= server[k] for k in keys)
                                        or _answered_unseen(record, server)):
         cause = "unanswered_requests"
+    elif not match and resends_unseen and _surplus_of_own_kinds(record, server):
+        cause = "resent_below_client"
     return {
         "source": source,
         "match": match,
@@ -156,6 +171,14 @@ def _answered_unseen(record: collections.Counter, server: collections.Counter) -
             return False
         surplus[kind] += server[key] - record[key]
     return all(record[(kind, NO_STATUS)] >= extra for kind, extra in surplus.items())
+
+
+def _surplus_of_own_kinds(record: collections.Counter, server: collections.Counter) -> bool:
+    """Whether the server has at least the record's count of everything, and more only of
+    request types (method) the record holds."""
+    kinds = {kind for (kind, _code), count in record.items() if count}
+    return all(server[key] >= record[key] for key in record) and all(
+        key[0] in kinds for key in server if server[key] > record[key])
 
 
 def went_back(before: collections.Counter, after: collections.Counter) -> bool:
