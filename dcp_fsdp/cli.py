@@ -57,9 +57,10 @@ def prepare(command: str, overrides: list[str]) -> BenchmarkConfig:
     from dcp_fsdp.config.arguments import STORAGE_ONLY_COMMANDS
     from dcp_fsdp.config.compose import compose
 
-    # `list` and `clean-uploads` take the same storage settings as a save; the command
-    # value is unused.
-    cfg = compose("save" if command in STORAGE_ONLY_COMMANDS else command, overrides)
+    # `list`, `clean-uploads` and `delete` take the same storage settings as a save (the
+    # command value is unused); their refusals name the command as typed.
+    cfg = compose("save" if command in STORAGE_ONLY_COMMANDS else command, overrides,
+                  named=command)
     if command in STORAGE_ONLY_COMMANDS:
         from dcp_fsdp.launch.checks import check_endpoint_environment
 

@@ -134,3 +134,11 @@ def test_report_and_after_job_say_a_bad_flag_in_one_line(capsys, tmp_path):
     assert len(err) == 2 and not any("usage:" in line for line in err), err
     assert err[0].startswith("dcp-fsdp: error: report: argument --format: invalid choice: 'xml'")
     assert "after_job: the following arguments are required: --step-exit" in err[1]
+
+
+@pytest.mark.parametrize("command", ["list", "clean-uploads", "delete"])
+def test_the_storage_commands_refusals_name_the_command_as_typed(command):
+    """They compose a save's settings; a refusal that names the command said '(not save)'."""
+    with pytest.raises(UserError) as refused:
+        cli.prepare(command, ["protocol=mlperf"])
+    assert f"(not {command})" in str(refused.value), refused.value
