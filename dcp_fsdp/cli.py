@@ -201,7 +201,8 @@ def check_torchrun_rank(cfg: BenchmarkConfig) -> None:
 
     ranks_here = checks.check_torchrun_environment()
     checks.check_model(cfg)
-    checks.check_replicas(cfg.model.replicas, int(os.environ["WORLD_SIZE"]), "WORLD_SIZE")
+    checks.check_replicas(cfg.model.replicas, int(os.environ["WORLD_SIZE"]), "WORLD_SIZE",
+                          cfg.model.tp)
     checks.check_tensor_parallel(cfg, int(os.environ["WORLD_SIZE"]), "WORLD_SIZE")
     checks.check_environment(cfg)
     if needs_embedded_server(cfg):

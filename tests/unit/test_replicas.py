@@ -81,6 +81,25 @@ def test_with_tp_every_fix_a_replicas_refusal_names_is_accepted():
         check_tp(PRESETS["tiny_llama"], 2, replicas, 4, "nproc")
 
 
+def test_a_torchrun_rank_names_only_replicas_that_fit_with_tp(monkeypatch, tmp_path):
+    """Under torchrun the rank's own check counts model.tp as the launcher's does: with tp=2 on
+    WORLD_SIZE=4, replicas=4 would be refused by model.tp's check in turn."""
+    from dcp_fsdp.cli import check_torchrun_rank
+
+    for name, value in {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0",
+                        "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("DCP_FSDP_RUN_ID", raising=False)
+    monkeypatch.delenv("DCP_FSDP_ARGV", raising=False)
+    cfg = compose("save-and-load", ["model.replicas=3", "model.tp=2", f"results_dir={tmp_path}",
+                                    "storage=fs", f"storage.path={tmp_path / 'ck'}"])
+    with pytest.raises(UserError) as error:
+        check_torchrun_rank(cfg)
+    assert str(error.value).endswith("use WORLD_SIZE=6 (a multiple of 6 = 3 x model.tp=2), or "
+                                     "model.replicas one of 1, 2"), error.value
+
+
 def test_the_launcher_checks_nproc_against_replicas_before_anything_starts():
     cfg = compose("save-and-load", ["model.replicas=3", "nproc=4"])  # settings alone: fine
     with pytest.raises(UserError, match="model.replicas=3: nproc=4 ranks cannot form"):
