@@ -135,16 +135,19 @@ def check_devices(backend: Backend, ranks_here: int, device_count: Callable[[], 
 
 
 SHM_PATH = "/dev/shm"
-_DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 
 
 def state_bytes_estimate(cfg: BenchmarkConfig) -> int:
-    """The checkpoint's bytes from the model's shape, dtype and state (no torch): weights,
-    plus AdamW's two moments of the same dtype with state=model_and_optimizer."""
+    """The state's bytes from the model's shape, dtype and state (no torch): weights, plus
+    AdamW's two moments of the same dtype with state=model_and_optimizer. A tied embedding
+    counts once: DCP writes it under both keys (presets.tied_extra_bytes, the run line's and
+    plan's '+N MiB'), but the stager copies each storage once (StateDictStager's storage
+    cache; tiny_gpt2 staged 21,551,104 B of shared memory, its parameters' bytes, where DCP
+    writes 8 MiB more), and memory holds it once too."""
     from dcp_fsdp.models.llama_model_config import param_count
-    from dcp_fsdp.models.presets import model_shape
+    from dcp_fsdp.models.presets import DTYPE_BYTES, model_shape
 
-    weights = param_count(model_shape(cfg.model)) * _DTYPE_BYTES[cfg.model.dtype.value]
+    weights = param_count(model_shape(cfg.model)) * DTYPE_BYTES[cfg.model.dtype.value]
     return weights * (3 if cfg.state.value == "model_and_optimizer" else 1)
 
 
@@ -387,12 +390,12 @@ def rank_state_bytes(cfg: BenchmarkConfig, ranks_here: int, world_size: int) -> 
     shards inside TP's split, a replica group's copy), not the mean: an MoE whose dp shards
     outnumber its experts has whole experts on its first shards (issue 49 item 5). Weights,
     and AdamW's two moments of the same dtype with state=model_and_optimizer."""
-    from dcp_fsdp.models.presets import model_shape
+    from dcp_fsdp.models.presets import DTYPE_BYTES, model_shape
     from dcp_fsdp.models.tensor_parallel import rank_holdings
 
     world_size = max(1, world_size)
-    scale = _DTYPE_BYTES[cfg.model.dtype.value] * (3 if cfg.state.value == "model_and_optimizer"
-                                                   else 1)
+    scale = DTYPE_BYTES[cfg.model.dtype.value] * (3 if cfg.state.value == "model_and_optimizer"
+                                                  else 1)
     held = [count * scale for count in rank_holdings(
         model_shape(cfg.model), cfg.model.tp, cfg.model.replicas, world_size,
         cfg.model.moe_layout.value)]
