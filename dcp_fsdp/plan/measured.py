@@ -1,6 +1,6 @@
 """What a measured run says about per-rank throughput: the rate `plan` projects with.
 
-A record (`record=PATH`: one `.jsonl` or a results directory of them) holds one sample per
+A record (`--record PATH`: one `.jsonl` or a results directory of them) holds one sample per
 rank per operation. A rank's rate is its bytes over its duration_s (the same clock as every
 figure: docs/metrics.md); the rate used is the median over the record's save (load) samples
 of finished runs, so one slow rank or iteration does not set it.
@@ -37,7 +37,7 @@ def read_rates(path: Path) -> MeasuredRates:
     """UserError (one line) when the record holds no finished save or load."""
     files = record_files(path)
     if not files:
-        raise UserError(f"record={path}: no record (.jsonl) there; give a run's record file or "
+        raise UserError(f"--record={path}: no record (.jsonl) there; give a run's record file or "
                         "its results directory (results_dir of a save or save-and-load)")
     rates: dict[str, list[float]] = {"save": [], "load": []}
     measured: set[tuple[str, int, str, str]] = set()  # (model, world size, storage, client)
@@ -55,7 +55,7 @@ def read_rates(path: Path) -> MeasuredRates:
             measured.add((str(name), int(run.world_size or 0),
                           str(storage.get("kind", "?")), str(storage.get("client") or "")))
     if not rates["save"] and not rates["load"]:
-        raise UserError(f"record={path}: no finished save or load samples in "
+        raise UserError(f"--record={path}: no finished save or load samples in "
                         f"{len(files)} record file(s); give the record of a run that succeeded")
     _one_configuration(path, measured)
     return MeasuredRates(
@@ -73,10 +73,10 @@ def _one_configuration(path: Path, measured: set[tuple[str, int, str, str]]) -> 
     if len(measured) <= 1:
         return
     shown = sorted(measured)
-    said = "; ".join(f"model={model} world_size={world} storage={kind}"
+    said = "; ".join(f"model={model} on {world} ranks, storage={kind}"
                      + (f" storage.client={client}" if client else "")
                      for model, world, kind, client in shown[:4])
     more = f"; and {len(shown) - 4} more" if len(shown) > 4 else ""
-    raise UserError(f"record={path}: holds finished runs of {len(shown)} configurations "
+    raise UserError(f"--record={path}: holds finished runs of {len(shown)} configurations "
                     f"({said}{more}); a per-rank rate is one configuration's: give the record "
                     "(.jsonl) of one of them")

@@ -95,7 +95,7 @@ def render_plan(request: PlanRequest, template: StateTemplate, plan: GlobalPlan,
         lines.append(f"load: {len(sizes):,} data files read once + .metadata read by each of "
                      f"{plan.world_size:,} ranks")
     if plan.sampled:
-        lines.append(f"built from a subset: {plan.sampled}; times scaled by items (exact=true "
+        lines.append(f"built from a subset: {plan.sampled}; times scaled by items (--exact "
                      "builds every layer)")
     lines += _metadata_lines(plan)
     lines += _prefix_lines(request, plan, part)

@@ -168,7 +168,7 @@ def test_template_bytes_are_the_models():
 
 
 def test_plan_record_of_several_configurations_is_refused_naming_them(tmp_path):
-    """Issue 31: `plan record=` pooled the per-rank rates of other models and world sizes
+    """Issue 31: `plan --record` pooled the per-rank rates of other models and world sizes
     into one median without a word; one configuration's record is used (and named)."""
     from dcp_fsdp.plan.measured import read_rates
     from tests.unit.analysis_kit import variant
@@ -180,8 +180,8 @@ def test_plan_record_of_several_configurations_is_refused_naming_them(tmp_path):
     with pytest.raises(UserError) as refused:
         read_rates(tmp_path)
     line = str(refused.value)
-    assert line.startswith(f"record={tmp_path}: holds finished runs of 2 configurations (model=")
-    assert "world_size=8" in line and "give the record (.jsonl) of one of them" in line
+    assert line.startswith(f"--record={tmp_path}: holds finished runs of 2 configurations (model=")
+    assert "on 8 ranks" in line and "give the record (.jsonl) of one of them" in line
     assert read_rates(one) == rates  # one file of the directory still reads alone
 
 
