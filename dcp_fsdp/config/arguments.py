@@ -52,6 +52,8 @@ class CommandArguments(argparse.ArgumentParser):
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None,
                          ) -> tuple[argparse.Namespace, list[str]]:
+        for arg in args or ():  # before argparse's own errors (`plan world_size=8`)
+            self._refuse_option_as_setting(arg)
         parsed, rest = super().parse_known_args(args, namespace)
         if rest and not self.settings:
             self.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -60,6 +62,18 @@ class CommandArguments(argparse.ArgumentParser):
                 self.error(f"'{arg}': settings are written key=value without dashes, e.g. "
                            f"{arg.lstrip('-').partition('=')[0]}=VALUE")
         return parsed, rest
+
+    def _refuse_option_as_setting(self, arg: str) -> None:
+        """`world_size=8`, `exact=true`, `duration=2m`, `bucket=x`: an option of this command
+        in the key=value spelling it had before the one parser; the option named, not an
+        unknown setting or argument."""
+        key, equals, value = arg.partition("=")
+        flag = "--" + key.replace("_", "-")
+        action = self._option_string_actions.get(flag) if equals and key.isidentifier() else None
+        if action is None or flag in ("--help", "--version"):
+            return
+        spelled = f"{flag} (a switch, no value)" if action.nargs == 0 else f"{flag} {value}"
+        self.error(f"{arg}: an option, not a setting; write {spelled}")
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         """argparse's check of a choice, with the closest one suggested (`sav`: save)."""

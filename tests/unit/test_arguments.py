@@ -86,12 +86,25 @@ def test_an_unknown_command_is_one_line_naming_the_closest(capsys):
 @pytest.mark.parametrize("args, message", [
     (["plan", "--world-size", "8", "--exact=maybe"],
      "plan: argument --exact: ignored explicit argument 'maybe' (dcp-fsdp plan --help)"),
+    # the key=value spellings of the options before the one parser: the option named
     (["plan", "--world-size", "8", "exact=maybe"],
-     "exact: unknown setting"),  # the old key=value spelling: Hydra's check names it
+     "plan: exact=maybe: an option, not a setting; write --exact (a switch, no value) "
+     "(dcp-fsdp plan --help)"),
+    (["plan", "model=L7b", "world_size=64", "ranks_per_node=8"],
+     "plan: world_size=64: an option, not a setting; write --world-size 64"),
+    (["plan", "--world-size", "8", "record=results/"],
+     "plan: record=results/: an option, not a setting; write --record results/"),
+    (["wait", "heartbeat=5m"], "wait: heartbeat=5m: an option, not a setting; write --heartbeat 5m"),
+    (["s3-server", "start", "bucket=ckpt"],
+     "s3-server start: bucket=ckpt: an option, not a setting; write --bucket ckpt "
+     "(dcp-fsdp s3-server start --help)"),
+    (["delete", "suffix=x", "force=true"], "delete: force=true: an option, not a setting; write --force"),
     (["plan", "--ranks-per-node", "8"],
      "plan: the following arguments are required: --world-size (dcp-fsdp plan --help)"),
     (["plan", "--world-size", "many"], "--world-size=many: give a whole number, 1 or more"),
-    (["wait", "duration=2m"], "wait: unrecognized arguments: duration=2m (dcp-fsdp wait --help)"),
+    (["wait", "duration=2m"], "wait: duration=2m: an option, not a setting; write --duration 2m "
+                              "(dcp-fsdp wait --help)"),
+    (["wait", "duration_min=2"], "wait: unrecognized arguments: duration_min=2 (dcp-fsdp wait --help)"),
     (["wait", "--duration", "5"], "--duration=5: give a unit, e.g. --duration=5m (minutes)"),
     (["wait", "--duration=99999d"], "--duration=99999d: more than a year; use --duration forever"),
     (["wait", "--heartbeat", "0.001s"], "--heartbeat=0.001s: too often"),
