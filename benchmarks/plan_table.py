@@ -1,10 +1,11 @@
 """docs/plan.md's table: `dcp-fsdp plan` at each world size, one markdown row each.
 
   python -m benchmarks.plan_table --sizes 8,16,32,64,128,256,512,1024,2048,4096 \\
-      model=L70b state=model_and_optimizer ranks_per_node=8
+      --ranks-per-node 8 model=L70b state=model_and_optimizer
 
-Each size is planned in this process (plan/command.py's plan_world); the row holds what the
-command prints for it. Rows built from a subset of the layers are marked.
+Each size is planned in this process (plan/command.py's plan_world); the arguments other than
+--sizes are the plan command's (its options and settings, config/arguments.py); the row holds
+what the command prints for it. Rows built from a subset of the layers are marked.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import time
 
 from dcp_fsdp.units import MIB
+from dcp_fsdp.config.arguments import parse
 from dcp_fsdp.config.schema import StorageKind
 from dcp_fsdp.plan import requests as rq
 from dcp_fsdp.plan.command import parse_request, plan_world
@@ -52,10 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.plan_table",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="8,16,32,64")
-    args, overrides = parser.parse_known_args(argv)
+    args, plan_args = parser.parse_known_args(argv)
     print(HEADER, flush=True)
     for size in (int(s) for s in args.sizes.split(",")):
-        request = parse_request([*overrides, f"world_size={size}"])
+        request = parse_request(parse(["plan", f"--world-size={size}", *plan_args]))
         started = time.monotonic()
         _, plan = plan_world(request, size)
         print(row(request, plan, time.monotonic() - started), flush=True)
