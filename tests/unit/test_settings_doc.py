@@ -68,3 +68,54 @@ def test_examples_in_the_readme_and_batch_scripts_use_valid_choices():
             if valid and value not in valid and not value.isupper():  # NAME: a placeholder
                 bad.append(f"{path.name}: {name}={value} (choose from {', '.join(valid)})")
     assert not bad, bad
+
+
+def doc_command_lines(text: str) -> list[str]:
+    """The arguments of each `dcp-fsdp ...` (or `-m dcp_fsdp ...`) command line of a page: in
+    its code blocks (continuation lines joined, comments cut) and in its inline code; <...>
+    placeholders read as one word. Synopses ([optional], ..., CAPITALS for a value) are left
+    out: they name forms, not commands; so is a command's name alone in inline code."""
+    text = re.sub(r"<[^<>\n]*>", "X", text)
+    found = []
+    for block in re.findall(r"```[^\n]*\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            command = re.search(r"(?:^|\s)(?:dcp-fsdp|-m dcp_fsdp)\s+([^#]*)", line)
+            if command and not line.lstrip().startswith("[dcp-fsdp]"):  # output, not input
+                found.append(re.split(r"\s(?:\||&&|;)\s", command.group(1))[0])  # one command
+    for span in re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S)):
+        command = re.match(r"(?:dcp-fsdp|python -m dcp_fsdp)\s+(\S+\s+\S.*)",
+                           span.replace("\n", " "))
+        if command:  # (a command's name alone, `dcp-fsdp plan`, names it: not a line)
+            found.append(command.group(1))
+    return [line for line in found if not re.search(r"\[|\.\.\.|(?<![\w.=/-])[A-Z]+\b(?!=)", line)]
+
+
+def test_every_command_line_in_the_docs_parses():
+    """Issue 48 item 1's fallout: the one parser changed plan's, wait's and s3-server's options
+    (--world-size, --exact, --duration, --bucket) and docs kept the old key=value forms. Each
+    command line the README and docs/ show must pass the parser and name real settings."""
+    import shlex
+
+    from dcp_fsdp.config.arguments import parse
+    from dcp_fsdp.config.compose import check_overrides, expand_sweeps
+    from dcp_fsdp.errors import UserError
+
+    bad, checked = [], 0
+    for path in [README, *sorted((REPO / "docs").glob("*.md"))]:
+        text = path.read_text()
+        if path.name == "reliability.md":  # the bad-input table shows wrong input on purpose
+            text = re.sub(r"### Bad input.*?(\n## |\Z)", "", text, flags=re.S)
+        for line in doc_command_lines(text):
+            args = shlex.split(line)
+            if not args or {"-h", "--help", "-V", "--version"} & set(args):
+                continue
+            try:
+                parsed = parse(args)
+                jobs = expand_sweeps(parsed.settings) if getattr(parsed, "multirun", False) \
+                    else [parsed.settings]
+                check_overrides(jobs[0])
+            except UserError as error:
+                bad.append(f"{path.name}: dcp-fsdp {line.strip()}: {error}")
+            checked += 1
+    assert not bad, "\n".join(bad)
+    assert checked > 40, checked  # the extraction still finds the pages' commands
