@@ -319,7 +319,8 @@ def test_report_arguments(tmp_path, args, fragments):
     (["--duration=99999d"], ["more than a year", "--duration forever"]),
     (["--duration=-1m"], ["--duration=-1m: not a duration"]),
     (["--duration=5"], ["give a unit"]),
-    (["duration=2m"], ["wait: unrecognized arguments: duration=2m", "wait --help"]),
+    (["duration=2m"], ["wait: duration=2m: an option, not a setting; write --duration 2m",
+                       "wait --help"]),
 ])
 def test_wait_arguments(args, fragments):
     assert_refused(run_cli(["wait", *args]), *fragments, within_s=5)
