@@ -54,9 +54,9 @@ def main() -> int:
                      f"{dcp['efficiency']:.2f}"])
     model, storage = run.model, run.storage
     assert model is not None and storage is not None  # a record with operations has both
-    print(f"{model['preset']} {model['dtype']} {model['state']}, "
-          f"{model['state_bytes'] / MIB:.1f} MiB, {run.world_size} ranks, storage "
-          f"{storage['kind']}{' (embedded SeaweedFS)' if storage.get('embedded') else ''}, "
+    print(f"{model.preset} {model.dtype} {model.state}, "
+          f"{(model.state_bytes or 0) / MIB:.1f} MiB, {run.world_size} ranks, storage "
+          f"{storage.kind}{' (embedded SeaweedFS)' if storage.embedded else ''}, "
           f"{len(run.suffixes)} iteration(s); record {record}")
     print(tabulate(rows, headers=["op", "DCP MiB/s (min-max)", "raw MiB/s (min-max)",
                                   "ceiling MiB/s", "efficiency"],

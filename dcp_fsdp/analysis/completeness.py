@@ -31,7 +31,7 @@ def incomplete_reason(run: dict[str, Any], samples: list[dict[str, Any]]) -> str
     """Why an ok run's record is not whole, or None when it is."""
     ranks_per_op: dict[tuple[str, int], set[int]] = defaultdict(set)
     for sample in samples:
-        # rank is a required sample field (telemetry.record_checks): never absent here
+        # rank is a required sample field (telemetry.records.Sample): never absent here
         ranks_per_op[(str(sample.get("op")), int(sample.get("iteration") or 0))].add(
             int(sample["rank"]))
     return (_lines_reason(run) or _ranks_reason(run, ranks_per_op)
@@ -107,7 +107,7 @@ def incomplete_runs(runs: list[dict[str, Any]], samples: list[dict[str, Any]]
     for run in runs:
         if run.get("status") != "ok":
             continue
-        run_id = run["run_id"]  # required in a run line (telemetry.record_checks)
+        run_id = run["run_id"]  # required in a run line (telemetry.records.RunRecord)
         reason = incomplete_reason(run, per_run.get(run_id, []))
         if reason:
             found[run_id] = reason

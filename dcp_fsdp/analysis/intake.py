@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dcp_fsdp.log import printable
-from dcp_fsdp.telemetry.records import SCHEMA_VERSION, RecordFile
+from dcp_fsdp.telemetry.records import SCHEMA_VERSION, SHOWN, RecordFile
 
 # places named per reason in a note; the rest are counted
 EXAMPLES_PER_NOTE = 3
@@ -32,21 +32,6 @@ class _Copy:
     # (lines that lost a sample, lines not JSON that say nothing of what they were): of two
     # copies, the one with fewer (in that order) is the whole one
     bad_lines: tuple[int, int]
-
-
-def _printable(value: Any) -> Any:
-    """`value` (a record's field, a row) with every string in it printable (log.printable):
-    a record is anyone's who can write the results directory, and its `error` or `model`
-    with ESC or a newline in it must not reach the terminal, nor split a table row."""
-    if isinstance(value, str):
-        return printable(value)
-    if isinstance(value, dict):
-        clean = {key: _printable(item) for key, item in value.items()}
-        return value if all(clean[key] is item for key, item in value.items()) else clean
-    if isinstance(value, list):
-        items = [_printable(item) for item in value]
-        return value if all(a is b for a, b in zip(items, value)) else items
-    return value
 
 
 def _places(places: list[str]) -> str:
@@ -76,18 +61,17 @@ class Intake:
             self._skipped_lines[skipped.reason].append(f"{path}:{skipped.line}")
         samples: dict[str, list[dict[str, Any]]] = {run.run_id: [] for run in parsed.runs}
         for sample in parsed.samples:
-            # a shallow copy: asdict's deep copy of every request summary cost most of the
-            # time of reading thousands of records, and nothing changes these rows
-            row = _printable({"record": "sample", **vars(sample)})
+            # every text printable (log.printable): a record is anyone's who can write the
+            # results directory, and an ESC or newline must not reach the terminal
+            row = {"record": "sample", **sample.model_dump(context=SHOWN)}
             if sample.run_id in samples:
                 samples[sample.run_id].append(row)
             else:  # it could join another file's run of that id and double its bytes
                 self._skipped_lines["sample line: its run_id names no run line of its "
                                     "file"].append(str(path))
         for run in parsed.runs:
-            row = _printable({**run.to_json(), "record_file": str(path),
-                              "unreadable_lines": parsed.bad_lines,
-                              "unknown_lines": parsed.unknown_lines})
+            row = {**run.to_json(SHOWN), "record_file": printable(str(path)),
+                   "unreadable_lines": parsed.bad_lines, "unknown_lines": parsed.unknown_lines}
             self._keep(_Copy(path, row, samples[run.run_id],
                              (parsed.bad_lines, parsed.unknown_lines)))
 

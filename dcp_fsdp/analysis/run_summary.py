@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from dcp_fsdp.analysis.caveats import stager_note
-from dcp_fsdp.telemetry.records import RunRecord, Sample
+from dcp_fsdp.telemetry.records import ModelInfo, ModelSettings, RunRecord, Sample, StorageInfo
 
 
 def print_run_summary(run: RunRecord, samples: list[Sample]) -> None:
@@ -15,20 +14,18 @@ def print_run_summary(run: RunRecord, samples: list[Sample]) -> None:
     from dcp_fsdp.analysis.metrics import run_figures
 
     # the same figures as `report` gives for this record (telemetry/figures.py)
-    headers, rows, notes = run_figures({**dataclasses.asdict(s), "run_id": run.run_id}
-                                       for s in samples)
-    model = run.model or {}
-    storage = run.storage or {}
-    embedded = " (embedded SeaweedFS)" if storage.get("embedded") else ""
-    print(f"\n{run.command} of {model.get('preset')} ({model.get('dtype')}, {model.get('state')}) "
+    headers, rows, notes = run_figures({**s.model_dump(), "run_id": run.run_id} for s in samples)
+    model, storage = run.model or ModelInfo(), run.storage or StorageInfo()
+    embedded = " (embedded SeaweedFS)" if storage.embedded else ""
+    print(f"\n{run.command} of {model.preset} ({model.dtype}, {model.state}) "
           f"on {run.world_size} rank(s) / {run.node_count} node(s){replicas_words(run)}, "
-          f"storage {storage.get('kind')}{embedded}")
+          f"storage {storage.kind}{embedded}")
     print(tabulate(rows, headers=headers, tablefmt="github"))
     for line in notes:
         print(line)
     from dcp_fsdp.telemetry.time_split import split_lines
 
-    for line in split_lines(dataclasses.asdict(s) for s in samples):
+    for line in split_lines(s.model_dump() for s in samples):
         print(line)
     for line in async_lines(samples):
         print(line)
@@ -44,11 +41,11 @@ def print_run_summary(run: RunRecord, samples: list[Sample]) -> None:
 
 def replicas_words(run: RunRecord) -> str:
     """" as 2 replicas (loads: read_once)" with model.replicas > 1, else ""."""
-    model = (run.config or {}).get("model") or {}
-    replicas = model.get("replicas") or 1
+    model = run.config.model or ModelSettings()
+    replicas = getattr(model, "replicas", None) or 1
     if replicas <= 1:
         return ""
-    loads = f" (loads: {model.get('replica_load')})" if run.command != "save" else ""
+    loads = f" (loads: {getattr(model, 'replica_load', None)})" if run.command != "save" else ""
     return f" as {replicas} replicas{loads}"
 
 
@@ -104,7 +101,7 @@ def cache_lines(run: RunRecord, samples: list[Sample]) -> list[str]:
     the record says so per sample; the console says it once, with what it means for the
     figure (MLPerf's protocol clears the caches before its reads)."""
     policies = {s.cache_policy for s in samples if s.op == "load"}
-    mlperf = ", MLPerf's included," if (run.config or {}).get("protocol") == "mlperf" else ""
+    mlperf = ", MLPerf's included," if getattr(run.config, "protocol", None) == "mlperf" else ""
     return [f"load: {CACHE_KEPT[policy].format(mlperf=mlperf)}" for policy in CACHE_KEPT
             if policy in policies]
 
@@ -120,10 +117,10 @@ MLPERF_DIFFERENCE = (
 def mlperf_lines(run: RunRecord, samples: list[Sample]) -> list[str]:
     """protocol=mlperf: MLPerf Storage's figure per op beside ours, GiB/s
     (telemetry/figures.py defines both), and why they differ."""
-    if (run.config or {}).get("protocol") != "mlperf":
+    if getattr(run.config, "protocol", None) != "mlperf":
         return []
     return ["MLPerf Storage v3.0 checkpointing (protocol=mlperf), GiB/s:",
-            *mlperf_op_lines([dataclasses.asdict(s) for s in samples]), MLPERF_DIFFERENCE]
+            *mlperf_op_lines([s.model_dump() for s in samples]), MLPERF_DIFFERENCE]
 
 
 def mlperf_op_lines(samples: Any) -> list[str]:

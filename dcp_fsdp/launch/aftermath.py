@@ -64,7 +64,9 @@ def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
             status=outcome.status, error=outcome.error, finished_at=records.utc_now(),
             config=records.config_for_record(cfg), world_size=cfg.nproc,
             versions=records.versions(), slurm=records.slurm_environment(),
-            incomplete_suffix=outcome.writing_suffix, rank_failures=outcome.failures,
+            incomplete_suffix=outcome.writing_suffix,
+            rank_failures={rank: records.RankFailure.model_validate(failure)
+                           for rank, failure in outcome.failures.items()},
             end_cause=outcome.cause.value)
         path = write_record(cfg.results_dir, run, [])
         log.info(f"record: {path} ({outcome.status})")

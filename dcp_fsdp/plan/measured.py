@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.telemetry.records import read_record_file
+from dcp_fsdp.telemetry.records import ModelInfo, StorageInfo, read_record_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +49,10 @@ def read_rates(path: Path) -> MeasuredRates:
             if run is None or sample.op not in rates or not sample.duration_s or not sample.bytes:
                 continue
             rates[str(sample.op)].append(sample.bytes / sample.duration_s)
-            storage = run.storage or {}
-            model = run.model or {}
-            name = f"config:{model['config']}" if model.get("config") else model.get("preset", "?")
-            measured.add((str(name), int(run.world_size or 0),
-                          str(storage.get("kind", "?")), str(storage.get("client") or "")))
+            storage, model = run.storage or StorageInfo(), run.model or ModelInfo()
+            name = f"config:{model.config}" if model.config else model.preset or "?"
+            measured.add((str(name), int(run.world_size or 0), str(storage.kind or "?"),
+                          str(storage.client or "")))
     if not rates["save"] and not rates["load"]:
         raise UserError(f"--record={path}: no finished save or load samples in "
                         f"{len(files)} record file(s); give the record of a run that succeeded")

@@ -496,7 +496,7 @@ def _read_ahead_loads(loop: Any, suffix: str) -> list["Sample"]:
 
     storage = loop.cfg.storage
     store = make_store(dataclasses.replace(storage, read_ahead=storage.read_ahead or READ_AHEAD))
-    return [dataclasses.replace(loop.timed_on(store, "load", iteration, suffix), op="ra_load")
+    return [loop.timed_on(store, "load", iteration, suffix).model_copy(update={"op": "ra_load"})
             for iteration in range(1, loop.cfg.iterations + 1)]
 
 
@@ -515,8 +515,8 @@ def _more_files_saves(loop: Any) -> list["Sample"]:
     samples = []
     try:
         for iteration in range(1, loop.cfg.iterations + 1):
-            samples.append(dataclasses.replace(
-                loop.timed_on(store, "save", iteration, f"save-{iteration}"), op="tc_save"))
+            samples.append(loop.timed_on(store, "save", iteration, f"save-{iteration}")
+                           .model_copy(update={"op": "tc_save"}))
             _barrier()  # every rank's objects are written before rank 0 removes them
             if loop.ctx.rank == 0:
                 store.delete(f"save-{iteration}")

@@ -24,7 +24,8 @@ from dcp_fsdp.config.schema import BenchmarkConfig, Command, Malloc, StorageKind
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.process import allocator, lifeline, peers
 from dcp_fsdp.telemetry import records
-from dcp_fsdp.telemetry.records import InitRow, RunRecord, Sample
+from dcp_fsdp.telemetry.records import (Allocator, Gpus, InitRow, Integrity, ModelInfo, Requests,
+                                        RunRecord, Sample, StorageInfo)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -161,24 +162,23 @@ class RankSession:
         self.init.state_dict_s = time.monotonic() - t0
         run = self.run
         dtype_from, dtype_words = dtype_origin(cfg.model)
-        run.model = {"preset": cfg.model.name, "family": shape.family, "config": cfg.model.config,
-                     "moe_layout": cfg.model.moe_layout.value, "dtype": cfg.model.dtype.value,
-                     "dtype_from": dtype_from,
-                     "state": cfg.state.value, "param_count": sharded.param_count,
-                     "param_bytes": sharded.param_bytes, "state_bytes": state_bytes(state_dict)}
+        run.model = model = ModelInfo(
+            preset=cfg.model.name, family=shape.family, config=cfg.model.config,
+            moe_layout=cfg.model.moe_layout.value, dtype=cfg.model.dtype.value,
+            dtype_from=dtype_from, state=cfg.state.value, param_count=sharded.param_count,
+            param_bytes=sharded.param_bytes, state_bytes=state_bytes(state_dict))
         run.world_size, run.node_count = ctx.world_size, ctx.node_count
         run.nproc_per_node, run.hostnames = ctx.local_world_size, list(ctx.hostnames)
         run.backend, run.device = ctx.backend, str(ctx.device)
         run.gpus = gpus(ctx.device)
-        run.allocator = allocator.describe(raised, started_with)
-        run.storage = {**store.describe(),
-                       "embedded": os.environ.get(contract.EMBEDDED_ENV) == "1"}
-        model = run.model
-        self.say(f"run {run.run_id}: {cfg.command.value} model={model['preset']} "
+        run.allocator = Allocator.model_validate(allocator.describe(raised, started_with))
+        run.storage = StorageInfo.model_validate(
+            {**store.describe(), "embedded": os.environ.get(contract.EMBEDDED_ENV) == "1"})
+        self.say(f"run {run.run_id}: {cfg.command.value} model={model.preset} "
                  + (f"moe_layout={cfg.model.moe_layout.value} " if shape.num_experts else "")
-                 + f"({model['param_count']:,} params, {model['dtype']}"
+                 + f"({model.param_count:,} params, {model.dtype}"
                  + (f" ({dtype_words})" if dtype_words else "") + ", "
-                 f"{model['state']}, {model['state_bytes'] / 2**20:.1f} MiB"
+                 f"{model.state}, {(model.state_bytes or 0) / 2**20:.1f} MiB"
                  + tied_words(shape, cfg.model.dtype.value) + ") "
                  f"world_size={ctx.world_size} nodes={ctx.node_count} "
                  + (f"replicas={cfg.model.replicas} ({cfg.model.replica_load.value} loads) "
@@ -245,7 +245,8 @@ class RankSession:
         run.suffixes = list(self.loop.suffixes) if self.loop is not None else []
         if status != "ok" and self.loop is not None:
             run.incomplete_suffix = self.loop.writing_suffix
-        run.integrity = dict(self.loop.integrity) if self.loop is not None else {}
+        run.integrity = {suffix: Integrity.model_validate(entry) for suffix, entry
+                         in (self.loop.integrity if self.loop is not None else {}).items()}
         run.suffix_claim = self.loop.suffix_claim if self.loop is not None else None
         run.init, run.versions = list(init_rows), records.versions()
         run.slurm = records.slurm_environment()
@@ -305,13 +306,14 @@ class RankSession:
         if self.request_log is not None:
             # requests made outside every timed region, all ranks (per rank: just the count)
             untimed = self._untimed_all if self._untimed_all is not None else [self._untimed]
-            self.run.untimed_requests = merge_summaries(untimed)
+            merged = merge_summaries(untimed)
+            self.run.untimed_requests = Requests.model_validate(merged) if merged else None
             for row, summary in zip(init_rows, untimed):
                 row.untimed_request_count = summary["count"] if summary else None
         self.record_path = str(self.write_record(status, error_line, samples, init_rows))
 
 
-def gpus(device: torch.device) -> dict | None:
+def gpus(device: torch.device) -> Gpus | None:
     """The GPU model of this rank's device and the node's count, when the rank runs on
     CUDA; None on a CPU rank, also on a GPU host: get_device_name initialises CUDA in the
     process, and a gloo rank must open no CUDA context."""
@@ -319,7 +321,7 @@ def gpus(device: torch.device) -> dict | None:
         return None
     import torch
 
-    return {"model": torch.cuda.get_device_name(device), "count": torch.cuda.device_count()}
+    return Gpus(model=torch.cuda.get_device_name(device), count=torch.cuda.device_count())
 
 
 def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:

@@ -17,7 +17,6 @@ recommended.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import statistics
@@ -101,7 +100,7 @@ class TuneTrials:
         self.init_rows: list = []
         self.async_saver = None
         # the session's run line, as the launcher named it: what an interrupt records
-        self.base_run = dataclasses.replace(session.run)
+        self.base_run = session.run.model_copy()
 
     # -- both sides ------------------------------------------------------------------------
     def run(self) -> None:
@@ -187,9 +186,9 @@ class TuneTrials:
         cfg = trial_config(session.cfg, settings, ceiling, CEILING_ROUNDS if ceiling else 1)
         store = make_store(cfg.storage)
         os.environ.update(store.environment())
-        run = dataclasses.replace(self.base_run, config=records.config_for_record(cfg),
-                                  started_at=records.utc_now(),
-                                  tune={"trial": self.count, "role": role, "settings": settings})
+        run = self.base_run.model_copy(update={
+            "config": records.config_for_record(cfg), "started_at": records.utc_now(),
+            "tune": records.TuneTrial(trial=self.count, role=role, settings=settings)})
         session.run, session.store = run, store
         loop = session.loop = CheckpointLoop(cfg, session.ctx, store, self.sharded,
                                              self.state_dict, request_log=session.request_log,
@@ -203,14 +202,14 @@ class TuneTrials:
         self.async_saver = loop.async_saver
         store.close()  # what the trial's store made in this process (MSC's profile file)
         if not session.is_coordinator:
-            session.loop, session.run = None, dataclasses.replace(self.base_run)
+            session.loop, session.run = None, self.base_run.model_copy()
             return Trial(settings, role, None, time.monotonic() - started)
         self._delete(store, loop.suffixes)
         figures = figures_of(loop.shared_samples) if status == "ok" else {}
         run.run_id = records.new_run_id("save-and-load")
         path = session.write_record(status, error_line, loop.shared_samples, self.init_rows)
         # Between trials an interrupt records the session's own line, with no samples.
-        session.loop, session.run = None, dataclasses.replace(self.base_run)
+        session.loop, session.run = None, self.base_run.model_copy()
         figures.update(status=status, record=str(path), error=error_line)
         score = figures.get("score_mib_s")
         wall_s = time.monotonic() - started

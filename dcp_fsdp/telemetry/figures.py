@@ -49,11 +49,12 @@ overlap (async saves with a cadence: save N persists after save N+1 began) share
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Iterable
 
 import pandas as pd
+from pydantic import BaseModel
+
 from dcp_fsdp.units import GIB, MIB
 
 # the raw storage ceiling measured in the same run, per DCP operation (the efficiency column)
@@ -73,8 +74,7 @@ KEYS = ["run_id", "op", "iteration"]
 
 
 def _rows(samples: Iterable[Any]) -> list[dict[str, Any]]:
-    return [dataclasses.asdict(s) if dataclasses.is_dataclass(s) and not isinstance(s, type)
-            else dict(s) for s in samples]
+    return [s.model_dump() if isinstance(s, BaseModel) else dict(s) for s in samples]
 
 
 def rate_mib_s(nbytes: Any, seconds: Any) -> Any:

@@ -10,26 +10,28 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import os
 import platform
 import secrets
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, Iterable
+from typing import IO, TYPE_CHECKING, Annotated, Any, Callable, Iterable
 from urllib.parse import urlsplit, urlunsplit
 
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, PrivateAttr,
+                      SerializationInfo, SerializerFunctionWrapHandler, StrictBool, StrictFloat,
+                      StrictInt, StrictStr, ValidationError, ValidationInfo,
+                      ValidatorFunctionWrapHandler,
+                      model_serializer, model_validator)
+from pydantic_core import PydanticCustomError, from_json
+
 from dcp_fsdp.contract import ARGV_ENV
-from dcp_fsdp.telemetry.record_checks import field_types, parse_line, run_problem, sample_problem
+from dcp_fsdp.log import printable
 
 if TYPE_CHECKING:
-    from typing import TypeVar
-
-    from _typeshed import DataclassInstance
-
     from dcp_fsdp.config.schema import BenchmarkConfig
-
-    _Record = TypeVar("_Record", bound=DataclassInstance)
 
 # Bumped whenever a field is added, renamed or changes meaning; readers accept every
 # earlier version (missing fields read as their defaults). 1: the first format.
@@ -98,7 +100,7 @@ def redact_url(url: str | None) -> str | None:
     return url
 
 
-def config_for_record(cfg: BenchmarkConfig) -> dict[str, Any]:
+def config_for_record(cfg: BenchmarkConfig) -> Settings:
     """The resolved settings as plain data, with any credentials in URLs removed."""
     from omegaconf import OmegaConf
 
@@ -108,7 +110,7 @@ def config_for_record(cfg: BenchmarkConfig) -> dict[str, Any]:
         raise TypeError(f"settings resolved to {type(container).__name__}, not a mapping")
     resolved = {str(key): value for key, value in container.items()}
     resolved["storage"]["endpoint"] = redact_url(resolved["storage"]["endpoint"])
-    return resolved
+    return Settings.model_validate(resolved)
 
 
 def record_path(results_dir: str, run_id: str) -> Path:
@@ -116,180 +118,396 @@ def record_path(results_dir: str, run_id: str) -> Path:
 
 
 # -- the typed records ---------------------------------------------------------------------
+# pydantic v2 (already installed with Hydra's neighbours: pydantic-settings, moto): models
+# that validate a line in one call, say which field is wrong and why (ValidationError's
+# loc and type), and dump themselves; msgspec would be a new dependency for no gain here.
+# Reading is strict (JSON's true is no integer, "1" no number); building one in a rank is
+# lax (an int where a float goes). Every number of a record is a count, size, duration or
+# clock reading, never below zero, except the Signed ones (a ratio to a baseline minus 1,
+# time lost against a baseline); none reaches 2**63 (pandas' int64 holds no more).
+MAX_MAGNITUDE = 2**63
+READ = {"read": True}  # model_validate(context=READ): a record file's line, ranges checked
+SHOWN = {"printable": True}  # model_dump(context=SHOWN): every text escaped (log.printable)
 
-@dataclasses.dataclass
-class Sample:
+
+def _ranged(signed: bool) -> AfterValidator:
+    def check(value: float, info: ValidationInfo) -> float:
+        if info.context != READ:  # a rank writes what it measured (a clock read out of
+            return value  # order must not cost the run its record); the reader judges it
+        if isinstance(value, float) and not math.isfinite(value):
+            raise PydanticCustomError("finite_number", "not a finite number")
+        if abs(value) >= MAX_MAGNITUDE:  # a 401-digit integer cannot even become a float
+            raise PydanticCustomError("less_than", "out of range")
+        if value < 0 and not signed:
+            raise PydanticCustomError("greater_than_equal", "negative")
+        return value
+    return AfterValidator(check)
+
+
+Count = Annotated[int, _ranged(signed=False)]
+Measure = Annotated[float, _ranged(signed=False)]
+Signed = Annotated[float, _ranged(signed=True)]
+
+
+def _text(value: str, info: SerializationInfo) -> str:
+    # a record is anyone's who can write the results directory: its `error` or `model`
+    # with ESC or a newline in it must not reach the terminal, nor split a table row
+    return printable(value) if info.context == SHOWN else value
+
+
+Text = Annotated[str, PlainSerializer(_text)]
+# one resolved setting (config/schema.py): enums are written as their names
+Setting = StrictBool | StrictInt | StrictFloat | Annotated[StrictStr, PlainSerializer(_text)] \
+    | list[Text] | None
+
+
+class Block(BaseModel):
+    """A nested block: typed on the way in, written with exactly the keys its writer gave,
+    in its order, so the JSON is what the dict literals wrote before (a block of an older
+    record keeps its missing keys missing); unknown keys (a newer writer's) are dropped."""
+
+    model_config = ConfigDict(extra="ignore")
+    _order: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_order(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        block = handler(data)
+        if isinstance(data, dict) and isinstance(block, Block):
+            block.keep_order(tuple(data))
+        return block
+
+    def keep_order(self, keys: tuple[str, ...]) -> None:
+        self._order = keys
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        found = handler(self)
+        return {key: found[key] for key in self._order if key in found}
+
+
+class Percentiles(Block):
+    """Latency quantiles and the max, ms (telemetry.histograms.percentiles_ms)."""
+
+    p50: Measure | None = None
+    p90: Measure | None = None
+    p99: Measure | None = None
+    max: Measure | None = None
+
+
+class TypeSummary(Block):
+    """One request type's figures in a window (telemetry.summaries._type_entry)."""
+
+    count: Count | None = None
+    failed: Count | None = None
+    misses: Count | None = None
+    throttled: Count | None = None
+    retries: Count | None = None
+    status: dict[str, Count] | None = None  # HTTP status (or "none"): requests
+    latency_ms: Percentiles | None = None
+    latency_hist: dict[str, Count] | None = None  # histogram bucket: requests
+    bytes: Count | None = None
+
+
+class Requests(Block):
+    """S3 requests of one window (telemetry.summaries.summarize, merge_summaries)."""
+
+    count: Count | None = None
+    ok: Count | None = None
+    failed: Count | None = None
+    misses: Count | None = None
+    throttled: Count | None = None
+    retries: Count | None = None
+    canceled: Count | None = None
+    success_ratio: Measure | None = None
+    seconds: Measure | None = None
+    req_per_s: Measure | None = None
+    bytes_down: Count | None = None
+    broken: Count | None = None
+    bytes_down_broken_max: Count | None = None
+    bytes_up: Count | None = None
+    unparsed: Count | None = None
+    late: Count | None = None
+    parser: Text | None = None
+    status: dict[str, Count] | None = None
+    latency_ms: Percentiles | None = None
+    ttfb_ms: Percentiles | None = None
+    ttfb_hist: dict[str, Count] | None = None
+    by_type: dict[str, TypeSummary] | None = None  # request type: its figures
+    control_plane: dict[str, dict[str, Count]] | None = None  # boto3 call: status: calls
+
+
+class ModelSettings(Block):
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, Setting] = Field(init=False)
+    preset: Text | None = None  # a group label in the report: text, never a list
+
+
+class StorageSettings(Block):
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, Setting] = Field(init=False)
+    kind: Text | None = None  # group labels in the report: text
+    endpoint: Text | None = None
+    region: Text | None = None
+
+
+class Settings(Block):
+    """The resolved settings (config/schema.py's BenchmarkConfig, no secrets): its groups
+    are objects, every other value one setting."""
+
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, Setting] = Field(init=False)
+    model: ModelSettings | None = None
+    storage: StorageSettings | None = None
+    async_save: dict[str, Setting] | None = None
+    tune: dict[str, Setting] | None = None
+
+
+class ModelInfo(Block):
+    """What was built: the preset, its family, dtype, state and sizes (rank/session.py)."""
+
+    preset: Text | None = None
+    family: Text | None = None
+    config: Text | None = None
+    moe_layout: Text | None = None
+    dtype: Text | None = None
+    dtype_from: Text | None = None
+    state: Text | None = None
+    param_count: Count | None = None
+    param_bytes: Count | None = None
+    state_bytes: Count | None = None
+
+
+class Gpus(Block):
+    model: Text | None = None
+    count: Count | None = None  # per node
+
+
+class Allocator(Block):
+    """The allocator rank 0 runs (process/allocator.py)."""
+
+    name: Text | None = None  # "glibc 2.36" | "jemalloc" | ...
+    thresholds: Text | None = None  # "default" | "raised" (malloc=)
+    environment: dict[str, Text] | None = None  # MALLOC_*, GLIBC_TUNABLES, LD_PRELOAD
+
+
+class StorageInfo(Block):
+    """Where the checkpoints went (the stores' describe(); no secrets)."""
+
+    kind: Text | None = None
+    path: Text | None = None  # fs
+    uri: Text | None = None  # s3 from here on
+    bucket: Text | None = None
+    region: Text | None = None
+    endpoint: Text | None = None
+    force_path_style: bool | None = None
+    client: Text | None = None
+    retry_mode: Text | None = None
+    max_attempts: Count | None = None
+    client_versions: dict[str, Text | None] | None = None
+    embedded: bool | None = None  # the launcher's own SeaweedFS
+
+
+class RankFailure(Block):
+    """How a rank that did not end cleanly ended, as torch's elastic agent saw it
+    (launch/agent.py), with our rank's own status, error and cause from its error file."""
+
+    local_rank: Count | None = None
+    pid: Count | None = None
+    exitcode: int | None = None  # negative: the signal's number
+    signal: Text | None = None
+    message: Text | None = None
+    timestamp: Measure | None = None
+    node_oom_kills: Count | None = None
+    status: Text | None = None
+    error: Text | None = None
+    cause: Text | None = None
+
+
+class Integrity(Block):
+    checked: bool | None = None
+    reason: Text | None = None
+
+
+class ServerRequests(Block):
+    """The record's request counts against the server's own (telemetry.server_counters)."""
+
+    source: Text | None = None
+    match: bool | None = None
+    record: dict[str, Count] | None = None  # "<server type> <code>": requests
+    server: dict[str, Count] | None = None
+    differences: dict[str, int] | None = None  # record - server
+    incomplete: list[Text] | None = None
+    cause: Text | None = None
+    unanswered: Count | None = None
+
+
+class TuneTrial(Block):
+    trial: Count | None = None
+    role: Text | None = None  # defaults | search | repeat | ceiling
+    settings: dict[str, Setting] | None = None  # setting: value
+
+
+class _Record(BaseModel):
+    # lax where a rank builds one (an int where a float goes), strict where a file is read
+    model_config = ConfigDict(extra="ignore", validate_assignment=True)
+
+
+class Sample(_Record):
     """One rank's measurement of one save or load (a `"record": "sample"` line)."""
 
-    op: str  # "save" | "load"
-    iteration: int  # 1-based
-    suffix: str
-    rank: int
-    host: str
-    begin_wall_s: float  # time.time() just after the aligning barrier
-    end_wall_s: float
-    begin_mono_s: float  # time.monotonic(), same instants (comparable within a host)
-    end_mono_s: float
-    duration_s: float
-    bytes: int  # checkpoint bytes: what this rank's shards hold (saved or loaded)
-    barrier_wait_s: float  # time in the aligning barrier before the timer started
-    plan_s: float | None = None  # start -> data I/O begins (local + global plan, collective)
-    io_s: float | None = None  # write_data / read_data
-    commit_s: float | None = None  # data I/O end -> return (save: results gather + .metadata)
-    metadata_s: float | None = None  # load: reading .metadata (part of plan_s)
-    finish_s: float | None = None  # save, coordinator: writing .metadata
+    op: Text  # "save" | "load"
+    iteration: Count  # 1-based
+    suffix: Text
+    rank: Count
+    host: Text
+    begin_wall_s: Measure  # time.time() just after the aligning barrier
+    end_wall_s: Measure
+    begin_mono_s: Measure  # time.monotonic(), same instants (comparable within a host)
+    end_mono_s: Measure
+    duration_s: Measure
+    bytes: Count  # checkpoint bytes: what this rank's shards hold (saved or loaded)
+    barrier_wait_s: Measure  # time in the aligning barrier before the timer started
+    plan_s: Measure | None = None  # start -> data I/O begins (local + global plan, collective)
+    io_s: Measure | None = None  # write_data / read_data
+    commit_s: Measure | None = None  # data I/O end -> return (save: results gather + .metadata)
+    metadata_s: Measure | None = None  # load: reading .metadata (part of plan_s)
+    finish_s: Measure | None = None  # save, coordinator: writing .metadata
     # S3 requests this rank made inside the timed region (telemetry.summaries.summarize)
-    requests: dict[str, Any] | None = None
+    requests: Requests | None = None
     # -- schema 2 -------------------------------------------------------------------------
-    save_mode: str | None = None  # save: "sync" | "async"
-    blocked_s: float | None = None  # save: call -> control back to the training loop
-    staged_s: float | None = None  # async save: until the staging copy is done
-    persisted_s: float | None = None  # save: call -> upload and .metadata commit done
-    previous_wait_s: float | None = None  # async: waiting for the previous upload to finish
-    train_steps: int | None = None  # async + train_step_s: steps run while uploading
+    save_mode: Text | None = None  # save: "sync" | "async"
+    blocked_s: Measure | None = None  # save: call -> control back to the training loop
+    staged_s: Measure | None = None  # async save: until the staging copy is done
+    persisted_s: Measure | None = None  # save: call -> upload and .metadata commit done
+    previous_wait_s: Measure | None = None  # async: waiting for the previous upload to finish
+    train_steps: Count | None = None  # async + train_step_s: steps run while uploading
     # mean step compute time with upload / without - 1 (schema 5; before, waits included)
-    train_step_slowdown: float | None = None
-    fetched_bytes: int | None = None  # load: bytes read from storage (>= bytes if amplified)
-    written_bytes: int | None = None  # save: tensor bytes written to storage by this rank
+    train_step_slowdown: Signed | None = None
+    fetched_bytes: Count | None = None  # load: bytes read from storage (>= bytes if amplified)
+    written_bytes: Count | None = None  # save: tensor bytes written to storage by this rank
     # before schema 8, a load's io_s split into the time inside the object streams' reads
     # (io_wait_s, mostly the rank's own copies and page faults) and the rest (copy_s)
-    io_wait_s: float | None = None
-    copy_s: float | None = None
-    stage_s: float | None = None  # save: DCP's own work: staging, serialising (inside io_s)
-    upload_s: float | None = None  # save: inside the client's upload calls (inside io_s)
-    peak_rss_bytes: int | None = None  # resident memory high-water mark during this op
-    cuda_max_allocated_bytes: int | None = None  # CUDA: torch.cuda.max_memory_allocated
+    io_wait_s: Measure | None = None
+    copy_s: Measure | None = None
+    stage_s: Measure | None = None  # save: DCP's own work: staging, serialising (inside io_s)
+    upload_s: Measure | None = None  # save: inside the client's upload calls (inside io_s)
+    peak_rss_bytes: Count | None = None  # resident memory high-water mark during this op
+    cuda_max_allocated_bytes: Count | None = None  # CUDA: torch.cuda.max_memory_allocated
     # -- schema 3 -------------------------------------------------------------------------
     # save: call -> the training loop may update weights again (sync: the whole save; async:
     # the call and the staging, previous_wait_s included); >= blocked_s, >= staged_s
-    stall_s: float | None = None
-    interval_s: float | None = None  # async + train_step_s: call -> the following steps done
-    train_lost_s: float | None = None  # interval_s - steps x baseline step: training lost
-    train_lost_share: float | None = None  # train_lost_s / interval_s
+    stall_s: Measure | None = None
+    interval_s: Measure | None = None  # async + train_step_s: call -> the following steps done
+    train_lost_s: Signed | None = None  # interval_s - steps x baseline step: training lost
+    train_lost_share: Signed | None = None  # train_lost_s / interval_s
     # fs load / raw_get: the page cache when the timer started (storage/pagecache.py):
     # "dropped" | "tmpfs-not-droppable" | "resident-after-drop"; None for s3 and saves
-    cache_policy: str | None = None
+    cache_policy: Text | None = None
     # minor page faults of this rank during the op (process-wide, getrusage): fresh memory
     # the op touched; a count far apart between two runs means different allocator states
-    minor_faults: int | None = None
+    minor_faults: Count | None = None
     # -- schema 4 -------------------------------------------------------------------------
-    replica: int | None = None  # model.replicas > 1: this rank's replica group (0 .. R-1)
+    replica: Count | None = None  # model.replicas > 1: this rank's replica group (0 .. R-1)
     # load, replica_load=read_once: seconds in the broadcast along the replicate dimension
     # (inside duration_s; replica 0 after its own read, the others waiting for it)
-    broadcast_s: float | None = None
+    broadcast_s: Measure | None = None
     # -- schema 5 -------------------------------------------------------------------------
     # async + train_step_s: seconds the steps waited before their update for the staging
     # (in train_lost_s; not in the steps' compute time, train_step_slowdown)
-    train_wait_s: float | None = None
+    train_wait_s: Measure | None = None
     # async save: torch's stager stages once (2.11), so this save ran on a fresh one whose
     # staging allocated its pinned / shared buffers again (inside staged_s and stall_s);
     # False: the stager and its buffers are reused from save to save; None: sync
     stager_renewed: bool | None = None
     # -- schema 8: a load's io_s by who spends it (storage/timeline.py, docs/metrics.md) -----
-    storage_s: float | None = None  # load: inside the storage client's calls for bytes
-    deserialise_s: float | None = None  # load: DCP's own work (torch.load, host copies)
-    target_copy_s: float | None = None  # load: copying into the live tensors (GPU: H2D)
+    storage_s: Measure | None = None  # load: inside the storage client's calls for bytes
+    deserialise_s: Measure | None = None  # load: DCP's own work (torch.load, host copies)
+    target_copy_s: Measure | None = None  # load: copying into the live tensors (GPU: H2D)
     # a load through the tool's own reader (storage.read_ahead), not DCP's: "read_ahead=N";
     # null: DCP's reader. Its io_s parts overlap (fetches run while the rank deserialises)
-    reader: str | None = None
-    read_ahead_peak_bytes: int | None = None  # the most bytes the tool's reader held at once
-    run_id: str | None = None  # set when read back from a record file
+    reader: Text | None = None
+    read_ahead_peak_bytes: Count | None = None  # the most bytes the tool's reader held at once
+    run_id: Text | None = None  # set when read back from a record file
+
+    @model_validator(mode="after")
+    def _spans_forward(self) -> Sample:
+        for begin, end in (("begin_wall_s", "end_wall_s"), ("begin_mono_s", "end_mono_s")):
+            if getattr(self, end) < getattr(self, begin):
+                raise PydanticCustomError("span", f"{end} before {begin}")
+        return self
 
 
-@dataclasses.dataclass
-class InitRow:
+class InitRow(_Record):
     """One rank's untimed set-up: never part of any figure."""
 
-    rank: int
-    pg_init_s: float | None = None  # joining the process group
-    build_s: float | None = None  # meta build, fully_shard, materialise and fill the shards
-    state_dict_s: float | None = None  # the sharded state dict DCP saves
-    init_s: float | None = None  # process start -> ready for the first timed operation
-    peak_rss_bytes: int | None = None  # peak resident memory of the rank process
-    untimed_request_count: int | None = None  # S3 requests outside every timed region
+    rank: Count
+    pg_init_s: Measure | None = None  # joining the process group
+    build_s: Measure | None = None  # meta build, fully_shard, materialise and fill the shards
+    state_dict_s: Measure | None = None  # the sharded state dict DCP saves
+    init_s: Measure | None = None  # process start -> ready for the first timed operation
+    peak_rss_bytes: Count | None = None  # peak resident memory of the rank process
+    untimed_request_count: Count | None = None  # S3 requests outside every timed region
     # the value fill inside build_s (schema 5): a real restart loads instead, so the
     # restart time of `report --node-mtbf-hours` leaves it out
-    fill_s: float | None = None
+    fill_s: Measure | None = None
 
 
-@dataclasses.dataclass
-class RunRecord:
+class RunRecord(_Record):
     """The first line of a record file (`"record": "run"`): what ran, where, and how it ended."""
 
-    run_id: str
-    command: str
-    status: str = "unknown"  # ok | failed | interrupted
-    end_cause: str | None = None  # contract.EndCause: why it ended (decided on, never the error text)
-    error: str | None = None
-    argv: list[str] = dataclasses.field(default_factory=list)
-    started_at: str | None = None
-    finished_at: str | None = None
-    config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    model: dict[str, Any] | None = None  # preset, family, dtype, state, param_count, ...
-    world_size: int | None = None
-    node_count: int | None = None
-    nproc_per_node: int | None = None
+    run_id: Text
+    command: Text
+    status: Text = "unknown"  # ok | failed | interrupted
+    end_cause: Text | None = None  # contract.EndCause: why it ended (decided on, never the error text)
+    error: Text | None = None
+    argv: list[Text] = []
+    started_at: Text | None = None
+    finished_at: Text | None = None
+    config: Settings = Settings()
+    model: ModelInfo | None = None
+    world_size: Count | None = None
+    node_count: Count | None = None
+    nproc_per_node: Count | None = None
     # After a barrier, how far apart the ranks' wall clocks read (max - min, least of a few
     # rounds; barrier jitter included): the most skew a cross-node span_s can carry.
     # slowest_rank figures (each rank's own monotonic clock) carry none.
-    clock_spread_s: float | None = None
-    hostnames: list[str] = dataclasses.field(default_factory=list)
-    backend: str | None = None
-    device: str | None = None
-    gpus: dict[str, Any] | None = None  # CUDA: {"model": name, "count": per node}
-    # schema 8: the allocator rank 0 runs (process/allocator.py): {"name": "glibc 2.36" |
-    # "jemalloc" | ..., "thresholds": "default" | "raised" (malloc=), "environment": the
-    # MALLOC_* / GLIBC_TUNABLES / LD_PRELOAD variables the ranks had}
-    allocator: dict[str, Any] | None = None
-    storage: dict[str, Any] | None = None
-    suffixes: list[str] = dataclasses.field(default_factory=list)
+    clock_spread_s: Measure | None = None
+    hostnames: list[Text] = []
+    backend: Text | None = None
+    device: Text | None = None
+    gpus: Gpus | None = None  # CUDA only
+    allocator: Allocator | None = None  # schema 8
+    storage: StorageInfo | None = None
+    suffixes: list[Text] = []
     # The suffix a save was writing when the run failed or was interrupted: objects (and
     # maybe open multipart uploads) left there, no .metadata, never loadable.
-    incomplete_suffix: str | None = None
-    # How each rank that did not end cleanly ended, as torch's elastic agent saw it (written
-    # by the launcher): {global rank: {exitcode, signal, message, timestamp, node_oom_kills}}.
-    rank_failures: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    integrity: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    incomplete_suffix: Text | None = None
+    # How each rank that did not end cleanly ended (written by the launcher), by global rank
+    rank_failures: dict[str, RankFailure] = {}
+    integrity: dict[str, Integrity] = {}  # suffix: whether its loads were checked
     # How the saves claimed their suffixes (storage/layout.py): conditional_write (S3
     # If-None-Match: *), exclusive_create (fs O_EXCL), not_atomic (the server ignores the
     # condition: a check, then a write); None when no save chose one.
-    suffix_claim: str | None = None
-    init: list[InitRow] = dataclasses.field(default_factory=list)
-    versions: dict[str, str | None] = dataclasses.field(default_factory=dict)
-    slurm: dict[str, str] | None = None
-    untimed_requests: dict[str, Any] | None = None
+    suffix_claim: Text | None = None
+    init: list[InitRow] = []
+    versions: dict[str, Text | None] = {}
+    slurm: dict[str, Text] | None = None
+    untimed_requests: Requests | None = None
     # storage.metrics_url: the record's request counts against the server's own (the launcher)
-    server_requests: dict[str, Any] | None = None
-    request_log_dir: str | None = None
-    # `dcp-fsdp tune` trials: {"trial": n, "role": defaults|search|repeat, "settings": {...}}
-    tune: dict[str, Any] | None = None
+    server_requests: ServerRequests | None = None
+    request_log_dir: Text | None = None
+    tune: TuneTrial | None = None  # `dcp-fsdp tune` trials only
     # benchmark-only: instrumentation pieces left out of the timed path (contract.HARNESS_OFF_ENV)
-    harness_off: list[str] | None = None
+    harness_off: list[Text] | None = None
     # How the recording rank's process started (from 2026-11-29): "exec" (a fresh interpreter,
     # as torchrun and every measured run start it) or "fork" (from our agent, the test suite's
     # contract.FORK_RANKS_TEST_ONLY_ENV); null: an older record, or one the launcher wrote
-    rank_start: str | None = None
-    schema_version: int = SCHEMA_VERSION
+    rank_start: Text | None = None
+    schema_version: Count = SCHEMA_VERSION
 
-    def to_json(self) -> dict[str, Any]:
-        return {"record": "run", **dataclasses.asdict(self)}
-
-
-def _from_dict(cls: type[_Record], row: dict[str, Any]) -> _Record:
-    """A dataclass from a record line: unknown keys (newer writers) are dropped, missing
-    ones (older writers) take their defaults."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{key: value for key, value in row.items() if key in names})
-
-
-def run_from_json(row: dict[str, Any]) -> RunRecord:
-    run = _from_dict(RunRecord, {**row, "schema_version": row.get("schema_version", 0)})
-    run.init = [_from_dict(InitRow, r) if isinstance(r, dict) else r for r in (run.init or [])]
-    return run
-
-
-def sample_from_json(row: dict[str, Any]) -> Sample:
-    return _from_dict(Sample, row)
+    def to_json(self, context: dict[str, bool] | None = None) -> dict[str, Any]:
+        return {"record": "run", **self.model_dump(context=context)}
 
 
 def write_records(path: Path, run: RunRecord, samples: Iterable[Sample]) -> Path:
@@ -299,8 +517,7 @@ def write_records(path: Path, run: RunRecord, samples: Iterable[Sample]) -> Path
     def write(out: IO[str]) -> None:
         out.write(json.dumps(run.to_json()) + "\n")
         for sample in samples:
-            row = {key: value for key, value in dataclasses.asdict(sample).items()
-                   if key != "run_id"}
+            row = sample.model_dump(exclude={"run_id"})
             out.write(json.dumps({"record": "sample", "run_id": run.run_id, **row}) + "\n")
     replace_atomically(path, write)
     return path
@@ -352,15 +569,44 @@ class RecordFile:
         return sum(1 for skipped in self.skipped if skipped.unknown)
 
 
-_SAMPLE_FIELDS = field_types(Sample)
-_RUN_FIELDS = field_types(RunRecord)
-_INIT_FIELDS = field_types(InitRow)
+# what a field's wrong value is, by pydantic's error type
+_WRONG = {"int_type": "is not an integer", "float_type": "is not a number",
+          "finite_number": "is not a finite number", "greater_than_equal": "is negative",
+          "less_than": "is out of range (2**63 or more)",
+          "greater_than": "is out of range (2**63 or more)", "string_type": "is not text",
+          "list_type": "is not a list", "dict_type": "is not an object",
+          "model_type": "is not an object", "bool_type": "is not true or false"}
+
+
+def _problem(error: ValidationError, row: dict[str, Any]) -> str:
+    """The first wrong field of `row`, as its path in the line (`init[0].rank`) and what is
+    wrong, not its value: many bad lines share one reason (one note per reason)."""
+    first = error.errors()[0]
+    if first["type"] == "span":  # Sample's own check
+        return first["msg"]
+    names: list[str] = []
+    value: Any = row
+    for part in first["loc"]:
+        if isinstance(part, int) and isinstance(value, list):
+            names[-1] += f"[{part}]"
+        elif isinstance(value, dict) and (part in value or first["type"] == "missing"):
+            names.append(str(part))
+        else:  # a union's member (a setting's kinds): the value is of none of them
+            return f"{'.'.join(names)} is not a setting"
+        value = value[part] if isinstance(value, (dict, list)) and part in value or (
+            isinstance(part, int)) else None
+    name = ".".join(names)
+    if first["type"] == "missing":
+        return f"no {name}"
+    return f"{name} {_WRONG.get(first['type'], 'is of the wrong kind')}"
 
 
 def _read_line(text: str, number: int, into: RecordFile) -> None:
     """One line into `into`: a run, a sample, or a SkippedLine with the reason."""
-    row, unreadable = parse_line(text)
-    if unreadable:
+    try:
+        row = from_json(text)
+    except ValueError as error:  # not JSON, or deeper than the parser goes (or any record)
+        unreadable = "nested too deeply" if "recursion limit" in str(error) else "not JSON"
         if _names_a_sample(text):
             into.skipped.append(SkippedLine(number, f"{unreadable} (a sample line cut off or "
                                                     "damaged)"))
@@ -368,25 +614,21 @@ def _read_line(text: str, number: int, into: RecordFile) -> None:
             into.skipped.append(SkippedLine(number, f"{unreadable} (damaged or not a record "
                                                     "line)", lost_sample=False, unknown=True))
         return
-    if not isinstance(row, dict):
-        into.skipped.append(SkippedLine(number, "not a JSON object"))
-        return
-    kind = row.get("record")
-    if kind == "run":
-        problem = run_problem(row, _RUN_FIELDS, _INIT_FIELDS)
-        if problem:
-            # not a measurement: the file's other runs and samples lose nothing by it
-            into.skipped.append(SkippedLine(number, f"run line: {problem}", lost_sample=False))
-        else:
-            into.runs.append(run_from_json(row))
-    elif kind == "sample":
-        problem = sample_problem(row, _SAMPLE_FIELDS)
-        if problem:
-            into.skipped.append(SkippedLine(number, f"sample line: {problem}"))
-        else:
-            into.samples.append(sample_from_json(row))
-    else:  # not a measurement this reader knows: the figures lose nothing by it
-        into.skipped.append(SkippedLine(number, "not a run or sample line", lost_sample=False))
+    kind = row.get("record") if isinstance(row, dict) else None
+    try:
+        if kind == "run":
+            # the one migration: a record from before schema_version was written is version 0
+            into.runs.append(RunRecord.model_validate({"schema_version": 0, **row}, strict=True,
+                                                     context=READ))
+        elif kind == "sample":
+            into.samples.append(Sample.model_validate(row, strict=True, context=READ))
+        else:  # not a measurement this reader knows: the figures lose nothing by it
+            into.skipped.append(SkippedLine(number, "not a run or sample line",
+                                            lost_sample=False))
+    except ValidationError as error:
+        # a bad run line is not a measurement: the file's other runs and samples lose nothing
+        into.skipped.append(SkippedLine(number, f"{kind} line: {_problem(error, row)}",
+                                        lost_sample=kind == "sample"))
 
 
 _SAMPLE_START = '{"record": "sample"'  # how write_record begins every sample line
@@ -401,7 +643,7 @@ def _names_a_sample(text: str) -> bool:
 
 def read_record_file(path: Path) -> RecordFile:
     """A record file's run(s) and samples; every line that cannot be read is skipped, with
-    its line number and reason (telemetry.record_checks)."""
+    its line number and reason (the models' ValidationError)."""
     parsed = RecordFile(Path(path), [], [])
     with open(path, errors="replace") as source:
         for number, line in enumerate(source, start=1):

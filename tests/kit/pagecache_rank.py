@@ -11,7 +11,6 @@ that are still in the page cache. Written to OUT.json: {"load": [resident, pages
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -54,7 +53,7 @@ def main() -> int:
     sharded, state_dict = session.build()
     session.run_loop(sharded, state_dict)
     assert session.loop is not None  # run_loop made it
-    samples = [dataclasses.asdict(s) for s in session.loop.samples]
+    samples = [s.model_dump() for s in session.loop.samples]
     with open(out, "w") as sink:
         json.dump({**seen, "samples": samples}, sink)
     import torch.distributed as dist

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from dcp_fsdp.telemetry.records import read_record_file, sample_from_json, write_records
+from dcp_fsdp.telemetry.records import Sample, Settings, read_record_file, write_records
 
 DATA = Path(__file__).parent / "data"
 ONE_ITERATION = DATA / "two_rank_save_and_load.jsonl"
@@ -39,17 +39,19 @@ def variant(directory: Path, run_id: str, source: Path = TWO_ITERATIONS, *,
     parsed = read_record_file(source)
     record = copy.deepcopy(parsed.runs[0])
     record.run_id, record.status, record.error = run_id, status, error
+    config = record.config.model_dump()
     for name, value in (settings or {}).items():
-        set_path(record.config, name, value)
+        set_path(config, name, value)
+    record.config = Settings.model_validate(config)
     for name, value in (run or {}).items():
         setattr(record, name, value)
     samples = []
     for original in parsed.samples:
-        row = {k: v for k, v in original.__dict__.items() if k != "run_id"}
+        row = original.model_dump(exclude={"run_id"})
         changed = sample(copy.deepcopy(row)) if sample else row
         for line in changed if isinstance(changed, list) else [changed]:
             if line is not None:
-                samples.append(sample_from_json(line))
+                samples.append(Sample.model_validate(line))
     if status != "ok":  # a failed run keeps only rank 0's samples
         samples = [s for s in samples if s.rank == 0]
     return write_records(directory / f"{run_id}.jsonl", record, samples)

@@ -348,7 +348,7 @@ def test_a_cpu_ranks_record_asks_cuda_nothing_on_a_gpu_host(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", device_name)
     assert session.gpus(torch.device("cpu")) is None
     assert asked == []
-    assert session.gpus(FAKE_CUDA) == {"model": "NVIDIA H100 80GB HBM3", "count": 4}
+    assert session.gpus(FAKE_CUDA) == session.Gpus(model="NVIDIA H100 80GB HBM3", count=4)
     assert asked == [("get_device_name", FAKE_CUDA)]
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 from dcp_fsdp.telemetry import records
-from dcp_fsdp.telemetry.records import InitRow, RunRecord, Sample
+from dcp_fsdp.telemetry.records import InitRow, ModelInfo, RunRecord, Sample
 
 
 def _sample(rank: int, **extra) -> Sample:
@@ -18,14 +17,14 @@ def _sample(rank: int, **extra) -> Sample:
 def test_round_trip_keeps_every_field(tmp_path):
     run = RunRecord(run_id="r1", command="save", status="ok", world_size=2,
                     init=[InitRow(rank=0, init_s=1.5), InitRow(rank=1, init_s=1.6)],
-                    model={"preset": "tiny_llama"}, suffixes=["s"])
+                    model=ModelInfo(preset="tiny_llama"), suffixes=["s"])
     samples = [_sample(0, blocked_s=0.2), _sample(1)]
     path = records.write_records(records.record_path(str(tmp_path), "r1"), run, samples)
     assert path.name == "r1.jsonl" and not path.with_suffix(".jsonl.tmp").exists()
     read = records.read_record_file(path)
     assert read.bad_lines == 0 and len(read.runs) == 1
     assert read.runs[0] == run
-    assert [dataclasses.replace(s, run_id=None) for s in read.samples] == samples
+    assert [s.model_copy(update={"run_id": None}) for s in read.samples] == samples
     assert all(s.run_id == "r1" for s in read.samples)
     first = json.loads(path.read_text().splitlines()[0])
     assert first["record"] == "run" and first["schema_version"] == records.SCHEMA_VERSION
@@ -35,7 +34,7 @@ def test_older_records_read_with_defaults_and_newer_fields_are_ignored(tmp_path)
     path = tmp_path / "old.jsonl"
     run_line = {"record": "run", "schema_version": 1, "run_id": "old", "command": "load",
                 "status": "ok", "init": [{"rank": 0, "init_s": 2.0, "a_future_field": 1}]}
-    sample = dataclasses.asdict(_sample(0))
+    sample = _sample(0).model_dump()
     for newer in ("blocked_s", "peak_rss_bytes", "fetched_bytes", "run_id"):
         sample.pop(newer)
     lines = [run_line, {"record": "sample", "run_id": "old", **sample, "from_the_future": 3}]

@@ -21,7 +21,7 @@ from dcp_fsdp.launch import checks
 from dcp_fsdp.models.build import replica_of
 from dcp_fsdp.rank.replicas import replica_share
 from dcp_fsdp.telemetry.figures import egress_mib
-from dcp_fsdp.telemetry.records import RunRecord
+from dcp_fsdp.telemetry.records import RunRecord, Settings
 from tests.unit.test_report import run_line, sample_line
 
 
@@ -185,11 +185,11 @@ def test_the_report_splits_loads_by_replica_load_and_shows_egress_per_operation(
 
 def test_the_run_summary_names_the_replicas():
     run = RunRecord(run_id="r", command="save-and-load",
-                    config={"model": {"replicas": 2, "replica_load": "read_once"}})
+                    config=Settings.model_validate({"model": {"replicas": 2, "replica_load": "read_once"}}))
     assert replicas_words(run) == " as 2 replicas (loads: read_once)"
     run.command = "save"
     assert replicas_words(run) == " as 2 replicas"
-    run.config = {"model": {"replicas": 1}}
+    run.config = Settings.model_validate({"model": {"replicas": 1}})
     assert replicas_words(run) == ""
-    run.config = {}  # a record from before model.replicas
+    run.config = Settings()  # a record from before model.replicas
     assert replicas_words(run) == ""

@@ -12,8 +12,7 @@ import pytest
 
 from dcp_fsdp.analysis import report
 from dcp_fsdp.analysis.intake import EXAMPLES_PER_NOTE
-from dcp_fsdp.telemetry.record_checks import field_types, sample_problem
-from dcp_fsdp.telemetry.records import SCHEMA_VERSION, Sample
+from dcp_fsdp.telemetry.records import SCHEMA_VERSION, read_record_file
 from tests.unit.analysis_kit import ONE_ITERATION, cut_last_line, lines
 
 
@@ -176,24 +175,31 @@ def test_a_file_named_twice_is_read_once(tmp_path):
     assert report.record_files([str(path), str(tmp_path), str(tmp_path / "*.jsonl")]) == [path]
 
 
-def test_sample_checks_allow_signed_ratios_and_reject_bools():
-    expected = field_types(Sample)
-    row = {"op": "save", "iteration": 1, "suffix": "s", "rank": 0, "host": "h",
-           "begin_wall_s": 1.0, "end_wall_s": 2.0, "begin_mono_s": 1, "end_mono_s": 2,
-           "duration_s": 1.0, "bytes": 10, "barrier_wait_s": 0.0}
-    assert sample_problem(row, expected) is None
-    assert sample_problem({**row, "train_step_slowdown": -0.02, "train_lost_s": -0.1},
-                          expected) is None
-    assert sample_problem({**row, "rank": True}, expected) == "rank is not an integer"
-    assert sample_problem({**row, "requests": []}, expected) == "requests is not an object"
-    assert sample_problem({k: v for k, v in row.items() if k != "host"}, expected) == "no host"
+def test_sample_checks_allow_signed_ratios_and_reject_bools(tmp_path):
+    row = {"record": "sample", "op": "save", "iteration": 1, "suffix": "s", "rank": 0,
+           "host": "h", "begin_wall_s": 1.0, "end_wall_s": 2.0, "begin_mono_s": 1,
+           "end_mono_s": 2, "duration_s": 1.0, "bytes": 10, "barrier_wait_s": 0.0}
+
+    def problem(line: dict[str, Any]) -> str | None:
+        path = tmp_path / "r.jsonl"
+        path.write_text(json.dumps(line) + "\n")
+        skipped = read_record_file(path).skipped
+        return skipped[0].reason.removeprefix("sample line: ") if skipped else None
+
+    assert problem(row) is None
+    assert problem({**row, "train_step_slowdown": -0.02, "train_lost_s": -0.1}) is None
+    assert problem({**row, "rank": True}) == "rank is not an integer"
+    assert problem({**row, "requests": []}) == "requests is not an object"
+    assert problem({k: v for k, v in row.items() if k != "host"}) == "no host"
+    assert problem({**row, "requests": {"by_type": {"GET": {"count": -1}}}}) == (
+        "requests.by_type.GET.count is negative")
 
 
 @pytest.mark.parametrize("change, reason", [
     ({"world_size": "2"}, "world_size is not an integer"),
     ({"config": {"storage": "s3"}}, "config.storage is not an object"),
     ({"model": {"preset": ["tiny"]}}, "model.preset is not text"),
-    ({"init": [{"rank": -1}]}, "init: rank is negative"),
+    ({"init": [{"rank": -1}]}, "init[0].rank is negative"),
 ])
 def test_a_run_line_with_a_field_of_the_wrong_type_skips_its_file(tmp_path, capsys, change,
                                                                   reason):
