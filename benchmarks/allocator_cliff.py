@@ -1,14 +1,17 @@
 """The part-size cliff and what the allocator costs: a load of the same checkpoint with
 8 and 64 MiB parts, under glibc's defaults and with malloc=raised, on the embedded SeaweedFS.
 
-Every round launches `dcp-fsdp save-and-load` once per variant (part size x malloc), in an
-order that rotates every round; a launch's figure per op is the slowest rank's duration_s,
-and its load's split (inside the storage client, DCP's own work) and fresh pages per byte come from its
-record. Per variant: the paired ratio to the baseline variant (8 MiB parts, glibc's
-defaults) of each round, their geometric mean with its 95 % CI (benchmarks/paired.py).
-The 1-minute load average is printed beside every round.
+One checkpoint is saved once; every round launches `dcp-fsdp load` of it once per variant
+(part size x malloc, and any environment a variant adds), in an order that rotates every
+round (with --save-and-load, `dcp-fsdp save-and-load` per variant instead). A launch's
+figure is its last load's slowest rank's duration_s, its split (inside the storage client,
+DCP's own work) and its fresh pages per byte, from its record. Per variant: the paired
+ratio to the baseline variant (the first of --variants) of each round, their geometric
+mean with its 95 % CI (benchmarks/paired.py). The 1-minute load average is printed beside
+every round.
 
   python -m benchmarks.allocator_cliff --pairs 5            # L660m bf16, 1 rank
+  python -m benchmarks.allocator_cliff --pairs 8 --variants 64MiB-default,64MiB-raised,64MiB-raised-arena1
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ VARIANT_ENVIRONMENT = {"64MiB-raised-arena1": {"MALLOC_ARENA_MAX": "1"}}
 
 
 def run_tool(args: argparse.Namespace, endpoint: str, uri: str, variant: str,
-             env: dict[str, str], log: IO[str]) -> dict[str, float]:
+             env: dict[str, str], log: IO[str], suffix: str | None = None) -> dict[str, float]:
+    """One launch of a variant: a load of `suffix`, else a save-and-load."""
     part_mib, malloc = VARIANTS[variant]
+    command = ["load", f"suffix={suffix}"] if suffix else ["save-and-load"]
     with tempfile.TemporaryDirectory() as results:
-        subprocess.run([sys.executable, "-m", "dcp_fsdp", "save-and-load",
+        subprocess.run([sys.executable, "-m", "dcp_fsdp", *command,
                         f"model={args.model}", f"model.dtype={args.dtype}", f"nproc={args.nproc}",
                         f"storage.uri={uri}", f"storage.endpoint={endpoint}",
                         f"storage.part_size_mib={part_mib}", f"malloc={malloc}",
@@ -50,12 +55,25 @@ def run_tool(args: argparse.Namespace, endpoint: str, uri: str, variant: str,
         (record,) = Path(results).glob("*.jsonl")
         lines = [json.loads(line) for line in record.read_text().splitlines()]
     loads = [s for s in lines[1:] if s["record"] == "sample" and s["op"] == "load"]
-    last = [s for s in loads if s["iteration"] == args.iterations]  # warm: the last load
+    last = [s for s in loads if s["iteration"] == max(x["iteration"] for x in loads)]  # warm
     return {"load_s": max(s["duration_s"] for s in last),
             "storage_s": max(s["storage_s"] for s in last),
             "dcp_s": max(s["deserialise_s"] for s in last),
             "pages_per_byte": sum(s["minor_faults"] for s in last) * PAGE_BYTES
             / sum(s["bytes"] for s in last)}
+
+
+def save_once(args: argparse.Namespace, endpoint: str, uri: str, env: dict[str, str],
+              log: IO[str]) -> str:
+    """The checkpoint every load launch reads: its suffix."""
+    with tempfile.TemporaryDirectory() as results:
+        subprocess.run([sys.executable, "-m", "dcp_fsdp", "save", f"model={args.model}",
+                        f"model.dtype={args.dtype}", f"nproc={args.nproc}", f"storage.uri={uri}",
+                        f"storage.endpoint={endpoint}", f"results_dir={results}", "progress=false"],
+                       cwd=REPO, env=env, stdout=log, stderr=log, check=True)
+        (record,) = Path(results).glob("*.jsonl")
+        (suffix,) = json.loads(record.read_text().splitlines()[0])["suffixes"]
+    return str(suffix)
 
 
 def summarise(figures: dict[str, list[dict[str, float]]], baseline: str) -> list[str]:
@@ -81,6 +99,8 @@ def main() -> int:
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--iterations", type=int, default=2, help="per launch; the last load counts")
+    parser.add_argument("--save-and-load", action="store_true",
+                        help="each launch saves its own checkpoint too (else one saved once)")
     parser.add_argument("--pairs", type=int, default=5, help="rounds (each variant once)")
     parser.add_argument("--log", default="allocator_cliff.log", help="the launches' own output")
     parser.add_argument("--json", default=None, help="write every launch's figures here")
@@ -110,11 +130,18 @@ def main() -> int:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     try:
         with open(args.log, "w") as log:
+            saved_uri = f"s3://{endpoint.bucket}/saved"
+            suffix = None if args.save_and_load else save_once(args, endpoint.endpoint_url,
+                                                               saved_uri, env, log)
             for round_number in range(args.pairs):
                 shift = round_number % len(names)
                 order = names[shift:] + names[:shift]
                 load_before = load_average()
                 for variant in order:
+                    if suffix:
+                        figures[variant].append(run_tool(args, endpoint.endpoint_url, saved_uri,
+                                                         variant, env, log, suffix))
+                        continue
                     uri = f"s3://{endpoint.bucket}/{variant}-{round_number}"
                     figures[variant].append(run_tool(args, endpoint.endpoint_url, uri, variant,
                                                      env, log))
