@@ -1,36 +1,58 @@
 """Bytes this process has really moved to and from storage, read from the kernel's TCP
 counters of its sockets to the storage endpoint: what the progress heartbeat reports
-(process/progress.py).
+(process/progress.py), and a load's egress in the record (rank/sample_build.py).
 
 Why the kernel: the S3 clients say nothing while bytes move. The connector's writer takes
 a whole checkpoint into its buffers long before the upload ends (a save at a 200 Mbit/s
 link read 47 MiB/s and "631.4 of 631.3 MiB" 26 s before it ended), and its reader hands
-out a part only once all of it has arrived (a load moving 22 MiB/s read 0.0 MiB/s). The
-kernel counts, per TCP connection (`TCP_INFO`, Linux 4.1+), `tcpi_bytes_acked` (bytes the
-peer acknowledged: a save's bytes that reached the storage's host) and
-`tcpi_bytes_received` (a load's bytes as they arrive), HTTP heads included (a few hundred
-bytes a request). No client needs to cooperate: s3torchconnector's CRT, s3fs and
+out a part only once all of it has arrived (a load moving 22 MiB/s read 0.0 MiB/s). And a
+GET cut mid-body: what its client read is less than what came down (a reset discards the
+socket's unread bytes; on loopback most of what the server sent before the cut), so no
+client can say it. The kernel counts, per TCP connection (`TCP_INFO`, Linux 4.1+),
+`tcpi_bytes_acked` (bytes the peer acknowledged: a save's bytes that reached the storage's
+host) and `tcpi_bytes_received` (a load's bytes as they arrive), HTTP heads included (a few
+hundred bytes a request). No client needs to cooperate: s3torchconnector's CRT, s3fs and
 multi-storage-client alike.
 
 Which sockets: every TCP socket of this process whose peer port is the endpoint's (443 or
-80 without an endpoint: the collectives' own sockets use other ports). A socket is read
-through a duplicate of its descriptor (found in /proc/self/fd), never touched otherwise. A
-connection that closes between two readings keeps what it had at the last one: the figure
-never goes back, and at most one interval of a closed connection's bytes goes uncounted.
+80 without an endpoint: the collectives' own sockets use other ports), found in
+/proc/self/fd and read through a duplicate of its descriptor, never touched otherwise, and
+known from then on by its cookie (SO_COOKIE, unique per socket while the host runs).
+A connection that closes takes its counters with it; the kernel broadcasts them as it
+frees the socket (sock_diag's destroy group, `_ClosedSockets`), and a socket this process
+was seen to own counts to its last byte. A connection opened and closed between two scans
+is never seen to be this process's, so `watch()` scans every few milliseconds while an
+operation runs, and the botocore clients' GET hooks name each GET's socket as its answer
+arrives (`note_socket`, telemetry/control_plane.py): every GET of s3fs and MSC counts
+whatever its life; the connector's CRT connections count once a scan has seen them
+(`unseen_bytes` says what closed in the namespace unclaimed, any process's).
 Where /proc/self/fd or TCP_INFO cannot be read, `available()` is False and the heartbeat
-says what it measures instead.
+says what it measures instead; without the destroy broadcast (`exact` False) a closed
+connection keeps what it had at the last scan.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import socket
 import struct
+import threading
 import urllib.parse
+import weakref
 from typing import Callable
 
 _ACKED_AT = 120  # offsetof(struct tcp_info, tcpi_bytes_acked); tcpi_bytes_received follows
 _INFO_LEN = 136
+_SO_COOKIE = 57  # asm-generic/socket.h (Linux 4.12+)
+_SO_ATTACH_FILTER = 26
+_NETLINK_SOCK_DIAG = 4
+_DESTROY_GROUPS = 1 | 4  # SKNLGRP_INET_TCP_DESTROY (1), SKNLGRP_INET6_TCP_DESTROY (3): bits
+_DIAG_MSG_LEN = 72  # struct inet_diag_msg; its cookie at 44, then rtattrs
+_INET_DIAG_INFO = 2
+_TCP_LISTEN = 10  # tcpi_state of a listening socket
+_METERS: "weakref.WeakSet[WireMeter]" = weakref.WeakSet()  # started, for note_socket
 
 
 def endpoint_port(endpoint: str | None) -> int:
@@ -43,71 +65,254 @@ def endpoint_port(endpoint: str | None) -> int:
     return 80 if parsed.scheme == "http" else 443
 
 
-def _socket_counts(port: int) -> dict[str, tuple[int, int]]:
-    """{socket inode: (bytes acked, bytes received)} of this process's TCP sockets whose
-    peer port is `port`."""
-    found: dict[str, tuple[int, int]] = {}
-    for name in os.listdir("/proc/self/fd"):
+def _inspect(fd: int, port: int) -> tuple[int, bool | None, tuple[int, int]] | None:
+    """(cookie, to the endpoint: True / False / None for not connected now (a reset or a
+    connecting socket), (acked, received)) of a TCP socket descriptor; None: not a TCP
+    socket, a listening one, or closed meanwhile."""
+    for family in (socket.AF_INET, socket.AF_INET6):
         try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue  # closed meanwhile
-        if not target.startswith("socket:"):
-            continue
-        for family in (socket.AF_INET, socket.AF_INET6):
-            try:
-                # a duplicate: the client's own descriptor is never read from or closed
-                with socket.fromfd(int(name), family, socket.SOCK_STREAM) as dup:
+            # a duplicate: the client's own descriptor is never read from or closed
+            with socket.fromfd(fd, family, socket.SOCK_STREAM) as dup:
+                info = dup.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _INFO_LEN)
+                cookie, = struct.unpack("Q", dup.getsockopt(socket.SOL_SOCKET, _SO_COOKIE, 8))
+                if len(info) < _ACKED_AT + 16 or info[0] == _TCP_LISTEN:
+                    return None
+                counts = struct.unpack_from("QQ", info, _ACKED_AT)
+                try:
                     peer = dup.getpeername()  # a Unix socket's is a str (s3fs's aiohttp has one)
-                    if not isinstance(peer, tuple) or peer[1] != port:
-                        break
-                    info = dup.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _INFO_LEN)
-            except OSError:
-                continue  # not that family, not TCP, not connected, or closed meanwhile
-            if len(info) >= _ACKED_AT + 16:
-                found[target] = struct.unpack_from("QQ", info, _ACKED_AT)
-            break
+                except OSError:
+                    return cookie, None, counts
+                return cookie, isinstance(peer, tuple) and peer[1] == port, counts
+        except OSError:
+            continue  # not that family, not TCP, or closed meanwhile
+    return None
+
+
+class _ClosedSockets:
+    """The final counters of TCP sockets as the kernel frees them: sock_diag's destroy
+    broadcast (SKNLGRP_INET{,6}_TCP_DESTROY, Linux 4.9+; any user may listen), one message
+    per freed socket with its cookie, its ports and its tcp_info as it was at the end. A
+    connection reset mid-body keeps what it had received until the client closes it; its
+    counters then live only here. The broadcast covers the whole network namespace (other
+    ranks, the server's own sockets on loopback): a socket counts only where its cookie is
+    one of this process's (WireMeter). A classic BPF filter on the netlink socket passes
+    only sockets whose peer port is the endpoint's, so a busy host does not fill the
+    buffer."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.lost = False  # the kernel dropped messages (buffer full): a figure may be short
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            # dport: a u16 at nlmsghdr (16) + family/state/timer/retrans (4) + sport (2)
+            program = [(0x28, 0, 0, 22),           # ldh [22]
+                       (0x15, 0, 1, port),         # jeq port ? next : drop
+                       (0x06, 0, 0, 0xFFFFFFFF),   # ret all
+                       (0x06, 0, 0, 0)]            # ret 0
+            code = b"".join(struct.pack("HBBI", *op) for op in program)
+            buffer = ctypes.create_string_buffer(code)
+            fprog = struct.pack("HL", len(program), ctypes.addressof(buffer))
+            self.sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, fprog)
+            self.sock.bind((0, _DESTROY_GROUPS))
+            self.sock.setblocking(False)
+        except OSError:
+            self.sock.close()
+            raise
+
+    def drain(self) -> dict[int, tuple[int, int]]:
+        """{cookie: (bytes acked, bytes received)} of the endpoint's sockets freed since the
+        last drain."""
+        found: dict[int, tuple[int, int]] = {}
+        while True:
+            try:
+                data = self.sock.recv(1 << 16)
+            except BlockingIOError:
+                return found
+            except OSError as error:
+                if error.errno != errno.ENOBUFS:
+                    raise
+                self.lost = True
+                continue
+            found.update(_destroyed(data, self.port))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _destroyed(data: bytes, port: int) -> dict[int, tuple[int, int]]:
+    """{cookie: (acked, received)} of the sock_diag messages in one netlink datagram."""
+    found: dict[int, tuple[int, int]] = {}
+    offset = 0
+    while offset + 16 + _DIAG_MSG_LEN <= len(data):
+        length, = struct.unpack_from("I", data, offset)
+        body = data[offset + 16: offset + length]
+        offset += max(16, (length + 3) & ~3)
+        if len(body) < _DIAG_MSG_LEN or struct.unpack_from(">H", body, 6)[0] != port:
+            continue
+        low, high = struct.unpack_from("II", body, 44)
+        at = _DIAG_MSG_LEN
+        while at + 4 <= len(body):
+            size, kind = struct.unpack_from("HH", body, at)
+            if size < 4:
+                break
+            if kind == _INET_DIAG_INFO and size - 4 >= _ACKED_AT + 16:
+                found[low | high << 32] = struct.unpack_from("QQ", body, at + 4 + _ACKED_AT)
+            at += (size + 3) & ~3
     return found
 
 
 class WireMeter:
-    """Bytes acknowledged by / received from the storage endpoint since `start()`."""
+    """Bytes acknowledged by / received from the storage endpoint since `start()`, on this
+    process's sockets to it, closed ones included."""
 
     def __init__(self, port: int) -> None:
         self.port = port
-        self._baseline: dict[str, tuple[int, int]] = {}
-        self._moved: dict[str, tuple[int, int]] = {}  # inode -> (acked, received) since start
+        self._lock = threading.Lock()
+        self._inodes: dict[str, int | None] = {}  # fd target -> cookie (None: not ours to count)
+        self._own: dict[int, list[int]] = {}  # cookie -> [base acked, base received, acked, received]
+        self._maybe: dict[int, list[int]] = {}  # not connected when seen: ours if it closes to the port
+        self._final: set[int] = set()
+        self._closed: _ClosedSockets | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.unseen_bytes = 0  # received on endpoint sockets that closed, never seen here
 
     def available(self) -> bool:
         try:
-            _socket_counts(self.port)
+            os.listdir("/proc/self/fd")
         except OSError:
             return False
         return hasattr(socket, "TCP_INFO")
 
+    @property
+    def exact(self) -> bool:
+        """Closed connections count to their last byte (the destroy broadcast was heard, and
+        nothing of it lost)."""
+        return self._closed is not None and not self._closed.lost
+
     def start(self) -> None:
         """Connections open now (kept alive from an earlier operation) count from here."""
-        self._baseline = _socket_counts(self.port)
-        self._moved = {}
+        self.close()
+        with self._lock:
+            self._inodes, self._own, self._maybe, self._final = {}, {}, {}, set()
+            self.unseen_bytes = 0
+            self._stop = threading.Event()
+            try:
+                self._closed = _ClosedSockets(self.port)  # before the scan: no close missed
+            except OSError:
+                self._closed = None
+            self._scan(baseline=True)
+        _METERS.add(self)
 
-    def _read(self) -> tuple[int, int]:
-        for inode, (acked, received) in _socket_counts(self.port).items():
-            base_acked, base_received = self._baseline.get(inode, (0, 0))
-            if acked < base_acked or received < base_received:
-                # the inode of a closed connection, now another's: the old one keeps its bytes
-                self._moved[f"{inode}/{len(self._moved)}"] = self._moved.pop(inode, (0, 0))
-                self._baseline[inode] = base_acked, base_received = (0, 0)
-            self._moved[inode] = (acked - base_acked, received - base_received)
-        return (sum(a for a, _ in self._moved.values()),
-                sum(r for _, r in self._moved.values()))
+    def watch(self, period_s: float = 0.005) -> None:
+        """Scan every `period_s` until `close()`, so short connections are seen (a thread)."""
+        def run() -> None:
+            while not self._stop.wait(period_s):
+                self._update()
+
+        self._thread = threading.Thread(target=run, name="wire-meter", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop watching; what was counted stays readable."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        _METERS.discard(self)
+        if self._closed is not None:
+            with self._lock:
+                self._take_closed()
+                self._closed.close()
+                self._closed = None
+
+    def note(self, fd: int) -> None:
+        """A socket this process uses to the endpoint (a GET's, named by its client's hook)."""
+        with self._lock:
+            self._adopt(fd, self._inodes.get(_target(fd)))
+
+    def _adopt(self, fd: int, known: int | None) -> None:
+        found = _inspect(fd, self.port)
+        if found is None:
+            return
+        cookie, _, counts = found
+        if cookie in self._maybe:
+            self._own[cookie] = self._maybe.pop(cookie)
+        self._own.setdefault(cookie, [0, 0, *counts])
+        self._inodes[_target(fd)] = cookie
+
+    def _scan(self, baseline: bool = False) -> None:
+        targets: dict[str, int] = {}
+        for name in os.listdir("/proc/self/fd"):
+            target = _target(int(name))
+            if target.startswith("socket:"):
+                targets[target] = int(name)
+        self._inodes = {t: c for t, c in self._inodes.items() if t in targets}
+        for target, fd in targets.items():
+            if target in self._inodes and self._inodes[target] is None:
+                continue  # another port, or not TCP
+            found = _inspect(fd, self.port)
+            if found is None:
+                self._inodes[target] = None
+                continue
+            cookie, to_endpoint, counts = found
+            self._count(cookie, to_endpoint, counts, baseline)
+            self._inodes[target] = cookie if to_endpoint is not False else None
+            if to_endpoint is None:
+                self._inodes.pop(target)  # not connected now: looked at again next scan
+
+    def _count(self, cookie: int, to_endpoint: bool | None, counts: tuple[int, int],
+               baseline: bool) -> None:
+        if cookie in self._final:
+            return
+        base = list(counts) if baseline else [0, 0]
+        if cookie in self._own or to_endpoint:
+            self._own.setdefault(cookie, base + list(counts))[2:] = counts
+        elif to_endpoint is None:
+            self._maybe.setdefault(cookie, base + list(counts))[2:] = counts
+
+    def _take_closed(self) -> None:
+        if self._closed is None:
+            return
+        for cookie, counts in self._closed.drain().items():
+            entry = self._own.get(cookie) or self._maybe.pop(cookie, None)
+            if entry is None:
+                self.unseen_bytes += counts[1]
+                continue
+            self._own[cookie] = entry
+            entry[2:] = counts
+            self._final.add(cookie)
+
+    def _update(self) -> tuple[int, int]:
+        with self._lock:
+            self._take_closed()
+            self._scan()
+            self._take_closed()  # closed during the scan
+            return (sum(e[2] - e[0] for e in self._own.values()),
+                    sum(e[3] - e[1] for e in self._own.values()))
 
     def acked(self) -> int:
         """Bytes the endpoint acknowledged (a save's uploaded bytes, heads included)."""
-        return self._read()[0]
+        return self._update()[0]
 
     def received(self) -> int:
         """Bytes received from the endpoint (a load's downloaded bytes, heads included)."""
-        return self._read()[1]
+        return self._update()[1]
+
+
+def _target(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""  # closed meanwhile
+
+
+def note_socket(fd: int) -> None:
+    """Tell every running meter that descriptor `fd` is a socket of this process's to
+    storage (a client's hook, while the socket is open): counted whatever its life."""
+    for meter in list(_METERS):
+        meter.note(fd)
 
 
 def progress_measure(op: str, s3: bool, endpoint: str | None,

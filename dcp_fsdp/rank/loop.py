@@ -28,7 +28,8 @@ from dcp_fsdp.errors import UserError
 from dcp_fsdp.models import values
 from dcp_fsdp.models.build import ShardedModel, replica_of
 from dcp_fsdp.rank.distributed import RankContext, drop_cache_on_node, gather_to_keepers, rank0_decides
-from dcp_fsdp.rank.sample_build import OpInProgress, build_sample, fill_save_figures, timed_region
+from dcp_fsdp.rank.sample_build import (OpInProgress, build_sample, fill_save_figures,
+                                        start_wire_meter, timed_region)
 from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.rank.memory import PeakMemory
 from dcp_fsdp.process.failures import caused_by_interrupt
@@ -243,6 +244,7 @@ class CheckpointLoop:
         if saver is not None:
             saver.prepare()  # collective, first save only
             run.baseline_s = saver.baseline()
+        run.wire = start_wire_meter(op, self.request_log, self.cfg.storage)
         if op == "load" and timed is not None:  # the copy into the live tensors timed
             run.planner = TimedLoadPlanner(timed)
         if op == "save" and saver is None:
@@ -270,7 +272,7 @@ class CheckpointLoop:
             run.op, run.iteration, run.suffix, run.timeline, run.clocks(end_mono), self.ctx.rank,
             self.host, replica_share(held_bytes(self.state_dict, self.sharded.mesh), self.replicas,
                                      self.replica),
-            self.replica if self.replicas > 1 else None, self.request_log)
+            self.replica if self.replicas > 1 else None, self.request_log, run.wire)
         sample.peak_rss_bytes, sample.cuda_max_allocated_bytes = run.peak_rss, run.cuda_peak
         sample.cache_policy = run.cache_policy
         sample.minor_faults = run.minor_faults

@@ -85,6 +85,7 @@ class OpInProgress:
     cuda_peak: int | None = None
     minor_faults: int | None = None
     reader: str | None = None  # a load through the tool's reader: "read_ahead=N"
+    wire: Any = None  # a load's process/wire_meter.WireMeter (S3 with request statistics)
 
     def clocks(self, end_mono: float) -> OpClocks:
         # A cadence overlaps saves: this one's requests start after the previous upload's.
@@ -109,13 +110,14 @@ def io_split(timeline: HookTimeline, op: str) -> tuple[float | None, tuple[float
 
 def build_sample(op: str, iteration: int, suffix: str, timeline: HookTimeline,
                  clocks: OpClocks, rank: int, host: str, state_bytes: int,
-                 replica: int | None, request_log: Any) -> Sample:
+                 replica: int | None, request_log: Any, wire: Any = None) -> Sample:
     """`state_bytes`: checkpoint bytes, what this rank's shards hold (every throughput
     divides these; with replicas, its replica's share); written_bytes / fetched_bytes: what
     it moved to / from storage (tensor data as stored; fetched > bytes is read
     amplification). A load with S3 request statistics fetched what came down the wire: its
     window's whole GET bodies (`summaries.summarize`'s bytes_down: re-sent parts count
-    again); without them, the bytes read through the reader's streams."""
+    again); without them, the bytes read through the reader's streams. `wire`: the load's
+    wire meter, whose count replaces the GET bodies' where it is exact (`_fetched_bytes`)."""
     io_span = timeline.spans.get("write_data" if op == "save" else "read_data")
     io_s, split_s = io_split(timeline, op)
     requests = None
@@ -130,7 +132,7 @@ def build_sample(op: str, iteration: int, suffix: str, timeline: HookTimeline,
         begin_mono_s=clocks.begin_mono, end_mono_s=clocks.end_mono,
         duration_s=clocks.end_mono - clocks.begin_mono, bytes=state_bytes, replica=replica,
         written_bytes=timeline.io_bytes if op == "save" else None,
-        fetched_bytes=_fetched_bytes(timeline, requests) if op == "load" else None,
+        fetched_bytes=_fetched_bytes(timeline, requests, wire) if op == "load" else None,
         barrier_wait_s=clocks.begin_mono - clocks.barrier_start,
         plan_s=None if io_span is None else io_span[0] - clocks.begin_mono,
         io_s=io_s,
@@ -156,9 +158,39 @@ def _load_split(split_s: tuple[float, float], target_copy_s: float | None
     return storage_s, copied_s, rest_s - (copied_s or 0.0)
 
 
-def _fetched_bytes(timeline: HookTimeline, requests: dict[str, Any] | None) -> int:
-    """The wire's figure where the request log has one (lines all parsed), else the
+def start_wire_meter(op: str, request_log: Any, storage: Any) -> Any:
+    """A load's wire meter (S3 with request statistics), started before its barrier and
+    watching until its sample is built: what the kernel received on the rank's sockets to
+    the endpoint (process/wire_meter.py). None otherwise, or where it cannot read."""
+    if op != "load" or request_log is None:
+        return None
+    from dcp_fsdp.process.wire_meter import WireMeter, endpoint_port
+    from dcp_fsdp.storage.s3_target import resolve_endpoint
+
+    meter = WireMeter(endpoint_port(resolve_endpoint(storage)))
+    if not meter.available():
+        return None
+    meter.start()
+    meter.watch()
+    return meter
+
+
+def _fetched_bytes(timeline: HookTimeline, requests: dict[str, Any] | None,
+                   wire: Any = None) -> int:
+    """What the kernel received on the rank's sockets to the endpoint where its meter is
+    exact (closed connections counted to their last byte), HTTP heads included: a GET cut
+    mid-body counts what came down of it, which its client cannot say (the reset drops the
+    bytes it had not read), so nothing of a broken GET is left uncounted: the requests'
+    `bytes_down_broken_max` becomes 0 (their bytes_down stays the GET bodies the client
+    counted; fetched_bytes - bytes_down is what only the kernel saw, heads included). Else
+    the request log's whole GET bodies where it has them (lines all parsed), else the
     streams': what DCP read, blind to a GET's body that broke and came again."""
+    if wire is not None:
+        received, exact = wire.received(), wire.exact
+        wire.close()
+        if exact and requests is not None and not requests.get("unparsed"):
+            requests["bytes_down_broken_max"] = 0
+            return int(received)
     if requests and not requests.get("unparsed") and requests.get("bytes_down") is not None:
         return int(requests["bytes_down"])
     return timeline.io_bytes

@@ -105,8 +105,10 @@ def install_data_plane_hook(events: Any, record_call: Callable[[Any], None]) -> 
         if call is None or call.outcome != "ok" or not isinstance(parsed, dict) \
                 or "Body" not in parsed:
             return
-        from dcp_fsdp.telemetry.get_bodies import BodyCount, aiohttp_body_bytes, counted_body
+        from dcp_fsdp.telemetry.get_bodies import (BodyCount, aiohttp_body_bytes, counted_body,
+                                                    note_response_socket)
 
+        note_response_socket(http_response)
         target = context.get(_GET)
         count = BodyCount(call, lambda broken: broken_gets.add(target, broken),
                           aiohttp_body_bytes(http_response))

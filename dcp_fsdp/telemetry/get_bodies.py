@@ -16,7 +16,9 @@ gives the bytes of the reads that returned; a read of the whole rest that raises
 it had got (http.client drops it), so such a body's figure is a floor and its range
 bounds the rest (`body_known` False, as the connector's broken GETs). Bytes the kernel
 received and dropped with the reset (a reset discards a socket's unread data) reach no
-client: only the socket's own counters (process/wire_meter.py) see them.
+client: only the socket's own counters (process/wire_meter.py) see them, so the hook
+names each GET's socket to the wire meters (`note_response_socket`), and a load's egress
+is the meter's figure.
 """
 
 from __future__ import annotations
@@ -140,6 +142,27 @@ def _is_async(body: Any) -> bool:
     import inspect
 
     return inspect.iscoroutinefunction(getattr(body, "read", None))
+
+
+def note_response_socket(http_response: Any) -> None:
+    """Name the socket a GET's answer came on to the wire meters (process/wire_meter.py)
+    while it is open: a connection cut mid-body and closed by its client at once counts to
+    its last byte however short its life. urllib3 (MSC's boto3) keeps it on the response's
+    connection, aiohttp (s3fs) on its transport; another kind is left to the meters' scans."""
+    connection = getattr(getattr(http_response, "raw", None), "connection", None)
+    sock = getattr(connection, "sock", None)  # urllib3
+    transport = getattr(connection, "transport", None)  # aiohttp
+    if sock is None and transport is not None:
+        sock = transport.get_extra_info("socket")
+    fileno = getattr(sock, "fileno", None)
+    if fileno is None:
+        return
+    from dcp_fsdp.process.wire_meter import note_socket
+
+    try:
+        note_socket(fileno())
+    except (OSError, ValueError):
+        pass  # closed meanwhile: the meters' scans had their chance
 
 
 def aiohttp_body_bytes(http_response: Any) -> Callable[[], int | None]:

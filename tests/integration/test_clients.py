@@ -280,20 +280,23 @@ def test_an_msc_checkpoint_with_msc_paths_is_refused_by_other_clients(s3, s3_uri
 
 
 # Where a GET is cut: a reset drops what the client's kernel held unread (on loopback, most of
-# what the proxy sent before the cut), which no client can count; 2 cuts of 128 KiB keep that
-# under 2 % of the load's ~30 MiB whatever the machine's load.
-CUT = 128 * 2**10
+# what the proxy sent before the cut), which no client can count; the kernel's counters of
+# the rank's sockets can (process/wire_meter.py). 2 cuts of 2 MiB: up to 4 MiB no client
+# sees, far above 2 % of the load's ~30 MiB.
+CUT = 2 * 2**20
 
 
-@pytest.mark.parametrize("client", ("fsspec", "msc"))
+@pytest.mark.parametrize("client", ("s3torchconnector", "fsspec", "msc"))
 def test_gets_cut_mid_body_are_failed_retried_and_egress_is_what_came_down(s3, s3_uri, tmp_path,
                                                                           client):
-    """Issue 47 (a): a proxy cuts two GETs of the load's data objects after CUT bytes of
-    their bodies; the client sends them again and the load verifies. The record counts both
-    as failed, retried attempts (before: 0 / 0, each cut GET a whole, successful one), and
-    the load's egress is what the proxy passed down, within 2 % and never above it (before:
-    88.5 MB against 31.6 MB, each cut body counted whole). One rank: its GETs are the
-    load's, the save goes around the proxy."""
+    """Issue 47 (a), item 6: a proxy cuts two GETs of the load's data objects after CUT
+    bytes of their bodies; the client sends them again and the load verifies. The record
+    counts both as failed, retried attempts (before: 0 / 0, each cut GET a whole,
+    successful one), and the load's egress is what the proxy passed down to the client's
+    kernel, within 2 % (heads aside: the kernel counts them, the proxy not) (before: 88.5 MB
+    against 31.6 MB, each cut body counted whole; then the bytes its client read, the
+    dropped rest a bound). One rank: its GETs are the load's, the save goes around the
+    proxy."""
     args = [*s3_args(s3, s3_uri), "nproc=1", f"storage.client={client}"]
     save = run_cli(["save", *args, f"results_dir={tmp_path / 'save'}"], env=s3_env(s3),
                    timeout_s=TIMEOUT_S)
@@ -317,6 +320,6 @@ def test_gets_cut_mid_body_are_failed_retried_and_egress_is_what_came_down(s3, s
     seen = (egress, wire, requests["failed"], requests["retries"])
     assert (requests["failed"], requests["retries"]) == (2, 2), seen
     assert requests["by_type"]["GetObject"]["failed"] == 2, requests["by_type"]
-    assert egress == requests["bytes_down"]
-    assert 0.98 * wire <= egress <= wire, (egress, wire, requests)
-    assert requests["broken"] == 2
+    assert egress >= requests["bytes_down"]  # the kernel's figure: the clients' and more
+    assert abs(egress - wire) <= 0.02 * wire, (egress, wire, requests)
+    assert requests["broken"] == 2 and requests["bytes_down_broken_max"] == 0

@@ -196,11 +196,12 @@ def test_throttles_and_retries_match_what_a_fault_proxy_injected(s3, s3_uri, tmp
 
 def test_gets_cut_mid_body_are_retries_and_egress_is_what_came_down_the_wire(s3, s3_uri,
                                                                                tmp_path):
-    """Issue 31 item 2: the proxy cuts two ranged GETs of the load's data object after
-    3 MiB of their 8 MiB bodies; the CRT sends them again and the load succeeds. The
-    record counts both as failed, retried attempts, and its egress is what the proxy
-    passed down for the GETs that came whole; the cut bodies' bytes, which the client's
-    log cannot give, lie within the bound it states (the table says so)."""
+    """Issue 31 item 2, issue 47 item 6: the proxy cuts two ranged GETs of the load's data
+    object after 3 MiB of their 8 MiB bodies; the CRT sends them again and the load
+    succeeds. The record counts both as failed, retried attempts, and its egress is what
+    the kernel received on the rank's sockets to the endpoint: what the proxy passed down,
+    cut bodies included, within 2 % (before: the whole bodies only, the cut ones a bound
+    the table stated)."""
     from tests.kit import fault_proxy
     cut_after_bytes = 3 * 2**20
     with fault_proxy.FaultProxy(s3.endpoint_url, reset_rate=1.0, max_resets=2,
@@ -222,14 +223,13 @@ def test_gets_cut_mid_body_are_retries_and_egress_is_what_came_down_the_wire(s3,
     assert (requests["failed"], requests["retries"]) == (2, 2)  # before: 0, 0
     assert requests["broken"] == 2
     assert run["untimed_requests"]["bytes_down"] == 0  # every GET in the load's window
-    assert load["fetched_bytes"] == requests["bytes_down"] == wire_bytes - cut_bytes
-    assert load["fetched_bytes"] < wire_bytes <= (load["fetched_bytes"]
-                                                   + requests["bytes_down_broken_max"])
+    assert requests["bytes_down"] == wire_bytes - cut_bytes  # the connector's log: whole bodies
+    assert abs(load["fetched_bytes"] - wire_bytes) <= 0.02 * wire_bytes
+    assert requests["bytes_down_broken_max"] == 0  # nothing left uncounted
     row, = [line for line in result.stdout.splitlines() if line.startswith("| load ")]
     cells = [cell.strip() for cell in row.split("|")]
     header, = [line for line in result.stdout.splitlines() if line.startswith("| op ")]
     columns = [cell.strip() for cell in header.split("|")]
     assert cells[columns.index("egress MiB")] == f"{load['fetched_bytes'] / 2**20:.1f}"
     assert cells[columns.index("failed/throttled")] == "2/0"
-    assert ("2 GET(s) broke mid-body: up to "
-            f"{requests['bytes_down_broken_max'] / 2**20:.1f} MiB more came down") in row
+    assert "2 GET(s) broke mid-body and were sent again (egress counts what came down)" in row

@@ -75,8 +75,10 @@ interleave across threads. Counters: ``counts[kind][request_type]`` for kind in
 100-continue``), ``503``, ``reset``, ``stall``, ``latency``, ``redirect``; ``events``
 lists each injected fault with its monotonic time; ``connections`` counts the client
 connections accepted. What went through the wire, body bytes only (no heads):
-``counts["bytes_down"][request_type]`` relayed to the client (a cut GET: what went out
-before the cut), ``counts["bytes_up"][request_type]`` forwarded to the server,
+``counts["bytes_down"][request_type]`` relayed to the client (a cut GET: what reached the
+client's kernel before the reset: the proxy waits up to CUT_DRAIN_S for what it sent to
+leave, and uncounts what had not, which the reset discards),
+``counts["bytes_up"][request_type]`` forwarded to the server,
 ``counts["bytes_cut"][request_type]`` the part of bytes_down that went out in responses
 the proxy then cut (the body a client got in part and must fetch again); with
 ``record_bytes()``, ``byte_log`` keeps (time.monotonic(), cumulative bytes_down,
@@ -88,6 +90,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import fcntl
 import json
 import random
 import re
@@ -104,6 +107,8 @@ from typing import Any, Iterable
 
 DATA_PLANE = ("UploadPart", "GetObjectRanged")
 FAULT_KINDS = ("503", "reset", "stall", "latency", "redirect")
+SIOCOUTQNSD = 0x894B  # linux/sockios.h: a socket's bytes queued and not yet sent
+CUT_DRAIN_S = 5.0  # how long a cut waits for its sent bytes to leave (the client is reading)
 BYTE_KINDS = ("bytes_down", "bytes_up", "bytes_cut")  # body bytes relayed (counts), not faults
 CONTINUE_WAIT_S = 1.0  # how long to wait for the server's 100 Continue before sending the body
 _CHUNK = 256 * 1024
@@ -346,6 +351,14 @@ def _error_response(status: str, code: str, message: str, resource: str, head_on
 
 def _xml(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _unsent(sock: socket.socket) -> int:
+    """Bytes in the socket's send queue not yet sent (SIOCOUTQNSD; 0 where unknown)."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock, SIOCOUTQNSD, b"\0" * 4))[0]
+    except OSError:
+        return 0
 
 
 def _reset(sock: socket.socket, *files) -> None:
@@ -801,6 +814,8 @@ class FaultProxy:
             limit = (_half(_body_framing(response)) if self.reset_after_bytes is None
                      else self.reset_after_bytes)
         complete = self._relay_response(client, up_reader, response, head_only, limit, rtype)
+        if cut:
+            self._uncount_unsent(client, rtype)
         if not complete or cut:
             self._drop_upstream(upstream)
             self._track(client, False)
@@ -812,6 +827,18 @@ class FaultProxy:
         if server_close:
             self._drop_upstream(upstream)
         return not (client_close or server_close)
+
+    def _uncount_unsent(self, client: socket.socket, rtype: str) -> None:
+        """Before a cut: let the bytes handed to the kernel reach the client (it is reading
+        the body), up to a few seconds; what is still unsent then is discarded by the reset
+        and never passed down, so it leaves bytes_down and bytes_cut. The counts are then
+        what reached the client's kernel, the figure a load's egress is held to."""
+        deadline = time.monotonic() + CUT_DRAIN_S
+        while (unsent := _unsent(client)) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if unsent:
+            self._count_bytes("bytes_down", rtype, -unsent)
+            self._count_bytes("bytes_cut", rtype, -unsent)
 
     def _relay_response(self, client, up_reader, response: _Message, head_only: bool,
                         limit: int | None, rtype: str) -> bool:

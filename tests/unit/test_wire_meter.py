@@ -1,0 +1,99 @@
+"""process/wire_meter.py: a connection cut mid-body counts to its last byte on the wire,
+after its client closed it (issue 47, item 6)."""
+
+from __future__ import annotations
+
+import fcntl
+import socket
+import struct
+import time
+
+import pytest
+
+from dcp_fsdp.process.wire_meter import WireMeter, note_socket
+
+SIOCOUTQ = 0x5411
+SENT = 3 * 2**20
+
+
+def _cut_after(server: socket.socket, nbytes: int) -> None:
+    """Send `nbytes`, wait until the client's kernel acknowledged all of them, then reset:
+    the client's kernel received exactly `nbytes`."""
+    server.sendall(b"x" * nbytes)
+    deadline = time.monotonic() + 10
+    while struct.unpack("i", fcntl.ioctl(server, SIOCOUTQ, b"\0" * 4))[0] and \
+            time.monotonic() < deadline:
+        time.sleep(0.001)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    server.close()
+
+
+def _client(listener: socket.socket) -> socket.socket:
+    """A client whose kernel takes SENT bytes unread (its buffer set before it connects)."""
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * SENT)
+    client.connect(listener.getsockname())
+    return client
+
+
+def _cut_connection(listener: socket.socket, meter: WireMeter, noted: bool,
+                    scanned: bool) -> int:
+    """One connection to `listener`: the client reads a few bytes, the server sends SENT
+    and resets it, the client closes it; what the client read."""
+    client = _client(listener)
+    server, _ = listener.accept()
+    if noted:
+        note_socket(client.fileno())
+    if scanned:
+        meter.received()
+    _cut_after(server, SENT)
+    read = len(client.recv(1000))
+    with pytest.raises(ConnectionResetError):
+        while client.recv(1 << 20):
+            pass
+    client.close()
+    return read
+
+
+@pytest.mark.parametrize("seen_by", ("note", "scan"))
+def test_a_reset_connection_counts_what_its_kernel_received_after_it_closed(seen_by):
+    """The client read a few hundred bytes of the 3 MiB its kernel received before the reset
+    (the rest dropped with it); once its socket is closed, the kernel's counters of it are
+    gone from the socket: the meter has them from the destroy broadcast, all 3 MiB. Before:
+    the figure kept what the last reading saw (nothing, or what had arrived by then)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        meter = WireMeter(listener.getsockname()[1])
+        meter.start()
+        try:
+            assert meter.exact
+            read = _cut_connection(listener, meter, seen_by == "note", seen_by == "scan")
+            assert read < SENT
+            deadline = time.monotonic() + 10
+            while meter.received() < SENT and time.monotonic() < deadline:
+                time.sleep(0.01)  # the broadcast is sent from a kernel work queue
+            assert meter.received() == SENT
+        finally:
+            meter.close()
+
+
+def test_a_watched_meter_sees_a_connection_no_reading_saw():
+    """`watch()` scans while an operation runs: a connection opened and cut between two
+    of the caller's readings counts to its last byte."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        meter = WireMeter(listener.getsockname()[1])
+        meter.start()
+        meter.watch(0.001)
+        try:
+            client = _client(listener)
+            server, _ = listener.accept()
+            deadline = time.monotonic() + 10
+            while not meter._own and time.monotonic() < deadline:
+                time.sleep(0.001)  # the watch has seen it
+            _cut_after(server, SENT)
+            client.close()
+            deadline = time.monotonic() + 10
+            while meter.received() < SENT and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert meter.received() == SENT
+        finally:
+            meter.close()
