@@ -332,8 +332,8 @@ class BenchmarkConfig:
                                        "the rank's device) run while the upload proceeds; 0: off; "
                                        "needs save_mode=async")
     malloc: Malloc = setting(Malloc.default, "the ranks' glibc allocator: default, or raised "
-                                             "(mmap threshold 256 MiB, trim threshold 1 GiB: "
-                                             "large blocks stay mapped; docs/metrics.md)")
+                                             "(mmap threshold 256 MiB, trim threshold 1 GiB, one "
+                                             "arena: large blocks stay mapped; docs/metrics.md)")
     ceiling: bool = setting(False, "after the DCP operations, move the same bytes raw (PUT then "
                                    "GET, same client settings): the storage's ceiling")
     progress: bool = setting(True, "rank 0 prints a heartbeat every progress_interval_s during "

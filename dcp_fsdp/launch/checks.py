@@ -240,6 +240,11 @@ def _check_glibc_allocator() -> None:
     if not allocator.loaded_allocator().startswith("glibc"):
         raise UserError(f"malloc=raised: this system's allocator is "
                         f"{allocator.loaded_allocator()}, not glibc's; drop malloc=raised")
+    for name, value in allocator.ENVIRONMENT.items():
+        if os.environ.get(name, value) != value:
+            raise UserError(f"malloc=raised: it sets {name}={value} in the ranks, and the "
+                            f"environment has {name}={os.environ[name]}; unset {name}, or "
+                            "drop malloc=raised to run with your own")
 
 
 def check_endpoint_environment(cfg: BenchmarkConfig) -> str | None:

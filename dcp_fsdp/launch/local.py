@@ -30,10 +30,10 @@ from typing import Any, NoReturn
 from omegaconf import OmegaConf
 
 from dcp_fsdp import contract
-from dcp_fsdp.process import lifeline
+from dcp_fsdp.process import allocator, lifeline
 from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.metadata_peek import MetadataFacts
-from dcp_fsdp.config.schema import BenchmarkConfig
+from dcp_fsdp.config.schema import BenchmarkConfig, Malloc
 from dcp_fsdp.launch.aftermath import RanksOutcome
 from dcp_fsdp.launch.agent import PYTHON_FLAGS as AGENT_PYTHON_FLAGS
 from dcp_fsdp.launch.checks import check_launch
@@ -129,6 +129,8 @@ def _run_agent(cfg: BenchmarkConfig, run_id: str, env: dict[str, str], module: s
                  # Each rank uses its share of the cores (torchrun would say 1, with a warning).
                  "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS",
                                             str(max(1, (os.cpu_count() or 1) // cfg.nproc)))}
+    if cfg.malloc == Malloc.raised:  # read by glibc as each rank starts (process/allocator.py)
+        agent_env.update(allocator.ENVIRONMENT)
     # SIGTERM to the launcher (kill, scancel of a batch step) ends the run like Ctrl-C.
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
     previous_sigint = signal.getsignal(signal.SIGINT)

@@ -6,11 +6,15 @@ storage. With glibc's defaults, a block above its mmap threshold (dynamic, 128 K
 to 32 MiB at most) is mapped for the call and unmapped when freed, so every such block costs
 one page fault per 4 KiB the next time: 64 MiB parts load 2-4x slower than 8 MiB ones with no
 network at all. Raising the mmap threshold (256 MiB) and the trim threshold (1 GiB) keeps
-those blocks on the heap and their pages mapped.
+those blocks on the heap and their pages mapped. One arena (MALLOC_ARENA_MAX=1) for every
+thread: the connector's native client allocates each part in its own threads, whose
+per-thread arenas grow in heaps of 64 MiB at most, so a 64 MiB part there is mapped afresh
+for each use whatever the threshold (docs/metrics.md: 3.7 fresh pages per byte to 0.05).
 
-`mallopt` applies in the running process, so a forked rank and an exec'd one are set alike;
-the same values go to the environment (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_), which
-glibc reads at start, for the processes the rank starts (the process checkpointer's daemon).
+The values go to the ranks' environment from the launcher (MALLOC_MMAP_THRESHOLD_,
+MALLOC_TRIM_THRESHOLD_, MALLOC_ARENA_MAX: glibc reads them when a process starts, before any
+thread has an arena), and `mallopt` sets them again in the rank (the thresholds take effect
+at once; the arena limit for the arenas not yet made, where a rank was not started with it).
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ from pathlib import Path
 
 MMAP_THRESHOLD_BYTES = 256 * 2**20
 TRIM_THRESHOLD_BYTES = 2**30  # mallopt takes an int: at most 2 GiB - 1
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+ARENAS = 1
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8  # glibc's malloc.h
 ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES),
-               "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD_BYTES)}
+               "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD_BYTES),
+               "MALLOC_ARENA_MAX": str(ARENAS)}
 # libraries that replace malloc when preloaded or linked, as /proc/self/maps names them
 REPLACEMENTS = ("jemalloc", "tcmalloc", "mimalloc")
 
@@ -57,12 +63,14 @@ def preloaded_replacement(environ: dict[str, str] | None = None) -> str | None:
 
 
 def raise_glibc_thresholds() -> None:
-    """glibc's mmap and trim thresholds raised in this process and its children; OSError
-    where glibc refuses (the launcher refused other allocators before any rank started)."""
+    """glibc's mmap and trim thresholds raised and its arenas limited in this process and
+    its children; OSError where glibc refuses (the launcher refused other allocators before
+    any rank started)."""
     libc = ctypes.CDLL(None)
     mallopt = getattr(libc, "mallopt", None)
     if mallopt is None or not (mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-                               and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)):
+                               and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+                               and mallopt(_M_ARENA_MAX, ARENAS)):
         raise OSError("malloc=raised: glibc's mallopt refused the thresholds")
     os.environ.update(ENVIRONMENT)
 
