@@ -29,7 +29,7 @@ from dcp_fsdp.models import values
 from dcp_fsdp.models.build import ShardedModel, replica_of
 from dcp_fsdp.rank.distributed import RankContext, drop_cache_on_node, gather_to_keepers, rank0_decides
 from dcp_fsdp.rank.sample_build import (OpInProgress, build_sample, fill_save_figures,
-                                        start_wire_meter, timed_region)
+                                        start_wire_meter, timed_region, wire_closed_on_error)
 from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.rank.memory import PeakMemory
 from dcp_fsdp.process.failures import caused_by_interrupt
@@ -183,7 +183,8 @@ class CheckpointLoop:
                    "too slow: raise op_timeout_s or check the endpoint")
         watchdog = contextlib.nullcontext() if "watchdog" in self.harness_off else Watchdog(
             self.cfg.op_timeout_s, self.on_timeout, message)
-        with timed_region(self.ctx.device, watchdog) as run.region, heartbeat:
+        with timed_region(self.ctx.device, watchdog) as run.region, heartbeat, \
+                wire_closed_on_error(run.wire):
             if saver is not None:
                 run.timing = saver.save(self.state_dict, run.storage_io, run.region.begin_mono,
                                         run.baseline_s)

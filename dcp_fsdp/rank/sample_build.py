@@ -175,6 +175,18 @@ def start_wire_meter(op: str, request_log: Any, storage: Any) -> Any:
     return meter
 
 
+@contextlib.contextmanager
+def wire_closed_on_error(wire: Any) -> Iterator[None]:
+    """A load's wire meter closed (its watching thread stopped) where the load raises: its
+    sample, which would close it, is never built."""
+    try:
+        yield
+    except BaseException:
+        if wire is not None:
+            wire.close()
+        raise
+
+
 def _fetched_bytes(timeline: HookTimeline, requests: dict[str, Any] | None,
                    wire: Any = None) -> int:
     """What the kernel received on the rank's sockets to the endpoint where its meter is

@@ -97,3 +97,24 @@ def test_a_watched_meter_sees_a_connection_no_reading_saw():
             assert meter.received() == SENT
         finally:
             meter.close()
+
+
+def test_a_load_that_raises_stops_its_meter():
+    """The meter's watching thread stops with a load that raises (its sample, which would
+    close it, is never built)."""
+    from dcp_fsdp.rank.sample_build import wire_closed_on_error
+
+    class Meter:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    meter = Meter()
+    with pytest.raises(OSError), wire_closed_on_error(meter):
+        raise OSError("a GET failed")
+    assert meter.closed
+    kept = Meter()
+    with wire_closed_on_error(kept):
+        pass
+    assert not kept.closed  # closed by the sample's build
