@@ -414,8 +414,6 @@ def dcp_alone(loop: Any) -> list["Sample"]:
     tmpfs file instead of the client's. One node only (the checkpoint's .metadata is in rank
     0's memory); skipped, with a line, where tmpfs lacks the room. Rank 0 removes the
     directory after the rounds, and the next launch reaps it after a kill (lifeline)."""
-    from dataclasses import replace
-
     from dcp_fsdp.config.schema import StorageConfig, StorageKind
     from dcp_fsdp.process import lifeline
     from dcp_fsdp.storage.fs import FsStore
@@ -445,7 +443,7 @@ def dcp_alone(loop: Any) -> list["Sample"]:
             suffix = f"dcp-alone-{iteration}"
             for op in ("save", "load"):
                 sample = loop.timed_on(store, op, iteration, suffix)
-                samples.append(replace(sample, op=f"mem_{op}"))
+                samples.append(sample.model_copy(update={"op": f"mem_{op}"}))
         _barrier()  # no rank still reads it (after a failure: no collective, peers may be gone)
     finally:
         if ctx.rank == 0:
