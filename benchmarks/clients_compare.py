@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from benchmarks.harness_cost import _delete_prefix
 from benchmarks.paired import PairedRatio, load_average
@@ -65,6 +65,16 @@ def tuned_settings(args: argparse.Namespace, common: list[str], client: str,
     rows = re.findall(r"^\|\s+1 \| ([^|]*?)\s*\*?\s*\|", output, flags=re.MULTILINE)
     best = rows[-1].strip() if rows else "defaults"
     return [] if best.startswith("defaults") else [s for s in best.split() if "=" in s]
+
+
+def vacuum(server: Any) -> None:
+    """Reclaim the deleted objects' space now: SeaweedFS frees a volume's deleted bytes only
+    when it vacuums it (every 15 min by default), and its volumes fill after some tens of
+    GiB written and deleted (then every PUT answers 500 InternalError)."""
+    import urllib.request
+
+    master = f"http://{server.host}:{server.ports['master.port']}"
+    urllib.request.urlopen(f"{master}/vol/vacuum?garbageThreshold=0.0001", timeout=300).read()
 
 
 def figures(records: Path) -> dict[str, float]:
@@ -122,6 +132,9 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=4, help="rounds (each variant once)")
     parser.add_argument("--tune-budget-s", type=int, default=0,
                         help="tune each client first with this budget (0: defaults only)")
+    parser.add_argument("--tuned", default="",
+                        help="CLIENT=SETTING,...;CLIENT=... (settings found by an earlier tune "
+                        "phase: no tune here)")
     parser.add_argument("--log", default="clients_compare.log", help="the launches' own output")
     parser.add_argument("--json", default=None, help="write every launch's figures here")
     args = parser.parse_args()
@@ -145,6 +158,10 @@ def main() -> int:
     try:
         with open(args.log, "w") as log:
             variants = {f"{c}/defaults": [f"storage.client={c}"] for c in CLIENTS}
+            for part in filter(None, args.tuned.split(";")):
+                client, _, settings_text = part.partition("=")
+                variants[f"{client}/tuned"] = [f"storage.client={client}",
+                                               *settings_text.split(",")]
             if args.tune_budget_s:
                 for client in CLIENTS:
                     settings = tuned_settings(args, common, client, env, log)
@@ -163,6 +180,7 @@ def main() -> int:
                                 f"iterations={args.iterations}", f"results_dir={results}"], env, log)
                         rounds[name].append(figures(Path(results)))
                     _delete_prefix(s3, endpoint.bucket, "compare/")
+                    vacuum(server)
                 print(f"round {number + 1}/{args.pairs}: load average {before:.2f} -> "
                       f"{load_average():.2f}", flush=True)
     finally:
