@@ -278,6 +278,7 @@ class CheckpointLoop:
         sample.cache_policy = run.cache_policy
         sample.minor_faults = run.minor_faults
         sample.reader = run.reader
+        sample.msc_reads = "+".join(sorted(run.timeline.msc_reads, reverse=True)) or None
         sample.read_ahead_peak_bytes = run.timeline.read_ahead_peak_bytes
         sample.broadcast_s = run.broadcast_s
         if run.op == "save":

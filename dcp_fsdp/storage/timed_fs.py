@@ -203,6 +203,7 @@ class DownloadingReadStream(FetchingReadStream):
             from dcp_fsdp.compat import msc_reads_ranged
 
             self._ranged = msc_reads_ranged(self.inner)
+            self._timeline.msc_reads.add("ranged" if self._ranged else "whole")
         return result
 
     @property

@@ -138,6 +138,9 @@ class HookTimeline:
     # the tool's reader clocks its own copies into the live tensors (it copies on its
     # threads, between the planner's resolve_tensor and commit_tensor of other items)
     target_copy_by_reader: bool = False
+    # multi-storage-client loads: how its files read their objects, "whole" (downloaded
+    # whole: under its 512 MiB switch) and/or "ranged" (a ranged GET per read, above it)
+    msc_reads: set[str] = dataclasses.field(default_factory=set)
     # The first error an object stream's write or close raised ("S3Exception: ..."): DCP's
     # own error may hide it (TimedWriter.write_data puts it first)
     stream_error: str | None = None

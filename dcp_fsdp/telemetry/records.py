@@ -428,6 +428,9 @@ class Sample(_Record):
     # null: DCP's reader. Its io_s parts overlap (fetches run while the rank deserialises)
     reader: Text | None = None
     read_ahead_peak_bytes: Count | None = None  # the most bytes the tool's reader held at once
+    # MSC loads: "whole" (objects downloaded whole, under its 512 MiB switch), "ranged" (a
+    # ranged GET per read, above it) or "whole+ranged"
+    msc_reads: Text | None = None
     run_id: Text | None = None  # set when read back from a record file
 
     @model_validator(mode="after")

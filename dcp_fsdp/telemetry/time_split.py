@@ -64,6 +64,7 @@ class TimeSplit(NamedTuple):
     fresh_pages_per_byte: float  # NaN where the samples have no fault counts
     bound: str  # "storage" | "dcp" | "copy" | "commit" | "allocator"
     reader: str | None = None  # loads through the tool's reader: "read_ahead=N"
+    msc_reads: str | None = None  # MSC loads: "whole", "ranged" or "whole+ranged"
 
 
 def _mean(frame: pd.DataFrame, field: str) -> float:
@@ -104,9 +105,19 @@ def split(op: str, frame: pd.DataFrame) -> TimeSplit | None:
     bound = max(owners_s, key=lambda owner: owners_s[owner])
     if bound == "dcp" and not math.isnan(pages) and pages >= ALLOCATOR_PAGES_PER_BYTE:
         bound = "allocator"
-    readers = frame["reader"].dropna() if "reader" in frame else pd.Series([], dtype=object)
     return TimeSplit(op, _mean(frame, "duration_s"), parts_s, owners_s, pages, bound,
-                     str(readers.iloc[0]) if len(readers) else None)
+                     _first(frame, "reader"), _first(frame, "msc_reads"))
+
+
+def _first(frame: pd.DataFrame, field: str) -> str | None:
+    values = frame[field].dropna() if field in frame else pd.Series([], dtype=object)
+    return str(values.iloc[0]) if len(values) else None
+
+
+MSC_READS = {"whole": "MSC downloaded each object whole (under its 512 MiB switch)",
+             "ranged": "MSC read by a ranged GET per read (objects above its 512 MiB switch)",
+             "whole+ranged": "MSC downloaded the objects under its 512 MiB switch whole and "
+                             "read those above it by a ranged GET per read"}
 
 
 def _share(seconds: float, total: float) -> str:
@@ -125,6 +136,8 @@ def split_line(found: TimeSplit) -> str:
              else f"; {found.fresh_pages_per_byte:.2f} fresh pages per byte")
     label = found.op if found.reader is None else (
         f"{found.op} (the tool's reader, {found.reader}, not DCP's: fetching overlaps the rest)")
+    if found.msc_reads in MSC_READS:
+        pages += f"; {MSC_READS[found.msc_reads]}"
     return (f"{label}: {found.duration_s:.3f} s per rank = " + ", ".join(cells) + pages
             + f". {bound_words(found)}")
 

@@ -37,6 +37,10 @@ def test_a_slow_link_is_storage_time_for_each_client(s3, s3_uri, tmp_path, clien
         assert inside_client_s >= 0.8 * at_link_rate_s, sample
         assert inside_client_s >= 0.6 * sample["duration_s"], sample
     assert "Bound by the storage client" in result.stdout
+    loads = [sample for sample in samples if sample["op"] == "load"]
+    # MSC downloads each of these small objects whole (under its 512 MiB switch), and says so
+    assert all(s["msc_reads"] == ("whole" if client == "msc" else None) for s in loads), loads
+    assert ("MSC downloaded each object whole" in result.stdout) == (client == "msc")
 
 
 def test_a_load_from_memory_spends_little_in_storage(tmp_path, tmpfs_dir):

@@ -190,3 +190,35 @@ def test_dcp_unpickles_only_the_metadata_that_was_screened(tmp_path):
         dcp.load(loaded, storage_reader=reader)
     assert UNPICKLED == []
     assert "it was replaced since, and was not unpickled" in (metadata_changed(reader) or "")
+
+
+class RemoteFileReader:  # named as multi-storage-client's ranged reader (above its switch)
+    pass
+
+
+class WholeFile:  # any other file: MSC downloaded the object whole
+    pass
+
+
+class MscFile(io.BytesIO):
+    def __init__(self, data: bytes, kind: type) -> None:
+        super().__init__(data)
+        self._file = kind()
+
+
+def test_an_msc_load_records_how_it_read_each_object():
+    """Above its 512 MiB switch MSC reads by a ranged GET per read, below it downloads each
+    object whole: the record says which (issue 47: its comparison ran below the switch)."""
+    from dcp_fsdp.storage.timed_fs import DownloadingReadStream
+    from dcp_fsdp.telemetry.time_split import MSC_READS, TimeSplit, split_line
+
+    timeline = HookTimeline()
+    for kind in (RemoteFileReader, WholeFile):
+        stream = DownloadingReadStream(MscFile(b"x" * 64, kind), timeline)
+        stream.seek(0)
+        assert stream.read(8) == b"x" * 8
+    assert timeline.msc_reads == {"ranged", "whole"}
+    found = TimeSplit("load", 1.0, {"plan_s": 0.1, "storage_s": 0.9, "deserialise_s": 0.0,
+                                    "target_copy_s": 0.0, "commit_s": 0.0},
+                      {"storage": 0.9, "dcp": 0.1}, float("nan"), "storage", None, "ranged")
+    assert MSC_READS["ranged"] in split_line(found)
