@@ -31,7 +31,9 @@ from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, CEILING_OPS, KEYS, N
                                       amplification_note, broken_note,
                                       efficiency, efficiency_per_operation, egress_mib,
                                       noise_note, pooled, read_amplification)
-from dcp_fsdp.telemetry.histograms import hist_merge, hist_quantile
+from dcp_fsdp.analysis.tables import nan
+from dcp_fsdp.telemetry.histograms import hist_quantile
+from dcp_fsdp.telemetry.summaries import merge_by_type
 
 if TYPE_CHECKING:
     from collections.abc import Hashable
@@ -73,20 +75,6 @@ def samples_frame(samples: Iterable[dict[str, Any]]) -> pd.DataFrame:
     for column, key in REQUEST_COLUMNS.items():
         frame[column] = [_request_value(r, key) for r in requests]
     return frame
-
-
-def latency_histogram(requests: Iterable[Any], kinds: Iterable[str] | None = None
-                      ) -> dict[str, int]:
-    """Merged request-latency histogram of samples' `requests` (optionally some kinds only)."""
-    wanted = set(kinds) if kinds is not None else None
-    hists = []
-    for summary in requests:
-        if not isinstance(summary, dict):
-            continue
-        for kind, entry in (summary.get("by_type") or {}).items():
-            if wanted is None or kind in wanted:
-                hists.append(entry.get("latency_hist"))
-    return hist_merge(hists)
 
 
 def _complete_sum(series: pd.Series) -> float:
@@ -152,21 +140,10 @@ def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
 def latency_by_type(requests: Iterable[Any]) -> dict[str, dict[str, float]]:
     """{request type: {"count", "p50_ms", "p99_ms"}} over samples' `requests`, most frequent
     type first."""
-    per_kind: dict[str, tuple[int, list]] = {}
-    for summary in requests:
-        if not isinstance(summary, dict):
-            continue
-        for kind, entry in (summary.get("by_type") or {}).items():
-            count, hists = per_kind.setdefault(kind, (0, []))
-            hists.append(entry.get("latency_hist"))
-            per_kind[kind] = (count + (entry.get("count") or 0), hists)
-    found = {}
-    for kind, (count, hists) in sorted(per_kind.items(), key=lambda item: -item[1][0]):
-        hist = hist_merge(hists)
-        found[kind] = {"count": count, **{name: math.nan if (v := hist_quantile(hist, q)) is None
-                                          else v for name, q in (("p50_ms", 0.5),
-                                                                 ("p99_ms", 0.99))}}
-    return found
+    return {kind: {"count": entry["count"],
+                   "p50_ms": nan(hist_quantile(entry["latency_hist"], 0.5)),
+                   "p99_ms": nan(hist_quantile(entry["latency_hist"], 0.99))}
+            for kind, entry in merge_by_type(requests).items()}
 
 
 def _int_or_blank(value: float) -> str:

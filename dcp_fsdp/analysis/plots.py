@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from dcp_fsdp.analysis.groups import OP_ORDER, mean_or_nan
-from dcp_fsdp.analysis.metrics import latency_histogram
 from dcp_fsdp.analysis.render import key_cell
 from dcp_fsdp.telemetry.figures import pooled
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_quantile
+from dcp_fsdp.telemetry.summaries import merge_by_type
 
 if TYPE_CHECKING:  # matplotlib is imported only when plotting
     from matplotlib.artist import Artist
@@ -175,13 +175,8 @@ def _latency_panel(axis: Axes, requests: pd.Series, op: str) -> None:
     import matplotlib
 
     colors = _colors()
-    kinds: dict[str, int] = {}
-    for summary in requests:
-        for kind, entry in ((summary or {}).get("by_type") or {}).items() \
-                if isinstance(summary, dict) else []:
-            kinds[kind] = kinds.get(kind, 0) + (entry.get("count") or 0)
-    for index, kind in enumerate(sorted(kinds, key=lambda k: -kinds[k])):
-        hist = latency_histogram(requests, kinds=[kind])
+    for index, (kind, entry) in enumerate(merge_by_type(requests).items()):
+        hist = entry["latency_hist"]
         items = sorted((int(i), n) for i, n in hist.items())
         total = sum(n for _, n in items)
         xs, ys, seen = [], [], 0

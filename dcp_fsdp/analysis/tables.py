@@ -14,6 +14,7 @@ from dcp_fsdp.telemetry.figures import (above_ceiling_note, amplification_note, 
                                       union_s)
 from dcp_fsdp.telemetry.time_split import fresh_pages_per_byte
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_merge, hist_quantile
+from dcp_fsdp.telemetry.summaries import merge_by_type
 
 # save, then its ceiling; load, then its ceiling; anything else after
 OP_ORDER = {"save": 0, "raw_put": 1, "raw_put_tensors": 2, "mem_save": 3, "tc_save": 4,
@@ -205,28 +206,17 @@ def type_rows(labels: dict[str, Any], group_samples: pd.DataFrame, operations: i
     would read as fewer requests)."""
     if not all(isinstance(r, dict) and not r.get("unparsed") for r in group_samples["requests"]):
         return []
-    per_kind: dict[str, dict[str, Any]] = {}
+    sizes: dict[str, int] = {}
     for summary in group_samples["requests"]:
-        if not isinstance(summary, dict):
-            continue
-        sizes = _request_bytes(summary)
-        for kind, entry in (summary.get("by_type") or {}).items():
-            into = per_kind.setdefault(kind, {"count": 0, "failed": 0, "misses": 0,
-                                              "throttled": 0, "retries": 0, "bytes": None,
-                                              "hists": []})
-            for key in ("count", "failed", "misses", "throttled", "retries"):
-                into[key] += entry.get(key) or 0
-            if kind in sizes:
-                into["bytes"] = (into["bytes"] or 0) + sizes[kind]
-            into["hists"].append(entry.get("latency_hist"))
+        for kind, nbytes in _request_bytes(summary).items():
+            sizes[kind] = sizes.get(kind, 0) + nbytes
     rows = []
-    for kind, into in sorted(per_kind.items(), key=lambda item: -item[1]["count"]):
-        hist = hist_merge(into["hists"])
+    for kind, into in merge_by_type(group_samples["requests"]).items():
+        hist = into["latency_hist"]
         rows.append({**labels, "request_type": kind, "requests_per_op": into["count"] / operations,
                      "failures": into["failed"], "misses": into["misses"],
                      "throttles": into["throttled"], "retries": into["retries"],
-                     "mib_per_op": (into["bytes"] / MIB / operations
-                                    if into["bytes"] is not None else math.nan),
+                     "mib_per_op": sizes[kind] / MIB / operations if kind in sizes else math.nan,
                      "latency_p50_ms": nan(hist_quantile(hist, 0.5)),
                      "latency_p99_ms": nan(hist_quantile(hist, 0.99)),
                      "latency_max_ms": nan(_hist_max(hist))})

@@ -144,10 +144,26 @@ def merge_summaries(summaries: Iterable[dict[str, Any] | None]) -> dict[str, Any
     merged["success_ratio"] = (round((merged["count"] - merged["failed"]) / merged["count"], 6)
                                if merged["count"] else None)
     status: collections.Counter = collections.Counter()
-    by_type: dict[str, dict[str, Any]] = {}
     control: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for summary in present:
         status.update(summary.get("status") or {})
+        for kind, counts in (summary.get("control_plane") or {}).items():
+            control[kind].update(counts)
+    merged["status"] = dict(sorted(status.items()))
+    merged["by_type"] = dict(sorted(merge_by_type(present).items()))
+    if control:
+        merged["control_plane"] = {k: dict(sorted(v.items())) for k, v in sorted(control.items())}
+    return merged
+
+
+def merge_by_type(summaries: Iterable[Any]) -> dict[str, dict[str, Any]]:
+    """The `by_type` entries of several summaries added up (anything not a summary skipped):
+    counts, statuses and latency histograms per request type, the most requested type first
+    (ties in the order they first appear)."""
+    by_type: dict[str, dict[str, Any]] = {}
+    for summary in summaries:
+        if not isinstance(summary, dict):
+            continue
         for kind, entry in (summary.get("by_type") or {}).items():
             into = by_type.setdefault(kind, {"count": 0, "failed": 0, "misses": 0,
                                              "throttled": 0, "retries": 0, "status": {},
@@ -157,10 +173,4 @@ def merge_summaries(summaries: Iterable[dict[str, Any] | None]) -> dict[str, Any
             into["status"] = dict(sorted((collections.Counter(into["status"])
                                           + collections.Counter(entry.get("status") or {})).items()))
             into["latency_hist"] = hist_merge([into["latency_hist"], entry.get("latency_hist")])
-        for kind, counts in (summary.get("control_plane") or {}).items():
-            control[kind].update(counts)
-    merged["status"] = dict(sorted(status.items()))
-    merged["by_type"] = dict(sorted(by_type.items()))
-    if control:
-        merged["control_plane"] = {k: dict(sorted(v.items())) for k, v in sorted(control.items())}
-    return merged
+    return dict(sorted(by_type.items(), key=lambda item: -item[1]["count"]))
