@@ -36,6 +36,7 @@ import pandas as pd
 from dcp_fsdp.units import GIB
 from dcp_fsdp.analysis import costs
 from dcp_fsdp.analysis.groups import FIRST, LATER
+from dcp_fsdp.telemetry.figures import mean_or_nan
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -128,11 +129,6 @@ def _select(frame: pd.DataFrame, labels: dict[str, Any] | None,
     return frame[mask]
 
 
-def _mean(series: pd.Series) -> float:
-    series = pd.to_numeric(series, errors="coerce").dropna()
-    return float(series.mean()) if len(series) else math.nan
-
-
 def _startup_s(runs: list[dict[str, Any]], run_ids: set) -> tuple[float | None, bool]:
     """(mean over runs of the slowest rank's init less its value fill, whether some rank had
     no fill_s: its fill stays in)."""
@@ -165,9 +161,9 @@ def _of_order(frame: pd.DataFrame, order: str) -> tuple[pd.DataFrame, str]:
 def _save_cost(mode: str, ops: pd.DataFrame, samples: pd.DataFrame
                ) -> tuple[float, str, float]:
     """(C, what it is, the persisted span) of some saves (a group's warm ones)."""
-    span = _mean(ops["span_s"])
-    stall = _mean(ops.get("stall_span_s", pd.Series(dtype=float)))
-    persisted = _mean(ops.get("persisted_span_s", pd.Series(dtype=float)))
+    span = mean_or_nan(ops["span_s"])
+    stall = mean_or_nan(ops.get("stall_span_s", pd.Series(dtype=float)))
+    persisted = mean_or_nan(ops.get("persisted_span_s", pd.Series(dtype=float)))
     if math.isnan(stall):  # records before stall_s: a sync save stalls for all of it
         stall = span if mode == "sync" else math.nan
     checkpoint_s, cost_is = stall, "save" if mode == "sync" else "stall (call + staging)"
@@ -205,7 +201,7 @@ def gather(result: dict[str, Any], runs: list[dict[str, Any]]) -> list[GroupInpu
         load_ops, load_from = _of_order(_select(result["operations"], load_labels, keys), FIRST)
         load_samples, _ = _of_order(_select(result["samples"], load_labels, keys), load_from)
         startup, with_fill = _startup_s(runs, set(ops["run_id"]))
-        stall = _mean(ops.get("stall_span_s", pd.Series(dtype=float)))
+        stall = mean_or_nan(ops.get("stall_span_s", pd.Series(dtype=float)))
         found.append(GroupInputs(
             labels=labels, save_mode=mode, checkpoint_s=checkpoint_s, cost_is=cost_is,
             lag_s=max(0.0, persisted - stall) if mode == "async" else 0.0,

@@ -22,10 +22,9 @@ from dcp_fsdp.analysis.completeness import incomplete_runs
 from dcp_fsdp.telemetry import time_split
 from dcp_fsdp.telemetry.figures import NOISE_HINT, NOISY_SPREAD
 from dcp_fsdp.analysis.metrics import per_operation, samples_frame
-from dcp_fsdp.analysis.tables import (OP_ORDER, mean_or_nan, ordered, phase_row,
-                                      throughput_row, type_rows)
+from dcp_fsdp.analysis.tables import OP_ORDER, ordered, phase_row, throughput_row, type_rows
 
-__all__ = ["FIRST", "LATER", "OP_ORDER", "NOT_SETTINGS", "build", "mean_or_nan", "runs_frame", "storage_label"]
+__all__ = ["FIRST", "LATER", "OP_ORDER", "NOT_SETTINGS", "build", "runs_frame", "storage_label"]
 
 FIXED_KEYS = ["nodes", "ranks", "model", "op", "storage"]
 # An operation's order in its process: "first" (iteration 1: it pays page faults for fresh

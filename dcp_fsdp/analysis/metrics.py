@@ -30,7 +30,7 @@ from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, CEILING_OPS, KEYS, N
                                       NOISY_SPREAD, above_ceiling_note, one_run_if_unnamed, operations,
                                       amplification_note, broken_note,
                                       efficiency, efficiency_per_operation, egress_mib,
-                                      noise_note, pooled, read_amplification)
+                                      max_or_nan, noise_note, pooled, read_amplification)
 from dcp_fsdp.analysis.tables import nan
 from dcp_fsdp.telemetry.histograms import hist_quantile
 from dcp_fsdp.telemetry.summaries import merge_by_type
@@ -88,11 +88,6 @@ def _complete_max(series: pd.Series) -> float:
     return float(series.max()) if len(series) and series.notna().all() else math.nan
 
 
-def _max_or_nan(series: pd.Series) -> float:
-    series = pd.to_numeric(series, errors="coerce").dropna()
-    return float(series.max()) if len(series) else math.nan
-
-
 def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, op, iteration): totals over ranks and the spread across them."""
     for column in (*REQUEST_COLUMNS, *OPTIONAL_COLUMNS):
@@ -119,8 +114,8 @@ def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
         persisted_end=("_persisted_end", _complete_max),
         stall_end=("_stall_end", _complete_max),
         fetched_bytes=("fetched_bytes", _complete_sum),
-        peak_rss_bytes=("peak_rss_bytes", _max_or_nan),
-        cuda_max_allocated_bytes=("cuda_max_allocated_bytes", _max_or_nan),
+        peak_rss_bytes=("peak_rss_bytes", max_or_nan),
+        cuda_max_allocated_bytes=("cuda_max_allocated_bytes", max_or_nan),
         **{column: (column, _complete_sum) for column in REQUEST_COLUMNS},
     )  # with span_s, aggregate and slowest-rank MiB/s (telemetry/figures.py)
     frame["blocked_span_s"] = frame.pop("blocked_end") - frame["first_begin_wall_s"]

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from dcp_fsdp.analysis.groups import OP_ORDER, mean_or_nan
+from dcp_fsdp.analysis.groups import OP_ORDER
 from dcp_fsdp.analysis.render import key_cell
-from dcp_fsdp.telemetry.figures import pooled
+from dcp_fsdp.telemetry.figures import mean_or_nan, pooled
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_quantile
 from dcp_fsdp.telemetry.summaries import merge_by_type
 
@@ -131,9 +131,9 @@ def _rank_panel(axis: Axes, op_samples: pd.DataFrame, title: str) -> None:
         axis.set_visible(False)
         return
     per_rank = op_samples.groupby("rank").agg(
-        plan=("plan_s", lambda v: mean_or_nan(v.astype(float))),
-        io=("io_s", lambda v: mean_or_nan(v.astype(float))),
-        commit=("commit_s", lambda v: mean_or_nan(v.astype(float))),
+        plan=("plan_s", mean_or_nan),
+        io=("io_s", mean_or_nan),
+        commit=("commit_s", mean_or_nan),
         duration=("duration_s", "mean"))
     ranks = per_rank.index.to_numpy()
     if per_rank[["plan", "io", "commit"]].notna().all(axis=None):

@@ -10,8 +10,8 @@ import pandas as pd
 
 from dcp_fsdp.units import GIB, MIB
 from dcp_fsdp.telemetry.figures import (above_ceiling_note, amplification_note, broken_note,
-                                      efficiency, egress_mib, noise_note, pooled, read_amplification,
-                                      union_s)
+                                      efficiency, egress_mib, max_or_nan, mean_or_nan, noise_note,
+                                      pooled, read_amplification, union_s)
 from dcp_fsdp.telemetry.time_split import fresh_pages_per_byte
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_merge, hist_quantile
 from dcp_fsdp.telemetry.summaries import merge_by_type
@@ -41,16 +41,6 @@ def q(series: pd.Series, quantile: float) -> float:
 
 def total(series: pd.Series) -> float:
     return series.sum(min_count=1)
-
-
-def mean_or_nan(series: pd.Series) -> float:
-    series = pd.to_numeric(series, errors="coerce").dropna()
-    return float(series.mean()) if len(series) else math.nan
-
-
-def max_or_nan(series: pd.Series) -> float:
-    series = pd.to_numeric(series, errors="coerce").dropna()
-    return float(series.max()) if len(series) else math.nan
 
 
 def nan(value: float | None) -> float:

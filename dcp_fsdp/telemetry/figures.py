@@ -147,6 +147,17 @@ def mlperf_shortfall(samples: Iterable[Any] | pd.DataFrame) -> str | None:
             f"{MLPERF_CHECKPOINTS}")
 
 
+def mean_or_nan(series: pd.Series) -> float:
+    """The mean of the values that are numbers (None, text: left out); NaN where none is."""
+    series = pd.to_numeric(series, errors="coerce").dropna()
+    return float(series.mean()) if len(series) else math.nan
+
+
+def max_or_nan(series: pd.Series) -> float:
+    series = pd.to_numeric(series, errors="coerce").dropna()
+    return float(series.max()) if len(series) else math.nan
+
+
 def spread(values: Iterable[float]) -> float:
     """(max - min) / median of per-operation rates; NaN with fewer than two."""
     series = pd.Series(list(values), dtype=float).dropna()

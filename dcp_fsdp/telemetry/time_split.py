@@ -27,6 +27,8 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
+from dcp_fsdp.telemetry.figures import mean_or_nan
+
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 # fresh pages per byte from which the allocator, not DCP's code, is named as the bound
 ALLOCATOR_PAGES_PER_BYTE = 1.0
@@ -68,10 +70,7 @@ class TimeSplit(NamedTuple):
 
 
 def _mean(frame: pd.DataFrame, field: str) -> float:
-    if field not in frame:
-        return math.nan
-    values = pd.to_numeric(frame[field], errors="coerce").dropna()
-    return float(values.mean()) if len(values) else math.nan
+    return mean_or_nan(frame[field]) if field in frame else math.nan
 
 
 def fresh_pages_per_byte(frame: pd.DataFrame) -> float:
