@@ -29,17 +29,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
 from dcp_fsdp.units import GIB
 from dcp_fsdp.analysis import costs
 from dcp_fsdp.analysis.groups import FIRST, LATER
+from dcp_fsdp.analysis.tables import select
 from dcp_fsdp.telemetry.figures import mean_or_nan
-
-if TYPE_CHECKING:
-    from collections.abc import Iterable
 
 MATCH_KEYS = ("nodes", "ranks", "model", "storage")
 # The first-order share drops terms of order x^2 / 2 beside x = (tau + C + L + R) / M (e^x - 1
@@ -118,17 +116,6 @@ class GroupInputs:
         return (self.load_s or 0.0) + (self.startup_s or 0.0)
 
 
-def _select(frame: pd.DataFrame, labels: dict[str, Any] | None,
-            keys: Iterable[str]) -> pd.DataFrame:
-    if frame is None or frame.empty or labels is None:
-        return pd.DataFrame()
-    mask = pd.Series(True, index=frame.index)
-    for key in keys:
-        if key in frame and key in labels:
-            mask &= frame[key].astype(str) == str(labels[key])
-    return frame[mask]
-
-
 def _startup_s(runs: list[dict[str, Any]], run_ids: set) -> tuple[float | None, bool]:
     """(mean over runs of the slowest rank's init less its value fill, whether some rank had
     no fill_s: its fill stays in)."""
@@ -187,19 +174,19 @@ def gather(result: dict[str, Any], runs: list[dict[str, Any]]) -> list[GroupInpu
     found = []
     for _, row in throughput[throughput["op"] == "save"].iterrows():
         labels = {k: row[k] for k in keys}
-        ops, save_from = _of_order(_select(result["operations"], labels, keys), LATER)
-        samples, _ = _of_order(_select(result["samples"], labels, keys), save_from)
+        ops, save_from = _of_order(select(result["operations"], labels, keys), LATER)
+        samples, _ = _of_order(select(result["samples"], labels, keys), save_from)
         modes: set[str] = (set(samples["save_mode"].dropna().astype(str))
                            if "save_mode" in samples else set())
         mode = "async" if "async" in modes else "sync"
         checkpoint_s, cost_is, persisted = _save_cost(mode, ops, samples)
         loads = throughput[throughput["op"] == "load"]
-        load = _select(loads, labels, others)
+        load = select(loads, labels, others)
         if load.empty:
-            load = _select(loads, labels, MATCH_KEYS)
+            load = select(loads, labels, MATCH_KEYS)
         load_labels = {k: load.iloc[0][k] for k in keys} if not load.empty else None
-        load_ops, load_from = _of_order(_select(result["operations"], load_labels, keys), FIRST)
-        load_samples, _ = _of_order(_select(result["samples"], load_labels, keys), load_from)
+        load_ops, load_from = _of_order(select(result["operations"], load_labels, keys), FIRST)
+        load_samples, _ = _of_order(select(result["samples"], load_labels, keys), load_from)
         startup, with_fill = _startup_s(runs, set(ops["run_id"]))
         stall = mean_or_nan(ops.get("stall_span_s", pd.Series(dtype=float)))
         found.append(GroupInputs(

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from dcp_fsdp.analysis import costs
+from dcp_fsdp.analysis.tables import select
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -50,9 +51,7 @@ def scaling_frames(result: dict[str, Any]) -> list[pd.DataFrame]:
         rows = rows.sort_values(["ranks", "nodes"])
         table = []
         for _, row in rows.iterrows():
-            phase = phases
-            for key in keys:
-                phase = phase[phase[key].astype(str) == str(row[key])]
+            phase = select(phases, row, keys)
             span = row["duration_mean_s"]
 
             def share(column: str, phase: pd.DataFrame = phase, span: float = span) -> float:
@@ -98,11 +97,8 @@ def prefix_warnings(result: dict[str, Any], runs: list[dict[str, Any]], target_n
     for _, row in throughput[throughput["op"].isin(("save", "load"))].iterrows():
         if not costs.is_priced(row["storage"]) or not row["duration_mean_s"]:
             continue
-        kinds = types
-        ops = operations
-        for key in keys:
-            kinds = kinds[kinds[key].astype(str) == str(row[key])]
-            ops = ops[ops[key].astype(str) == str(row[key])]
+        kinds = select(types, row, keys)
+        ops = select(operations, row, keys)
         charge = costs.request_charge(
             {str(k["request_type"]): float(k["requests_per_op"]) for _, k in kinds.iterrows()},
             prices)

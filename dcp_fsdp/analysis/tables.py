@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterable
 
 import pandas as pd
 
@@ -45,6 +45,18 @@ def total(series: pd.Series) -> float:
 
 def nan(value: float | None) -> float:
     return math.nan if value is None else value
+
+
+def select(frame: pd.DataFrame, labels: dict[str, Any] | pd.Series | None,
+           keys: Iterable[str]) -> pd.DataFrame:
+    """The rows of `frame` whose `keys` read as `labels`' (compared as text)."""
+    if frame is None or frame.empty or labels is None:
+        return pd.DataFrame()
+    mask = pd.Series(True, index=frame.index)
+    for key in keys:
+        if key in frame and key in labels:
+            mask &= frame[key].astype(str) == str(labels[key])
+    return frame[mask]
 
 
 def _span_mib_s(group_ops: pd.DataFrame, span: str) -> float:
