@@ -12,7 +12,7 @@ import datetime
 import os
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp import log
@@ -80,6 +80,13 @@ class _NotS3(Exception):
 def _first_words(error: BaseException, limit: int = 120) -> str:
     text = " ".join(str(error).split())
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _answer(error: Any) -> tuple[int | None, str]:
+    """A botocore ClientError's HTTP status and S3 error code ("" where it names none)."""
+    response = error.response
+    return (response.get("ResponseMetadata", {}).get("HTTPStatusCode"),
+            str(response.get("Error", {}).get("Code", "")))
 
 
 class S3ControlPlane:
@@ -171,10 +178,8 @@ class S3ControlPlane:
     def _explain_answer(self, error: Any) -> UserError:
         """One line for an error answer of the server (botocore's ClientError)."""
         where = f"storage.uri={self.target.uri}"
-        response = error.response
-        code = str(response.get("Error", {}).get("Code", ""))
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        status, code = _answer(error)
+        headers = error.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
         if code == "404" and not self._is_s3_answer():
             return self._not_s3(f"HTTP {status} without an S3 error code")
         if code in ("404", "NoSuchBucket"):
@@ -202,7 +207,7 @@ class S3ControlPlane:
             self.client().list_objects_v2(Bucket=self.target.bucket, MaxKeys=1)
             return True
         except bx.ClientError as error:
-            code = str(error.response.get("Error", {}).get("Code", ""))
+            code = _answer(error)[1]
             return bool(code) and not code.isdigit()  # S3 names its errors
         except (bx.BotoCoreError, RecursionError):
             return False
@@ -257,30 +262,39 @@ class S3ControlPlane:
             raise UserError(f"storage.region={self.target.region}: bucket '{self.target.bucket}' is in "
                             "another region; set storage.region to the bucket's region")
 
-    def list_checkpoints(self, suffix: str | None = None) -> list[CheckpointInfo]:
+    @contextlib.contextmanager
+    def _explaining(self) -> Iterator[None]:
+        """boto3 calls on the bucket; their failure as one line (UserError) naming the fix."""
         import botocore.exceptions as bx
 
-        client = self.client()
-        base = f"{self.target.prefix}/" if self.target.prefix else ""
-        found: dict[str, dict[str, Any]] = {}
         try:
-            for page in client.get_paginator("list_objects_v2").paginate(
-                    Bucket=self.target.bucket, Prefix=base + (f"{suffix}/" if suffix else "")):
-                for obj in page.get("Contents", []):
-                    rest = obj["Key"][len(base):]
-                    if "/" not in rest:
-                        continue
-                    owner, name = rest.split("/", 1)
-                    if owner == CEILING_ROOT:  # the raw ceiling's, never a checkpoint
-                        continue
-                    entry = found.setdefault(owner, {"size": 0, "modified": None, "names": []})
-                    entry["size"] += obj["Size"]
-                    entry["names"].append(name)  # relative to the suffix
-                    modified = obj["LastModified"]
-                    if entry["modified"] is None or modified > entry["modified"]:
-                        entry["modified"] = modified
+            yield
         except (bx.BotoCoreError, bx.ClientError) as error:
             raise self._explain(error) from None
+
+    def _listed(self, operation: str, prefix: str, key: str) -> Iterator[dict[str, Any]]:
+        """Every entry (`key`: "Contents", "Uploads") of listing `operation` under `prefix`."""
+        with self._explaining():
+            for page in self.client().get_paginator(operation).paginate(
+                    Bucket=self.target.bucket, Prefix=prefix):
+                yield from page.get(key, [])
+
+    def list_checkpoints(self, suffix: str | None = None) -> list[CheckpointInfo]:
+        base = f"{self.target.prefix}/" if self.target.prefix else ""
+        found: dict[str, dict[str, Any]] = {}
+        for obj in self._listed("list_objects_v2", base + (f"{suffix}/" if suffix else ""), "Contents"):
+            rest = obj["Key"][len(base):]
+            if "/" not in rest:
+                continue
+            owner, name = rest.split("/", 1)
+            if owner == CEILING_ROOT:  # the raw ceiling's, never a checkpoint
+                continue
+            entry = found.setdefault(owner, {"size": 0, "modified": None, "names": []})
+            entry["size"] += obj["Size"]
+            entry["names"].append(name)  # relative to the suffix
+            modified = obj["LastModified"]
+            if entry["modified"] is None or modified > entry["modified"]:
+                entry["modified"] = modified
         return [CheckpointInfo(owner, METADATA_NAME in e["names"], e["size"], len(e["names"]),
                                e["modified"].astimezone(datetime.timezone.utc).isoformat(),
                                claim_only=e["names"] == [CLAIM_NAME],
@@ -290,17 +304,9 @@ class S3ControlPlane:
 
     def object_sizes(self, suffix: str) -> dict[str, int]:
         """Every object under `suffix`/ (its name there -> bytes), one listing."""
-        import botocore.exceptions as bx
-
         base = self.target.key(suffix) + "/"
-        sizes: dict[str, int] = {}
-        try:
-            for page in self.client().get_paginator("list_objects_v2").paginate(
-                    Bucket=self.target.bucket, Prefix=base):
-                sizes.update((obj["Key"][len(base):], obj["Size"]) for obj in page.get("Contents", []))
-        except (bx.BotoCoreError, bx.ClientError) as error:
-            raise self._explain(error) from None
-        return sizes
+        return {obj["Key"][len(base):]: obj["Size"]
+                for obj in self._listed("list_objects_v2", base, "Contents")}
 
     def has_objects(self, suffix: str) -> bool:
         response = self.client().list_objects_v2(
@@ -314,8 +320,7 @@ class S3ControlPlane:
             self.client().head_object(Bucket=self.target.bucket, Key=self.target.key(suffix, METADATA_NAME))
             return True
         except (bx.BotoCoreError, bx.ClientError) as error:  # e.g. the endpoint gone
-            response = error.response if isinstance(error, bx.ClientError) else {}
-            if response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if isinstance(error, bx.ClientError) and _answer(error)[1] in ("404", "NoSuchKey", "NotFound"):
                 return False
             raise self._explain(error) from None
 
@@ -329,8 +334,7 @@ class S3ControlPlane:
         try:
             response = self.client().get_object(Bucket=self.target.bucket, Key=key)
         except bx.ClientError as error:
-            code = str(error.response.get("Error", {}).get("Code", ""))
-            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            status, code = _answer(error)
             if status == 404 or code in ("NoSuchKey", "404"):
                 return None  # only a missing object is absent
             # A refusal (403) or a server error (5xx) says nothing about whether it is
@@ -342,16 +346,9 @@ class S3ControlPlane:
             return body.read(max_bytes)
 
     def put_key(self, key: str, data: bytes) -> None:
-        self._explained(self.client().put_object, Key=key, Body=data)
-
-    def _explained(self, call: Callable[..., Any], **kwargs: Any) -> Any:
-        """A boto3 call on the bucket; its failure as one line (UserError) naming the fix."""
-        import botocore.exceptions as bx
-
-        try:
-            return call(Bucket=self.target.bucket, **kwargs)
-        except (bx.BotoCoreError, bx.ClientError) as error:
-            raise self._explain(error) from None
+        client = self.client()
+        with self._explaining():
+            client.put_object(Bucket=self.target.bucket, Key=key, Body=data)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """PutObject with If-None-Match: *; False when the key exists (412) or another
@@ -363,8 +360,7 @@ class S3ControlPlane:
                                      IfNoneMatch="*")
             return True
         except bx.ClientError as error:
-            code = str(error.response.get("Error", {}).get("Code", ""))
-            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            status, code = _answer(error)
             if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
                 return False
             raise self._explain(error) from None
@@ -393,7 +389,9 @@ class S3ControlPlane:
         return self._honours_if_none_match
 
     def delete_key(self, key: str) -> None:
-        self._explained(self.client().delete_object, Key=key)
+        client = self.client()
+        with self._explaining():
+            client.delete_object(Bucket=self.target.bucket, Key=key)
 
     def delete_prefix(self, prefix: str) -> None:
         """Every object whose key begins with `prefix` (1000 per request, S3's limit)."""
@@ -404,66 +402,46 @@ class S3ControlPlane:
             if keys:
                 client.delete_objects(Bucket=self.target.bucket, Delete={"Objects": keys})
 
+    def _abort(self, key: str, upload_id: str) -> int:
+        """1 for an upload aborted now, 0 for one completed or aborted meanwhile."""
+        import botocore.exceptions as bx
+
+        try:
+            self.client().abort_multipart_upload(Bucket=self.target.bucket, Key=key, UploadId=upload_id)
+        except bx.ClientError as error:
+            if _answer(error)[1] != "NoSuchUpload":
+                raise
+            return 0
+        return 1
+
     def abort_uploads_under(self, key_prefix: str) -> int:
         """Abort every open multipart upload whose key begins with `key_prefix` (a raw area
         of the ceiling, beside the checkpoints); how many."""
-        import botocore.exceptions as bx
-
-        client, aborted = self.client(), 0
-        try:
-            for page in client.get_paginator("list_multipart_uploads").paginate(
-                    Bucket=self.target.bucket, Prefix=key_prefix):
-                for upload in page.get("Uploads", []):
-                    try:
-                        client.abort_multipart_upload(Bucket=self.target.bucket, Key=upload["Key"],
-                                                      UploadId=upload["UploadId"])
-                        aborted += 1
-                    except bx.ClientError as error:  # completed or aborted meanwhile
-                        if error.response.get("Error", {}).get("Code") != "NoSuchUpload":
-                            raise
-        except (bx.BotoCoreError, bx.ClientError) as error:
-            raise self._explain(error) from None
-        return aborted
+        with self._explaining():
+            return sum(self._abort(upload["Key"], upload["UploadId"])
+                       for upload in self._listed("list_multipart_uploads", key_prefix, "Uploads"))
 
     # -- multipart uploads a stopped save left open -----------------------------------------
     def open_uploads(self, suffix: str | None = None) -> list[OpenUpload]:
-        import botocore.exceptions as bx
-
         client = self.client()
         base = f"{self.target.prefix}/" if self.target.prefix else ""
-        prefix = self.target.key(suffix) + "/" if suffix else base
         found = []
-        try:
-            for page in client.get_paginator("list_multipart_uploads").paginate(
-                    Bucket=self.target.bucket, Prefix=prefix):
-                for upload in page.get("Uploads", []):
-                    parts = [part for part_page in client.get_paginator("list_parts").paginate(
-                        Bucket=self.target.bucket, Key=upload["Key"],
-                        UploadId=upload["UploadId"]) for part in part_page.get("Parts", [])]
-                    rest = upload["Key"][len(base):]
-                    found.append(OpenUpload(
-                        suffix=rest.split("/", 1)[0] if "/" in rest else "",
-                        key=upload["Key"], upload_id=upload["UploadId"],
-                        initiated=upload["Initiated"].astimezone(
-                            datetime.timezone.utc).isoformat(),
-                        part_count=len(parts), size_bytes=sum(p["Size"] for p in parts)))
-        except (bx.BotoCoreError, bx.ClientError) as error:
-            raise self._explain(error) from None
+        for upload in self._listed("list_multipart_uploads",
+                                   self.target.key(suffix) + "/" if suffix else base, "Uploads"):
+            with self._explaining():
+                parts = [part for part_page in client.get_paginator("list_parts").paginate(
+                    Bucket=self.target.bucket, Key=upload["Key"],
+                    UploadId=upload["UploadId"]) for part in part_page.get("Parts", [])]
+            rest = upload["Key"][len(base):]
+            found.append(OpenUpload(
+                suffix=rest.split("/", 1)[0] if "/" in rest else "",
+                key=upload["Key"], upload_id=upload["UploadId"],
+                initiated=upload["Initiated"].astimezone(datetime.timezone.utc).isoformat(),
+                part_count=len(parts), size_bytes=sum(p["Size"] for p in parts)))
         return found
 
     def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0,
                       now: datetime.datetime | None = None) -> int:
-        import botocore.exceptions as bx
-
-        aborted = 0
-        for upload in self.open_uploads(suffix):
-            if min_age_s > 0 and upload.age_s(now) < min_age_s:
-                continue  # maybe a save still writing it
-            try:
-                self.client().abort_multipart_upload(Bucket=self.target.bucket, Key=upload.key,
-                                                     UploadId=upload.upload_id)
-                aborted += 1
-            except bx.ClientError as error:  # completed or aborted meanwhile
-                if error.response.get("Error", {}).get("Code") != "NoSuchUpload":
-                    raise self._explain(error) from None
-        return aborted
+        with self._explaining():  # one younger than min_age_s: maybe a save still writing it
+            return sum(self._abort(upload.key, upload.upload_id) for upload in self.open_uploads(suffix)
+                       if min_age_s <= 0 or upload.age_s(now) >= min_age_s)
