@@ -322,14 +322,7 @@ class ReadAhead:
         GET, its chunks copied into `target`; a file). Clients with a ranged call of their
         own override this."""
         with self.fs.create_stream(path, "rb") as stream:
-            stream.seek(start)
-            filled = 0
-            while filled < len(target):
-                count = stream.readinto(target[filled:])
-                if not count:
-                    raise OSError(f"{path}: ended {len(target) - filled} bytes before "
-                                  f"{start + len(target)}")
-                filled += count
+            read_exactly(stream, start, target, path)
 
     def clocked_into(self, target: memoryview, fetch: Callable[[], bytes]) -> None:
         """A client's own ranged call (returning bytes), on the storage clock and counted in
