@@ -9,7 +9,8 @@ Definitions: the README's "Report" and "Metrics".
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
+from typing import Any, NamedTuple
 
 
 class Column(NamedTuple):
@@ -19,6 +20,19 @@ class Column(NamedTuple):
     # latency is shown per request type only (TYPES): pooled over types it would mix
     # UploadParts with HEADs
     compact: int | None
+
+
+def cell(value: Any, spec: str) -> str:
+    """A figure as text by a Column's spec; blank where it is unknown (None, NaN)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if spec == "s":
+        return str(value)
+    if spec == "int":
+        return f"{int(round(value))}"
+    if spec == "%":
+        return f"{100 * value:.2f}"
+    return format(value, spec)
 
 
 THROUGHPUT = [

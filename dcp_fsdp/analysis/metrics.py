@@ -31,6 +31,7 @@ from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, CEILING_OPS, KEYS, N
                                       amplification_note, broken_note,
                                       efficiency, efficiency_per_operation, egress_mib,
                                       max_or_nan, noise_note, pooled, read_amplification)
+from dcp_fsdp.analysis.columns import cell
 from dcp_fsdp.analysis.tables import nan
 from dcp_fsdp.telemetry.histograms import hist_quantile
 from dcp_fsdp.telemetry.summaries import merge_by_type
@@ -145,15 +146,11 @@ def _int_or_blank(value: float) -> str:
     return "" if pd.isna(value) else f"{int(value)}"
 
 
-def _fmt(value: float, spec: str = ".1f") -> str:
-    return "" if pd.isna(value) else format(value, spec)
-
-
 LATENCY_TYPES_SHOWN = 2  # the most frequent request types in the end-of-run table
 
 
 def _latency_cell(by_type: dict[str, dict[str, float]]) -> str:
-    return ", ".join(f"{kind} {_fmt(v['p50_ms'])}/{_fmt(v['p99_ms'])}"
+    return ", ".join(f"{kind} {cell(v['p50_ms'], '.1f')}/{cell(v['p99_ms'], '.1f')}"
                      for kind, v in list(by_type.items())[:LATENCY_TYPES_SHOWN])
 
 
@@ -205,16 +202,16 @@ def _request_cells(count: float, span_s: float, failed: float, throttled: float,
                    by_type: dict[str, dict[str, float]]) -> list[str]:
     if pd.isna(count):
         return ["", "", "", ""]
-    return [_int_or_blank(count), _fmt(count / span_s if span_s else math.nan),
+    return [_int_or_blank(count), cell(count / span_s if span_s else math.nan, ".1f"),
             f"{_int_or_blank(failed)}/{_int_or_blank(throttled)}", _latency_cell(by_type)]
 
 
 def _row_cells(op: str, iteration: int | str, suffix: str, figures: pd.Series | dict[str, float],
                egress: float, eff: float, rank_s: tuple[float, float, float],
                rank_mib_s: tuple[float, float, float], requests: list[str], note: str) -> list[Any]:
-    return [op, iteration, suffix, f"{figures['bytes'] / MIB:.1f}", _fmt(egress),
-            f"{figures['span_s']:.3f}", _fmt(figures["aggregate_mib_s"]), _fmt(eff, ".2f"),
-            _fmt(figures["slowest_rank_mib_s"]),
+    return [op, iteration, suffix, f"{figures['bytes'] / MIB:.1f}", cell(egress, ".1f"),
+            f"{figures['span_s']:.3f}", cell(figures["aggregate_mib_s"], ".1f"), cell(eff, ".2f"),
+            cell(figures["slowest_rank_mib_s"], ".1f"),
             "/".join(f"{v:.3f}" for v in rank_s), "/".join(f"{v:.1f}" for v in rank_mib_s),
             *requests, note]
 

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from dcp_fsdp.analysis import columns as cols
-from dcp_fsdp.analysis.columns import Column
+from dcp_fsdp.analysis.columns import Column, cell
 from dcp_fsdp.telemetry.figures import ceiling_lines
 
 DEFAULT_WIDTH = 100  # when the output is not a terminal
@@ -24,18 +24,6 @@ KEY_CELL_MAX = 18  # characters of a group key's value in the compact view
 KEY_HEADER_MAX = 14
 # the storage labels' short forms in the compact view
 STORAGE_SHORT = {"s3 (embedded SeaweedFS)": "s3 embedded"}
-
-
-def _cell(value: Any, spec: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if spec == "s":
-        return str(value)
-    if spec == "int":
-        return f"{int(round(value))}"
-    if spec == "%":
-        return f"{100 * value:.2f}"
-    return format(value, spec)
 
 
 def key_cell(value: Any) -> str:
@@ -54,10 +42,10 @@ def _column_cells(frame: pd.DataFrame, column: Column) -> list[str]:
     cells = []
     for _, row in frame.iterrows():
         if isinstance(column.names, tuple):
-            parts = [_cell(row.get(name), column.spec) for name in column.names]
+            parts = [cell(row.get(name), column.spec) for name in column.names]
             cells.append("/".join(parts) if any(parts) else "")
         else:
-            cells.append(_cell(row.get(column.names), column.spec))
+            cells.append(cell(row.get(column.names), column.spec))
     return cells
 
 

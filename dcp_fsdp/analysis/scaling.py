@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from dcp_fsdp.analysis import costs
+from dcp_fsdp.analysis.columns import cell
 from dcp_fsdp.analysis.tables import select
 
 if TYPE_CHECKING:
@@ -137,18 +138,15 @@ def render(result: dict[str, Any], fmt: str = "table") -> str:
         out.append(f"\n{first['op']} of {first['model']}, {first['storage']}")
         rows = [[r["nodes"], r["ranks"], f"{r['aggregate_mib_s']:.1f}",
                  f"{r['mib_s_per_rank']:.1f}", f"{r['mib_s_per_node']:.1f}",
-                 f"{r['scaling_efficiency']:.2f}", _pct(r["plan_share"]),
-                 _pct(r["commit_share"]), _pct(r["barrier_share"])] for _, r in frame.iterrows()]
+                 f"{r['scaling_efficiency']:.2f}", cell(r["plan_share"], ".1%"),
+                 cell(r["commit_share"], ".1%"), cell(r["barrier_share"], ".1%")]
+                for _, r in frame.iterrows()]
         out.append(tabulate(rows, headers=["nodes", "ranks", "agg MiB/s", "MiB/s/rank",
                                            "MiB/s/node", "efficiency", "plan", "commit",
                                            "barrier"],
                             tablefmt="github" if fmt == "md" else "simple",
                             disable_numparse=True))
     return "\n".join(out) + "\n"
-
-
-def _pct(value: float) -> str:
-    return "" if value is None or math.isnan(value) else f"{value:.1%}"
 
 
 def plot(result: dict[str, Any], directory: str | Path) -> list[Path]:
