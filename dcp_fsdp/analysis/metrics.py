@@ -25,12 +25,11 @@ from typing import TYPE_CHECKING, Any, Iterable
 import pandas as pd
 
 from dcp_fsdp.units import MIB
-from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, CEILING_OPS, KEYS, NOISE_HINT,
-                                      ceiling_lines, headroom_lines,
-                                      NOISY_SPREAD, above_ceiling_note, one_run_if_unnamed, operations,
-                                      amplification_note, broken_note,
-                                      efficiency, efficiency_per_operation, egress_mib,
-                                      max_or_nan, noise_note, pooled, read_amplification)
+from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, KEYS, NOISE_HINT, NOISY_SPREAD,
+                                        above_ceiling_note, amplification_note, broken_note,
+                                        ceiling_lines, efficiency, efficiency_per_operation,
+                                        egress_mib, headroom_lines, max_or_nan, noise_note,
+                                        one_run_if_unnamed, operations, pooled, read_amplification)
 from dcp_fsdp.analysis.columns import cell
 from dcp_fsdp.analysis.tables import nan
 from dcp_fsdp.telemetry.histograms import hist_quantile
@@ -39,8 +38,7 @@ from dcp_fsdp.telemetry.summaries import merge_by_type
 if TYPE_CHECKING:
     from collections.abc import Hashable
 
-__all__ = ["CEILING_OPS", "per_operation", "run_table", "run_figures",
-           "samples_frame"]
+__all__ = ["per_operation", "run_table", "run_figures", "samples_frame"]
 
 # sample fields that older records (or hand-made samples) may lack; NaN when absent
 OPTIONAL_COLUMNS = ("plan_s", "io_s", "commit_s", "metadata_s", "finish_s", "barrier_wait_s",
