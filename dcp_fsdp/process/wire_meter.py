@@ -21,7 +21,7 @@ known from then on by its cookie (SO_COOKIE, unique per socket while the host ru
 A connection that closes takes its counters with it; the kernel broadcasts them as it
 frees the socket (sock_diag's destroy group, `_ClosedSockets`), and a socket this process
 was seen to own counts to its last byte. A connection opened and closed between two scans
-is never seen to be this process's, so `watch()` scans every few milliseconds while an
+is never seen to be this process's, so `watch()` scans every WATCH_PERIOD_S while an
 operation runs, and the botocore clients' GET hooks name each GET's socket as its answer
 arrives (`note_socket`, telemetry/control_plane.py): every GET of s3fs and MSC counts
 whatever its life; the connector's CRT connections count once a scan has seen them
@@ -162,6 +162,16 @@ def _destroyed(data: bytes, port: int) -> dict[int, tuple[int, int]]:
     return found
 
 
+# How often a watching meter scans the process's descriptors. A scan reads every fd's link
+# (about 100 in a rank) on a thread that takes the GIL from the load it measures: every
+# 5 ms it cost 6.7 % of a core, every 20 ms 3.3 %, every 100 ms 0.6 % (a rank-like process
+# of 99 fds, this 2-core VM, 2026-11-29). At 100 ms a load through the connector whose GETs
+# were cut missed the short connections of its retries (egress 29.50 MB where 33.7 MB came
+# down): exactness costs this much until the scan is one sock_diag dump of the endpoint's
+# sockets (docs/metrics.md).
+WATCH_PERIOD_S = 0.005
+
+
 class WireMeter:
     """Bytes acknowledged by / received from the storage endpoint since `start()`, on this
     process's sockets to it, closed ones included."""
@@ -205,10 +215,12 @@ class WireMeter:
             self._scan(baseline=True)
         _METERS.add(self)
 
-    def watch(self, period_s: float = 0.005) -> None:
+    def watch(self, period_s: float | None = None) -> None:
         """Scan every `period_s` until `close()`, so short connections are seen (a thread)."""
+        period = WATCH_PERIOD_S if period_s is None else period_s
+
         def run() -> None:
-            while not self._stop.wait(period_s):
+            while not self._stop.wait(period):
                 self._update()
 
         self._thread = threading.Thread(target=run, name="wire-meter", daemon=True)
