@@ -16,27 +16,39 @@ the command line is held at that value; any client's own setting given holds the
 (as does the process checkpointer). Each trial's checkpoint is deleted after it
 (they are the tuner's, not the user's).
 
+After that launch, unless malloc= was given (held, as any tuned setting given), the
+launcher runs the recommendation in paired launches of its own (launch_local again, records
+in the same directory), malloc=default then malloc=raised in each of tune.repeats rounds:
+glibc reads its allocator settings as a process starts, so they cannot change between the
+trials of one launch. MALLOC_SHARE of the budget is kept from the search for them; raised
+wins by the finals' rule (tune/search.py paired_malloc). The launcher prints the OVERRIDES=
+line, malloc included, at the very end.
+
 Ctrl-C or SIGTERM stops the whole tune (exit 130): the ranks record the trial in
-progress as interrupted, the finished trials' records stay, nothing is recommended.
+progress as interrupted, the finished trials' records stay, nothing is recommended (after
+the verdict: the recommendation stands, without malloc when its launches were cut).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
+import math
 import os
 import signal
+import statistics
 import time
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
 from dcp_fsdp import contract, log
-from dcp_fsdp.config.schema import MLPERF_CHECKPOINTS, BenchmarkConfig, Protocol, StorageKind
+from dcp_fsdp.config.schema import MLPERF_CHECKPOINTS, BenchmarkConfig, Malloc, Protocol, StorageKind
 from dcp_fsdp.config.validate import CLIENT_ONLY
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.tune.report import override_line
-from dcp_fsdp.tune.search import Settings
+from dcp_fsdp.tune.report import malloc_lines, override_line
+from dcp_fsdp.tune.search import MIN_FINAL_SCORES, Budget, Settings, paired_malloc
 
 __all__ = ["tune", "search_space", "override_line"]
 
@@ -44,6 +56,9 @@ __all__ = ["tune", "search_space", "override_line"]
 # several seconds on the smallest model. A larger budget that start-up still spends is
 # refused by rank 0 before the first trial (rank/tune_trials.py).
 MIN_BUDGET_S = 10.0
+# Of tune.budget_s, kept from the search for the paired malloc launches after it: each is a
+# whole launch (start-up included), and the rule needs MIN_FINAL_SCORES rounds of two.
+MALLOC_SHARE = 0.25
 
 # Candidate values, the current default first-tried neighbours first. Most influential first.
 S3_SPACE: dict[str, list[Any]] = {
@@ -152,6 +167,7 @@ def tune(overrides: list[str], started_mono: float) -> int:
     check_tune_settings(cfg)
     check_launch(cfg)  # as any launch, before the storage: the environment's endpoint too
     space, start = search_space(cfg, overrides)
+    malloc = _malloc_held(cfg, overrides)  # None: measured after the search
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     session_dir = Path(cfg.results_dir) / f"tune-{stamp}-{os.getpid()}"
     # SIGTERM (scancel, kill) ends the tune like Ctrl-C, also while the server starts.
@@ -166,20 +182,26 @@ def tune(overrides: list[str], started_mono: float) -> int:
                      + (f", at most {cfg.tune.trials} trials" if cfg.tune.trials else "")
                      + f", {cfg.tune.repeats} final rounds; tuning "
                      + (", ".join(space) or "nothing (every tuned setting was given)")
+                     + ("" if malloc else ", then malloc (paired launches)")
                      + f"; records in {session_dir}")
             _warm_storage(cfg)
             plan = {"session_dir": str(session_dir), "space": space, "start": start,
                     "budget_s": cfg.tune.budget_s, "trials": cfg.tune.trials,
                     "repeats": cfg.tune.repeats, "started_mono": started_mono,
-                    "requires": {k: v for k, v in REQUIRES.items() if k in start}}
+                    "requires": {k: v for k, v in REQUIRES.items() if k in start},
+                    "malloc_reserve_s": 0.0 if malloc else cfg.tune.budget_s * MALLOC_SHARE}
             plan_path = session_dir / "tune-plan.json"
             plan_path.write_text(json.dumps(plan, indent=1) + "\n")
             cfg.results_dir, cfg.ceiling = str(session_dir), False
             os.environ[contract.TUNE_ENV] = str(plan_path)
+            launched = time.monotonic()
             try:
                 code = launch_local(cfg)
             finally:
                 os.environ.pop(contract.TUNE_ENV, None)
+            if code == contract.EXIT_OK:
+                code = _after_search(cfg, session_dir, malloc, started_mono,
+                                     time.monotonic() - launched)
     finally:
         signal.signal(signal.SIGTERM, previous_sigterm)
     if code == contract.EXIT_INTERRUPTED:
@@ -187,13 +209,109 @@ def tune(overrides: list[str], started_mono: float) -> int:
     return code
 
 
+def _malloc_held(cfg: BenchmarkConfig, overrides: list[str]) -> dict[str, Any] | None:
+    """tune.json's malloc block where no launch measures it: given (held), or refused with
+    the ranks' allocator (launch/checks.py); None: measured after the search."""
+    from dcp_fsdp.launch.checks import check_environment
+
+    if "malloc" in {o.split("=", 1)[0].lstrip("+~") for o in overrides}:
+        return {"status": "held", "chosen": cfg.malloc.value}
+    try:  # what a launch with malloc=raised would refuse (another allocator, MALLOC_* set)
+        check_environment(dataclasses.replace(cfg, malloc=Malloc.raised))
+    except UserError as error:
+        return {"status": "not_glibc", "error": str(error), "chosen": Malloc.default.value}
+    return None
+
+
+def _after_search(cfg: BenchmarkConfig, session_dir: Path, malloc: dict[str, Any] | None,
+                  started_mono: float, search_wall_s: float) -> int:
+    """The malloc launches (unless held), then the malloc line and the OVERRIDES= line, with
+    tune.json saying the same. Exit code."""
+    path = session_dir / "tune.json"
+    summary = json.loads(path.read_text())
+    try:
+        found = malloc or _malloc_launches(cfg, summary, started_mono, search_wall_s)
+    except KeyboardInterrupt:
+        return contract.EXIT_INTERRUPTED
+    summary["malloc"] = found
+    summary["overrides"]["malloc"] = found["chosen"]
+    path.write_text(json.dumps(summary, indent=1) + "\n")
+    for line in malloc_lines(found):
+        print(line)
+    print(f"OVERRIDES={override_line(summary['overrides'])}", flush=True)
+    return contract.EXIT_OK
+
+
+def _malloc_launches(cfg: BenchmarkConfig, summary: dict[str, Any], started_mono: float,
+                     search_wall_s: float) -> dict[str, Any]:
+    """The recommendation launched with malloc=default then malloc=raised, per round, while
+    a round fits the budget; a launch costs what the search's start-up cost plus a trial."""
+    walls = [t["wall_s"] for t in summary["trials"]]
+    launch_s = (max(0.0, search_wall_s - sum(walls) - summary["ceiling"].get("trial", {}).get(
+        "wall_s", 0.0)) + statistics.median(walls))
+    budget = Budget(cfg.tune.budget_s, None, started_mono)
+    budget.walls.append(launch_s)
+    needed_s = MIN_FINAL_SCORES * 2 * launch_s
+    if budget.elapsed_s() + needed_s > cfg.tune.budget_s:
+        return {"status": "no_room", "chosen": Malloc.default.value, "launch_s": launch_s,
+                "needed_s": needed_s, "left_s": cfg.tune.budget_s - budget.elapsed_s(),
+                "budget_needed_s": math.ceil(needed_s / MALLOC_SHARE)}
+    rounds: list[tuple[float, float]] = []
+    records: list[str | None] = []
+    while (len(rounds) < cfg.tune.repeats
+           and budget.elapsed_s() + 2 * budget.estimate_s() <= cfg.tune.budget_s):
+        scores = []
+        for value in (Malloc.default.value, Malloc.raised.value):
+            launched = time.monotonic()
+            code, record, score = _malloc_launch(cfg, summary["overrides"], value)
+            budget.walls.append(time.monotonic() - launched)
+            records.append(record)
+            if code == contract.EXIT_INTERRUPTED:
+                raise KeyboardInterrupt()
+            if score is None:
+                return {"status": "failed", "chosen": Malloc.default.value, "malloc": value,
+                        "exit_code": code, "record": record, "records": records}
+            scores.append(score)
+        rounds.append((scores[0], scores[1]))
+        log.info(f"tune: malloc round {len(rounds)}: default {scores[0]:.1f} MiB/s, raised "
+                 f"{scores[1]:.1f} MiB/s (ratio {scores[1] / scores[0]:.2f})")
+    return {"status": "measured", **paired_malloc(rounds), "records": records}
+
+
+def _malloc_launch(cfg: BenchmarkConfig, settings: Settings,
+                   malloc: str) -> tuple[int, str | None, float | None]:
+    """One save-and-load of `settings` with `malloc`, through the launcher's own entry:
+    (exit code, its record, its score as a trial's). Its checkpoint is the tuner's: deleted."""
+    from dcp_fsdp.launch.local import launch_local
+    from dcp_fsdp.rank.tune_trials import figures_of, trial_config
+    from dcp_fsdp.storage import make_store
+    from dcp_fsdp.telemetry.records import read_record_file
+
+    run_cfg = trial_config(cfg, {**settings, "malloc": malloc}, ceiling=False)
+    before = set(Path(cfg.results_dir).glob("*.jsonl"))
+    code = launch_local(run_cfg)
+    made = sorted(set(Path(cfg.results_dir).glob("*.jsonl")) - before)
+    if not made:
+        return code, None, None
+    found = read_record_file(made[0])
+    for suffix in found.runs[0].suffixes if found.runs else []:
+        try:
+            make_store(run_cfg.storage).delete(suffix)
+        except Exception as error:  # a leftover checkpoint is no reason to stop tuning
+            log.warning(f"tune: could not delete checkpoint {suffix}: {error}")
+    score = figures_of(found.samples).get("score_mib_s") if code == contract.EXIT_OK else None
+    return code, str(made[0]), score
+
+
 def _say_interrupted(session_dir: Path, after_s: float) -> None:
     done = len(list(session_dir.glob("*.jsonl")))
     if (session_dir / "tune.json").exists():  # the verdict was printed: only the
-        # recommendation's efficiency trial was cut
-        log.info(f"tune: interrupted after {after_s:.0f} s, in the efficiency trial after the "
-                 "verdict: the recommendation above stands (tune.json); the records "
-                 f"({done}) stay in {session_dir}")
+        # recommendation's efficiency trial or the malloc launches were cut
+        log.info(f"tune: interrupted after {after_s:.0f} s, after the verdict (in the "
+                 "efficiency trial or the malloc launches): the recommendation above stands "
+                 f"(tune.json), malloc not measured; the records ({done}) stay in {session_dir}")
+        summary = json.loads((session_dir / "tune.json").read_text())
+        print(f"OVERRIDES={override_line(summary['overrides'])}", flush=True)
     else:
         log.info(f"tune: interrupted after {after_s:.0f} s: no recommendation from a cut "
                  f"search; the records ({done}) stay in {session_dir}")

@@ -133,7 +133,9 @@ class TuneTrials:
         from dcp_fsdp.rank.distributed import broadcast_object
 
         spec = self.spec
-        budget = Budget(spec["budget_s"], spec["trials"], spec["started_mono"])
+        # the share kept for the launcher's malloc launches after this one (launch/tune.py)
+        budget = Budget(spec["budget_s"] - spec.get("malloc_reserve_s", 0.0), spec["trials"],
+                        spec["started_mono"])
         budget.reserve_trials = CEILING_RESERVE_TRIALS
         if budget.why_not() is not None:  # start-up alone spent the budget
             problem = (f"tune.budget_s={spec['budget_s']:g} was spent before the first trial "
@@ -160,7 +162,7 @@ class TuneTrials:
                                  spec.get("requires"))
         # The verdict stands before the efficiency trial: an interrupt there loses only it.
         self._write_summary(summary)
-        print_result(summary)
+        print_result(summary, overrides=False)  # the launcher's, with malloc (launch/tune.py)
         # The recommendation's efficiency: its own trial, with its own client settings (not
         # the defaults', measured once at the start), when the time kept for it is left.
         if budget.reserve_fits():

@@ -35,7 +35,8 @@ def ceiling_summary(trial: Trial) -> dict[str, Any]:
     ceiling (the best of its raw rounds) and their ratio, per op; or why it has none."""
     figures = trial.figures
     found: dict[str, Any] = {"settings": trial.settings, "record": figures.get("record"),
-                             "status": figures.get("status"), "error": figures.get("error")}
+                             "status": figures.get("status"), "error": figures.get("error"),
+                             "wall_s": trial.wall_s}
     if trial.score is None:
         return found
     for op, raw in (("save", "raw_put"), ("load", "raw_get")):
@@ -152,7 +153,38 @@ def _not_dcps(chosen: dict[str, Any]) -> list[str]:
             "gets its gain only with such a reader of its own (docs/headroom.md)"]
 
 
-def print_result(summary: dict[str, Any]) -> None:
+def malloc_lines(found: dict[str, Any]) -> list[str]:
+    """What the paired malloc launches after the search found (launch/tune.py), or why
+    there were none; nothing when malloc= was given (held, as the OVERRIDES line shows)."""
+    status = found.get("status")
+    if status == "no_room":
+        return [f"malloc: not measured: its paired launches ({MIN_FINAL_SCORES} rounds of "
+                f"malloc=default and malloc=raised, about {found['launch_s']:.0f} s a launch) "
+                f"need about {found['needed_s']:.0f} s, the budget had {found['left_s']:.0f} s "
+                f"left; give tune.budget_s={found['budget_needed_s']:.0f} or more"]
+    if status == "not_glibc":
+        return [f"malloc: not measured: {found['error']}"]
+    if status == "failed":
+        return [f"malloc: not measured: its launch with malloc={found['malloc']} failed (exit "
+                f"{found['exit_code']}; record {found['record']})"]
+    if status != "measured":
+        return []
+    default, raised = found["default_scores_mib_s"], found["raised_scores_mib_s"]
+    ratio = (f"paired ratio raised/default {found['ratio_median']:.2f} "
+             f"({found['ratio_min']:.2f}..{found['ratio_max']:.2f} over {len(raised)} rounds; "
+             f"raised {min(raised):.1f}..{max(raised):.1f}, default "
+             f"{min(default):.1f}..{max(default):.1f} MiB/s)")
+    if found["raised_wins"]:
+        return [f"malloc: raised wins beyond the noise (its worst score above the default's "
+                f"best): {ratio}"]
+    if found["raised_wins"] is None:
+        return [f"malloc: keep the default: {len(raised)} round(s), too few to tell raised from "
+                f"noise (raise tune.budget_s): {ratio}"]
+    return [f"malloc: keep the default: raised did not beat it beyond the noise ({RULE}): "
+            f"{ratio}"]
+
+
+def print_result(summary: dict[str, Any], overrides: bool = True) -> None:
     from tabulate import tabulate
 
     defaults = summary["defaults"]
@@ -173,5 +205,7 @@ def print_result(summary: dict[str, Any]) -> None:
     print()
     for line in verdict_lines(summary):
         print(line)
-    print(f"records: {summary['session_dir']} (dcp-fsdp report {summary['session_dir']})")
-    print(f"OVERRIDES={override_line(summary['overrides'])}", flush=True)
+    print(f"records: {summary['session_dir']} (dcp-fsdp report {summary['session_dir']})",
+          flush=True)
+    if overrides:  # else the launcher's, after its malloc launches (launch/tune.py)
+        print(f"OVERRIDES={override_line(summary['overrides'])}", flush=True)

@@ -319,3 +319,18 @@ class Search:
                         key=lambda g: g.median, reverse=True)
         failed = [g for g in groups.values() if not g.scores]
         return finals + others + failed
+
+
+def paired_malloc(rounds: list[tuple[float, float]]) -> dict[str, Any]:
+    """malloc=default beside malloc=raised, one launch each per round, the default first
+    (launch/tune.py): each round's (default, raised) scores. raised wins by the finals' rule
+    (SearchResult.recommended): each of its scores above every score of the default, with
+    MIN_FINAL_SCORES rounds at the least (None: too few to tell). The paired ratio is raised
+    / default within each round, so a drift of the machine touches both sides alike."""
+    default, raised = [d for d, _ in rounds], [r for _, r in rounds]
+    ratios = [r / d for d, r in rounds if d > 0]
+    wins = min(raised) > max(default) if len(rounds) >= MIN_FINAL_SCORES else None
+    return {"default_scores_mib_s": default, "raised_scores_mib_s": raised, "ratios": ratios,
+            "ratio_median": statistics.median(ratios) if ratios else None,
+            "ratio_min": min(ratios, default=None), "ratio_max": max(ratios, default=None),
+            "raised_wins": wins, "chosen": "raised" if wins else "default"}

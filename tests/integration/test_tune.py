@@ -27,9 +27,10 @@ def _records(results):
 
 def test_tune_runs_every_trial_in_one_launch_and_its_override_line_runs(s3, s3_uri, tmp_path):
     results = tmp_path / "results"
+    # malloc held (test_tune_measures_malloc_in_paired_launches runs its launches)
     tuned = run_cli(["tune", *s3_args(s3, s3_uri), "nproc=2", f"tune.trials={TRIALS}",
-                     "tune.repeats=2", "tune.budget_s=600", f"results_dir={results}"],
-                    env=s3_env(s3), timeout_s=600)
+                     "tune.repeats=2", "tune.budget_s=600", f"results_dir={results}",
+                     "malloc=default"], env=s3_env(s3), timeout_s=600)
     assert tuned.returncode == 0, f"{tuned.stdout}\n{tuned.stderr}"
     # One launch: the model was built (and announced) once for all the trials.
     assert tuned.stdout.count(": save-and-load model=tiny_llama") == 1, tuned.stdout
@@ -46,12 +47,13 @@ def test_tune_runs_every_trial_in_one_launch_and_its_override_line_runs(s3, s3_u
     with_connector = given["storage.client"] == "s3torchconnector"
     dcps_reader = given["storage.read_ahead"] == "0"  # the tool's own reader has no kind
     assert set(given) == {
-        "storage.thread_count", "storage.client", "plan_caching", "storage.read_ahead",
+        "storage.thread_count", "storage.client", "plan_caching", "storage.read_ahead", "malloc",
         *(connector if with_connector else []),
         *(["storage.reader"] if with_connector and dcps_reader else []),
         *(["storage.max_gap_size_mib"]
           if with_connector and dcps_reader and given["storage.reader"] == "dcp_optimized"
           else [])}
+    assert given["malloc"] == "default"  # given: held, not measured
     assert "recommended: " in tuned.stdout and "noise seen: " in tuned.stdout
     # Every trial is a normal run record in one session directory, with its role.
     session, runs = _records(results)
@@ -82,6 +84,39 @@ def test_tune_runs_every_trial_in_one_launch_and_its_override_line_runs(s3, s3_u
     # The printed line is accepted as it is by a normal run.
     check = run_cli(["save-and-load", *s3_args(s3, s3_uri), "nproc=2", *overrides,
                      f"results_dir={tmp_path / 'check'}"], env=s3_env(s3))
+    assert check.returncode == 0, f"{check.stdout}\n{check.stderr}"
+
+
+def test_tune_measures_malloc_in_paired_launches_or_says_it_had_no_room(tmp_path):
+    """On the embedded server: after the search's one launch, the recommendation launched
+    with malloc=default then malloc=raised per round, records beside the trials'; the one
+    OVERRIDES= line (malloc in it) is accepted by a run as it is."""
+    results = tmp_path / "results"
+    tuned = run_cli(["tune", "nproc=1", "tune.trials=2", "tune.repeats=2", "tune.budget_s=400",
+                     f"results_dir={results}"], timeout_s=600)
+    assert tuned.returncode == 0, f"{tuned.stdout}\n{tuned.stderr}"
+    lines = [line for line in tuned.stdout.splitlines() if line.startswith("OVERRIDES=")]
+    assert len(lines) == 1 and tuned.stdout.rstrip().endswith(lines[0]), tuned.stdout
+    overrides = lines[0].removeprefix("OVERRIDES=").split()
+    session, runs = _records(results)
+    summary = json.loads((session / "tune.json").read_text())
+    found = summary["malloc"]
+    assert dict(o.split("=", 1) for o in overrides)["malloc"] == found["chosen"]
+    assert summary["overrides"]["malloc"] == found["chosen"]
+    if found["status"] == "no_room":  # a machine slow enough that its start-up ate the share
+        assert "malloc: not measured: its paired launches" in tuned.stdout
+        assert found["budget_needed_s"] > 0
+    else:
+        assert found["status"] == "measured", found
+        # in launch order, as tune.json lists them (their names do not order them)
+        launches = [json.loads(open(path).readline()) for path in found["records"]]
+        assert len([r for r in runs if r.get("tune") is None]) == len(launches)
+        assert [r["config"]["malloc"] for r in launches] == ["default", "raised"] * len(
+            found["ratios"])
+        assert len(found["ratios"]) >= 1 and all(r["status"] == "ok" for r in launches)
+        assert all(r["command"] == "save-and-load" for r in launches)
+        assert "malloc: " in tuned.stdout and "paired ratio raised/default" in tuned.stdout
+    check = run_cli(["save-and-load", "nproc=1", *overrides, f"results_dir={tmp_path / 'check'}"])
     assert check.returncode == 0, f"{check.stdout}\n{check.stderr}"
 
 
