@@ -147,9 +147,5 @@ class TimedOnceMscReader(TimedMscReader, OnceMscReader):
     (the rank's thread waits for storage there, as in a stream's first call)."""
 
     def prefetch_wait(self, wait: Callable[[], _Result]) -> _Result:
-        clock = self.timeline.storage_clock
-        clock.enter()
-        try:
+        with self.timeline.storage_clock:
             return wait()
-        finally:
-            clock.exit()

@@ -327,12 +327,8 @@ class ReadAhead:
     def clocked_into(self, target: memoryview, fetch: Callable[[], bytes]) -> None:
         """A client's own ranged call (returning bytes), on the storage clock and counted in
         the bytes moved as the timed streams count reads, copied into `target`."""
-        clock = self.timeline.storage_clock
-        clock.enter()
-        try:
+        with self.timeline.storage_clock:
             data = fetch()
-        finally:
-            clock.exit()
         if len(data) != len(target):
             raise OSError(f"a ranged read returned {len(data)} of {len(target)} bytes")
         self.timeline.moved.add(len(data))
@@ -452,11 +448,10 @@ class ReadAhead:
                                         req.storage_offsets, req.lengths)
         if target.size() != tensor.size():
             raise AssertionError(f"req {req.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
-        copies.enter()
         try:
-            target.copy_(tensor)
+            with copies:
+                target.copy_(tensor)
         finally:
-            copies.exit()
             held.release(info.length)
         return None
 
@@ -473,11 +468,8 @@ class ReadAhead:
 
             tensor = narrow_tensor_by_index(self._tensor(req, info, memoryview(item)),
                                             req.storage_offsets, req.lengths)
-            copies.enter()
-            try:
+            with copies:
                 target.copy_(tensor)
-            finally:
-                copies.exit()
         planner.commit_tensor(req, target)
 
     def _consume(self, group: RangeGroup, view: memoryview, planner: LoadPlanner,

@@ -102,30 +102,22 @@ class TimedWriteStream(_TimedStream):
     """A write stream: write() and close() timed on the stream clock (the upload), the bytes
     written counted, the first error either raises noted on the timeline."""
 
-    def write(self, data: Any, /) -> int:
-        clock = self._timeline.storage_clock
-        clock.enter()
+    def _uploading(self, work: Callable[[], Any]) -> Any:
         try:
-            written = self.inner.write(data)
+            with self._timeline.storage_clock:
+                return work()
         except Exception as error:
             self._timeline.note_stream_error(error)
             raise
-        finally:
-            clock.exit()
+
+    def write(self, data: Any, /) -> int:
+        written = self._uploading(lambda: self.inner.write(data))
         if hasattr(data, "__len__"):
             self._moved(len(data))
         return memoryview(data).nbytes if written is None else written
 
     def close(self) -> None:
-        clock = self._timeline.storage_clock
-        clock.enter()
-        try:
-            self.inner.close()
-        except Exception as error:
-            self._timeline.note_stream_error(error)
-            raise
-        finally:
-            clock.exit()
+        self._uploading(self.inner.close)
 
 
 class TimedReadStream(_TimedStream):
@@ -145,12 +137,8 @@ class TimedReadStream(_TimedStream):
     def _timed(self, call: str, work: Callable[[], Any]) -> Any:
         if not self._clocked(call):
             return work()
-        clock = self._timeline.storage_clock
-        clock.enter()
-        try:
+        with self._timeline.storage_clock:
             return work()
-        finally:
-            clock.exit()
 
     def read(self, size: int | None = -1, /) -> bytes:
         data = self._call("read", -1 if size is None else size)

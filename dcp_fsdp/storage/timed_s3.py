@@ -51,11 +51,8 @@ class TimedChunks:
         return self
 
     def __next__(self) -> bytes:
-        self._clock.enter()
-        try:
+        with self._clock:
             return next(self._inner)
-        finally:
-            self._clock.exit()
 
 
 class TimedGetStream:
@@ -67,11 +64,8 @@ class TimedGetStream:
         self._clock = clock
 
     def __call__(self, *args: Any, **kwargs: Any) -> TimedChunks:
-        self._clock.enter()
-        try:
+        with self._clock:
             stream = self._inner(*args, **kwargs)
-        finally:
-            self._clock.exit()
         return TimedChunks(stream, self._clock)
 
 

@@ -83,6 +83,12 @@ class BusyClock:
             if self._active == 0:
                 self._total += now - self._since
 
+    def __enter__(self) -> None:  # `with clock:` is enter() and, however it ends, exit()
+        self.enter()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.exit()
+
     def total_s(self) -> float:
         """Closed intervals only: read it when no call is in progress."""
         with self._lock:
