@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
         forked_rank.quiet_agent_logs()
     summary: dict = {"outcome": "ok", "signal": None, "failures": {}}
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGTERM, raise_terminated)
     code = 0
     try:
         args = parse_args(argv)
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> int:
         code = 130
     except KeyboardInterrupt as error:  # before the workers started (rendezvous)
         summary["outcome"] = "interrupted"
-        summary["signal"] = "SIGTERM" if isinstance(error, _Terminated) else "SIGINT"
+        summary["signal"] = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
         code = 130
     except Exception as error:  # the agent itself (rendezvous, ports): one line, not a trace
         summary["outcome"] = "failed"
@@ -120,12 +120,12 @@ def _finish(summary: dict, summary_path: str | None, parent: int) -> None:
         remove_stale()
 
 
-class _Terminated(KeyboardInterrupt):
-    pass
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C (here and in the launcher, which passes it on as SIGTERM)."""
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> NoReturn:
-    raise _Terminated()
+def raise_terminated(signum: int, frame: FrameType | None) -> NoReturn:
+    raise Terminated()
 
 
 def _ours(error_file_data: Any, key: str) -> dict:

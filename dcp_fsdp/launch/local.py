@@ -24,8 +24,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from types import FrameType
-from typing import Any, NoReturn
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -36,6 +35,7 @@ from dcp_fsdp.storage.metadata_peek import MetadataFacts
 from dcp_fsdp.config.schema import BenchmarkConfig, Malloc
 from dcp_fsdp.launch.aftermath import RanksOutcome
 from dcp_fsdp.launch.agent import PYTHON_FLAGS as AGENT_PYTHON_FLAGS
+from dcp_fsdp.launch.agent import Terminated, raise_terminated
 from dcp_fsdp.launch.checks import check_launch
 from dcp_fsdp.launch.preflight import claim_save_suffixes, preflight, storage_environment
 from dcp_fsdp.launch.server_check import ServerCheck
@@ -45,14 +45,6 @@ from dcp_fsdp.telemetry import records
 # `interrupted`) before it is killed. torch's own grace for the ranks is shorter.
 AGENT_STOP_GRACE_S = 45.0
 RANK_STOP_GRACE_S = 20  # TORCH_ELASTIC_SHUTDOWN_TIMEOUT: ranks' time to record and exit
-
-
-class _LauncherTerminated(KeyboardInterrupt):
-    """SIGTERM to the launcher: handled like Ctrl-C, passed on to the agent as SIGTERM."""
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> NoReturn:
-    raise _LauncherTerminated()
 
 
 def launch_local(cfg: BenchmarkConfig) -> int:
@@ -132,7 +124,7 @@ def _run_agent(cfg: BenchmarkConfig, run_id: str, env: dict[str, str], module: s
     if cfg.malloc == Malloc.raised:  # read by glibc as each rank starts (process/allocator.py)
         agent_env.update(allocator.ENVIRONMENT)
     # SIGTERM to the launcher (kill, scancel of a batch step) ends the run like Ctrl-C.
-    previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous_sigterm = signal.signal(signal.SIGTERM, raise_terminated)
     previous_sigint = signal.getsignal(signal.SIGINT)
     agent = None
     interrupted_by = None
@@ -143,8 +135,7 @@ def _run_agent(cfg: BenchmarkConfig, run_id: str, env: dict[str, str], module: s
     except KeyboardInterrupt as interrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        interrupted_by = (signal.SIGTERM if isinstance(interrupt, _LauncherTerminated)
-                          else signal.SIGINT)
+        interrupted_by = signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT
         if agent is not None:
             _stop_agent(agent, interrupted_by)
     finally:
@@ -189,14 +180,12 @@ def _outcome(agent_code: int | None, summary: dict[str, Any],
              interrupted_by: int | None) -> RanksOutcome:
     failures: dict[str, dict[str, Any]] = summary.get("failures") or {}
     cause = contract.EndCause
-    if interrupted_by is not None:
-        name = signal.Signals(interrupted_by).name
-        return RanksOutcome(contract.EXIT_INTERRUPTED, "interrupted", f"interrupted by {name}",
-                            signal_name=name, failures=failures, cause=cause.INTERRUPTED)
-    if agent_code == 0:
+    name = signal.Signals(interrupted_by).name if interrupted_by is not None else None
+    if name is None and agent_code == 0:
         return RanksOutcome(contract.EXIT_OK, "ok", cause=cause.OK)
-    if summary.get("outcome") == "interrupted":  # the agent itself was signalled
+    if name is None and summary.get("outcome") == "interrupted":  # the agent itself was signalled
         name = summary.get("signal") or "SIGTERM"
+    if name is not None:
         return RanksOutcome(contract.EXIT_INTERRUPTED, "interrupted", f"interrupted by {name}",
                             signal_name=name, failures=failures, cause=cause.INTERRUPTED)
     if not failures:
