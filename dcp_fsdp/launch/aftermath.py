@@ -118,27 +118,22 @@ def _amend(path: Path, outcome: "RanksOutcome") -> tuple[dict, bool]:
         run_line["status"], run_line["error"] = outcome.status, outcome.error
         run_line["end_cause"] = outcome.cause.value
         changed = True
-    elif (outcome.status == "failed" and outcome.error
-          and (run_line.get("end_cause") == contract.EndCause.PEER_ENDED.value
-               or (outcome.cause is contract.EndCause.KILLED
-                   and run_line.get("end_cause") != contract.EndCause.KILLED.value))):
+    else:
         # The rank that recorded was stopped because another ended first, or failed because
         # a rank or a node's agent was killed (its I/O cut short): the kill, or that rank's
         # own line (its error file), is the root cause; what the ranks said is kept.
-        rank_said = run_line.get("error")
-        run_line["status"] = outcome.status
-        run_line["error"] = (outcome.error if not rank_said or rank_said == outcome.error
-                             or run_line.get("end_cause") == contract.EndCause.PEER_ENDED.value
-                             else f"{outcome.error}; the ranks recorded: {rank_said}")
-        run_line["end_cause"] = outcome.cause.value
-        changed = replaced = True
-    elif run_line.get("status") != outcome.status and run_line.get("status") != "ok":
-        rank_said = run_line.get("error")
-        run_line["status"] = outcome.status
-        run_line["error"] = (outcome.error if not rank_said or rank_said == outcome.error
-                             else f"{outcome.error}; the ranks recorded: {rank_said}")
-        run_line["end_cause"] = outcome.cause.value
-        changed = True
+        peer_ended = run_line.get("end_cause") == contract.EndCause.PEER_ENDED.value
+        replaced = bool(outcome.status == "failed" and outcome.error and (
+            peer_ended or (outcome.cause is contract.EndCause.KILLED
+                           and run_line.get("end_cause") != contract.EndCause.KILLED.value)))
+        if replaced or run_line.get("status") not in (outcome.status, "ok"):
+            rank_said = run_line.get("error")
+            run_line["status"] = outcome.status
+            run_line["error"] = (outcome.error if not rank_said or rank_said == outcome.error
+                                 or (replaced and peer_ended)
+                                 else f"{outcome.error}; the ranks recorded: {rank_said}")
+            run_line["end_cause"] = outcome.cause.value
+            changed = True
     if outcome.failures and not run_line.get("rank_failures"):
         run_line["rank_failures"] = outcome.failures
         changed = True
@@ -146,8 +141,7 @@ def _amend(path: Path, outcome: "RanksOutcome") -> tuple[dict, bool]:
         run_line["incomplete_suffix"] = outcome.writing_suffix
         changed = True
     if changed:
-        text = "\n".join([json.dumps(run_line), *lines[1:]]) + "\n"
-        records.replace_atomically(path, lambda out: _write(out, text))
+        _replace_run_line(path, lines, run_line)
     return run_line, replaced
 
 
@@ -161,13 +155,15 @@ def lead_the_record(results_dir: str, run_id: str, line: str) -> None:
         run_line = json.loads(lines[0])
         rank_said = run_line.get("error")
         run_line["error"] = f"{line}; the ranks recorded: {rank_said}" if rank_said else line
-        text = "\n".join([json.dumps(run_line), *lines[1:]]) + "\n"
-        records.replace_atomically(path, lambda out: _write(out, text))
+        _replace_run_line(path, lines, run_line)
     log.error(line)
 
 
-def _write(out: IO[str], text: str) -> None:
-    out.write(text)
+def _replace_run_line(path: Path, lines: list[str], run_line: dict) -> None:
+    def write(out: IO[str]) -> None:
+        out.write("\n".join([json.dumps(run_line), *lines[1:]]) + "\n")
+
+    records.replace_atomically(path, write)
 
 
 def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, str],
