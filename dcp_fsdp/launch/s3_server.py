@@ -200,19 +200,14 @@ def start(where: Path, bucket: str) -> int:
     try:
         while (state := read_state(where) if (where / STATE_NAME).exists() else None) is None:
             if daemon.poll() is not None:
-                tail = _tail(where / LOG_NAME)
-                shutil.rmtree(where, ignore_errors=True)
                 raise UserError(f"s3-server: SeaweedFS did not start (exit {daemon.returncode}): "
-                                f"{tail}")
+                                f"{_tail(where / LOG_NAME)}")
             if time.monotonic() > deadline:
-                daemon.terminate()
-                daemon.wait()
-                shutil.rmtree(where, ignore_errors=True)
                 raise UserError(f"s3-server: no answer within {START_TIMEOUT_S:g} s; the "
                                 "machine may be overloaded, try again")
             time.sleep(0.2)
-    except KeyboardInterrupt:
-        daemon.terminate()
+    except (KeyboardInterrupt, UserError):
+        daemon.terminate()  # nothing once it has ended
         daemon.wait()
         shutil.rmtree(where, ignore_errors=True)
         raise
