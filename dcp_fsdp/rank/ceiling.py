@@ -431,9 +431,7 @@ def dcp_alone(loop: Any) -> list["Sample"]:
         return str(lifeline.owned_tempdir("dcp-fsdp-mem-", memory))
     directory = rank0_decides(ctx, make_dir)
     if not directory:
-        from dcp_fsdp.process.lifeline import MEMORY_DIR
-
-        loop.log(f"ceiling: DCP alone skipped: {MEMORY_DIR} lacks {needed / MIB:.0f} MiB free")
+        loop.log(f"ceiling: DCP alone skipped: {lifeline.MEMORY_DIR} lacks {needed / MIB:.0f} MiB free")
         return []
     store = FsStore(StorageConfig(kind=StorageKind.fs, path=directory, sync_files=False,
                                   thread_count=loop.cfg.storage.thread_count))
