@@ -396,14 +396,15 @@ def _cut_save_short(cluster: Cluster, name: str, fault,
     # The log names what was aborted, says the cause in one line, and no torchrun trace.
     run = runs[job]["run"]
     assert run["incomplete_suffix"], run
-    partial = re.search(rf"partial checkpoint suffix={run['incomplete_suffix']} at \S+ \((.*)\)", log)
+    partial = re.search(rf"partial checkpoint suffix={run['incomplete_suffix']} at (.*)", log)
     assert partial, log
     # A rank that was killed cannot abort its uploads: the launcher does and counts them. A
     # rank that was sent SIGTERM (scancel, the agent's teardown) may abort its own first (the
     # connector aborts an upload it drops; CI saw the aftermath find none), so there the
     # count is named only when the launcher found some; none is left open either way (above).
     if launcher_aborts:
-        assert re.search(r"\d+ open multipart upload\(s\) aborted", partial[1]), log
+        assert re.search(r"\d+ open multipart upload\(s\), \d+ part\(s\), [\d.]+ MiB,? aborted",
+                         partial[1]), log
     assert "ChildFailedError" not in log and "Traceback" not in log, log
     assert re.search(rf"job {job} on 2 node\(s\): exit {info['ExitCode'].split(':')[0]} after", log)
     return info, log, run
