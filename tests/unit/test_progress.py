@@ -22,6 +22,17 @@ def test_heartbeat_beats_while_running_and_stops_after():
     assert " of 100.0 MiB in " in lines[-1] and "MiB/s)" in lines[-1]
 
 
+def test_a_heartbeat_says_when_nothing_has_moved_for_a_while():
+    """A killed server under s3fs: the same count for 20 s, with no hint (issue 49)."""
+    moved = [5 * MIB]
+    beat = Heartbeat("save iteration 1", lambda: moved[0], 100 * MIB, 1, lambda _: None)
+    assert "nothing moved" not in beat.line(1.0)
+    assert "nothing moved" not in beat.line(9.0)
+    assert "; nothing moved for 11 s: the endpoint may be down" in beat.line(12.0)
+    moved[0] += MIB
+    assert "nothing moved" not in beat.line(13.0)
+
+
 def test_line_without_an_expected_total():
     beat = Heartbeat("load iteration 1", lambda: 3 * MIB, None, 10, lambda _: None)
     assert beat.line(2.0) == ("load iteration 1: still running, rank 0 moved 3.0 MiB in 2.0 s "
