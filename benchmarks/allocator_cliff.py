@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from benchmarks.harness_cost import _delete_prefix
-from benchmarks.paired import PairedRatio, load_average
+from benchmarks.paired import PairedRatio, finally_on_sigterm, load_average
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
@@ -107,6 +107,7 @@ def main() -> int:
     parser.add_argument("--variants", default=",".join(list(VARIANTS)[:4]),
                         help=f"comma-separated, of {', '.join(VARIANTS)}; the first is the baseline")
     args = parser.parse_args()
+    finally_on_sigterm()
 
     from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 

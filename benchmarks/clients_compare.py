@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from benchmarks.harness_cost import _delete_prefix
-from benchmarks.paired import PairedRatio, load_average
+from benchmarks.paired import PairedRatio, finally_on_sigterm, load_average
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -138,6 +138,7 @@ def main() -> int:
     parser.add_argument("--log", default="clients_compare.log", help="the launches' own output")
     parser.add_argument("--json", default=None, help="write every launch's figures here")
     args = parser.parse_args()
+    finally_on_sigterm()
 
     from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 

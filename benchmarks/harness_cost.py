@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.paired import PairedRatio, load_average
+from benchmarks.paired import PairedRatio, finally_on_sigterm, load_average
 
 REPO = Path(__file__).resolve().parents[1]
 TOGGLES = {  # variant -> (settings, DCP_FSDP_HARNESS_OFF)
@@ -138,6 +138,7 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="write every launch's figures here")
     parser.add_argument("--summarise", metavar="JSON", help="only print a --json file's summary")
     args = parser.parse_args()
+    finally_on_sigterm()
     if args.summarise:
         return print_saved(args.summarise)
     variants = (["bare", "tool"] + (["tool-torchrun"] if args.torchrun else [])

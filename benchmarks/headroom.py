@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from benchmarks.paired import PairedRatio, load_average
+from benchmarks.paired import PairedRatio, finally_on_sigterm, load_average
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -131,6 +131,7 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--log", default="headroom.log")
     args = parser.parse_args()
+    finally_on_sigterm()
     import os
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import sys
 import statistics
 from dataclasses import dataclass
 
@@ -54,3 +56,9 @@ class PairedRatio:
 
 def load_average() -> float:
     return os.getloadavg()[0]
+
+
+def finally_on_sigterm() -> None:
+    """SIGTERM (kill, a job's end) raises SystemExit, so a benchmark's `finally` stops its
+    server and removes its temporary files, as on Ctrl-C (Python's default dies at once)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
