@@ -90,13 +90,12 @@ def range_groups(items: list[ReadItem], storage_data: dict[Any, Any],
     return groups
 
 
-class MemorySlice(io.RawIOBase):
-    """A read-only, seekable file over a slice of fetched bytes (no copy): what torch.load
-    and DCP's load transforms read an item from."""
+class SeekableItem(io.RawIOBase):
+    """A read-only, seekable file of `length` bytes: position and seeking; subclasses read."""
 
-    def __init__(self, view: memoryview) -> None:
+    def __init__(self, length: int) -> None:
         super().__init__()
-        self._view = view
+        self._length = length
         self._position = 0
 
     def readable(self) -> bool:
@@ -109,9 +108,18 @@ class MemorySlice(io.RawIOBase):
         return self._position
 
     def seek(self, offset: int, whence: int = os.SEEK_SET, /) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: len(self._view)}[whence]
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self._length}[whence]
         self._position = max(0, base + offset)
         return self._position
+
+
+class MemorySlice(SeekableItem):
+    """A read-only, seekable file over a slice of fetched bytes (no copy): what torch.load
+    and DCP's load transforms read an item from."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__(len(view))
+        self._view = view
 
     def readinto(self, buffer: Any, /) -> int:
         target = memoryview(buffer).cast("B")
@@ -145,30 +153,15 @@ class OutsideFraming(OSError):
     """torch.load asked an `ItemFraming` for bytes it does not hold."""
 
 
-class ItemFraming(io.RawIOBase):
+class ItemFraming(SeekableItem):
     """A seekable file over one saved item of which only the first and the last
     `FRAMING_BYTES` were read: torch.save's zip framing (its first records, then its
     directory at the end), all that torch.load to the meta device reads. A read of the data
     between raises OutsideFraming."""
 
     def __init__(self, head: bytes | bytearray, tail: bytes | bytearray, length: int) -> None:
-        super().__init__()
-        self._head, self._tail, self._length = head, tail, length
-        self._position = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET, /) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self._length}[whence]
-        self._position = max(0, base + offset)
-        return self._position
+        super().__init__(length)
+        self._head, self._tail = head, tail
 
     def readinto(self, buffer: Any, /) -> int:
         target = memoryview(buffer).cast("B")
