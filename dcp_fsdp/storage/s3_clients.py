@@ -61,10 +61,9 @@ def _built(plain: type, timed: type, timeline: HookTimeline | None, *args: Any, 
 
 
 def prefix_strategy(storage: StorageConfig, world_size: int | None = None) -> Any:
-    """The connector's prefix strategy of storage.prefix_strategy: called with a rank, the
-    start of that rank's object names (`<prefix><n>.distcp`). Without storage.prefix_count,
-    binary and hex spread over the world size, which the connector reads from the process
-    group; `world_size` gives it where there is none (`dcp-fsdp plan`)."""
+    """The connector's strategy of storage.prefix_strategy (called with a rank: the start of its
+    object names). Without storage.prefix_count, binary and hex spread over the world size:
+    the process group's, or `world_size` where there is none (`dcp-fsdp plan`)."""
     from s3torchconnector import dcp as s3dcp
 
     strategy = storage.prefix_strategy
@@ -111,24 +110,19 @@ class ConnectorClient(S3Client):
                       overwrite=False, **host_state_kwargs(host_state))
 
     def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
+        from s3torchconnector import S3ReaderConstructor
         from s3torchconnector.dcp import S3StorageReader
 
+        import dcp_fsdp.storage.timed_s3 as timed_s3
+
         if self.config.read_ahead:  # the tool's reader: a ranged GET per range group
-            from s3torchconnector import S3ReaderConstructor
-
-            from dcp_fsdp.storage.timed_s3 import TimedReadAheadS3StorageReader, TimedReaderConstructor
-
             timeline = timeline or HookTimeline()
-            return TimedReadAheadS3StorageReader(
+            return timed_s3.TimedReadAheadS3StorageReader(
                 timeline=timeline, **self._common(suffix), **read_ahead_kwargs(self.config),
-                reader_constructor=TimedReaderConstructor(S3ReaderConstructor.range_based(),
-                                                          timeline.storage_clock))
-        if timeline is None:
-            return S3StorageReader(**self._common(suffix), reader_constructor=self._reader_constructor())
-        from dcp_fsdp.storage.timed_s3 import TimedS3StorageReader
-
-        return TimedS3StorageReader(timeline=timeline, **self._common(suffix),
-                                    reader_constructor=self._reader_constructor(timeline))
+                reader_constructor=timed_s3.TimedReaderConstructor(S3ReaderConstructor.range_based(),
+                                                                   timeline.storage_clock))
+        return _built(S3StorageReader, timed_s3.TimedS3StorageReader, timeline, **self._common(suffix),
+                      reader_constructor=self._reader_constructor(timeline))
 
     def _reader_constructor(self, timeline: HookTimeline | None = None) -> Any:
         """The connector's reader constructor of `storage.reader`; with a timeline, its
@@ -150,11 +144,9 @@ class ConnectorClient(S3Client):
         }[self.config.reader]()
 
     def warm_up(self, storage_io: Any) -> list[Any]:
-        """The native (CRT) client built now, outside the timed region: the connector builds
-        it on the first request, and the first save of a process would pay ~1 s of set-up
-        (credential chain, event loop, thread pools) inside the timer. No connection is
-        opened: those are part of the I/O a checkpoint pays. No botocore events: the
-        connector's own log says its requests."""
+        """The native (CRT) client built now: the connector builds it on the first request, and
+        ~1 s of set-up would be inside the first timed save. No connection is opened (that is
+        the checkpoint's I/O); no botocore events (the connector's log says its requests)."""
         from dcp_fsdp import log
         from dcp_fsdp.compat import build_native_client
         from dcp_fsdp.storage.timed_fs import client_file_system
@@ -267,11 +259,9 @@ class MscClient(S3Client):
         if self.target.force_path_style:
             options["s3"] = {"addressing_style": "path"}
         if self.config.msc_rust_client:  # object_store refuses http:// unless allowed
-            options["rust_client"] = {"allow_http": True} if self._plain_http() else {}
+            plain_http = str(self.target.endpoint or "").lower().startswith("http://")
+            options["rust_client"] = {"allow_http": True} if plain_http else {}
         return {"profiles": {MSC_PROFILE: {"storage_provider": {"type": "s3", "options": options}}}}
-
-    def _plain_http(self) -> bool:
-        return bool(self.target.endpoint) and str(self.target.endpoint).lower().startswith("http://")
 
     def environment(self) -> dict[str, str]:
         """The profile written now as a file; what the rank must set (MSC_CONFIG)."""
