@@ -1,37 +1,11 @@
-"""The storage's ceiling: the bytes a DCP save wrote, moved raw, with the same client.
+"""The storage's ceiling: the bytes a DCP save wrote, moved raw with the same client.
 
-After the DCP operations (`ceiling=true`), or alone (`dcp-fsdp ceiling`), every rank
-PUTs and then GETs the same number of objects, of the same sizes and relative names, as
-its share of the checkpoint, with `storage.thread_count` parallel streams (DCP's writer
-uses one thread per object of a rank), aligned by the same barrier and timed the same
-way as `dcp.save` / `dcp.load`. What DCP does beyond moving bytes (planning, the
-collectives, serialisation, the commit) is absent, so DCP MiB/s / ceiling MiB/s is the
-efficiency of the checkpoint path.
-
-The bytes move through the store's raw area (`CheckpointStore.raw_area`, storage/raw.py):
-  s3: s3torchconnector's own client (the native Mountpoint CRT client DCP's
-      S3StorageWriter/Reader use), built from the same client settings: part size,
-      throughput target, max attempts, path style, endpoint. A fresh client per
-      operation, built before the barrier, like the writer/reader DCP gets each time.
-      PUT: `put_object` streams, written in part-size chunks of one preallocated buffer.
-      GET: the native object stream, read to its end (bytes discarded).
-  fs: plain files: os.write of a preallocated buffer in part-size chunks, then fsync
-      (as DCP's FileSystemWriter does with storage.sync_files=true, the default); GET:
-      readinto one buffer, after the files were dropped from the page cache (untimed,
-      storage/pagecache.py) so it reads the file system, not memory.
-
-Objects: `ceiling=true` mirrors the checkpoint just saved (or loaded): each rank's data
-objects (`__<rank>_<n>.distcp` under the prefix strategy's folders) with sizes taken from
-its `.metadata` (offset + length of the last item in each file: the exact object size).
-`dcp-fsdp ceiling` has no checkpoint: the sizes come from DCP's own local save plan of the
-rank's state dict, binned into thread_count objects by DCP's own `_split_by_size_and_type`;
-each tensor counts its bytes plus torch.save's framing, measured on a one-element tensor
-of the same dtype and rank (a few hundred bytes per tensor; the sizes are within 0.1 %
-of a real save's for the presets).
-
-Where: never inside a checkpoint, and never where `list` looks: the store's raw area
-`<root>.ceiling/<token>/`, one folder per iteration (storage/raw.py says where exactly).
-Each rank removes its objects after each round (untimed); the directories go with them.
+After the DCP operations (`ceiling=true`), or alone (`dcp-fsdp ceiling`), every rank PUTs and
+then GETs its share of the checkpoint's objects (sizes from its `.metadata`, or from DCP's own
+local save plan when there is no checkpoint) through the store's raw area (storage/raw.py),
+timed like `dcp.save` / `dcp.load`: DCP MiB/s / ceiling MiB/s is the checkpoint path's
+efficiency. Then DCP alone on tmpfs, and the headroom rounds. What each ceiling is, and where
+its objects go: docs/metrics.md ("Ceiling and efficiency") and docs/headroom.md.
 """
 
 from __future__ import annotations
@@ -41,17 +15,22 @@ import io
 import math
 import os
 import shutil
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
+import torch.distributed as dist
 
+from dcp_fsdp.config.validate import MAX_THREAD_COUNT
 from dcp_fsdp.units import MIB
 from dcp_fsdp.compat import DATA_OBJECT_SUFFIX, saving_rank
 from dcp_fsdp.errors import BenchmarkFailure
 from dcp_fsdp.rank.sample_build import timed_region
 from dcp_fsdp.rank.distributed import first_problem, rank0_decides, rank0_scatters, sum_over_ranks
 from dcp_fsdp.rank.replicas import replica_share
+from dcp_fsdp.rank.state import flat_tensors, local_bytes
+from dcp_fsdp.models.build import local_tensor
 from dcp_fsdp.process.watchdog import Watchdog
 from dcp_fsdp.storage import layout
 from dcp_fsdp.contract import RUN_ID_ENV
@@ -62,7 +41,6 @@ if TYPE_CHECKING:
     from dcp_fsdp.telemetry.records import Sample
 
 
-
 @dataclasses.dataclass(frozen=True)
 class RawObject:
     name: str  # relative to the checkpoint (or ceiling) directory, e.g. "__1_0.distcp"
@@ -71,11 +49,8 @@ class RawObject:
 
 # -- which objects --------------------------------------------------------------------------
 
-
-
 def objects_by_rank(sizes: dict[str, int], world_size: int) -> list[list[RawObject]]:
-    """A checkpoint's data objects (name -> size, from its .metadata) per saving rank, in
-    one pass: rank 0 shares them out, each rank receives only its own."""
+    """A checkpoint's data objects (name -> size, from its .metadata) per saving rank."""
     per_rank: list[list[RawObject]] = [[] for _ in range(world_size)]
     for name, size in sorted(sizes.items()):
         rank = saving_rank(name)
@@ -86,10 +61,9 @@ def objects_by_rank(sizes: dict[str, int], world_size: int) -> list[list[RawObje
 
 def read_by_rank(written: list[list[RawObject]], replicas: int,
                  read_once: bool) -> list[list[RawObject]]:
-    """What each rank's raw GET reads: what its DCP load reads. With R replica groups
-    (model.replicas) the save wrote each shard once, spread over the ranks that hold it
-    (the same shard index in every replica); a plain load then reads every shard once per
-    replica (R x the bytes), a read-once load only on replica 0 (rank/replicas.py)."""
+    """What each rank's raw GET reads: what its DCP load reads. With R replicas the save wrote
+    each shard once, spread over the ranks holding it; a plain load reads every shard once per
+    replica, a read-once load only on replica 0 (rank/replicas.py)."""
     if replicas <= 1:
         return written
     shards = len(written) // replicas
@@ -231,8 +205,9 @@ class LiveBytes:
     writer copies each tensor (synchronously, to pageable memory)."""
 
     def __init__(self, state_dict: dict[str, Any]) -> None:
-        self.tensors = [flat for flat in (_flat_bytes(value) for value in _tensors(state_dict))
-                        if flat.numel()]
+        flat = (local_tensor(t).detach().contiguous().reshape(-1).view(torch.uint8)
+                for t in flat_tensors(state_dict).values())
+        self.tensors = [tensor for tensor in flat if tensor.numel()]
 
     def chunks(self, size_bytes: int, chunk_bytes: int) -> Iterable[memoryview]:
         """`size_bytes` of the live tensors' bytes in chunks of at most `chunk_bytes`, cycling
@@ -250,18 +225,6 @@ class LiveBytes:
                 index, offset = (index + 1) % len(self.tensors), 0
 
 
-def _tensors(state_dict: dict[str, Any]) -> Iterable[torch.Tensor]:
-    from dcp_fsdp.compat import flatten_state_dict
-
-    for value in flatten_state_dict(state_dict)[0].values():
-        if isinstance(value, torch.Tensor):
-            yield value.to_local() if hasattr(value, "to_local") else value
-
-
-def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
 # -- the timed rounds -----------------------------------------------------------------------
 
 class Ceiling:
@@ -273,7 +236,6 @@ class Ceiling:
         self.rank = loop.ctx.rank
         token = rank0_decides(loop.ctx, lambda: ceiling_token(os.environ.get(RUN_ID_ENV)))
         self.mover = Mover(loop.store, token, self.cfg.storage.part_size_mib * MIB)
-        self.token = token
 
     def objects(self) -> tuple[list[RawObject], list[RawObject], str]:
         """This rank's objects to PUT (what its save wrote) and to GET (what its load reads),
@@ -310,7 +272,7 @@ class Ceiling:
         object_count, byte_count, read_count = sum_over_ranks(
             len(put_objects), put_bytes, get_bytes)
         loop = self.loop
-        self.loop.log(f"ceiling: {object_count} objects, "
+        loop.log(f"ceiling: {object_count} objects, "
                       f"{byte_count / MIB:.1f} MiB in all, mirroring "
                       f"{'suffix=' + suffix if suffix != 'ceiling' else 'the planned save'}; "
                       f"raw PUT with {self.cfg.storage.thread_count} stream(s) per rank, then GET "
@@ -331,8 +293,7 @@ class Ceiling:
                 self.mover.prepare(iteration, put_objects)
                 # each raw row carries the suffix of its own iteration's DCP operation, not
                 # the suffix whose sizes it mirrors
-                own = self.loop.suffixes[iteration - 1] \
-                    if len(self.loop.suffixes) >= iteration else suffix
+                own = loop.suffixes[iteration - 1] if len(loop.suffixes) >= iteration else suffix
                 try:
                     samples.append(self._timed("raw_put", iteration, own, put_objects,
                                                (put_bytes, put_bytes), pool, self.mover.put))
@@ -348,8 +309,9 @@ class Ceiling:
                     samples.append(self._timed(
                         "raw_put_tensors", iteration, own, put_objects, (put_bytes, put_bytes),
                         pool, lambda client, it, obj: self.mover.put_live(client, it, obj, live)))
-                finally:  # after the last collective: no rank still reads these
-                    self._remove(iteration, put_objects)
+                finally:  # after the last collective: no rank still reads these; each rank its
+                    # own objects (no collective: also after a failure)
+                    self.mover.remove(self.mover.new_client(), iteration, put_objects)
         return samples
 
     def _timed(self, op: str, iteration: int, suffix: str, objects: list[RawObject],
@@ -377,28 +339,23 @@ class Ceiling:
                         lambda obj: move(client, iteration, obj), objects))
             except Exception as error:  # every rank learns of it below, none hangs
                 failure = f"{type(error).__name__}: {error}"
-        barrier_start, begin_mono, begin_wall = region.barrier_start, region.begin_mono, region.begin_wall
-        end_mono, end_wall = float(region.end_mono or 0.0), float(region.end_wall or 0.0)
         found = first_problem(failure)
         if found is not None:
-            rank, text = found
-            raise BenchmarkFailure(f"ceiling {op} iteration {iteration} failed on rank {rank}: {text}")
+            raise BenchmarkFailure(f"ceiling {op} iteration {iteration} failed on rank {found[0]}: {found[1]}")
         request_log = self.loop.request_log
-        duration = end_mono - begin_mono
+        end_mono, end_wall = float(region.end_mono or 0.0), float(region.end_wall or 0.0)
+        duration = end_mono - region.begin_mono
         counted, moved = nbytes
         return Sample(
             op=op, iteration=iteration, suffix=suffix, rank=self.rank, host=self.loop.host,
-            begin_wall_s=begin_wall, end_wall_s=end_wall, begin_mono_s=begin_mono,
+            begin_wall_s=region.begin_wall, end_wall_s=end_wall, begin_mono_s=region.begin_mono,
             end_mono_s=end_mono, duration_s=duration, bytes=counted,
             fetched_bytes=moved if op.startswith("raw_get") else None,
-            barrier_wait_s=begin_mono - barrier_start, io_s=duration, cache_policy=cache_policy,
+            barrier_wait_s=region.begin_mono - region.barrier_start, io_s=duration,
+            cache_policy=cache_policy,
             requests=(None if request_log is None else request_log.window(
-                begin_wall, end_wall, moved if op.startswith("raw_put") else None,
+                region.begin_wall, end_wall, moved if op.startswith("raw_put") else None,
                 moved_bytes=moved)))
-
-    def _remove(self, iteration: int, objects: list[RawObject]) -> None:
-        """Untimed: each rank removes its own objects (no collective: also after a failure)."""
-        self.mover.remove(self.mover.new_client(), iteration, objects)
 
 
 # -- DCP alone: the same dcp.save / dcp.load on storage that is memory ---------------------
@@ -407,13 +364,9 @@ MEMORY_HEADROOM = 1.25  # free tmpfs space wanted over the node's checkpoint byt
 
 
 def dcp_alone(loop: Any) -> list["Sample"]:
-    """`iterations` rounds of the run's own dcp.save then dcp.load (same state dict, same
-    thread_count, timed and split as the run's) through DCP's FileSystemWriter/Reader on a
-    tmpfs directory: what DCP costs when storage is as fast as memory. The reader path is
-    DCP's `read_data`, which every client's reader inherits; only the stream under it is a
-    tmpfs file instead of the client's. One node only (the checkpoint's .metadata is in rank
-    0's memory); skipped, with a line, where tmpfs lacks the room. Rank 0 removes the
-    directory after the rounds, and the next launch reaps it after a kill (lifeline)."""
+    """The run's own dcp.save then dcp.load, per iteration, on a tmpfs directory: DCP when
+    storage is as fast as memory. One node only (the .metadata is in rank 0's memory);
+    skipped, with a line, where tmpfs lacks the room. The next launch reaps a killed run's."""
     from dcp_fsdp.config.schema import StorageConfig, StorageKind
     from dcp_fsdp.process import lifeline
     from dcp_fsdp.storage.fs import FsStore
@@ -422,7 +375,7 @@ def dcp_alone(loop: Any) -> list["Sample"]:
     if ctx.node_count > 1:
         loop.log("ceiling: DCP alone (tmpfs) is measured on one node only; skipped")
         return []
-    needed = sum_over_ranks(layout_bytes(loop.state_dict))[0] * MEMORY_HEADROOM
+    needed = sum_over_ranks(local_bytes(loop.state_dict))[0] * MEMORY_HEADROOM
 
     def make_dir() -> str:
         memory = lifeline.MEMORY_DIR
@@ -442,57 +395,28 @@ def dcp_alone(loop: Any) -> list["Sample"]:
             for op in ("save", "load"):
                 sample = loop.timed_on(store, op, iteration, suffix)
                 samples.append(sample.model_copy(update={"op": f"mem_{op}"}))
-        _barrier()  # no rank still reads it (after a failure: no collective, peers may be gone)
+        dist.barrier()  # no rank still reads it (after a failure: no collective, peers may be gone)
     finally:
         if ctx.rank == 0:
             shutil.rmtree(directory, ignore_errors=True)
     return samples
 
 
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    dist.barrier()
-
-
-def layout_bytes(state_dict: dict[str, Any]) -> int:
-    """This rank's tensor bytes (what its save writes, give or take torch.save's framing)."""
-    return sum(t.numel() * t.element_size() for t in _tensors(state_dict))
-
-
-# -- headroom: the tool's reader, more files per rank --------------------------------------
-# Headroom (`ceiling=true`, after the ceilings): what the same run's checkpoint would take
-# with a better reader, and with more files per rank, measured in the same run.
-#
-# - `ra_load`: the run's last checkpoint loaded again through the tool's own reader
-#   (storage/read_ahead.py) with `storage.read_ahead` fetches in flight (READ_AHEAD when the
-#   run's loads used DCP's reader), timed and split as a load. Not DCP's reader: what one that
-#   did not wait on itself would give on this storage.
-# - `tc_save`: the run's state saved again by DCP with twice the writer threads (files per
-#   rank, `storage.thread_count`), into the run's ceiling area (beside the checkpoints, never
-#   where `list` looks), then deleted.
-#
-# Rounds per iteration, as the ceilings'; one node or many alike (both go through the run's
-# storage). A `dcp-fsdp ceiling` run has no checkpoint: no `ra_load`.
+# -- headroom (docs/headroom.md): the run's last checkpoint loaded through the tool's reader
+# (`ra_load`), its state saved with twice the files per rank (`tc_save`) --------------------
 
 READ_AHEAD = 8  # fetches in flight when the run itself used DCP's reader
-MAX_THREADS = 256  # storage.thread_count's own limit (config/validate.py)
 
 
-def headroom(loop: Any) -> list["Sample"]:
-    samples: list["Sample"] = []
-    if loop.suffixes:
-        samples += _read_ahead_loads(loop, loop.suffixes[-1])
-    samples += _more_files_saves(loop)
-    return samples
-
-
-def _read_ahead_loads(loop: Any, suffix: str) -> list["Sample"]:
+def _read_ahead_loads(loop: Any) -> list["Sample"]:
+    """Nothing for `dcp-fsdp ceiling`, which has no checkpoint."""
     from dcp_fsdp.storage import make_store
 
+    if not loop.suffixes:
+        return []
     storage = loop.cfg.storage
     store = make_store(dataclasses.replace(storage, read_ahead=storage.read_ahead or READ_AHEAD))
-    return [loop.timed_on(store, "load", iteration, suffix).model_copy(update={"op": "ra_load"})
+    return [loop.timed_on(store, "load", iteration, loop.suffixes[-1]).model_copy(update={"op": "ra_load"})
             for iteration in range(1, loop.cfg.iterations + 1)]
 
 
@@ -501,7 +425,7 @@ def _more_files_saves(loop: Any) -> list["Sample"]:
     from dcp_fsdp.storage import make_store
 
     storage = loop.cfg.storage
-    threads = min(MAX_THREADS, 2 * storage.thread_count)
+    threads = min(MAX_THREAD_COUNT, 2 * storage.thread_count)
     if threads == storage.thread_count:
         return []
     token = rank0_decides(loop.ctx, lambda: ceiling_token(os.environ.get(RUN_ID_ENV)))
@@ -513,7 +437,7 @@ def _more_files_saves(loop: Any) -> list["Sample"]:
         for iteration in range(1, loop.cfg.iterations + 1):
             samples.append(loop.timed_on(store, "save", iteration, f"save-{iteration}")
                            .model_copy(update={"op": "tc_save"}))
-            _barrier()  # every rank's objects are written before rank 0 removes them
+            dist.barrier()  # every rank's objects are written before rank 0 removes them
             if loop.ctx.rank == 0:
                 store.delete(f"save-{iteration}")
     finally:  # after a failure, no collective (peers may be gone): what rank 0 finds goes
@@ -531,20 +455,13 @@ def _remove_area(store: CheckpointStore, kind: str, area: str, iterations: int) 
             store.delete(suffix)
         except Exception:  # the run's outcome stands; list / clean-uploads show the rest
             continue
-    if kind == "fs":
-        _remove_empty_dirs(area)
-
-
-def _remove_empty_dirs(area: str) -> None:
-    """The emptied area's directory, and `<path>.ceiling` above it when nothing else is there."""
-    from pathlib import Path
-
-    for directory in (Path(area), Path(area).parent):
-        try:
-            directory.rmdir()
-        except OSError:  # not empty (another round's files) or gone
-            return
+    if kind == "fs":  # the emptied area, and `<path>.ceiling` above it when nothing else is there
+        for directory in (Path(area), Path(area).parent):
+            try:
+                directory.rmdir()
+            except OSError:  # not empty (another round's files) or gone
+                return
 
 
 def run_ceiling(loop: Any) -> list["Sample"]:
-    return Ceiling(loop).run() + dcp_alone(loop) + headroom(loop)
+    return Ceiling(loop).run() + dcp_alone(loop) + _read_ahead_loads(loop) + _more_files_saves(loop)
