@@ -1,32 +1,13 @@
-"""The tool's own reader (storage.read_ahead=N): what a load could be if DCP's reader did not
+"""The tool's own reader (storage.read_ahead=N; docs/headroom.md): what a load could be if
+DCP's reader, which waits for each item's bytes before it deserialises and copies it, did not
 wait on itself. Not DCP's: a user gets it only by writing such a reader (or when upstream
 lands one: pytorch/pytorch#194881, s3-connector-for-pytorch#375).
 
-DCP's `FileSystemReader.read_data` (every client's reader inherits it) takes one item at a
-time on the rank's one thread: it waits for the client's bytes, deserialises them and copies
-the tensor into its target before it asks for the next. `ReadAhead.read_data` keeps N range
-fetches in flight on N threads, through the same client and its same settings, while the
-rank's thread deserialises what has arrived:
-
-- a *range group* is a run of items of one file that lie back to back (the order DCP wrote
-  them), up to `group_bytes` (storage.read_ahead_mib; an item larger than that is a group of
-  its own), fetched as one ranged read;
-- N buffers, reused from group to group and kept for the process's next load (a fetch lands
-  in memory already faulted in, `BufferPool`): the memory bound is N x max(group_bytes, the
-  largest item), held between loads too, and the reader records the most it held in flight
-  (`HookTimeline.read_ahead_peak_bytes`);
-- on a CUDA rank the buffers are pinned and each tensor is copied to the device on a side
-  stream without blocking (`DeviceCopies`); elsewhere `target.copy_()` as DCP's;
-- each item is resolved, narrowed and committed through DCP's planner exactly as DCP's reader
-  does, so resharded, replicated, tensor-parallel and optimizer-state loads are the same
-  loads; a tensor is read where it lies in the fetched bytes (torch.save's record, found
-  without copying it) and copied once, into its target, where DCP's reader copies it into a
-  fresh storage first (an item with DCP load transforms goes through them and torch.load).
-
-Each client fetches a range its own way (`fetch_into`): the connector through its ranged
-reader (a ranged GET per group), s3fs with `cat_file(start, end)`, multi-storage-client with
-`read(byte_range=...)`, a file system with a seek and a read. Every fetch is on the storage
-clock and counted in the bytes moved, as DCP's own reads are.
+`ReadAhead.read_data` keeps N range fetches in flight on N threads, through the same client
+and settings, while the rank's thread resolves, narrows and commits each item through DCP's
+planner as DCP's reader does (resharded and optimizer-state loads are the same loads). Each
+client fetches a range its own way (`fetch_into`), on the storage clock and counted in the
+bytes moved, as DCP's own reads are.
 """
 
 from __future__ import annotations
@@ -91,7 +72,7 @@ def range_groups(items: list[ReadItem], storage_data: dict[Any, Any],
 
 
 class SeekableItem(io.RawIOBase):
-    """A read-only, seekable file of `length` bytes: position and seeking; subclasses read."""
+    """A read-only, seekable file of `length` bytes; subclasses say where bytes lie (`_slice`)."""
 
     def __init__(self, length: int) -> None:
         super().__init__()
@@ -112,6 +93,17 @@ class SeekableItem(io.RawIOBase):
         self._position = max(0, base + offset)
         return self._position
 
+    def _slice(self, start: int, end: int) -> memoryview:
+        raise NotImplementedError
+
+    def readinto(self, buffer: Any, /) -> int:
+        target = memoryview(buffer).cast("B")
+        end = min(self._position + len(target), self._length)
+        source = self._slice(self._position, max(self._position, end))
+        target[:len(source)] = source
+        self._position += len(source)
+        return len(source)
+
 
 class MemorySlice(SeekableItem):
     """A read-only, seekable file over a slice of fetched bytes (no copy): what torch.load
@@ -121,18 +113,12 @@ class MemorySlice(SeekableItem):
         super().__init__(len(view))
         self._view = view
 
-    def readinto(self, buffer: Any, /) -> int:
-        target = memoryview(buffer).cast("B")
-        count = max(0, min(len(target), len(self._view) - self._position))
-        target[:count] = self._view[self._position:self._position + count]
-        self._position += count
-        return count
+    def _slice(self, start: int, end: int) -> memoryview:
+        return self._view[start:end]
 
 
 class HeldBytes:
-    """The bytes the reader holds (fetched or in flight), and the most it held at once (a
-    group is counted when its fetch is submitted and released once its items are copied; a
-    landing item while its bytes are held)."""
+    """The bytes the reader holds (fetched or in flight), and the most it held at once."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -163,20 +149,13 @@ class ItemFraming(SeekableItem):
         super().__init__(length)
         self._head, self._tail = head, tail
 
-    def readinto(self, buffer: Any, /) -> int:
-        target = memoryview(buffer).cast("B")
-        start = self._position
-        end = min(start + len(target), self._length)
+    def _slice(self, start: int, end: int) -> memoryview:
         tail_start = self._length - len(self._tail)
         if end <= len(self._head):
-            source = memoryview(self._head)[start:end]
-        elif start >= tail_start:
-            source = memoryview(self._tail)[start - tail_start:end - tail_start]
-        else:
-            raise OutsideFraming(f"bytes {start}-{end} of a {self._length}-byte item")
-        target[:len(source)] = source
-        self._position += len(source)
-        return len(source)
+            return memoryview(self._head)[start:end]
+        if start >= tail_start:
+            return memoryview(self._tail)[start - tail_start:end - tail_start]
+        raise OutsideFraming(f"bytes {start}-{end} of a {self._length}-byte item")
 
 
 # What an item's framing read holds at each end: torch.save's first records (the pickle,
@@ -185,11 +164,9 @@ FRAMING_BYTES = 4096
 
 
 class BufferPool:
-    """The fetch buffers of this process, kept from one load to the next: N fresh buffers
-    of the largest group cost every load a page fault per 4 KiB of them (a quarter of a
-    second for 4 x 64 MiB here; pinning them, on a GPU, costs far more), so they are kept,
-    as a training job keeps its staging buffers. Between loads the process holds them: N x
-    the largest group. Buffers are uint8 tensors, pinned on a CUDA rank."""
+    """The fetch buffers (uint8 tensors, pinned on a CUDA rank) kept from one load to the next,
+    as a training job keeps its staging buffers: fresh ones cost every load a page fault per
+    4 KiB (pinning, far more)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -212,10 +189,9 @@ class BufferPool:
 
 
 class DeviceCopies:
-    """How each tensor reaches its target. On a CUDA rank (fetch buffers pinned): on a side
-    stream without blocking, a buffer reused only once its copies are done (an event per
-    buffer), all of them waited for before read_data returns (`finish`, timed as the copy
-    into the live tensors). Elsewhere: `target.copy_()`, as DCP does."""
+    """How each tensor reaches its target. On a CUDA rank: on a side stream without blocking,
+    a buffer reused once its copies are done (an event per buffer), all waited for in
+    `finish`. Elsewhere: `target.copy_()`, as DCP does."""
 
     def __init__(self, cuda: bool) -> None:
         import torch
@@ -281,6 +257,16 @@ def lands_in_place(meta: Any, target: Any, req: Any) -> bool:
             and target.dtype == meta.dtype and target.shape == meta.shape)
 
 
+def narrowed(req: Any, tensor: Any, target: Any) -> Any:
+    """`tensor` narrowed to the part `req` reads, its size checked against `target`'s (as DCP's reader)."""
+    from dcp_fsdp.compat import narrow_tensor_by_index
+
+    tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+    if target.size() != tensor.size():
+        raise AssertionError(f"req {req.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
+    return tensor
+
+
 def tensor_bytes(tensor: Any) -> memoryview:
     """A contiguous CPU tensor's memory as writable bytes (no copy)."""
     import torch
@@ -289,18 +275,16 @@ def tensor_bytes(tensor: Any) -> memoryview:
 
 
 class ReadAhead:
-    """Mixin before a client's DCP reader (after `TimedReader`): `read_data` with
-    `read_ahead` range fetches in flight (module docstring). Attributes of the DCP reader
-    it uses: `fs`, `path`, `storage_data` and DCP's load transforms (compat)."""
+    """Mixin before a client's DCP reader (after `TimedReader`): `read_data` with `read_ahead`
+    range fetches in flight. It uses the reader's `fs`, `path`, `storage_data` and transforms."""
 
     fs: Any
     path: Any
     storage_data: dict[Any, Any]
     timeline: HookTimeline
 
-    # Whether the client's stream reads any range into any memory cheaply (files: a seek and
-    # the kernel's copy), so each item lands straight in its target (`_land`); elsewhere
-    # range groups (one request each) into buffers.
+    # Whether the client's stream reads any range into any memory cheaply (files), so each item
+    # lands straight in its target (`_land`); elsewhere range groups (one request each) into buffers.
     lands_directly = False
 
     def __init__(self, *args: Any, read_ahead: int, group_bytes: int, **kwargs: Any) -> None:
@@ -310,10 +294,8 @@ class ReadAhead:
 
     # -- fetching (the threads) ------------------------------------------------------------
     def fetch_into(self, path: Any, start: int, target: memoryview) -> None:
-        """Fill `target` with the bytes of object `path` from `start`, through the reader's
-        (timed) file system: a seek and readinto (the connector's ranged reader: one ranged
-        GET, its chunks copied into `target`; a file). Clients with a ranged call of their
-        own override this."""
+        """Fill `target` with object `path`'s bytes from `start`: a seek and readinto on the
+        reader's (timed) stream; clients with a ranged call of their own override this."""
         with self.fs.create_stream(path, "rb") as stream:
             read_exactly(stream, start, target, path)
 
@@ -415,9 +397,8 @@ class ReadAhead:
     def _land_item(self, req: Any, target: Any, held: HeldBytes,
                    copies: BusyClock) -> bytearray | None:
         """On a reading thread: `req`'s item into `target`; the item's bytes where the rank's
-        thread must handle them (bytes, a transformed item: it releases them from `held`),
-        else None."""
-        from dcp_fsdp.compat import narrow_tensor_by_index, saved_tensor_layout, saved_tensor_view
+        thread must handle them (bytes, a transformed item: it releases them from `held`)."""
+        from dcp_fsdp.compat import saved_tensor_layout, saved_tensor_view
 
         info = self.storage_data[req.storage_index]
         path = self.fs.concat_path(self.path, info.relative_path)
@@ -437,10 +418,7 @@ class ReadAhead:
             read_exactly(stream, info.offset, memoryview(item), path)
         if target is None or getattr(info, "transform_descriptors", None):
             return item
-        tensor = narrow_tensor_by_index(saved_tensor_view(memoryview(item), MemorySlice),
-                                        req.storage_offsets, req.lengths)
-        if target.size() != tensor.size():
-            raise AssertionError(f"req {req.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
+        tensor = narrowed(req, saved_tensor_view(memoryview(item), MemorySlice), target)
         try:
             with copies:
                 target.copy_(tensor)
@@ -457,22 +435,16 @@ class ReadAhead:
             planner.load_bytes(req, io.BytesIO(self._stream(req, info, memoryview(item or b"")).read(-1)))
             return
         if item is not None:
-            from dcp_fsdp.compat import narrow_tensor_by_index
-
-            tensor = narrow_tensor_by_index(self._tensor(req, info, memoryview(item)),
-                                            req.storage_offsets, req.lengths)
+            tensor = narrowed(req, self._tensor(req, info, memoryview(item)), target)
             with copies:
                 target.copy_(tensor)
         planner.commit_tensor(req, target)
 
     def _consume(self, group: RangeGroup, view: memoryview, planner: LoadPlanner,
                  copies: DeviceCopies) -> None:
-        """Each item of a fetched group, as DCP's read_data handles it, except that a tensor
-        is read where it lies in the fetched bytes (compat.saved_tensor_view) and copied
-        once, into its target (`copies`)."""
+        """Each item of a fetched group, as DCP's read_data handles it, except that a tensor is
+        read where it lies in the fetched bytes and copied once, into its target."""
         from torch.distributed.checkpoint.planner import LoadItemType
-
-        from dcp_fsdp.compat import narrow_tensor_by_index
 
         for req in group.items:
             info = self.storage_data[req.storage_index]
@@ -481,13 +453,9 @@ class ReadAhead:
             if req.type == LoadItemType.BYTE_IO:
                 planner.load_bytes(req, io.BytesIO(self._stream(req, info, item).read(-1)))
                 continue
-            tensor = narrow_tensor_by_index(self._tensor(req, info, item), req.storage_offsets,
-                                            req.lengths)
+            tensor = self._tensor(req, info, item)  # before resolve_tensor: the copy is timed from there
             target = planner.resolve_tensor(req).detach()
-            if target.size() != tensor.size():
-                raise AssertionError(f"req {req.storage_index} mismatch sizes "
-                                     f"{target.size()} vs {tensor.size()}")
-            copies.copy(target, tensor)
+            copies.copy(target, narrowed(req, tensor, target))
             planner.commit_tensor(req, target)
 
     def _stream(self, req: Any, info: Any, item: memoryview) -> Any:
