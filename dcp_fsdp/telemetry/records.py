@@ -33,21 +33,8 @@ from dcp_fsdp.log import printable
 if TYPE_CHECKING:
     from dcp_fsdp.config.schema import BenchmarkConfig
 
-# Bumped whenever a field is added, renamed or changes meaning; readers accept every
-# earlier version (missing fields read as their defaults). 1: the first format.
-# 2: samples may be op raw_put / raw_get (the ceiling); async save, memory, load-time
-# breakdown and read-amplification fields; run.gpus.
-# 3: save samples carry stall_s; async saves with training steps interval_s, train_lost_s,
-# train_lost_share (and previous_wait_s is real with async_save.steps_between_saves).
-# 4: model.replicas > 1 (HSDP): samples carry replica (the rank's replica group) and, for
-# loads with model.replica_load=read_once, broadcast_s; bytes is the rank's share of its
-# replica's shards (the ranks' sum stays the checkpoint's state bytes).
-# 5: train_step_slowdown from the steps' compute time alone (before: their wait for staging
-# included); samples carry train_wait_s; init rows fill_s (the value fill inside build_s).
-# 5: request summaries carry unparsed and parser (untimed: late); run.server_requests.
-# 5: the run line carries suffix_claim (how the saves claimed their suffixes).
-# 7: an S3 load's fetched_bytes is its whole GET bodies (the wire, with request statistics);
-# request summaries carry broken and bytes_down_broken_max, bytes_down only whole bodies.
+# Bumped whenever a field is added, renamed or changes meaning; readers accept every earlier
+# version (missing fields read as their defaults). Each version's changes: docs/record-format.md.
 SCHEMA_VERSION = 8
 # Job id, node count, node list and tasks per node (SLURM_NTASKS_PER_NODE is set only when
 # --ntasks-per-node was given; SLURM_TASKS_PER_NODE always is, e.g. "1(x8)").
@@ -75,8 +62,7 @@ def versions() -> dict[str, str | None]:
             found[package] = None
     from dcp_fsdp.telemetry.connector_log import PARSER_FORMAT, version_problem
 
-    # the request-log parser's format; null: the installed connector is not a release it
-    # was checked on, so it read nothing (telemetry/connector_log.py)
+    # null: the installed connector is not a release the request-log parser was checked on
     found["request_parser"] = None if version_problem() else PARSER_FORMAT
     return found
 
@@ -117,14 +103,10 @@ def record_path(results_dir: str, run_id: str) -> Path:
     return Path(results_dir) / f"{run_id}.jsonl"
 
 
-# -- the typed records ---------------------------------------------------------------------
-# pydantic v2 (already installed with Hydra's neighbours: pydantic-settings, moto): models
-# that validate a line in one call, say which field is wrong and why (ValidationError's
-# loc and type), and dump themselves; msgspec would be a new dependency for no gain here.
+# -- the typed records (pydantic v2) -------------------------------------------------------
 # Reading is strict (JSON's true is no integer, "1" no number); building one in a rank is
-# lax (an int where a float goes). Every number of a record is a count, size, duration or
-# clock reading, never below zero, except the Signed ones (a ratio to a baseline minus 1,
-# time lost against a baseline); none reaches 2**63 (pandas' int64 holds no more).
+# lax. Every number is never below zero, except the Signed ones (a ratio or time lost against
+# a baseline); none reaches 2**63 (pandas' int64 holds no more).
 MAX_MAGNITUDE = 2**63
 READ = {"read": True}  # model_validate(context=READ): a record file's line, ranges checked
 SHOWN = {"printable": True}  # model_dump(context=SHOWN): every text escaped (log.printable)
@@ -150,8 +132,7 @@ Signed = Annotated[float, _ranged(signed=True)]
 
 
 def _text(value: str, info: SerializationInfo) -> str:
-    # a record is anyone's who can write the results directory: its `error` or `model`
-    # with ESC or a newline in it must not reach the terminal, nor split a table row
+    # a record is anyone's who can write the results directory: no ESC or newline to the terminal
     return printable(value) if info.context == SHOWN else value
 
 
@@ -237,26 +218,27 @@ class Requests(Block):
     control_plane: dict[str, dict[str, Count]] | None = None  # boto3 call: status: calls
 
 
-class ModelSettings(Block):
+class _SettingsGroup(Block):
+    """Settings by name, every value one setting; the named fields are typed further."""
+
     model_config = ConfigDict(extra="allow")
     __pydantic_extra__: dict[str, Setting] = Field(init=False)
+
+
+class ModelSettings(_SettingsGroup):
     preset: Text | None = None  # a group label in the report: text, never a list
 
 
-class StorageSettings(Block):
-    model_config = ConfigDict(extra="allow")
-    __pydantic_extra__: dict[str, Setting] = Field(init=False)
+class StorageSettings(_SettingsGroup):
     kind: Text | None = None  # group labels in the report: text
     endpoint: Text | None = None
     region: Text | None = None
 
 
-class Settings(Block):
+class Settings(_SettingsGroup):
     """The resolved settings (config/schema.py's BenchmarkConfig, no secrets): its groups
-    are objects, every other value one setting."""
+    are objects."""
 
-    model_config = ConfigDict(extra="allow")
-    __pydantic_extra__: dict[str, Setting] = Field(init=False)
     model: ModelSettings | None = None
     storage: StorageSettings | None = None
     async_save: dict[str, Setting] | None = None
@@ -386,8 +368,7 @@ class Sample(_Record):
     train_step_slowdown: Signed | None = None
     fetched_bytes: Count | None = None  # load: bytes read from storage (>= bytes if amplified)
     written_bytes: Count | None = None  # save: tensor bytes written to storage by this rank
-    # before schema 8, a load's io_s split into the time inside the object streams' reads
-    # (io_wait_s, mostly the rank's own copies and page faults) and the rest (copy_s)
+    # before schema 8: a load's io_s inside the streams' reads (io_wait_s), and the rest
     io_wait_s: Measure | None = None
     copy_s: Measure | None = None
     stage_s: Measure | None = None  # save: DCP's own work: staging, serialising (inside io_s)
@@ -395,41 +376,32 @@ class Sample(_Record):
     peak_rss_bytes: Count | None = None  # resident memory high-water mark during this op
     cuda_max_allocated_bytes: Count | None = None  # CUDA: torch.cuda.max_memory_allocated
     # -- schema 3 -------------------------------------------------------------------------
-    # save: call -> the training loop may update weights again (sync: the whole save; async:
-    # the call and the staging, previous_wait_s included); >= blocked_s, >= staged_s
+    # save: call -> the training loop may update weights again (async: call + staging)
     stall_s: Measure | None = None
     interval_s: Measure | None = None  # async + train_step_s: call -> the following steps done
     train_lost_s: Signed | None = None  # interval_s - steps x baseline step: training lost
     train_lost_share: Signed | None = None  # train_lost_s / interval_s
-    # fs load / raw_get: the page cache when the timer started (storage/pagecache.py):
-    # "dropped" | "tmpfs-not-droppable" | "resident-after-drop"; None for s3 and saves
+    # fs load / raw_get: the page cache when the timer started (storage/pagecache.py)
     cache_policy: Text | None = None
-    # minor page faults of this rank during the op (process-wide, getrusage): fresh memory
-    # the op touched; a count far apart between two runs means different allocator states
+    # minor page faults of this rank's process during the op (getrusage): fresh memory touched
     minor_faults: Count | None = None
     # -- schema 4 -------------------------------------------------------------------------
     replica: Count | None = None  # model.replicas > 1: this rank's replica group (0 .. R-1)
-    # load, replica_load=read_once: seconds in the broadcast along the replicate dimension
-    # (inside duration_s; replica 0 after its own read, the others waiting for it)
+    # load, replica_load=read_once: seconds in the broadcast (inside duration_s)
     broadcast_s: Measure | None = None
     # -- schema 5 -------------------------------------------------------------------------
-    # async + train_step_s: seconds the steps waited before their update for the staging
-    # (in train_lost_s; not in the steps' compute time, train_step_slowdown)
+    # async + train_step_s: seconds the steps waited for the staging (in train_lost_s)
     train_wait_s: Measure | None = None
-    # async save: torch's stager stages once (2.11), so this save ran on a fresh one whose
-    # staging allocated its pinned / shared buffers again (inside staged_s and stall_s);
-    # False: the stager and its buffers are reused from save to save; None: sync
+    # async save on a fresh stager (torch 2.11 stages once): its buffers allocated again
     stager_renewed: bool | None = None
     # -- schema 8: a load's io_s by who spends it (storage/timeline.py, docs/metrics.md) -----
     storage_s: Measure | None = None  # load: inside the storage client's calls for bytes
     deserialise_s: Measure | None = None  # load: DCP's own work (torch.load, host copies)
     target_copy_s: Measure | None = None  # load: copying into the live tensors (GPU: H2D)
-    # a load through the tool's own reader (storage.read_ahead), not DCP's: "read_ahead=N";
-    # null: DCP's reader. Its io_s parts overlap (fetches run while the rank deserialises)
+    # a load through the tool's own reader: "read_ahead=N" (its io_s parts overlap); null: DCP's
     reader: Text | None = None
     read_ahead_peak_bytes: Count | None = None  # the most bytes the tool's reader held at once
-    # MSC loads: "whole" (objects downloaded whole, under its 512 MiB switch), "ranged" (a
-    # ranged GET per read, above it) or "whole+ranged"
+    # MSC loads: "whole" | "ranged" | "whole+ranged" (its 512 MiB switch)
     msc_reads: Text | None = None
     run_id: Text | None = None  # set when read back from a record file
 
@@ -451,8 +423,7 @@ class InitRow(_Record):
     init_s: Measure | None = None  # process start -> ready for the first timed operation
     peak_rss_bytes: Count | None = None  # peak resident memory of the rank process
     untimed_request_count: Count | None = None  # S3 requests outside every timed region
-    # the value fill inside build_s (schema 5): a real restart loads instead, so the
-    # restart time of `report --node-mtbf-hours` leaves it out
+    # the value fill inside build_s: a real restart loads instead (report --node-mtbf-hours)
     fill_s: Measure | None = None
 
 
@@ -472,9 +443,8 @@ class RunRecord(_Record):
     world_size: Count | None = None
     node_count: Count | None = None
     nproc_per_node: Count | None = None
-    # After a barrier, how far apart the ranks' wall clocks read (max - min, least of a few
-    # rounds; barrier jitter included): the most skew a cross-node span_s can carry.
-    # slowest_rank figures (each rank's own monotonic clock) carry none.
+    # after a barrier, how far apart the ranks' wall clocks read (max - min): the most skew
+    # a cross-node span_s can carry
     clock_spread_s: Measure | None = None
     hostnames: list[Text] = []
     backend: Text | None = None
@@ -483,15 +453,11 @@ class RunRecord(_Record):
     allocator: Allocator | None = None  # schema 8
     storage: StorageInfo | None = None
     suffixes: list[Text] = []
-    # The suffix a save was writing when the run failed or was interrupted: objects (and
-    # maybe open multipart uploads) left there, no .metadata, never loadable.
+    # the suffix a save was writing when the run failed or was interrupted: never loadable
     incomplete_suffix: Text | None = None
-    # How each rank that did not end cleanly ended (written by the launcher), by global rank
     rank_failures: dict[str, RankFailure] = {}
     integrity: dict[str, Integrity] = {}  # suffix: whether its loads were checked
-    # How the saves claimed their suffixes (storage/layout.py): conditional_write (S3
-    # If-None-Match: *), exclusive_create (fs O_EXCL), not_atomic (the server ignores the
-    # condition: a check, then a write); None when no save chose one.
+    # conditional_write | exclusive_create | not_atomic (storage/layout.py); None: no save
     suffix_claim: Text | None = None
     init: list[InitRow] = []
     versions: dict[str, Text | None] = {}
@@ -503,9 +469,7 @@ class RunRecord(_Record):
     tune: TuneTrial | None = None  # `dcp-fsdp tune` trials only
     # benchmark-only: instrumentation pieces left out of the timed path (contract.HARNESS_OFF_ENV)
     harness_off: list[Text] | None = None
-    # How the recording rank's process started (from 2026-11-29): "exec" (a fresh interpreter,
-    # as torchrun and every measured run start it) or "fork" (from our agent, the test suite's
-    # contract.FORK_RANKS_TEST_ONLY_ENV); null: an older record, or one the launcher wrote
+    # how the recording rank's process started: "exec" | "fork" (the test suite's); null: unknown
     rank_start: Text | None = None
     schema_version: Count = SCHEMA_VERSION
 
@@ -545,12 +509,9 @@ class SkippedLine:
 
     line: int  # 1-based, as an editor shows it
     reason: str
-    # the line may have been a rank's measurement (a broken sample line, or not JSON that
-    # begins or names a sample line): the run's figures would be short of it
-    # (analysis.completeness)
+    # the line may have been a rank's measurement: the run's figures would be short of it
     lost_sample: bool = True
-    # not JSON and nothing in it says what it was (a stray line, damage): it is a lost
-    # sample only if the run's samples fall short of their count (analysis.completeness)
+    # not JSON and nothing says what it was: a lost sample only if the samples fall short
     unknown: bool = False
 
 
