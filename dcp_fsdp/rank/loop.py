@@ -51,15 +51,6 @@ if TYPE_CHECKING:
     from dcp_fsdp.telemetry.request_log import RequestLog
 
 
-def take_timeline_file(timeline: HookTimeline) -> bool:
-    """What the daemon's copy of `timeline` recorded, taken in and its file removed; False
-    where it wrote none (its writer was not timed)."""
-    taken = timeline.load_dump()
-    if timeline.dump_path is not None:
-        Path(timeline.dump_path).unlink(missing_ok=True)
-    return taken
-
-
 class SampleHandle:
     """An operation's sample: there at once, or (an async save with a cadence, its upload in
     flight) once `result()` has waited for the upload; torchtitan's shape of a pending save."""
@@ -98,8 +89,9 @@ class CheckpointLoop:
         self.store = store
         self.sharded = sharded
         self.state_dict = state_dict
-        self.request_log = request_log  # telemetry.request_log.RequestLog, or None
+        self.request_log = request_log
         self.log = say
+        self._memory = PeakMemory(ctx.device, say)
         self.samples: list[Sample] = []  # this rank's
         # Every rank's samples of each finished operation, shared right after it (untimed):
         # a run cut short by an interrupt or a failure still records whole operations.
@@ -107,9 +99,7 @@ class CheckpointLoop:
         self.suffixes: list[str] = []
         self.suffix_claim: str | None = None  # how the saves' suffixes were claimed (layout)
         self.writing_suffix: str | None = None  # a save in progress: incomplete if we stop
-        # The last save, recorded once its upload is done: (sample or a wait for it, suffix,
-        # iteration).
-        self._pending_save: PendingSave | None = None
+        self._pending_save: PendingSave | None = None  # the last save, until its upload is done
         self._timeline_dir: Path | None = None  # process checkpointer: see _timeline_file
         # Per suffix loaded: {"checked": bool, "reason": why not} (recorded on the run line).
         self.integrity: dict[str, dict[str, Any]] = {}
@@ -172,7 +162,7 @@ class CheckpointLoop:
         run's (the ceiling's DCP-alone rounds on tmpfs: sync saves only)."""
         saver = self._async_saver_for(op) if store is None else None
         run = self._prepare(op, iteration, suffix, saver, store or self.store)
-        memory = self._memory_marks()
+        memory = self._memory
         # Built before the barrier: its expected-bytes sum walks the state dict.
         heartbeat = self._heartbeat(op, iteration, None if run.pickled else run.timeline)
         marks = "memory" not in self.harness_off
@@ -213,11 +203,6 @@ class CheckpointLoop:
             self.async_saver = AsyncSaver(self.cfg.async_save, self.ctx.device, self.cfg.train_step_s,
                                           self.ctx.rank)
         return self.async_saver
-
-    def _memory_marks(self) -> PeakMemory:
-        if getattr(self, "_memory", None) is None:
-            self._memory = PeakMemory(self.ctx.device, self.log)
-        return self._memory
 
     def _prepare(self, op: str, iteration: int, suffix: str, saver: AsyncSaver | None,
                  store: CheckpointStore) -> OpInProgress:
@@ -265,7 +250,10 @@ class CheckpointLoop:
         if saver is not None and timing is not None and timing.end_mono is None:
             with Watchdog(self.cfg.op_timeout_s, self.on_timeout, message):  # upload in flight
                 saver.finish(timing)
-        daemon_reported = take_timeline_file(run.timeline) if run.pickled else False
+        daemon_reported = False  # the daemon's copy of the timeline, taken in (none: not timed)
+        if run.pickled:
+            daemon_reported = run.timeline.load_dump()
+            Path(str(run.timeline.dump_path)).unlink(missing_ok=True)
         end_mono = run.region.end_mono if timing is None else timing.end_mono
         if end_mono is None:
             raise RuntimeError(f"{run.op} iteration {run.iteration}: the upload never ended")
@@ -291,12 +279,11 @@ class CheckpointLoop:
         """Rank 0's progress lines during the operation (progress=true), else nothing."""
         if not (self.cfg.progress and self.ctx.is_coordinator):
             return contextlib.nullcontext()
-        streams = None if timeline is None else (lambda: timeline.moved.total)
         from dcp_fsdp.storage.s3_target import resolve_endpoint
 
-        # the endpoint as the client resolves it (storage.endpoint, else AWS_ENDPOINT_URL_S3
-        # or AWS_ENDPOINT_URL): the meter counts that port's connections only, so one set by
-        # the environment alone read 0.0 MiB for a whole load
+        streams = None if timeline is None else (lambda: timeline.moved.total)
+        # the endpoint as the client resolves it, environment included: the meter counts
+        # that port's connections only
         moved, verb, note, start = progress_measure(
             op, self.cfg.storage.kind.value == "s3", resolve_endpoint(self.cfg.storage), streams)
         expected = local_bytes(self.state_dict)
@@ -397,7 +384,7 @@ class CheckpointLoop:
         self._load_expected_checksums(suffix)
         if self._expected_checksums[suffix] is not None:
             zero_local_tensors(self.state_dict)
-        self.keep(self._timed_now("load", iteration, suffix))
+        self.keep(self._timed("load", iteration, suffix).result())
         self._verify_checksums(suffix, iteration)
         if self._expected_checksums[suffix] is not None:  # a failed load checked nothing
             self.integrity[suffix] = {"checked": True, "reason": None}
@@ -436,7 +423,7 @@ class CheckpointLoop:
         with the values it was saved with; the model's values restored (untimed)."""
         if self.cfg.verify:
             zero_local_tensors(self.state_dict)
-        self.keep(self._timed_now("load", iteration, suffix))
+        self.keep(self._timed("load", iteration, suffix).result())
         if self.cfg.verify:
             verify_values(self.state_dict, self.cfg.seed, f"save-and-load iteration {iteration}: "
                           f"data loaded from suffix={suffix} differs from what was saved")
@@ -444,10 +431,6 @@ class CheckpointLoop:
         else:
             self.integrity[suffix] = {"checked": False, "reason": "verify=false"}
         apply_state_dict(self.sharded, self.state_dict)
-
-    def _timed_now(self, op: str, iteration: int, suffix: str) -> Sample:
-        """The operation's sample, waited for if it is an upload in flight."""
-        return self._timed(op, iteration, suffix).result()
 
     def timed_on(self, store: CheckpointStore, op: str, iteration: int, suffix: str) -> Sample:
         """A sync save or a load, timed as the run's are, on another store (the ceiling's
