@@ -19,7 +19,7 @@ from typing import IO, TYPE_CHECKING
 from dcp_fsdp.process.environ import environment
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import BenchmarkConfig
-from dcp_fsdp.launch.checks import fallback_results_dir, write_record
+from dcp_fsdp.telemetry.results_dir import fallback_results_dir, write_record
 from dcp_fsdp.telemetry import records
 
 if TYPE_CHECKING:

@@ -1,14 +1,7 @@
-"""Checks of the machine and environment a run needs, before any rank starts.
-
-The settings themselves are checked by `config/validate.py`; here: can the record be
-written (results_dir), are there the cores and CUDA devices the ranks will claim, and do
-the environment variables we read make sense. Each failure is one UserError line naming
-the setting or variable and the fix. No torch import here: the launcher stays light
-(CUDA devices are counted from the driver, launch/gpus.py, only when the backend may use
-them).
-
-And, should the record still not be writable at the end of a run, `write_record`
-puts it in a fallback directory rather than lose the measurement.
+"""Checks of the machine and environment a run needs, before any rank starts (the settings
+themselves: config/validate.py): the record's directory, the cores and CUDA devices the ranks
+will claim, the environment variables we read. Each failure is one UserError naming the
+setting or variable and the fix. No torch import: the launcher stays light.
 """
 
 from __future__ import annotations
@@ -29,9 +22,7 @@ from dcp_fsdp.config.schema import (AsyncCheckpointer, Backend, BenchmarkConfig,
                                     CheckpointState, Command, Dtype, Malloc, StorageKind)
 from dcp_fsdp.config.validate import check_endpoint, check_region, check_replicas
 from dcp_fsdp.errors import UserError
-# where records go (and their fallback), shared with the ranks and `report`:
-from dcp_fsdp.telemetry.results_dir import (fallback_results_dir, record_written,  # noqa: F401
-                                            writable_dir_problem, write_record)
+from dcp_fsdp.telemetry.results_dir import record_written, writable_dir_problem  # noqa: F401
 
 RANKS_PER_CORE = 4  # more ranks than this per core only measures the scheduler
 CONNECTOR_LOG_ENV = ("S3_TORCH_CONNECTOR_DEBUG_LOGS", "S3_TORCH_CONNECTOR_LOGS_DIR_PATH")
@@ -57,7 +48,7 @@ def cpu_quota_cores(path: str = CGROUP_CPU_MAX) -> float | None:
     """The container's CPU quota in cores (cgroup v2 cpu.max); None when it has none or
     it cannot be read (cgroup v1, not Linux)."""
     try:
-        quota, period = Path(path).read_text().split()[:2]  # (closed, unlike open().read())
+        quota, period = Path(path).read_text().split()[:2]
         return None if quota == "max" else int(quota) / int(period)
     except (OSError, ValueError):
         return None
@@ -107,8 +98,7 @@ def _cuda_driver_present() -> bool:
 @functools.cache
 def cuda_device_count() -> int:
     """CUDA devices this process could use; 0 without a driver (answered at once), else
-    counted from the driver and CUDA_VISIBLE_DEVICES (launch/gpus.py: no torch import, no
-    CUDA start-up)."""
+    counted without torch (launch/gpus.py)."""
     if not _cuda_driver_present():
         return 0
     from dcp_fsdp.launch.gpus import visible_gpu_count
@@ -139,11 +129,8 @@ SHM_PATH = "/dev/shm"
 
 def state_bytes_estimate(cfg: BenchmarkConfig) -> int:
     """The state's bytes from the model's shape, dtype and state (no torch): weights, plus
-    AdamW's two moments of the same dtype with state=model_and_optimizer. A tied embedding
-    counts once: DCP writes it under both keys (presets.tied_extra_bytes, the run line's and
-    plan's '+N MiB'), but the stager copies each storage once (StateDictStager's storage
-    cache; tiny_gpt2 staged 21,551,104 B of shared memory, its parameters' bytes, where DCP
-    writes 8 MiB more), and memory holds it once too."""
+    AdamW's two moments with state=model_and_optimizer. A tied embedding counts once: DCP
+    writes it under both keys, but the stager copies each storage once, as memory holds it."""
     from dcp_fsdp.models.llama_model_config import param_count
     from dcp_fsdp.models.presets import DTYPE_BYTES, model_shape
 
@@ -194,8 +181,8 @@ def _positive_int(name: str, example: str) -> None:
 
 
 def check_torch() -> None:
-    """The installed torch against the tested range (compat.TORCH_MIN..TORCH_MAX_TESTED),
-    from its package metadata (no import): older is refused, newer is warned about."""
+    """The installed torch against the tested range, from its package metadata (no import):
+    older is refused, newer is warned about."""
     from dcp_fsdp import compat
 
     problem = compat.torch_version_problem()
@@ -249,8 +236,8 @@ def _check_glibc_allocator() -> None:
 
 def check_endpoint_environment(cfg: BenchmarkConfig) -> str | None:
     """The AWS_ENDPOINT_URL* variable an s3 store uses (the first one set, where
-    storage.endpoint is not set), checked (no credentials in it): its name, or None. Also
-    for `list`, `delete` and `clean-uploads`, which connect without the launch checks."""
+    storage.endpoint is not), checked: its name, or None. Also for the commands that connect
+    without the launch checks (list, delete, clean-uploads)."""
     if cfg.storage.kind != StorageKind.s3 or cfg.storage.endpoint is not None:
         return None
     name = next((name for name in ENDPOINT_ENV if name in os.environ), None)
@@ -338,17 +325,15 @@ def _check_launcher_variables() -> None:
 
 
 def check_model(cfg: BenchmarkConfig) -> None:
-    """The preset names a shape (a conf/model/*.yaml of the user's own may name any), or
-    model.config is a config.json of a family the tool builds, with every field it needs;
-    model.moe_layout=grouped only for a model with experts."""
+    """The model's shape can be built (a preset's, or model.config's config.json)."""
     from dcp_fsdp.models.presets import model_shape  # shapes only: no torch, no transformers
 
     model_shape(cfg.model)
 
 
 def check_tensor_parallel(cfg: BenchmarkConfig, world_size: int, name: str) -> None:
-    """model.tp: the world forms whole TP groups (per replica) and the model splits evenly
-    over one (models/tensor_parallel.py); `name` is where `world_size` came from."""
+    """model.tp: the world forms whole TP groups and the model splits evenly over one;
+    `name` is where `world_size` came from."""
     from dcp_fsdp.models.presets import model_shape
     from dcp_fsdp.models.tensor_parallel import check_tp
 
@@ -378,8 +363,7 @@ def available_memory_bytes() -> int:
 
 
 def memory_fixes(cfg: BenchmarkConfig) -> str:
-    """The memory refusal's fix: only settings that would change something (a run that
-    already has model.dtype=bf16 is not told to set it, trial case 117)."""
+    """The memory refusal's fix: only settings that would change something."""
     choices = ["a smaller model="]
     if cfg.model.dtype != Dtype.bf16:
         choices.append("model.dtype=bf16")
@@ -391,10 +375,8 @@ def memory_fixes(cfg: BenchmarkConfig) -> str:
 
 def rank_state_bytes(cfg: BenchmarkConfig, ranks_here: int, world_size: int) -> tuple[int, int]:
     """(the largest rank's state, the most any node of `ranks_here` consecutive ranks holds),
-    in bytes: each rank's block of every tensor (tensor_parallel.rank_holdings: FSDP's dim-0
-    shards inside TP's split, a replica group's copy), not the mean: an MoE whose dp shards
-    outnumber its experts has whole experts on its first shards (issue 49 item 5). Weights,
-    and AdamW's two moments of the same dtype with state=model_and_optimizer."""
+    in bytes, from each rank's block of every tensor, not the mean: an MoE whose dp shards
+    outnumber its experts has whole experts on its first shards."""
     from dcp_fsdp.models.presets import DTYPE_BYTES, model_shape
     from dcp_fsdp.models.tensor_parallel import rank_holdings
 
@@ -430,14 +412,13 @@ def check_memory(cfg: BenchmarkConfig, ranks_here: int, world_size: int) -> None
 
 @functools.cache
 def warn_once(text: str) -> None:
-    """A warning of the launch checks, printed once per process: the command line checks a
-    run before launching it, and the launcher (tune's trials too) checks it again."""
+    """A launch check's warning, once per process: the command line and the launcher (tune's
+    trials too) both check a run."""
     log.warning(text)
 
 
 def check_launch(cfg: BenchmarkConfig) -> None:
-    """Everything the local launcher checks before storage and ranks (about a millisecond
-    without a CUDA driver; an `nvidia-smi -L` with one)."""
+    """Everything the local launcher checks before storage and ranks."""
     check_model(cfg)
     check_environment(cfg)
     check_results_dir(cfg.results_dir)
