@@ -1,45 +1,21 @@
-"""save_mode=async: dcp.async_save, timed as a training loop sees it.
+"""save_mode=async: dcp.async_save, timed as a training loop sees it (docs/async.md defines
+each figure: previous_wait_s, blocked_s, staged_s, stall_s, persisted_s, and with
+train_step_s > 0 the training steps' interval_s, train_lost_s, train_wait_s, slowdown).
 
-One save, per rank (monotonic clock, from the call after the aligning barrier):
-  previous_wait_s  waiting for the previous save's upload (a rank holds one in flight)
-  blocked_s        the call until control is back in the training loop (staging, or only
-                   scheduling it with async_staging, plus previous_wait_s)
-  staged_s         until the staged copy is complete, when torch reports it separately
-                   (async_staging: AsyncSaveResponse.staging_completion)
-  stall_s          until the loop may update weights again: the call and the staging (an
-                   optimizer step must not change what is being copied), previous_wait_s
-                   included; never below blocked_s or staged_s
-  persisted_s      until the upload future is done: every object written and the coordinator's
-                   .metadata committed. Only then is the checkpoint loadable, so the loop waits
-                   for it before the manifest, the checksums or a load.
-
-With train_step_s > 0 a simulated training step (train_step.py) runs back to back after the
-call; its first step waits for staging before its update. Without a cadence the steps run
-until the upload is done (each save waits for its own upload). With
-async_save.steps_between_saves=K the loop runs K steps and moves on to the next save with the
-upload still in flight, as a training loop does: the next save waits for it only if it is
-not done yet (previous_wait_s). Then, per save:
-  interval_s        the call until the K steps are done (the save's training interval)
-  train_lost_s      interval_s - steps x the baseline step time: training time the save cost
-  train_lost_share  train_lost_s / interval_s
-  train_wait_s      what the steps waited before their update for the staging (the first
-                    step's wait): apart from their compute time, which alone makes
-                    train_step_slowdown
-
-The upload runs DCP's collectives on a gloo group of its own, created once (untimed), so the
+Without a cadence each save waits for its own upload while steps run; with
+async_save.steps_between_saves=K the loop runs K steps and moves on with the upload in flight,
+as a training loop does. The upload runs DCP's collectives on a gloo group of its own, so the
 training loop's group is never used from two threads at once (and nccl-only default groups,
-which async_save refuses, still work). The process checkpointer's daemon is started once,
-untimed, before the first timed save, and is made to die with its rank: a killed rank must
-not leave an uploader behind that could still commit .metadata.
+which async_save refuses, still work). The process checkpointer's daemon is started untimed
+and dies with its rank: a killed rank must not leave an uploader that could commit .metadata.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,7 +27,6 @@ from dcp_fsdp.compat import saving_rank
 from dcp_fsdp.config.schema import AsyncCheckpointer, AsyncSaveConfig
 from dcp_fsdp.rank.device import sync_device
 from dcp_fsdp.rank.train_step import StepTimes, TrainStep, slowdown
-
 
 
 @dataclasses.dataclass
@@ -121,13 +96,6 @@ def rank_bytes(metadata: Any, rank: int) -> int | None:
     return total
 
 
-def _marker(marks: dict[str, float], name: str) -> Callable[[Future], None]:
-    """A future's callback that notes when it completed, under `name` (first time only)."""
-    def note(_future: Future) -> None:
-        marks.setdefault(name, time.monotonic())
-    return note
-
-
 def _fill_training(timing: AsyncTiming, steps: StepTimes, baseline_s: list[float],
                    interval_s: float) -> None:
     """What the training steps between this save and the next paid: their slowdown (compute
@@ -165,12 +133,6 @@ class AsyncSaver:
         self.cadence = config.steps_between_saves if self.train_step is not None else 0
         self._pending: AsyncTiming | None = None  # the last save, until its upload is waited for
         self._baseline_s: list[float] | None = None
-
-    @property
-    def pickles_writer(self) -> bool:
-        """The process checkpointer sends the writer to its daemon: it must stay picklable
-        (no instance-level hook wrappers), and a client built here would be of no use there."""
-        return self.process
 
     def prepare(self) -> None:
         """Before the first timed save, on every rank (collective): the upload group, the
@@ -267,16 +229,15 @@ class AsyncSaver:
         # stream after the call returns, and a device-wide sync would put them in blocked_s.
         blocked_end = time.monotonic()
         self._stager_used = True
-        marks: dict[str, float] = {}
-        mark = functools.partial(_marker, marks)
+        marks: dict[str, float] = {}  # when each future completed (first time only)
         staging = None
         if isinstance(response, AsyncSaveResponse):
             staging = response.staging_completion
-            staging.add_done_callback(mark("staged"))
+            staging.add_done_callback(lambda _: marks.setdefault("staged", time.monotonic()))
             upload = response.upload_completion
         else:
             upload = response
-        upload.add_done_callback(mark("persisted"))
+        upload.add_done_callback(lambda _: marks.setdefault("persisted", time.monotonic()))
         timing = AsyncTiming(blocked_s=blocked_end - begin_mono, staged_s=None, persisted_s=0.0,
                              previous_wait_s=previous_wait_s, end_mono=None,
                              begin_mono=begin_mono, upload=upload, marks=marks,

@@ -207,9 +207,10 @@ class CheckpointLoop:
     def _prepare(self, op: str, iteration: int, suffix: str, saver: AsyncSaver | None,
                  store: CheckpointStore) -> OpInProgress:
         """Everything an operation needs before its barrier (untimed)."""
-        # The process checkpointer pickles the writer into its daemon: the timed writer's
-        # copy there writes its timeline to a file, read back once the upload is done.
-        pickled = op == "save" and saver is not None and saver.pickles_writer
+        # The process checkpointer pickles the writer into its daemon (so no instance-level
+        # hook wrappers): the timed writer's copy there writes its timeline to a file, read
+        # back once the upload is done.
+        pickled = op == "save" and saver is not None and saver.process
         run = OpInProgress(op, iteration, suffix, pickled=pickled, timeline=HookTimeline(
             dump_path=self._timeline_file(suffix) if pickled else None))
         timed = None if "hooks" in self.harness_off else run.timeline

@@ -1,34 +1,12 @@
 """A simulated training step: a fixed amount of work (matmuls, or memory-bound vector adds)
-on the rank's device.
-
-What an async checkpoint really costs is the slowdown of the training that runs while it
-uploads (staging copies, serialisation and the connector's threads compete for the CPU,
-memory bandwidth and PCIe). The step is sized once, untimed (`calibrate`), so that it
-takes about `step_s` with no checkpoint in flight; right before each save a few steps
-give the baseline; during the upload the same steps are timed again:
+on the rank's device, sized once (`calibrate`) to take about `step_s` with no checkpoint in
+flight. Timed before each save (the baseline) and during its upload:
 
     train_step_slowdown = mean compute time of a step while uploading / baseline mean - 1
 
-A step's compute time is its time less its wait before the update (below): the wait for
-staging is the stall (stall_s, train_lost_s), not interference, and is reported apart
-(StepTimes.wait_s). The work is fixed (same matrices, same count of matmuls), so a slower step means the
-device or host was busy with the checkpoint, not that the step changed.
-
-Two kinds of work (`async_save.train_step_work`): `matmul`, fp32 matrix products, is
-compute-bound: on a GPU it barely contends with staging's device-to-host copies, so its
-slowdown reads about 0 for any checkpoint. `memory` is an elementwise add over vectors far
-larger than the caches (a + b -> c), bandwidth-bound like an optimizer's update or an
-activation pass: it contends for the memory (and, on a GPU, the copy engines' source) that
-staging reads, so its slowdown is the one a memory-bound training step would see.
-
-A step's own device work is waited for with an event on its stream, not a device-wide
-synchronize: the async save's staging copies run on the stager's own stream, and a
-device-wide wait would count them as the step's compute.
-
-A step respects staging as a real optimizer must: its forward/backward (the matmuls) may run
-while the state is being staged, but its weight update may not start until the staged copy
-is complete (else the checkpoint would hold half-updated weights). `step(before_update)`
-waits on `before_update()` between the two, and `stall_wait_s` says how long it waited.
+A step's compute time excludes its wait for staging before its update (the stall, reported
+apart: StepTimes.wait_s): its forward/backward may overlap staging, its weight update may not.
+The work kinds and why each: docs/async.md.
 """
 
 from __future__ import annotations
@@ -40,12 +18,10 @@ import torch
 
 from dcp_fsdp.config.schema import TrainStepWork
 
-BASELINE_STEPS = 5  # steps timed right before each save, no checkpoint in flight (3 were
-# too few on a loaded machine: a rank's baseline could be 2x its later steps)
+BASELINE_STEPS = 5  # steps timed right before each save (3 were too few on a loaded machine)
 _CPU_SIZE = 256  # matrix side: small enough that a step can be tens of milliseconds on CPU
 _CUDA_SIZE = 4096  # large enough to keep a GPU busy per kernel
-# memory work: elements per vector (three of them); each well beyond the last-level cache
-# (H100's L2: 50 MB; a server CPU's L3: tens of MB per socket)
+# memory work: elements per vector (three of them), each well beyond the last-level cache
 _CPU_ELEMENTS = 2**23  # 32 MiB of fp32
 _CUDA_ELEMENTS = 2**26  # 256 MiB of fp32
 _SMALLEST = {TrainStepWork.matmul: 64, TrainStepWork.memory: 2**16}
@@ -149,8 +125,6 @@ class TrainStep:
         """One step; its duration (device work included: synchronised on CUDA). With
         `before_update`, it is called (it blocks until staging is done) after the
         forward/backward and before the update; the time it took is in `stall_wait_s`."""
-        if self._a is None:
-            raise RuntimeError("TrainStep.step() before calibrate()")
         start = time.perf_counter()
         self.stall_wait_s = 0.0
         for _ in range(self.matmuls):
@@ -178,10 +152,6 @@ class TrainStep:
 
     def run(self, count: int, before_update: Callable[[], object] | None = None) -> StepTimes:
         """`count` steps back to back (the training between two saves), whatever the upload
-        does; the first waits on `before_update` before its update (staging)."""
-        compute, waited = [], 0.0
-        for _ in range(count):
-            compute.append(self.step(before_update) - self.stall_wait_s)
-            waited += self.stall_wait_s
-            before_update = None
-        return StepTimes(compute, waited)
+        does, as run_until."""
+        steps = iter(range(count))
+        return self.run_until(lambda: next(steps, None) is None, before_update)
