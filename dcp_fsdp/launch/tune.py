@@ -1,38 +1,19 @@
-"""`dcp-fsdp tune`: the best storage settings for this model, world size and storage.
+"""`dcp-fsdp tune`: the best storage settings for this model, world size and storage
+(docs/tune.md).
 
-The parent (light: no torch) checks the settings, starts the embedded server when no S3
-is configured, writes the session's plan (the space, the budget, where records go) and
-launches the ranks ONCE, through the launcher's public entry (`launch_local`). The ranks
-build the model once and run every trial (rank/tune_trials.py): rank 0 runs the search
-(tune/search.py) and prints the verdict (tune/report.py). Each trial is a normal
-save-and-load iteration with its own record in `<results_dir>/tune-<stamp>/`; after the
-finals one more trial of the recommended settings measures the raw ceiling beside DCP
-(ceiling=true, 3 iterations), for the efficiency of the recommendation.
-
-Tuned: storage.thread_count, storage.client (the connector, torch's fsspec path, MSC, each
-with its own defaults), and the connector's part_size_mib, reader, prefix_strategy,
-throughput_target_gbps (s3); storage.thread_count only (fs). A tuned setting given on
-the command line is held at that value; any client's own setting given holds the client
-(as does the process checkpointer). Each trial's checkpoint is deleted after it
-(they are the tuner's, not the user's).
-
-After that launch, unless malloc= was given (held, as any tuned setting given), the
-launcher runs the recommendation in paired launches of its own (launch_local again, records
-in the same directory), malloc=default then malloc=raised in each of tune.repeats rounds:
+The parent (light: no torch) checks the settings, starts the embedded server when no S3 is
+configured, writes the session's plan and launches the ranks ONCE (`launch_local`); rank 0
+runs every trial, the search and the verdict (rank/tune_trials.py). Then, unless malloc= was
+given, the recommendation runs in paired launches of its own, malloc=default then raised:
 glibc reads its allocator settings as a process starts, so they cannot change between the
-trials of one launch. MALLOC_SHARE of the budget is kept from the search for them; raised
-wins by the finals' rule (tune/search.py paired_malloc). The launcher prints the OVERRIDES=
-line, malloc included, at the very end.
-
-Ctrl-C or SIGTERM stops the whole tune (exit 130): the ranks record the trial in
-progress as interrupted, the finished trials' records stay, nothing is recommended (after
-the verdict: the recommendation stands, without malloc when its launches were cut).
+trials of one launch. Ctrl-C or SIGTERM stops the whole tune (exit 130).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import os
@@ -89,9 +70,7 @@ REQUIRES: dict[str, Any] = {
 
 
 def _get(cfg: BenchmarkConfig, dotted: str) -> Any:
-    value: Any = cfg
-    for part in dotted.split("."):
-        value = getattr(value, part)
+    value = functools.reduce(getattr, dotted.split("."), cfg)
     return getattr(value, "value", value)
 
 
@@ -101,22 +80,15 @@ def search_space(cfg: BenchmarkConfig, overrides: list[str]) -> tuple[dict[str, 
     if cfg.save_mode.value == "sync":
         space.update(DCP_SPACE)
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
-    if given & CLIENT_SETTINGS or _process_checkpointer(cfg):
+    if given & CLIENT_SETTINGS or (cfg.save_mode.value == "async"
+                                   and cfg.async_save.checkpointer.value == "process"):
         # a client's own setting given names the client; the process checkpointer's daemon
         # is started once, with the first trial's client environment (MSC's profile)
         given.add("storage.client")
     start = {name: _get(cfg, name) for name in space}
-    tuned = {}
-    for name, values in space.items():
-        if name in given:
-            continue
-        current = start[name]
-        tuned[name] = [current] + [v for v in values if str(v) != str(current)]
+    tuned = {name: [start[name]] + [v for v in values if str(v) != str(start[name])]
+             for name, values in space.items() if name not in given}
     return tuned, start
-
-
-def _process_checkpointer(cfg: BenchmarkConfig) -> bool:
-    return cfg.save_mode.value == "async" and cfg.async_save.checkpointer.value == "process"
 
 
 def _warm_storage(cfg: BenchmarkConfig) -> None:
@@ -135,24 +107,17 @@ def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
 
 
 def check_tune_settings(cfg: BenchmarkConfig) -> None:
-    """tune.* and what tune cannot honour, before anything starts."""
-    if cfg.protocol == Protocol.mlperf:
-        # Its trials would be recorded as protocol=mlperf, and `report` would show them as
-        # MLPerf's figures.
+    """What tune cannot honour, before anything starts (validate.py has checked tune.*'s
+    ranges)."""
+    if cfg.protocol == Protocol.mlperf:  # `report` would show its trials as MLPerf's figures
         raise UserError("protocol=mlperf: tune's trials run 1 and 3 save-and-load iterations, "
                         f"not MLPerf's {MLPERF_CHECKPOINTS} saves then {MLPERF_CHECKPOINTS} "
                         "loads; tune without it, then run save-and-load protocol=mlperf with "
                         "the OVERRIDES it prints")
-    if cfg.tune.budget_s <= 0:
-        raise UserError(f"tune.budget_s={cfg.tune.budget_s:g}: must be positive (seconds)")
     if cfg.tune.budget_s < MIN_BUDGET_S:
         raise UserError(f"tune.budget_s={cfg.tune.budget_s:g}: too small for one trial (the "
                         f"ranks' start-up alone takes seconds); give at least "
                         f"{MIN_BUDGET_S:g}, e.g. tune.budget_s=120 for a search")
-    if cfg.tune.trials is not None and cfg.tune.trials < 1:
-        raise UserError(f"tune.trials={cfg.tune.trials}: must be 1 or more (or null)")
-    if cfg.tune.repeats < 1:
-        raise UserError(f"tune.repeats={cfg.tune.repeats}: must be 1 or more")
 
 
 def tune(overrides: list[str], started_mono: float) -> int:
