@@ -1,28 +1,11 @@
 """The search behind `dcp-fsdp tune`, apart from how a trial runs (unit-tested with a fake).
 
-A trial measures one setting (a dict of the tuned settings) and returns a score (higher
-is better: the trial's save + load aggregate MiB/s) and its wall time. The search:
-
-  1. the defaults, once (the driver runs this one with ceiling=true);
-  2. coordinate descent from the best so far: each setting in turn (the most influential
-     first), every value of it with the others held; a value replaces the current one
-     only when it beats it by more than `margin` (one noisy measurement must not move
-     the search);
-  3. the finals: the defaults and up to two candidates (the descent's winner, the next
-     best) measured again in rounds, defaults first in each round (D A B D A B ...), so a
-     drift of the machine's speed touches every finalist alike; `repeats` rounds.
-
-The verdict (`SearchResult.recommended`) uses the finals' measurements only: a candidate
-is recommended when every one of its final scores is above every final score of the
-defaults (its worst above the defaults' best), with at least two of each. Otherwise the
-answer is "keep the defaults", with the noise seen: the spread of the defaults' final
-scores, (max - min) / median.
-
-Budget: a trial starts only if the time spent plus the estimated cost of this trial (the
-larger of the median and the latest trial wall time) fits in `budget_s`; the search phase
-stops at 60 % of what the budget left for trials after start-up (and of `max_trials`,
-which counts every run, defaults and repeats included), leaving the rest for the finals.
-The only overrun is one trial running longer than its estimate.
+A trial measures one setting (a dict of the tuned settings) and returns a score (higher is
+better: save + load aggregate MiB/s) and its wall time. The search runs the defaults, then a
+coordinate descent (a value replaces the current one only when it beats it by more than
+`margin`), then the finals: the defaults and up to two candidates measured again in rounds,
+defaults first in each (D A B D A B ...). The verdict uses the finals only (MIN_FINAL_SCORES
+and the rule: docs/tune.md, which also says how the budget is shared).
 """
 
 from __future__ import annotations
@@ -35,9 +18,8 @@ from typing import Any, Callable
 Settings = dict[str, Any]
 SEARCH_SHARE = 0.6  # of the budget and of tune.trials, for the search; the rest: the finals
 # The recommendation's efficiency trial after the finals (rank/tune_trials.py): this many
-# save-and-load iterations, then a raw round per iteration (ceiling=true); the ceiling is
-# the best of those raw rounds. Its time is kept from the finals: about two trials' worth
-# per iteration (DCP's save and load, then the raw PUT and GET).
+# save-and-load iterations with ceiling=true. Its time is kept from the finals: about two
+# trials' worth per iteration (DCP's save and load, then the raw rounds).
 CEILING_ROUNDS = 3
 CEILING_RESERVE_TRIALS = 2.0 * CEILING_ROUNDS
 MIN_FINAL_SCORES = 2  # final measurements of the defaults and of a winner, at the least
@@ -198,6 +180,8 @@ class Search:
         # setting -> (other setting, value) or a list of them: searched only while they hold
         self.requires = dict(requires or {})
         self.trials: list[Trial] = []
+        self._descent_best = self.defaults
+        self._final_list: list[Settings] = []
 
     # -- bookkeeping -----------------------------------------------------------------------
     def _run(self, settings: Settings, role: str) -> Trial:
@@ -206,17 +190,9 @@ class Search:
         self.budget.walls.append(trial.wall_s)
         return trial
 
-    def _scores(self, settings: Settings) -> list[float]:
-        key = settings_key(settings)
-        return [t.score for t in self.trials
-                if settings_key(t.settings) == key and t.score is not None]
-
-    def _attempts(self, settings: Settings) -> int:
-        key = settings_key(settings)
-        return sum(settings_key(t.settings) == key for t in self.trials)
-
     def _best_score(self, settings: Settings) -> float | None:
-        scores = self._scores(settings)
+        key = settings_key(settings)
+        scores = [t.score for t in self.trials if settings_key(t.settings) == key and t.score is not None]
         return statistics.median(scores) if scores else None
 
     @property
@@ -236,7 +212,7 @@ class Search:
         searched, stopped = self._descend(stopped)
         stopped = self._finals(stopped)
         return SearchResult(self.trials, self._ranking(), self.defaults, searched, stopped,
-                            list(getattr(self, "_final_list", [])))
+                            list(self._final_list))
 
     def _descend(self, stopped: str | None) -> tuple[list[str], str | None]:
         best = dict(self.defaults)
@@ -275,7 +251,7 @@ class Search:
         # every setting seen has a scored trial, so its best score is a number
         ordered = sorted(seen.values(), key=lambda s: self._best_score(s) or 0.0, reverse=True)
         chosen = [self.defaults]
-        for settings in [getattr(self, "_descent_best", self.defaults), *ordered]:
+        for settings in [self._descent_best, *ordered]:
             if len(chosen) >= self.finalists:
                 break
             if settings_key(settings) not in {settings_key(c) for c in chosen}:
@@ -307,7 +283,7 @@ class Search:
         scored = [g for g in groups.values() if g.scores]
         # The finalists (measured again, side by side) rank first, by their finals' median;
         # a setting measured once in the search, however lucky, only after them.
-        final_keys = {settings_key(s) for s in getattr(self, "_final_list", [])}
+        final_keys = {settings_key(s) for s in self._final_list}
 
         def final_median(group: Ranked) -> float:
             scores = [t.score for t in group.trials if t.role == "repeat" and t.score is not None]
