@@ -1,40 +1,19 @@
-"""What a checkpoint holds, read from DCP's `.metadata` without importing torch: the screen
-that refuses a hostile or damaged `.metadata` before any rank unpickles it.
+"""What a checkpoint holds, read from DCP's `.metadata` without importing torch (the light
+parent decides whether a load can work before any rank starts): the screen that refuses a
+hostile or damaged `.metadata` before any rank unpickles it.
 
-The light parent decides whether a load can work (model, dtype, state) before any rank
-starts; importing torch there would cost seconds per run. `.metadata` is a pickle, and
-torch's own reader (`FileSystemReader.read_metadata`) is a plain `pickle.load` on every rank:
-it would run whatever a crafted file names. The checkpoints may sit in a bucket others can
-write to, so this screen is the one place a hostile file can be refused; `read_tensors`
-either returns the tensors or raises `MetadataRefused` (one line, the file not loaded).
+`.metadata` is a pickle, and torch's reader is a plain `pickle.load` on every rank: it would
+run whatever a crafted file names, and checkpoints may sit in a bucket others can write to.
+`read_facts` either returns what the file holds or raises `MetadataRefused` (one line).
 
-The unpickler admits only the globals DCP's metadata is made of (torch 2.11-2.15, checked by
-saving real checkpoints, model and AdamW state, and listing what the pickle names), each
-answered by a plain stand-in defined here, never by the real class:
-
-- `torch.distributed.checkpoint.metadata`: Metadata, TensorStorageMetadata,
-  BytesStorageMetadata, ChunkStorageMetadata, MetadataIndex, StorageMeta, TensorProperties
-  (dataclasses; NEWOBJ + BUILD) and `_MEM_FORMAT_ENCODING` (an Enum, pickled as a call with
-  its value 0-2); `torch.distributed.checkpoint.filesystem._StorageInfo` (a dataclass);
-- `torch.Size` (called with a tuple of ints), the `torch.<dtype>` names (a dtype pickles as
-  the global of its name), `torch.serialization._get_layout` (called with "torch.strided");
-- `pathlib.PosixPath` and its siblings (`StorageMeta.checkpoint_id` of a local save; also
-  `pathlib._local`, where Python 3.13 defines them): rebuilt as a string;
-  `multistorageclient.pathlib.MultiStoragePath` (that of a storage.client=msc save): its path
-  strings only.
-
-Nothing else: no builtins but `getattr` in the one shape in which Python 3.11.0-3.11.x
-pickle an Enum member, `getattr(_MEM_FORMAT_ENCODING, "<member name>")` (every `.metadata`
-written under Debian 12's python3.11 holds it; 3.11.7 pickles the member by value), answered
-with the member's format name and refused for any other owner or name. DCP pickles with
-protocol >= 2, where dicts, lists, tuples and sets are opcodes: so no `eval`, `os`,
-`subprocess`, `functools.partial`, no other use of `getattr`, and no other `torch.*` name.
-The stand-ins only turn plain data into plain data: a dataclass stand-in accepts its state
-only as a dict of lower-case field names (no dunders, so a `__setstate__` payload cannot set
-`__class__` or shadow a method) holding no callables;
-fields a newer torch adds (as 2.15 added `TensorProperties.strides`) are kept, not refused.
-Persistent ids are refused (the default unpickler's behaviour). Files over
-MAX_METADATA_BYTES (1 GiB) are refused unread: a real `.metadata` is KiB to a few MiB.
+The unpickler admits only the globals DCP's metadata is made of (`ADMITTED`: torch 2.11-2.15,
+checked by saving real checkpoints and listing what the pickle names), each answered by a
+plain stand-in defined here, never by the real class. No builtins but `getattr` in the one
+shape in which Python 3.11.0-3.11.x pickle an Enum member (Debian 12's python3.11; 3.11.7
+pickles it by value). DCP pickles with protocol >= 2, where containers are opcodes. A
+dataclass stand-in accepts its state only as a dict of lower-case field names (no dunders:
+a `__setstate__` payload cannot set `__class__`) holding no callables; fields a newer torch
+adds are kept. Persistent ids are refused (the default unpickler's behaviour).
 """
 
 from __future__ import annotations
@@ -76,6 +55,7 @@ _MEMORY_FORMATS = {0: "contiguous_format", 1: "channels_last", 2: "preserve_form
 _MEMORY_FORMAT_MEMBERS = {"TORCH_CONTIGUOUS_FORMAT": 0, "TORCH_CHANNELS_LAST": 1,
                           "TORCH_PRESERVE_FORMAT": 2}
 _FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
 
 
 class MetadataRefused(UserError):
@@ -139,7 +119,7 @@ class _TensorProperties(_Record):
     """Pickles as a tuple: (dtype, layout, requires_grad, memory format encoding,
     pin_memory), plus strides from torch 2.15 on."""
 
-    TORCH_NAME = "torch.distributed.checkpoint.metadata.TensorProperties"
+    TORCH_NAME = f"{_DCP_METADATA}.TensorProperties"
     dtype: str
 
     def __setstate__(self, state: Any) -> None:
@@ -212,17 +192,18 @@ class _EnumMemberByName(_Callable):
 
 
 class _PosixPath(_Callable):
+    """A pathlib path (`StorageMeta.checkpoint_id` of a local save): rebuilt as a string."""
+
+    PURE: ClassVar[type[PurePosixPath] | type[PureWindowsPath]] = PurePosixPath
+
     def __new__(cls, *parts: Any) -> str:  # type: ignore[misc]
         if not all(isinstance(part, str) for part in parts):
             raise _Refused("a pathlib path of other than strings")
-        return str(PurePosixPath(*parts))
+        return str(cls.PURE(*parts))
 
 
-class _WindowsPath(_Callable):
-    def __new__(cls, *parts: Any) -> str:  # type: ignore[misc]
-        if not all(isinstance(part, str) for part in parts):
-            raise _Refused("a pathlib path of other than strings")
-        return str(PureWindowsPath(*parts))
+class _WindowsPath(_PosixPath):
+    PURE = PureWindowsPath
 
 
 class _MultiStoragePath(_Record):
@@ -243,42 +224,27 @@ def _is_int_tuple(value: Any, allow_list: bool = False) -> bool:
     return isinstance(value, kinds) and all(type(n) is int and n >= 0 for n in value)
 
 
-class _Metadata(_Record):
-    TORCH_NAME = "torch.distributed.checkpoint.metadata.Metadata"
-    state_dict_metadata: dict[str, Any]  # (annotations only: set by __setstate__)
-
-
 class _TensorStorageMetadata(_Record):
-    TORCH_NAME = "torch.distributed.checkpoint.metadata.TensorStorageMetadata"
+    TORCH_NAME = f"{_DCP_METADATA}.TensorStorageMetadata"
     size: tuple[int, ...]
     properties: _TensorProperties
 
 
-class _BytesStorageMetadata(_Record):
-    TORCH_NAME = "torch.distributed.checkpoint.metadata.BytesStorageMetadata"
-
-
-_CHECKPOINT_CLASSES: dict[str, type[_Record]] = {
-    "Metadata": _Metadata,
-    "TensorStorageMetadata": _TensorStorageMetadata,
-    "BytesStorageMetadata": _BytesStorageMetadata,
-    "ChunkStorageMetadata": _record("torch.distributed.checkpoint.metadata.ChunkStorageMetadata"),
-    "MetadataIndex": _record("torch.distributed.checkpoint.metadata.MetadataIndex"),
-    "StorageMeta": _record("torch.distributed.checkpoint.metadata.StorageMeta"),
-    "TensorProperties": _TensorProperties,
-}
+_Metadata = _record(f"{_DCP_METADATA}.Metadata")
+_BytesStorageMetadata = _record(f"{_DCP_METADATA}.BytesStorageMetadata")
+_DCP_RECORDS: tuple[type[_Record], ...] = (
+    _Metadata, _TensorStorageMetadata, _BytesStorageMetadata, _TensorProperties,
+    *(_record(f"{_DCP_METADATA}.{name}") for name in ("ChunkStorageMetadata", "MetadataIndex", "StorageMeta")))
 # (module, name) -> stand-in: the whole allowlist, apart from the torch.<dtype> names.
 ADMITTED: dict[tuple[str, str], type] = {
-    **{("torch.distributed.checkpoint.metadata", name): standin
-       for name, standin in _CHECKPOINT_CLASSES.items()},
+    **{(_DCP_METADATA, standin.TORCH_NAME.rsplit(".", 1)[1]): standin for standin in _DCP_RECORDS},
     METADATA_MEMORY_FORMAT: _MemoryFormatEncoding,
     ("builtins", "getattr"): _EnumMemberByName,  # that enum's member by name (Python 3.11.2)
     METADATA_STORAGE_INFO: _record(".".join(METADATA_STORAGE_INFO)),
     ("torch", "Size"): _Size,
-    # StorageMeta.checkpoint_id of a multi-storage-client save (storage.client=msc): its
-    # path object, state {_path: str, _internal_path: PurePosixPath}
     ("multistorageclient.pathlib", "MultiStoragePath"): _MultiStoragePath,
     METADATA_LAYOUT: _Layout,
+    # `pathlib._local`: where Python 3.13 defines them
     **{(module, name): standin for module in ("pathlib", "pathlib._local")
        for name, standin in (("PosixPath", _PosixPath), ("PurePosixPath", _PosixPath),
                              ("WindowsPath", _WindowsPath), ("PureWindowsPath", _WindowsPath))},
@@ -302,12 +268,10 @@ class MetadataFacts:
 
     tensors: dict[str, TensorEntry]  # flattened key -> shape and dtype
     object_sizes: dict[str, int]  # data object (relative path) -> bytes: its last item's end
-    # SHA-256 of the bytes screened: DCP's own read of .metadata must be these bytes before
-    # it unpickles them (storage/timed_fs.py), so a file swapped in between is never loaded
+    # of the bytes screened: DCP's own read must be these bytes before it unpickles them
     sha256: str = ""
-    # its StorageMeta names the checkpoint by multi-storage-client's path object (an MSC
-    # save before its writer stored a string): torch's unpickler needs MSC and the writer's
-    # profile, so only storage.client=msc can load it
+    # its StorageMeta holds MSC's path object (an MSC save before PortableMscWriter): only
+    # storage.client=msc, with the writer's profile, can unpickle it (msc_only)
     msc_paths: bool = False
 
     @property
@@ -406,7 +370,7 @@ def screen(data: bytes, source: str = ".metadata") -> Any:
         raise _refusal(source, "it nests deeper than Python can follow", hostile=True) from None
     except Exception as error:  # truncated, not a pickle, a stand-in misused: all unreadable
         raise _refusal(source, f"it is not a readable pickle ({type(error).__name__}: "
-                       f"{_first_line(error)})", hostile=False) from None
+                       f"{(str(error).splitlines() or [''])[0][:200]})", hostile=False) from None
     problem = _shape_problem(metadata)
     if problem:
         raise _refusal(source, problem, hostile=False)
@@ -439,11 +403,6 @@ def _refusal(source: str, found: str, hostile: bool) -> MetadataRefused:
     return MetadataRefused(
         f"{source}: refused as {why}: {found}; the checkpoint was not loaded (torch would "
         "unpickle this file on every rank); remove it or load another suffix")
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).splitlines()
-    return lines[0][:200] if lines else ""
 
 
 def bytes_by_part(tensors: dict[str, TensorEntry]) -> dict[str, int]:
