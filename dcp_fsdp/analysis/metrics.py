@@ -27,7 +27,8 @@ import pandas as pd
 from dcp_fsdp.units import MIB
 from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, KEYS, NOISE_HINT, NOISY_SPREAD,
                                         above_ceiling_note, amplification_note, broken_note,
-                                        ceiling_lines, efficiency, efficiency_per_operation,
+                                        ceiling_lines, complete_sum, efficiency,
+                                        efficiency_per_operation,
                                         egress_mib, headroom_lines, max_or_nan, noise_note,
                                         one_run_if_unnamed, operations, pooled, read_amplification)
 from dcp_fsdp.analysis.columns import cell
@@ -76,12 +77,6 @@ def samples_frame(samples: Iterable[dict[str, Any]]) -> pd.DataFrame:
     return frame
 
 
-def _complete_sum(series: pd.Series) -> float:
-    """Sum over ranks, NaN unless every rank has the figure (a partial sum would mislead)."""
-    series = pd.to_numeric(series, errors="coerce")
-    return float(series.sum()) if len(series) and series.notna().all() else math.nan
-
-
 def _complete_max(series: pd.Series) -> float:
     series = pd.to_numeric(series, errors="coerce")
     return float(series.max()) if len(series) and series.notna().all() else math.nan
@@ -112,10 +107,10 @@ def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
         blocked_end=("_blocked_end", _complete_max),
         persisted_end=("_persisted_end", _complete_max),
         stall_end=("_stall_end", _complete_max),
-        fetched_bytes=("fetched_bytes", _complete_sum),
+        fetched_bytes=("fetched_bytes", complete_sum),
         peak_rss_bytes=("peak_rss_bytes", max_or_nan),
         cuda_max_allocated_bytes=("cuda_max_allocated_bytes", max_or_nan),
-        **{column: (column, _complete_sum) for column in REQUEST_COLUMNS},
+        **{column: (column, complete_sum) for column in REQUEST_COLUMNS},
     )  # with span_s, aggregate and slowest-rank MiB/s (telemetry/figures.py)
     frame["blocked_span_s"] = frame.pop("blocked_end") - frame["first_begin_wall_s"]
     frame["persisted_span_s"] = frame.pop("persisted_end") - frame["first_begin_wall_s"]
@@ -229,9 +224,9 @@ def _operation_row(ops: pd.DataFrame, index: Hashable, row: pd.Series) -> list[A
 
 
 def _group_broken_note(group: pd.DataFrame) -> str:
-    return broken_note(_complete_sum(group["req_broken"]),
-                       _complete_sum(group["req_broken_max_bytes"]),
-                       _complete_sum(group["fetched_bytes"]), float(group["bytes"].sum()))
+    return broken_note(complete_sum(group["req_broken"]),
+                       complete_sum(group["req_broken_max_bytes"]),
+                       complete_sum(group["fetched_bytes"]), float(group["bytes"].sum()))
 
 
 def _pooled_row(frame: pd.DataFrame, ops: pd.DataFrame, op: str,
@@ -251,7 +246,7 @@ def _pooled_row(frame: pd.DataFrame, ops: pd.DataFrame, op: str,
         f"{op} (all)", f"{len(group)}", "", figures, egress_mib(group), pooled_efficiency,
         (durations.min(), durations.median(), durations.max()),
         (rates.min(), rates.median(), rates.max()),
-        _request_cells(_complete_sum(group["req_count"]), figures["span_s"],
-                       _complete_sum(group["req_failed"]), _complete_sum(group["req_throttled"]),
+        _request_cells(complete_sum(group["req_count"]), figures["span_s"],
+                       complete_sum(group["req_failed"]), complete_sum(group["req_throttled"]),
                        latency_by_type(op_samples["requests"])), note), noisy
 

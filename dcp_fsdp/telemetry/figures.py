@@ -1,50 +1,11 @@
 """The headline figures, one definition each: the end-of-run table, `report`, `tune`,
-efficiency and the benchmarks all compute them here (docs: "Metrics").
+efficiency and the benchmarks all compute them here (docs/metrics.md "Headline figures").
 
-MiB = 2**20 bytes. One *operation* = one op (save, load, raw_put, raw_get) of one
-iteration of one run, over all its ranks:
-  span_s              = max(end_wall_s) - min(begin_wall_s)
-  aggregate_mib_s     = sum(bytes) / MiB / span_s
-  slowest_rank_s      = max(duration_s)
-  slowest_rank_mib_s  = sum(bytes) / MiB / slowest_rank_s  (the checkpoint over the slowest
-                        rank's own time, what MLPerf Storage's rules describe; >= aggregate,
-                        which also counts start skew)
-MLPerf Storage v3.0's published figure (protocol=mlperf; docs/mlperf.md), GiB = 2**30: what
-its DLIO code computes, on rank 0 alone, rather than what its rules describe:
-  mlperf_gib_s        = the mean over one op's operations of sum(bytes) / GiB / rank 0's
-                        duration_s (>= slowest_rank_mib_s / 1024 when rank 0 is not the
-                        slowest, and a mean of rates, so a slow operation weighs no more)
-Several operations (a report group, an end-of-run "(all)" row, a tune trial) are *pooled*:
-every byte over every second, so a slow iteration weighs by its length (a median of
-per-iteration rates would hide it). A second counts once: operations of one run that
-overlap (async saves with a cadence: save N persists after save N+1 began) share it:
-  pooled span_s       = the length of the union of the operations' [first begin, last end]
-                        per run, summed over runs (= sum(span_s) when none overlap)
-  overlap_s           = sum(span_s) - pooled span_s (the seconds counted twice)
-  aggregate_mib_s     = sum(bytes) / MiB / pooled span_s
-  slowest_rank_mib_s  = sum(bytes) / MiB / (sum(slowest_rank_s) - overlap_s)
-  spread              = (max - min) / median of the operations' own aggregate_mib_s
-                        (2 or more operations; above NOISY_SPREAD the group is marked noisy)
-  ceiling_mib_s       = the median aggregate_mib_s of a run's rounds of one ceiling
-                        (raw_put, raw_get; and raw_put_tensors, raw_get_tensors, mem_save,
-                        mem_load: `CEILINGS`), always shown with the rounds' min-max
-  efficiency          = aggregate_mib_s / its run's ceiling_mib_s (raw_put for save,
-                        raw_get for load); pooled: sum(bytes / ceiling) / MiB / pooled span
-                        (the seconds the bytes would take at their runs' ceilings over the
-                        seconds they took). A ratio everywhere (1.0 = the ceiling); above 1,
-                        DCP beat every raw round (see `above_ceiling_note`).
-  read_amplification  = sum(fetched_bytes) / sum(bytes) (loads; shown when above
-                        1 + AMPLIFICATION_SHOWN)
-  egress_mib          = sum(fetched_bytes) / MiB (loads): the bytes the load's ranks fetched
-                        from storage, e.g. replicas x the checkpoint when every replica
-                        reads (model.replicas); empty unless every rank knows its own.
-                        Pooled: the sum over the operations. With S3 request statistics,
-                        fetched_bytes is what came down the wire: the bodies of the GETs
-                        that came whole (.metadata included; a part re-sent after a break
-                        counts again); a GET that broke mid-body sent part of its range, how
-                        much the client does not say, so at most req_broken_max_bytes more
-                        came down (`broken_note`). Without them: bytes read through the
-                        reader's streams.
+MiB = 2**20 bytes. One *operation* = one op of one iteration of one run, over all its ranks:
+span_s = max(end_wall_s) - min(begin_wall_s); aggregate_mib_s = sum(bytes) / MiB / span_s;
+slowest_rank_mib_s = sum(bytes) / MiB / max(duration_s). Several operations are *pooled*:
+every byte over every second, a second shared by two operations of one run counted once
+(the union of their spans per run, summed over runs).
 """
 
 from __future__ import annotations
@@ -73,8 +34,10 @@ NOISE_HINT = ("more iterations, a delay_s between operations, or a quieter machi
 KEYS = ["run_id", "op", "iteration"]
 
 
-def _rows(samples: Iterable[Any]) -> list[dict[str, Any]]:
-    return [s.model_dump() if isinstance(s, BaseModel) else dict(s) for s in samples]
+def _frame(samples: Any) -> pd.DataFrame:
+    """Samples (dicts, telemetry Sample records or a frame) as a frame."""
+    return samples if isinstance(samples, pd.DataFrame) else pd.DataFrame(
+        [s.model_dump() if isinstance(s, BaseModel) else dict(s) for s in samples])
 
 
 def rate_mib_s(nbytes: Any, seconds: Any) -> Any:
@@ -82,15 +45,6 @@ def rate_mib_s(nbytes: Any, seconds: Any) -> Any:
     if isinstance(seconds, pd.Series):
         return nbytes / MIB / seconds.where(seconds > 0)
     return nbytes / MIB / seconds if seconds and seconds > 0 else math.nan
-
-
-def add_operation_figures(ops: pd.DataFrame) -> pd.DataFrame:
-    """Per-operation figures from its totals (bytes, first_begin_wall_s, last_end_wall_s,
-    rank_s_max): span_s, aggregate_mib_s, slowest_rank_s, slowest_rank_mib_s."""
-    span_s = ops["last_end_wall_s"] - ops["first_begin_wall_s"]
-    return ops.assign(span_s=span_s, aggregate_mib_s=rate_mib_s(ops["bytes"], span_s),
-                      slowest_rank_s=ops["rank_s_max"],
-                      slowest_rank_mib_s=rate_mib_s(ops["bytes"], ops["rank_s_max"]))
 
 
 def one_run_if_unnamed(frame: pd.DataFrame) -> pd.DataFrame:
@@ -101,11 +55,9 @@ def one_run_if_unnamed(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def operations(samples: Iterable[Any] | pd.DataFrame, **more: Any) -> pd.DataFrame:
-    """One row per (run_id, op, iteration) with the per-operation figures (samples: dicts,
-    telemetry Sample records or a frame; a missing run_id counts as one run): the one
-    aggregation of ranks' samples into operations. `more`: further named aggregations
-    (pandas' `column=(sample column, function)`), e.g. the report's (analysis/metrics.py)."""
-    frame = samples if isinstance(samples, pd.DataFrame) else pd.DataFrame(_rows(samples))
+    """One row per (run_id, op, iteration) with the per-operation figures: the one aggregation
+    of ranks' samples into operations. `more`: further pandas named aggregations."""
+    frame = _frame(samples)
     if frame.empty:
         return pd.DataFrame(columns=[*KEYS, "bytes", "span_s", "aggregate_mib_s", *more])
     frame = one_run_if_unnamed(frame)
@@ -113,13 +65,16 @@ def operations(samples: Iterable[Any] | pd.DataFrame, **more: Any) -> pd.DataFra
         bytes=("bytes", "sum"), first_begin_wall_s=("begin_wall_s", "min"),
         last_end_wall_s=("end_wall_s", "max"), rank_s_max=("duration_s", "max"), **more,
     ).reset_index()
-    return add_operation_figures(ops)
+    span_s = ops["last_end_wall_s"] - ops["first_begin_wall_s"]
+    return ops.assign(span_s=span_s, aggregate_mib_s=rate_mib_s(ops["bytes"], span_s),
+                      slowest_rank_s=ops["rank_s_max"],
+                      slowest_rank_mib_s=rate_mib_s(ops["bytes"], ops["rank_s_max"]))
 
 
 def mlperf_gib_s(samples: Iterable[Any] | pd.DataFrame, op: str) -> float:
-    """MLPerf Storage's figure for `op` (module docstring): the mean over its operations of
-    the checkpoint's GiB over rank 0's own seconds; NaN without a rank 0 sample of each."""
-    frame = samples if isinstance(samples, pd.DataFrame) else pd.DataFrame(_rows(samples))
+    """MLPerf Storage's figure for `op` (docs/mlperf.md): the mean over its operations of the
+    checkpoint's GiB over rank 0's own seconds; NaN without a rank 0 sample of each."""
+    frame = _frame(samples)
     rows = frame[frame["op"] == op] if "op" in frame else frame.iloc[0:0]
     if rows.empty:
         return math.nan
@@ -158,6 +113,12 @@ def max_or_nan(series: pd.Series) -> float:
     return float(series.max()) if len(series) else math.nan
 
 
+def complete_sum(series: pd.Series) -> float:
+    """The sum, NaN unless every value is known (a partial sum would mislead)."""
+    series = pd.to_numeric(series, errors="coerce")
+    return float(series.sum()) if len(series) and series.notna().all() else math.nan
+
+
 def spread(values: Iterable[float]) -> float:
     """(max - min) / median of per-operation rates; NaN with fewer than two."""
     series = pd.Series(list(values), dtype=float).dropna()
@@ -166,14 +127,9 @@ def spread(values: Iterable[float]) -> float:
     return float((series.max() - series.min()) / series.median())
 
 
-def is_noisy(value: float) -> bool:
-    return not pd.isna(value) and value > NOISY_SPREAD
-
-
 def union_s(begins: Iterable[float], ends: Iterable[float], runs: Iterable[Any]) -> float:
-    """Seconds covered by the intervals [begin, end] of each run (their union), summed over
-    runs: time two operations of one run share counts once. Runs are apart: their clocks
-    need not be comparable (other hosts, other days)."""
+    """Seconds covered by the union of the intervals [begin, end] of each run, summed over
+    runs (their clocks need not be comparable)."""
     per_run: dict[Any, list[tuple[float, float]]] = {}
     for begin, end, run in zip(begins, ends, runs):
         if not (pd.isna(begin) or pd.isna(end)):
@@ -192,22 +148,18 @@ def union_s(begins: Iterable[float], ends: Iterable[float], runs: Iterable[Any])
     return covered
 
 
-def pooled_span_s(ops: pd.DataFrame) -> float:
-    """The pooled span of some operations: the union of their spans per run (module
-    docstring); the plain sum where the operations carry no wall-clock bounds."""
-    if "first_begin_wall_s" not in ops or "last_end_wall_s" not in ops:
-        return float(ops["span_s"].sum())
-    runs = ops["run_id"] if "run_id" in ops else pd.Series("", index=ops.index)
-    return union_s(ops["first_begin_wall_s"], ops["last_end_wall_s"], runs.fillna(""))
-
-
 def pooled(ops: pd.DataFrame) -> dict[str, float]:
-    """The pooled figures of some operations (of one op): see the module docstring."""
+    """The pooled figures of some operations (of one op); their span is the plain sum where
+    they carry no wall-clock bounds."""
     if ops.empty:
         return {"operations": 0, "bytes": math.nan, "span_s": math.nan,
                 "aggregate_mib_s": math.nan, "slowest_rank_mib_s": math.nan,
                 "spread": math.nan, "overlap_s": math.nan}
-    span_s = pooled_span_s(ops)
+    if "first_begin_wall_s" not in ops or "last_end_wall_s" not in ops:
+        span_s = float(ops["span_s"].sum())
+    else:
+        runs = ops["run_id"] if "run_id" in ops else pd.Series("", index=ops.index)
+        span_s = union_s(ops["first_begin_wall_s"], ops["last_end_wall_s"], runs.fillna(""))
     overlap_s = max(0.0, float(ops["span_s"].sum()) - span_s)
     slowest_s = (float(ops["slowest_rank_s"].sum()) - overlap_s if "slowest_rank_s" in ops
                  else math.nan)
@@ -219,9 +171,7 @@ def pooled(ops: pd.DataFrame) -> dict[str, float]:
 
 
 def ceilings(all_ops: pd.DataFrame) -> dict[tuple[Any, str], float]:
-    """(run_id, ceiling op) -> the median aggregate MiB/s of that run's rounds of it: what
-    the storage (or DCP alone) did in a typical round, shown with its spread
-    (`ceiling_lines`); neither a lucky round nor a stalled one decides it."""
+    """(run_id, ceiling op) -> the median aggregate MiB/s of that run's rounds of it."""
     raw = all_ops[all_ops["op"].isin(list(CEILING_OPS.values()) + [
         op for ops in CEILINGS.values() for op, _ in ops])]
     if raw.empty:
@@ -235,9 +185,8 @@ def ceilings(all_ops: pd.DataFrame) -> dict[tuple[Any, str], float]:
 
 
 def ceiling_lines(all_ops: pd.DataFrame) -> list[str]:
-    """Per DCP op with ceilings in its run (ceiling=true): DCP's pooled MiB/s and each
-    ceiling's median MiB/s with its rounds' spread, and DCP's efficiency against each
-    (pooled: the seconds at that ceiling over the seconds taken)."""
+    """Per DCP op with ceilings in its run: DCP's pooled MiB/s and each ceiling's median
+    MiB/s with its rounds' min-max, and DCP's efficiency against each."""
     lines = []
     for op, kinds in CEILINGS.items():
         dcp = all_ops[all_ops["op"] == op]
@@ -257,9 +206,8 @@ def ceiling_lines(all_ops: pd.DataFrame) -> list[str]:
 
 
 def headroom_lines(all_ops: pd.DataFrame, samples: pd.DataFrame) -> list[str]:
-    """ceiling=true (rank/headroom.py): the load through the tool's reader beside DCP's and
-    storage into tensors; the save's serialising share and the save with twice the files
-    per rank. Pooled aggregates of one run's operations; medians of the ceiling rounds."""
+    """ceiling=true (rank/headroom.py): the load through the tool's reader beside DCP's; the
+    save's serialising share and the save with twice the files per rank."""
     lines = []
     rate = {op: pooled(all_ops[all_ops["op"] == op])["aggregate_mib_s"]
             for op in ("load", "ra_load", "save", "tc_save")}
@@ -286,16 +234,14 @@ def headroom_lines(all_ops: pd.DataFrame, samples: pd.DataFrame) -> list[str]:
 
 def _ceiling_of(ops: pd.DataFrame, typical: dict[tuple[Any, str], float],
                 kind: str | None = None) -> pd.Series:
-    """Each operation's run ceiling of `kind` (default: its op's raw one; NaN where its run
-    has no rounds of it)."""
+    """Each operation's run ceiling of `kind` (default: its op's raw one; NaN: none)."""
     return pd.Series([typical.get((run, kind or CEILING_OPS.get(op, "")), math.nan)
                       for run, op in zip(ops["run_id"], ops["op"])], index=ops.index, dtype=float)
 
 
 def efficiency(ops: pd.DataFrame, all_ops: pd.DataFrame, kind: str | None = None) -> float:
-    """Pooled efficiency of `ops` (one op) against their runs' ceilings of `kind` (default
-    the raw one of their op) in `all_ops`: sum(bytes / ceiling) / MiB over the pooled span
-    of the operations that have one; NaN when none has."""
+    """Pooled efficiency of `ops` (one op) against their runs' ceilings of `kind` in `all_ops`:
+    sum(bytes / ceiling) / MiB over the pooled span of the operations that have one."""
     if ops.empty:
         return math.nan
     ceiling = _ceiling_of(ops, ceilings(all_ops), kind)
@@ -337,12 +283,8 @@ def read_amplification(ops: pd.DataFrame) -> float:
 
 
 def egress_mib(ops: pd.DataFrame) -> float:
-    """sum(fetched_bytes) / MiB over `ops` (per-operation rows, whose fetched_bytes is
-    already the sum over ranks, NaN where a rank did not know): NaN unless all know."""
-    if "fetched_bytes" not in ops or ops.empty:
-        return math.nan
-    fetched = pd.to_numeric(ops["fetched_bytes"], errors="coerce")
-    return float(fetched.sum()) / MIB if fetched.notna().all() else math.nan
+    """sum(fetched_bytes) / MiB over per-operation rows: NaN unless all know theirs."""
+    return complete_sum(ops["fetched_bytes"]) / MIB if "fetched_bytes" in ops else math.nan
 
 
 def amplification_note(value: float) -> str:
@@ -354,8 +296,7 @@ def amplification_note(value: float) -> str:
 
 def broken_note(broken: float, broken_max_bytes: float, fetched_bytes: float,
                 state_bytes: float) -> str:
-    """Said where GETs broke mid-body and were sent again: egress counts their whole
-    re-sent bodies, the broken ones' partial bodies only as a bound."""
+    """Said where GETs broke mid-body: what came down of them, or its bound."""
     if pd.isna(broken) or broken <= 0 or pd.isna(broken_max_bytes):
         return ""
     if broken_max_bytes <= 0:  # what came down of them is known (fsspec: aiohttp's count)
@@ -367,7 +308,7 @@ def broken_note(broken: float, broken_max_bytes: float, fetched_bytes: float,
 
 
 def noise_note(value: float) -> str:
-    return f"noisy {100 * value:.0f}%" if is_noisy(value) else ""
+    return f"noisy {100 * value:.0f}%" if not pd.isna(value) and value > NOISY_SPREAD else ""
 
 
 def summary(samples: Iterable[Any]) -> dict[str, dict[str, Any]]:
