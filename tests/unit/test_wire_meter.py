@@ -118,3 +118,42 @@ def test_a_load_that_raises_stops_its_meter():
     with wire_closed_on_error(kept):
         pass
     assert not kept.closed  # closed by the sample's build
+
+
+def test_another_processs_connection_to_the_endpoint_is_not_counted(monkeypatch):
+    """The scan's sock_diag dump lists every socket to the endpoint's port in the network
+    namespace (other ranks' too): only those whose inode is among this process's
+    descriptors count. Here the other process's socket is one whose inode /proc/self/fd is
+    made not to list."""
+    import os
+
+    from dcp_fsdp.process import wire_meter
+
+    with socket.create_server(("127.0.0.1", 0)) as listener, \
+            socket.create_connection(listener.getsockname()) as elsewhere, \
+            socket.create_connection(listener.getsockname()) as client:
+        foreign_inode = os.fstat(elsewhere.fileno()).st_ino
+        listed = wire_meter._socket_inodes
+        monkeypatch.setattr(wire_meter, "_socket_inodes", lambda: listed() - {foreign_inode})
+        meter = WireMeter(listener.getsockname()[1], (socket.AF_INET,))
+        meter.start()
+        foreign, _ = listener.accept()
+        own, _ = listener.accept()
+        with foreign, own:
+            foreign.sendall(b"f" * 500_000)
+            own.sendall(b"o" * 70_000)
+            for connection, size in ((elsewhere, 500_000), (client, 70_000)):
+                received = 0
+                while received < size:
+                    received += len(connection.recv(1 << 20))
+            assert meter.received() == 70_000
+            meter.close()
+
+
+def test_the_endpoints_families_are_its_addresses_or_both():
+    from dcp_fsdp.process.wire_meter import endpoint_families
+
+    assert endpoint_families("http://127.0.0.1:8333") == (socket.AF_INET,)
+    assert endpoint_families("http://[::1]:8333") == (socket.AF_INET6,)
+    assert endpoint_families(None) == (socket.AF_INET, socket.AF_INET6)
+    assert endpoint_families("http://no-such-host.invalid:1") == (socket.AF_INET, socket.AF_INET6)
