@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import resource
 import time
 import traceback
 from typing import TYPE_CHECKING, Any
@@ -23,6 +22,7 @@ from dcp_fsdp.process.signals import STUCK_AFTER_SIGNAL_S, InterruptGuard, PeerF
 from dcp_fsdp.config.schema import BenchmarkConfig, Command, Malloc, StorageKind
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.process import allocator, lifeline, peers
+from dcp_fsdp.rank.memory import lifetime_peak_rss_bytes
 from dcp_fsdp.telemetry import records
 from dcp_fsdp.telemetry.records import (Allocator, Gpus, InitRow, Integrity, ModelInfo, Requests,
                                         RunRecord, Sample, StorageInfo)
@@ -226,8 +226,7 @@ class RankSession:
         return list(self.loop.shared_samples) if self.loop is not None else []
 
     def gather(self, status: str) -> list[InitRow]:
-        """Every rank's init row on rank 0, when every rank got here. After a failure ranks
-        may be out of step, so rank 0 records only its own rather than risk a hang."""
+        """Every rank's init row on rank 0; after a failure only its own (no risk of a hang)."""
         if status != "ok":
             return [self.init]
         from dcp_fsdp.rank.distributed import gather_to_coordinator
@@ -291,8 +290,8 @@ class RankSession:
                                           self.rank)
             if kept:
                 self.run.request_log_dir = str(kept.parent)
-        # Peak resident memory of this rank (Linux reports KiB): what a node must hold per rank.
-        self.init.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        # what a node must hold per rank
+        self.init.peak_rss_bytes = lifetime_peak_rss_bytes()
         init_rows = self.gather(status)
         samples = self.samples()
         if status != "ok":
@@ -403,13 +402,10 @@ PEER_END_GRACE_S = 0.5
 def _after_a_peer_ended(error: BaseException, guard: InterruptGuard,
                         session: RankSession) -> RankEnding | None:
     """A rank whose own error came after a sibling on its node had already ended: a
-    consequence (gloo's "Connection closed by peer", a collective with a dead rank), not
-    the root cause. The launcher names the sibling: the agent notes a killed rank's end
-    only when it next looks, so by time alone this rank's error would seem first (a 2-core
-    VM under load recorded rank 0's lost connection for rank 1's SIGKILL). The sibling is
-    given PEER_END_GRACE_S to be seen ended: a killed process closes its sockets (which
-    raised here) a moment before it is gone. None otherwise, and for the errors every rank
-    raises together (DCP's, ours: rank 0 reports and probes those)."""
+    consequence (gloo's "Connection closed by peer"), not the root cause, though by time alone
+    it would seem first (the agent notes a killed rank's end only when it next looks). The
+    sibling gets PEER_END_GRACE_S to be seen ended: a killed process closes its sockets a
+    moment before it is gone. None otherwise, and for the errors every rank raises together."""
     from dcp_fsdp.process.failures import collective_error
 
     if (guard.signal_name is not None or collective_error(error)
@@ -432,8 +428,7 @@ def _after_a_peer_ended(error: BaseException, guard: InterruptGuard,
 def _end_stuck_rank(signal_name: str, session: RankSession | None) -> None:
     """The signal watcher's end of a rank whose main thread stayed in native code after a
     signal (an upload's close waiting on its parts, a stalled storage): the record, when
-    this rank keeps it, with the operations that finished; the outcome where the agent
-    reads it; the end, now."""
+    this rank keeps it; the outcome where the agent reads it; the end, now."""
     peer_ended = signal_name == contract.PEER_FAILED_SIGNAL_NAME
     ending = RankEnding("failed" if peer_ended else "interrupted",
                         f"{'stopped' if peer_ended else 'interrupted'} by {signal_name}; still "
@@ -455,9 +450,8 @@ def _end_stuck_rank(signal_name: str, session: RankSession | None) -> None:
         lifeline.remove_multiprocessing_tempdir()
     except BaseException:
         pass
-    # A note, not an error line: the first cause is the launcher's (or Slurm aftermath's) to
-    # name, from the error files; this rank may only be a bystander (its node's agent was
-    # killed, the launcher got Ctrl-C) and an error line here would precede the real cause.
+    # A note, not an error line: this rank may only be a bystander, and the launcher names
+    # the first cause from the error files.
     log.info(f"rank {os.environ.get('RANK', '?')}: {ending.error_line}"
              + ("" if recorded else " (without its record: another rank keeps it)"))
     write_error_file(ending)
