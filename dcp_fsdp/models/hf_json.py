@@ -1,12 +1,8 @@
-"""`model.config=PATH`: a model's shape from a local Hugging Face config.json.
+"""`model.config=PATH`: a model's shape from a local Hugging Face config.json (never a
+download), read without torch or transformers so that the light parent refuses a bad file.
 
-Read with the standard library (no torch, no transformers: the light parent refuses a bad
-file before any rank starts, and ranks build the tree in models/modules.py). Never a download:
-a hub name is not a path here. The fields read are those that shape the state transformers'
-own model class builds; a field that the shape needs and whose class default is not a model
-anybody trained (num_key_value_heads: 32 in Qwen2Config, 8 in MistralConfig) must be in the
-file. Optional fields take transformers 5.x's class defaults, which the parity test checks
-against the class itself (tests/unit/test_models.py).
+A field the shape needs whose class default is no trained model's (num_key_value_heads) must be
+in the file; optional fields take transformers 5.x's class defaults (tests/unit/test_models.py).
 """
 
 from __future__ import annotations
@@ -39,8 +35,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 HEAD_DIM_DEFAULT = {"qwen3": 128}
 # Families whose class reads attention_bias (q/k/v/o biases); Qwen2 always biases q/k/v.
 ATTENTION_BIAS_FAMILIES = ("llama", "qwen3", "qwen3_moe")
-# The rope types transformers 5.x builds (its ROPE_INIT_FUNCTIONS, and "default"): another
-# name is built by no model class (issue 49 item 2; the parity test checks the list).
+# The rope types transformers 5.x builds (its ROPE_INIT_FUNCTIONS, and "default"; a test checks).
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
 
 
@@ -135,9 +130,8 @@ def _dense_layers(fields: _Fields, layers: int) -> tuple[int, ...]:
 
 
 def _check_attention(family: str, fields: _Fields, head_dim: int) -> None:
-    """What transformers refuses of the attention's shape: LlamaConfig a width that is not a
-    multiple of the heads, every family's rotary embedding an odd head width (over 4), and its
-    attention KV heads that do not divide the heads (issue 49 item 2)."""
+    """What transformers refuses of the attention's shape: LlamaConfig a width not a multiple
+    of the heads, the rotary embedding an odd head width, KV heads that do not divide the heads."""
     hidden, heads = fields.data["hidden_size"], fields.data["num_attention_heads"]
     kv_heads = fields.data["num_key_value_heads"]
     if family == "llama" and hidden % heads:
@@ -157,8 +151,7 @@ def _check_attention(family: str, fields: _Fields, head_dim: int) -> None:
 
 
 def _check_rope(fields: _Fields) -> None:
-    """A rope_scaling (or rope_parameters) of a type transformers has no rotary embedding
-    for is built by no model class."""
+    """A rope_scaling (or rope_parameters) of a type transformers has no rotary embedding for."""
     for name in ("rope_scaling", "rope_parameters"):
         value = fields.data.get(name)
         if value is None:
@@ -212,8 +205,8 @@ def read_config_json(path: str) -> ModelShape:
 
 
 def _check_sizable(shape: ModelShape, where: str) -> None:
-    """Every tensor of the shape (in either MoE layout) is one torch can size: a vocab_size
-    of 1e18 is refused here in one line, not deep in a build or a `plan` (issue 49 item 3)."""
+    """Every tensor of the shape (in either MoE layout) is one torch can size: refused here in
+    one line, not deep in a build or a `plan`."""
     name, dims = max((tensor for layout in MOE_LAYOUTS for tensor in state_shapes(shape, layout)),
                      key=lambda tensor: math.prod(tensor[1]))
     if math.prod(dims) > MAX_TENSOR_ELEMENTS:

@@ -1,40 +1,27 @@
-"""The model shapes this benchmark checkpoints: the `llama_model_config` of the original
-awslabs DCP/FSDP benchmark (Llama 7B to 70B), the GPT-2-shaped "4B" of the training
-scripts it grew from, released models (Llama 3.1, Qwen3, Qwen3-MoE, Mixtral) as their
-published config.json files give them, MLPerf Storage's checkpointing workloads, and small
-shapes for machines and tests.
+"""The model shapes this benchmark checkpoints: the original awslabs DCP/FSDP benchmark's
+Llamas (7B to 70B), the GPT-2-shaped "4B", released models as their config.json files give
+them, MLPerf Storage's checkpointing workloads, and small shapes for machines and tests.
 
-Shapes only, no weights, no torch: `models/presets.py` names them for `model=...` (one
-`conf/model/<name>.yaml` each) and `models/hf_json.py` reads one from a config.json;
-`models/modules.py` builds one as a module tree whose state is that of the transformers model
-`hf_config`'s config makes (the tests compare the two), and `state_shapes` lists that state by
-arithmetic, so the light parent can size a run without importing torch.
+Shapes only, no torch: `state_shapes` lists a shape's state by arithmetic, so the light parent
+can size a run without importing torch (models/modules.py builds the module tree from it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal
 
-if TYPE_CHECKING:
-    from transformers import PretrainedConfig
-
-# What every Llama preset of the original benchmark shares (untied embeddings, no KV cache:
-# see hf_config).
+# What every Llama preset of the original benchmark shares (untied embeddings).
 LLAMA_VOCAB_SIZE = 50432
 LLAMA_MAX_POSITIONS = 4096
 LLAMA_RMS_NORM_EPS = 1e-5
-LLAMA_COMMON = dict(vocab_size=LLAMA_VOCAB_SIZE, max_position_embeddings=LLAMA_MAX_POSITIONS,
-                    rms_norm_eps=LLAMA_RMS_NORM_EPS)
 
 Family = Literal["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt2"]
 # transformers' `model_type` of each family this tool builds (a config.json's "model_type").
 FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt2")
-MOE_FAMILIES = ("qwen3_moe", "mixtral")
-# model.moe_layout: "hf" is what transformers 5.x builds (MixtralExperts / Qwen3MoeExperts: a
-# fused gate_up_proj [E, 2I, H] and a down_proj [E, H, I] per layer); "grouped" is
-# torchtitan's GroupedExperts (w1 [E, I, H], w2 [E, H, I], w3 [E, I, H]).
+# model.moe_layout: "hf" is what transformers 5.x builds (a fused gate_up_proj [E, 2I, H] and a
+# down_proj [E, H, I] per layer); "grouped" is torchtitan's GroupedExperts (w1, w2, w3).
 MOE_LAYOUTS = ("hf", "grouped")
 
 
@@ -142,13 +129,10 @@ RELEASED_SHAPES: dict[str, ModelShape] = {
 }
 
 
-
 def mlperf_llama3(hidden: int, ffn: int, layers: int, heads: int, kv_heads: int) -> ModelShape:
-    """MLPerf Storage v3.0's checkpointing workloads (DLIO's llama3 configs, field notes):
-    Llama 3 layers, vocabulary 128,256 untied, head_dim hidden // heads as DLIO computes it.
-    transformers' LlamaConfig refuses a width that is not a multiple of the heads (the 1t's
-    25,872 / 192); MistralConfig takes it, and its decoder holds the same tensors under the
-    same names, so such a shape is built as that family."""
+    """MLPerf Storage v3.0's checkpointing workloads (DLIO's llama3 configs): head_dim hidden //
+    heads as DLIO computes it. A width that is not a multiple of the heads (the 1t's) is built
+    as mistral: LlamaConfig refuses it, and Mistral's decoder holds the same tensors."""
     family: Family = "llama" if hidden % heads == 0 else "mistral"
     return ModelShape(family, hidden, layers, heads, LLAMA3_VOCAB, 131072,
                       intermediate_size=ffn, num_kv_heads=kv_heads)
@@ -170,8 +154,7 @@ MLPERF_SHAPES: dict[str, ModelShape] = {
 Tensors = list[tuple[str, tuple[int, ...]]]
 
 
-def _linear(name: str, out_features: int, in_features: int,
-            bias: bool) -> Tensors:
+def _linear(name: str, out_features: int, in_features: int, bias: bool) -> Tensors:
     weight: Tensors = [(f"{name}.weight", (out_features, in_features))]
     return weight + [(f"{name}.bias", (out_features,))] if bias else weight
 
@@ -185,8 +168,7 @@ def _experts(prefix: str, shape: ModelShape, moe_layout: str) -> Tensors:
             (f"{prefix}.down_proj", (experts, hidden, width))]
 
 
-def _llama_layer(prefix: str, shape: ModelShape, layer: int,
-                 moe_layout: str) -> Tensors:
+def _llama_layer(prefix: str, shape: ModelShape, layer: int, moe_layout: str) -> Tensors:
     hidden, head_dim = shape.hidden_size, shape.attention_head_dim
     q_dim = shape.num_heads * head_dim
     kv_dim = (shape.num_kv_heads or shape.num_heads) * head_dim
@@ -228,9 +210,9 @@ def _gpt2_layer(prefix: str, shape: ModelShape) -> Tensors:
 
 
 def state_shapes(shape: ModelShape, moe_layout: str = "hf") -> Tensors:
-    """(name, shape) of every parameter `modules.module_tree(shape, moe_layout)` holds, in
-    named_parameters order, a tied one once: by arithmetic (no torch, no transformers), for
-    the light parent and `plan`; the tests hold it equal to the module tree."""
+    """(name, shape) of every parameter of the model's state, in transformers' named_parameters
+    order, a tied one once: by arithmetic (no torch), for the light parent, `plan` and the
+    module tree (models/modules.py)."""
     hidden, vocab = shape.hidden_size, shape.vocab_size
     if shape.family == "gpt2":
         out: Tensors = [("transformer.wte.weight", (vocab, hidden)),
@@ -249,42 +231,5 @@ def state_shapes(shape: ModelShape, moe_layout: str = "hf") -> Tensors:
 
 
 def param_count(shape: ModelShape) -> int:
-    """The parameters `hf_config(shape)` builds (the same in either MoE layout)."""
+    """The model's parameters (the same in either MoE layout)."""
     return sum(math.prod(dims) for _, dims in state_shapes(shape))
-
-
-def hf_config(shape: ModelShape) -> PretrainedConfig:
-    """The transformers config object for a shape (tests only: ranks never import
-    transformers). Every field that shapes the state is given: the config classes' defaults
-    are not the released models (Qwen3Config's head_dim is 128 whatever the width)."""
-    from transformers import CONFIG_MAPPING
-
-    config_class: Any = CONFIG_MAPPING[shape.family]  # its own fields, not the base class's
-    if shape.family == "gpt2":
-        return config_class(
-            vocab_size=shape.vocab_size, n_embd=shape.hidden_size, n_layer=shape.num_layers,
-            n_head=shape.num_heads, n_positions=shape.max_positions,
-            n_inner=shape.intermediate_size, tie_word_embeddings=shape.tie_embeddings,
-            use_cache=False,
-            # GPT-2's special token id is 50256; keep it inside a smaller test vocabulary.
-            bos_token_id=min(50256, shape.vocab_size - 1),
-            eos_token_id=min(50256, shape.vocab_size - 1))
-    fields: dict[str, Any] = dict(
-        vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size or 4 * shape.hidden_size,
-        num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
-        num_key_value_heads=shape.num_kv_heads or shape.num_heads,
-        head_dim=shape.attention_head_dim, max_position_embeddings=shape.max_positions,
-        rms_norm_eps=shape.rms_norm_eps, use_cache=False,
-        tie_word_embeddings=shape.tie_embeddings)
-    if shape.family in ("llama", "qwen3", "qwen3_moe"):
-        fields["attention_bias"] = shape.o_bias
-    if shape.family == "llama":
-        fields["mlp_bias"] = shape.mlp_bias
-    if shape.family == "qwen3_moe":
-        fields.update(num_experts=shape.num_experts,
-                      moe_intermediate_size=shape.expert_intermediate,
-                      mlp_only_layers=list(shape.dense_layers), decoder_sparse_step=1)
-    if shape.family == "mixtral":
-        fields["num_local_experts"] = shape.num_experts
-    return config_class(**fields)

@@ -1,9 +1,5 @@
-"""Model presets: the names `model=...` accepts, each a shape from `llama_model_config`, and
-the one place a run's settings become its shape (a preset, or `model.config=PATH`).
-
-One preset per `conf/model/<name>.yaml`; the shapes (and the transformers config built
-from one, `hf_config`) live in `dcp_fsdp/models/llama_model_config.py`. No torch here: the
-launcher checks the model with it before any rank starts.
+"""Model presets (one per `conf/model/<name>.yaml`) and the one place a run's settings become
+its shape (a preset, or `model.config=PATH`). No torch: the launcher checks the model with it.
 """
 
 from __future__ import annotations
@@ -11,12 +7,8 @@ from __future__ import annotations
 from dcp_fsdp.config.schema import ModelConfig, MoeLayout
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.models.hf_json import read_config_json
-from dcp_fsdp.models.llama_model_config import (GPT_SHAPES, LLAMA_COMMON, LLAMA_SHAPES,
-                                                MLPERF_SHAPES, RELEASED_SHAPES, ModelShape,
-                                                hf_config)
-
-__all__ = ["LLAMA_COMMON", "PRESETS", "ModelShape", "hf_config", "model_setting", "model_shape",
-           "tied_extra_bytes", "tied_words"]
+from dcp_fsdp.models.llama_model_config import (GPT_SHAPES, LLAMA_SHAPES, MLPERF_SHAPES,
+                                                RELEASED_SHAPES, ModelShape)
 
 PRESETS: dict[str, ModelShape] = {**LLAMA_SHAPES, **GPT_SHAPES, **RELEASED_SHAPES, **MLPERF_SHAPES}
 
@@ -39,10 +31,9 @@ def model_shape(model: ModelConfig) -> ModelShape:
 
 
 def shape_digest(model: ModelConfig) -> str:
-    """The model's tensors (each name and shape, in the hf layout) as 16 hex digits: what a
-    checkpoint's manifest records as `model.shape`, so that a load identifies a model.config
-    model by the file's content, not its path (issue 49 item 1): an identical copy, or the
-    same file by another path, is the same model; the file edited is another."""
+    """The model's tensors (each name and shape, in the hf layout) as 16 hex digits: the
+    manifest's `model.shape`, so that a load identifies a model.config model by the file's
+    content, not its path."""
     import hashlib
     import json
 
@@ -57,21 +48,19 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 
 def tied_extra_bytes(shape: ModelShape, dtype: str) -> int:
     """What a save writes beyond parameters x dtype: with tied embeddings the state dict holds
-    the one tensor under two keys (`lm_head.weight` and the embedding's), and DCP writes each
-    (Qwen2.5-0.5B in bf16: 1,202 MiB, where its parameters make 942). AdamW's state is per
-    parameter, so once."""
+    the one tensor under two keys, and DCP writes each (AdamW's state is per parameter: once)."""
     return shape.vocab_size * shape.hidden_size * DTYPE_BYTES[dtype] if shape.tie_embeddings else 0
 
 
 def tied_words(shape: ModelShape, dtype: str) -> str:
-    """'; tied embeddings: saved twice, +N MiB' beside a size, or '' (issue 49)."""
+    """'; tied embeddings: saved twice, +N MiB' beside a size, or ''."""
     extra = tied_extra_bytes(shape, dtype)
     return f"; tied embeddings: saved twice, +{extra / 2**20:,.1f} MiB" if extra else ""
 
 
 def model_setting(key: str, value: object) -> str:
-    """`key=value` as a user types it for a manifest's entry: its model `config:PATH` (what
-    ModelConfig.name calls a config.json model) is the setting model.config=PATH."""
+    """`key=value` as a user types it for a manifest's entry (model `config:PATH` is the
+    setting model.config=PATH)."""
     if key == "model" and isinstance(value, str) and value.startswith("config:"):
         return f"model.config={value.removeprefix('config:')}"
     return f"{key}={value}"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dcp_fsdp.models.llama_model_config import ModelShape, param_count, state_shapes
-from dcp_fsdp.models.presets import PRESETS, hf_config
+from dcp_fsdp.models.presets import PRESETS
 
 HF_CONFIGS = Path(__file__).resolve().parents[1] / "data" / "hf_configs"
 CONFIG_FILES = sorted(path.name for path in HF_CONFIGS.glob("*.json"))
@@ -47,6 +47,43 @@ def dlio_parameters(hidden: int, layers: int, heads: int, kv_heads: int, ffn: in
     kv_dim = hidden // heads * kv_heads
     per_layer = 2 * hidden + hidden * (hidden + 2 * kv_dim) + hidden * hidden + 3 * ffn * hidden
     return 2 * 128256 * hidden + layers * per_layer + hidden
+
+
+def hf_config(shape: ModelShape):
+    """The transformers config object for a shape (ranks never import transformers). Every
+    field that shapes the state is given: the config classes' defaults are not the released
+    models (Qwen3Config's head_dim is 128 whatever the width)."""
+    from transformers import CONFIG_MAPPING
+
+    config_class = CONFIG_MAPPING[shape.family]  # its own fields, not the base class's
+    if shape.family == "gpt2":
+        return config_class(
+            vocab_size=shape.vocab_size, n_embd=shape.hidden_size, n_layer=shape.num_layers,
+            n_head=shape.num_heads, n_positions=shape.max_positions,
+            n_inner=shape.intermediate_size, tie_word_embeddings=shape.tie_embeddings,
+            use_cache=False,
+            # GPT-2's special token id is 50256; keep it inside a smaller test vocabulary.
+            bos_token_id=min(50256, shape.vocab_size - 1),
+            eos_token_id=min(50256, shape.vocab_size - 1))
+    fields = dict(
+        vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size or 4 * shape.hidden_size,
+        num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads or shape.num_heads,
+        head_dim=shape.attention_head_dim, max_position_embeddings=shape.max_positions,
+        rms_norm_eps=shape.rms_norm_eps, use_cache=False,
+        tie_word_embeddings=shape.tie_embeddings)
+    if shape.family in ("llama", "qwen3", "qwen3_moe"):
+        fields["attention_bias"] = shape.o_bias
+    if shape.family == "llama":
+        fields["mlp_bias"] = shape.mlp_bias
+    if shape.family == "qwen3_moe":
+        fields.update(num_experts=shape.num_experts,
+                      moe_intermediate_size=shape.expert_intermediate,
+                      mlp_only_layers=list(shape.dense_layers), decoder_sparse_step=1)
+    if shape.family == "mixtral":
+        fields["num_local_experts"] = shape.num_experts
+    return config_class(**fields)
 
 
 def transformers_model(config):
