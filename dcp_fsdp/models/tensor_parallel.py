@@ -1,16 +1,12 @@
 """Tensor parallel with FSDP (`model.tp=N`): which layouts the tool builds, checked before any
 rank starts, and the per-layer plan models/build.py applies.
 
-As torchtitan's Llama plan does: in every decoder layer q/k/v and gate/up are split
-column-wise (dim 0 of their weight, over N ranks) and o_proj and down_proj row-wise (dim 1),
-so each TP rank holds heads / N attention heads and intermediate / N of the MLP; norms,
-embeddings and the head are not split by TP (torchtitan's vocabulary-parallel embedding and
-sequence-parallel norms change no tensor's values, only which ranks hold them, and are left
-out: one layout per setting). FSDP then shards every parameter over the other dimension of
-the mesh: (dp, tp) = (world / N, N), or with model.replicas R (replicate, shard, tp).
-
-No torch here: the launcher and `plan` check a layout without importing it (the plan applied
-imports torch's tensor parallel API inside `tp_plan`).
+As torchtitan's Llama plan: in every decoder layer q/k/v and gate/up are split column-wise
+(dim 0) and o_proj and down_proj row-wise (dim 1); norms, embeddings and the head stay whole
+(torchtitan's vocabulary-parallel embedding and sequence-parallel norms change only which ranks
+hold them: one layout per setting). FSDP then shards every parameter over the mesh's other
+dimension: (dp, tp), or with model.replicas (replicate, shard, tp). No torch imported here but
+in `tp_plan`: the launcher and `plan` check a layout without it.
 """
 
 from __future__ import annotations
@@ -60,9 +56,8 @@ def _split_counts(shape: ModelShape) -> list[tuple[str, int | None]]:
 
 def _tp_choices(counts: list[tuple[str, int | None]], replicas: int, world_size: int,
                 name: str) -> str:
-    """The model.tp values that pass every check at this world size: each one a hint names
-    is accepted when given (a value that splits the heads but not the KV heads, or not the
-    world, would be refused in turn; issue 49)."""
+    """The model.tp values that pass every check at this world size (a hint names only
+    values that are then accepted)."""
     fits = [n for n in range(2, world_size // replicas + 1)
             if world_size % (n * replicas) == 0
             and all(not count or count % n == 0 for _, count in counts)]
@@ -73,8 +68,8 @@ def _tp_choices(counts: list[tuple[str, int | None]], replicas: int, world_size:
 
 
 def _dense_width(shape: ModelShape) -> int | None:
-    """The MLP width TP splits: every dense layer's (an MoE layer's experts are left to FSDP:
-    torchtitan splits experts by expert parallel, not modelled here)."""
+    """The MLP width TP splits: every dense layer's (experts are left to FSDP: torchtitan
+    splits them by expert parallel, not modelled here)."""
     dense = [layer for layer in range(shape.num_layers) if not shape.sparse(layer)]
     return shape.intermediate_size if dense else None
 
@@ -112,22 +107,6 @@ def tp_split_dim(key: str) -> int | None:
     return None
 
 
-def tp_memory_factor(shape: ModelShape, tp: int) -> float:
-    """How many times (parameters / world) a rank holds at model.tp=`tp`: the TP-split
-    tensors once, the rest (embeddings, head, norms: whole over the TP ranks) tp times. 1.0
-    without TP; for the launcher's memory check (its state is in proportion to the weights)."""
-    if tp <= 1:
-        return 1.0
-    split = whole = 0
-    for name, dims in state_shapes(shape):
-        count = math.prod(dims)
-        if tp_split_dim(f".{name}") is None:
-            whole += count
-        else:
-            split += count
-    return (split + tp * whole) / (split + whole)
-
-
 def shard_rows(rows: int, shards: int, index: int) -> tuple[int, int]:
     """(first row, row count) of shard `index` of `shards` along dim 0, as torch's Shard(0)
     splits a DTensor (torch.chunk: ceil(rows / shards) per shard; empty shards start at
@@ -158,20 +137,25 @@ def shard_block(shape: tuple[int, ...], shards: int, shard: int, tp_dim: int | N
     return tuple(offsets), tuple(sizes)
 
 
+def block_totals(tensors: list[tuple[tuple[int, ...], int | None, int]], tp: int, replicas: int,
+                 world_size: int) -> list[int]:
+    """Per rank (rank order), the sum over (shape, TP dim, weight) tensors of weight x the
+    elements of the rank's block (shard_block; a 0-dim tensor whole). TP splits evenly
+    (check_tp): a block's size depends on its dp shard only."""
+    shards = world_size // (replicas * tp)
+    per_shard = [sum(weight * math.prod(shard_block(dims, shards, shard, dim, tp, 0)[1] if dims else ())
+                     for dims, dim, weight in tensors) for shard in range(shards)]
+    return [per_shard[(rank // tp) % shards] for rank in range(world_size)]
+
+
 def rank_holdings(shape: ModelShape, tp: int, replicas: int, world_size: int,
                   moe_layout: str = "hf") -> list[int]:
-    """The parameters (elements) each rank of the world holds under FSDP2 (with model.tp: TP's
-    split inside each dp shard; with model.replicas: each replica group a copy), rank order:
-    its block of every tensor (shard_block), as the plan lays out its save. Not an average: a
-    tensor with fewer rows than shards (an MoE's experts along dim 0 when dp exceeds the
-    expert count) is held by the first shards only, each a whole expert (issue 49 item 5)."""
-    shards = world_size // (replicas * tp)
-    tensors = [(dims, tp_split_dim(f".{name}") if tp > 1 else None)
-               for name, dims in state_shapes(shape, moe_layout)]
-    # TP splits evenly (check_tp): a block's size depends on its dp shard only
-    per_shard = [sum(math.prod(shard_block(dims, shards, shard, dim, tp, 0)[1])
-                     for dims, dim in tensors) for shard in range(shards)]
-    return [per_shard[(rank // tp) % shards] for rank in range(world_size)]
+    """The parameters (elements) each rank of the world holds under FSDP2 (with model.tp:
+    TP's split inside each dp shard; with model.replicas: each replica group a copy), rank
+    order. Not an average: a tensor with fewer rows than shards (an MoE's experts when dp
+    exceeds the expert count) is held by the first shards only."""
+    return block_totals([(dims, tp_split_dim(f".{name}") if tp > 1 else None, 1)
+                         for name, dims in state_shapes(shape, moe_layout)], tp, replicas, world_size)
 
 
 def experts_over_shards(shape: ModelShape, tp: int, replicas: int, world_size: int) -> str | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ from torch.distributed.checkpoint.planner import (SavePlan, TensorWriteData, Wri
 
 from dcp_fsdp.config.schema import CheckpointState, Dtype
 from dcp_fsdp.models.llama_model_config import ModelShape
-from dcp_fsdp.models.tensor_parallel import shard_block, tp_split_dim
+from dcp_fsdp.models.tensor_parallel import block_totals, shard_block, tp_split_dim
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,15 +53,8 @@ class StateTemplate:
     @property
     def state_bytes(self) -> int:
         """The whole state's tensor bytes (each tensor once, unsharded)."""
-        return sum(_numel(e.shape) * e.dtype.itemsize for e in self.entries
+        return sum(math.prod(e.shape) * e.dtype.itemsize for e in self.entries
                    if e.shape is not None and e.dtype is not None)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
 
 
 @functools.lru_cache(maxsize=8)
@@ -151,21 +145,8 @@ def local_plan(template: StateTemplate, rank: int, world_size: int, replicas: in
 
 def held_bytes(template: StateTemplate, world_size: int, replicas: int = 1,
                tp: int = 1) -> list[int]:
-    """The state's bytes each rank holds (rank order): its block of every tensor (the block
-    local_plan writes from, before DCP's deduplication decides who writes a shared one), a
-    0-dim tensor whole. What sizes a rank's memory: the largest, not the mean (an MoE's
-    experts on the first dp shards only, issue 49 item 5)."""
-    shards = world_size // (replicas * tp)
-    tensors = [(e.shape, e.dtype.itemsize, tp_split_dim(e.fqn) if tp > 1 else None)
-               for e in template.entries if e.shape is not None and e.dtype is not None]
-    per_shard = []
-    for shard in range(shards):  # TP splits evenly: a block's size depends on its shard only
-        total = 0
-        for shape, itemsize, dim in tensors:
-            sizes = shard_block(shape, shards, shard, dim, tp, 0)[1] if shape else ()
-            count = 1
-            for size in sizes:
-                count *= size
-            total += count * itemsize
-        per_shard.append(total)
-    return [per_shard[(rank // tp) % shards] for rank in range(world_size)]
+    """The state's bytes each rank holds (rank order): its block of every tensor, before DCP's
+    deduplication decides who writes a shared one. What sizes a rank's memory: the largest."""
+    return block_totals([(e.shape, tp_split_dim(e.fqn) if tp > 1 else None, e.dtype.itemsize)
+                         for e in template.entries if e.shape is not None and e.dtype is not None],
+                        tp, replicas, world_size)
