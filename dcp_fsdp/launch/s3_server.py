@@ -1,20 +1,11 @@
-"""`dcp-fsdp s3-server start|status|env|stop`: a local S3 that outlives one run.
+"""`dcp-fsdp s3-server start|status|env|stop`: a local S3 that outlives one run
+(docs/s3-servers.md).
 
-A run with no S3 configured starts the embedded SeaweedFS and deletes it at exit, so
-its checkpoints cannot be loaded by a later run. This keeps one up instead: `start`
-runs a small daemon (this module's `serve`) that owns the server and writes its
-endpoint and keys to a state file (mode 0600: it holds the secret key); `env` prints
-them as `export` lines; `stop` ends the daemon, which stops SeaweedFS, and removes the
-state directory with the data. Everything lives in one directory,
-$XDG_RUNTIME_DIR/dcp-fsdp-s3 (else ~/.cache/dcp-fsdp-s3): SeaweedFS's local sockets and
-temporary files too (the daemon's TMPDIR points there); only its gRPC sockets go to /tmp
-(a fixed path in the binary), removed by `stop`, or after a killed daemon by the next command.
-
-One start or stop at a time: each holds an flock on `dcp-fsdp-s3.lock` beside that
-directory (not in it: stop removes the directory). A second start waits, then finds the
-server up and hands out the same endpoint and keys; a start during a stop starts a fresh
-one after it. `stop` refuses while a local dcp-fsdp run points at the server (its data
-would go from under the run) unless `--force`.
+`start` runs a small daemon (`serve`) that owns the embedded SeaweedFS and writes its endpoint
+and keys to a state file (mode 0600: it holds the secret key); `env` prints them as `export`
+lines; `stop` ends the daemon, which stops SeaweedFS, and removes the state directory with the
+data. One start or stop at a time: each holds an flock beside that directory (not in it: stop
+removes the directory).
 """
 
 from __future__ import annotations
@@ -24,6 +15,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -45,8 +37,7 @@ START_TIMEOUT_S = 90.0  # SeaweedFS answers in ~1 s idle; a loaded 2-core machin
 STOP_TIMEOUT_S = 30.0
 LOCK_WAIT_S = START_TIMEOUT_S + STOP_TIMEOUT_S + 30.0  # the longest start or stop, and some
 
-# Unix socket paths are limited to 107 bytes; SeaweedFS puts its sockets in the server's
-# directory (dcp-fsdp-s3/dcp-fsdp-s3-XXXXXXXX/filer.sock): leave room for those names.
+# Unix socket paths hold 107 bytes; leave room for the server's (dcp-fsdp-s3-XXXXXXXX/filer.sock).
 SOCKET_PATH_MAX = 107
 SOCKET_NAME_ROOM = 48
 
@@ -67,8 +58,7 @@ def state_dir() -> Path:
 
 
 def _cannot_write(path: Path, action: str, error: OSError) -> UserError:
-    """The state directory's place cannot be written (a read-only HOME, no XDG_RUNTIME_DIR):
-    one line naming where it looked and the fix, not the OSError's traceback."""
+    """The state directory's place cannot be written: one line naming where and the fix."""
     return UserError(f"s3-server {action}: cannot create {path} ({error.strerror or error}); "
                      "the server's state and data live in $XDG_RUNTIME_DIR/dcp-fsdp-s3, else "
                      "~/.cache/dcp-fsdp-s3: set XDG_RUNTIME_DIR to a short writable directory "
@@ -134,8 +124,7 @@ def runs_using(state: dict) -> list[tuple[int, str]]:
 
 
 def read_state(where: Path) -> dict | None:
-    """The running server's state, or None (a stale file, whose daemon died, is removed
-    with whatever it left)."""
+    """The running server's state, or None (a dead daemon's is removed with what it left)."""
     path = where / STATE_NAME
     try:
         state = json.loads(path.read_text())
@@ -169,8 +158,7 @@ def exports(state: dict) -> str:
 
 def _describe(state: dict) -> str:
     return (f"S3 server up at {state['endpoint_url']} (pid {state['daemon_pid']}, bucket "
-            f"{state['bucket']}, data in {state['workdir']}); stop it with "
-            "`dcp-fsdp s3-server stop`")
+            f"{state['bucket']}, data in {state['workdir']}); stop it with `dcp-fsdp s3-server stop`")
 
 
 def _print_usage_of(state: dict) -> None:
@@ -217,8 +205,6 @@ def start(where: Path, bucket: str) -> int:
 
 def _tail(path: Path) -> str:
     """The line that says why: SeaweedFS's fatal log line (F...) or panic, else the last."""
-    import re
-
     try:
         lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
@@ -272,8 +258,7 @@ def serve(where: Path, bucket: str) -> int:
     try:
         endpoint = server.start()
         process = server.process
-        if process is None:
-            raise RuntimeError("the embedded server started without a process")
+        assert process is not None
         state = {"daemon_pid": os.getpid(), "server_pid": process.pid,
                  "endpoint_url": endpoint.endpoint_url, "bucket": endpoint.bucket,
                  "access_key_id": endpoint.access_key_id,
