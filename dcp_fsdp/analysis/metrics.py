@@ -1,20 +1,10 @@
 """Per-operation rows from raw samples (pandas), and the end-of-run table.
 
-The headline figures (aggregate and slowest-rank MiB/s, efficiency, spread, read
-amplification) are defined once, in telemetry/figures.py. Here, for one operation (save or
-load) of one iteration:
+The headline figures are defined in telemetry/figures.py; here, per operation (docs/report.md):
   rank_mib_s        = bytes / MiB / duration_s, per rank
   end_skew_s        = max(end_wall_s) - min(end_wall_s)
-  requests          = S3 requests of all ranks inside their timed regions (HTTP attempts);
-                      empty when a rank's requests are unknown (null: none parsed)
-  req_per_s         = requests / span_s
-  failed, throttled, retries, misses: see dcp_fsdp.telemetry.request_log
-  latency p50/p99   = per request type (merged log-bucket histograms); never pooled across
-                      types (an UploadPart and a HEAD differ by orders of magnitude)
-  blocked_span_s    = max(begin_wall_s + blocked_s) - min(begin_wall_s)    (async saves)
-  stall_span_s      = max(begin_wall_s + stall_s) - min(begin_wall_s): until every rank may
-                      update weights again (sync: the save; async: call + staging)
-  persisted_span_s  = max(begin_wall_s + persisted_s) - min(begin_wall_s)
+  requests          = S3 requests of all ranks in their timed regions; empty unless all known
+  X_span_s          = max(begin_wall_s + X_s) - min(begin_wall_s), X blocked, stall, persisted
 """
 
 from __future__ import annotations
@@ -70,10 +60,8 @@ def samples_frame(samples: Iterable[dict[str, Any]]) -> pd.DataFrame:
         if column not in frame:
             frame[column] = None
     frame["rank_mib_s"] = frame["bytes"] / MIB / frame["duration_s"]
-    requests = frame["requests"] if "requests" in frame else pd.Series([None] * len(frame),
-                                                                      index=frame.index)
     for column, key in REQUEST_COLUMNS.items():
-        frame[column] = [_request_value(r, key) for r in requests]
+        frame[column] = [_request_value(r, key) for r in frame["requests"]]
     return frame
 
 
@@ -83,10 +71,8 @@ def _complete_max(series: pd.Series) -> float:
 
 
 def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, op, iteration): totals over ranks and the spread across them."""
-    for column in (*REQUEST_COLUMNS, *OPTIONAL_COLUMNS):
-        if column not in samples:
-            samples = samples.assign(**{column: math.nan})
+    """One row per (run, op, iteration) of a samples_frame: totals over ranks and the spread
+    across them."""
     samples = one_run_if_unnamed(samples)  # as operations() counts them
     begin = samples["begin_wall_s"].astype(float)
     samples = samples.assign(
@@ -161,11 +147,8 @@ _RUN_HEADERS = ["op", "iter", "suffix", "MiB", "egress MiB", "span s", "aggregat
 def run_figures(samples: Iterable[dict[str, Any]]
                 ) -> tuple[list[str], list[list[Any]], list[str]]:
     """The end-of-run table: one row per op and iteration, then a pooled "(all)" row per op
-    with two or more iterations (the same figures as `report`: telemetry/figures.py); and the
-    lines to print under it. Columns empty in every row are left out: efficiency without a
-    save or load whose run has raw rows of its op (its ceiling), requests without
-    request statistics, egress without a load, note when no row has one (read
-    amplification, spread)."""
+    with two or more iterations (the same figures as `report`); and the lines to print under
+    it."""
     frame = samples_frame(samples)
     if frame.empty:
         return list(_RUN_HEADERS), [], []
@@ -209,6 +192,14 @@ def _row_cells(op: str, iteration: int | str, suffix: str, figures: pd.Series | 
             *requests, note]
 
 
+def _note(ops: pd.DataFrame, eff: float, spread: str = "") -> str:
+    """The note cell of a row of `ops`: read amplification, spread, broken GETs, above the ceiling."""
+    broken = broken_note(complete_sum(ops["req_broken"]), complete_sum(ops["req_broken_max_bytes"]),
+                         complete_sum(ops["fetched_bytes"]), float(ops["bytes"].sum()))
+    return ", ".join(n for n in (amplification_note(read_amplification(ops)), spread, broken,
+                                 above_ceiling_note(eff)) if n)
+
+
 def _operation_row(ops: pd.DataFrame, index: Hashable, row: pd.Series) -> list[Any]:
     return _row_cells(
         row["op"], row["iteration"], row["suffix"], row, egress_mib(ops.loc[[index]]),
@@ -217,16 +208,7 @@ def _operation_row(ops: pd.DataFrame, index: Hashable, row: pd.Series) -> list[A
         (row["rank_mib_s_min"], row["rank_mib_s_median"], row["rank_mib_s_max"]),
         _request_cells(row["req_count"], row["span_s"], row["req_failed"],
                        row["req_throttled"], row["latency_by_type"]),
-        ", ".join(n for n in (amplification_note(read_amplification(ops.loc[[index]])),
-                              broken_note(row["req_broken"], row["req_broken_max_bytes"],
-                                          row["fetched_bytes"], row["bytes"]),
-                              above_ceiling_note(row["efficiency"])) if n))
-
-
-def _group_broken_note(group: pd.DataFrame) -> str:
-    return broken_note(complete_sum(group["req_broken"]),
-                       complete_sum(group["req_broken_max_bytes"]),
-                       complete_sum(group["fetched_bytes"]), float(group["bytes"].sum()))
+        _note(ops.loc[[index]], row["efficiency"]))
 
 
 def _pooled_row(frame: pd.DataFrame, ops: pd.DataFrame, op: str,
@@ -238,9 +220,6 @@ def _pooled_row(frame: pd.DataFrame, ops: pd.DataFrame, op: str,
     spread = ("" if pd.isna(figures["spread"]) else
               f"spread {100 * figures['spread']:.0f} %" + (" NOISY" if noisy else ""))
     pooled_efficiency = efficiency(group, ops)
-    note = ", ".join(n for n in (amplification_note(read_amplification(group)), spread,
-                                 _group_broken_note(group),
-                                 above_ceiling_note(pooled_efficiency)) if n)
     durations, rates = op_samples["duration_s"], op_samples["rank_mib_s"]
     return _row_cells(
         f"{op} (all)", f"{len(group)}", "", figures, egress_mib(group), pooled_efficiency,
@@ -248,5 +227,5 @@ def _pooled_row(frame: pd.DataFrame, ops: pd.DataFrame, op: str,
         (rates.min(), rates.median(), rates.max()),
         _request_cells(complete_sum(group["req_count"]), figures["span_s"],
                        complete_sum(group["req_failed"]), complete_sum(group["req_throttled"]),
-                       latency_by_type(op_samples["requests"])), note), noisy
+                       latency_by_type(op_samples["requests"])), _note(group, pooled_efficiency, spread)), noisy
 
