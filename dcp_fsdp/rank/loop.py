@@ -259,17 +259,9 @@ class CheckpointLoop:
         if end_mono is None:
             raise RuntimeError(f"{run.op} iteration {run.iteration}: the upload never ended")
         sample = build_sample(
-            run.op, run.iteration, run.suffix, run.timeline, run.clocks(end_mono), self.ctx.rank,
-            self.host, replica_share(held_bytes(self.state_dict, self.sharded.mesh), self.replicas,
-                                     self.replica),
-            self.replica if self.replicas > 1 else None, self.request_log, run.wire)
-        sample.peak_rss_bytes, sample.cuda_max_allocated_bytes = run.peak_rss, run.cuda_peak
-        sample.cache_policy = run.cache_policy
-        sample.minor_faults = run.minor_faults
-        sample.reader = run.reader
-        sample.msc_reads = "+".join(sorted(run.timeline.msc_reads, reverse=True)) or None
-        sample.read_ahead_peak_bytes = run.timeline.read_ahead_peak_bytes
-        sample.broadcast_s = run.broadcast_s
+            run, end_mono, self.ctx.rank, self.host,
+            replica_share(held_bytes(self.state_dict, self.sharded.mesh), self.replicas, self.replica),
+            self.replica if self.replicas > 1 else None, self.request_log)
         if run.op == "save":
             fill_save_figures(sample, self.cfg.save_mode.value, timing,
                               run.pickled and not daemon_reported)

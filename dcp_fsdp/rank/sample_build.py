@@ -24,19 +24,6 @@ from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.telemetry.records import Sample
 
 
-@dataclasses.dataclass(frozen=True)
-class OpClocks:
-    """The operation's clock reads (monotonic and wall, seconds)."""
-
-    barrier_start: float  # monotonic, entering the aligning barrier
-    begin_mono: float  # the barrier's release
-    begin_wall: float
-    end_mono: float
-    end_wall: float
-    # where its requests begin: after the previous upload's end when a cadence overlaps them
-    window_wall: float | None = None
-
-
 @dataclasses.dataclass
 class RegionClocks:
     """The clock reads of one timed region (monotonic and wall, seconds)."""
@@ -87,15 +74,6 @@ class OpInProgress:
     reader: str | None = None  # a load through the tool's reader: "read_ahead=N"
     wire: Any = None  # a load's process/wire_meter.WireMeter (S3 with request statistics)
 
-    def clocks(self, end_mono: float) -> OpClocks:
-        # A cadence overlaps saves: this one's requests start after the previous upload's.
-        region = self.region
-        window_wall = region.begin_wall
-        if self.timing is not None and self.timing.previous_end_mono is not None:
-            window_wall += max(0.0, self.timing.previous_end_mono - region.begin_mono)
-        return OpClocks(region.barrier_start, region.begin_mono, region.begin_wall, end_mono,
-                        region.begin_wall + (end_mono - region.begin_mono), window_wall)
-
 
 def io_split(timeline: HookTimeline, op: str) -> tuple[float | None, tuple[float, float] | None]:
     """(io_s, (inside the client's storage calls, the rest) or None)."""
@@ -108,40 +86,44 @@ def io_split(timeline: HookTimeline, op: str) -> tuple[float | None, tuple[float
     return io_s, (busy_s, io_s - busy_s)
 
 
-def build_sample(op: str, iteration: int, suffix: str, timeline: HookTimeline,
-                 clocks: OpClocks, rank: int, host: str, state_bytes: int,
-                 replica: int | None, request_log: Any, wire: Any = None) -> Sample:
+def build_sample(run: OpInProgress, end_mono: float, rank: int, host: str, state_bytes: int,
+                 replica: int | None, request_log: Any) -> Sample:
     """`state_bytes`: checkpoint bytes, what this rank's shards hold (every throughput
     divides these; with replicas, its replica's share); written_bytes / fetched_bytes: what
-    it moved to / from storage (tensor data as stored; fetched > bytes is read
-    amplification). A load with S3 request statistics fetched what came down the wire: its
-    window's whole GET bodies (`summaries.summarize`'s bytes_down: re-sent parts count
-    again); without them, the bytes read through the reader's streams. `wire`: the load's
-    wire meter, whose count replaces the GET bodies' where it is exact (`_fetched_bytes`)."""
+    it moved to / from storage (fetched > bytes is read amplification: `_fetched_bytes`)."""
+    op, timeline, region = run.op, run.timeline, run.region
+    end_wall = region.begin_wall + (end_mono - region.begin_mono)
+    # A cadence overlaps saves: this one's requests start after the previous upload's end.
+    window_wall = region.begin_wall
+    if run.timing is not None and run.timing.previous_end_mono is not None:
+        window_wall += max(0.0, run.timing.previous_end_mono - region.begin_mono)
     io_span = timeline.spans.get("write_data" if op == "save" else "read_data")
     io_s, split_s = io_split(timeline, op)
     requests = None
     if request_log is not None:
-        requests = request_log.window(
-            clocks.begin_wall if clocks.window_wall is None else clocks.window_wall,
-            clocks.end_wall, timeline.uploaded_bytes if op == "save" else None,
-            moved_bytes=timeline.io_bytes)
+        requests = request_log.window(window_wall, end_wall,
+                                      timeline.uploaded_bytes if op == "save" else None,
+                                      moved_bytes=timeline.io_bytes)
     sample = Sample(
-        op=op, iteration=iteration, suffix=suffix, rank=rank, host=host,
-        begin_wall_s=clocks.begin_wall, end_wall_s=clocks.end_wall,
-        begin_mono_s=clocks.begin_mono, end_mono_s=clocks.end_mono,
-        duration_s=clocks.end_mono - clocks.begin_mono, bytes=state_bytes, replica=replica,
+        op=op, iteration=run.iteration, suffix=run.suffix, rank=rank, host=host,
+        begin_wall_s=region.begin_wall, end_wall_s=end_wall,
+        begin_mono_s=region.begin_mono, end_mono_s=end_mono,
+        duration_s=end_mono - region.begin_mono, bytes=state_bytes, replica=replica,
         written_bytes=timeline.io_bytes if op == "save" else None,
-        fetched_bytes=_fetched_bytes(timeline, requests, wire) if op == "load" else None,
-        barrier_wait_s=clocks.begin_mono - clocks.barrier_start,
-        plan_s=None if io_span is None else io_span[0] - clocks.begin_mono,
+        fetched_bytes=_fetched_bytes(timeline, requests, run.wire) if op == "load" else None,
+        barrier_wait_s=region.begin_mono - region.barrier_start,
+        plan_s=None if io_span is None else io_span[0] - region.begin_mono,
         io_s=io_s,
-        commit_s=None if io_span is None else clocks.end_mono - io_span[1],
+        commit_s=None if io_span is None else end_mono - io_span[1],
         metadata_s=timeline.duration_s("read_metadata"),
         finish_s=timeline.duration_s("finish"),
         requests=requests,
         upload_s=split_s[0] if split_s and op == "save" else None,
         stage_s=split_s[1] if split_s and op == "save" else None,
+        peak_rss_bytes=run.peak_rss, cuda_max_allocated_bytes=run.cuda_peak,
+        cache_policy=run.cache_policy, minor_faults=run.minor_faults, reader=run.reader,
+        msc_reads="+".join(sorted(timeline.msc_reads, reverse=True)) or None,
+        read_ahead_peak_bytes=timeline.read_ahead_peak_bytes, broadcast_s=run.broadcast_s,
     )
     if op == "load" and split_s is not None:
         sample.storage_s, sample.target_copy_s, sample.deserialise_s = _load_split(
@@ -189,14 +171,11 @@ def wire_closed_on_error(wire: Any) -> Iterator[None]:
 
 def _fetched_bytes(timeline: HookTimeline, requests: dict[str, Any] | None,
                    wire: Any = None) -> int:
-    """What the kernel received on the rank's sockets to the endpoint where its meter is
-    exact (closed connections counted to their last byte), HTTP heads included: a GET cut
-    mid-body counts what came down of it, which its client cannot say (the reset drops the
-    bytes it had not read), so nothing of a broken GET is left uncounted: the requests'
-    `bytes_down_broken_max` becomes 0 (their bytes_down stays the GET bodies the client
-    counted; fetched_bytes - bytes_down is what only the kernel saw, heads included). Else
-    the request log's whole GET bodies where it has them (lines all parsed), else the
-    streams': what DCP read, blind to a GET's body that broke and came again."""
+    """What the kernel received on the rank's sockets to the endpoint, HTTP heads included,
+    where its meter is exact: a GET cut mid-body then counts what came down of it, so the
+    requests' `bytes_down_broken_max` becomes 0. Else the request log's whole GET bodies (lines
+    all parsed), else the streams': what DCP read, blind to a GET's body that broke and came
+    again."""
     if wire is not None:
         received, exact = wire.received(), wire.exact
         wire.close()
@@ -206,6 +185,12 @@ def _fetched_bytes(timeline: HookTimeline, requests: dict[str, Any] | None,
     if requests and not requests.get("unparsed") and requests.get("bytes_down") is not None:
         return int(requests["bytes_down"])
     return timeline.io_bytes
+
+
+# AsyncTiming's figures a save's sample carries as they are (docs/async.md)
+ASYNC_FIGURES = ("blocked_s", "staged_s", "persisted_s", "previous_wait_s", "train_steps",
+                 "train_step_slowdown", "train_wait_s", "stall_s", "interval_s", "train_lost_s",
+                 "train_lost_share", "stager_renewed")
 
 
 def fill_save_figures(sample: Sample, save_mode: str, timing: Any, unreported: bool) -> None:
@@ -218,16 +203,8 @@ def fill_save_figures(sample: Sample, save_mode: str, timing: Any, unreported: b
         sample.blocked_s = sample.persisted_s = sample.duration_s
         sample.stall_s = sample.duration_s
         return
-    sample.blocked_s, sample.staged_s = timing.blocked_s, timing.staged_s
-    sample.persisted_s = timing.persisted_s
-    sample.previous_wait_s = timing.previous_wait_s
-    sample.train_steps = timing.train_steps
-    sample.train_step_slowdown = timing.train_step_slowdown
-    sample.train_wait_s = timing.train_wait_s
-    sample.stall_s, sample.interval_s = timing.stall_s, timing.interval_s
-    sample.train_lost_s = timing.train_lost_s
-    sample.train_lost_share = timing.train_lost_share
-    sample.stager_renewed = timing.stager_renewed
+    for name in ASYNC_FIGURES:
+        setattr(sample, name, getattr(timing, name))
     if unreported and timing.metadata is not None:
         from dcp_fsdp.rank.async_save import rank_bytes
 
