@@ -1,9 +1,5 @@
-"""Before any rank starts: the storage the run will use, checked in about a second.
-
-When no S3 is configured, the embedded SeaweedFS is started on 127.0.0.1 and the
-settings are pointed at it. The pre-flight (bucket, keys, endpoint, region, the
-checkpoint to load) runs here, in the light parent, so bad input fails before any
-rank imports torch.
+"""Before any rank starts: the storage the run will use (the embedded SeaweedFS when no S3 is
+configured), checked in the light parent, so bad input fails before any rank imports torch.
 """
 
 from __future__ import annotations
@@ -39,9 +35,8 @@ def needs_embedded_server(cfg: BenchmarkConfig) -> bool:
 
 
 def forget_aws_credentials() -> None:
-    """A job's storage reads its own credentials: boto3's default session keeps the ones it
-    resolved first, and the next job of a sweep (its own embedded server, its own keys) was
-    signed with job 1's (HTTP 403). A fresh default session resolves them again."""
+    """A fresh boto3 default session: it keeps the credentials it resolved first, and the next
+    job of a sweep (its own embedded server, its own keys) was signed with job 1's (HTTP 403)."""
     import sys
 
     if "boto3" in sys.modules:
@@ -93,9 +88,8 @@ def preflight(cfg: BenchmarkConfig, server_env: dict[str, str]) -> MetadataFacts
 
 def claim_save_suffixes(cfg: BenchmarkConfig, server_env: dict[str, str],
                         run_id: str) -> tuple[list[str], dict[str, str]]:
-    """After the pre-flight, before any rank starts: a save with `suffix=NAME` claims its
-    suffixes for run `run_id` here, so of two saves racing for one suffix the loser is
-    refused in one line before its ranks start (UserError). (The suffixes claimed, the
+    """A save with `suffix=NAME` claims its suffixes for run `run_id` before any rank starts:
+    of two saves racing for one, the loser is refused (UserError). (The suffixes claimed, the
     environment that tells rank 0 they are its run's.)"""
     if not cfg.suffix or cfg.command not in (Command.save, Command.save_and_load):
         return [], {}
@@ -106,14 +100,12 @@ def claim_save_suffixes(cfg: BenchmarkConfig, server_env: dict[str, str],
 
 
 def writes_storage(cfg: BenchmarkConfig) -> bool:
-    """Whether the run writes to storage: every command but a load, and a load with the raw
-    ceiling (its PUTs)."""
+    """Every command but a load writes to storage, and a load with the raw ceiling (its PUTs)."""
     return cfg.command != Command.load or cfg.ceiling
 
 
 def check_fs_root(path: str | None, must_exist: bool) -> None:
-    """storage.path: a directory (or, for a save, one that can be made). Never creates it:
-    a mistyped path must not appear on disk because of `list` or `load`."""
+    """storage.path: a directory (or, for a save, one that can be made). Never creates it."""
     if not path:
         raise UserError("storage=fs needs storage.path=DIR: the directory the checkpoints "
                         "are (or will be) in")
@@ -134,10 +126,9 @@ def _load_suffix(cfg: BenchmarkConfig) -> str:
 
 
 def check_compatible(store: CheckpointStore, cfg: BenchmarkConfig) -> MetadataFacts:
-    """Before any rank builds the model: DCP's .metadata passes the screen (MetadataRefused,
-    a UserError, when it may be hostile or is damaged), and the checkpoint's model, dtype
-    and state (from its manifest, else from .metadata) fit the settings. A model-only load
-    of a model-and-optimizer checkpoint is allowed, and said."""
+    """Before any rank builds the model: DCP's .metadata passes the screen (else a UserError),
+    and the checkpoint's model, dtype and state (its manifest's, else .metadata's) fit the
+    settings. A model-only load of a model-and-optimizer checkpoint is allowed, and said."""
     suffix = _load_suffix(cfg)
     # a damaged manifest is refused unless the load is not to be verified (integrity=false)
     manifest = (layout.read_manifest(store, suffix) if cfg.integrity
@@ -161,11 +152,9 @@ def check_compatible(store: CheckpointStore, cfg: BenchmarkConfig) -> MetadataFa
     saved_state = manifest.get("state") or (
         ("model_and_optimizer" if "optim" in parts else "model") if parts else None)
     saved = {"model": manifest.get("model"), "model.moe_layout": manifest.get("model.moe_layout"),
-             "model.dtype": manifest.get("model.dtype")
-             or _dtype_of(tensors), "state": saved_state}
+             "model.dtype": manifest.get("model.dtype") or _dtype_of(tensors), "state": saved_state}
     wanted = {"model": cfg.model.name, "model.moe_layout": cfg.model.moe_layout.value,
-              "model.dtype": cfg.model.dtype.value,
-              "state": cfg.state.value}
+              "model.dtype": cfg.model.dtype.value, "state": cfg.state.value}
     if not manifest:  # not saved by this tool (plain dcp.save): its tensors say what it is
         _check_model_tensors(suffix, cfg, tensors)
     # A manifest with the model's shape identifies the model by its tensors, not by its name
@@ -192,11 +181,10 @@ def check_compatible(store: CheckpointStore, cfg: BenchmarkConfig) -> MetadataFa
 
 
 def _check_same_shape(suffix: str, cfg: BenchmarkConfig, manifest: dict, tensors: dict) -> bool:
-    """Whether the model the settings describe has the tensors the checkpoint was saved from
-    (the manifest's `model.shape`, models/presets.py shape_digest): then another name or path
-    for it loads. The same name with other tensors (its config.json edited since) is refused
-    before any rank: a smaller model would load part of the checkpoint (issue 49 item 1);
-    another name is left to the settings' own comparison (`load it with model=...`)."""
+    """Whether the configured model has the tensors the checkpoint was saved from (the
+    manifest's `model.shape`): then another name or path for it loads. The same name with
+    other tensors (its config.json edited since) is refused: a smaller model would load part
+    of the checkpoint."""
     from dcp_fsdp.models.llama_model_config import param_count
     from dcp_fsdp.models.presets import model_setting, model_shape, shape_digest
 
@@ -221,10 +209,9 @@ def _check_same_shape(suffix: str, cfg: BenchmarkConfig, manifest: dict, tensors
 
 def _check_no_extra_tensors(suffix: str, cfg: BenchmarkConfig, tensors: dict,
                             manifest: dict) -> None:
-    """A checkpoint whose manifest has no `model.shape`: a model tensor it holds that the
-    configured model has not (a config.json edited since) is refused before any rank; and,
-    saved with the very settings given, a model tensor of another shape (its vocabulary
-    changed): 'load it with' those settings would name what the user typed (issue 49)."""
+    """A checkpoint whose manifest has no `model.shape`: refused for a model tensor the
+    configured model has not, and, saved with the very settings given, for a model tensor of
+    another shape ('load it with' would name what the user typed)."""
     from dcp_fsdp.models.llama_model_config import state_shapes
     from dcp_fsdp.models.presets import model_setting, model_shape
 
@@ -253,12 +240,9 @@ def _dtype_of(tensors: dict[str, TensorEntry]) -> str | None:
     return {"float32": "fp32", "bfloat16": "bf16"}.get(names.pop()) if len(names) == 1 else None
 
 
-
-
 def _check_model_tensors(suffix: str, cfg: BenchmarkConfig, tensors: dict) -> None:
-    """A checkpoint with no manifest (written by plain `dcp.save`, not by this tool): before
-    any rank builds the model, its model tensors must be the configured model's, named and
-    shaped as this tool's state dict has them ("model." + the parameter's name)."""
+    """A checkpoint with no manifest (a plain `dcp.save`): its model tensors must be the
+    configured model's, named and shaped as this tool's state dict has them."""
     from dcp_fsdp.models.llama_model_config import state_shapes
     from dcp_fsdp.models.presets import model_shape
 
