@@ -1,23 +1,21 @@
 """The one structured configuration of a run: every setting, its type, default and meaning.
 
-Hydra composes `conf/config.yaml` (model and storage groups) onto these dataclasses, so
-an unknown key or a value of the wrong type fails at composition. Each field's `help`
-is the only description of a setting: `dcp-fsdp COMMAND --help` prints it, and a test
-checks the README's settings table against it. `validate.py` checks what types cannot
-express, before any rank starts.
+Hydra composes `conf/config.yaml` onto these dataclasses, so an unknown key or a wrong type
+fails at composition. Each field's `help` is the only description of a setting (--help and
+docs/settings.md print it); `validate.py` checks what types cannot express.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import typing
 from typing import TYPE_CHECKING, Any, Optional
 
 from omegaconf import MISSING, OmegaConf
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-
 
 
 def setting(default: Any, help: str) -> Any:  # noqa: A002 - the field's meaning
@@ -46,15 +44,11 @@ class CheckpointState(str, enum.Enum):
 
 
 class ReplicaLoad(str, enum.Enum):
-    # model.replicas > 1: every replica reads its shards from storage (R x the egress), or
-    # replica 0 alone reads them and broadcasts them along the mesh's "replicate" dimension
     every_replica = "every_replica"
     read_once = "read_once"
 
 
 class MoeLayout(str, enum.Enum):
-    # how a mixture of experts' weights are tensors: transformers 5.x's fused gate_up_proj /
-    # down_proj per layer (hf), or torchtitan's GroupedExperts w1 / w2 / w3 (grouped)
     hf = "hf"
     grouped = "grouped"
 
@@ -65,9 +59,6 @@ class StorageKind(str, enum.Enum):
 
 
 class StorageClient(str, enum.Enum):
-    # Which client carries DCP to S3 (docs/clients.md): the connector's S3StorageWriter /
-    # Reader, torch's FsspecWriter / Reader over s3fs, NVIDIA multi-storage-client's
-    # MultiStorageFileSystemWriter / Reader.
     s3torchconnector = "s3torchconnector"
     fsspec = "fsspec"
     msc = "msc"
@@ -86,9 +77,7 @@ class ReaderKind(str, enum.Enum):
     range_based = "range_based"
 
 
-# sync: dcp.save, the rank is blocked until the checkpoint is committed; async:
-# dcp.async_save, blocked while staging, upload in the background. (Functional form:
-# `async` is a keyword, and OmegaConf matches enum members by name.)
+# Functional form: `async` is a keyword, and OmegaConf matches enum members by name.
 SaveMode = enum.Enum("SaveMode", {"sync": "sync", "async": "async"}, type=str)
 
 
@@ -98,16 +87,11 @@ class AsyncCheckpointer(str, enum.Enum):
 
 
 class TrainStepWork(str, enum.Enum):
-    # the simulated training step (rank/train_step.py): fp32 matmuls (compute-bound), or an
-    # elementwise add over vectors beyond the caches (memory-bound: contends with staging)
     matmul = "matmul"
     memory = "memory"
 
 
 class Protocol(str, enum.Enum):
-    # save-and-load's order of operations: default (per iteration a save, then a load of it)
-    # or mlperf (MLPerf Storage v3.0's checkpointing: 10 saves, then 10 loads of the last;
-    # rank/loop.py, docs/mlperf.md)
     default = "default"
     mlperf = "mlperf"
 
@@ -116,8 +100,6 @@ MLPERF_CHECKPOINTS = 10  # MLPerf Storage v3.0: checkpoints written, then reads 
 
 
 class Malloc(str, enum.Enum):
-    # the ranks' glibc allocator (process/allocator.py): its defaults, or its mmap and trim
-    # thresholds raised so that large blocks stay on the heap (docs/metrics.md)
     default = "default"
     raised = "raised"
 
@@ -164,8 +146,7 @@ class ModelConfig:
 
     @property
     def name(self) -> str:
-        """What lines, records and manifests call the model: the preset, or the config.json
-        given (`config:PATH`), which then decides the shape."""
+        """What lines, records and manifests call the model: the preset, or `config:PATH`."""
         return f"config:{self.config}" if self.config else self.preset
 
 
@@ -344,35 +325,27 @@ class BenchmarkConfig:
 
 def iter_settings(node: type = BenchmarkConfig, prefix: str = "") -> Iterator[tuple[str, str, Any, str]]:
     """(dotted name, type name, default, help) for every user setting, in schema order."""
+    hints = typing.get_type_hints(node)
     for field in dataclasses.fields(node):
-        name = f"{prefix}{field.name}"
-        if isinstance(field.type, type) and dataclasses.is_dataclass(field.type):
-            yield from iter_settings(field.type, f"{name}.")
-            continue
-        nested = {"model": ModelConfig, "storage": StorageConfig, "async_save": AsyncSaveConfig,
-                  "tune": TuneConfig}.get(field.name) if not prefix else None
-        if nested is not None:
-            yield from iter_settings(nested, f"{name}.")
-            continue
-        if field.name == "command":
-            continue
-        default = (field.default_factory() if field.default_factory is not dataclasses.MISSING
-                   else field.default)
-        yield name, _type_name(field.type), default, field.metadata.get("help", "")
+        kind = hints[field.name]
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            yield from iter_settings(kind, f"{prefix}{field.name}.")
+        elif field.name != "command":
+            default = (field.default_factory() if field.default_factory is not dataclasses.MISSING
+                       else field.default)
+            yield f"{prefix}{field.name}", _type_name(str(field.type)), default, field.metadata.get("help", "")
 
 
-def _type_name(annotation: Any) -> str:
-    text = str(annotation)
+def _type_name(annotation: str) -> str:
     for name, enum_type in (("Dtype", Dtype), ("CheckpointState", CheckpointState),
                             ("StorageKind", StorageKind), ("PrefixStrategy", PrefixStrategy),
                             ("ReaderKind", ReaderKind), ("Backend", Backend),
                             ("SaveMode", SaveMode), ("AsyncCheckpointer", AsyncCheckpointer),
                             ("ReplicaLoad", ReplicaLoad), ("MoeLayout", MoeLayout),
                             ("TrainStepWork", TrainStepWork), ("Protocol", Protocol)):
-        if name in text:
+        if name in annotation:
             return "|".join(member.value for member in enum_type)
-    return (text.replace("Optional[", "").replace("]", "").replace("list[str", "list")
-            .replace("typing.", ""))
+    return annotation.replace("Optional[", "").replace("]", "").replace("list[str", "list")
 
 
 def format_default(value: Any) -> str:
@@ -390,8 +363,8 @@ def format_default(value: Any) -> str:
 
 
 def to_config(node: Any) -> "BenchmarkConfig":
-    """The typed config from an OmegaConf node built on `BenchmarkConfig` (OmegaConf's
-    `to_object` is typed as any container; a structured node gives the dataclass)."""
+    """The typed config from an OmegaConf node built on `BenchmarkConfig` (`to_object` is typed
+    as any container)."""
     cfg = OmegaConf.to_object(node)
     if not isinstance(cfg, BenchmarkConfig):
         raise TypeError(f"expected a BenchmarkConfig node, got {type(cfg).__name__}")
