@@ -1,5 +1,5 @@
-"""One group's rows of the report's tables (raw numbers; definitions in the README's
-"Report" and "Metrics"). A group = the operations of one op under one set of group keys."""
+"""One group's rows of the report's tables (raw numbers; definitions: docs/report.md). A
+group = the operations of one op under one set of group keys."""
 
 from __future__ import annotations
 
@@ -19,24 +19,13 @@ from dcp_fsdp.telemetry.summaries import merge_by_type
 # save, then its ceiling; load, then its ceiling; anything else after
 OP_ORDER = {"save": 0, "raw_put": 1, "raw_put_tensors": 2, "mem_save": 3, "tc_save": 4,
             "load": 5, "raw_get": 6, "raw_get_tensors": 7, "mem_load": 8, "ra_load": 9}
-# phase columns: (table column, sample field), each a mean per rank and operation
-PHASE_MEANS = [("plan_s", "plan_s"), ("io_s", "io_s"), ("commit_s", "commit_s"),
-               ("metadata_s", "metadata_s"), ("finish_s", "finish_s"),
-               ("storage_s", "storage_s"), ("deserialise_s", "deserialise_s"),
-               ("target_copy_s", "target_copy_s"),
-               ("io_wait_s", "io_wait_s"), ("copy_s", "copy_s"), ("stage_s", "stage_s"),
-               ("upload_s", "upload_s"), ("blocked_s", "blocked_s"), ("staged_s", "staged_s"),
-               ("persisted_s", "persisted_s"), ("previous_wait_s", "previous_wait_s"),
-               ("train_steps", "train_steps"), ("train_step_slowdown", "train_step_slowdown"),
-               ("stall_s", "stall_s"), ("train_lost_s", "train_lost_s"),
-               ("train_wait_s", "train_wait_s")]
+# sample fields shown as phase columns, each a mean per rank and operation
+PHASE_MEANS = ("plan_s", "io_s", "commit_s", "metadata_s", "finish_s", "storage_s",
+               "deserialise_s", "target_copy_s", "io_wait_s", "copy_s", "stage_s", "upload_s",
+               "blocked_s", "staged_s", "persisted_s", "previous_wait_s", "train_steps",
+               "train_step_slowdown", "stall_s", "train_lost_s", "train_wait_s")
 # kinds of request that carry a rank's uploaded bytes (summaries only know bytes_up in all)
 UPLOAD_KINDS = ("UploadPart", "PutObject")
-
-
-def q(series: pd.Series, quantile: float) -> float:
-    series = series.dropna()
-    return float(series.quantile(quantile)) if len(series) else math.nan
 
 
 def total(series: pd.Series) -> float:
@@ -60,8 +49,8 @@ def select(frame: pd.DataFrame, labels: dict[str, Any] | pd.Series | None,
 
 
 def _span_mib_s(group_ops: pd.DataFrame, span: str) -> float:
-    """Bytes / MiB / another span (blocked, persisted) pooled over the operations with it: the
-    union of [first begin, first begin + span] per run (a cadence overlaps them)."""
+    """Bytes / MiB / another span (persisted) pooled over the operations with it: the union
+    of [first begin, first begin + span] per run."""
     have = group_ops[group_ops[span].notna()]
     begins = have["first_begin_wall_s"].astype(float)
     seconds = union_s(begins, begins + have[span].astype(float), have["run_id"])
@@ -77,8 +66,8 @@ def _slowest_mean(group_samples: pd.DataFrame, field: str) -> float:
 
 
 def order_figures(group_ops: pd.DataFrame) -> dict[str, float]:
-    """The first operations of their processes (iteration 1: cold) and the later ones
-    (warm) apart: mean span and pooled aggregate of each (docs/report.md)."""
+    """The first operations of their processes (iteration 1: cold) and the later ones apart:
+    mean span and pooled aggregate of each."""
     found = {}
     for order in ("first", "later"):
         ops = group_ops[group_ops["op_order"] == order] if "op_order" in group_ops \
@@ -94,7 +83,7 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
     """`all_ops`: every operation of the report (a save's efficiency divides by its run's
     best raw_put, in another group)."""
     nodes = labels["nodes"]
-    figures = pooled(group_ops)  # the one definition (telemetry/figures.py)
+    figures = pooled(group_ops)
     span_total = figures["span_s"]
     aggregate = figures["aggregate_mib_s"]
     # a group with an operation whose requests are unknown (null: none parsed) has no
@@ -112,22 +101,19 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
         "iterations": len(group_ops),
         "checkpoint_gib": group_ops["bytes"].mean() / GIB,
         "duration_mean_s": group_ops["span_s"].mean(),
-        "duration_p50_s": q(group_ops["span_s"], 0.5),
-        "duration_p90_s": q(group_ops["span_s"], 0.9),
+        "duration_p50_s": group_ops["span_s"].quantile(0.5),
+        "duration_p90_s": group_ops["span_s"].quantile(0.9),
         **order_figures(group_ops),
         "aggregate_mib_s": aggregate,
         "slowest_rank_mib_s": figures["slowest_rank_mib_s"],
         "spread": figures["spread"],
         "efficiency": group_efficiency,
         "mib_s_per_node": aggregate / nodes if nodes else math.nan,
-        # what training pays per save: seconds it may not update weights, and the share of
-        # the training interval lost (async with steps between saves)
         "stall_mean_s": mean_or_nan(group_ops["stall_span_s"]),
         # the slowest rank holds the others back: max over ranks, mean over saves
         "train_lost_share": _slowest_mean(group_samples, "train_lost_share"),
         "persisted_mib_s": _span_mib_s(group_ops, "persisted_span_s"),
         "fetched_ratio": amplification,
-        # bytes the loads fetched from storage, per operation (replicas: who reads)
         "egress_mib_per_op": egress_mib(group_ops) / len(group_ops) if len(group_ops)
         else math.nan,
         "note": ", ".join(n for n in (amplification_note(amplification),
@@ -173,7 +159,7 @@ def phase_row(labels: dict[str, Any], group_samples: pd.DataFrame, group_ops: pd
     slowest, lag = _slowest_rank(group_samples)
     return {
         **labels,
-        **{column: mean_or_nan(group_samples[field]) for column, field in PHASE_MEANS},
+        **{field: mean_or_nan(group_samples[field]) for field in PHASE_MEANS},
         "barrier_wait_mean_s": mean_or_nan(group_samples["barrier_wait_s"]),
         "barrier_wait_max_s": max_or_nan(group_samples["barrier_wait_s"]),
         "end_skew_mean_s": group_ops["end_skew_s"].mean(),
@@ -188,8 +174,7 @@ def phase_row(labels: dict[str, Any], group_samples: pd.DataFrame, group_ops: pd
 
 def _request_bytes(summary: dict[str, Any]) -> dict[str, int]:
     """Bytes per request type of one sample: the per-request sizes where the log has them
-    (GETs), else the rank's bytes_up on its upload requests (UploadPart when it made any,
-    else PutObject): the connector's log gives no upload sizes."""
+    (GETs), else the rank's bytes_up on its upload requests (UploadPart, else PutObject)."""
     by_type = summary.get("by_type") or {}
     found = {kind: entry["bytes"] for kind, entry in by_type.items()
              if entry.get("bytes") is not None}
@@ -203,9 +188,8 @@ def _request_bytes(summary: dict[str, Any]) -> dict[str, int]:
 
 def type_rows(labels: dict[str, Any], group_samples: pd.DataFrame, operations: int
               ) -> list[dict[str, Any]]:
-    """Per request type, per operation: none unless every sample has all its requests (a sum
-    of what some samples have, or of counts that left lines unparsed, over all operations
-    would read as fewer requests)."""
+    """Per request type, per operation: none unless every sample has all its requests (a
+    partial sum would read as fewer requests)."""
     if not all(isinstance(r, dict) and not r.get("unparsed") for r in group_samples["requests"]):
         return []
     sizes: dict[str, int] = {}
@@ -231,8 +215,7 @@ def _hist_max(hist: dict[str, int]) -> float | None:
 
 
 def ordered(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Rows by node count, ranks, model, then save, raw_put, load, raw_get (stable for the
-    rest)."""
+    """Rows by node count, ranks, model, then OP_ORDER (stable for the rest)."""
     if frame.empty:
         return frame
     order = frame.assign(_op=frame["op"].map(OP_ORDER).fillna(9))
