@@ -1,15 +1,12 @@
-"""Processes die with the process that started them, whatever kills it (even SIGKILL),
-and what a killed run could not remove is removed by the next one.
-
-Linux's PR_SET_PDEATHSIG delivers a signal to a process when its parent ends; it is set
-in the child (after fork, or first thing in a rank), so it holds for the embedded server,
-torch's elastic agent and the agent's ranks. Temporary directories carry their owner's pid
-and host in the name (`dcp-fsdp-...-p<pid>-h<host>-...`); `remove_stale()` deletes this
-host's whose owner is gone, never another host's.
+"""Processes die with the process that started them, whatever kills it (Linux's
+PR_SET_PDEATHSIG, set in the child), and what a killed run could not remove is removed by the
+next one: temporary directories carry their owner's pid and host in the name
+(`dcp-fsdp-...-p<pid>-h<host>-...`), and `remove_stale()` deletes this host's whose owner is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -30,12 +27,9 @@ from dcp_fsdp import contract
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
-# `-p<pid>-h<host>-`: a pid means nothing on another host, and a shared TMPDIR (NFS or
-# Lustre scratch) is seen by many. Names without the host tag are from older versions.
+# `-p<pid>-h<host>-`: a pid means nothing on another host that shares TMPDIR (NFS, Lustre).
 _OWNER = re.compile(r"-p(\d+)-(?:h([0-9a-f]{8})-)?")
 SERVER_PID_FILE = "server.pid"  # a server using the directory: never removed under it
-# Every temporary directory of ours starts with this (run dirs, the server's data dir,
-# per-rank request logs).
 TEMP_PREFIX = "dcp-fsdp-"
 # SeaweedFS's gRPC servers put unix sockets in /tmp whatever TMPDIR says.
 SEAWEED_SOCKET_DIRS = ("/tmp",)
@@ -56,8 +50,7 @@ def _prctl(option: int, value: int | ctypes.c_char_p) -> bool:
 
 
 def die_with_parent(signum: int = signal.SIGTERM) -> bool:
-    """Ask Linux to send `signum` to this process when its parent ends. False where the
-    call is not available (not Linux): the process then outlives a killed parent."""
+    """Ask Linux to send `signum` to this process when its parent ends; False where it cannot."""
     if not _prctl(_PR_SET_PDEATHSIG, int(signum)):
         return False
     # The parent may have died before the call: then nobody would send the signal.
@@ -67,17 +60,15 @@ def die_with_parent(signum: int = signal.SIGTERM) -> bool:
 
 
 def _unpickled_dying_with_parent(payload: object) -> object:
-    """What unpickling a DiesWithParent runs, first thing in the child: SIGKILL when the
-    parent dies (even by SIGKILL), then `payload` itself."""
+    """What unpickling a DiesWithParent runs in the child: SIGKILL when the parent dies."""
     die_with_parent(signal.SIGKILL)
     return payload
 
 
 class DiesWithParent:
     """`payload`, pickled so that the child process which unpickles it dies with its parent
-    before it does anything with it (torch's process checkpointer: its daemon unpickles its
-    init info first, and an orphaned daemon would go on uploading). A wrapper, not a
-    subclass of the payload's class: the child receives the payload's own object."""
+    (torch's process checkpointer's daemon: orphaned, it would go on uploading). The child
+    receives the payload's own object."""
 
     def __init__(self, payload: object) -> None:
         self.payload = payload
@@ -87,14 +78,12 @@ class DiesWithParent:
 
 
 def name_process(name: str) -> bool:
-    """Set this process's name (Linux's comm, what `ps -o comm` and psutil's name() show;
-    cut to 15 bytes). False where the call is not available."""
+    """Set this process's name (Linux's comm, cut to 15 bytes); False where it cannot."""
     return _prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]))
 
 
 def host_tag() -> str:
-    """8 hex digits naming this host (its hostname hashed): in temporary names, so that one
-    node never judges another node's directory by a pid of its own."""
+    """8 hex digits naming this host (its hostname hashed), for temporary names."""
     return hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
 
 
@@ -105,11 +94,10 @@ def owned_tempdir(prefix: str, parent: str | None = None) -> Path:
 
 
 def alive(pid: int | None) -> bool:
-    """Whether process pid runs: no pid (None, 0, a negative number or, from a file, not a
-    number at all) is no process, and a zombie counts as gone."""
+    """Whether process pid runs (a zombie counts as gone); None, 0 or a non-int is no process."""
     if not isinstance(pid, int) or pid <= 0:
         return False
-    try:  # a zombie is gone for our purposes
+    try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
@@ -118,8 +106,8 @@ def alive(pid: int | None) -> bool:
 
 
 def remove_stale(tmpdir: str | None = None) -> list[Path]:
-    """Remove our temporary directories whose owner process is gone (a launcher or rank
-    killed before it could clean up), and the SeaweedFS sockets named in them."""
+    """Remove our temporary directories whose owner process is gone, and the SeaweedFS sockets
+    named in them."""
     removed, here = [], host_tag()
     places = dict.fromkeys([tmpdir or tempfile.gettempdir(), *SEAWEED_SOCKET_DIRS, MEMORY_DIR])
     for path in (p for place in places for p in Path(place).glob(TEMP_PREFIX + "*")):
@@ -138,8 +126,7 @@ def remove_stale(tmpdir: str | None = None) -> list[Path]:
 
 def _server_runs_in(path: Path, wait_s: float = SERVER_END_WAIT_S) -> bool:
     """Whether the server `path`'s server.pid names still runs there (its command line names
-    the directory: a pid taken since by another process does not count). Its owner is gone
-    and it was killed with it: it gets `wait_s` to end (a large process takes a moment)."""
+    the directory), after `wait_s` to end: it was killed with its owner."""
     try:
         pid = int((path / SERVER_PID_FILE).read_text())
     except (OSError, ValueError):
@@ -162,9 +149,8 @@ def _server_runs_in(path: Path, wait_s: float = SERVER_END_WAIT_S) -> bool:
 def remove_dead_seaweed_sockets(places: Iterable[str],
                                 min_age_s: float = STALE_SOCKET_AGE_S) -> list[Path]:
     """SeaweedFS's gRPC sockets in /tmp that no server listens on any more, whatever left
-    them (a server killed with a launcher whose directory was elsewhere, an `s3-server`
-    daemon killed): ours (this user's), a socket, older than `min_age_s` (a server binding
-    one this moment is not yet listening) and refusing a connection."""
+    them: this user's, older than `min_age_s` (one bound this moment is not yet listening)
+    and refusing a connection."""
     removed = []
     for path in (p for place in places for p in Path(place).glob("seaweedfs-*.sock")):
         try:
@@ -206,28 +192,22 @@ _success_returns = False  # return_on_success(): this process was forked by torc
 
 
 def return_on_success() -> None:
-    """This rank was forked by torch's agent (launch/forked_rank.py), which waits for the
-    return value of the function it forked: from now on end_process(0) raises SystemExit(0)
-    (torch's entry returns None for it) instead of ending the process, which would leave the
-    agent waiting. The child still ends with os._exit (multiprocessing's), after it."""
+    """This rank was forked by torch's agent, which waits for the forked function's return
+    value: from now on end_process(0) raises SystemExit(0) instead of ending the process."""
     global _success_returns
     _success_returns = True
 
 
 def rank_start() -> str:
-    """How this rank's process started, for the run line (contract.RANK_START_*): forked from
-    the agent (the test suite's switch: the ranks that return on success) or exec'd."""
+    """How this rank's process started, for the run line: forked from the agent, or exec'd."""
     return contract.RANK_START_FORK if _success_returns else contract.RANK_START_EXEC
 
 
 def end_process(exit_code: int) -> NoReturn:
-    """End a rank's process now, skipping interpreter teardown. The native libraries'
-    threads (gloo, the CRT S3 client) are still about at exit, and their destructors
-    can abort a process that has already succeeded ("terminate called without an
-    active exception", exit 134), which would turn a good run into a failed job.
-    Everything we keep is written and flushed by then. No torch import here: a rank
-    stopped while torch was still importing ends through this too. A forked rank that
-    succeeded returns instead (return_on_success)."""
+    """End a rank's process now, skipping interpreter teardown: the native libraries' threads
+    (gloo, the CRT S3 client) are still about, and their destructors can abort a process
+    that has succeeded (exit 134). No torch import: a rank stopped while torch was importing
+    ends through this too. A forked rank that succeeded returns instead (return_on_success)."""
     import logging
     import sys
 
@@ -236,20 +216,16 @@ def end_process(exit_code: int) -> NoReturn:
         remove_multiprocessing_tempdir()  # else multiprocessing's own exit, after the return
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     if returns:
         raise SystemExit(0)
     os._exit(exit_code)
 
 
 def remove_multiprocessing_tempdir() -> None:
-    """Before os._exit: multiprocessing's `pymp-*` directory in TMPDIR (the async process
-    checkpointer's listener socket lies there) is removed by a finalizer at interpreter
-    exit, which os._exit skips: every such rank left one. Nothing when multiprocessing was
-    never imported."""
+    """Before os._exit, which skips the finalizer that removes it: multiprocessing's `pymp-*`
+    directory in TMPDIR (the process checkpointer's listener socket), if it was imported."""
     import sys
 
     if "multiprocessing.util" not in sys.modules:

@@ -1,12 +1,9 @@
 """Which of this node's ranks have already ended, read through psutil (no torch, no network).
 
-torch's elastic agent stops the surviving ranks with SIGTERM when one rank ends with an
-error or a signal; a scheduler (scancel) or a user sends the same SIGTERM. The survivors
-tell the two apart here: when the signal arrives, has a sibling (a child of the same
-agent, same TORCHELASTIC_RUN_ID) already ended? Exits take much longer than this check,
-so a signal sent to every process at once finds all siblings alive. An exec'd sibling is
-known by its environment, a forked one (launch/forked_rank.py: its /proc environ is the
-agent's) by its process name.
+torch's elastic agent stops the surviving ranks with SIGTERM when one rank ends first; a
+scheduler or a user sends the same SIGTERM. The survivors tell the two apart here: has a
+sibling (a child of the same agent, same TORCHELASTIC_RUN_ID) already ended? Exits take much
+longer than this check, so a signal sent to every process at once finds all siblings alive.
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ import os
 import psutil
 
 from dcp_fsdp import contract
+from dcp_fsdp.process import lifeline
 
 _START_PARENT = os.getppid()
 
@@ -34,40 +32,24 @@ def _live_children(pid: int) -> list[psutil.Process]:
         children = psutil.Process(pid).children()
     except psutil.Error:  # the agent is gone
         return []
-    return [child for child in children if _running(child)]
-
-
-def _running(child: psutil.Process) -> bool:
-    try:
-        return child.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:  # it ended while we looked
-        return False
-    except psutil.Error:
-        return True
-
-
-def _environ(child: psutil.Process) -> dict[str, str]:
-    try:
-        return child.environ()
-    except psutil.Error:
-        return {}
-
-
-def _name(child: psutil.Process) -> str:
-    try:
-        return child.name()
-    except psutil.Error:
-        return ""
+    return [child for child in children if lifeline.alive(child.pid)]
 
 
 def sibling_local_rank(child: psutil.Process, run_id: str, base: int) -> int | None:
     """The local rank of a child of this rank's agent, or None when it is not a rank of this
-    run: a forked rank by its name (global rank - base), an exec'd one by its environment."""
-    name = _name(child)
+    run: a forked rank by its name (global rank - base: its /proc environ is the agent's), an
+    exec'd one by its environment."""
+    try:
+        name = child.name()
+    except psutil.Error:
+        name = ""
     if name.startswith(contract.RANK_PROCESS_NAME_PREFIX):
         global_rank = contract.rank_of_process_name(name)
         return None if global_rank is None else global_rank - base
-    env = _environ(child)
+    try:
+        env = child.environ()
+    except psutil.Error:
+        env = {}
     if env.get("TORCHELASTIC_RUN_ID") == run_id and env.get("LOCAL_RANK", "").isdigit():
         return int(env["LOCAL_RANK"])
     return None
