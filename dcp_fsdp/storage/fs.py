@@ -16,7 +16,7 @@ from dcp_fsdp.compat import data_object_prefix
 from dcp_fsdp.config.schema import StorageConfig
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.layout import (CLAIM_EXCLUSIVE, CLAIM_NAME, METADATA_NAME, CheckpointInfo,
-                                     SuffixClaim, check_suffix, nested_checkpoints)
+                                     SuffixClaim, check_suffix, checkpoint_info)
 from dcp_fsdp.storage.raw import FsRawArea, fs_ceiling_dir
 from dcp_fsdp.storage.base import host_state_kwargs, read_ahead_kwargs
 from dcp_fsdp.storage.timeline import HookTimeline
@@ -33,12 +33,8 @@ def _info(entry: Path) -> CheckpointInfo:
     names = [str(f.relative_to(entry)) for f in files]
     sizes = [f.stat().st_size for f in files]
     newest = max((f.stat().st_mtime for f in files), default=entry.stat().st_mtime)
-    return CheckpointInfo(
-        entry.name, (entry / METADATA_NAME).exists(), sum(sizes), len(files),
-        datetime.datetime.fromtimestamp(newest, datetime.timezone.utc).isoformat(),
-        claim_only=names == [CLAIM_NAME],
-        nested=nested_checkpoints(names),
-        own_object_count=sum("/" not in n for n in names))
+    return checkpoint_info(entry.name, names, (entry / METADATA_NAME).exists(), sum(sizes),
+                           datetime.datetime.fromtimestamp(newest, datetime.timezone.utc).isoformat())
 
 
 class FsStore:

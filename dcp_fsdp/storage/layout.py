@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["CEILING_ROOT", "CHECKPOINT_MARKERS", "CLAIM_NAME", "MANIFEST_NAME", "METADATA_NAME",
            "CheckpointInfo", "OpenUpload", "SuffixClaim", "check_loadable", "check_suffix",
            "claim_configured_suffixes", "encode_manifest", "release_claims", "holds_only_claim_of",
-           "manifest_if_readable", "metadata_facts", "nested_checkpoints", "new_suffix",
+           "manifest_if_readable", "metadata_facts", "checkpoint_info", "new_suffix",
            "read_claim", "read_manifest", "save_suffix"]
 
 METADATA_NAME = ".metadata"
@@ -62,11 +62,15 @@ CEILING_ROOT = "_dcp_fsdp.ceiling"
 CHECKPOINT_MARKERS = frozenset({METADATA_NAME, MANIFEST_NAME, CLAIM_NAME})
 
 
-def nested_checkpoints(names: list[str]) -> tuple[str, ...]:
-    """The folders below a suffix that hold a checkpoint of their own (a marker object), from
-    the names of the suffix's objects (relative to it)."""
-    return tuple(sorted({folder for folder, _, base in (name.rpartition("/") for name in names)
-                         if folder and base in CHECKPOINT_MARKERS}))
+def checkpoint_info(suffix: str, names: list[str], complete: bool, size_bytes: int,
+                    modified: str) -> CheckpointInfo:
+    """What `suffix` holds, from the names of its objects (relative to it). `nested`: the
+    folders below it that hold a checkpoint of their own (a marker object)."""
+    nested = {folder for folder, _, base in (name.rpartition("/") for name in names)
+              if folder and base in CHECKPOINT_MARKERS}
+    return CheckpointInfo(suffix, complete, size_bytes, len(names), modified,
+                          claim_only=names == [CLAIM_NAME], nested=tuple(sorted(nested)),
+                          own_object_count=sum("/" not in name for name in names))
 
 
 # -- suffixes ------------------------------------------------------------------------------

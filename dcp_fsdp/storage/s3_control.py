@@ -1,9 +1,6 @@
-"""The S3 store's control plane, through boto3: fast pre-flight failures with one clear
-line, listing checkpoints, and the small objects we add (manifest, checksums).
-
-boto3 is used here (not the CRT client) because it fails in seconds with a typed
-error, where the CRT client would retry a dead endpoint for tens of seconds.
-"""
+"""The S3 store's control plane, through boto3 (which fails in seconds with a typed error,
+where the CRT client retries a dead endpoint for tens of seconds): pre-flight failures in one
+line, listing checkpoints, and the small objects we add (manifest, claim)."""
 
 from __future__ import annotations
 
@@ -13,16 +10,13 @@ import os
 import re
 import secrets
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dcp_fsdp import log
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.storage.layout import (CEILING_ROOT, CLAIM_NAME, METADATA_NAME, CheckpointInfo,
-                                     OpenUpload, nested_checkpoints)
+from dcp_fsdp.storage.layout import (CEILING_ROOT, METADATA_NAME, CheckpointInfo, OpenUpload,
+                                     checkpoint_info)
 from dcp_fsdp.storage.s3_target import S3Target
-
-if TYPE_CHECKING:
-    from types import ModuleType
 
 
 # key -> observer of every control-plane client this process creates (observe_clients)
@@ -31,11 +25,8 @@ _client_observers: dict[str, Callable[[Any], None]] = {}
 
 def observe_clients(key: str, observer: Callable[[Any], None]) -> None:
     """Call `observer(events)` with the botocore event emitter of each boto3 client this
-    process's control planes create from now on (the request counts register their hooks
-    there: telemetry/control_plane.py). A client takes its hooks from its emitter when it is
-    created, so hooks go on each client: observing needs no boto3 import, and a rank that
-    never makes a control-plane call (every rank but the coordinator, mostly) imports none.
-    One observer per key: a later one replaces it."""
+    process's control planes create from now on (telemetry/control_plane.py hooks in there):
+    observing imports no boto3. One observer per key: a later one replaces it."""
     _client_observers[key] = observer
 
 
@@ -106,31 +97,29 @@ class S3ControlPlane:
         return self._boto_client
 
     def _built(self, read_timeout_s: float, attempts: int) -> Any:
-        """A boto3 client (the observers told of it); UserError if the credential chain is
-        broken."""
+        """A boto3 client (the observers told of it). A broken profile or shared file fails
+        here (UserError): botocore resolves credentials now, once per process."""
         import boto3
         import botocore.config
         import botocore.exceptions as bx
 
         try:
-            client = self._make_client(boto3, botocore.config, read_timeout_s, attempts)
+            client = boto3.client(
+                "s3", region_name=self.target.region, endpoint_url=self.target.endpoint,
+                config=botocore.config.Config(
+                    connect_timeout=self.connect_timeout_s, read_timeout=read_timeout_s,
+                    retries={"mode": "standard", "total_max_attempts": attempts},
+                    s3={"addressing_style": "path" if self.target.force_path_style else "auto"}))
         except bx.BotoCoreError as error:
             raise credential_chain_error(error) or self._explain(error) from None
         for observer in list(_client_observers.values()):
             observer(client.meta.events)
         return client
 
-    def _make_client(self, boto3: ModuleType, botocore_config: ModuleType,
-                     read_timeout_s: float, attempts: int) -> Any:
-        # A broken profile or shared file fails here: botocore resolves credentials now
-        # (once per process: boto3's default session keeps them; a launcher running several
-        # jobs starts each with a fresh one, launch/preflight.py).
-        return boto3.client(
-            "s3", region_name=self.target.region, endpoint_url=self.target.endpoint,
-            config=botocore_config.Config(
-                connect_timeout=self.connect_timeout_s, read_timeout=read_timeout_s,
-                retries={"mode": "standard", "total_max_attempts": attempts},
-                s3={"addressing_style": "path" if self.target.force_path_style else "auto"}))
+    @property
+    def _endpoint(self) -> str:
+        """The endpoint setting and its value, as an error line names them."""
+        return f"{self.target.endpoint_source}={self.target.endpoint or f'AWS S3 in {self.target.region}'}"
 
     def _explain(self, error: BaseException) -> UserError:
         """One line for a boto3 failure against this bucket."""
@@ -151,22 +140,19 @@ class S3ControlPlane:
             return UserError(f"{where}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
                              "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or use an instance role")
         if isinstance(error, bx.ReadTimeoutError):  # connected: the server did not answer
-            target = self.target.endpoint or f"AWS S3 in {self.target.region}"
-            return UserError(f"{self.target.endpoint_source}={target}: connected, but no answer "
+            return UserError(f"{self._endpoint}: connected, but no answer "
                              f"within storage.connect_timeout_s={self.connect_timeout_s:g} s "
                              "(ReadTimeoutError, the pre-flight's bound on an answer): check that "
                              "it is an S3 server and that it is up (raise "
                              "storage.connect_timeout_s for a slow one)")
-        if isinstance(error, (bx.EndpointConnectionError, bx.ConnectTimeoutError)):
-            target = self.target.endpoint or f"AWS S3 in {self.target.region}"
-            if isinstance(error, bx.ConnectTimeoutError):
-                return UserError(f"{self.target.endpoint_source}={target}: cannot connect within "
-                                 f"storage.connect_timeout_s={self.connect_timeout_s:g} s "
-                                 "(ConnectTimeoutError); check the address and that the "
-                                 "server is up")
+        if isinstance(error, bx.ConnectTimeoutError):
+            return UserError(f"{self._endpoint}: cannot connect within "
+                             f"storage.connect_timeout_s={self.connect_timeout_s:g} s "
+                             "(ConnectTimeoutError); check the address and that the server is up")
+        if isinstance(error, bx.EndpointConnectionError):
             errno_text = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(error.kwargs.get("error")))
             reason = f": {errno_text[1].strip().lower()}" if errno_text else ""  # refused, ...
-            return UserError(f"{self.target.endpoint_source}={target}: cannot connect "
+            return UserError(f"{self._endpoint}: cannot connect "
                              f"({type(error).__name__}{reason}); check the address and that the "
                              "server is up")
         if isinstance(error, bx.ClientError):
@@ -213,8 +199,7 @@ class S3ControlPlane:
             return False
 
     def _not_s3(self, answer: str) -> UserError:
-        endpoint = self.target.endpoint or f"AWS S3 in {self.target.region}"
-        return UserError(f"{self.target.endpoint_source}={endpoint}: answered {answer}: it is "
+        return UserError(f"{self._endpoint}: answered {answer}: it is "
                          "not an S3 server; check the address and port (SeaweedFS's S3 "
                          "port, e.g. http://127.0.0.1:8333)")
 
@@ -222,24 +207,19 @@ class S3ControlPlane:
         """Fail in seconds (not after the CRT's retries) on bad bucket, keys or endpoint."""
         import botocore.exceptions as bx
 
-        # One attempt, storage.connect_timeout_s to connect and as long for the answer: a
-        # server that accepts TCP and never answers is refused in that time, not after
-        # botocore's 2 x 30 s (issue 49, late item 2). HeadBucket answers in milliseconds.
+        # One attempt, connect_timeout_s to connect and as long for the answer: a server that
+        # accepts TCP and never answers is refused in that time, not after botocore's 2 x 30 s.
         client = self._built(self.connect_timeout_s, 1)
-        # The CRT client signs for storage.region and would fail every request (after its
-        # retries) in another region. boto3 follows a 301 to the bucket's region by itself
-        # (and an S3-compatible server may then accept it), so a redirect seen on the way
-        # is a mismatch on any endpoint.
+        # The CRT client signs for storage.region and fails every request in another region;
+        # boto3 follows a 301 to the bucket's region by itself, so a redirect on the way is a
+        # mismatch on any endpoint.
         redirects: list[str | None] = []
 
         def on_response(response_dict: dict[str, Any] | None = None, **_: Any) -> None:
             if response_dict and response_dict.get("status_code") == 301:
                 region = response_dict.get("headers", {}).get("x-amz-bucket-region")
-                if region is None and redirects:
-                    # S3 names the bucket's region on a 301; a server that redirects
-                    # again without one is not S3 (boto3 would follow it until
-                    # RecursionError).
-                    raise _NotS3()
+                if region is None and redirects:  # S3 names the region on a 301: not S3
+                    raise _NotS3()  # (boto3 would follow it until RecursionError)
                 redirects.append(region)
 
         client.meta.events.register("response-received.s3.HeadBucket", on_response)
@@ -295,11 +275,8 @@ class S3ControlPlane:
             modified = obj["LastModified"]
             if entry["modified"] is None or modified > entry["modified"]:
                 entry["modified"] = modified
-        return [CheckpointInfo(owner, METADATA_NAME in e["names"], e["size"], len(e["names"]),
-                               e["modified"].astimezone(datetime.timezone.utc).isoformat(),
-                               claim_only=e["names"] == [CLAIM_NAME],
-                               nested=nested_checkpoints(e["names"]),
-                               own_object_count=sum("/" not in name for name in e["names"]))
+        return [checkpoint_info(owner, e["names"], METADATA_NAME in e["names"], e["size"],
+                                e["modified"].astimezone(datetime.timezone.utc).isoformat())
                 for owner, e in sorted(found.items())]
 
     def object_sizes(self, suffix: str) -> dict[str, int]:
@@ -366,10 +343,9 @@ class S3ControlPlane:
             raise self._explain(error) from None
 
     def honours_if_none_match(self) -> bool:
-        """Does the server honour If-None-Match: * on PutObject? A key of its own, beside
-        the checkpoints, is written twice with it: the second must be refused (412). A
-        server that ignores the header accepts both; one that rejects it (400, 501) does
-        not support it. Asked once per control plane; said in the log when not honoured."""
+        """Does the server honour If-None-Match: * on PutObject? A key of its own is written
+        twice with it: the second must be refused (412); a server that rejects the header (400,
+        501) does not. Asked once per control plane; said in the log when not honoured."""
         if self._honours_if_none_match is None:
             key = self.target.key(f"_dcp_fsdp.claim-probe-{os.getpid()}-{secrets.token_hex(4)}")
             try:
