@@ -1,30 +1,16 @@
 """The parser of the connector's per-request log lines, tied to the releases it was checked on.
 
 The lines are not an API: they are debug text of the mountpoint-s3-client bundled in
-s3torchconnectorclient. A partial rewording parses into wrong figures without a word
-(`http_status=` renamed: every HEAD 404 a failed, retried request; Rust's Duration debug
-format changed: latencies blank; `range=` changed: GET bytes 0). Hence:
-
-  - the parser runs only on the releases in CHECKED_RELEASES (`version_problem`): the
-    launcher refuses request_stats=true on any other, in one line;
-  - it is strict: a line that says "S3 request finished|failed|canceled" but lacks a field
-    it needs, or carries one in a shape it does not know, is *unparsed* (`Unparsed`),
-    counted and reported per window (`unparsed`), never a request of 0 bytes or a failure;
-  - every summary names the format it was parsed with (`PARSER_FORMAT`).
-
-A line looks like (one line, wrapped here):
+s3torchconnectorclient, and a partial rewording parses into wrong figures without a word.
+Hence the parser runs only on CHECKED_RELEASES (`version_problem`); it is strict (a request
+line lacking a field it needs, or carrying one in a shape it does not know, is `Unparsed`,
+counted, never guessed at); and every summary names PARSER_FORMAT. The fields each line must
+carry: docs/metrics.md "S3 request statistics". A line looks like (wrapped here):
     2026-11-22T23:14:27.131010Z DEBUG put_object{id=1 bucket="b" key="k"}:
     mountpoint_s3_client::s3_crt_client: S3 request finished request_type=UploadPart
     crt_error=None http_status=200 range=None duration=120.88ms ttfb=Some(98.5ms) request_id=..
-Fields each request line must carry: request_type=<word>; duration=<Rust Duration debug>;
-ttfb=Some(<duration>)|None; range=Some(<a>..<b>)|None (a GetObject that finished: Some);
-http_status=<n>, except on a canceled request or a failure with no response at all (a
-crt_error that is not AWS_ERROR_S3_INVALID_RESPONSE_STATUS, the CRT's "a response came").
-Classification of a parsed request: `request_log.py`. A line that says "finished" with
-a 2xx status and a crt_error (Some(...), e.g. AWS_IO_SOCKET_CLOSED: the connection broke
-mid-body; checked on 1.5.0 with the test fault proxy cutting ranged GETs after 3 MiB) is a
-*broken* attempt: failed and retryable (the CRT sends the part again), never a success,
-and its range is no count of bytes that arrived (somewhere between 0 and all of it).
+A "finished" line with a 2xx status and a crt_error (the connection broke mid-body) is a
+*broken* attempt: failed and retryable, its range no count of bytes that arrived.
 """
 
 from __future__ import annotations
@@ -39,9 +25,7 @@ from dcp_fsdp.telemetry.request import Request
 
 # Bump when the parser's reading of a line changes; recorded with every request summary.
 PARSER_FORMAT = "mountpoint-s3-client-debug/3"  # 3: "finished" with a crt_error is broken
-# The releases whose lines this parser was checked against (unit tests on recorded lines,
-# tests/integration/test_request_counts.py against SeaweedFS's own counters). The version
-# that matters is the native client's (it writes the lines); the Python package pins it.
+# The releases whose lines this parser was checked against (the native client writes them)
 CHECKED_RELEASES = {"s3torchconnectorclient": ("1.5.0",), "s3torchconnector": ("1.5.0",)}
 
 # The connector logs some requests as request_type=Default; its span names what they were.

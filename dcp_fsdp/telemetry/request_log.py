@@ -1,43 +1,17 @@
-"""S3 request statistics from the connector's own per-request log lines.
+"""S3 request statistics from the connector's own per-request log lines (docs/metrics.md
+"S3 request statistics": what each figure counts and how a request is classified).
 
-s3torchconnector has no statistics API, but its native client logs one line per
-HTTP request when `S3_TORCH_CONNECTOR_DEBUG_LOGS` is set, into hourly files under
-`S3_TORCH_CONNECTOR_LOGS_DIR_PATH`. The logger is configured once, when the
-native module is first imported, so `enable()` must run at rank start, before
-anything imports s3torchconnector. Each rank gets its own directory (processes
-sharing one would interleave lines).
+s3torchconnector has no statistics API, but its native client logs one line per HTTP
+request when `S3_TORCH_CONNECTOR_DEBUG_LOGS` is set, into hourly files under
+`S3_TORCH_CONNECTOR_LOGS_DIR_PATH`; each rank gets its own directory (processes sharing one
+would interleave lines). Parsing the lines: `connector_log.py`.
 
-Parsing the lines (and the connector releases it is checked on): `connector_log.py`.
-
-Which operation a request belongs to: the one during which its meta request began (its
-"new request" line, written synchronously by the thread that called the connector, so
-inside the operation), not when its line reached the file. A meta request's later lines
-(its parts, its Complete, a retry, a cancellation) are written by the CRT's threads and may
-reach the file after the operation returned, even after its window was read; so a window
-is read once the meta requests begun in it have logged their end ("meta request
-finished|failed|canceled"), waiting at most SETTLE_S after the operation, outside any timed
-region. A request line without a known beginning falls back to its own timestamp (UTC wall
-clock at its end, the same clock as `time.time()`). A request whose operation was already
-summarised when its line arrived (SETTLE_S passed) is counted untimed, and as `late` there.
-
-Classification of one request (an HTTP attempt; retries are separate attempts):
-  ok        "S3 request finished" (HTTP 2xx)
-  miss      "S3 request failed" with 404 on HeadObject: an existence check whose
-            answer is "no" (DCP's writer checks `.metadata` before writing it). Expected,
-            not a failure.
-  failed    any other "S3 request failed": HTTP 4xx/5xx, or no response at all
-            (connection refused, timeout: status "none").
-  throttled failed with HTTP 503 (S3's SlowDown) or 429.
-  retried   a failed attempt the client tried again: a retryable failure (no response,
-            5xx, 408, 429) that was not the last attempt of a request that failed.
-  canceled  "S3 request canceled" (the client gave up on it, e.g. a reader closed
-            early): neither ok nor failed.
-  success_ratio = (requests - failed) / requests  (misses count as answered).
-
-Control-plane calls our tool makes with boto3 (head_bucket, list_objects_v2,
-put_object of the manifest, ...) do not pass through the connector's log; a boto3
-event hook (`control_plane.py`) counts them per attempt, kept apart from the
-connector's requests. Summaries of windows: `summaries.py`.
+A request belongs to the operation during which its meta request began (its "new request"
+line, written by the calling thread); its later lines are written by the CRT's threads and
+may reach the file after the operation returned, so a window is read once the meta requests
+begun in it have logged their end, waiting at most SETTLE_S, outside any timed region. A
+request whose operation was summarised before its line arrived is counted untimed, as `late`.
+Control-plane calls (boto3) are counted by an event hook (`control_plane.py`).
 """
 
 from __future__ import annotations
@@ -152,15 +126,13 @@ class RequestLog:
     def window(self, begin_wall_s: float, end_wall_s: float,
                bytes_up: int | None = None, moved_bytes: int | None = None
                ) -> dict[str, Any] | None:
-        """Summary of the requests whose meta request began within [begin, end] (see the
-        module docstring); those begun earlier and not yet counted go untimed.
+        """Summary of the requests whose meta request began within [begin, end]; those begun
+        earlier and not yet counted go untimed, those begun after `end` stay for the next
+        window (an async save's upload outlives the next save's start).
 
-        Call right after the timed operation. `moved_bytes`: what the operation moved; when
-        it moved some and no request was parsed, the log no longer reads as we expect: None
-        (unknown), never a summary of zero requests, and one warning per process. Request
-        lines that parse only in part count as `unparsed` (one warning per process).
-        Requests begun after `end` stay for the next window: an async save with steps
-        between saves is summarised once its upload is done, after the next save began.
+        Call right after the timed operation. `moved_bytes`: what it moved; when it moved
+        some and no request was parsed, the log no longer reads as we expect: None (unknown),
+        never a summary of zero requests.
         """
         self._settle(begin_wall_s, end_wall_s)
         timed: list[Request] = []
@@ -224,9 +196,7 @@ class RequestLog:
                     "differently (telemetry/connector_log.py)")
 
     def finish(self) -> dict[str, Any]:
-        """Summary of everything outside the timed windows (call at the end of the run);
-        `late` counts the requests among them whose operation was summarised before their
-        line reached the file."""
+        """Summary of everything outside the timed windows (call at the end of the run)."""
         self._read_new()
         for item in self._pending:
             self._untimed_item(item, item.at_s)
@@ -269,12 +239,9 @@ class RequestLog:
 
 def open_for_rank(rank: int | str, keep_raw: bool = False,
                   client: str = "s3torchconnector") -> RequestLog | None:
-    """This rank's request log, or None when it cannot be had (warned).
-
-    The connector configures its logger once, when its native module is first
-    imported: call this at rank start, apply `log.environment()` to os.environ, and
-    only then import s3torchconnector.
-    """
+    """This rank's request log, or None when it cannot be had (warned). Call it at rank start,
+    apply `log.environment()` to os.environ, and only then import s3torchconnector (its
+    logger is configured once, when its native module is first imported)."""
     from dcp_fsdp.compat import connector_native_loaded
 
     problem = version_problem()  # the launcher refuses it; a rank started otherwise blanks
@@ -285,7 +252,6 @@ def open_for_rank(rank: int | str, keep_raw: bool = False,
         log.warning(f"rank {rank}: s3torchconnector was imported before the request log "
                     "could be enabled; S3 request statistics are not recorded")
         return None
-    # Named after this process: a rank killed before close() leaves it, the next run
-    # removes it (dcp_fsdp/process/lifeline.py).
+    # named after this process: one a killed rank left is removed by the next run (lifeline.py)
     directory = owned_tempdir(f"dcp-fsdp-requests-r{rank}-")
     return RequestLog(directory, keep_raw=keep_raw, client=client)
