@@ -1,14 +1,8 @@
 """The rank's device: which CUDA device a rank takes, the synchronize that closes every timed
-region, and the environment a nccl process group needs to fail in bounded time.
-
-No torch import at module level: the torchrun rank's checks (cli.py, launch/checks.py) use
-`cuda_index` before torch is imported.
-
-Why a synchronize before the clock: CUDA work is queued, not done, when the call that queued
-it returns. A load's host-to-device copies, a non-blocking staging copy or an NCCL broadcast
-(`work.wait()` only makes the current stream wait) may still run when Python reads the
-clock; the figure would stop before the work ends. So every clock read that closes a timed
-region is preceded by `sync_device(device)` (a no-op on CPU).
+region (CUDA work is queued, not done, when the call that queued it returns: a clock read
+without it stops before the copies end), and the environment a nccl group needs to fail in
+bounded time. No torch import at module level: the rank's checks use `cuda_index` before
+torch is imported.
 """
 
 from __future__ import annotations
@@ -18,18 +12,14 @@ from typing import Any
 
 from dcp_fsdp.errors import UserError
 
-# torch's name (2.2 onwards; NCCL_ASYNC_ERROR_HANDLING before). 1 is TearDown (ProcessGroupNCCL's
-# ErrorHandlingMode, torch 2.11-2.15): on a failed or timed-out collective torch's watchdog
-# aborts the communicators and ends the process (no exception the rank's Python could catch),
-# instead of blocking until the job is killed; torchrun's agent sets 1 too. (2 CleanUpOnly
-# aborts without ending the process; 3 SkipCleanUp, torch's own default, ends it without
-# aborting the communicators; 0 does nothing.)
+# 1 is TearDown (ProcessGroupNCCL's ErrorHandlingMode, torch 2.11-2.15): on a failed or
+# timed-out collective torch's watchdog aborts the communicators and ends the process, instead
+# of blocking until the job is killed; torchrun's agent sets 1 too.
 NCCL_ASYNC_ERROR_HANDLING_ENV = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
 
 def sync_device(device: Any) -> None:
-    """Wait until the work queued on `device` is done (CUDA, or torch's other
-    accelerators); nothing on CPU (and nothing imported)."""
+    """Wait until the work queued on `device` is done; nothing on CPU (nothing imported)."""
     kind = getattr(device, "type", "cpu")
     if kind == "cpu":
         return
@@ -77,27 +67,19 @@ def cuda_index(local_rank: int, local_world_size: int, visible_count: int,
         "(srun --gpus-per-task=1), or start fewer ranks per node")
 
 
-# How long after op_timeout_s the process group's own timeout may fire: the op watchdog
-# (process/watchdog.py) fires at op_timeout_s and writes the record (rank 0) before it ends
-# the process; this is that write's time, and more.
-RECORD_MARGIN_S = 60.0
+RECORD_MARGIN_S = 60.0  # the op watchdog's time to write the record before the group's timeout
 
 
 def process_group_timeout_s(collective_timeout_s: float, op_timeout_s: float) -> float:
-    """The process group's timeout: collective_timeout_s, raised to op_timeout_s +
-    RECORD_MARGIN_S when lower. A save or load waits in DCP's collectives for its slowest
-    rank; if the group timed out first, NCCL's async error handling (torchrun's default)
-    would tear the process down there, before the op watchdog writes the failed record. A
-    stuck operation therefore ends by the watchdog, with a record; a collective between
-    operations still ends after this timeout."""
+    """collective_timeout_s, raised to op_timeout_s + RECORD_MARGIN_S when lower: a stuck
+    operation must end by the op watchdog, with a record, not by NCCL's teardown in DCP's
+    collectives first."""
     return max(collective_timeout_s, op_timeout_s + RECORD_MARGIN_S)
 
 
 def nccl_environment(backend: str) -> dict[str, str]:
-    """What a rank's environment needs before its process group is made: with nccl, async
-    error handling, so that a dead peer or a timed-out collective ends the rank (after
-    collective_timeout_s) instead of blocking it in C++, where no Python signal handler
-    runs. A value the user exported is kept."""
+    """With nccl, async error handling: a dead peer ends the rank instead of blocking it in
+    C++, where no Python signal handler runs. A value the user exported is kept."""
     if backend != "nccl":
         return {}
     return {NCCL_ASYNC_ERROR_HANDLING_ENV: os.environ.get(NCCL_ASYNC_ERROR_HANDLING_ENV, "1")}

@@ -1,13 +1,6 @@
-"""Memory high-water marks of one timed operation (per rank): resident memory and CUDA.
-
-Resident memory: Linux keeps the process's peak RSS (VmHWM in /proc/self/status) and
-resets it to the current RSS when "5" is written to /proc/self/clear_refs (Linux 4.0+).
-Reset right before an operation and read right after, VmHWM is that operation's peak.
-Without a reset (older kernels, no /proc) the only figure is the process's lifetime peak
-(ru_maxrss): still recorded, with a warning that it is not per operation.
-
-CUDA: torch.cuda.reset_peak_memory_stats before, max_memory_allocated after (the caching
-allocator's peak of live tensors on the rank's device, not what the driver reserved).
+"""Memory high-water marks of one timed operation (per rank): resident memory (VmHWM, reset
+through /proc/self/clear_refs before the operation; without a reset the lifetime peak, with a
+warning) and CUDA (the caching allocator's peak of live tensors, not what the driver reserved).
 """
 
 from __future__ import annotations
@@ -57,10 +50,7 @@ def lifetime_peak_rss_bytes() -> int:
 
 class PeakMemory:
     """`begin()` right before an operation, `end()` right after: (peak_rss_bytes, cuda bytes).
-
-    Both calls are cheap (one small /proc write or read; CUDA counters are host-side), so
-    they may sit next to a timer without disturbing it.
-    """
+    Both are cheap (one small /proc write or read), so they may sit next to a timer."""
 
     def __init__(self, device: torch.device | None = None,
                  warn: Callable[[str], None] | None = None) -> None:
@@ -82,8 +72,7 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def end(self) -> tuple[int | None, int | None]:
-        # Minor page faults since begin(): fresh memory touched during the op (each costs
-        # µs; how many depends on the allocator's state, see notes on issue 19).
+        # minor page faults since begin(): fresh memory touched during the op
         self.minor_faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                              - self._faults_before)
         peak = read_status().get("VmHWM") if self.per_op else None

@@ -1,17 +1,7 @@
-"""Loads with replicas (model.replicas > 1, HSDP): every replica reads, or one reads and
-broadcasts.
-
-With R replica groups on a (replicate, shard) mesh, the ranks of each replica hold the
-same shards as the ranks of replica 0 at the same shard index (models/build.py). A plain
-`dcp.load` on every rank then reads every shard R times from storage (R x the egress).
-
-`read_once_load` reads once: the ranks of replica 0 run `dcp.load` among themselves (the
-process group of the mesh's "shard" dimension on replica 0 is exactly those ranks, rank 0,
-DCP's coordinator, among them: no new group), and then every replica group broadcasts
-its shards from its replica-0 rank along the mesh's "replicate" dimension. Only public
-API (torch 2.11-2.15: `dcp.load(process_group=...)`, `dist.broadcast`); torch's own
-cooperative load planner is in none of these releases. Both steps are inside the caller's
-timer: the broadcast is part of what the load costs.
+"""Loads with replicas (model.replicas > 1, HSDP): every replica reads (R x the egress), or
+replica 0 reads and broadcasts along the mesh's "replicate" dimension (`read_once_load`: only
+public API; torch's cooperative load planner is in none of the releases supported). Both
+steps are inside the caller's timer: the broadcast is part of what the load costs.
 """
 
 from __future__ import annotations
@@ -33,20 +23,16 @@ from dcp_fsdp.rank.device import sync_device
 
 
 def replica_share(nbytes: int, replicas: int, replica: int) -> int:
-    """This replica's share of `nbytes` that every replica holds: split exactly, so the
-    shares over replicas 0..R-1 sum to `nbytes` (and over all ranks, to the checkpoint's
-    state bytes: the figure every throughput divides, at any world size and R)."""
+    """This replica's share of `nbytes` that every replica holds, split exactly: the shares
+    over replicas 0..R-1 sum to `nbytes`."""
     return nbytes * (replica + 1) // replicas - nbytes * replica // replicas
 
 
 def held_bytes(state_dict: dict[str, Any], mesh: DeviceMesh | None) -> int:
-    """Bytes of this rank's shards, a shard that every TP rank holds whole counted 1/tp on
-    each (split exactly, as replica_share splits): with model.tp > 1, FSDP alone shards the
-    norms, embeddings and head (their DTensors' mesh has no "tp" dimension), so the tp ranks
-    of a dp shard hold the same bytes; over all ranks the shares then sum to the checkpoint's
-    state bytes, as without TP. A plain tensor (AdamW's step scalars) is on every rank and
-    DCP writes it once: its bytes are split the same way over the ranks of a replica (issue
-    49 item 8: they were counted on every rank, (world - 1) x 156 B too many)."""
+    """Bytes of this rank's shards, split so that over all ranks they sum to the checkpoint's
+    state bytes: a shard every TP rank holds whole (FSDP alone shards the norms, embeddings and
+    head: no "tp" in their mesh) counts 1/tp on each; a plain tensor (AdamW's step scalars),
+    on every rank and written once, is split over the ranks of a replica."""
     tp, tp_rank = 1, 0
     if mesh is not None and TP_DIM in (mesh.mesh_dim_names or ()):
         tp, tp_rank = mesh[TP_DIM].size(), mesh.get_local_rank(TP_DIM)
@@ -83,10 +69,8 @@ def read_once_load(state_dict: dict[str, Any], storage_reader: StorageReader | N
                    replica: int, device: torch.device | None = None,
                    host_group: dist.ProcessGroup | None = None,
                    load_group: dist.ProcessGroup | None = None) -> float:
-    """Replica 0 loads from storage, then the replicate dimension broadcasts what it read
-    (the CPU tensors over `host_group` when there is one: see broadcast_from_first_replica).
-    Returns the seconds this rank spent in the broadcast (on replica 0: after its load),
-    `device` (the rank's) synchronized at both ends."""
+    """Replica 0 loads from storage, then the replicate dimension broadcasts what it read. The
+    seconds this rank spent in the broadcast, `device` synchronized at both ends."""
     if replica == 0:
         # with model.tp replica 0 spans (shard, tp): `load_group` holds its ranks
         dcp.load(state_dict, storage_reader=storage_reader,
@@ -100,13 +84,9 @@ def read_once_load(state_dict: dict[str, Any], storage_reader: StorageReader | N
 
 def broadcast_from_first_replica(state_dict: dict[str, Any], group: dist.ProcessGroup,
                                  host_group: dist.ProcessGroup | None = None) -> None:
-    """Every local shard (each storage once: a tied weight is sent once) from the group's
-    first rank (replica 0) to the others, in key order (the same on every rank). All
-    broadcasts are issued before any is waited on, so the transfers overlap.
-
-    `host_group` (gloo over the same ranks, models/build.py's replicate_host_group) carries
-    the CPU tensors: `group` is NCCL on a GPU run, and NCCL refuses a CPU tensor, which an
-    optimizer's state holds (AdamW's `step`). Without it every tensor goes over `group`."""
+    """Every local shard (each storage once) from the group's first rank to the others, in key
+    order, all issued before any is waited on. `host_group` (gloo over the same ranks) carries
+    the CPU tensors (AdamW's `step`), which NCCL refuses."""
     source = dist.get_global_rank(group, 0)
     pending = []
     for _, local, _, _ in unique_shards(state_dict):

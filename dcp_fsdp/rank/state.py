@@ -1,12 +1,7 @@
-"""The sharded state dict DCP saves and loads, what we measure of it, and whether a load
-put in it what the checkpoint must hold.
-
-DCP stores raw tensor bytes with no checksum, so a corrupted object would load silently.
-Every checkpoint's values are a pure function of (seed, tensor name, global element index)
-(models/values.py) and its manifest names the generator and the seed, so after a load each
-rank recomputes the values its own shards must hold (at whatever world size it loaded) and
-compares them bit for bit: every byte is checked, nothing is stored for it and no second copy
-of the model is held. It all happens outside the timed region.
+"""The sharded state dict DCP saves and loads, what we measure of it, and whether a load put
+in it what the checkpoint must hold: DCP stores no checksum, so after a load each rank
+recomputes the values its shards must hold (a pure function of seed, tensor name and global
+index: models/values.py) and compares them bit for bit, outside the timed region.
 """
 
 from __future__ import annotations
@@ -43,15 +38,13 @@ def flat_tensors(state_dict: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def checkpoint_mismatch(stored: dict[str, Any], state_dict: dict[str, Any]) -> str | None:
-    """How a checkpoint's tensors (`MetadataFacts.tensors`: key -> shape and dtype name)
-    differ from this state dict's, or None when every tensor is there as it is here and
-    every model tensor there is here (a smaller model would load part of it: issue 49
-    item 1; a model-only load of a checkpoint with optimizer state is a load of its model)."""
+    """How a checkpoint's tensors (`MetadataFacts.tensors`) differ from this state dict's, or
+    None when every tensor is there as here and every model tensor there is here (a
+    model-only load of a checkpoint with optimizer state is a load of its model)."""
     tensors = flat_tensors(state_dict)
     problem = first_difference(stored, ((key, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
                                         for key, tensor in tensors.items()))
     return problem or extra_model_tensor(stored, tensors)
-
 
 
 def mismatch_error(suffix: str, cfg: Any, problem: str, manifest: dict[str, Any] | None) -> UserError:
