@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp import contract
-from dcp_fsdp.config.schema import (MLPERF_CHECKPOINTS, BenchmarkConfig, Command, PrefixStrategy,
-                                    Protocol, ReaderKind, StorageClient,
-                                    ReplicaLoad, SaveMode, StorageKind, TrainStepWork,
-                                    iter_settings)
+from dcp_fsdp.config.schema import (MLPERF_CHECKPOINTS, BenchmarkConfig, Command, PrefixStrategy, Protocol,
+                                    ReaderKind, ReplicaLoad, SaveMode, StorageClient, StorageKind,
+                                    TrainStepWork, iter_settings)
 from dcp_fsdp.errors import UserError
 
 if TYPE_CHECKING:
@@ -65,12 +64,9 @@ CLIENT_PACKAGES = {StorageClient.s3torchconnector: ("s3torchconnector", "'s3torc
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[^/]+)(?:/(?P<prefix>.*))?$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-
-
-# A checkpoint's suffix: starts with a letter or digit, so no suffix can take the name of
-# the raw ceiling's folder (storage/layout.py owns what a suffix means in storage).
+# A checkpoint's suffix starts with a letter or digit: no suffix can take the name of the raw
+# ceiling's folder (storage/layout.py).
 _SUFFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
 
 NAME_MAX_BYTES = 255  # a file or directory name on Linux file systems
 KEY_MAX_BYTES = 1024  # an S3 object key
@@ -79,8 +75,8 @@ GENERATED_SUFFIX_ROOM = 32  # a generated suffix (2026-11-22-13-45-ab12, 21 byte
 
 
 def check_suffix_length(suffix: str, iterations: int, kind: str, prefix: str = "") -> None:
-    """A suffix the storage cannot hold fails here, not after every rank built the model.
-    A save of several iterations writes NAME-1 .. NAME-N (storage/layout.py)."""
+    """A suffix the storage cannot hold fails here, not after every rank built the model (a
+    save of several iterations writes NAME-1 .. NAME-N)."""
     longest = f"{suffix}-{iterations}" if iterations > 1 else suffix
     size = len(longest.encode())
     if kind == "fs" and size > NAME_MAX_BYTES:
@@ -104,8 +100,8 @@ def check_suffix(suffix: str) -> None:
 
 
 def model_config_names(conf_dir: Path) -> list[str]:
-    """The presets `model=` can name: one conf/model/<name>.yaml each (a unit test holds
-    them equal to models/presets.py; the launch checks the preset against the shapes)."""
+    """The presets `model=` can name: one conf/model/<name>.yaml each (a test holds them equal
+    to models/presets.py)."""
     return sorted(path.stem for path in (conf_dir / "model").glob("*.yaml"))
 
 
@@ -121,8 +117,7 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
         raise UserError(f"storage.uri={uri}: the prefix has an empty, '.' or '..' part; S3 keys "
                         "have no folders to step through (servers refuse or keep them "
                         "literally): write the prefix plainly, e.g. s3://bucket/ckpt/run1")
-    # room under S3's 1,024-byte keys for a suffix (a generated one: 21 bytes and -N) and
-    # DCP's object names (the suffix= setting is checked exactly: check_suffix_length)
+    # room for a generated suffix and DCP's object names (suffix= is checked exactly apart)
     longest_prefix = KEY_MAX_BYTES - LONGEST_OBJECT_NAME - GENERATED_SUFFIX_ROOM
     if len(prefix.encode()) > longest_prefix:
         raise UserError(f"storage.uri: its prefix is {len(prefix.encode())} bytes; with a "
@@ -141,8 +136,8 @@ def setting_names() -> tuple[str, ...]:
 
 
 def check_setting_name(written: str, key: str, package: str | None = None) -> None:
-    """`key` (as written: `written`, with any +, ++ or ~) names a setting, or UserError
-    naming it and the closest real setting."""
+    """`key` (written as `written`, with any +, ++ or ~) names a setting, or UserError naming
+    the closest one."""
     if package:
         written = written.split("@", 1)[0]
         raise UserError(f"{written}@{package}: package overrides (@) are not supported; "
@@ -210,16 +205,15 @@ def check_model_settings(cfg: BenchmarkConfig, given: set[str]) -> None:
                         "the model: give one of them")
 
 
-# A config.json's dtype field as model.dtype: transformers writes `dtype` since 4.56, `torch_dtype`
-# before. float16 is built as bf16: as many bytes a parameter (what a checkpoint's I/O depends
-# on), and the tool's values need a dtype both CPUs and GPUs fill fast.
+# A config.json's dtype field as model.dtype (`dtype` since transformers 4.56, `torch_dtype`
+# before). float16 is built as bf16: as many bytes a parameter, and fast to fill on CPUs too.
 CONFIG_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "bf16"}
 CONFIG_DTYPE_FIELDS = ("dtype", "torch_dtype")
 
 
 def config_json_dtype(path: str) -> tuple[str, Any] | None:
-    """(field, value) of the dtype a config.json names, or None: no such field, or a file the
-    model's own check refuses in its own line (models/hf_json.py)."""
+    """(field, value) of the dtype a config.json names, or None: no such field, or a file that
+    models/hf_json.py refuses in its own line."""
     import json
 
     file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
@@ -234,9 +228,8 @@ def config_json_dtype(path: str) -> tuple[str, Any] | None:
 
 
 def apply_config_dtype(cfg: BenchmarkConfig, given: set[str]) -> None:
-    """model.config's model is built in the dtype its file names (a Llama-3.1-8B config.json
-    says bfloat16: 15.0 GiB, where fp32 made 29.9), unless model.dtype is given; a dtype the
-    tool does not build is refused, naming the field and the fix (issue 49)."""
+    """model.config's model is built in the dtype its file names unless model.dtype is given;
+    a dtype the tool does not build is refused."""
     from dcp_fsdp.config.schema import Dtype
 
     if not cfg.model.config or "model.dtype" in given:
@@ -253,9 +246,8 @@ def apply_config_dtype(cfg: BenchmarkConfig, given: set[str]) -> None:
 
 
 def dtype_origin(model: ModelConfig) -> tuple[str, str]:
-    """(where model.dtype came from, a few words saying it): "config.json" where the file names
-    the dtype used, else "model.dtype" (a preset's, or given, or the file names none or
-    another). The run line, `plan` and the record say it (issue 49)."""
+    """(where model.dtype came from: "config.json" or "model.dtype", a few words saying it), for
+    the run line, `plan` and the record."""
     found = config_json_dtype(model.config) if model.config else None
     if found is None:
         return "model.dtype", ("the config.json names no dtype: model.dtype's" if model.config
@@ -268,15 +260,12 @@ def dtype_origin(model: ModelConfig) -> tuple[str, str]:
 
 
 def apply_protocol(cfg: BenchmarkConfig, given: set[str], named: str | None = None) -> None:
-    """protocol=mlperf fixes the run to MLPerf's counts (iterations=10), times nothing but its
-    saves and loads and verifies every load (docs/mlperf.md): a setting that would change any
-    of these is refused. `named`: the command as typed, where it composes as another (plan
-    composes a save)."""
+    """protocol=mlperf fixes MLPerf's counts, times only saves and loads and verifies every load
+    (docs/mlperf.md): a setting that would change these is refused. `named`: the command as
+    typed, where it composes as another (plan as save)."""
     if cfg.protocol != Protocol.mlperf:
         return
     if named == "plan":
-        # A plan is of one save and its load, the same under either protocol: accepting it
-        # would print the plan as if the protocol changed it.
         raise UserError("protocol=mlperf: plan answers for one save and its load, the same "
                         f"under either protocol (MLPerf's run makes {MLPERF_CHECKPOINTS} such "
                         f"saves, then loads the last {MLPERF_CHECKPOINTS} times); drop protocol")
@@ -346,10 +335,8 @@ def _check_numbers(cfg: BenchmarkConfig) -> None:
 
 
 def check_replicas(replicas: int, world_size: int, name: str, tp: int = 1) -> None:
-    """`world_size` ranks (the setting or variable it came from: `name`) must form
-    `replicas` groups of equal size: the (replicate, shard) mesh is a rectangle. Checked by
-    the launcher (nproc) and by a torchrun rank before it joins (WORLD_SIZE). With model.tp
-    the fix counts its groups too: a suggested value is not then refused by model.tp's check."""
+    """`world_size` ranks (from the setting or variable `name`) must form `replicas` groups of
+    equal size. With model.tp the fix counts its groups too, so model.tp's check accepts it."""
     if replicas < 1:
         raise UserError(f"model.replicas={replicas}: must be 1 or more")
     if world_size % replicas == 0:
@@ -463,9 +450,8 @@ def _check_prefixes(storage: StorageConfig) -> None:
 
 
 def check_endpoint(endpoint: str, name: str) -> None:
-    """`name` is the setting or environment variable the endpoint came from. One with
-    credentials (http://KEY:SECRET@host:port) is refused without repeating it: the command
-    line is recorded (`argv`), and the endpoint is recorded and printed in errors."""
+    """`name`: the setting or variable it came from. One with credentials is refused without
+    repeating it: the endpoint is recorded and printed."""
     if "@" in endpoint:
         raise UserError(f"{name} holds credentials (user:password@ before the host), which "
                         "would be recorded and printed: remove them from the URL and set "
