@@ -1,18 +1,9 @@
 """`dcp-fsdp tune` inside one launch: the ranks and the model are built once; only the
-storage settings change between trials.
-
-Rank 0 runs the search (tune/search.py) and, for each trial, broadcasts the
-trial's settings; every rank then runs one save-and-load iteration with the very loop
-and timers of a normal run (rank/loop.py), on a store made from the trial's settings
-(new writer, reader and S3 client configuration; the model is not rebuilt). The other
-ranks follow rank 0's broadcasts until it says stop.
-
-Each trial leaves a normal record in the session directory (`<results_dir>/tune-*/`), its
-`tune` field saying its role, so `dcp-fsdp report` and any recomputation read it as a
-run. Each trial's checkpoint is deleted after it (untimed). The search's result goes to
-`tune.json` there; rank 0 prints it. An interrupt ends the whole tune: the trial in
-progress is recorded as interrupted by the session (rank/session.py), and nothing is
-recommended.
+storage settings change between trials. Rank 0 runs the search (tune/search.py) and
+broadcasts each trial's settings; every rank then runs one save-and-load iteration with the
+loop of a normal run (rank/loop.py) on a store made from them. Each trial leaves a normal
+record in the session directory, its `tune` field saying its role, and its checkpoint is
+deleted after it; the result goes to `tune.json` there (docs/tune.md).
 """
 
 from __future__ import annotations
@@ -42,9 +33,6 @@ if TYPE_CHECKING:
     from dcp_fsdp.telemetry.records import Sample
 
 
-
-
-
 def trial_config(cfg: BenchmarkConfig, settings: dict[str, Any], ceiling: bool,
                  iterations: int = 1) -> BenchmarkConfig:
     """The session's config with the trial's settings, as a command line would set them."""
@@ -71,10 +59,9 @@ def figures_of(samples: Iterable[Sample]) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     for op in ("save", "load", "raw_put", "raw_get"):
         if op in found and found[op]["span_s"] > 0:
-            figures[f"{op}_mib_s"] = found[op]["aggregate_mib_s"]
-            figures[f"{op}_s"] = found[op]["span_s"]
-            figures[f"{op}_bytes"] = found[op]["bytes"]
-            figures[f"{op}_spread"] = found[op]["spread"]
+            for name, key in (("mib_s", "aggregate_mib_s"), ("s", "span_s"), ("bytes", "bytes"),
+                              ("spread", "spread")):
+                figures[f"{op}_{name}"] = found[op][key]
             rates = [v for v in found[op]["per_iteration_mib_s"] if not math.isnan(v)]
             figures[f"{op}_best_mib_s"] = max(rates) if rates else math.nan
             # the ceiling figures divide by: the median round (telemetry/figures.py)
@@ -192,14 +179,11 @@ class TuneTrials:
             "config": records.config_for_record(cfg), "started_at": records.utc_now(),
             "tune": records.TuneTrial(trial=self.count, role=role, settings=settings)})
         session.run, session.store = run, store
-        loop = session.loop = CheckpointLoop(cfg, session.ctx, store, self.sharded,
-                                             self.state_dict, request_log=session.request_log,
-                                             say=lambda message: None,
-                                             on_timeout=session.on_timeout,
-                                             # One async saver for the session (its stager,
-                                             # thread or upload process are set up once, as in
-                                             # a run of many saves): only storage settings change.
-                                             async_saver=self.async_saver)
+        # one async saver for the session (its stager and daemon set up once, as in a run of
+        # many saves): only storage settings change
+        loop = session.loop = CheckpointLoop(cfg, session.ctx, store, self.sharded, self.state_dict,
+                                             request_log=session.request_log, say=lambda message: None,
+                                             on_timeout=session.on_timeout, async_saver=self.async_saver)
         status, error_line = _run_trial(loop, session.guard)
         self.async_saver = loop.async_saver
         store.close()  # what the trial's store made in this process (MSC's profile file)
@@ -242,10 +226,8 @@ def load_spec() -> dict[str, Any] | None:
 
 def _run_trial(loop: CheckpointLoop, guard: InterruptGuard) -> tuple[str, str | None]:
     """(status, error line) of one trial's loop: a failure every rank raises alike ends the
-    trial, not the session; anything else (an interrupt) ends the session, and so does any
-    failure once this rank has been signalled: a Ctrl-C reaches the ranks one by one, and the
-    first to stop breaks the others' collective, whose error they may see before their own
-    signal is handled (the session records that as interrupted, as in a plain run)."""
+    trial, not the session; anything else ends the session, and so does any failure once
+    this rank has been signalled (the first rank to stop breaks the others' collective)."""
     try:
         loop.run()
     except (UserError, BenchmarkFailure) as error:  # raised on every rank alike
