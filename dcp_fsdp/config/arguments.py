@@ -1,9 +1,7 @@
-"""The one parser of `dcp-fsdp` (argparse): a subcommand per command, each naming the
-function that runs it (`entry`, imported only when it runs: `--help` and `wait` import no
-Hydra, no torch). The settings commands take Hydra overrides (key=value) as the arguments
-their flags do not take, in their order (`args.settings`; config/compose.py checks them);
-the others take options only. A bad argument is one UserError line naming the command, the
-option and its --help, never argparse's usage block."""
+"""The one parser of `dcp-fsdp` (argparse): a subcommand per command, each naming the function
+that runs it (`entry`, imported only then: `--help` and `wait` import no Hydra, no torch). The
+settings commands take the arguments no flag takes as Hydra overrides (`args.settings`). A bad
+argument is one UserError line naming the command and its --help, not argparse's usage block."""
 
 from __future__ import annotations
 
@@ -34,10 +32,9 @@ settings: dcp-fsdp COMMAND --help lists every setting with its type, default and
 
 
 class CommandArguments(argparse.ArgumentParser):
-    """An argparse parser whose errors raise UserError (one line naming the command and its
-    --help; exit 2 where the CLI prints it) instead of printing usage and exiting.
-    `settings`: the arguments no flag takes are settings (refused with a dash); otherwise
-    refused. `table`: --help ends with the settings table."""
+    """An argparse parser whose errors raise UserError instead of printing usage and exiting.
+    `settings`: the arguments no flag takes are settings (else refused). `table`: --help ends
+    with the settings table."""
 
     def __init__(self, *args: Any, settings: bool = False, table: bool = False,
                  **kwargs: Any) -> None:
@@ -64,9 +61,7 @@ class CommandArguments(argparse.ArgumentParser):
         return parsed, rest
 
     def _refuse_option_as_setting(self, arg: str) -> None:
-        """`world_size=8`, `exact=true`, `duration=2m`, `bucket=x`: an option of this command
-        in the key=value spelling it had before the one parser; the option named, not an
-        unknown setting or argument."""
+        """`world_size=8`: an option of this command spelt as a setting, named as the option."""
         key, equals, value = arg.partition("=")
         flag = "--" + key.replace("_", "-")
         action = self._option_string_actions.get(flag) if equals and key.isidentifier() else None

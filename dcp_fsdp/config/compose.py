@@ -1,11 +1,5 @@
-"""From the command line to a validated `BenchmarkConfig`.
-
-Configuration is composed with Hydra's compose API from `conf/` (the repository's
-top-level config directory; a wheel ships it as `dcp_fsdp/conf`) onto the structured config
-in `schema.py`; `-m`/`--multirun` sweeps
-(`iterations=1,3 model=tiny_llama,tiny_gpt2`) are expanded with Hydra's own override
-parser; `--config FILE` holds the same settings as YAML.
-"""
+"""From the command line to a validated `BenchmarkConfig`: Hydra's compose API over `conf/`
+onto `schema.py`; `-m` sweeps expanded by Hydra's override parser; `--config FILE` as YAML."""
 
 from __future__ import annotations
 
@@ -13,16 +7,13 @@ import itertools
 import re
 from typing import TYPE_CHECKING
 
-from dcp_fsdp.config.validate import (apply_config_dtype, apply_protocol, check_model_settings,
-                                      check_setting_name, check_storage_settings,
-                                      model_config_names)
 from dcp_fsdp.config.conf_dir import conf_dir
+from dcp_fsdp.config.validate import (apply_config_dtype, apply_protocol, check_model_settings,
+                                      check_setting_name, check_storage_settings, model_config_names)
 from dcp_fsdp.errors import UserError
 
 if TYPE_CHECKING:
     from dcp_fsdp.config.schema import BenchmarkConfig
-
-
 
 CONF_DIR = conf_dir()
 
@@ -43,13 +34,8 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
 
 
 def config_file_overrides(paths: list[str]) -> list[str]:
-    """The settings of `--config FILE` files (YAML), as overrides to place before the command
-    line's, in the files' order.
-
-    The file holds the same keys as the command line, nested or dotted, e.g.
-    `{model: L7b, iterations: 5, storage: {uri: s3://my-bucket/ckpt}}`; the
-    command line wins where both set a key.
-    """
+    """The settings of `--config FILE` files (YAML: the command line's keys, nested or dotted),
+    as overrides to place before the command line's (which wins), in the files' order."""
     return [override for path in paths for override in _config_file_overrides(path)]
 
 
@@ -123,8 +109,7 @@ def compose(command: str, overrides: list[str], named: str | None = None) -> Ben
 
 def check_overrides(overrides: list[str]) -> set[str]:
     """The setting names the overrides give, after refusing any that names no setting (a
-    `+key=value` of a misspelt key would otherwise be added and ignored: the run goes on
-    with the default)."""
+    misspelt `+key=value` would otherwise be added and ignored)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
@@ -153,8 +138,7 @@ def check_overrides(overrides: list[str]) -> set[str]:
 
 
 def _sweep_line(line: str) -> str:
-    """A sweep given without -m; where a comma made it one (a path holding a comma), also how
-    to give that one value (quoted, Hydra keeps the comma; -m would run one job per part)."""
+    """A sweep given without -m; where a comma in a text made it one, also how to quote it."""
     from dcp_fsdp.config.schema import iter_settings
 
     key, _, value = line.partition("=")
@@ -204,7 +188,7 @@ def parse_error_line(overrides: list[str], error: BaseException) -> str:
                 return (f"{key}: cannot parse the value {value!r} (its brackets do not pair "
                         f"up); write a list as {key}=[a,b]; a text must be quoted: {key}='{value}'")
             refused = _refused_anyway(key, value)
-            if refused:  # quoting it would only lead to this refusal
+            if refused:
                 return refused
             quote = '"' if "'" in value else "'"
             return (f"{key}: cannot parse the value {value!r} (non-ASCII letters and ~ ' ( ) "
@@ -214,9 +198,8 @@ def parse_error_line(overrides: list[str], error: BaseException) -> str:
 
 
 def _refused_anyway(key: str, value: str) -> str | None:
-    """The refusal a setting's own check gives this value, for a value Hydra cannot parse
-    unquoted: a hint to quote a suffix of non-ASCII letters led to a second refusal, for not
-    being ASCII (issue 49); the setting's own rule is the line to act on."""
+    """The refusal a setting's own check gives a value Hydra cannot parse unquoted: quoting it
+    would only lead to that refusal."""
     from dcp_fsdp.config.validate import check_region, check_suffix
 
     checks = {"suffix": check_suffix,

@@ -7,6 +7,7 @@ from typing import Any
 
 from dcp_fsdp.config.schema import format_default, iter_settings
 
+
 def settings_rows() -> list[tuple[str, str, str, str]]:
     """(setting, type, default, meaning) for every user setting, schema order."""
     return [(name, type_name, format_default(effective_default(name, default)), text)
@@ -38,9 +39,7 @@ def settings_table() -> str:
 
 
 def markdown_table() -> str:
-    """The README's Settings table, from the schema (tests/unit/test_settings_doc.py checks
-    the README against the schema): `python -c "from dcp_fsdp.config.usage import
-    markdown_table; print(markdown_table())"`."""
+    """docs/settings.md's table, from the schema (tests/unit/test_settings_doc.py checks it)."""
     lines = ["| setting | type | default | meaning |", "|---|---|---|---|"]
     bar = "\\|"  # a | inside a cell
     for name, type_name, default, text in settings_rows():
