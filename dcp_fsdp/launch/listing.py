@@ -54,7 +54,8 @@ def list_checkpoints(cfg: BenchmarkConfig, check: bool = False) -> int:
         print(printable(f"suffix={suffix}: damaged checkpoint: {what}; it cannot load: save it "
                         f"again, or `dcp-fsdp delete suffix={suffix}`"))
     for prefix in (c for c in checkpoints if c.nested):
-        print(printable(_prefix_note(store, prefix)))
+        print(printable(f"{_prefix_words(prefix)}`dcp-fsdp list {_where_setting(store, prefix.suffix)}` "
+                        "lists them"))
     for claim in (c for c in checkpoints if c.claim_only):
         print(printable(_abandoned_claim_note(store, claim, by_suffix.get(claim.suffix, []))))
     for untaken in (c for c in checkpoints if c.complete and not suffix_taken(c.suffix)):
@@ -74,8 +75,7 @@ def list_checkpoints(cfg: BenchmarkConfig, check: bool = False) -> int:
 
 
 def _table(rows: list[list], headers: list[str]) -> str:
-    """Rows as a table, every cell printable: a key from storage with a newline or ESC in it
-    neither splits its row nor reaches the terminal (log.printable)."""
+    """Rows as a table, every cell printable (a key from storage may hold a newline or ESC)."""
     from tabulate import tabulate
 
     return tabulate([[printable(c) if isinstance(c, str) else c for c in row] for row in rows],
@@ -131,25 +131,19 @@ def _where_setting(store: CheckpointStore, suffix: str) -> str:
     return f"storage.{'path' if store.kind == 'fs' else 'uri'}={store.location(suffix)}"
 
 
-def _nested_names(info: CheckpointInfo, shown: int = 3) -> str:
+def _prefix_words(info: CheckpointInfo, shown: int = 3) -> str:
+    """The head of a line for a folder above other checkpoints: what it holds."""
     more = len(info.nested) - shown
-    return ", ".join(info.nested[:shown]) + (f" and {more} more" if more > 0 else "")
-
-
-def _prefix_note(store: CheckpointStore, info: CheckpointInfo) -> str:
-    """One line for a folder above other checkpoints: what it holds and how to list them."""
+    names = ", ".join(info.nested[:shown]) + (f" and {more} more" if more > 0 else "")
     return (f"suffix={info.suffix}: a prefix holding {len(info.nested)} checkpoint(s) in "
-            f"folders below it ({_nested_names(info)}), not one checkpoint; `dcp-fsdp list "
-            f"{_where_setting(store, info.suffix)}` lists them")
+            f"folders below it ({names}), not one checkpoint; ")
 
 
 def _not_a_checkpoint(store: CheckpointStore, info: CheckpointInfo) -> str:
     """Why `delete` leaves folder `info` alone: it is not one checkpoint of ours."""
     if info.nested:
-        return (f"suffix={info.suffix}: a prefix holding {len(info.nested)} checkpoint(s) in "
-                f"folders below it ({_nested_names(info)}), not one checkpoint; left alone: "
-                f"delete each with `dcp-fsdp delete {_where_setting(store, info.suffix)} "
-                "suffix=NAME`")
+        return (f"{_prefix_words(info)}left alone: delete each with `dcp-fsdp delete "
+                f"{_where_setting(store, info.suffix)} suffix=NAME`")
     return (f"suffix={info.suffix}: holds objects only in folders below it, none of its own, "
             "so it is not a checkpoint this tool can recognise; left alone (remove it with "
             "your storage's own tools if it is not needed)")
@@ -158,14 +152,11 @@ def _not_a_checkpoint(store: CheckpointStore, info: CheckpointInfo) -> str:
 def _abandoned_claim_note(store: CheckpointStore, info: CheckpointInfo,
                          uploads: list[OpenUpload] | None = None) -> str:
     """One line for a suffix that holds only a save's claim as objects: who claimed it, how
-    long ago, what its open uploads hold (a save that ended mid-upload: its parts are
-    stored and billed, though no object was committed), and the command that removes it."""
+    long ago, what its open uploads hold, and the command that removes it."""
     claim = read_claim(store, info.suffix)
     who = (f" by run {claim.get('run_id') or '?'} on host {claim['host']}"
            if claim.get("host") else "")
     age_s = _age_s(info)
-    # delete leaves a suffix younger than its --min-age-s alone: the hint names --force
-    # then, or it would lead to a second refusal
     young = age_s < DEFAULT_MIN_AGE_S
     delete = (f"`dcp-fsdp delete suffix={info.suffix}{' --force' if young else ''}` with the "
               "same storage settings")
@@ -196,13 +187,12 @@ def _age(seconds: float) -> str:
 
 def clean_uploads(cfg: BenchmarkConfig, min_age_s: float = DEFAULT_MIN_AGE_S) -> int:
     """Abort the open multipart uploads under the location (suffix=...: under that
-    checkpoint only) started at least `min_age_s` ago; each is listed with its age. A
-    younger one may belong to a save running now (aborting it fails that save)."""
+    checkpoint only) started at least `min_age_s` ago (a younger one may be a running save's);
+    each is listed with its age."""
     store = _store(cfg, "clean")
     uploads = store.open_uploads(cfg.suffix)
     where = store.location(cfg.suffix or "")
-    # one moment for the table and the abort: an upload crossing min_age_s in between was
-    # listed as "leave" and then aborted (CI saw it under load)
+    # one moment for the table and the abort: else an upload listed as "leave" may be aborted
     now = datetime.datetime.now(datetime.timezone.utc)
     old = [u for u in uploads if u.age_s(now) >= min_age_s]
     young = [u for u in uploads if u not in old]
@@ -225,10 +215,8 @@ def clean_uploads(cfg: BenchmarkConfig, min_age_s: float = DEFAULT_MIN_AGE_S) ->
 
 def delete_checkpoint(cfg: BenchmarkConfig, min_age_s: float = DEFAULT_MIN_AGE_S) -> int:
     """Remove checkpoint `suffix=`, every object of it and its open uploads: a complete one,
-    or an incomplete one (an abandoned claim included) whose newest object is at least
-    `min_age_s` old (a younger one may be a save writing, or starting, there now). Only a
-    folder recognised as one checkpoint (CheckpointInfo.recognised), whatever the age: a
-    prefix above other checkpoints is refused, --force or not."""
+    or an incomplete one whose newest object is at least `min_age_s` old (a younger one may
+    be a save writing there now). Never a prefix above other checkpoints."""
     if not cfg.suffix:
         raise UserError("delete needs suffix=NAME: the checkpoint to remove (`dcp-fsdp list` "
                         "with the same storage settings shows them)")
