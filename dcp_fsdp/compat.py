@@ -1,15 +1,9 @@
-"""Every private torch, s3torchconnector or multi-storage-client internal the tool uses, and only here.
+"""Every private torch, s3torchconnector or multi-storage-client internal the tool uses, and only here
+(docs/architecture.md). A release may drop any of them: each use checks that it is there and raises
+MissingInternal (one line: what, the installed version, a way out) when it is not.
 
-A release may rename or drop any of them without notice. Each use below checks that the
-internal is there and, when it is not, raises MissingInternal with one line naming what
-is missing, the installed version and a way out, instead of an AttributeError deep in a
-rank (or, worse, a silent no-op). tests/unit/test_compat.py fails when a module outside
-this one reaches a private torch or connector name.
-
-Importing this module imports neither torch nor the connector: the light launcher uses
-the version checks. It imports nothing of the package either (a leaf: import-linter's
-contract in pyproject.toml): what the package's own modules must do around an internal (a
-warning, a death signal) is handed in by the caller.
+Importing it imports neither torch nor the connector (the light launcher uses the version checks)
+nor anything of the package: a warning or a death signal is handed in by the caller.
 """
 
 from __future__ import annotations
@@ -28,11 +22,8 @@ if TYPE_CHECKING:
 # lowest and the newest, the pinned CPU build runs the full suite).
 TORCH_MIN = (2, 11)
 TORCH_MAX_TESTED = (2, 15)
-CONNECTOR_MINOR = (1, 5)
-# torch's modules a rank imports before its first figure (python -X importtime of a rank,
-# 2026-11-27), for the agent to import before it forks its ranks (launch/forked_rank.py).
-# torch._dynamo is private, and not imported by any of ours: the first DTensor that
-# fully_shard makes imports it, and so does a normal_ on the meta device.
+# torch's modules a rank imports before its first figure, for the agent to import before it forks
+# its ranks (launch/forked_rank.py). torch._dynamo is private: fully_shard's first DTensor imports it.
 RANK_TORCH_MODULES = ("torch", "torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
                       "torch.distributed.fsdp", "torch._dynamo")
 
@@ -79,7 +70,10 @@ def _missing(what: str, package: str, way_out: str) -> MissingInternal:
                            f"{TORCH_MAX_TESTED[0]}.{TORCH_MAX_TESTED[1]}); {way_out}")
 
 
-def _internal(module: str, name: str, package: str, way_out: str) -> Any:
+_TORCH_RANGE = "install a torch release in the tested range"
+
+
+def _internal(module: str, name: str, package: str = "torch", way_out: str = _TORCH_RANGE) -> Any:
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError):
@@ -124,12 +118,9 @@ def load_stream(reader: Any, read_item: Any, storage_info: Any, raw: Any) -> Any
 
 
 def saved_tensor_layout(open_item: Any) -> tuple[Any, int]:
-    """Where the tensor one `torch.save` wrote lies in its bytes: (the tensor on the meta
-    device: its dtype, shape, strides and storage offset; the offset of its data record from
-    the item's start). torch.load to the meta device reads the zip's framing (its first
-    records and its last few KiB), not the data; torch's zip reader (private
-    `torch._C.PyTorchFileReader`) gives where the data record lies. `open_item()`: a new
-    seekable file over the item each call."""
+    """Where the tensor one `torch.save` wrote lies in its bytes: (the tensor on the meta device,
+    the offset of its data record from the item's start), from the zip's framing only (torch's
+    private zip reader gives the record's offset). `open_item()`: a new seekable file each call."""
     import torch
 
     meta = torch.load(open_item(), map_location="meta", weights_only=True)
@@ -156,9 +147,7 @@ def saved_tensor_view(item: memoryview, as_file: Any) -> Any:
 def narrow_tensor_by_index(tensor: Any, offsets: Any, sizes: Any) -> Any:
     """DCP's own narrowing of a loaded item to the part a read asks for (private in
     torch.distributed._shard._utils)."""
-    narrow = _internal("torch.distributed._shard._utils", "narrow_tensor_by_index", "torch",
-                       _TORCH_RANGE)
-    return narrow(tensor, offsets, sizes)
+    return _internal("torch.distributed._shard._utils", "narrow_tensor_by_index")(tensor, offsets, sizes)
 
 
 # -- torch: the private names a `.metadata` pickle holds --------------------------------------
@@ -171,28 +160,23 @@ METADATA_LAYOUT = ("torch.serialization", "_get_layout")
 
 # -- torch: state dicts and DTensor shards --------------------------------------------------
 
-_TORCH_RANGE = "install a torch release in the tested range"
-
 
 def flatten_state_dict(state_dict: dict) -> tuple[dict, dict]:
     """DCP's own flattening ("model.x.weight" keys), so keys match what DCP writes."""
-    flatten = _internal("torch.distributed.checkpoint._nested_dict", "flatten_state_dict",
-                        "torch", _TORCH_RANGE)
-    return flatten(state_dict)
+    return _internal("torch.distributed.checkpoint._nested_dict", "flatten_state_dict")(state_dict)
 
 
 def local_shape_and_global_offset(tensor: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """This rank's shard of a DTensor: its shape and its offset in the global tensor, as
     DCP computes them when it writes the shard (uneven shards included)."""
-    compute = _internal("torch.distributed.tensor._utils", "compute_local_shape_and_global_offset",
-                        "torch", _TORCH_RANGE)
+    compute = _internal("torch.distributed.tensor._utils", "compute_local_shape_and_global_offset")
     return compute(tensor.shape, tensor.device_mesh, tensor.placements)
 
 
 def split_by_size_and_type(bins: int, items: list) -> list[list]:
     """How DCP's FileSystemWriter bins a rank's write items into thread_count files."""
     split = _internal("torch.distributed.checkpoint.filesystem", "_split_by_size_and_type",
-                      "torch", "use dcp-fsdp save (ceiling needs DCP's own file binning)")
+                      way_out="use dcp-fsdp save (ceiling needs DCP's own file binning)")
     return split(bins, items)
 
 
@@ -200,26 +184,20 @@ def dedup_save_plans(plans: list) -> list:
     """DCP's coordinator's deduplication (DefaultSavePlanner.create_global_plan's first step):
     an item on several ranks' plans kept on one, the rank with the least planned so far
     (`dcp-fsdp plan` lays out a large world's files without the rest of the global plan)."""
-    dedup = _internal("torch.distributed.checkpoint._dedup_save_plans", "dedup_save_plans",
-                      "torch", _TORCH_RANGE)
-    return dedup(plans)
+    return _internal("torch.distributed.checkpoint._dedup_save_plans", "dedup_save_plans")(plans)
 
 
 def storage_info(relative_path: str, offset: int, length: int) -> Any:
     """What DCP's FileSystemWriter records for one write item in `.metadata`'s storage_data
     (`dcp-fsdp plan` builds the `.metadata` a save would write, without writing one)."""
-    info_class = _internal("torch.distributed.checkpoint.filesystem", "_StorageInfo", "torch",
-                           _TORCH_RANGE)
-    return info_class(relative_path, offset, length)
+    return _internal("torch.distributed.checkpoint.filesystem", "_StorageInfo")(relative_path, offset, length)
 
 
 # -- torch: a tensor with no memory behind it -----------------------------------------------
 
 @functools.cache
 def _fake_tensor_mode() -> Any:
-    mode_class = _internal("torch._subclasses.fake_tensor", "FakeTensorMode", "torch",
-                           _TORCH_RANGE)
-    return mode_class()
+    return _internal("torch._subclasses.fake_tensor", "FakeTensorMode")()
 
 
 def fake_tensor(shape: tuple[int, ...], dtype: Any) -> Any:
@@ -234,8 +212,7 @@ def fake_tensor(shape: tuple[int, ...], dtype: Any) -> Any:
 
 def dcp_metadata_version() -> str:
     """The version string DCP's FileSystemWriter stamps into `.metadata`."""
-    return str(_internal("torch.distributed.checkpoint.filesystem", "CURRENT_DCP_VERSION",
-                         "torch", _TORCH_RANGE))
+    return str(_internal("torch.distributed.checkpoint.filesystem", "CURRENT_DCP_VERSION"))
 
 
 # -- torch: the process checkpointer's daemon -----------------------------------------------
@@ -245,12 +222,10 @@ _EXECUTOR = "torch.distributed.checkpoint._async_process_executor"
 
 
 def start_checkpoint_daemon(group: Any, wrap_init_info: Callable[[Any], Any]) -> None:
-    """Start the process checkpointer's daemon now (untimed; dcp.async_save would do it
-    inside the first timed save), joined to `group`. torch pickles its init info into the
-    daemon; `wrap_init_info(info)` is what is pickled in its place: a wrapper whose
-    unpickling, first thing in the daemon, ties the daemon's life to the rank's
-    (process.lifeline.DiesWithParent: a killed rank must not leave an uploader behind
-    that could still commit .metadata) and gives torch back its own object."""
+    """Start the process checkpointer's daemon now (untimed; dcp.async_save would do it inside the
+    first timed save), joined to `group`. `wrap_init_info(info)` is pickled in place of torch's
+    init info: its unpickling ties the daemon's life to the rank's (process.lifeline.DiesWithParent:
+    a killed rank must leave no uploader that could still commit .metadata)."""
     executor: Any = importlib.import_module(_EXECUTOR)  # private names, checked below
     names = ("_CHECKPOINT_PROCESS", "_AsyncCheckpointProcess", "_ProcessGroupInitInfo")
     if not all(hasattr(executor, name) for name in names):
@@ -262,20 +237,16 @@ def start_checkpoint_daemon(group: Any, wrap_init_info: Callable[[Any], Any]) ->
 
 # -- s3torchconnector: its native (CRT) client ----------------------------------------------
 
-_CLIENT_WARNING = ("s3torchconnector {version}: its S3 client could not be built before the "
-                   "timer starts ({why}); client set-up (~1 s) is inside the first timed "
-                   "save or load of each rank")
-
-
 def build_native_client(file_system: Any, warn: Callable[[str], None]) -> bool:
     """Build the connector's lazily created native client of a DCP writer's or reader's file
     system (the connector's S3FileSystem: storage/timed_fs.py `client_file_system`) now.
     False (`warn` called once per process) when this connector release hides it elsewhere."""
     client = getattr(file_system, "_client", None)
     if client is None or not hasattr(type(client), "_client"):
-        _warn_once("client", _CLIENT_WARNING.format(
-            version=installed_version("s3torchconnector"),
-            why="no _client._client on its storage writer's/reader's file system"), warn)
+        _warn_once("client", f"s3torchconnector {installed_version('s3torchconnector')}: its S3 client "
+                   "could not be built before the timer starts (no _client._client on its storage "
+                   "writer's/reader's file system); client set-up (~1 s) is inside the first timed "
+                   "save or load of each rank", warn)
         return False
     client._client  # noqa: B018 - property access builds the client
     return True
@@ -314,15 +285,10 @@ def save_planner(plan_caching: Literal[True], cache_key: str) -> DefaultSavePlan
 @overload
 def save_planner(plan_caching: bool, cache_key: str) -> DefaultSavePlanner | None: ...
 def save_planner(plan_caching: bool, cache_key: str) -> DefaultSavePlanner | None:
-    """DCP's DefaultSavePlanner with save plan caching, or None (DCP's default planner).
-
-    DCP caches plans in class-level dicts keyed by the planner's `_cached_plans_key` (its
-    class name), so every planner of a process shares one cache; the final local plans it
-    replays carry the storage writer's `prepare_global_plan` output (file prefixes). The
-    subclass keys them per writer layout (`cache_key`), so that a save with another prefix
-    strategy (tune changes it between trials in one process) never replays stale plans.
-    `enable_plan_caching` exists in torch 2.11, 2.13 and 2.15.
-    """
+    """DCP's DefaultSavePlanner with save plan caching, or None (DCP's default planner). DCP
+    keys its class-level plan cache by class name, and the plans it replays carry the writer's
+    file prefixes: the subclass keys them per writer layout (`cache_key`), so a save with another
+    prefix strategy (tune, between trials) never replays stale plans."""
     if not plan_caching:
         return None
     return _keyed_save_planner_class()(cache_key)
@@ -339,21 +305,18 @@ def _keyed_save_planner_class() -> type:
             self.cache_key = cache_key
 
         def __reduce__(self) -> tuple:
-            # The process checkpointer pickles the planner into its daemon: rebuilt there
-            # by name (this class is made on first use, so that importing compat imports
-            # no torch).
+            # pickled into the process checkpointer's daemon: rebuilt there by name (the class is
+            # made on first use, so that importing compat imports no torch)
             return save_planner, (True, self.cache_key)
 
     return KeyedSavePlanner
 
 
 def host_stager(options: Any) -> Any:
-    """A DefaultStager that stages in its background thread (`options.use_async_staging`)
-    without an accelerator stream: for CPU (gloo) ranks. torch's own creates
-    `torch.Stream()` whenever an accelerator is available on the machine, which opens a CUDA
-    context on GPU 0 in every gloo rank of a GPU host. The subclass sets up what
-    DefaultStager.__init__ would, less the stream (private `_config`, `_staging_executor`:
-    torch 2.11-2.15)."""
+    """A DefaultStager that stages in its thread (`options.use_async_staging`) without the
+    accelerator stream torch's own creates whenever the machine has one (a CUDA context on GPU 0
+    in every gloo rank of a GPU host): for CPU ranks. Sets torch's private `_config`,
+    `_staging_executor` as DefaultStager.__init__ would."""
     if options.use_pinned_memory or options.use_non_blocking_copy:
         raise ValueError("host_stager: pinned memory and non-blocking copies need a device")
     return _host_stager_class()(options)
@@ -419,8 +382,7 @@ def msc_botocore_events(storage_client: Any, warn: Callable[[str], None]) -> Any
 
 
 def msc_reads_ranged(stream: Any) -> bool:
-    """Whether a multi-storage-client object file reads by ranged GETs (an object above its
-    `MEMORY_LOAD_LIMIT`, 512 MiB in 1.3: a private `RemoteFileReader` behind `_file`) rather
-    than out of the whole object it downloaded. Ask after its first call returned (that
-    call waits until the file knows)."""
+    """Whether a multi-storage-client object file reads by ranged GETs (above its 512 MiB
+    `MEMORY_LOAD_LIMIT`: a private `RemoteFileReader` behind `_file`), not out of the whole object
+    downloaded. Ask after its first call returned."""
     return type(getattr(stream, "_file", None)).__name__ == "RemoteFileReader"
