@@ -1,13 +1,7 @@
 """The S3 client a run used (storage.client) in the report: the `x connector` ratio and what
-the records say, or fail to say, about the client.
-
-- A record without storage.client was written before the setting existed, when
-  s3torchconnector was the only client: it is counted as the connector's, and a note names
-  the files (where other records name a client, so that the pooling is never silent).
-- A client this reader does not know (a record edited by hand, or a newer dcp-fsdp's) keeps
-  its row but gets no ratio, and a note names it and the files.
-- A ratio whose row, or the connector's row it divides by, rests on a single iteration has
-  no spread to show its noise: a note names those rows.
+the records say, or fail to say, about the client (docs/report.md). A record without
+storage.client was written when s3torchconnector was the only client: it counts as the
+connector's, said in a note; a client this reader does not know keeps its row, no ratio.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Whether a run's record is whole: a cut-off or damaged record never enters a figure.
 
-A run that says "ok" is left out of every figure (and listed, with the reason) when:
-- its record file has unreadable lines (a sample line cut off or damaged: that rank's
-  measurement is lost, so the operation's bytes and span would be wrong);
-- its record file has lines that are not JSON and not recognisably a sample (a stray line
-  appended, damage) and the record has no sample count to hold it to (below: schema 2 on,
-  world_size and iterations known); where it has one, its samples are checked by it and
-  such lines only skipped (the report's note names them);
-- some operation (op, iteration) lacks a rank of 0..world_size-1, or has a rank outside it;
-- the run line has no world_size and the ranks differ between operations;
-- (records of schema 2 on) a save, load or save-and-load lacks an iteration of 1..iterations
-  of an operation it must have made, or has no samples at all.
-Older records (schema 1) are not held to the iteration count: some wrote fewer lines.
+A run that says "ok" is left out of every figure (and listed, with the reason) when its
+record file has unreadable lines; or lines that are neither JSON nor recognisably a sample
+and no sample count to hold it to; or an operation lacks a rank of 0..world_size-1 (or has
+one outside it); or (schema 2 on) a timed operation lacks an iteration. docs/report.md.
 """
 
 from __future__ import annotations

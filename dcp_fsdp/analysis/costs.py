@@ -1,28 +1,10 @@
-"""Dollars of a checkpoint, from a run's own request counts and bytes, and a prices file.
-
-A prices file (YAML; the default is conf/prices/s3-standard-us-east-1.yaml, dated and
-sourced) gives the price of 1,000 PUT-class and 1,000 GET-class requests, of a GB-month
-of storage, and which request types are PUT-class or free (every other type is GET-class,
-as S3 bills "GET, SELECT and all other requests"). From a save's (load's) requests per
-type, summed over its ranks:
-
-  request_dollars      = put_class / 1000 x put_per_1000 + get_class / 1000 x get_per_1000
-  storage_dollars_month = stored bytes / gb_bytes x storage_per_gb_month   (one checkpoint)
-
-and per day at a checkpoint interval tau with K checkpoints kept and a job MTBF M:
-
-  saves_per_day    = 86400 / tau
-  restarts_per_day = 86400 / M           (each restart loads one checkpoint)
-  dollars_per_day  = saves_per_day x save requests $ + restarts_per_day x load requests $
-                     + K x storage_dollars_month x 12 / 365
+"""Dollars of a checkpoint, from a run's own request counts and bytes, and a prices file
+(YAML; default conf/prices/s3-standard-us-east-1.yaml, dated and sourced). Formulas and
+assumptions: docs/decisions.md "Dollars per checkpoint".
 
 A file system has no request or storage charges to price here: no dollars, never zero.
-Requests are priced only from complete counts (`RequestCounts.complete`): every sample of
-the operations has its request summary, none of them left request lines unparsed, no request
-of the run's operations reached the log after its window (`late`, on the run's untimed
-summary), and no operation that moved bytes shows zero requests (the connector's log went
-unparsed). Otherwise: no dollar figure, and the report
-names what is missing (a partial sum divided by every operation would price low, quietly).
+Requests are priced only from complete counts (`RequestCounts.complete`); otherwise the
+report names what is missing (a partial sum divided by every operation would price low).
 """
 
 from __future__ import annotations

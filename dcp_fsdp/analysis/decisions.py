@@ -2,27 +2,12 @@
 
 `dcp-fsdp report DIR --node-mtbf-hours H [--nodes N] [--interval-minutes X] [--keep K]
 [--prices FILE]`, per save group (definitions and assumptions: docs/decisions.md):
-
-  M  = H x 3600 / N             the job's mean time between failures, seconds (N: --nodes,
-                                default the run's node count)
-  C  = what one checkpoint costs training, from the warm saves (iterations 2 and on; the
-       first save only when there is no later one): sync, the save (stall span); async, the
-       training lost per save when steps ran between saves (train_lost_s), else the stall
-  R  = restart: the first load (iteration 1: a restart loads in a fresh process) +
-       start-up (the slowest rank's untimed init less its value fill, which a real restart
-       does not do; mean over runs)
-  L  = async only: the upload lag, persisted - stall: the last durable checkpoint is that
-       much older when a failure strikes
-  Young (1974):  tau = sqrt(2 C M)
-  Daly (2006), higher order:
-                 tau = sqrt(2 C M) [1 + 1/3 sqrt(C / 2M) + 1/9 (C / 2M)] - C   (C < 2M)
-                 tau = M                                                       (C >= 2M)
-  share of training time lost at tau ~ C / tau + (tau / 2 + L) / M + R / M
-                                     (stalls, expected rework, restarts): first order in
-                                     (tau + C + L + R) / M; flagged above FIRST_ORDER_LIMIT,
-                                     meaningless at 100 % or more
-An async interval below the upload time (persisted span) would queue saves: it is raised to
-it, and said so.
+  M = H x 3600 / N (the job's MTBF, s); C = what one checkpoint costs training (warm saves);
+  R = restart (the first load + start-up); L = async only: the upload lag
+  Young (1974): tau = sqrt(2 C M); Daly (2006): the higher-order form (daly_interval_s)
+  share of training time lost at tau ~ C / tau + (tau / 2 + L) / M + R / M (first order;
+  flagged above FIRST_ORDER_LIMIT, meaningless at 100 % or more)
+An async interval below the upload time (persisted span) would queue saves: it is raised to it.
 """
 
 from __future__ import annotations
@@ -57,10 +42,8 @@ def young_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
 
 
 def daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
-    """Daly's higher-order optimum (J. T. Daly, "A higher order estimate of the optimum
-    checkpoint interval for restart dumps", FGCS 22 (2006) 303-312), for C < 2M; from
-    C = 2M on, checkpoint every M. Smooth through M/2 (the first-order form's C < M/2 was
-    never its bound); at C = 2M it ends at 8/9 M, then M: Daly's own boundary."""
+    """Daly's higher-order optimum (FGCS 22 (2006) 303-312) for C < 2M; from C = 2M on,
+    checkpoint every M (Daly's own boundary)."""
     if checkpoint_s >= 2 * mtbf_s:
         return mtbf_s
     ratio = checkpoint_s / (2 * mtbf_s)

@@ -1,11 +1,9 @@
 """Grouping runs' samples into the report's tables (DataFrames of raw numbers).
 
-Groups: node count, world size, model, operation, storage, and every setting that
-differs between the runs that enter the figures, as does the torch or connector version,
-the process-group backend or the device (GPU model) a run used (RUN_ATTRIBUTES). A setting
-that does not apply to an operation (APPLIES_TO) does not split its rows. Failed and
-interrupted runs, and runs whose record is not whole (analysis.completeness), are left out
-of every figure and listed; failed and interrupted ones are also counted per group.
+Groups: node count, world size, model, operation, storage, and every setting or run
+attribute (RUN_ATTRIBUTES) that differs between the runs that enter the figures; a setting
+that does not apply to an operation (APPLIES_TO) does not split its rows. Failed,
+interrupted and incomplete runs are left out of every figure and listed (docs/report.md).
 """
 
 from __future__ import annotations
@@ -27,32 +25,26 @@ from dcp_fsdp.analysis.tables import OP_ORDER, ordered, phase_row, throughput_ro
 __all__ = ["FIRST", "LATER", "OP_ORDER", "NOT_SETTINGS", "build", "runs_frame", "storage_label"]
 
 FIXED_KEYS = ["nodes", "ranks", "model", "op", "storage"]
-# An operation's order in its process: "first" (iteration 1: it pays page faults for fresh
-# buffers, as a restart's load does) or "later" (warm, as a long run's periodic save). The
-# tables show both apart (tables.order_figures); decisions pick the one they model.
+# An operation's order in its process: "first" (iteration 1: cold, as a restart's load) or
+# "later" (warm, as a long run's periodic save); docs/metrics.md.
 FIRST, LATER = "first", "later"
 
 
 def op_order(iterations: pd.Series) -> list[str]:
     return [FIRST if int(i) == 1 else LATER for i in iterations]
 # Settings never used to split groups: they name places or runs, or change what the tool
-# prints or keeps, not how a save or load behaves. `ceiling` only adds raw_put / raw_get
-# operations after the DCP ones (their own rows); tune.* steer the search, not a run.
-# request_stats is a setting: the connector's debug log it needs costs time inside the timer.
+# prints or keeps, not how a save or load behaves (request_stats does: its log costs time).
 NOT_SETTINGS = {
     "command", "suffix", "results_dir", "nproc", "iterations", "seed", "op_timeout_s",
     "collective_timeout_s", "model.preset", "storage.kind", "storage.uri", "storage.endpoint",
     "storage.path", "storage.region", "storage.connect_timeout_s", "storage.metrics_url",
-    "keep_request_log",
-    "progress", "progress_interval_s", "ceiling", "tune.budget_s", "tune.trials",
-    "tune.repeats",
+    "keep_request_log", "progress", "progress_interval_s", "ceiling", "tune.budget_s",
+    "tune.trials", "tune.repeats",
 }
 
 
-# Settings that change only some operations: elsewhere they do not split rows (a load's
-# row is not split by the save mode it followed). A name ending in "." covers its group.
-# storage.part_size_mib is not here: it cuts a load's ranged GETs as it cuts a save's
-# parts (5 vs 3 GETs in docs/report.md's example), so it splits every operation.
+# Settings that change only some operations: elsewhere they do not split rows. A name ending
+# in "." covers its group. (storage.part_size_mib cuts a load's ranged GETs too: not here.)
 APPLIES_TO = {
     "save_mode": ("save",), "async_save.": ("save",), "train_step_s": ("save",),
     "storage.reader": ("load",), "model.replica_load": ("load",),
@@ -74,16 +66,13 @@ def _device(run: dict[str, Any]) -> str | None:
 
 
 # What a run record says about where and with what it ran: these split groups, like a
-# setting, whenever they differ between the runs (a torch or connector upgrade, gloo vs
-# nccl, CPU vs GPU each change the figures).
+# setting, whenever they differ between the runs.
 RUN_ATTRIBUTES = {
     "torch": lambda run: (run.get("versions") or {}).get("torch"),
     "connector": lambda run: (run.get("versions") or {}).get("s3torchconnector"),
     "process_group": lambda run: run.get("backend"),
-    # exec'd ranks (as users run them) or forked from the agent (the test suite's switch):
-    # a forked rank's timings are not a user's, never pooled with an exec'd one's
+    # a forked rank's timings (the test suite's switch) are not a user's: never pooled
     "rank_start": lambda run: run.get("rank_start"),
-
     "device": _device,
 }
 
@@ -126,12 +115,10 @@ def _text(value: Any) -> str:
 
 def runs_frame(runs: list[dict[str, Any]], incomplete: dict[str, str] | None = None
                ) -> tuple[pd.DataFrame, list[str]]:
-    """One row per run with the group columns; and the names of the varying settings.
-
-    Runs in `incomplete` ({run_id: reason}) get status "incomplete". Settings vary when
-    they differ between the runs that enter the figures (status ok); `matches_constants`
-    says whether a run left out agrees with those runs on every setting they share (so a
-    failed run is counted only in a group it could have belonged to)."""
+    """One row per run with the group columns; and the names of the varying settings (those
+    that differ between the runs with status ok). Runs in `incomplete` ({run_id: reason})
+    get status "incomplete"; `matches_constants`: a run left out agrees with the others on
+    every setting they share (a failed run is counted only in a group it could have made)."""
     incomplete = incomplete or {}
     rows = []
     settings_per_run = []
@@ -212,8 +199,7 @@ SKEW_NOTED_SHARE = 0.01
 
 def skew_notes(run_rows: pd.DataFrame, ops: pd.DataFrame) -> list[str]:
     """Runs on more than one node whose wall clocks read far enough apart (clock_spread_s)
-    to move their spans: aggregate MiB/s subtracts clocks of different hosts; slowest-rank
-    figures (each rank's own monotonic clock) do not."""
+    to move their spans (aggregate MiB/s subtracts clocks of different hosts)."""
     notes = []
     for _, run in run_rows.iterrows():
         spread_s = run.get("clock_spread_s")
@@ -228,8 +214,7 @@ def skew_notes(run_rows: pd.DataFrame, ops: pd.DataFrame) -> list[str]:
 
 
 def _failed_like(failed_runs: pd.DataFrame, labels: dict[str, Any], varying: list[str]) -> float:
-    """Failed runs that would have made a row of this group (its op's commands, its
-    settings)."""
+    """Failed runs that would have made a row of this group (its op's commands, its settings)."""
     same_group = failed_runs
     for name in ("nodes", "ranks", "model", "storage", *varying):
         if _applies(name, labels["op"]):

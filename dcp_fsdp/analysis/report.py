@@ -1,19 +1,9 @@
-"""`dcp-fsdp report [PATH ...]`: tables and plots over many runs' records.
+"""`dcp-fsdp report [PATH ...]`: tables and plots over many runs' records (docs/report.md).
 
-Reads record files (JSON Lines, one per run: a run line, then one line per rank
-per save/load), and groups the saves and loads by node count, world size, model,
-operation, storage backend and every setting that differs between the runs.
-Failed and interrupted runs are left out of every figure, but counted per group
-and listed under the tables. Records from older versions that lack a field
-report it empty. Lines and files that cannot be read, and second copies of a run, are
-skipped with one note per reason (analysis.intake).
-
-Output: the terminal (default; fits the terminal's width, 100 columns when not a
-terminal: a compact set of columns, `--wide` for all), Markdown (--format md, every
-column) or CSV (--format csv, or --csv FILE besides another format; every figure);
-PNG plots with --plot DIR. Runs whose record is not whole (cut off, a rank's sample
-missing) are left out like failed ones, with the reason.
-Metric definitions: the README's "Metrics".
+Groups the saves and loads by node count, world size, model, operation, storage and every
+setting that differs between the runs. Failed and interrupted runs, and runs whose record is
+not whole, are left out of every figure and listed; unreadable lines and files, and second
+copies of a run, are skipped with one note per reason (analysis.intake).
 """
 
 from __future__ import annotations

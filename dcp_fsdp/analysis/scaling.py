@@ -1,21 +1,11 @@
-"""Scaling across world sizes and node counts, and S3's per-prefix request limits.
+"""Scaling across world sizes and node counts, and S3's per-prefix request limits
+(docs/decisions.md "Scaling across world sizes and node counts").
 
-The scaling view appears in `report` when the records of one model (same storage, same
-operation, same other settings) span several world sizes or node counts. Per size:
-
-  aggregate MiB/s          the group's (analysis.metrics: all ranks' bytes / the span)
-  MiB/s per rank, per node aggregate / ranks, / nodes
-  scaling efficiency       (aggregate / ranks) / (the smallest size's aggregate / its ranks):
-                           1.0 is linear scaling
-  plan, commit, barrier    mean per-rank plan_s, commit_s and aligning-barrier wait, each as
-                           a share of the operation's mean span: the coordination overhead
-
-Prefix limits: S3 serves at least 3,500 PUT/COPY/POST/DELETE and 5,500 GET/HEAD requests per
-second per partitioned prefix, and answers 503 SlowDown beyond. A run's request rate per node
-(its writes for a save, reads for a load, per second of the operation) multiplied by a target
-node count, divided by the prefixes its strategy spreads keys over (default: one, the
-checkpoint's path; hex/binary: prefix_count; round_robin: the list's length), is compared with
-them; where it passes, the check names the strategy that spreads the load.
+Scaling efficiency = (aggregate / ranks) / (the smallest size's aggregate / its ranks);
+plan, commit, barrier: each as a share of the operation's mean span. S3 serves at least
+3,500 writes and 5,500 reads per second per partitioned prefix: a run's request rate per
+node x the target node count / the prefixes its strategy spreads keys over is compared with
+them.
 """
 
 from __future__ import annotations

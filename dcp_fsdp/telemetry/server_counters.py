@@ -1,12 +1,10 @@
 """A server's own request counters against the request counts of a record: the check from
-outside that the connector-log parser (connector_log.py) counted what was really sent.
+outside that the connector-log parser counted what was really sent (docs/metrics.md).
 
-SeaweedFS counts S3 requests in its Prometheus metrics as
-`SeaweedFS_s3_request_total{bucket,code,type}` (its `-metricsPort`, `/metrics`). It names
-HEAD as GET, UploadPart as PUT, Create/CompleteMultipartUpload as POST (SERVER_TYPE).
-What a record says was sent: every rank's timed requests (the samples), its untimed ones and
-the boto3 calls of the control plane (run.untimed_requests), and the launcher's own boto3
-calls (pre-flight), which the launcher counts while it checks (launch/server_check.py).
+SeaweedFS counts S3 requests as `SeaweedFS_s3_request_total{bucket,code,type}` (its
+`/metrics`), naming HEAD as GET, UploadPart as PUT, Create/CompleteMultipartUpload as POST
+(SERVER_TYPE). What a record says was sent: every rank's timed requests, its untimed ones
+and control-plane calls, and the launcher's own pre-flight calls (launch/server_check.py).
 """
 
 from __future__ import annotations
@@ -122,21 +120,11 @@ def compare(record: collections.Counter, server: collections.Counter,
             gaps: list[str], source: str, restarted: bool = False,
             unanswered: int = 0, resends_unseen: bool = False) -> dict[str, Any]:
     """The run record's `server_requests` field: both views, whether they agree and, when
-    they do not, the cause the run itself shows (`cause`, else null: another client of the
-    bucket, or a misread log):
-    - "server_restarted": a counter went back during the run (a restarted server's start
-      at zero), so the server's side is not the run's;
-    - "unanswered_requests": the record holds `unanswered` requests that got no answer before
-      the client gave up, and they account for every difference: a stalled server counts a
-      request when it answers it, which may be after the check, and an answer that never
-      reached the client (its connection broke, it timed out) is counted by the server under
-      its status and by the record as "none" (a 2-core VM's L7b save: PUT 200 -42, PUT none
-      +42, every UploadPart retried);
-    - "resent_below_client": the client re-sends a request whose connection broke below the
-      layer the tool counts (`resends_unseen`: s3fs, whose cut upload went up again with the
-      record's `failed 0`), and the server's surplus is only of request types the run made,
-      nothing short on its side (another client of the bucket making the same requests would
-      look the same: the cause names what this run's client is known to do)."""
+    they do not, the cause the run itself shows (docs/record-format.md; else null: another
+    client of the bucket, or a misread log). "unanswered_requests": the requests that got no
+    answer account for every difference (a stalled server counts a request when it answers
+    it; an answer that never reached the client is counted by the server under its status,
+    by the record as "none")."""
     keys = sorted(set(record) | set(server))
     match = not gaps and all(record[k] == server[k] for k in keys)
     cause = None

@@ -1,21 +1,11 @@
 """Where a save's or load's time went, by who spent it (defined once here; printed by the
 end-of-run summary and `report`; docs/metrics.md "Where the time goes").
 
-Per rank and operation, the timed duration is exactly plan_s + io_s + commit_s (the hooks'
-clock reads: rank/sample_build.py), and io_s splits by who spends it (storage/timeline.py):
-
-  save: planning (plan_s) + DCP's own work (stage_s: serialising) + storage (upload_s:
-        inside the client's upload calls) + commit (commit_s: results gathered, .metadata)
-  load: planning (plan_s, .metadata read included) + in the storage client (storage_s:
-        its calls for bytes: network waits and its own copy of each part) + DCP's own
-        work (deserialise_s: torch.load, host copies, their page faults) + the copy into
-        the live tensors (target_copy_s: host-to-device on a GPU) + commit (commit_s: the
-        closing collective, waiting for the slowest rank)
-
-Fresh pages per byte: the rank's minor page faults during the operation x the page size /
-the bytes it saved or loaded. Near 0: its buffers were reused; 1 or more: every byte landed
-in memory the kernel had to hand over fresh (glibc's defaults map and unmap each chunk above
-its mmap threshold), a cost inside DCP's own work and the client's calls.
+Per rank and operation the duration is exactly plan_s + io_s + commit_s, and io_s splits by
+who spends it (storage/timeline.py): a save's stage_s (DCP serialising) and upload_s (in the
+client); a load's storage_s (in the client), deserialise_s (DCP) and target_copy_s (into
+the live tensors). Fresh pages per byte = minor page faults x the page size / the bytes:
+1 or more, every byte landed in memory the kernel handed over fresh (the allocator).
 """
 
 from __future__ import annotations
