@@ -53,9 +53,7 @@ def rank_device(backend: str, local_rank: int, local_world_size: int) -> torch.d
 
 
 def init_distributed(backend_setting: Backend, timeout_s: float) -> RankContext:
-    """Join the process group torchrun (or our launcher) described in the environment.
-    `timeout_s` (collective_timeout_s) bounds every collective: with nccl's async error
-    handling on, a collective stuck on a dead peer ends the rank after it."""
+    """Join the process group the environment describes; `timeout_s` bounds every collective."""
     backend = choose_backend(backend_setting)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
@@ -90,18 +88,15 @@ def init_distributed(backend_setting: Backend, timeout_s: float) -> RankContext:
 
 def gather_to_coordinator(obj: Any) -> list[Any] | None:
     """Every rank's `obj`, in rank order, on rank 0; None on the others."""
-    gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(obj, gathered, dst=0)
-    return gathered
+    return gather_to_keepers(obj, keepers=1)
 
 
-def gather_to_keepers(obj: Any) -> list[Any] | None:
+def gather_to_keepers(obj: Any, keepers: int = 2) -> list[Any] | None:
     """Every rank's `obj`, in rank order, on rank 0 (which records the run) and on rank 1
-    (which records it when rank 0 has died: session.writes_record); None on the others. Two
-    gathers: still nothing per rank that grows with the world, but on two ranks."""
+    (which records it when rank 0 has died: session.writes_record); None on the others."""
     world, rank = dist.get_world_size(), dist.get_rank()
     mine: list[Any] | None = None
-    for keeper in range(min(2, world)):
+    for keeper in range(min(keepers, world)):
         gathered: list[Any] | None = [None] * world if rank == keeper else None
         dist.gather_object(obj, gathered, dst=keeper)
         if rank == keeper:
@@ -116,18 +111,11 @@ def _reduce_device() -> torch.device:
     return torch.device("cpu")
 
 
-def sum_over_ranks(*values: int) -> tuple[int, ...]:
-    """Each value summed over all ranks, on every rank."""
+def sum_over_ranks(*values: int, op: Any = dist.ReduceOp.SUM) -> tuple[int, ...]:
+    """Each value summed (or reduced by `op`) over all ranks, on every rank."""
     tensor = torch.tensor(values, dtype=torch.int64, device=_reduce_device())
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    dist.all_reduce(tensor, op=op)
     return tuple(int(v) for v in tensor.tolist())
-
-
-def max_over_ranks(value: int) -> int:
-    """The largest `value` of any rank, on every rank."""
-    tensor = torch.tensor([value], dtype=torch.int64, device=_reduce_device())
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor.item())
 
 
 def drop_cache_on_node(store: "CheckpointStore", suffix: str, ctx: RankContext) -> str | None:
@@ -138,14 +126,12 @@ def drop_cache_on_node(store: "CheckpointStore", suffix: str, ctx: RankContext) 
     policy = store.drop_cache(suffix, share=(ctx.local_rank, ctx.local_world_size))
     if policy is None:  # no local cache (S3): the same on every rank, nothing to agree on
         return None
-    return POLICY_ORDER[max_over_ranks(POLICY_ORDER.index(policy))]
+    return POLICY_ORDER[sum_over_ranks(POLICY_ORDER.index(policy), op=dist.ReduceOp.MAX)[0]]
 
 
 def wall_clock_spread_s(rounds: int = 5) -> float:
-    """How far apart the ranks' wall clocks (time.time, what spans across nodes subtract)
-    read at one instant, at most: after a barrier every rank reads its clock and the spread
-    of the readings (max - min) is taken; it includes the barrier's own exit jitter, so the
-    least of a few rounds is kept. Two reduces of one number per round, whatever the world."""
+    """How far apart the ranks' wall clocks read at one instant, at most: the spread of the
+    readings after a barrier, whose exit jitter it includes, so the least of a few rounds."""
     best_s = math.inf
     device = _reduce_device()
     for _ in range(rounds):
@@ -159,8 +145,7 @@ def wall_clock_spread_s(rounds: int = 5) -> float:
 
 
 def first_problem(problem: str | None) -> tuple[int, str] | None:
-    """(the lowest rank with a problem, its text) on every rank, or None when no rank has
-    one: a reduce of one number, then one broadcast only when there is something to say."""
+    """(the lowest rank with a problem, its text) on every rank, or None when no rank has one."""
     world = dist.get_world_size()
     tensor = torch.tensor([dist.get_rank() if problem is not None else world],
                           dtype=torch.int64, device=_reduce_device())
@@ -179,9 +164,8 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 
 
 def rank0_decides(ctx: "RankContext", decide: Callable[[], Any]) -> Any:
-    """Run `decide` on rank 0; every rank gets its result, or raises its UserError, or
-    (any other exception on rank 0) a BenchmarkFailure with rank 0's error: the other
-    ranks never wait in the broadcast for a rank 0 that has left it."""
+    """Run `decide` on rank 0; every rank gets its result, or raises its UserError, or (any
+    other exception) a BenchmarkFailure with rank 0's error: no rank waits for a rank 0 gone."""
     return _raise_or_value(broadcast_object(_decided(ctx, decide)))
 
 
@@ -219,10 +203,8 @@ def _raise_or_value(outcome: tuple[str, Any]) -> Any:
 
 
 def shutdown(aligned: bool) -> None:
-    """Tear the process group down. `aligned`: every rank got here (the run succeeded),
-    so a barrier first keeps one rank from closing its connections while a peer is still
-    using them (gloo across hosts then aborts the peer). After a failure a barrier could
-    wait on a dead rank, so there is none."""
+    """Tear the process group down. `aligned` (the run succeeded): a barrier first, so no rank
+    closes its connections while a peer still uses them (after a failure it could hang)."""
     if not dist.is_initialized():
         return
     if aligned:
