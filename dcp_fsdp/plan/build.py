@@ -1,18 +1,11 @@
 """DCP's own save plan for a world, run in one process: objects, bytes and `.metadata`.
 
-Each rank's local plan (plan/state.py, its objects its own, as rank 0 holds the unpickled
-copies DCP gathers), then DefaultSavePlanner.create_global_plan runs over all of them (deduplication, index
-hints, validation: rank 0's global planning, timed). Each rank's final plan is binned into
-`thread_count` files by DCP's own `_split_by_size_and_type` and written in DCP's order
-(non-tensors first, then tensors); an item's length is what `torch.save` of the contiguous
-local chunk writes (measured once per dtype and shape into a counting sink, of a fake
-tensor with its bytes skipped: nothing is allocated). The write results' indexes are fresh
-objects too (rank 0 unpickles them from each rank's results), and the `.metadata` is the
-Metadata that FileSystemWriter.finish pickles: version, storage data, storage meta. It is
-pickled here (its bytes, rank 0's time to pickle) and unpickled in a fresh child process
-(what each rank pays on a load, and the memory the object takes).
-Times are the process's CPU seconds (time.process_time): what the step takes on a core of
-its own, which a rank has; wall time on a shared machine would add other work's turns.
+Each rank's local plan (plan/state.py), then DefaultSavePlanner.create_global_plan over all of
+them (rank 0's global planning, timed); each final plan binned into `thread_count` files by
+DCP's own split and laid out in DCP's order, an item's length what `torch.save` of the chunk
+writes. The `.metadata` is FileSystemWriter.finish's Metadata, pickled here and unpickled in a
+fresh child (what each rank of a load pays). Times are CPU seconds (time.process_time): a rank
+has a core of its own, and wall time on a shared machine would add other work's turns.
 """
 
 from __future__ import annotations
@@ -171,11 +164,8 @@ def write_out(global_plans: list[SavePlan], template: StateTemplate, thread_coun
 
 def load_reads(template: StateTemplate, world_size: int, replicas: int, tp: int,
                storage_data: dict[Any, Any]) -> tuple[Reads, ...]:
-    """What each rank reads at a load of the same layout: every item its own state needs,
-    wherever DCP's deduplication had it written (a tensor TP or a replica group holds whole
-    is in one rank's file, read by all that hold it; AdamW's steps and param_groups by every
-    rank), an empty chunk nothing (it overlaps no saved chunk). Ranges of one object that lie
-    back to back are one."""
+    """What each rank reads at a load of the same layout: every item its state needs, wherever
+    DCP's deduplication had it written; an empty chunk nothing. Adjacent ranges are one."""
     from dcp_fsdp.models.tensor_parallel import tp_split_dim
 
     where = {(index.fqn, None if index.offset is None else tuple(index.offset)):
@@ -242,9 +232,7 @@ def build_global_plan(template: StateTemplate, world_size: int, replicas: int, t
 def laid_out(template: StateTemplate, world_size: int, replicas: int, thread_count: int,
              rank_prefix: Callable[[int], str], tp: int = 1) -> tuple[list[DataObject], tuple[Reads, ...]]:
     """(every data object, each rank's reads at a load) of the whole world, item by item, as
-    build_global_plan lays them out but without the rest of the global plan (its validation,
-    `.metadata`'s pickle): where DCP's deduplication decides which rank writes what (a layout
-    with TP or replicas), no subset of the layers extrapolates it (plan/sample.py)."""
+    build_global_plan lays them out, without its validation and `.metadata` (plan/sample.py)."""
     from dcp_fsdp.compat import dedup_save_plans
 
     plans = [local_plan(template, rank, world_size, replicas, tp) for rank in range(world_size)]

@@ -1,9 +1,5 @@
-"""`dcp-fsdp plan --world-size N [--ranks-per-node K] [--record PATH] [--exact] [settings]`.
-
-The settings of a save (model, state, storage, replicas, part size, prefix strategy, thread
-count) compose and validate as for `save`; the options are the plan's own
-(config/arguments.py parses both). Nothing starts: no rank, no storage request.
-"""
+"""`dcp-fsdp plan --world-size N [--ranks-per-node K] [--record PATH] [--exact] [settings]`: a
+save's settings compose and validate as for `save`; nothing starts."""
 
 from __future__ import annotations
 
@@ -28,8 +24,7 @@ DEFAULT_RANKS_PER_NODE = 8  # a GPU node's usual count; capped at world_size
 
 
 def parse_request(args: argparse.Namespace) -> PlanRequest:
-    """The validated request of the parsed `plan` command line (config/arguments.py), or
-    UserError naming the option or setting and the fix."""
+    """The validated request of the parsed `plan` command line, or UserError."""
     from dcp_fsdp.config.compose import compose
     from dcp_fsdp.config.validate import check_replicas
     from dcp_fsdp.models.presets import model_shape

@@ -1,10 +1,5 @@
-"""What a measured run says about per-rank throughput: the rate `plan` projects with.
-
-A record (`--record PATH`: one `.jsonl` or a results directory of them) holds one sample per
-rank per operation. A rank's rate is its bytes over its duration_s (the same clock as every
-figure: docs/metrics.md); the rate used is the median over the record's save (load) samples
-of finished runs, so one slow rank or iteration does not set it.
-"""
+"""The per-rank rate `plan` projects with: the median of bytes / duration_s over a record's
+save (load) samples of finished runs, so one slow rank or iteration does not set it."""
 
 from __future__ import annotations
 
@@ -66,9 +61,8 @@ def read_rates(path: Path) -> MeasuredRates:
 
 
 def _one_configuration(path: Path, measured: set[tuple[str, int, str, str]]) -> None:
-    """A per-rank rate depends on the model (a rank's shard), the world size, the storage
-    and the client: the median of several would be none of them, so a record of more than
-    one is refused in one line naming them (a results directory of a sweep, for one)."""
+    """A per-rank rate is one configuration's (model, world size, storage, client): a record
+    of several is refused, naming them."""
     if len(measured) <= 1:
         return
     shown = sorted(measured)

@@ -1,25 +1,13 @@
-"""From a planned save's objects to S3 requests, per-prefix rates and projected times.
+"""From a planned save's objects to S3 requests, per-prefix rates and projected times
+(s3torchconnector over the CRT client; docs/plan.md).
 
-Requests (s3torchconnector 1.5 over the CRT client): every object the writer puts is a
-multipart upload (CreateMultipartUpload, one UploadPart per `part_size` of it, at least one,
-and CompleteMultipartUpload); `.metadata` is written as `.metadata.tmp` and renamed, which on
-S3 is a CopyObject and a DeleteObject. A GET of an object is split by the CRT into ranged
-GETs of `part_size` each. A load at the same layout reads `.metadata` once per rank (DCP's
-read_metadata runs in every rank's local step) and, with the connector's default reader
-(dcp_optimized), each rank the byte ranges its state needs (plan/build.py load_reads: its own
-objects, and what deduplication had another rank write: the tensors TP leaves whole, AdamW's
-steps), ranges of one object closer than `max_gap_size` in one stream, each stream split
-into ranged GETs of `part_size` (issue 49 item 6). Without those reads (a sampled build
-without TP or replicas; another reader or client) each data object is read once, whole.
-The tool's own requests (its manifest, HEADs) are not counted.
-
-Rates: S3 serves at least 3,500 PUT/COPY/POST/DELETE and 5,500 GET/HEAD requests per second
-per partitioned prefix. A rank's requests are spread over its operation's time (its bytes at
-a per-rank throughput: the record's measured MiB/s per rank, else the CRT's throughput
-target, an upper bound); the ranks of one prefix add up. `storage.prefix_strategy` puts rank
-r under prefix r mod prefix_count (hex, binary; the connector's default count is the world
-size), r mod len(round_robin_prefixes), or all ranks under the checkpoint's one prefix
-(default). `.metadata` is one key: its GETs by every rank at a load's start are never spread.
+Every object is a multipart upload (create, one part per `part_size`, complete); `.metadata`
+is written as `.metadata.tmp` and renamed (a CopyObject and a DeleteObject). A load reads
+`.metadata` once per rank and, with the dcp_optimized reader, each rank's byte ranges
+(build.load_reads; ranges closer than `max_gap_size` share a stream), each stream in ranged
+GETs of `part_size`; else each data object once, whole. The tool's own requests are not counted.
+A rank's requests spread over its bytes' time at a per-rank rate; the ranks of one prefix add
+up (rank r under prefix r mod the count). `.metadata` is one key: its GETs are never spread.
 """
 
 from __future__ import annotations

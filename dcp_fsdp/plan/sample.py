@@ -1,33 +1,17 @@
-"""Large worlds from a representative subset of the decoder layers.
+"""Large worlds from a representative subset of the decoder layers (docs/plan.md).
 
-A full build holds every rank's write items at once (DCP's coordinator does the same): at
-1,024 ranks of L70b with AdamW state that is 3 M items, minutes of CPU and GBs here. The
-layers of a preset are identical but for their index, so each layer adds the same to what a
-save writes and to `.metadata`: its tensors' chunks (one per rank), their storage entries and
-their flatten mappings. Only the index's digits differ (`layers.7.` vs `layers.17.`). So the
-plan is built in full for the same world with a few layers only (the first BASE_LAYERS, then
-that plus one layer of each digit count) and the rest added per layer:
+The layers are identical but for their index's digits, so each adds the same to what a save
+writes and to `.metadata`. The plan is built in full for the first BASE_LAYERS, then that plus
+one layer of each digit count, and the rest added per layer:
 
     figure(all) = figure(base) + sum over digit counts d of
                   (layers with d digits outside the base) x (figure(base + one d-digit layer)
                                                              - figure(base))
 
-for `.metadata` bytes, write items and each rank's bytes. Non-layer values (embeddings,
-norms, param_groups with every parameter's name) are in every subset, whole. What is not
-additive: pickle's 64 KiB frame headers (9 B each) and an integer's width where a file offset
-crosses 2^16 or 2^31; both well under 0.1 % (docs/plan.md has the check against full builds).
-Times and the unpickled `.metadata`'s memory grow with the items; they are scaled from the
-largest subset by items (DCP's planning, pickle and unpickle each walk every item once).
-With thread_count > 1 a rank's added bytes spread over its objects in proportion to size.
-
-Not with model.tp or model.replicas above 1: then several ranks hold the same chunk (the
-tensors TP leaves whole, a replica group's shards) and DCP's deduplication gives it to the
-rank with the least planned so far, so which rank writes what depends on every item before
-it, and a layer more moves other layers' items between ranks (per-rank differences
-extrapolated 120 times gave -3 MB ranks, issue 49 item 4). There each rank's objects and its
-reads at a load are laid out item by item over every layer (build.laid_out: DCP's own
-deduplication, without the global plan's validation or `.metadata`'s pickle); `.metadata`,
-the items and the times still come from the subsets.
+for `.metadata` bytes, write items and each rank's bytes; times and memory are scaled from the
+largest subset by items. With model.tp or model.replicas above 1 DCP's deduplication decides
+which rank writes a shared chunk from every item before it, so each rank's objects and reads
+are laid out item by item over every layer instead (build.laid_out).
 """
 
 from __future__ import annotations
@@ -61,8 +45,7 @@ def subset(template: StateTemplate, keep: set[int]) -> StateTemplate:
 
 
 def can_sample(template: StateTemplate) -> bool:
-    layers = layers_of(template)
-    return len(layers) > BASE_LAYERS + 2
+    return len(layers_of(template)) > BASE_LAYERS + 2
 
 
 def _spread(objects: tuple[DataObject, ...], added: list[int]) -> tuple[DataObject, ...]:

@@ -1,15 +1,11 @@
 """What each rank of a world would hand DCP's planner, without a rank or a shard in memory.
 
-The state dict's keys, shapes and non-tensor values come from the preset's model built on
-the meta device (no memory), with AdamW state as `models.build` creates it, through the same
-`dcp_state_dict` and DCP's own flattening: the keys are those a real save writes. Each rank's
-local plan is then the one DefaultSavePlanner.create_local_plan makes for FSDP2's dim-0
-sharding: every tensor of one or more dimensions is a DTensor sharded along dim 0 over the
-world (with `replicas` R > 1: over the R groups' world / R ranks, as the HSDP mesh
-(replicate, shard) does; with model.tp T > 1, over world / (R x T) ranks inside each TP
-rank's block: shard_block), split as torch's Shard(0) splits (chunks of ceil(rows / shards)
-rows; the last ones short or empty); 0-dim tensors (AdamW's `step`) and non-tensors
-(param_groups) are written by every rank and left for the coordinator to deduplicate.
+The state dict's keys, shapes and values come from the model built on the meta device through
+`models.build`'s own `dcp_state_dict` and DCP's flattening. Each rank's local plan is the one
+DefaultSavePlanner.create_local_plan makes for FSDP2: every tensor of one or more dimensions
+sharded along dim 0 as torch's Shard(0) splits it (shard_block: within a replica group, inside
+a TP block); 0-dim tensors and non-tensors are written by every rank, for the coordinator to
+deduplicate.
 """
 
 from __future__ import annotations
@@ -60,8 +56,7 @@ class StateTemplate:
 @functools.lru_cache(maxsize=8)
 def state_template(model_shape: str | ModelShape, dtype: Dtype, state: CheckpointState,
                    moe_layout: str = "hf") -> StateTemplate:
-    """The flattened state dict a save of a model (a preset's name, or a shape) hands DCP,
-    as shapes and values."""
+    """The flattened state dict a save of a model (a preset's name, or a shape) hands DCP."""
     from dcp_fsdp.compat import flatten_state_dict
     from dcp_fsdp.models.build import TORCH_DTYPES, create_optimizer_state, dcp_state_dict
     from dcp_fsdp.models.modules import module_tree
@@ -109,17 +104,15 @@ def _tensor_item(fqn: str, global_shape: tuple[int, ...], dtype: torch.dtype,
 
 
 def own_copy(text: str) -> str:
-    """A distinct str object of equal value. Rank 0 works on unpickled copies of every
-    rank's plan and results, so no two ranks share a key object: pickle would otherwise
-    write a shared one once and a `.metadata` built here would come out smaller than DCP's."""
+    """A distinct str object of equal value: rank 0 works on unpickled copies of every rank's
+    plan, and a shared key object would be pickled once, making `.metadata` smaller than DCP's."""
     return text.encode().decode()
 
 
 def local_plan(template: StateTemplate, rank: int, world_size: int, replicas: int = 1,
                tp: int = 1) -> SavePlan:
-    """DefaultSavePlanner.create_local_plan's plan on `rank` (flattened state dict, FSDP2).
-    Its planner_data is the rank's flatten mapping, keyed by the same key objects as its
-    items (as the rank's pickled plan has them)."""
+    """DefaultSavePlanner.create_local_plan's plan on `rank`, its planner_data the flatten
+    mapping keyed by the items' own key objects."""
     shards = world_size // (replicas * tp)
     # the mesh (replicate, shard[, tp]) is laid out row-major: tp is the fastest dimension
     shard, tp_rank = (rank // tp) % shards, rank % tp
