@@ -307,14 +307,6 @@ class CheckpointLoop:
         if reason and self.cfg.integrity:
             self.log(f"integrity check of suffix={suffix} skipped: {reason}")
 
-    def _verify_checksums(self, suffix: str, iteration: int) -> None:
-        seed = self._expected_checksums.get(suffix)
-        if seed is not None:
-            verify_values(
-                self.state_dict, seed, f"integrity: load iteration {iteration} of suffix={suffix} "
-                "read data that differs from the values it was saved with: the checkpoint's "
-                "objects are corrupt")
-
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> list[Sample]:
         """Every operation of the run; every rank's samples."""
@@ -375,13 +367,9 @@ class CheckpointLoop:
         """`dcp-fsdp load`'s timed load of a checkpoint it did not save: checked against the
         checksums its save recorded, when there are any."""
         self._load_expected_checksums(suffix)
-        if self._expected_checksums[suffix] is not None:
-            zero_local_tensors(self.state_dict)
-        self.keep(self._timed("load", iteration, suffix).result())
-        self._verify_checksums(suffix, iteration)
-        if self._expected_checksums[suffix] is not None:  # a failed load checked nothing
-            self.integrity[suffix] = {"checked": True, "reason": None}
-        apply_state_dict(self.sharded, self.state_dict)
+        self._load_and_verify(iteration, suffix, self._expected_checksums[suffix],
+                              f"integrity: load iteration {iteration} of suffix={suffix} read data that "
+                              "differs from the values it was saved with: the checkpoint's objects are corrupt")
 
     def _dcp_load(self, run: OpInProgress, suffix: str) -> None:
         """dcp.load; a load that failed because the checkpoint was deleted under it says so
@@ -412,17 +400,23 @@ class CheckpointLoop:
             return True
 
     def verified_load(self, iteration: int, suffix: str) -> None:
-        """A timed load of `suffix` (save-and-load), then (verify=true) every shard compared
-        with the values it was saved with; the model's values restored (untimed)."""
-        if self.cfg.verify:
+        """A timed load of `suffix` (save-and-load), verified with verify=true."""
+        self._load_and_verify(iteration, suffix, self.cfg.seed if self.cfg.verify else None,
+                              f"save-and-load iteration {iteration}: data loaded from suffix={suffix} "
+                              "differs from what was saved", unchecked="verify=false")
+
+    def _load_and_verify(self, iteration: int, suffix: str, seed: int | None, mismatch: str,
+                         unchecked: str | None = None) -> None:
+        """A timed load, then (`seed`: the values' seed) every shard compared with the values
+        it was saved with (raising `mismatch`); the model's values restored (untimed)."""
+        if seed is not None:  # else a load that read nothing would pass
             zero_local_tensors(self.state_dict)
         self.keep(self._timed("load", iteration, suffix).result())
-        if self.cfg.verify:
-            verify_values(self.state_dict, self.cfg.seed, f"save-and-load iteration {iteration}: "
-                          f"data loaded from suffix={suffix} differs from what was saved")
+        if seed is not None:  # (a failed load checked nothing)
+            verify_values(self.state_dict, seed, mismatch)
             self.integrity[suffix] = {"checked": True, "reason": None}
-        else:
-            self.integrity[suffix] = {"checked": False, "reason": "verify=false"}
+        elif unchecked is not None:
+            self.integrity[suffix] = {"checked": False, "reason": unchecked}
         apply_state_dict(self.sharded, self.state_dict)
 
     def timed_on(self, store: CheckpointStore, op: str, iteration: int, suffix: str) -> Sample:
