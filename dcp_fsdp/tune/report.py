@@ -1,10 +1,6 @@
-"""What `dcp-fsdp tune` says at the end: the table of settings tried, the verdict (a
-winner only when it beats the defaults beyond the spread, tune.search.SearchResult), the
-noise seen, efficiency against the raw ceiling, and the OVERRIDES= line.
-
-`result_summary` turns a search result into plain data (written as `tune.json` in the
-session directory, so the verdict can be checked without the ranks); `print_result`
-prints from that data alone.
+"""What `dcp-fsdp tune` says at the end: the table of settings tried, the verdict, the noise
+seen, efficiency against the raw ceiling, and the OVERRIDES= line. `result_summary` turns a
+search result into plain data (`tune.json`); `print_result` prints from that data alone.
 """
 
 from __future__ import annotations
@@ -31,8 +27,8 @@ def _changed(settings: dict[str, Any], defaults: dict[str, Any]) -> dict[str, An
 
 
 def ceiling_summary(trial: Trial) -> dict[str, Any]:
-    """The recommendation's efficiency trial (rank/tune_trials.py): its DCP figures, its
-    ceiling (the best of its raw rounds) and their ratio, per op; or why it has none."""
+    """The recommendation's efficiency trial: its DCP figures, its ceiling (the median raw
+    round) and their ratio, per op; or why it has none."""
     figures = trial.figures
     found: dict[str, Any] = {"settings": trial.settings, "record": figures.get("record"),
                              "status": figures.get("status"), "error": figures.get("error"),
@@ -154,8 +150,7 @@ def _not_dcps(chosen: dict[str, Any]) -> list[str]:
 
 
 def malloc_lines(found: dict[str, Any]) -> list[str]:
-    """What the paired malloc launches after the search found (launch/tune.py), or why
-    there were none; nothing when malloc= was given (held, as the OVERRIDES line shows)."""
+    """What the paired malloc launches found (launch/tune.py), or why there were none."""
     status = found.get("status")
     if status == "no_room":
         return [f"malloc: not measured: its paired launches ({MIN_FINAL_SCORES} rounds of "
