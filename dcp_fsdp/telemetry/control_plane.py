@@ -1,7 +1,6 @@
-"""Count the control-plane calls our tool makes with boto3 (per attempt, with status).
-
-They never pass through the connector's request log; a boto3 event hook records
-each attempt as a `Request` of its own kind (HeadBucket, ListObjectsV2, ...).
+"""Count the S3 calls our tool makes with boto3 (per attempt, with status): the control
+plane's, which never pass through the connector's log, and the data plane's of the
+botocore-based clients (install_data_plane_hook), each attempt a `Request`.
 """
 
 from __future__ import annotations
@@ -21,10 +20,8 @@ def count_control_calls(events: Any, record_call: Callable[[Any], None]) -> None
                    caught_exception: Exception | None = None, **kwargs: Any) -> None:
         operation = event_name.rsplit(".", 1)[-1]
         status = _attempt_status(response)
-        outcome = ("ok" if status is not None and status < 400 else
-                   "miss" if status == 404 and operation.startswith("Head") else "failed")
-        record_call(Request(end_wall_s=time.time(), kind=operation, outcome=outcome,
-                            status=status, duration_s=None))
+        record_call(Request(end_wall_s=time.time(), kind=operation,
+                            outcome=_outcome(status, operation), status=status, duration_s=None))
         return None  # never influences botocore's retry decision
 
     events.register("needs-retry.s3", on_attempt, unique_id="dcp-fsdp-control-plane-count")
@@ -45,6 +42,11 @@ def _attempt_status(response: Any) -> int | None:
         return None
 
 
+def _outcome(status: int | None, operation: str) -> str:
+    return ("ok" if status is not None and status < 400 else
+            "miss" if status == 404 and operation.startswith("Head") else "failed")
+
+
 def _body_bytes(response: Any, operation: str) -> int | None:
     """A GetObject attempt's body length, from its Content-Length."""
     if operation != "GetObject":
@@ -57,8 +59,7 @@ def _body_bytes(response: Any, operation: str) -> int | None:
 
 def _upload_body_bytes(request: Any, event_name: str) -> int | None:
     """A PutObject or UploadPart attempt's body length, as botocore measures it for its
-    Content-Length (bytes, or a file object: MSC and s3transfer send files, whose length is
-    read without consuming them); None for other requests or a body of unknown length."""
+    Content-Length; None for other requests or a body of unknown length."""
     if event_name.rsplit(".", 1)[-1] not in UPLOADS:
         return None
     from botocore.utils import determine_content_length
@@ -71,15 +72,10 @@ def _upload_body_bytes(request: Any, event_name: str) -> int | None:
 
 
 def install_data_plane_hook(events: Any, record_call: Callable[[Any], None]) -> None:
-    """Record every S3 attempt of a botocore or aiobotocore client (s3fs under torch's
-    fsspec path, multi-storage-client) as the connector's log lines are recorded: kind,
-    outcome, status, duration from the attempt's request to its answer, GetObject bytes
-    and PutObject / UploadPart body bytes (an upload's `nbytes`); an
-    attempt followed by another of the same call is marked `retried`, so a re-sent request
-    never reads as a first try. A GET whose body breaks mid-stream (after botocore's
-    events saw its status) is marked failed and broken by its body (get_bodies.py), and
-    retried when the client sends the same GET again. Registered once per emitter (unique
-    ids)."""
+    """Record every S3 attempt of a botocore or aiobotocore client (s3fs, MSC) as the
+    connector's log lines are recorded: an attempt followed by another of the same call is
+    `retried`; a GET whose body breaks mid-stream is marked by its body (get_bodies.py), and
+    retried when the client sends the same GET again. Registered once per emitter."""
     from dcp_fsdp.telemetry.request import Request
 
     broken_gets = _BrokenGets()
@@ -120,8 +116,7 @@ def install_data_plane_hook(events: Any, record_call: Callable[[Any], None]) -> 
         context = (request_dict or {}).get("context", {})
         started, ended = context.get(_STARTED), time.time()
         status = _attempt_status(response)
-        outcome = ("ok" if status is not None and status < 400 else
-                   "miss" if status == 404 and operation.startswith("Head") else "failed")
+        outcome = _outcome(status, operation)
         call = Request(end_wall_s=ended, kind=operation, outcome=outcome, status=status,
                        duration_s=None if started is None else ended - started,
                        nbytes=(context.get(_SENT) if operation in UPLOADS

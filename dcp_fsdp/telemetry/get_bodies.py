@@ -1,24 +1,13 @@
 """GetObject bodies that break mid-stream, for the botocore-based clients (s3fs over
 aiobotocore, multi-storage-client over boto3; telemetry/control_plane.py).
 
-botocore's events see an attempt when its status and headers arrive (`needs-retry`): a GET
-whose body is cut after that (a connection reset mid-body) fails later, in the body's read,
-and the client sends it again by itself (s3fs's `_error_wrapper`, MSC's retry, s3transfer):
-to the events both attempts were whole, successful GETs of their full range. So the hook
-hands each GET's body out through a counting body of the same kind (`counted_body`): a read
-that raises marks the attempt `broken` (failed, retryable), with the body bytes that came
-down before the cut as `received`; the next GET of the same object and range marks it
-`retried` (control_plane.py).
-
-What came down: s3fs (aiohttp) counts every body byte it took off the socket
-(`total_raw_bytes` of the response's stream), read or still buffered: exact. boto3 (urllib3)
-gives the bytes of the reads that returned; a read of the whole rest that raises loses what
-it had got (http.client drops it), so such a body's figure is a floor and its range
-bounds the rest (`body_known` False, as the connector's broken GETs). Bytes the kernel
-received and dropped with the reset (a reset discards a socket's unread data) reach no
-client: only the socket's own counters (process/wire_meter.py) see them, so the hook
-names each GET's socket to the wire meters (`note_response_socket`), and a load's egress
-is the meter's figure.
+botocore's events see an attempt when its status and headers arrive: a GET whose body is cut
+after that fails later, in the body's read, and the client sends it again by itself; to the
+events both attempts were whole. So the hook hands each GET's body out through a counting
+body of the same kind (`counted_body`): a read that raises marks the attempt `broken`, with
+the body bytes that came down before the cut as `received` (exact for aiohttp's count; a
+floor for urllib3, whose failed whole read loses what it had got: `body_known` False). Bytes
+the kernel dropped with the reset reach no client: the wire meters count them.
 """
 
 from __future__ import annotations
@@ -89,9 +78,8 @@ class CountedBody(StreamingBody):
 
 @functools.cache
 def counted_aio_body_class() -> type:
-    """The same for aiobotocore's async bodies (s3fs): a subclass of aiobotocore's own body
-    base that reads through the body aiobotocore made, counting what it delivers. Made on
-    first use: only an fsspec rank imports aiobotocore."""
+    """The same for aiobotocore's async bodies (s3fs); made on first use: only an fsspec rank
+    imports aiobotocore."""
     from aiobotocore.response import AioStreamingBodyBase
 
     class CountedAioBody(AioStreamingBodyBase):
@@ -145,10 +133,8 @@ def _is_async(body: Any) -> bool:
 
 
 def note_response_socket(http_response: Any) -> None:
-    """Name the socket a GET's answer came on to the wire meters (process/wire_meter.py)
-    while it is open: a connection cut mid-body and closed by its client at once counts to
-    its last byte however short its life. urllib3 (MSC's boto3) keeps it on the response's
-    connection, aiohttp (s3fs) on its transport; another kind is left to the meters' scans."""
+    """Name the socket a GET's answer came on to the wire meters (process/wire_meter.py) while
+    it is open: a connection cut mid-body and closed at once still counts to its last byte."""
     connection = getattr(getattr(http_response, "raw", None), "connection", None)
     sock = getattr(connection, "sock", None)  # urllib3
     transport = getattr(connection, "transport", None)  # aiohttp
@@ -166,8 +152,7 @@ def note_response_socket(http_response: Any) -> None:
 
 
 def aiohttp_body_bytes(http_response: Any) -> Callable[[], int | None]:
-    """The body bytes aiohttp took off the socket for this response (None: not aiohttp, or
-    a release without the count)."""
+    """The body bytes aiohttp took off the socket for this response (None: unknown)."""
     content = getattr(getattr(http_response, "raw", None), "content", None)
 
     def wire_bytes() -> int | None:

@@ -1,5 +1,5 @@
 """Figures for one window of requests (one rank's save or load, or everything untimed),
-and their sums across ranks. Definitions: `request_log.py` and the README."""
+and their sums across ranks (docs/metrics.md "S3 request statistics")."""
 
 from __future__ import annotations
 
@@ -17,25 +17,14 @@ def summarize(requests: list["Request"], seconds: float | None = None,
               bytes_up: int | None = None,
               control_plane: list["Request"] | None = None, unparsed: int = 0,
               late: int | None = None) -> dict[str, Any]:
-    """Figures for one window (one rank's save or load, or everything untimed).
+    """Figures for one window (fields: docs/metrics.md "S3 request statistics").
 
-    `seconds`: the window's length, for req_per_s. `bytes_up`: bytes this rank wrote
-    into objects (the connector's log does not give upload sizes); where the requests carry
-    their upload bodies' lengths (botocore's hook), their sum instead. `unparsed`: request
-    lines in the window that did not parse in full (the counts lack them); `late` (untimed
-    only): requests of a timed operation whose line reached the log after its window was
-    summarised. `parser`: the format of the parser that read the lines.
-
-    `bytes_down`: the bodies of the GETs that came down whole (each one's range), what
-    crossed the wire for them, and of a GET that broke mid-body (`broken`, also failed and
-    retried) what its client counted before the break (fsspec, MSC: `received`); what the
-    client does not say (the connector: all of it; MSC's read of a whole body: what that
-    read had got) is at most `bytes_down_broken_max` more, the rest of its range. 503s and
-    attempts without a response carry no body of checkpoint bytes and count in neither.
+    `seconds`: the window's length, for req_per_s. `bytes_up`: bytes this rank wrote into
+    objects, where the requests do not carry their upload bodies' lengths. `unparsed`,
+    `late` (untimed only): as the summary's fields.
     """
     count = len(requests)
     failed = sum(r.outcome == "failed" for r in requests)
-    status = collections.Counter("none" if r.status is None else str(r.status) for r in requests)
     by_type = {kind: _type_entry([r for r in requests if r.kind == kind])
                for kind in sorted({r.kind for r in requests})}
     durations = [r.duration_s for r in requests if r.duration_s is not None]
@@ -43,10 +32,7 @@ def summarize(requests: list["Request"], seconds: float | None = None,
     summary: dict[str, Any] = {
         "count": count,
         "ok": sum(r.outcome == "ok" for r in requests),
-        "failed": failed,
-        "misses": sum(r.outcome == "miss" for r in requests),
-        "throttled": sum(r.throttled for r in requests),
-        "retries": sum(r.retried for r in requests),
+        **_outcomes(requests),
         "canceled": sum(r.outcome == "canceled" for r in requests),
         "success_ratio": round((count - failed) / count, 6) if count else None,
         "seconds": seconds,
@@ -55,7 +41,7 @@ def summarize(requests: list["Request"], seconds: float | None = None,
         "broken": sum(r.broken for r in requests),
         "bytes_down_broken_max": sum(_unknown_body_bytes(r) for r in requests),
         "bytes_up": _uploaded_bytes(requests, bytes_up),
-        "status": dict(sorted(status.items())),
+        "status": _statuses(requests),
         "latency_ms": percentiles_ms(durations),
         "ttfb_ms": percentiles_ms(ttfbs),
         "ttfb_hist": histogram(t * 1e3 for t in ttfbs),
@@ -71,10 +57,8 @@ def summarize(requests: list["Request"], seconds: float | None = None,
 
 
 def _uploaded_bytes(requests: Iterable["Request"], written: int | None) -> int | None:
-    """What a save uploaded: the bodies of its successful PutObject and UploadPart attempts
-    where every one of them carries its length (the botocore hook's, fsspec and MSC: MSC's
-    file streams cannot say what they wrote once closed); else `written`, the bytes the
-    rank's streams counted (the connector's log gives no upload sizes)."""
+    """What a save uploaded: its successful uploads' bodies where every one carries its length
+    (botocore's hook), else `written`, what the rank's streams counted."""
     uploads = [r for r in requests if r.kind in ("PutObject", "UploadPart") and r.outcome == "ok"]
     if not uploads or any(r.nbytes is None for r in uploads):
         return written
@@ -88,8 +72,8 @@ def _whole_get_bytes(requests: Iterable["Request"]) -> int:
 
 
 def _unknown_body_bytes(request: "Request") -> int:
-    """At most how many bytes of a GET's body came down uncounted: none of a whole or a
-    fully counted one, the rest of its range of one that broke or was canceled."""
+    """At most how many bytes of a GET's body came down uncounted: the rest of its range of
+    one that broke or was canceled, unless its client counted it all."""
     if request.kind != "GetObject" or not _partial_body(request) or request.body_known:
         return 0
     return max(0, (request.nbytes or 0) - (request.received or 0))
@@ -100,17 +84,25 @@ def _partial_body(request: "Request") -> bool:
     return request.broken or request.outcome == "canceled"
 
 
+def _outcomes(rows: list["Request"]) -> dict[str, int]:
+    return {"failed": sum(r.outcome == "failed" for r in rows),
+            "misses": sum(r.outcome == "miss" for r in rows),
+            "throttled": sum(r.throttled for r in rows), "retries": sum(r.retried for r in rows)}
+
+
+def _statuses(rows: list["Request"]) -> dict[str, int]:
+    """Requests per HTTP status ("none": no answer came), by status."""
+    return dict(sorted(collections.Counter(
+        "none" if r.status is None else str(r.status) for r in rows).items()))
+
+
 def _type_entry(rows: list["Request"]) -> dict[str, Any]:
     """The figures of one request type in a window."""
     durations = [r.duration_s for r in rows if r.duration_s is not None]
     entry: dict[str, Any] = {
         "count": len(rows),
-        "failed": sum(r.outcome == "failed" for r in rows),
-        "misses": sum(r.outcome == "miss" for r in rows),
-        "throttled": sum(r.throttled for r in rows),
-        "retries": sum(r.retried for r in rows),
-        "status": dict(sorted(collections.Counter(
-            "none" if r.status is None else str(r.status) for r in rows).items())),
+        **_outcomes(rows),
+        "status": _statuses(rows),
         "latency_ms": percentiles_ms(durations),
         "latency_hist": histogram(d * 1e3 for d in durations),
     }
@@ -157,9 +149,8 @@ def merge_summaries(summaries: Iterable[dict[str, Any] | None]) -> dict[str, Any
 
 
 def merge_by_type(summaries: Iterable[Any]) -> dict[str, dict[str, Any]]:
-    """The `by_type` entries of several summaries added up (anything not a summary skipped):
-    counts, statuses and latency histograms per request type, the most requested type first
-    (ties in the order they first appear)."""
+    """The `by_type` entries of several summaries (anything else skipped) added up per request
+    type, the most requested type first (ties in the order they first appear)."""
     by_type: dict[str, dict[str, Any]] = {}
     for summary in summaries:
         if not isinstance(summary, dict):
