@@ -1,24 +1,11 @@
-"""Build a preset's model sharded with FSDP2, without any rank holding it whole.
+"""Build a model sharded with FSDP2, without any rank holding it whole.
 
-The model is created on the meta device (no memory), each decoder block and
-then the root are wrapped with `fully_shard`, and only then are this rank's
-shards materialised (`to_empty`) and filled, on the rank's device and in the
-target dtype, with values that are a pure function of (seed, tensor name, global
-element index) (models/values.py): any rank can recompute what any shard of a
-checkpoint holds, at any world size. Peak memory per rank is therefore about
-(parameters / world size).
-
-With `replicas` R > 1 the ranks form R replica groups over a 2-D mesh ("replicate",
-"shard") of shape (R, world size / R): FSDP2's HSDP. Each replica holds the whole model,
-sharded over its world size / R ranks; rank r is replica r // (world size / R), shard
-r % (world size / R) (init_device_mesh lays ranks out row-major). Peak memory per rank is
-then about (parameters x R / world size).
-
-With `tp` T > 1 (model.tp) each block's attention and MLP projections are first split over T
-ranks by torch's tensor parallel (models/tensor_parallel.py), and FSDP shards over the rest:
-the mesh is (dp, tp), or (replicate, shard, tp) with replicas (device_meshes). The values are
-still a function of the global index: a TP-split DTensor's shard knows its offsets as any
-other does (compat.local_shape_and_global_offset, FSDP's strided split over TP included).
+The model is created on the meta device, each decoder block and then the root wrapped with
+`fully_shard`, and only then this rank's shards materialised and filled with values that are a
+pure function of (seed, tensor name, global element index) (models/values.py): any rank can
+recompute what any shard holds, at any world size. With `replicas` R > 1 the ranks form an
+(R, world / R) mesh ("replicate", "shard"): FSDP2's HSDP. With `tp` > 1 the projections are
+first split by torch's tensor parallel (models/tensor_parallel.py) and FSDP shards the rest.
 """
 
 from __future__ import annotations
@@ -55,18 +42,11 @@ class ShardedModel:
     optimizer: torch.optim.Optimizer | None
     param_count: int  # whole model, not this rank's shard
     param_bytes: int  # whole model
-    # (replicate, shard) for HSDP (replicas > 1), else a 1-D mesh: the load's broadcast
-    # along "replicate" needs its groups (rank/replicas.py)
-    mesh: Any = None
+    mesh: Any = None  # device_meshes' whole mesh: a read_once load broadcasts along "replicate"
     replicas: int = 1
     fill_s: float | None = None  # filling the values (a restart loads them instead)
-
-    # replicas > 1 on an accelerator: gloo over this rank's "replicate" ranks, for the state's
-    # CPU tensors in the read_once broadcast (replicate_host_group)
-    host_group: dist.ProcessGroup | None = None
-    # replicas > 1 with tp > 1, on replica 0's ranks: the group its read_once load runs over
-    # (the replica spans the shard and tp dimensions; first_replica_group)
-    load_group: dist.ProcessGroup | None = None
+    host_group: dist.ProcessGroup | None = None  # replicate_host_group's
+    load_group: dist.ProcessGroup | None = None  # first_replica_group's
 
 
 REPLICATE_DIM, SHARD_DIM = "replicate", "shard"
@@ -127,10 +107,8 @@ def build_sharded_model(model_shape: str | ModelShape, dtype: Dtype, state: Chec
 
 
 def first_replica_group(world_size: int, replicas: int) -> dist.ProcessGroup | None:
-    """On replica 0's ranks (0 .. world / R - 1: the mesh is row-major), a group of them all,
-    else None. With TP they are a (shard, tp) block, no single mesh dimension's group: a
-    read_once load runs DCP over this one (rank/replicas.py). Made once, untimed; only its
-    own ranks take part."""
+    """On replica 0's ranks (0 .. world / R - 1), a group of them all, else None: with TP they
+    are no single mesh dimension's group, and a read_once load runs DCP over it."""
     ranks = list(range(world_size // replicas))
     if dist.get_rank() not in ranks:
         return None
@@ -158,11 +136,9 @@ def device_meshes(device_type: str, world_size: int, replicas: int, tp: int) -> 
 
 
 def replicate_host_group(mesh: Any) -> dist.ProcessGroup:
-    """A gloo group over this rank's "replicate" ranks. NCCL moves CUDA tensors only, and a
-    state dict holds CPU ones too (AdamW's `step` counters stay on the host): the read_once
-    broadcast sends those over this group (rank/replicas.py). Made once, untimed; only the
-    group's own ranks take part (its name is a hash of its ranks), so R ranks, not the world,
-    synchronise for it."""
+    """A gloo group over this rank's "replicate" ranks, for the state's CPU tensors (AdamW's
+    `step`) in the read_once broadcast: NCCL moves CUDA tensors only. Only its own ranks take
+    part in making it."""
     ranks = dist.get_process_group_ranks(mesh.get_group(REPLICATE_DIM))
     return dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
 
@@ -181,8 +157,7 @@ def shard_of(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple
 
 def dcp_state_dict(model: torch.nn.Module,
                    optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
-    """What DCP saves, as every rank saves it: its flattened keys name the
-    values (so a load at any world size knows what every shard must hold)."""
+    """What DCP saves: its flattened keys name the values a load must find."""
     if optimizer is None:
         return {"model": get_model_state_dict(model)}
     model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -215,8 +190,8 @@ def fill_state(state_dict: dict[str, Any], seed: int) -> None:
 
 
 def create_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """AdamW's state as its first step would create it (step, exp_avg, exp_avg_sq), left for
-    fill_state to set: no gradients and no optimizer step (a full pass over the model)."""
+    """AdamW's state as its first step would create it, for fill_state to set: no gradients and
+    no optimizer step (a full pass over the model)."""
     for group in optimizer.param_groups:
         for param in group["params"]:
             optimizer.state[param] = {

@@ -1,19 +1,11 @@
 """The checkpoint's values: a pure function of (seed, tensor name, global element index).
 
-Every element's bits are `HIGH[(g + kh) mod P_HIGH] | LOW[(g + kl) mod P_LOW]`, where g is
-the element's flat index in the whole (unsharded) tensor, kh/kl are offsets hashed from the
-seed and the tensor's name, HIGH holds sign and exponent fields (magnitudes in
-[2**-9, 2**-5), like a 0.02-scale init; no sign for tensors that must be non-negative) and LOW
-holds random mantissas. The two tables are hashed from the seed; their lengths are coprime
-primes, so the sequence repeats only after P_HIGH * P_LOW (~1.1e12) elements and different
-tensors sit at independent places in it: the data does not dedupe or compress like a
-repeating pattern would.
-
-Why this shape: any rank can compute what its shard holds at any world size (it only needs
-the shard's global offsets), so a load is verified bit-exactly against recomputed values,
-with no stored digests and no second copy of the model; and both filling and checking run at
-memory speed (contiguous table slices, one OR per chunk, then memcmp / torch.equal), on the
-rank's own device, in the tensor's own dtype.
+Every element's bits are `HIGH[(g + kh) mod P_HIGH] | LOW[(g + kl) mod P_LOW]`: g the
+element's flat index in the whole tensor, kh/kl offsets hashed from the seed and the tensor's
+name, HIGH sign and exponent fields (magnitudes in [2**-9, 2**-5); no sign for tensors that
+must be non-negative), LOW random mantissas. The table lengths are coprime primes, so the data
+neither repeats nor compresses. Any rank can compute its shard's values from its global
+offsets, so a load is verified bit-exactly with no stored digests, at memory speed.
 """
 
 from __future__ import annotations
@@ -33,8 +25,7 @@ Shape = Sequence[int]  # a tensor's shape, or a shard's offset in it
 GENERATOR = "dcp_fsdp.values/1"
 P_HIGH, P_LOW = 1_048_583, 1_048_589  # distinct primes: period P_HIGH * P_LOW
 # Elements per fill/check step: the largest a table slice allows (tables are padded by one
-# chunk, and a chunk may wrap the table at most once). Measured on one loaded CPU core: 2**20
-# checks at ~6 GB/s, 2**18 at ~4.5 GB/s (per-op overhead); a GPU wants large launches too.
+# chunk); fewer pay per-op overhead.
 CHUNK = 1 << 20
 assert CHUNK <= min(P_HIGH, P_LOW)
 _EXPONENTS = (-9, -8, -7, -6)  # binades of the magnitudes: [2**-9, 2**-5)
@@ -63,12 +54,8 @@ def _layout(dtype: torch.dtype) -> tuple[int, int, int]:
 
 
 # Elements per step while building the tables: numpy temporaries of 64 KiB, below glibc's
-# initial mmap threshold (128 KiB). Freeing a larger temporary raises glibc's dynamic mmap
-# threshold for the rest of the process, after which dcp.load's temporary tensors (torch.load
-# of each shard) come from already-faulted heap memory instead of fresh pages: the tool's
-# loads then skipped tens of thousands of page faults per rank that a training job pays
-# (issue 19; docs/harness-cost.md). Built in small steps, the tables leave the allocator
-# as a plain `normal_` initialisation does.
+# initial mmap threshold (128 KiB). Freeing a larger one raises glibc's dynamic threshold, and
+# the tool's loads would then skip page faults a training job pays (docs/harness-cost.md).
 _TABLE_STEP = 8192
 
 
@@ -211,10 +198,7 @@ def _scratch(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 def first_mismatch(local: torch.Tensor, seed: int, key: str, global_shape: Shape,
                    global_offset: Shape) -> tuple[int, ...] | None:
     """Global index of the first element of `local` that differs from its value, or None.
-
-    Compares bits (NaN-safe, -0.0 != 0.0): recompute a chunk, then memcmp it (CPU; torch.equal
-    is ~3x slower there) or torch.equal it (on the device) against the shard.
-    """
+    Compares bits (NaN-safe): memcmp on a CPU (torch.equal is ~3x slower there)."""
     data = local if local.is_contiguous() else local.contiguous()
     flat = data.view(-1).view(_INT_VIEW[local.element_size()])
     memcmp = _memcmp() if local.device.type == "cpu" else None
