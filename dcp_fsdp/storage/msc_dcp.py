@@ -1,20 +1,14 @@
-"""multi-storage-client's DCP writer and reader, as this tool builds them (storage.client=msc;
-storage/s3_clients.py `MscClient`): subclasses of MSC's own classes that fix two things.
+"""multi-storage-client's DCP writer and reader, as this tool builds them (storage.client=msc):
+subclasses of MSC's own classes that fix two things.
 
-- **A `.metadata` any client can load.** torch's writer pickles `StorageMeta(checkpoint_id=
-  self.checkpoint_id)` into `.metadata`, and MSC's checkpoint id is its `MultiStoragePath`:
-  unpickling it needs multistorageclient and the writer's MSC profile, so the connector and
-  fsspec failed on an MSC save ("Profile not found"). `PortableMscWriter` stores the id as
-  its string (`msc://dcp-fsdp/<prefix>/<suffix>`), as a local save stores a path.
-- **Each object downloaded once.** MSC's reader, given `thread_count` > 1, opens and reads
-  every file in a pool (`_prefetch_objects`) and then `read_data` opens it again: with no MSC
-  cache (this tool configures none) each object under MSC's 512 MiB memory limit came down
-  twice, the first time unseen by the reader's streams. `OnceMscReader` prefetches with its
-  own thread count (`storage.msc_prefetch_threads`, 1 = MSC's default: no prefetch) into file
-  objects that `read_data` then reads: one download per object. A prefetched rank holds all
-  its objects in memory at once (MSC's file objects hold a whole object below the limit).
-  No cache is configured instead: a disk cache would put a local copy between later loads
-  and the bucket, and would write every object to local disk inside the timed load.
+- **A `.metadata` any client can load.** torch's writer pickles the checkpoint id, MSC's
+  `MultiStoragePath`, which only MSC with the writer's profile can unpickle:
+  `PortableMscWriter` stores it as its string, as a local save stores a path.
+- **Each object downloaded once.** MSC's reader with `thread_count` > 1 prefetches every file
+  and `read_data` then opens it again: with no MSC cache each object came down twice.
+  `OnceMscReader` prefetches (`storage.msc_prefetch_threads`, 1 = none) into the file objects
+  `read_data` then reads; a prefetched rank holds all its objects in memory at once. No disk
+  cache instead: it would sit between later loads and the bucket, and write inside the timer.
 
 Ranks only (imports torch and multistorageclient).
 """

@@ -1,13 +1,10 @@
-"""DCP's storage writers and readers, timed: subclasses of the store's own classes
-(torch's `FileSystemWriter` / `FileSystemReader`, the connector's `S3StorageWriter` /
-`S3StorageReader`) that override the hooks DCP calls and record each one's span on a
-`HookTimeline` (storage/timeline.py), as the connector's classes themselves extend
-torch's. Nothing is assigned on an instance after it is built, so a writer pickled into the
-process checkpointer's daemon is timed there too: its timeline copy writes what it recorded
-to a file the rank reads back (`HookTimeline.dump_path`).
+"""DCP's storage writers and readers, timed: subclasses of the store's own classes that override
+the hooks DCP calls and record each one's span on a `HookTimeline` (storage/timeline.py;
+docs/architecture.md, "Timing DCP"). Nothing is assigned on an instance after it is built, so
+a writer pickled into the process checkpointer's daemon is timed there too: its timeline copy
+writes what it recorded to a file the rank reads back (`HookTimeline.dump_path`).
 
-Ranks only (imports torch): the stores import this module when asked for a timed writer
-(the connector's classes: storage/timed_s3.py).
+Ranks only (imports torch).
 """
 
 from __future__ import annotations
@@ -29,13 +26,7 @@ if TYPE_CHECKING:
     import torch
 
     from torch.distributed.checkpoint.metadata import Metadata
-    from torch.distributed.checkpoint.planner import (
-        LoadPlan,
-        LoadPlanner,
-        ReadItem,
-        SavePlan,
-        SavePlanner,
-    )
+    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem, SavePlan, SavePlanner
     from torch.distributed.checkpoint.storage import WriteResult
     from torch.futures import Future
 
@@ -43,9 +34,8 @@ if TYPE_CHECKING:
 
 
 class _TimedPlanning:
-    """What the timed writer and reader share: the `timeline=` argument and the set-up
-    (the timeline; the client's file system under a `TimedFileSystem`, storage/timed_fs.py,
-    built here in the writer's or reader's own __init__) and the two planning hooks."""
+    """What the timed writer and reader share: the `timeline=` argument, the client's file
+    system put under a `TimedFileSystem` in its own __init__, and the two planning hooks."""
 
     timeline: HookTimeline
     fs: Any
@@ -97,10 +87,8 @@ class TimedWriter(_TimedPlanning):
 
 
 class TimedReader(_TimedPlanning):
-    """Mixin before a DCP `FileSystemReader` subclass: times its hooks on `self.timeline`;
-    a load's fetched bytes are what came through the object streams during read_data
-    (a resharded load that reads a saved item whole for a part of it fetches more than the
-    plan names)."""
+    """Mixin before a DCP `FileSystemReader` subclass: times its hooks on `self.timeline`; a
+    load's bytes are what came through the object streams during read_data (not the plan's)."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         parent = super().read_metadata  # type: ignore[misc]  # a mixin (as finish)
@@ -121,11 +109,9 @@ class TimedReader(_TimedPlanning):
 
 
 class TimedLoadPlanner(DefaultLoadPlanner):
-    """DCP's default load planner, with the copy of each loaded tensor into the live one
-    timed: DCP's reader calls `resolve_tensor`, checks the sizes, `target.copy_()`s (to a
-    GPU: host-to-device, synchronous from pageable memory) and calls `commit_tensor`; the
-    time between the two calls is that copy (`HookTimeline.target_copy_s`). One rank
-    thread, one item at a time: a float and one clock read per call."""
+    """DCP's default load planner, with the copy of each loaded tensor into the live one timed:
+    DCP's reader `target.copy_()`s between `resolve_tensor` and `commit_tensor`, so the time
+    between the two calls is that copy (`HookTimeline.target_copy_s`)."""
 
     def __init__(self, timeline: HookTimeline) -> None:
         super().__init__()

@@ -1,21 +1,9 @@
 """The timed writer's and reader's file system and object streams (storage/timeline.py says
-what they record): subclasses of torch's `FileSystemBase` and of `io.BufferedIOBase` that
-hold the client's own file system or stream and implement each method DCP calls by name.
-Nothing is forwarded by attribute lookup and nothing is assigned on the client's objects.
-
-`TimedFileSystem` wraps a writer's or reader's `fs` (torch's `FileSystem`, the connector's
-`S3FileSystem`, torch's fsspec `FileSystem`, multi-storage-client's file system): its
-`create_stream` hands DCP a timed stream over the client's and counts the bytes of every
-object written (tell() when DCP's `with` body ends); every other call goes to `inner`, the
-client's file system, which code reaching the client itself reads (`client_file_system`).
-
-What DCP and torch call on an object stream (torch 2.13, checkpoint/filesystem.py, utils.py
-`_ReaderView`, pickle): a save writes tensors (`write`, `tell` for offsets, `flush` from its
-no-close wrapper, `fileno` when it fsyncs, `close`) and pickles `.metadata` (`write`); a load
-seeks and reads slices (`seek`, `tell`, `read`, `readinto`, `readable`, `seekable`) and
-unpickles `.metadata` (`read`, `readinto`, `readline`). Timed and counted as before the
-subclasses: a write stream's write() and close() (an error they raise is noted first), a
-read stream's read(), readinto() and readline().
+what they record; docs/architecture.md, "Timing DCP"): subclasses of torch's `FileSystemBase`
+and of `io.BufferedIOBase` that hold the client's own file system or stream (`inner`) and
+implement each method DCP calls by name. Nothing is forwarded by attribute lookup and nothing
+is assigned on the client's objects. Timed and counted: a write stream's write() and close()
+(an error they raise is noted first), a read stream's read(), readinto() and readline().
 
 Ranks only (imports torch).
 """
@@ -28,7 +16,7 @@ import io
 import os
 import threading
 from collections.abc import Callable, Generator
-from typing import Any, Protocol, cast
+from typing import IO, Any, cast
 
 from torch.distributed.checkpoint.filesystem import FileSystemBase
 
@@ -39,23 +27,8 @@ from dcp_fsdp.storage.timeline import HookTimeline
 StrPath = str | os.PathLike
 
 
-class ObjectStream(Protocol):
-    """What the timed streams call on the client's stream (every client's has these)."""
-
-    @property
-    def closed(self) -> bool: ...
-    def read(self, size: int = ..., /) -> bytes: ...
-    def readinto(self, buffer: Any, /) -> int | None: ...
-    def readline(self, size: int = ..., /) -> bytes: ...
-    def write(self, data: Any, /) -> int | None: ...
-    def seek(self, offset: int, whence: int = ..., /) -> int: ...
-    def tell(self) -> int: ...
-    def flush(self) -> None: ...
-    def close(self) -> None: ...
-    def fileno(self) -> int: ...
-    def readable(self) -> bool: ...
-    def writable(self) -> bool: ...
-    def seekable(self) -> bool: ...
+# What the timed streams call on the client's stream (every client's has these, and readinto)
+ObjectStream = IO[bytes]
 
 
 class _TimedStream(io.BufferedIOBase):

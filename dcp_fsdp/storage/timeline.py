@@ -1,49 +1,15 @@
-"""What the timed DCP writer and reader (storage/timed_dcp.py) record: the span of each
-hook DCP calls on them, the time inside the object streams, and the bytes moved. No torch
-here: the records are plain data, and cross a pickle (the process checkpointer's daemon
-writes its timeline to a file the rank reads back, `dump` / `load_dump`).
+"""What the timed DCP writer and reader (storage/timed_dcp.py) record: the span of each hook
+DCP calls on them, the time inside the object streams, and the bytes moved. No torch here:
+the records are plain data, and cross a pickle (the process checkpointer's daemon writes its
+timeline to a file the rank reads back, `dump` / `load_dump`).
 
-From the timestamps the loop derives where each rank spent a save or load: planning
-(local and global plan, including the collective), data I/O, and the commit
-(metadata write, gathered by the coordinator) or metadata read.
-
-Phases, per rank (monotonic clock; see loop.CheckpointLoop._sample):
-  save: plan_s   = dcp.save start -> write_data start (set-up, local plan, the gather to
-                   the coordinator, global plan, the scatter back: a collective)
-        io_s     = write_data (every object of this rank written, futures waited on)
-        commit_s = write_data end -> dcp.save returns (results gathered, the coordinator's
-                   `finish` writes .metadata, the broadcast back: a collective)
-        finish_s = the coordinator's `finish` alone (.metadata upload + rename)
-  load: plan_s   = dcp.load start -> read_data start (includes metadata_s, reading .metadata)
-        io_s     = read_data
-        commit_s = read_data end -> dcp.load returns (the closing all_gather: waiting for
-                   the slowest rank)
-
-The writer's and reader's file system is a `TimedFileSystem` (storage/timed_fs.py, with its
-timed streams): it times the object streams and counts the bytes of every object this rank
-uploads (the connector's request log gives no upload sizes).
-
-Inside io_s (per rank; `BusyClock`: wall time with at least one call in progress, so
-writer/reader threads > 1 never count an instant twice, and io_s - busy >= 0):
-  save: upload_s        = inside the client's write() and close() on its object streams
-                          (blocked on the upload, or handing bytes to it: the client's own
-                          copy into its upload buffer; the page cache for fs)
-        stage_s         = io_s - upload_s (DCP's own work: resolving, copying and
-                          serialising tensors, torch.save into the stream)
-  load: storage_s       = inside the storage client's calls for the next bytes, where that
-                          client waits (`storage_clock`; storage/timed_fs.py and timed_s3.py
-                          say where for each client): the connector's chunk iterator,
-                          s3fs's fetches, MSC's download (any first call) and ranged reads,
-                          the file system's read(). Network waits, and the client's own copy
-                          of each part into a Python object (not separable from Python)
-        target_copy_s   = copying each loaded tensor into the live one (DCP's
-                          `target.copy_()`, timed between the planner's resolve_tensor and
-                          commit_tensor: host-to-device on a GPU, a host copy on a CPU)
-        deserialise_s   = io_s - storage_s - target_copy_s (DCP's own work: torch.load
-                          of each item, its framing, the copies from the client's buffers
-                          into fresh storages, and their page faults)
-Two perf_counter reads and one uncontended lock per call (calls carry whole tensors or
-buffer-sized chunks): nothing per byte.
+The loop derives each rank's phases from the spans (plan_s, io_s, commit_s, finish_s) and
+splits io_s by the clocks: a save's upload_s (inside the client's write() and close()) and a
+load's storage_s (inside the client's calls for the next bytes, where that client waits:
+storage/timed_fs.py and timed_s3.py) and target_copy_s; docs/metrics.md ("Per-rank fields and
+phases", "Where the time goes") defines each. A `BusyClock` counts wall time with at least one
+call in progress, so threads > 1 never count an instant twice. Two perf_counter reads and
+one uncontended lock per call (calls carry whole tensors or buffer-sized chunks).
 """
 
 from __future__ import annotations
@@ -103,11 +69,8 @@ class BusyClock:
 
 
 class ByteCounter:
-    """Bytes through the object streams so far: what the progress heartbeat reads while an
-    operation runs, and what a load fetched (its figure: the difference over read_data).
-    The timed streams (storage/timed_fs.py) add what each data call moved, under a lock
-    (writer and reader threads); one per call, calls carry whole tensors or buffer-sized
-    chunks."""
+    """Bytes through the object streams so far (the progress heartbeat reads it while an
+    operation runs): the timed streams add each data call's, under a lock (several threads)."""
 
     def __init__(self) -> None:
         self.total = 0
@@ -141,20 +104,15 @@ class HookTimeline:
     target_copy_s: float | None = None
     # load through the tool's reader (storage/read_ahead.py): the most bytes it held at once
     read_ahead_peak_bytes: int | None = None
-    # the tool's reader clocks its own copies into the live tensors (it copies on its
-    # threads, between the planner's resolve_tensor and commit_tensor of other items)
+    # the tool's reader clocks its own copies into the live tensors (on its threads)
     target_copy_by_reader: bool = False
-    # multi-storage-client loads: how its files read their objects, "whole" (downloaded
-    # whole: under its 512 MiB switch) and/or "ranged" (a ranged GET per read, above it)
+    # multi-storage-client loads: "whole" (downloaded whole, under 512 MiB) and/or "ranged"
     msc_reads: set[str] = dataclasses.field(default_factory=set)
-    # The first error an object stream's write or close raised ("S3Exception: ..."): DCP's
-    # own error may hide it (TimedWriter.write_data puts it first)
+    # the first error an object stream's write or close raised: DCP's own error may hide it
     stream_error: str | None = None
-    # bytes through the object streams so far (progress lines; a load's io_bytes is its
-    # difference over read_data)
+    # bytes through the object streams so far (a load's io_bytes: its difference over read_data)
     moved: ByteCounter = dataclasses.field(default_factory=ByteCounter)
-    # Where a copy of this timeline in another process (the process checkpointer's daemon)
-    # writes what it recorded; None: recorded in place.
+    # where a copy in another process (the process checkpointer's daemon) writes what it recorded
     dump_path: str | None = None
 
     def duration_s(self, hook: str) -> float | None:
@@ -169,7 +127,6 @@ class HookTimeline:
     @property
     def uploaded_bytes(self) -> int | None:
         return sum(self.object_bytes.values()) if self.object_bytes else None
-
 
     def io_started(self) -> tuple[float, float, int]:
         """At the start of the data-I/O hook: (monotonic start, stream clock, bytes moved)."""
