@@ -1,11 +1,7 @@
-"""After the ranks have ended: a record that says how, the one line the user needs, and
-nothing left that is billed.
-
-A rank 0 that was killed or crashed writes no record: the parent writes one from what
-torch's elastic agent reported. A survivor that took the agent's SIGTERM for an
-interrupt is corrected: only the parent knows whether a signal came from outside. A
-save cut short leaves a partial checkpoint (named, with its state) and, on S3, open
-multipart uploads, which are stored and billed until aborted: they are aborted here.
+"""After the ranks have ended: a record that says how (written from what torch's agent
+reported when rank 0 wrote none; corrected where only the parent knows a signal came from
+outside), the one line the user needs, and nothing left that is billed: a save cut short is
+named, with its state, and its open multipart uploads are aborted.
 """
 
 from __future__ import annotations
@@ -58,6 +54,7 @@ def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
 
     lifeline.remove_stale()  # a killed rank's request-log directory
     path = find_record(cfg.results_dir, run_id)
+    rank_wrote = path is not None
     if path is None:
         run = records.RunRecord(
             run_id=run_id, command=cfg.command.value, argv=records.command_line(),
@@ -70,9 +67,6 @@ def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
             end_cause=outcome.cause.value)
         path = write_record(cfg.results_dir, run, [])
         log.info(f"record: {path} ({outcome.status})")
-        rank_wrote = False
-    else:
-        rank_wrote = True
     run_line, replaced_root_cause = _amend(path, outcome)
     if outcome.status == "interrupted":
         log.error("interrupted")
@@ -85,8 +79,8 @@ def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
 
 
 def _ceiling_leftovers(cfg: BenchmarkConfig, run_id: str, env: dict[str, str]) -> None:
-    """A run stopped during its ceiling rounds leaves their objects (and on S3 open
-    multipart uploads, billed) in its raw areas, named by the run (rank/ceiling.py): gone."""
+    """The objects and open uploads a run stopped during its ceiling rounds left in its raw
+    areas (rank/ceiling.py), removed."""
     if os.environ.get(contract.EMBEDDED_ENV) == "1" or env.get(contract.EMBEDDED_ENV) == "1":
         return  # deleted with the embedded server
     from dcp_fsdp.storage import make_store
@@ -141,25 +135,25 @@ def _amend(path: Path, outcome: "RanksOutcome") -> tuple[dict, bool]:
         run_line["incomplete_suffix"] = outcome.writing_suffix
         changed = True
     if changed:
-        _replace_run_line(path, lines, run_line)
+        replace_run_line(path, lines, run_line)
     return run_line, replaced
 
 
 def lead_the_record(results_dir: str, run_id: str, line: str) -> None:
-    """A cause only the launcher sees (its embedded server died), found after the ranks
-    ended: the run's last line, and the head of the record's error (what the ranks
-    recorded is kept after it)."""
+    """A cause only the launcher sees (its embedded server died): the run's last line, and the
+    head of the record's error (what the ranks recorded kept after it)."""
     path = find_record(results_dir, run_id)
     if path is not None:
         lines = path.read_text().splitlines()
         run_line = json.loads(lines[0])
         rank_said = run_line.get("error")
         run_line["error"] = f"{line}; the ranks recorded: {rank_said}" if rank_said else line
-        _replace_run_line(path, lines, run_line)
+        replace_run_line(path, lines, run_line)
     log.error(line)
 
 
-def _replace_run_line(path: Path, lines: list[str], run_line: dict) -> None:
+def replace_run_line(path: Path, lines: list[str], run_line: dict) -> None:
+    """Record `path` (read as `lines`) with its first line replaced by `run_line`, atomically."""
     def write(out: IO[str]) -> None:
         out.write("\n".join([json.dumps(run_line), *lines[1:]]) + "\n")
 
@@ -195,8 +189,8 @@ def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, st
 
 
 def _settle_suffix(store: CheckpointStore, suffix: str, run_id: str | None) -> None:
-    """One suffix a stopped save was writing: its open uploads aborted (what they held
-    said), a claim with nothing else removed, and one line on what is left."""
+    """One suffix a stopped save was writing: its open uploads aborted, a claim with nothing
+    else removed, and one line on what is left."""
     from dcp_fsdp.storage import layout
 
     opened = store.open_uploads(suffix)
@@ -230,9 +224,8 @@ def _uploads_words(uploads: list[OpenUpload]) -> str:
 
 
 def _claim_only_line(suffix: str, location: str, aborted: list[OpenUpload]) -> str:
-    """A suffix whose only stored object is this run's claim: removed. With uploads open it
-    was a save that ended mid-upload (its parts stored, nothing committed), not one that
-    ended before writing."""
+    """A suffix whose only stored object is this run's claim (removed); with uploads open, a
+    save that ended mid-upload, not before writing."""
     if aborted:
         return (f"partial checkpoint suffix={suffix} at {location}: a save that ended "
                 f"mid-upload (nothing committed; {_uploads_words(aborted)}, aborted: no longer "

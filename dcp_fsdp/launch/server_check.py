@@ -1,12 +1,9 @@
 """storage.metrics_url: a run's request counts checked against the S3 server's own counters.
 
-When the server's Prometheus counters are known (the embedded SeaweedFS always; a server of
-the user's with `storage.metrics_url=`), the launcher reads them before its pre-flight and
-after the ranks ended, counts its own boto3 calls in between, and compares the difference
-with what the record says was sent (telemetry/server_counters.py). The outcome goes into
-the run line as `server_requests` (docs/record-format.md) and one line is printed: a match,
-or the differences. Another client of the same bucket during the run shows as a
-difference: the check is exact only on a bucket the run has to itself.
+The launcher reads the server's Prometheus counters before its pre-flight and after the ranks
+ended, counts its own boto3 calls in between, and compares the difference with what the record
+says was sent (telemetry/server_counters.py): the run line's `server_requests`, and one line.
+Exact only on a bucket the run has to itself.
 """
 
 from __future__ import annotations
@@ -14,12 +11,12 @@ from __future__ import annotations
 import collections
 import functools
 import json
-import os
 import urllib.error
 from pathlib import Path
 
 from dcp_fsdp import log
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
+from dcp_fsdp.launch.aftermath import replace_run_line
 from dcp_fsdp.storage.s3_control import observe_clients
 from dcp_fsdp.telemetry import server_counters
 from dcp_fsdp.telemetry.control_plane import count_control_calls
@@ -75,9 +72,7 @@ class ServerCheck:
             unanswered=server_counters.unanswered_requests(samples, run.get("untimed_requests")),
             resends_unseen=(run.get("storage") or {}).get("client") in server_counters.RESENDS_UNSEEN)
         run["server_requests"] = result
-        tmp = record.with_suffix(".jsonl.tmp")
-        tmp.write_text("\n".join([json.dumps(run), *lines[1:]]) + "\n")
-        os.replace(tmp, record)
+        replace_run_line(record, lines, run)
         total = sum(result["server"].values())
         if result["match"]:
             log.info(f"requests: the record's {total} match the server's own counters "
