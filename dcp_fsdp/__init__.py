@@ -2,9 +2,8 @@
 
 
 def __getattr__(name: str) -> str:
-    # __version__ is looked up when asked for (`dcp-fsdp --version`), not when any module of
-    # the package is imported: importlib.metadata costs ~20 ms, a window in which a Ctrl-C
-    # would print a traceback before the CLI can answer it (cli.main).
+    # Looked up when asked for, not at import: importlib.metadata's ~20 ms would be a window in
+    # which a Ctrl-C prints a traceback before cli.main can answer it.
     if name != "__version__":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from importlib.metadata import PackageNotFoundError, version

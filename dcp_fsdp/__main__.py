@@ -6,10 +6,8 @@ from typing import NoReturn
 from dcp_fsdp.contract import CONFIG_ENV
 
 if os.environ.get(CONFIG_ENV) and "RANK" in os.environ:
-    # A rank of the local launcher, started by torch's elastic agent. Before torch is
-    # imported (the first seconds): Ctrl-C / SIGTERM ends it without a KeyboardInterrupt
-    # traceback (the launcher records the run as interrupted; run_rank installs the real
-    # handlers), and it dies with the agent, whatever kills the agent.
+    # A rank of the local launcher: until run_rank installs the real handlers, Ctrl-C / SIGTERM
+    # end it without a traceback (the launcher records the run), and it dies with the agent.
     import signal
 
     from dcp_fsdp.process.lifeline import die_with_parent

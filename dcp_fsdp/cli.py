@@ -1,13 +1,7 @@
-"""`dcp-fsdp COMMAND [hydra overrides]`: a thin shell over the library.
-
-Parse the command, compose and validate the settings (`config/`), then either run as
-one rank (under torchrun: RANK is set) or launch `nproc` ranks on this machine
-(`launch/`). `report` and `wait` need neither Hydra nor torch.
-
-Every rank process starts here, under any launcher (the local launcher's ranks too:
-`python -m dcp_fsdp COMMAND` with the composed settings in a file), and ends in
-`end_rank`: the top layer prints the end-of-run summary from the record the rank
-returns, so the rank layer never imports `analysis`.
+"""`dcp-fsdp COMMAND [hydra overrides]`: parse, compose and validate the settings, then run
+as one rank (under torchrun) or launch `nproc` ranks on this machine. Every rank process, under
+any launcher, starts here and ends in `end_rank`, which prints the run's summary from the record
+the rank returns: the rank layer never imports `analysis`.
 """
 
 from __future__ import annotations
@@ -52,13 +46,11 @@ def under_torchrun() -> bool:
 
 
 def prepare(command: str, overrides: list[str]) -> BenchmarkConfig:
-    """The validated config of one job, after every check that needs no rank: bad input
-    fails here, before anything starts (for a sweep: before its first job starts)."""
+    """The validated config of one job, after every check that needs no rank (a storage-only
+    command composes as a save; its refusals name it)."""
     from dcp_fsdp.config.arguments import STORAGE_ONLY_COMMANDS
     from dcp_fsdp.config.compose import compose
 
-    # `list`, `clean-uploads` and `delete` take the same storage settings as a save (the
-    # command value is unused); their refusals name the command as typed.
     cfg = compose("save" if command in STORAGE_ONLY_COMMANDS else command, overrides,
                   named=command)
     if command in STORAGE_ONLY_COMMANDS:
@@ -98,8 +90,7 @@ def execute(args: argparse.Namespace, cfg: BenchmarkConfig) -> int:
 
 
 def _rank_entry() -> Callable[[BenchmarkConfig, float], RankResult]:
-    """rank.session.run_rank, imported (torch with it) with the collector paused
-    (process/collector.py); a forked rank has it imported already."""
+    """rank.session.run_rank, imported (torch with it) with the collector paused."""
     from dcp_fsdp.process.collector import paused_for_imports
 
     with paused_for_imports():
@@ -108,8 +99,7 @@ def _rank_entry() -> Callable[[BenchmarkConfig, float], RankResult]:
 
 
 def launched_rank() -> NoReturn:
-    """A rank started by the local launcher: its settings were composed and checked by the
-    launcher and come as a file (CONFIG_ENV)."""
+    """A rank started by the local launcher: its checked settings come as a file (CONFIG_ENV)."""
     from omegaconf import OmegaConf
 
     from dcp_fsdp.config.schema import BenchmarkConfig, to_config
@@ -123,18 +113,15 @@ def launched_rank() -> NoReturn:
                                         OmegaConf.load(os.environ[CONFIG_ENV])))
         result = run_rank(cfg, PROCESS_START_MONO)
     except (KeyboardInterrupt, Terminated):
-        # The signal came before the rank's guard could turn it into a record (building the
-        # session, installing the guard): the launcher prints the run's one `interrupted`
-        # line and writes its record; a rank that printed its own was a second line.
+        # Before the rank's guard could record it: the launcher prints the one `interrupted` line.
         end_process(EXIT_INTERRUPTED)
     end_rank(result)
 
 
 def _own_torch_cache_dir() -> Path | None:
-    """Under a plain torchrun, torch makes $TMPDIR/torchinductor_$USER in every rank and
-    leaves it (at the first import of torch._dynamo, which building any module does); a
-    rank-owned directory instead (unless the user chose one), removed at the end (the local
-    launcher points it into its run directory). `plan` builds modules too: the same."""
+    """A directory of this process's own for torch's inductor cache (unless the user chose
+    one), removed at the end: torch._dynamo, imported by building any module, leaves
+    $TMPDIR/torchinductor_$USER behind."""
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         return None
     from dcp_fsdp.process.lifeline import owned_tempdir
@@ -145,8 +132,8 @@ def _own_torch_cache_dir() -> Path | None:
 
 
 def _drop_own_torch_cache_dir(own_dir: Path | None) -> None:
-    """The directory of `_own_torch_cache_dir` removed, and the variable it set with it (a
-    command run in-process, e.g. by a test, leaves the environment as it found it)."""
+    """`_own_torch_cache_dir`'s directory removed, and its variable (an in-process command
+    leaves the environment as it found it)."""
     if own_dir is None:
         return
     import shutil
@@ -156,16 +143,14 @@ def _drop_own_torch_cache_dir(own_dir: Path | None) -> None:
 
 
 def end_rank(result: RankResult, own_dir: Path | None = None) -> NoReturn:
-    """The end of a rank's process (a `rank.session.RankResult`): on the rank that wrote
-    the record, the run's table, where the record is and the suffixes a save made (the
-    batch scripts read the SUFFIXES= line); then the exit code."""
+    """The end of a rank's process: on the rank that wrote the record, the run's table, where
+    the record is and the suffixes a save made (batch scripts read SUFFIXES=); then exit."""
     import signal
 
     from dcp_fsdp import contract, log
     from dcp_fsdp.process.lifeline import end_process
 
-    # The outcome is known: a later Ctrl-C / SIGTERM (the agent stopping its ranks) must not
-    # cut the record's lines or land inside an import (no torch is imported from here on).
+    # The outcome is known: a later Ctrl-C / SIGTERM must not cut the record's lines.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
@@ -184,16 +169,12 @@ def end_rank(result: RankResult, own_dir: Path | None = None) -> NoReturn:
                          "dcp-fsdp s3-server start (then export what it prints)")
             else:
                 log.info(f"SUFFIXES={','.join(run.suffixes)}")
-    if own_dir is not None:
-        import shutil
-
-        shutil.rmtree(own_dir, ignore_errors=True)
+    _drop_own_torch_cache_dir(own_dir)
     end_process(result.exit_code)
 
 
 def check_torchrun_rank(cfg: BenchmarkConfig) -> None:
-    """A rank under torchrun, before it joins the group: what the launcher would have
-    checked (results_dir on rank 0, the one that writes the record)."""
+    """A rank under torchrun, before it joins the group: what the launcher would have checked."""
     from dcp_fsdp.errors import UserError
     from dcp_fsdp.launch import checks
     from dcp_fsdp.launch.preflight import needs_embedded_server
@@ -245,8 +226,7 @@ def run_settings(args: argparse.Namespace) -> int:
 
 
 def run_sweep(args: argparse.Namespace, jobs: list[list[str]]) -> int:
-    """Every job composed and checked first: a bad value in the last job fails before the
-    first one runs."""
+    """Every job composed and checked before the first one runs."""
     from dcp_fsdp import log
     from dcp_fsdp.contract import EXIT_INTERRUPTED
     from dcp_fsdp.errors import UserError
@@ -285,9 +265,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The entry point (`dcp-fsdp`, `python -m dcp_fsdp`): every command answers Ctrl-C with
-    one line and exit 130, at any moment: its imports (pandas, torch: seconds) included (the
-    trial's case 109: a KeyboardInterrupt traceback)."""
+    """The entry point: every command answers Ctrl-C with one line and exit 130, at any
+    moment, its imports (seconds) included."""
     try:
         from dcp_fsdp.process.signals import own_the_unraisable_hook
 
@@ -300,17 +279,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _reader_gone() -> int:
-    """stdout's reader left (`dcp-fsdp save --help | head`): end as a program killed by
-    SIGPIPE would, silently; stdout pointed at /dev/null so that the interpreter's last
-    flush cannot raise again (no "Exception ignored ... BrokenPipeError")."""
+    """stdout's reader left (`... --help | head`): end silently, as SIGPIPE would; stdout to
+    /dev/null so that the interpreter's last flush cannot raise again."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     return 128 + 13  # SIGPIPE
 
 
 def interrupted() -> int:
-    """The one line of an interrupted command; a second Ctrl-C while it is written and the
-    process ends is ignored, so that it cannot print a traceback of its own."""
+    """The one line of an interrupted command; a second Ctrl-C is ignored (no traceback)."""
     import signal
     import threading
 
@@ -322,8 +299,7 @@ def interrupted() -> int:
 
 
 def _command(argv: list[str] | None) -> int:
-    """The command line parsed by the one parser (config/arguments.py), then the function its
-    command names run (imported only then)."""
+    """The command line parsed, then the function its command names run (imported only then)."""
     import importlib
 
     from dcp_fsdp.config.arguments import parse

@@ -1,9 +1,5 @@
 """What processes of one run agree on: every DCP_FSDP_* environment variable and exit code.
-
-The launcher (parent) sets these for its ranks; ranks, batch scripts and tests read
-them. Nothing else lives here, so any module may import it without pulling in
-another module's machinery.
-"""
+Nothing else lives here, so any module may import it."""
 
 from __future__ import annotations
 
@@ -35,18 +31,11 @@ SUFFIX_CLAIMED_ENV = "DCP_FSDP_SUFFIX_CLAIMED"
 HARNESS_OFF_ENV = "DCP_FSDP_HARNESS_OFF"
 HARNESS_PIECES = ("hooks", "watchdog", "memory")  # stream/hook timing, op watchdog, RSS marks
 
-# The test suite -> our agent, test-only (not a setting; the product never sets it): "1" forks
-# the ranks of `-m dcp_fsdp` from the agent, which has imported what a rank imports
-# (launch/forked_rank.py), instead of exec'ing each as torchrun does: ~5 CPU s less per rank,
-# which CI's 15 minutes need. A forked rank is not the process a user runs: the run line's
-# `rank_start` says which way its ranks started, and `report` keeps the two apart.
+# The test suite -> our agent, test-only (the product never sets it): "1" forks the ranks from
+# the agent, which has imported what a rank imports (launch/forked_rank.py), instead of exec'ing
+# each: ~5 CPU s less per rank. The run line's `rank_start` says which way ranks started.
 FORK_RANKS_TEST_ONLY_ENV = "DCP_FSDP_TEST_ONLY_FORK_RANKS"
 RANK_START_EXEC, RANK_START_FORK = "exec", "fork"  # the run line's rank_start
-
-# Every variable above, for documentation and checks.
-ALL_ENV = (CONFIG_ENV, RUN_ID_ENV, PREFLIGHT_DONE_ENV, EMBEDDED_ENV, ARGV_ENV, DEBUG_ENV,
-           AGENT_SUMMARY_ENV, WRITING_SUFFIX_FILE_ENV, TUNE_ENV, HARNESS_OFF_ENV, METADATA_FACTS_ENV,
-           SUFFIX_CLAIMED_ENV, FORK_RANKS_TEST_ONLY_ENV)
 
 
 def harness_off(value: str | None) -> tuple[frozenset[str], list[str]]:
@@ -61,9 +50,8 @@ def harness_off(value: str | None) -> tuple[frozenset[str], list[str]]:
 PEER_FAILED_SIGNAL_NAME = "SIGUSR1"
 
 # -- processes ---------------------------------------------------------------------------
-# The name (Linux's comm, 15 bytes at most) of a rank forked from our agent (the test
-# suite's FORK_RANKS_TEST_ONLY_ENV, launch/forked_rank.py): its /proc environ is its agent's,
-# so siblings and tests know it by this. Global rank: "dcp-fsdp-r" and up to 5 digits fit.
+# The name (Linux's comm, 15 bytes at most) of a rank forked from our agent, whose /proc environ
+# is its agent's: siblings and tests know it by this ("dcp-fsdp-r" and up to 5 digits fit).
 RANK_PROCESS_NAME_PREFIX = "dcp-fsdp-r"
 
 

@@ -10,7 +10,6 @@ class BenchmarkFailure(Exception):
 
 
 class StorageStreamError(Exception):
-    """An object stream's write or close failed first (the connector's S3Exception: its
-    text), and DCP then raised something that hides it (torch's zip writer: "enforce fail
-    at inline_container.cc ... unexpected pos"). One string argument: it pickles, so it
-    reaches the coordinator in DCP's CheckpointException whole."""
+    """An object stream's write or close failed first, and DCP then raised something that
+    hides it (torch's zip writer: "unexpected pos"). One string argument: it pickles whole into
+    DCP's CheckpointException."""

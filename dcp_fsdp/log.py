@@ -1,9 +1,5 @@
-"""The tool's one logger: progress lines, warnings and errors, with one prefix each.
-
-Lines keep the forms users and scripts already read: `[dcp-fsdp] ...` on stdout for
-progress, `dcp-fsdp: warning: ...` and `dcp-fsdp: error: ...` on stderr. Machine-readable
-lines (`SUFFIXES=...`) are printed by their owners as plain `[dcp-fsdp] KEY=value`.
-"""
+"""The tool's one logger: `[dcp-fsdp] ...` on stdout for progress, `dcp-fsdp: warning: ...`
+and `dcp-fsdp: error: ...` on stderr (the forms users and scripts read)."""
 
 from __future__ import annotations
 
@@ -14,10 +10,9 @@ _LOGGER_NAME = "dcp_fsdp"
 
 
 def printable(text: str) -> str:
-    """`text` with every character a terminal would act on written out instead (ESC as
-    \\x1b, a newline as \\n, a bidi override as \\u202e): text from storage or a record (an
-    object key, a record's `error`) is anyone's who can write there, and must neither
-    clear the screen nor split a line. Printable text comes back as it is."""
+    """`text` with every character a terminal would act on escaped (ESC as \\x1b): text from
+    storage or a record is anyone's who can write there, and must neither clear the screen nor
+    split a line."""
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
@@ -71,9 +66,8 @@ def error(message: str) -> None:
     get().error(message)
 
 
-# torch's DCP logs a failed read with its traceback (state_dict_loader: "Global metadata is not
-# found", exc_info): on every rank, before DCP raises the error the run records. A rank routes
-# that logger here: one line each, the exception's type and message in place of the traceback.
+# torch's DCP logs a failed read with its traceback on every rank, before raising the error the
+# run records: a rank routes that logger here, one line each, without the traceback.
 TORCH_CHECKPOINT_LOGGER = "torch.distributed.checkpoint"
 
 

@@ -1,13 +1,6 @@
-"""`dcp-fsdp wait --duration 2m`: hold a Slurm allocation (or a terminal) doing nothing.
-
-The keep-alive of `batch/waitbatch.sh`: it sleeps for the given duration using
-next to no CPU (one wake-up per heartbeat), prints a heartbeat line, and on
-SIGTERM (scancel, the job's time limit) or SIGINT says so and exits 0 at once.
-It imports nothing heavy (no torch, no Hydra), so it starts in well under a second.
-
-The duration always carries its unit, so minutes and hours cannot be confused:
-`--duration 90s`, `2m`, `1h30m`, `1.5h`, `2d`; `--duration forever` waits until it is
-signalled.
+"""`dcp-fsdp wait --duration 2m`: hold a Slurm allocation doing nothing (batch/waitbatch.sh):
+one wake-up per heartbeat, exit 0 at the end or on SIGTERM/SIGINT. A duration always carries
+its unit, so minutes and hours cannot be confused. Imports nothing heavy.
 """
 
 from __future__ import annotations
