@@ -162,3 +162,41 @@ def test_a_users_msc_config_is_said_to_be_unread_at_launch(tmp_path, monkeypatch
     assert len(lines) == 1 and "MSC_CONFIG is set and not read" in lines[0], lines
     checks.check_launch(compose("save", ["nproc=1", f"results_dir={tmp_path}"]))  # the connector
     assert "MSC_CONFIG" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("variables, mode, attempts", [({}, "standard", 3),
+                                                        ({"AWS_MAX_ATTEMPTS": "2"}, "standard", 2),
+                                                        ({"AWS_RETRY_MODE": "legacy", "AWS_MAX_ATTEMPTS": "2"},
+                                                         "legacy", 2)])
+def test_fsspec_tries_a_refused_connection_as_often_as_its_record_says(monkeypatch, tmp_path, variables,
+                                                                       mode, attempts):
+    """A save under fsspec ended 23 s after its server's kill -9 (issue 49, late 1): s3fs's
+    botocore ran its default legacy mode, 5 attempts with up to 15 s of backoff, on each of the
+    three requests a failed save makes. It runs standard's 3 unless the user's AWS_RETRY_MODE
+    or AWS_MAX_ATTEMPTS say otherwise; the attempts counted are what the record says."""
+    from dcp_fsdp.storage.timed_fs import client_file_system
+
+    for name in ("AWS_RETRY_MODE", "AWS_MAX_ATTEMPTS", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    refusing = socket.socket()  # bound, not listening: every connection to it is refused
+    refusing.bind(("127.0.0.1", 0))
+    store = make_store(StorageConfig(uri="s3://bucket/ckpt", region="us-east-1", client=cast(Any, "fsspec"),
+                                     endpoint=f"http://127.0.0.1:{refusing.getsockname()[1]}"))
+    writer = store.writer("s1")
+    store.warm_up(writer)
+    s3fs = cast(Any, client_file_system(writer)).fs
+    sent: list[str] = []
+    s3fs.s3.meta.events.register("before-send.s3", lambda request, **_: sent.append(request.url))
+    try:
+        with pytest.raises(Exception, match="Could not connect to the endpoint URL"):
+            s3fs.cat_file("bucket/ckpt/s1/__0_0.distcp")
+    finally:
+        refusing.close()
+    assert len(sent) == attempts, sent
+    described = store.describe()
+    assert (described["retry_mode"], described["max_attempts"]) == (mode, attempts)
