@@ -20,10 +20,8 @@ def stager_note(renewed: Iterable[object]) -> str | None:
 
 
 def fork_note(rank_starts: Iterable[object]) -> str | None:
-    """The caution when any run's ranks were forked from the agent (the run line's
-    `rank_start`: the test suite's switch, never a measured run's): a forked rank shares its
-    agent's imported pages, so its timings are not those of the process a user runs. Such
-    runs are never pooled with exec'd ones (groups.RUN_ATTRIBUTES splits them)."""
+    """The caution when any run's ranks were forked from the agent (`rank_start`, the test
+    suite's switch): a forked rank shares its agent's pages, its timings are not a user's."""
     forked = sum(start == "fork" for start in rank_starts)
     if not forked:
         return None

@@ -1,10 +1,6 @@
 """The report tables' columns: which figure, its header, its format, and its place in the
-compact terminal view.
-
-Column(names, header, spec, compact): `names` is one table column or several shown as
-"a/b/c" in one cell; `compact` is None for columns only the full views show (--wide, md,
-csv), else a rank: when the terminal is too narrow, the highest ranks go first.
-Definitions: the README's "Report" and "Metrics".
+compact terminal view (`compact`: None for the full views only, else a rank: when the
+terminal is too narrow, the highest ranks go first). Definitions: docs/report.md.
 """
 
 from __future__ import annotations

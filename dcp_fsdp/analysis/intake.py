@@ -1,10 +1,8 @@
 """Which runs enter the report: one copy of each run_id, and what was skipped and why.
 
-A results tree often holds a run twice (a backup copy, `results/` and `results/old/`):
-counting both would double every figure of the run, so each run_id is read once (a dict,
-so thousands of records cost no list scans). Of two copies the one with fewer unreadable
-lines is kept (a cut-off copy beside a whole one), else the first read. Everything left
-out is summarised in one note per reason, with a count and the first few places.
+A results tree often holds a run twice (a backup copy): counting both would double every
+figure of the run, so each run_id is read once; of two copies the one with fewer unreadable
+lines is kept. Everything left out is summarised in one note per reason.
 """
 
 from __future__ import annotations

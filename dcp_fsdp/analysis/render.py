@@ -1,10 +1,7 @@
-"""The report's tables as text: terminal, Markdown, or the wide CSV.
-
-The terminal view (`--format table`) fits a width: the group keys that differ between
-groups first (the ones all groups share go in one line above the tables), a compact set of
-columns, columns empty in every row left out, long names shortened, and, when still too
-wide, the least important columns dropped (said under the table). `--wide` (the same as
-`--columns all`) and `--format md` show every column; the CSV has every figure.
+"""The report's tables as text: terminal, Markdown, or the wide CSV (docs/report.md "Fitting
+the terminal"). The terminal view fits a width: the group keys that differ first (the shared
+ones in a line above), a compact set of columns, and the least important columns dropped
+when still too wide (said under the table); `--wide` and `--format md` show every column.
 """
 
 from __future__ import annotations
@@ -66,9 +63,8 @@ def _width(text: str) -> int:
 
 def _tabulate(headers: list[str], columns: list[list[str]], tablefmt: str,
               compact: bool = False) -> str:
-    """`compact`: tabulate's "simple" table without the two spaces it adds around each
-    header (its module-wide MIN_PADDING, which no call can set): the headers as the first
-    row of a "plain" table, then their rule; the two spaces between columns keep them apart."""
+    """`compact`: tabulate's "simple" table without the two spaces it pads each header with
+    (its module-wide MIN_PADDING, which no call can set): the headers as a "plain" row."""
     from tabulate import tabulate
 
     rows = [list(row) for row in zip(*columns)] if columns else []
@@ -255,8 +251,7 @@ def _figures(page: _Page, result: dict[str, Any]) -> None:
 
 
 def _ceilings(page: _Page, result: dict[str, Any]) -> None:
-    """Per run with ceiling=true: each ceiling with its rounds' spread and DCP's efficiency
-    against it (telemetry/figures.py)."""
+    """Per run with ceiling=true: each ceiling and DCP's efficiency against it."""
     ops = result.get("operations")
     if ops is None or ops.empty:
         return
@@ -286,9 +281,8 @@ def _splits(page: _Page, result: dict[str, Any]) -> None:
 
 
 def _mlperf(page: _Page, result: dict[str, Any]) -> None:
-    """protocol=mlperf runs: MLPerf's figure beside ours, per run (as the run printed it);
-    only runs of MLPerf's counts (10 saves, 10 loads) are labelled MLPerf's, the others
-    (tune's trials were recorded with protocol=mlperf) are named in one note."""
+    """protocol=mlperf runs of MLPerf's counts: MLPerf's figure beside ours, per run; the
+    others (tune's trials were recorded with protocol=mlperf) are named in one note."""
     runs, samples = result["runs"], result["samples"]
     if "protocol" not in runs or samples.empty:
         return

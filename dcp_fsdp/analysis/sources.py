@@ -17,11 +17,8 @@ def _records_under(directory: Path) -> list[Path]:
 
 
 def record_files(paths: Iterable[str]) -> list[Path]:
-    """Record files named by files, directories (searched recursively) or globs.
-
-    A directory or a glob yields its *.jsonl files (beside them lie other files: tune.json,
-    plots); a file named on its own is read whatever its name (the reader says if it is
-    not a record)."""
+    """Record files named by files, directories (searched recursively) or globs: a directory
+    or a glob yields its *.jsonl files; a file named on its own is read whatever its name."""
     found: dict[Path, None] = {}  # each file once, in order; a dict: thousands of records
     for text in paths:
         path = Path(text)
@@ -43,9 +40,7 @@ def record_files(paths: Iterable[str]) -> list[Path]:
 def read_records(files: Iterable[Path]
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
     """(runs, samples, notes) as plain rows for the tables: each run_id once, lines and files
-    that cannot be read skipped (analysis.intake), one note per reason. Each run row carries
-    `unreadable_lines`, its file's count, so that a cut-off record is left out of the
-    figures (analysis.completeness)."""
+    that cannot be read skipped, one note per reason (analysis.intake)."""
     intake = Intake()
     for path in files:
         try:

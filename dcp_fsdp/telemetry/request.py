@@ -1,7 +1,5 @@
-"""One request, as the request log (`request_log.py`) parses it from the connector's log
-and the control-plane hook (`control_plane.py`) records it from boto3; `summaries.py`
-turns lists of them into a record's figures. A module of its own so that those three
-import it and not each other."""
+"""One request, as the request log parses it from the connector's log and the botocore hooks
+(`control_plane.py`) record it; a module of its own so that those import it, not each other."""
 
 from __future__ import annotations
 

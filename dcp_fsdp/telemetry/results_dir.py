@@ -14,10 +14,8 @@ from dcp_fsdp.telemetry.records import RunRecord, Sample, record_path, write_rec
 
 
 def writable_dir_problem(path: str | Path) -> str | None:
-    """Why a directory could not be created or written at `path` (None: it can).
-
-    Creates nothing that stays: a probe file in the nearest existing ancestor is removed
-    at once (permission bits alone would mislead for root, ACLs, read-only mounts)."""
+    """Why a directory could not be created or written at `path` (None: it can), by a probe
+    file in the nearest existing ancestor (permission bits mislead for root, ACLs, mounts)."""
     target = Path(path).expanduser()
     if target.exists() and not target.is_dir():
         return "it is a file, not a directory"
@@ -45,9 +43,7 @@ def record_written(results_dir: str, run_id: str) -> bool:
 
 
 def write_record(results_dir: str, run: RunRecord, samples: Iterable[Sample]) -> Path:
-    """The record under results_dir; if that fails (the directory went away, the disk
-    filled), under the fallback directory, said in a warning: a run's measurement is
-    never lost to a path problem."""
+    """The record under results_dir, else under the fallback directory, said in a warning."""
     try:
         return write_records(record_path(results_dir, run.run_id), run, samples)
     except OSError as error:

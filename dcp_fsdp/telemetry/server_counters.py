@@ -29,11 +29,8 @@ NO_STATUS = "none"  # a request's status where no answer reached the client
 
 def server_view(by_type: dict[str, dict[str, Any]] | None = None,
                 control_plane: dict[str, dict[str, int]] | None = None) -> collections.Counter:
-    """What SeaweedFS should count for these requests: {(server type, code): n}.
-
-    `by_type`: a summary's by_type (each kind's `status` counts); `control_plane`:
-    boto3 calls per operation and status.
-    """
+    """What SeaweedFS should count for these requests (a summary's by_type and control_plane):
+    {(server type, code): n}."""
     view: collections.Counter = collections.Counter()
     for kind, entry in (by_type or {}).items():
         for code, n in (entry.get("status") or {}).items():
