@@ -1,13 +1,7 @@
-"""The storage contract: what a rank and the launcher need from any checkpoint store.
-
-Modelled on torchtitan's `CheckpointStorage`: one Protocol, implemented by the S3 store
-(s3torchconnector's DCP writer/reader; boto3 for the control plane) and the file-system
-store (DCP's own FileSystemWriter/Reader, the baseline). Layout and suffix policy are
-not here: `layout.py` owns them, in terms of this contract.
-
-Nothing outside `storage/` reaches into a store: the raw ceiling (`rank/ceiling.py`) and
-the tuner (`launch/tune.py`) use only what is declared here (`data_object_prefix`,
-`raw_area`, `delete`, `probe`).
+"""The storage contract: what a rank and the launcher need from any checkpoint store (as
+torchtitan's `CheckpointStorage`), implemented by the S3 store and the file-system store.
+Layout and suffix policy are `layout.py`'s, in terms of this contract. Nothing outside
+`storage/` reaches into a store past what is declared here.
 """
 
 from __future__ import annotations
@@ -28,8 +22,7 @@ class CheckpointInfo:
     size_bytes: int
     object_count: int
     modified: str  # ISO 8601, UTC, of the newest object
-    # Nothing but the claim (layout.CLAIM_NAME): a save that ended between its claim and its first
-    # object (an abandoned claim), or one starting there now; not a checkpoint.
+    # nothing but the claim: a save that ended before its first object, or one starting now
     claim_only: bool = False
     # Folders below it holding checkpoints of their own: a prefix (`ckpt/<run>/<suffix>`)
     nested: tuple[str, ...] = ()
@@ -67,18 +60,14 @@ class OpenUpload:
         return max(0.0, (now - datetime.datetime.fromisoformat(self.initiated)).total_seconds())
 
 
-
-
 class RawArea(Protocol):
-    """Objects moved raw (no DCP), by the client DCP's writer and reader use, in an area
-    beside the checkpoints: never inside one, never seen by `list`. Names are relative to
-    the area and may hold '/' (folders). A `client` comes from `open()`; the file system's
-    is None."""
+    """Objects moved raw (no DCP), by the client DCP's writer and reader use, beside the
+    checkpoints (never seen by `list`). Names are relative to the area and may hold '/'."""
 
     location: str  # the area's URI / path, for messages
 
     def open(self) -> Any:
-        """A client built now, so that no timed operation pays its set-up."""
+        """A client built now, so that no timed operation pays its set-up (fs: None)."""
 
     def prepare(self, names: Iterable[str]) -> None:
         """Create what must exist before the objects are written (folders); untimed."""
@@ -96,20 +85,14 @@ class RawArea(Protocol):
         """Remove these objects; the area's folders go when nothing is left in them."""
 
     def drop_cache(self, names: Iterable[str]) -> str | None:
-        """Untimed, before a timed GET: these objects out of the page cache; the policy that
-        held (storage/pagecache.py), None where there is no local cache (S3)."""
-
-
-# A writer's kwargs for state in host memory: no copy-ahead. DCP's writers pick a loader by
-# the machine, not the tensors: with CUDA available and one thread they overlap device-to-host
-# copies on torch.cuda.current_stream(), which opens a CUDA context on GPU 0 in every gloo
-# rank of a GPU host (seen on the lent H100, issue 32). With 0 they read the tensors in order.
-HOST_STATE_WRITER_KWARGS: dict[str, Any] = {"per_thread_copy_ahead": 0}
+        """These objects out of the page cache (untimed); the policy that held, None for S3."""
 
 
 def host_state_kwargs(host_state: bool) -> dict[str, Any]:
-    """What every store's writer adds for `writer(..., host_state=)`."""
-    return HOST_STATE_WRITER_KWARGS if host_state else {}
+    """What every store's writer adds for state in host memory: no copy-ahead. With CUDA available
+    DCP's writers overlap device-to-host copies on torch.cuda.current_stream(), which opens a CUDA
+    context on GPU 0 in every gloo rank of a GPU host (issue 32)."""
+    return {"per_thread_copy_ahead": 0} if host_state else {}
 
 
 @runtime_checkable
@@ -126,18 +109,15 @@ class CheckpointStore(Protocol):
     # -- data plane: DCP's writer and reader ---------------------------------------------
     def writer(self, suffix: str, timeline: HookTimeline | None = None,
                host_state: bool = False) -> Any:
-        """A DCP StorageWriter for a new checkpoint `suffix`; with a timeline, the timed
-        subclass of it that records there (storage/timed_dcp.py). `host_state`: the tensors
-        are in host memory (a CPU rank), so no copy-ahead (HOST_STATE_WRITER_KWARGS)."""
+        """A DCP StorageWriter for a new checkpoint `suffix`; with a timeline, the timed subclass
+        (storage/timed_dcp.py). `host_state`: the tensors are in host memory (host_state_kwargs)."""
 
     def reader(self, suffix: str, timeline: HookTimeline | None = None) -> Any:
         """A DCP StorageReader for checkpoint `suffix`; with a timeline, timed likewise."""
 
     def warm_up(self, storage_io: Any) -> list[Any]:
-        """Build any client the writer/reader would build lazily, outside the timed region;
-        the botocore event emitters of that client, where the request statistics hook in
-        (storage.client=fsspec|msc); [] where the requests are known otherwise (the
-        connector's log) or there are none (fs)."""
+        """Build any client the writer/reader would build lazily, outside the timed region; its
+        botocore event emitters, for the request statistics ([] where there are none)."""
 
     def environment(self) -> dict[str, str]:
         """Variables a rank sets before it builds a writer or reader (storage/s3_clients.py)."""
@@ -146,15 +126,14 @@ class CheckpointStore(Protocol):
         """At the end of the process: remove what the store made in it (MSC's profile)."""
 
     def drop_cache(self, suffix: str, share: tuple[int, int] = (0, 1)) -> str | None:
-        """Before a timed load (untimed): make the load read storage, not a local cache; the
-        cache policy that held (storage/pagecache.py), or None where there is no such cache.
-        `share` = (index, count): this caller handles every count-th file from index, so the
-        ranks of one node together drop each file once (the cache is the node's)."""
+        """Before a timed load (untimed): make it read storage, not a local cache; the policy that
+        held (storage/pagecache.py), None where there is none. `share` = (index, count): every
+        count-th file from index, so the ranks of one node drop each file once."""
 
     # -- control plane ------------------------------------------------------------------
     def preflight(self, writes: bool = True) -> None:
         """Fail in seconds, with a UserError naming the setting, if the store is unusable;
-        `writes=False` (a load, `list`): readable is enough (a snapshot, a read-only export)."""
+        `writes=False` (a load, `list`): readable is enough."""
 
     def list_checkpoints(self, suffix: str | None = None) -> list[CheckpointInfo]:
         """Every suffix under the root with what it holds (`suffix`: that one only, [] when
@@ -171,10 +150,8 @@ class CheckpointStore(Protocol):
         """True when `suffix` has DCP's `.metadata` (the commit point)."""
 
     def claim(self, suffix: str, data: bytes) -> SuffixClaim:
-        """Create `suffix`'s claim object (layout.CLAIM_NAME) holding `data`, only if it does
-        not exist, atomically where the store can (S3 If-None-Match: *, O_EXCL): of racing
-        claims exactly one is `won`. The launcher before any rank starts (`suffix=NAME`),
-        else rank 0 before any rank writes into `suffix`."""
+        """Create `suffix`'s claim object (layout.CLAIM_NAME) holding `data`, only if it does not
+        exist, atomically where the store can: of racing claims exactly one is `won`."""
 
     def put_small(self, suffix: str, name: str, data: bytes) -> None: ...
 
@@ -187,8 +164,7 @@ class CheckpointStore(Protocol):
         UserError for anything that is not a suffix ("" would be every checkpoint)."""
 
     def probe(self) -> None:
-        """Write and remove one small object (untimed): a fresh server's one-time set-up
-        (SeaweedFS grows its volumes on a bucket's first write) is paid here."""
+        """Write and remove one small object (untimed): a fresh server's one-time set-up is paid here."""
 
     # -- raw objects, beside the checkpoints (the raw ceiling) ----------------------------
     def data_object_prefix(self, rank: int) -> str:
@@ -205,19 +181,16 @@ class CheckpointStore(Protocol):
 
     def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0,
                       now: datetime.datetime | None = None) -> int:
-        """Abort those uploads started at least `min_age_s` before `now` (default: the
-        moment of the call); how many were aborted. A caller that showed which uploads it
-        would abort passes the `now` it decided with, so none is aborted that it said it
-        would leave."""
+        """Abort those uploads started at least `min_age_s` before `now` (default: the moment of
+        the call; a caller that showed which it would abort passes the `now` it decided with)."""
 
     def clean_raw_area(self, token: str) -> int:
-        """Everything a run left in its raw area `token` (a ceiling cut short: its objects,
-        and on S3 its open multipart uploads, aborted); how many uploads were aborted."""
+        """Remove what a run left in its raw area `token` (S3: uploads aborted); how many aborted."""
 
 
 def ceiling_token(run_id: str | None) -> str:
-    """The raw area of one run's ceiling rounds: named by the run, so that the launcher can
-    clean up after a run killed mid-round (launch/aftermath.py); a random name without one."""
+    """The raw area of one run's ceiling rounds: named by the run (the launcher cleans up after
+    a run killed mid-round), else random."""
     import secrets
 
     return run_id or f"t-{secrets.token_hex(4)}"

@@ -1,21 +1,15 @@
 """The one owner of how a checkpoint lies in storage, and of the suffix policy.
 
-A checkpoint is `<root>/<suffix>/`: DCP's data objects, `.metadata` (written last by
-DCP: its presence is the commit point, so a checkpoint without it is incomplete and
-never loadable), our manifest `dcp_fsdp.json` (what was saved: model, dtype, state,
-world size, and the seed and version of the value function every load verifies against;
-written after the commit), and the claim `dcp_fsdp.claim` (which run took the suffix:
-written first: by the launcher before any rank starts where `suffix=NAME` is given, else
-by rank 0 before any rank writes).
+A checkpoint is `<root>/<suffix>/`: DCP's data objects, `.metadata` (written last by DCP:
+the commit point; without it a checkpoint is never loadable), our manifest `dcp_fsdp.json`
+(what was saved, which every load verifies against; written after the commit), and the claim
+`dcp_fsdp.claim` (which run took the suffix: written first, by the launcher for `suffix=NAME`,
+else by rank 0).
 
-Suffixes: a save without `suffix=` gets a fresh `YYYY-MM-DD-HH-MM-xxxx` (sorts by time;
-the random tail keeps parallel runs apart); `suffix=NAME` with iterations > 1 becomes
-`NAME-1`, `NAME-2`, ...; an existing suffix is never overwritten. A save claims its suffix
-before it writes: the store creates the claim object only if it does not exist (S3:
-PutObject with `If-None-Match: *`; a file system: O_CREAT|O_EXCL), so of two saves that
-race for one suffix exactly one proceeds; the other is refused before it writes anything.
-Where an S3 server ignores the condition (a probe finds out), the claim is a check then a
-write: not atomic, said in the log and recorded as `suffix_claim=not_atomic`.
+An existing suffix is never overwritten: a save claims its suffix before it writes, creating
+the claim object only if it does not exist (S3 `If-None-Match: *`, O_CREAT|O_EXCL), so of two
+racing saves exactly one proceeds. Where an S3 server ignores the condition, the claim is a
+check then a write: said in the log and recorded as `suffix_claim=not_atomic`.
 """
 
 from __future__ import annotations
@@ -81,16 +75,18 @@ def new_suffix(now: datetime.datetime | None = None) -> str:
     return now.strftime("%Y-%m-%d-%H-%M-") + secrets.token_hex(2)
 
 
-def configured_save_suffixes(configured: str, iterations: int) -> list[str]:
-    """The suffixes a save with `suffix=NAME` writes: NAME, or NAME-1 .. NAME-N."""
-    if iterations == 1:
-        return [configured]
-    return [f"{configured}-{iteration}" for iteration in range(1, iterations + 1)]
+def configured_save_suffix(configured: str, iterations: int, iteration: int) -> str:
+    """The suffix save `iteration` (1-based) of `suffix=NAME` writes: NAME, or NAME-1 .. NAME-N."""
+    return configured if iterations == 1 else f"{configured}-{iteration}"
+
+
+def _first_configured_suffixes(configured: str, iterations: int) -> list[str]:
+    return [configured_save_suffix(configured, iterations, i) for i in range(1, min(iterations, 100) + 1)]
 
 
 def check_save_suffixes_free(store: CheckpointStore, configured: str, iterations: int) -> None:
     """Before any rank starts: a save never overwrites; say so now, not after the build."""
-    for suffix in configured_save_suffixes(configured, iterations)[:100]:
+    for suffix in _first_configured_suffixes(configured, iterations):
         if store.has_objects(suffix):
             raise _exists(store, suffix)
 
@@ -106,7 +102,7 @@ def save_suffix(store: CheckpointStore, configured: str | None, iterations: int,
     """The suffix for save `iteration` (1-based) in `store`, claimed for this save (never
     one that holds objects, nor one another save claimed first), and how it was claimed."""
     if configured:
-        suffix = configured if iterations == 1 else f"{configured}-{iteration}"
+        suffix = configured_save_suffix(configured, iterations, iteration)
         run_id = os.environ.get(contract.RUN_ID_ENV)
         launcher_method = os.environ.get(contract.SUFFIX_CLAIMED_ENV)
         if launcher_method and holds_only_claim_of(store, suffix, run_id):
@@ -135,15 +131,14 @@ def _claim_configured(store: CheckpointStore, suffix: str, run_id: str | None) -
 
 def claim_configured_suffixes(store: CheckpointStore, configured: str, iterations: int,
                               run_id: str) -> tuple[list[str], str]:
-    """The launcher, before any rank starts: claim every suffix `suffix=NAME` will write
-    (the first 100, as check_save_suffixes_free) for run `run_id`, so the loser of a race
-    is refused in one line before its ranks start; rank 0 (save_suffix) then takes these
-    claims as its run's own. (The suffixes claimed, how.) On a lost claim the ones taken
-    are removed and UserError."""
+    """The launcher, before any rank starts: claim the (first 100) suffixes `suffix=NAME` will
+    write for run `run_id`, so the loser of a race is refused before its ranks start; rank 0
+    takes these claims as its run's own. (The suffixes claimed, how.) On a lost claim the
+    ones taken are removed and UserError."""
     taken: list[str] = []
     method = CLAIM_EXCLUSIVE
     try:
-        for suffix in configured_save_suffixes(configured, iterations)[:100]:
+        for suffix in _first_configured_suffixes(configured, iterations):
             method = _claim_configured(store, suffix, run_id)
             taken.append(suffix)
     except UserError:
@@ -178,8 +173,7 @@ def read_claim(store: CheckpointStore, suffix: str) -> dict[str, Any]:
 
 
 def _plain_object(data: bytes) -> dict[str, Any] | None:
-    """`data` as a JSON object of plain values (all a manifest or claim holds), else None:
-    nested JSON (RecursionError; deep values a message would print) is damage, no traceback."""
+    """`data` as a JSON object of plain values (all a manifest or claim holds), else None."""
     try:
         parsed = json.loads(data)
     except (ValueError, RecursionError):
@@ -297,8 +291,7 @@ def write_metadata_facts(path: Path, suffix: str, facts: MetadataFacts) -> None:
 
 def check_mirrorable(facts: MetadataFacts, world_size: int, suffix: str) -> None:
     """The raw ceiling mirrors each saving rank's objects on the rank of the same number: a
-    load at another world size (resharded) would move a share of the bytes on some ranks
-    and nothing on others, a figure of nothing. Refused (UserError) before any timing."""
+    resharded load cannot be mirrored. Refused (UserError) before any timing."""
     saved = facts.saving_world_size
     if saved and saved != world_size:
         raise UserError(
@@ -308,9 +301,8 @@ def check_mirrorable(facts: MetadataFacts, world_size: int, suffix: str) -> None
 
 
 def check_replicas_mirrorable(manifest: dict[str, Any] | None, replicas: int, suffix: str) -> None:
-    """With model.replicas=R the raw GET reads, on each rank, the files its shard's ranks
-    wrote: that holds only for a checkpoint saved on the same (R, shards) mesh, which its
-    manifest says. Refused (UserError) otherwise, before any timing."""
+    """With model.replicas=R the raw GET reads the files each shard's ranks wrote: only for a
+    checkpoint saved on the same mesh (its manifest says). Refused (UserError) otherwise."""
     saved = (manifest or {}).get("replicas")
     if saved != replicas:
         said = f"was saved with model.replicas={saved}" if saved is not None else \
@@ -323,10 +315,9 @@ def check_replicas_mirrorable(manifest: dict[str, Any] | None, replicas: int, su
 
 def check_objects_whole(store: CheckpointStore, suffix: str, facts: MetadataFacts,
                         prefix_strategy: str) -> None:
-    """Every data object `.metadata` names is there, at least as long as its last item ends:
-    a deleted or truncated object is refused in one line naming it, before any rank reads
-    (DCP would fail part way with "The key does not exist" or "stream exhausted").
-    Checked where the objects lie under the suffix (storage.prefix_strategy=default)."""
+    """Every data object `.metadata` names is there, at least as long as its last item ends
+    (storage.prefix_strategy=default): refused in one line before any rank reads, where DCP
+    would fail part way."""
     if prefix_strategy != "default" or not facts.object_sizes:
         return
     damage = objects_damage(facts, store.object_sizes(suffix))
@@ -352,10 +343,9 @@ def objects_damage(facts: MetadataFacts, stored: dict[str, int]) -> str | None:
 
 def checkpoint_damage(store: CheckpointStore, suffix: str,
                       only_msc: set[str] | None = None) -> str | None:
-    """`list --check`: what is wrong with the complete checkpoint `suffix` (its objects lying
-    under it, storage.prefix_strategy=default), None when whole. One GET of its `.metadata`,
-    read through the screen (a hostile one is reported, never unpickled), and one listing.
-    A whole checkpoint only storage.client=msc can load goes into `only_msc`."""
+    """`list --check`: what is wrong with the complete checkpoint `suffix`, None when whole: its
+    `.metadata` through the screen, and one listing. A checkpoint only storage.client=msc can
+    load goes into `only_msc`."""
     try:
         raw = store.get_small(suffix, METADATA_NAME, MAX_METADATA_BYTES + 1)
         if raw is None:
