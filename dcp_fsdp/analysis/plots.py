@@ -55,7 +55,7 @@ def _colors() -> list[str]:
     return plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save_png(fig: Figure, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.savefig(path, dpi=110)
@@ -92,7 +92,7 @@ def _throughput_plot(result: dict[str, Any], path: Path) -> Path:
     axes[1].legend(fontsize=8, loc="best")
     fig.suptitle("Checkpoint throughput: line = group aggregate, dots = single operations")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def _rank_durations_plot(result: dict[str, Any], op_names: list[str], path: Path) -> Path:
@@ -120,7 +120,7 @@ def _rank_durations_plot(result: dict[str, Any], op_names: list[str], path: Path
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles),
                fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.05 if len(shown) == 1 else 0.03, 1, 1))
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 _PHASE_COLORS = {"plan": "#9ecae1", "io": "#3182bd", "commit": "#fd8d3c"}
@@ -168,7 +168,7 @@ def _latency_plot(samples: pd.DataFrame, op_names: list[str], path: Path) -> Pat
     for axis, op in zip(axes[0], request_ops):
         _latency_panel(axis, samples.loc[samples["op"] == op, "requests"], op)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def _latency_panel(axis: Axes, requests: pd.Series, op: str) -> None:

@@ -21,17 +21,10 @@ def print_run_summary(run: RunRecord, samples: list[Sample]) -> None:
           f"on {run.world_size} rank(s) / {run.node_count} node(s){replicas_words(run)}, "
           f"storage {storage.kind}{embedded}")
     print(tabulate(rows, headers=headers, tablefmt="github"))
-    for line in notes:
-        print(line)
     from dcp_fsdp.telemetry.time_split import split_lines
 
-    for line in split_lines(s.model_dump() for s in samples):
-        print(line)
-    for line in async_lines(samples):
-        print(line)
-    for line in mlperf_lines(run, samples):
-        print(line)
-    for line in cache_lines(run, samples):
+    for line in [*notes, *split_lines(s.model_dump() for s in samples), *async_lines(samples),
+                 *mlperf_lines(run, samples), *cache_lines(run, samples)]:
         print(line)
     init_s = [row.init_s for row in run.init if row.init_s is not None]
     if init_s:
@@ -50,9 +43,8 @@ def replicas_words(run: RunRecord) -> str:
 
 
 def async_lines(samples: list[Sample]) -> list[str]:
-    """Async saves: what training paid (seconds it could not update weights: the call and the
-    staging; with steps between saves, the training time lost and its share of the interval)
-    and how long until the save was durable. Spans: first rank begin to last rank end."""
+    """Async saves: what training paid (the stall; with steps between saves, the training time
+    lost and its share of the interval) and how long until the save was durable."""
     lines = []
     saves = [s for s in samples if s.op == "save" and s.save_mode == "async"]
     for iteration in sorted({s.iteration for s in saves}):
@@ -97,9 +89,8 @@ CACHE_KEPT = {
 
 
 def cache_lines(run: RunRecord, samples: list[Sample]) -> list[str]:
-    """fs loads that read (partly) from memory because the page cache could not be dropped:
-    the record says so per sample; the console says it once, with what it means for the
-    figure (MLPerf's protocol clears the caches before its reads)."""
+    """fs loads that read (partly) from memory because the page cache could not be dropped,
+    once, with what it means for the figure."""
     policies = {s.cache_policy for s in samples if s.op == "load"}
     mlperf = ", MLPerf's included," if getattr(run.config, "protocol", None) == "mlperf" else ""
     return [f"load: {CACHE_KEPT[policy].format(mlperf=mlperf)}" for policy in CACHE_KEPT
@@ -115,8 +106,7 @@ MLPERF_DIFFERENCE = (
 
 
 def mlperf_lines(run: RunRecord, samples: list[Sample]) -> list[str]:
-    """protocol=mlperf: MLPerf Storage's figure per op beside ours, GiB/s
-    (telemetry/figures.py defines both), and why they differ."""
+    """protocol=mlperf: MLPerf Storage's figure per op beside ours, GiB/s, and why they differ."""
     if getattr(run.config, "protocol", None) != "mlperf":
         return []
     return ["MLPerf Storage v3.0 checkpointing (protocol=mlperf), GiB/s:",

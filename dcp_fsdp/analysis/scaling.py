@@ -17,6 +17,7 @@ import pandas as pd
 
 from dcp_fsdp.analysis import costs
 from dcp_fsdp.analysis.columns import cell
+from dcp_fsdp.analysis.plots import save_png
 from dcp_fsdp.analysis.tables import select
 
 if TYPE_CHECKING:
@@ -169,9 +170,6 @@ def plot(result: dict[str, Any], directory: str | Path) -> list[Path]:
                 title="coordination: plan, commit, barrier")
     for axis in axes:
         axis.legend(fontsize=7)
-    path = Path(directory) / "scaling.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    Path(directory).mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return [save_png(fig, Path(directory) / "scaling.png")]
