@@ -88,11 +88,14 @@ class RawArea(Protocol):
         """These objects out of the page cache (untimed); the policy that held, None for S3."""
 
 
+# A writer's kwargs for state in host memory: no copy-ahead. With CUDA available DCP's writers
+# overlap device-to-host copies on torch.cuda.current_stream(), which opens a CUDA context on
+# GPU 0 in every gloo rank of a GPU host (issue 32).
+HOST_STATE_WRITER_KWARGS: dict[str, Any] = {"per_thread_copy_ahead": 0}
+
+
 def host_state_kwargs(host_state: bool) -> dict[str, Any]:
-    """What every store's writer adds for state in host memory: no copy-ahead. With CUDA available
-    DCP's writers overlap device-to-host copies on torch.cuda.current_stream(), which opens a CUDA
-    context on GPU 0 in every gloo rank of a GPU host (issue 32)."""
-    return {"per_thread_copy_ahead": 0} if host_state else {}
+    return HOST_STATE_WRITER_KWARGS if host_state else {}
 
 
 @runtime_checkable
@@ -110,7 +113,7 @@ class CheckpointStore(Protocol):
     def writer(self, suffix: str, timeline: HookTimeline | None = None,
                host_state: bool = False) -> Any:
         """A DCP StorageWriter for a new checkpoint `suffix`; with a timeline, the timed subclass
-        (storage/timed_dcp.py). `host_state`: the tensors are in host memory (host_state_kwargs)."""
+        (storage/timed_dcp.py). `host_state`: in host memory (HOST_STATE_WRITER_KWARGS)."""
 
     def reader(self, suffix: str, timeline: HookTimeline | None = None) -> Any:
         """A DCP StorageReader for checkpoint `suffix`; with a timeline, timed likewise."""
