@@ -1,16 +1,9 @@
-"""The elastic agent of a local run: torch's torchrun (`torch.distributed.run`), run in
-this process, so the ranks are its children exactly as on a cluster.
+"""The elastic agent of a local run and of each Slurm node's task: torch's torchrun, run in
+this process (`python -m dcp_fsdp.launch.agent TORCHRUN-ARGS`).
 
-`python -m dcp_fsdp.launch.agent TORCHRUN-ARGS` is what `dcp-fsdp COMMAND nproc=N` starts,
-and what each node's task of the Slurm batch scripts runs (batch/node_task.sh).
-It execs each rank as torchrun does (a benchmark measures the process its users run). It
-differs from plain `torchrun` in one way: torchrun ends a failed or interrupted run with a
-Python traceback (ChildFailedError / SignalException); here the outcome goes, as JSON, to
-the file named by DCP_FSDP_AGENT_SUMMARY (per-rank exit codes, signals and the messages the
-ranks left in their TORCHELASTIC_ERROR_FILE), and the light parent prints the one line.
-DCP_FSDP_DEBUG=1 keeps torchrun's own log lines. Only for the test suite
-(DCP_FSDP_TEST_ONLY_FORK_RANKS=1) it forks the ranks of `-m dcp_fsdp` from this process,
-which has then imported what a rank imports (launch/forked_rank.py).
+Where torchrun ends a failed or interrupted run with a traceback, this writes the outcome as
+JSON to the file DCP_FSDP_AGENT_SUMMARY names (per-rank exit codes, signals, the ranks' error
+files), and the light parent prints the one line. DCP_FSDP_DEBUG=1 keeps torchrun's log lines.
 """
 
 import os
@@ -19,19 +12,14 @@ import sys
 from types import FrameType
 from typing import Any, NoReturn
 
-# How the agent's interpreter is started (`python PYTHON_FLAGS -m dcp_fsdp.launch.agent`: the
-# local launcher, batch/node_task.sh). frozen_modules=off: the standard library's runpy, which
-# runs `-m`, then has a source file. torch's c10d rendezvous names each of its events with
-# inspect.stack(), twice per event, and for a frame of a frozen module (`<frozen runpy>`, two
-# under every `-m`) inspect searches every imported module for its file: with the ~2,700
-# modules the agent holds for forked ranks (the test suite's), 16 % of its samples, ~0.3 CPU s a launch
-# (docs/measurements/2026-11-27-ci-cost.md, 2026-11-28 third session).
+# How the agent's interpreter is started (the local launcher, batch/node_task.sh).
+# frozen_modules=off: torch's rendezvous calls inspect.stack(), which searches every imported
+# module for a frozen frame's file (runpy's) (docs/architecture.md).
 PYTHON_FLAGS = ("-X", "frozen_modules=off")
 
 
 def _quiet_exit(signum: int, frame: FrameType | None) -> NoReturn:
-    # A signal while torch is still importing (the first seconds): no workers exist yet,
-    # and a KeyboardInterrupt traceback would be all the user sees.
+    # A signal while torch is still importing: no workers yet, and no traceback wanted.
     os._exit(130)
 
 
@@ -56,9 +44,7 @@ def main(argv: list[str]) -> int:
 
         from dcp_fsdp.launch import forked_rank
 
-    if not debug:
-        # torchrun's own lines ("failed (exitcode: 1) ...", "Sending process ... closing
-        # signal") repeat what the launcher says in one line.
+    if not debug:  # torchrun's own lines repeat what the launcher says in one line
         forked_rank.quiet_agent_logs()
     summary: dict = {"outcome": "ok", "signal": None, "failures": {}}
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -104,8 +90,7 @@ def main(argv: list[str]) -> int:
 
 def _finish(summary: dict, summary_path: str | None, parent: int) -> None:
     """The outcome to the launcher's file; if the launcher was killed, the last of its
-    processes (its ranks have ended) removes what it could not: its run directory, its
-    server's directory and sockets."""
+    processes removes what it could not (lifeline.remove_stale)."""
     import json
 
     if summary_path:

@@ -1,12 +1,6 @@
-"""The CUDA devices this process could use, counted without torch.
-
-The light parent needs the count to refuse more nccl ranks than devices before any rank
-starts; importing torch for it (`torch.cuda.device_count()`) costs 5-20 s of CUDA start-up
-per launch on a GPU host. The driver already knows: `nvidia-smi -L` lists the GPUs (else
-/proc/driver/nvidia/gpus/ has one directory per GPU), and CUDA_VISIBLE_DEVICES narrows
-them as the CUDA runtime does (in order, up to the first entry it cannot use).
-MIG instances are not counted apart: a MIG slice named in CUDA_VISIBLE_DEVICES counts as
-one device, as CUDA sees it.
+"""The CUDA devices this process could use, counted without torch (whose CUDA start-up costs
+5-20 s): the driver's list, narrowed by CUDA_VISIBLE_DEVICES as the CUDA runtime does. A MIG
+slice named there counts as one device, as CUDA sees it.
 """
 
 from __future__ import annotations

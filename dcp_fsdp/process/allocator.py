@@ -1,20 +1,9 @@
 """The memory allocator a rank runs, and glibc's thresholds raised on request (malloc=raised).
 
-Why it matters (docs/metrics.md "The allocator"): a load's client hands over each part of a
-GET's body as a fresh Python `bytes`, and DCP's reader deserialises every item into a fresh
-storage. With glibc's defaults, a block above its mmap threshold (dynamic, 128 KiB growing
-to 32 MiB at most) is mapped for the call and unmapped when freed, so every such block costs
-one page fault per 4 KiB the next time: 64 MiB parts load 2-4x slower than 8 MiB ones with no
-network at all. Raising the mmap threshold (256 MiB) and the trim threshold (1 GiB) keeps
-those blocks on the heap and their pages mapped. One arena (MALLOC_ARENA_MAX=1) for every
-thread: the connector's native client allocates each part in its own threads, whose
-per-thread arenas grow in heaps of 64 MiB at most, so a 64 MiB part there is mapped afresh
-for each use whatever the threshold (docs/metrics.md: 3.7 fresh pages per byte to 0.05).
-
-The values go to the ranks' environment from the launcher (MALLOC_MMAP_THRESHOLD_,
-MALLOC_TRIM_THRESHOLD_, MALLOC_ARENA_MAX: glibc reads them when a process starts, before any
-thread has an arena), and `mallopt` sets them again in the rank (the thresholds take effect
-at once; the arena limit for the arenas not yet made, where a rank was not started with it).
+Raised mmap and trim thresholds keep a load's large blocks on the heap with their pages mapped,
+and one arena keeps the connector's threads from mapping each part afresh (docs/metrics.md
+"The allocator"). The values go to the ranks' environment from the launcher (glibc reads them
+as a process starts), and `mallopt` sets them again in the rank.
 """
 
 from __future__ import annotations
