@@ -55,11 +55,9 @@ class AsyncTiming:
 
 
 def staging_options(config: AsyncSaveConfig, accelerator: bool) -> StagingOptions:
-    """torch's StagingOptions. Pinned memory and non-blocking copies only with an
-    accelerator (pinned host memory helps device-to-host copies alone, and torch refuses
-    non-blocking copies without one); shared memory only for the process checkpointer (it
-    hands the staged copy to the daemon without pickling the bytes; a thread needs none, and
-    a container's small /dev/shm would fail a large model)."""
+    """torch's StagingOptions: pinned memory and non-blocking copies only with an accelerator
+    (torch refuses the latter without one); shared memory only for the process checkpointer (a
+    thread needs none, and a container's small /dev/shm would fail a large model)."""
     process = config.checkpointer == AsyncCheckpointer.process
     return StagingOptions(use_pinned_memory=config.pinned_memory and accelerator,
                           use_shared_memory=config.shared_memory and process,
@@ -143,10 +141,8 @@ class AsyncSaver:
         self.reuse_stager = stager_reusable()
         self.stager = self.new_stager()
         if self.process:
-            # What async_save would do inside the first timed save: spawn the daemon and
-            # join its process group (seconds). Started from the main thread, which lives as
-            # long as the rank (PDEATHSIG follows the creating thread). The thread
-            # checkpointer never touches the daemon's internals.
+            # What async_save would do inside the first timed save (seconds), from the main
+            # thread, which lives as long as the rank (PDEATHSIG follows the creating thread).
             from dcp_fsdp import compat
             from dcp_fsdp.process.lifeline import DiesWithParent
 
@@ -164,10 +160,8 @@ class AsyncSaver:
         return DefaultStager(self.options)
 
     def renew_stager(self) -> None:
-        """A fresh stager for the next save, where torch's cannot stage twice. Called once
-        the previous save is persisted (in `finish`, outside every timed region; with a
-        cadence, in `wait_previous`, where it is part of the wait); its staging cache would
-        be emptied by torch on that release anyway."""
+        """A fresh stager for the next save, where torch's cannot stage twice; called once the
+        previous save is persisted (with a cadence, as part of the next save's wait)."""
         if self.reuse_stager or not self._stager_used:
             return
         if self.stager is not None:

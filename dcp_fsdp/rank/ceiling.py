@@ -171,11 +171,9 @@ class Mover:
 
 
 class TensorLanding:
-    """Where the storage-into-tensors GET lands each object, made before the timer: a host
-    tensor of the largest object's size, touched (no page fault in the timer); on a CUDA
-    device two pinned ones and a device tensor, each object copied to the device without
-    blocking while the next one lands (the copy waited for before its buffer is reused,
-    and by the timed region's device sync at the end)."""
+    """Where the storage-into-tensors GET lands each object, made before the timer: a touched
+    host tensor of the largest object's size; on CUDA two pinned ones in turn, each copied to
+    the device without blocking while the next one lands."""
 
     def __init__(self, size_bytes: int, device: torch.device) -> None:
         cuda = device.type == "cuda"
@@ -200,9 +198,8 @@ class TensorLanding:
 
 
 class LiveBytes:
-    """The rank's live tensors as bytes, what the storage-into-tensors PUT reads: host
-    tensors as zero-copy views; device tensors copied to the host a chunk at a time, as DCP's
-    writer copies each tensor (synchronously, to pageable memory)."""
+    """The rank's live tensors as bytes, what the storage-into-tensors PUT reads: device
+    tensors copied to the host a chunk at a time, as DCP's writer does."""
 
     def __init__(self, state_dict: dict[str, Any]) -> None:
         flat = (local_tensor(t).detach().contiguous().reshape(-1).view(torch.uint8)
@@ -229,8 +226,7 @@ class LiveBytes:
 
 class Ceiling:
     def __init__(self, loop: Any) -> None:
-        """`loop`: the CheckpointLoop (rank/loop.py) whose store and state this mirrors;
-        not imported here, as loop.py imports this module."""
+        """`loop`: the CheckpointLoop whose store and state this mirrors (loop.py imports us)."""
         self.loop = loop
         self.cfg = loop.cfg
         self.rank = loop.ctx.rank
@@ -256,8 +252,7 @@ class Ceiling:
             put, get = rank0_scatters(loop.ctx, share_out)
             return put, get, suffix
         # planned (no checkpoint): the ranks of one shard index plan the same objects; a
-        # deduplicated save spreads them over the shard's replicas (torch's dedup_save_plans
-        # gives each item to the least loaded rank holding it): object i to replica i mod R
+        # deduplicated save spreads them over the shard's replicas: object i to replica i mod R
         shard = self.rank % (loop.ctx.world_size // replicas)
         planned = planned_objects(loop.state_dict, shard, self.cfg.storage.thread_count,
                                   loop.store.data_object_prefix(shard))

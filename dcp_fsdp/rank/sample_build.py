@@ -1,15 +1,6 @@
 """One timed operation's sample, from its clocks and what the timed writer or reader
-recorded (storage/timeline.py): the phases are defined once, here (docs/metrics.md).
-
-  duration_s  the barrier's release -> the op is done (an async save: persisted, so that
-              throughput compares with a sync save; what training pays is stall_s)
-  plan_s      -> the data-I/O hook starts (write_data / read_data)
-  io_s        the data-I/O hook, split by who spends it (storage/timeline.py): save:
-              upload_s (the client's upload calls) + stage_s (DCP's own work); load:
-              storage_s (inside the client's calls for bytes: its network waits and
-              its own copy of each part) + target_copy_s (the copy into the live
-              tensors) + deserialise_s (DCP's own work: the rest)
-  commit_s    the data-I/O hook ends -> the op is done
+recorded (storage/timeline.py): the phases (barrier's release -> plan_s -> io_s, split by who
+spends it -> commit_s -> done) are computed here alone; docs/metrics.md defines each.
 """
 
 from __future__ import annotations
@@ -37,9 +28,8 @@ class RegionClocks:
 
 @contextlib.contextmanager
 def timed_region(device: Any, watchdog: Any) -> Iterator[RegionClocks]:
-    """The one timed region of every operation (DCP's and the raw ceiling's): the ranks
-    aligned by a barrier, the clocks read at its release, `watchdog` armed around the work,
-    and the clocks closed only after the device's queued work is done (a no-op on CPU)."""
+    """The one timed region of every operation (DCP's and the raw ceiling's): the ranks aligned
+    by a barrier, `watchdog` armed around the work, the clocks closed after the device's work."""
     import torch.distributed as dist
 
     clocks = RegionClocks(barrier_start=time.monotonic())
@@ -141,9 +131,8 @@ def _load_split(split_s: tuple[float, float], target_copy_s: float | None
 
 
 def start_wire_meter(op: str, request_log: Any, storage: Any) -> Any:
-    """A load's wire meter (S3 with request statistics), started before its barrier and
-    watching until its sample is built: what the kernel received on the rank's sockets to
-    the endpoint (process/wire_meter.py). None otherwise, or where it cannot read."""
+    """A load's wire meter (S3 with request statistics), watching from before its barrier
+    until its sample is built; None otherwise, or where it cannot read."""
     if op != "load" or request_log is None:
         return None
     from dcp_fsdp.process.wire_meter import WireMeter, endpoint_port
@@ -187,24 +176,21 @@ def _fetched_bytes(timeline: HookTimeline, requests: dict[str, Any] | None,
     return timeline.io_bytes
 
 
-# AsyncTiming's figures a save's sample carries as they are (docs/async.md)
-ASYNC_FIGURES = ("blocked_s", "staged_s", "persisted_s", "previous_wait_s", "train_steps",
-                 "train_step_slowdown", "train_wait_s", "stall_s", "interval_s", "train_lost_s",
-                 "train_lost_share", "stager_renewed")
-
-
 def fill_save_figures(sample: Sample, save_mode: str, timing: Any, unreported: bool) -> None:
     """A save's figures of what training paid: a sync save blocks until committed; an async
-    one (`timing`: rank/async_save.py's AsyncTiming) from its own marks. `unreported`: the
-    process checkpointer's daemon wrote no timeline (its writer was not timed), so the
-    written bytes come from the checkpoint's Metadata, a walk of every rank's entries."""
+    one (`timing`: AsyncTiming) from its own marks. `unreported`: the daemon wrote no
+    timeline, so the written bytes come from the checkpoint's Metadata."""
     sample.save_mode = save_mode
     if timing is None:  # sync: control comes back when the checkpoint is committed
         sample.blocked_s = sample.persisted_s = sample.duration_s
         sample.stall_s = sample.duration_s
         return
-    for name in ASYNC_FIGURES:
-        setattr(sample, name, getattr(timing, name))
+    sample.blocked_s, sample.staged_s = timing.blocked_s, timing.staged_s
+    sample.persisted_s, sample.previous_wait_s = timing.persisted_s, timing.previous_wait_s
+    sample.train_steps, sample.train_step_slowdown = timing.train_steps, timing.train_step_slowdown
+    sample.train_wait_s, sample.stager_renewed = timing.train_wait_s, timing.stager_renewed
+    sample.stall_s, sample.interval_s = timing.stall_s, timing.interval_s
+    sample.train_lost_s, sample.train_lost_share = timing.train_lost_s, timing.train_lost_share
     if unreported and timing.metadata is not None:
         from dcp_fsdp.rank.async_save import rank_bytes
 

@@ -298,11 +298,9 @@ class Search:
 
 
 def paired_malloc(rounds: list[tuple[float, float]]) -> dict[str, Any]:
-    """malloc=default beside malloc=raised, one launch each per round, the default first
-    (launch/tune.py): each round's (default, raised) scores. raised wins by the finals' rule
-    (SearchResult.recommended): each of its scores above every score of the default, with
-    MIN_FINAL_SCORES rounds at the least (None: too few to tell). The paired ratio is raised
-    / default within each round, so a drift of the machine touches both sides alike."""
+    """malloc=default beside malloc=raised, each round's (default, raised) scores (launch/tune.py):
+    raised wins by the finals' rule (None: too few rounds to tell); the ratio is paired per round,
+    so a drift of the machine touches both sides alike."""
     default, raised = [d for d, _ in rounds], [r for _, r in rounds]
     ratios = [r / d for d, r in rounds if d > 0]
     wins = min(raised) > max(default) if len(rounds) >= MIN_FINAL_SCORES else None
