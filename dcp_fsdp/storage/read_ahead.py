@@ -106,8 +106,7 @@ class SeekableItem(io.RawIOBase):
 
 
 class MemorySlice(SeekableItem):
-    """A read-only, seekable file over a slice of fetched bytes (no copy): what torch.load
-    and DCP's load transforms read an item from."""
+    """A read-only, seekable file over a slice of fetched bytes (no copy)."""
 
     def __init__(self, view: memoryview) -> None:
         super().__init__(len(view))
@@ -140,10 +139,8 @@ class OutsideFraming(OSError):
 
 
 class ItemFraming(SeekableItem):
-    """A seekable file over one saved item of which only the first and the last
-    `FRAMING_BYTES` were read: torch.save's zip framing (its first records, then its
-    directory at the end), all that torch.load to the meta device reads. A read of the data
-    between raises OutsideFraming."""
+    """A seekable file over one saved item of which only the first and last `FRAMING_BYTES` were
+    read: the zip framing torch.load to the meta device reads (else OutsideFraming)."""
 
     def __init__(self, head: bytes | bytearray, tail: bytes | bytearray, length: int) -> None:
         super().__init__(length)
@@ -329,11 +326,10 @@ class ReadAhead:
         return done
 
     def _read_groups(self, plan: LoadPlan, planner: LoadPlanner, cuda: bool) -> None:
-        """Range groups fetched on N threads into N buffers; the rank's thread reads each
-        tensor where it lies in them and copies it into its target."""
+        """Range groups fetched on N threads into N buffers of the largest group (reused); the
+        rank's thread reads each tensor where it lies in them and copies it into its target."""
         groups = deque(range_groups(plan.items, self.storage_data, self.group_bytes))
         held = HeldBytes()
-        # N buffers of the largest group, reused group after group (and load after load)
         largest = max((group.length for group in groups), default=0)
         buffers = POOL.take(min(self.read_ahead, len(groups)), largest, pinned=cuda)
         free, copies = list(buffers), DeviceCopies(cuda)
@@ -361,12 +357,9 @@ class ReadAhead:
 
     # -- landing: each item straight into its target (files) -------------------------------
     def _land(self, plan: LoadPlan, planner: LoadPlanner) -> None:
-        """Each item on one of N threads, in file order, N at a time: its framing read (the
-        first and last few KiB), then its data record read straight into its target, the
-        only copy (the kernel's, for a file). An item that cannot land (narrowed, strided,
-        another dtype, transformed, or bytes) is read whole and copied, on the same thread
-        where it is a tensor. The rank's thread resolves each target before its read and
-        commits it after, in order, as DCP's reader does; it holds at most N items' bytes."""
+        """Each item on one of N threads, in file order: its framing read, then its data record
+        read straight into its target (else read whole and copied there). The rank's thread
+        resolves each target before its read and commits it after, in order, as DCP's does."""
         from torch.distributed.checkpoint.planner import LoadItemType
 
         held, copies = HeldBytes(), BusyClock()
@@ -398,7 +391,7 @@ class ReadAhead:
                    copies: BusyClock) -> bytearray | None:
         """On a reading thread: `req`'s item into `target`; the item's bytes where the rank's
         thread must handle them (bytes, a transformed item: it releases them from `held`)."""
-        from dcp_fsdp.compat import saved_tensor_layout, saved_tensor_view
+        from dcp_fsdp.compat import saved_tensor_layout
 
         info = self.storage_data[req.storage_index]
         path = self.fs.concat_path(self.path, info.relative_path)
@@ -418,7 +411,7 @@ class ReadAhead:
             read_exactly(stream, info.offset, memoryview(item), path)
         if target is None or getattr(info, "transform_descriptors", None):
             return item
-        tensor = narrowed(req, saved_tensor_view(memoryview(item), MemorySlice), target)
+        tensor = narrowed(req, self._tensor(req, info, memoryview(item)), target)
         try:
             with copies:
                 target.copy_(tensor)
@@ -464,8 +457,8 @@ class ReadAhead:
         return load_stream(self, req, info, MemorySlice(item))
 
     def _tensor(self, req: Any, info: Any, item: memoryview) -> Any:
-        """The saved tensor: a view of the fetched bytes where DCP applied no transform to
-        the item (the default), else torch.load of the transformed stream, as DCP does."""
+        """The saved tensor: a view of the fetched bytes, or where DCP transformed the item,
+        torch.load of the transformed stream, as DCP does."""
         import torch
 
         from dcp_fsdp.compat import saved_tensor_view
