@@ -76,18 +76,15 @@ def with_client_ratio(throughput: pd.DataFrame, group_keys: list[str]
         return throughput.assign(vs_connector=math.nan), []  # one client: no ratio to show
     others = [key for key in group_keys if key != CLIENT_KEY]
 
-    def work(row: Any) -> tuple[str, ...]:
-        return tuple(str(v) for v in row)
-
     base = throughput[throughput[CLIENT_KEY].astype(str) == BASE_CLIENT]
-    by_work = {work(row): (figure, count) for row, figure, count in
+    by_work = {tuple(map(str, row)): (figure, count) for row, figure, count in
                zip(base[others].itertuples(index=False), base["aggregate_mib_s"],
                    base["iterations"])}
     ratios, single = [], []
     for row, client, figure, count in zip(throughput[others].itertuples(index=False),
                                           throughput[CLIENT_KEY].astype(str),
                                           throughput["aggregate_mib_s"], throughput["iterations"]):
-        base_figure, base_count = by_work.get(work(row), (math.nan, 0))
+        base_figure, base_count = by_work.get(tuple(map(str, row)), (math.nan, 0))
         known = client in KNOWN_CLIENTS and base_figure > 0  # (NaN: no connector's row)
         ratios.append(figure / base_figure if known else math.nan)
         if known and client != BASE_CLIENT and min(count, base_count) < 2:

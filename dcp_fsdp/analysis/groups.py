@@ -244,13 +244,10 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
     result["samples"], result["operations"] = frame, ops
     throughput, phases, types, splits = [], [], [], []
     failed_runs = not_ok[(not_ok["status"] != "incomplete") & not_ok["matches_constants"]]
+    samples_of = dict(list(frame.groupby(group_keys, sort=False, dropna=False)))
     for group_key, group_ops in ops.groupby(group_keys, sort=True, dropna=False):
-        values = group_key if isinstance(group_key, tuple) else (group_key,)
-        labels: dict[str, Any] = dict(zip(group_keys, values))  # op text, nodes int, ...
-        mask = pd.Series(True, index=frame.index)
-        for name, value in labels.items():
-            mask &= frame[name] == value
-        group_samples = frame[mask]
+        labels: dict[str, Any] = dict(zip(group_keys, group_key))  # op text, nodes int, ...
+        group_samples = samples_of[group_key]
         untimed = run_rows.loc[run_rows["run_id"].isin(set(group_ops["run_id"])),
                                "untimed_requests"].astype(float)
         failed = _failed_like(failed_runs, labels, varying)
