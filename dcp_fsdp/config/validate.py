@@ -32,30 +32,25 @@ MAX_DELAY_S = 86400.0
 # Group names and nested nodes that may be given on their own (`model=L7b`, `storage=fs`).
 GROUPS = ("model", "storage")
 NODES = ("async_save", "tune")
-# storage.* settings only one storage kind uses; the rest (kind, thread_count) both use.
-FS_ONLY = frozenset({"storage.path", "storage.sync_files"})
-S3_ONLY = frozenset({"storage.uri", "storage.region", "storage.endpoint", "storage.part_size_mib",
-                     "storage.throughput_target_gbps", "storage.max_attempts",
-                     "storage.force_path_style", "storage.prefix_strategy", "storage.prefix_count",
-                     "storage.round_robin_prefixes", "storage.reader",
-                     "storage.connect_timeout_s", "storage.max_gap_size_mib",
-                     "storage.metrics_url", "storage.client"} | {
-                         f"storage.{name}" for name in (
-                             "fsspec_sync_files", "fsspec_block_size_mib",
-                             "fsspec_max_pool_connections", "msc_part_size_mib",
-                             "msc_multipart_threshold_mib", "msc_max_concurrency",
-                             "msc_prefetch_threads", "msc_rust_client")})
+
+
+def _storage_settings(prefix: str) -> frozenset[str]:
+    """The storage.* settings whose help starts with `prefix` (the storage kind or client
+    that alone uses them, as --help says)."""
+    return frozenset(name for name, _, _, text in iter_settings()
+                     if name.startswith("storage.") and text.startswith(prefix))
+
+
+# storage.* settings only one storage kind uses; the rest (kind, thread_count, ...) both use.
+FS_ONLY, S3_ONLY = _storage_settings("fs:"), _storage_settings("s3:")
 # storage.* settings of one S3 client only (storage.client=); the rest reach every client.
 CLIENT_ONLY = {
     StorageClient.s3torchconnector: frozenset({
         "storage.part_size_mib", "storage.throughput_target_gbps", "storage.max_attempts",
         "storage.prefix_strategy", "storage.prefix_count", "storage.round_robin_prefixes",
         "storage.reader", "storage.max_gap_size_mib"}),
-    StorageClient.fsspec: frozenset({"storage.fsspec_sync_files", "storage.fsspec_block_size_mib",
-                                     "storage.fsspec_max_pool_connections"}),
-    StorageClient.msc: frozenset({"storage.msc_part_size_mib", "storage.msc_multipart_threshold_mib",
-                                  "storage.msc_max_concurrency", "storage.msc_prefetch_threads",
-                                  "storage.msc_rust_client"}),
+    StorageClient.fsspec: _storage_settings("s3: client=fsspec only:"),
+    StorageClient.msc: _storage_settings("s3: client=msc only:"),
 }
 # What each client needs installed, and how (pyproject's dependencies bring all three).
 CLIENT_PACKAGES = {StorageClient.s3torchconnector: ("s3torchconnector", "'s3torchconnector[dcp]'"),
