@@ -60,15 +60,9 @@ def replica_of(rank: int, world_size: int, replicas: int) -> tuple[int, int]:
 
 
 def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated transformer blocks: the units FSDP shards and gathers."""
-    blocks: Any = None
-    if hasattr(model, "model") and hasattr(model.model, "layers"):  # Llama
-        blocks = model.model.layers
-    elif hasattr(model, "transformer") and hasattr(model.transformer, "h"):  # GPT-2
-        blocks = model.transformer.h
-    if isinstance(blocks, torch.nn.ModuleList):
-        return list(blocks)
-    raise ValueError(f"no decoder blocks found in {type(model).__name__}")
+    """The repeated transformer blocks (a module_tree's): the units FSDP shards and gathers."""
+    blocks = model.get_submodule("transformer.h" if hasattr(model, "transformer") else "model.layers")
+    return list(blocks.children())
 
 
 def build_sharded_model(model_shape: str | ModelShape, dtype: Dtype, state: CheckpointState,
