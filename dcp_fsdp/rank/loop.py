@@ -287,7 +287,7 @@ class CheckpointLoop:
         """Record one finished operation of this rank, and hand it to rank 0's record and to
         rank 1, which writes the record if rank 0 has died (the others keep their own)."""
         self.samples.append(sample)
-        gathered = gather_to_keepers(sample)  # rank 1 holds them too, should rank 0 die
+        gathered = gather_to_keepers(sample)
         self.shared_samples.extend(gathered if gathered is not None else [sample])
 
     # -- verification (untimed; rank/state.py) -----------------------------------------
@@ -389,9 +389,8 @@ class CheckpointLoop:
                             "nothing was loaded: load another suffix") from error
 
     def _still_complete(self, suffix: str) -> bool:
-        """After a failed load: whether the checkpoint is still there (an unanswered
-        check says yes: the load's own error stands). A stalled server holds the check at
-        most storage.connect_timeout_s (make_store's after_failure)."""
+        """After a failed load: whether the checkpoint is still there (an unanswered check says
+        yes: the load's own error stands)."""
         from dcp_fsdp.storage import make_store
 
         try:

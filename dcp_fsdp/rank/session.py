@@ -257,8 +257,7 @@ class RankSession:
         return write_record(self.cfg.results_dir, run, samples)
 
     def writes_record(self, status: str) -> bool:
-        """Rank 0 writes the record; if rank 0 has ended (killed, crashed), the lowest
-        surviving rank of its node does, so a failure is never left unrecorded."""
+        """Rank 0 writes the record; if it has ended, the lowest surviving rank of its node does."""
         if self.is_coordinator:
             return True
         if status == "ok":
@@ -313,9 +312,8 @@ class RankSession:
 
 
 def gpus(device: torch.device) -> Gpus | None:
-    """The GPU model of this rank's device and the node's count, when the rank runs on
-    CUDA; None on a CPU rank, also on a GPU host: get_device_name initialises CUDA in the
-    process, and a gloo rank must open no CUDA context."""
+    """The GPU model of this rank's device and the node's count; None on a CPU rank, also on a
+    GPU host (get_device_name would open a CUDA context)."""
     if device.type != "cuda":
         return None
     import torch
@@ -366,9 +364,7 @@ def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) 
 
     if guard.signal_name == contract.PEER_FAILED_SIGNAL_NAME or isinstance(error, PeerFailed):
         if guard.ended_peers:
-            ended = ", ".join(str(r) for r in guard.ended_peers)
-            line = (f"stopped after rank {ended} ended first (killed, or failed; its own line "
-                    "or the launcher's says why)")
+            line = _stopped_after(guard.ended_peers)
         else:
             line = "stopped by the launcher after another rank failed (a rank died or raised first)"
         return RankEnding("failed", line, contract.EXIT_FAILED, cause.PEER_ENDED)
@@ -420,9 +416,13 @@ def _after_a_peer_ended(error: BaseException, guard: InterruptGuard,
         return None
     guard.ended_peers = ended
     said = " ".join(str(error).split())[:300] or type(error).__name__
-    line = (f"stopped after rank {', '.join(str(r) for r in ended)} ended first (killed, or "
-            f"failed; its own line or the launcher's says why): {said}")
-    return RankEnding("failed", line, contract.EXIT_FAILED, contract.EndCause.PEER_ENDED)
+    return RankEnding("failed", f"{_stopped_after(ended)}: {said}", contract.EXIT_FAILED,
+                      contract.EndCause.PEER_ENDED)
+
+
+def _stopped_after(ended: Any) -> str:
+    return (f"stopped after rank {', '.join(str(r) for r in ended)} ended first (killed, or "
+            "failed; its own line or the launcher's says why)")
 
 
 def _end_stuck_rank(signal_name: str, session: RankSession | None) -> None:
