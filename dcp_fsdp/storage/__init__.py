@@ -1,8 +1,5 @@
-"""Checkpoint stores behind one contract (`base.CheckpointStore`): S3 and file system.
-
-`make_store(cfg.storage)` returns the store for the settings; `layout` owns the
-checkpoint's objects, the suffix policy and loadability.
-"""
+"""Checkpoint stores behind one contract (`base.CheckpointStore`): S3 and file system;
+`layout` owns the checkpoint's objects, the suffix policy and loadability."""
 
 from __future__ import annotations
 
@@ -11,9 +8,8 @@ from dcp_fsdp.storage.base import CheckpointStore
 
 
 def make_store(storage: StorageConfig, after_failure: bool = False) -> CheckpointStore:
-    """`after_failure`: for the probes after a run failed (a partial checkpoint, its open
-    uploads), where a stalled server must not hold the command: every S3 control-plane
-    request waits at most storage.connect_timeout_s for its answer, once."""
+    """The store for the settings. `after_failure` (the probes after a run failed): every S3
+    control-plane request waits at most storage.connect_timeout_s for its answer, once."""
     if storage.kind == StorageKind.fs:
         from dcp_fsdp.storage.fs import FsStore
 

@@ -66,19 +66,16 @@ class FsStore:
         return TimedFileSystemWriter(self.location(suffix), timeline=timeline, **kwargs)
 
     def warm_up(self, storage_io: StorageWriter | StorageReader) -> list[Any]:
-        """Nothing to set up for a file system; no S3 client, no request statistics."""
-        return []
+        return []  # no client to set up, no request statistics
 
     def environment(self) -> dict[str, str]:
         return {}
 
     def close(self) -> None:
-        """Nothing of this process's to remove."""
+        pass  # nothing of this process's to remove
 
     def drop_cache(self, suffix: str, share: tuple[int, int] = (0, 1)) -> str:
-        """Before a timed load (untimed): evict this caller's share of the checkpoint's files
-        from this node's page cache, so the load reads the file system, not memory; the
-        policy that held for them."""
+        """Evict this caller's share of the checkpoint's files from the page cache (base.py)."""
         import dcp_fsdp.storage.pagecache as pagecache
 
         index, count = share
@@ -100,9 +97,8 @@ class FsStore:
         return TimedFileSystemReader(self.location(suffix), timeline=timeline)
 
     def preflight(self, writes: bool = True) -> None:
-        """Writable, or creatable by the first save; readable is enough for what only reads
-        (`writes=False`: a load from a snapshot or a read-only export). Creates nothing (a
-        mistyped path must not appear because of a `list` or a `load`)."""
+        """Writable, or creatable by the first save; readable for `writes=False`. Creates nothing
+        (a mistyped path must not appear because of a `list` or a `load`)."""
         if self.root.exists() and not self.root.is_dir():
             raise UserError(f"storage.path={self.root}: is a file, not a directory; give the "
                             "directory the checkpoints are (or will be) in")
@@ -134,10 +130,8 @@ class FsStore:
         return [_info(entry) for entry in entries if entry.is_dir()]
 
     def object_sizes(self, suffix: str) -> dict[str, int]:
-        """Each file under the suffix and its size. An entry that is neither a file nor a
-        folder (a FIFO, a device, a socket, a link to one: /dev/zero) is refused in one line
-        naming it: leaving it out would call it missing, and DCP reading it would hang or
-        read forever."""
+        """Each file under the suffix and its size. An entry that is neither a file nor a folder
+        (a FIFO, a device, a link to /dev/zero) is refused: DCP would hang or read forever."""
         root = self.root / suffix
         if not root.is_dir():
             return {}
@@ -198,14 +192,11 @@ class FsStore:
             return file.read(-1 if max_bytes is None else max_bytes)
 
     def delete(self, suffix: str) -> None:
-        import shutil
-
         check_suffix(suffix)  # never "" (the whole root) nor a path outside it
         shutil.rmtree(self.root / suffix, ignore_errors=True)
 
     def probe(self) -> None:
-        """A file written and removed: what preflight does (a file system has no
-        first-write set-up worth a separate step)."""
+        """A file written and removed: what preflight does."""
         self.preflight()
 
     # -- raw objects (the raw ceiling), see raw.py --------------------------------------

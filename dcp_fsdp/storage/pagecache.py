@@ -1,16 +1,9 @@
 """The page cache between a file-system checkpoint and the figures: drop it, and check it.
 
-A load right after a save (and the raw GET right after the raw PUT) would otherwise read
-what the kernel still holds in memory: a "file system" figure that is really RAM's. Before
-every timed fs read the ranks of each node share the checkpoint's files out among
-themselves (file i to local rank i mod ranks-per-node: each file once per node, whatever
-the world size) and each syncs and drops its share (untimed):
-
-  fsync(fd)                                  dirty pages cannot be dropped (sync_files=false)
-  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)  the kernel evicts the file's clean pages
-
-then checks with mincore(2) on a read-only mapping (no page is faulted in by the check)
-how many pages are still resident, and names the policy that held:
+A load right after a save would otherwise read what the kernel still holds in memory
+(docs/metrics.md). Before every timed fs read the ranks of each node share the checkpoint's
+files out and each fsyncs (dirty pages cannot be dropped) and posix_fadvise(DONTNEED)s its
+share (untimed), then checks with mincore(2) how many pages stayed; the policy that held:
 
   dropped                 no page of these files is resident: the read goes to the device
   tmpfs-not-droppable     tmpfs / ramfs: memory *is* the storage, DONTNEED does nothing
@@ -44,8 +37,7 @@ _libc = None
 def _c_library() -> ctypes.CDLL:
     global _libc
     if _libc is None:
-        # the process's own symbols, libc's among them (as process/lifeline.py): find_library
-        # would run `ldconfig -p` in a subprocess to find the file
+        # the process's own symbols, libc's among them: find_library would run `ldconfig -p`
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
         libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
@@ -101,11 +93,9 @@ def file_system_type(path: str | os.PathLike) -> str | None:
 
 
 def checkpoint_files(directory: str | os.PathLike) -> list[Path]:
-    """Every regular file under a checkpoint directory (data files and .metadata), sorted:
-    the same list on every rank, to be shared out. os.walk reads the file types from the
-    directory entries, so the listing stats no file."""
-    found = [Path(top, name) for top, _, names in os.walk(os.fspath(directory)) for name in names]
-    return sorted(found)
+    """Every file under a checkpoint directory, sorted: the same list on every rank, to be
+    shared out (os.walk stats no file)."""
+    return sorted(Path(top, name) for top, _, names in os.walk(os.fspath(directory)) for name in names)
 
 
 def drop(paths: Iterable[str | os.PathLike]) -> str:

@@ -1,10 +1,6 @@
 """Raw objects beside the checkpoints (`base.RawArea`): what the raw ceiling moves with the
-client DCP's writer and reader use, and where.
-
-Where: never inside a checkpoint, and never where `list` looks: s3
-`<uri>.ceiling/<token>/` (a sibling of the checkpoints' prefix;
-`s3://bucket/_dcp_fsdp.ceiling/<token>/` when the uri has no prefix, a name no suffix can
-take and `list` skips), fs `<path>.ceiling/<token>/`.
+client DCP's writer and reader use, never where `list` looks: s3 `<uri>.ceiling/<token>/`
+(`s3://bucket/_dcp_fsdp.ceiling/<token>/` without a prefix), fs `<path>.ceiling/<token>/`.
 """
 
 from __future__ import annotations
@@ -15,9 +11,7 @@ from typing import Any, Callable, Iterable
 
 from dcp_fsdp.storage.layout import CEILING_ROOT
 
-# What a raw area's open() returns and its moves take: s3torchconnector's S3Client (which
-# ships no type information) for S3, None for a file system.
-Client = Any
+Client = Any  # what open() returns: the connector's S3Client (untyped) for S3, None for fs
 
 
 def s3_ceiling_prefix(prefix: str, token: str) -> str:
@@ -30,8 +24,7 @@ def fs_ceiling_dir(root: Path, token: str) -> Path:
 
 class S3RawArea:
     """PUT/GET/DELETE through s3torchconnector's S3Client: the native (CRT) client DCP's
-    S3StorageWriter/Reader use, built from the same S3ClientConfig (part size, throughput
-    target, max attempts, path style; endpoint from AWS_ENDPOINT_URL)."""
+    S3StorageWriter/Reader use, built from the same S3ClientConfig."""
 
     def __init__(self, bucket: str, base_key: str, region: str,
                  client_config: Callable[[], Any]) -> None:
@@ -46,8 +39,7 @@ class S3RawArea:
         return None  # no local cache between a GET and S3
 
     def open(self) -> Client:
-        """A fresh client with its native client built (as S3Store.warm_up does for DCP's):
-        the connector builds it lazily, on the first request, otherwise."""
+        """A fresh client with its native client built (else built on the first request)."""
         from dcp_fsdp.compat import s3_client
 
         return s3_client(self.region, self._client_config())
@@ -62,8 +54,7 @@ class S3RawArea:
         writer.close()
 
     def get(self, client: Client, name: str) -> int:
-        # The native object stream, read to its end: no buffering reader in between.
-        from dcp_fsdp.compat import object_chunks
+        from dcp_fsdp.compat import object_chunks  # the native stream: no buffering reader
 
         received = 0
         for chunk in object_chunks(client, self.bucket, self._key(name)):
@@ -71,8 +62,7 @@ class S3RawArea:
         return received
 
     def get_into(self, client: Client, name: str, target: memoryview) -> int:
-        """The native object stream landed in `target` (a preallocated tensor's bytes): the
-        copy out of each chunk is the one any reader of the bytes must make."""
+        """The native object stream landed in `target` (a preallocated tensor's bytes)."""
         from dcp_fsdp.compat import object_chunks
 
         received = 0
@@ -87,13 +77,12 @@ class S3RawArea:
 
 
 class FsRawArea:
-    """Plain file writes (fsync'd, as DCP's FileSystemWriter does: sync_files=True) and
-    reads into one buffer."""
+    """Plain file writes (fsync'd as DCP's writer is told: storage.sync_files) and reads."""
 
     def __init__(self, base: Path, read_chunk_bytes: int, sync_files: bool = True) -> None:
         self.base = base
         self.read_chunk_bytes = read_chunk_bytes
-        self.sync_files = sync_files  # storage.sync_files: as DCP's writer is told
+        self.sync_files = sync_files
         self.location = str(base)
 
     def path(self, name: str) -> Path:
@@ -140,9 +129,8 @@ class FsRawArea:
         return received
 
     def delete(self, client: Client, names: Iterable[str]) -> None:
-        """Unlink these files, then every folder up to `<path>.ceiling` that is now empty
-        (the last rank to get here removes them; no barrier, so a failed round cleans up
-        too)."""
+        """Unlink these files, then every folder up to `<path>.ceiling` now empty (no barrier:
+        the last rank removes them, so a failed round cleans up too)."""
         top = self.base.parent
         for name in names:
             path = self.path(name)

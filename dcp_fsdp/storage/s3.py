@@ -43,7 +43,6 @@ class S3Store:
         self.client = CLIENTS[storage.client](self.target, storage)
 
     def environment(self) -> dict[str, str]:
-        """Variables the client must see (set them before building a writer/reader)."""
         found = {"AWS_ENDPOINT_URL": self.config.endpoint} if self.config.endpoint else {}
         return {**found, **self.client.environment()}
 
@@ -75,8 +74,7 @@ class S3Store:
         return self.client.warm_up(storage_io)
 
     def drop_cache(self, suffix: str, share: tuple[int, int] = (0, 1)) -> None:
-        """No local cache between a load and S3 (every read is a GET)."""
-        return None
+        return None  # no local cache between a load and S3
 
     # -- control plane (boto3), see s3_control.py ---------------------------------------
     def preflight(self, writes: bool = True) -> None:

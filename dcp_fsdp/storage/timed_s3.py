@@ -1,13 +1,9 @@
-"""The connector's DCP writer and reader, timed (storage/timed_dcp.py says how). A module
-of its own so that only ranks of an S3 store import the connector; its classes are at
-module level so that the process checkpointer can pickle a writer into its daemon.
+"""The connector's DCP writer and reader, timed (storage/timed_dcp.py says how): a module of
+its own so that only ranks of an S3 store import the connector.
 
-A load through the connector waits for storage in its native stream's chunk iterator (each
-`next()` hands over the next part of the GET's body as a Python `bytes`); its reader then
-copies the chunks into DCP's buffers, which is the rank's work, not storage's. The reader
-constructors here hand the connector's readers a `get_stream` whose streams are clocked at
-that iterator: through `reader_constructor`, the connector's public hook, a subclass of its
-`DCPOptimizedConstructor` (so that its reader's range injection works unchanged).
+A load through the connector waits for storage in its native stream's chunk iterator; its
+reader's copies of the chunks into DCP's buffers are the rank's work. The reader constructors
+here (the connector's public `reader_constructor` hook) clock that iterator.
 """
 
 from __future__ import annotations
@@ -81,9 +77,8 @@ class TimedDcpOptimizedConstructor(DCPOptimizedConstructor):
 
 
 class TimedReaderConstructor(functools.partial):
-    """The connector's sequential or range-based reader constructor (a `partial` of its
-    reader class, which the connector reads back for its user agent), its chunk iterator
-    clocked."""
+    """The connector's sequential or range-based reader constructor (a `partial` of its reader
+    class, which the connector reads back for its user agent), its chunk iterator clocked."""
 
     def __new__(cls, inner: Any, clock: BusyClock) -> TimedReaderConstructor:
         return super().__new__(cls, inner.func, *inner.args, **inner.keywords)
