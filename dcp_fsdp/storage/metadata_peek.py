@@ -49,11 +49,10 @@ DTYPE_BYTES = {
 }
 _LAYOUTS = {"strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc",
             "_mkldnn", "jagged"}
-# _MEM_FORMAT_ENCODING's values (torch/distributed/checkpoint/metadata.py).
-_MEMORY_FORMATS = {0: "contiguous_format", 1: "channels_last", 2: "preserve_format"}
-# ... and its members' names, for a pickle that names them (_EnumMemberByName)
-_MEMORY_FORMAT_MEMBERS = {"TORCH_CONTIGUOUS_FORMAT": 0, "TORCH_CHANNELS_LAST": 1,
-                          "TORCH_PRESERVE_FORMAT": 2}
+# _MEM_FORMAT_ENCODING's members (torch/distributed/checkpoint/metadata.py), of values 0-2
+_MEMORY_FORMAT_MEMBERS = {"TORCH_CONTIGUOUS_FORMAT": "contiguous_format",
+                          "TORCH_CHANNELS_LAST": "channels_last", "TORCH_PRESERVE_FORMAT": "preserve_format"}
+_MEMORY_FORMATS = dict(enumerate(_MEMORY_FORMAT_MEMBERS.values()))
 _FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 
@@ -85,10 +84,8 @@ class _DType(str):
 
 
 class _Record:
-    """A stand-in for one of DCP's dataclasses: its fields as attributes, nothing else.
-
-    Built the way a dataclass pickles: NEWOBJ with no arguments, then BUILD with its
-    state. A call with arguments (REDUCE) is refused: DCP never pickles them that way."""
+    """A stand-in for one of DCP's dataclasses: its fields as attributes, nothing else. Built
+    as a dataclass pickles (NEWOBJ, then BUILD): a call with arguments (REDUCE) is refused."""
 
     TORCH_NAME: ClassVar[str] = ""
 
@@ -142,15 +139,13 @@ class _TensorProperties(_Record):
                              strides=strides)
 
 
-def _refuse_state(*args: Any) -> None:
-    raise _Refused("state set on a stand-in callable")
-
-
 class _Callable:
     """A stand-in called by the pickle (REDUCE): __new__ returns plain data, so there is
     never an instance, and a BUILD on the class itself is refused."""
 
-    __setstate__ = staticmethod(_refuse_state)
+    @staticmethod
+    def __setstate__(*args: Any) -> None:
+        raise _Refused("state set on a stand-in callable")
 
 
 class _Size(_Callable):
@@ -177,9 +172,7 @@ class _MemoryFormatEncoding(_Callable):
 
 class _EnumMemberByName(_Callable):
     """`builtins.getattr` as Python 3.11.0-3.11.x pickle an Enum member, by its name:
-    `getattr(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT")` (Debian 12's python3.11, 3.11.2;
-    3.11.7 pickles it by value, as above). Admitted in that one shape: the owner must be
-    the encoding's stand-in and the name one of its members; any other getattr is refused."""
+    `getattr(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT")`, and in no other shape."""
 
     def __new__(cls, owner: Any, name: Any) -> str:  # type: ignore[misc]
         if owner is not _MemoryFormatEncoding or not isinstance(name, str) or (
@@ -188,7 +181,7 @@ class _EnumMemberByName(_Callable):
                                if standin is owner), type(owner).__name__)
             raise _Refused(f"builtins.getattr({owner_name}, {name!r}), not a "
                            f"{METADATA_MEMORY_FORMAT[1]} member")
-        return _MEMORY_FORMATS[_MEMORY_FORMAT_MEMBERS[name]]
+        return _MEMORY_FORMAT_MEMBERS[name]
 
 
 class _PosixPath(_Callable):
@@ -207,8 +200,7 @@ class _WindowsPath(_PosixPath):
 
 
 class _MultiStoragePath(_Record):
-    """multi-storage-client's path (`StorageMeta.checkpoint_id` of an MSC save): its two
-    private path fields as strings (the inner PurePosixPath is rebuilt as one), nothing else."""
+    """multi-storage-client's path (`StorageMeta.checkpoint_id` of an MSC save): its path strings."""
 
     TORCH_NAME = "multistorageclient.pathlib.MultiStoragePath"
 
@@ -263,8 +255,7 @@ class _ScreeningUnpickler(pickle.Unpickler):
 
 @dataclasses.dataclass(frozen=True)
 class MetadataFacts:
-    """What the tool needs of a checkpoint's `.metadata`, from its one screened read per run
-    (the launcher's, handed to rank 0; or rank 0's own under a plain torchrun)."""
+    """What the tool needs of a checkpoint's `.metadata`, from its one screened read per run."""
 
     tensors: dict[str, TensorEntry]  # flattened key -> shape and dtype
     object_sizes: dict[str, int]  # data object (relative path) -> bytes: its last item's end
@@ -298,9 +289,8 @@ _OBJECT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
 
 def first_difference(stored: dict[str, TensorEntry],
                      expected: Iterable[tuple[str, tuple[int, ...], str | None]]) -> str | None:
-    """How a checkpoint's tensors (`MetadataFacts.tensors`) differ from the expected ones,
-    (key, shape, dtype name or None for any): the first difference, or None. The launcher
-    asks it of a model's shapes by arithmetic, a rank of its built state dict."""
+    """The first difference of a checkpoint's tensors from the expected ones (key, shape,
+    dtype name or None for any), or None."""
     for key, shape, dtype in expected:
         entry = stored.get(key)
         if entry is None:
@@ -341,9 +331,8 @@ def msc_only(facts: MetadataFacts) -> str | None:
 
 
 def read_tensors(data: bytes, source: str = ".metadata") -> dict[str, TensorEntry]:
-    """{flattened key ("model.x.weight", "optim.state..."): shape and dtype} of the tensors
-    in a `.metadata`; MetadataRefused (one line naming `source`) for a file the screen does
-    not admit: the ranks must then not read it (torch would unpickle anything)."""
+    """{flattened key: shape and dtype} of the tensors in a `.metadata`; MetadataRefused
+    (one line naming `source`) for a file the screen does not admit."""
     return _tensors(screen(data, source))
 
 
