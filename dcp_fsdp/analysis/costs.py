@@ -121,9 +121,8 @@ def late_runs(runs: list[dict[str, Any]]) -> set[str]:
 def request_counts(samples: Any, late: set[str] | frozenset[str] = frozenset()) -> RequestCounts:
     """From a group's samples (a frame with run_id, iteration, bytes, requests); the
     samples of `late` runs (late_runs) count as missing."""
-    if samples is None or len(samples) == 0 or "requests" not in samples:
-        return RequestCounts(None, 0 if samples is None else len(samples),
-                             0 if samples is None else len(samples))
+    if len(samples) == 0 or "requests" not in samples:
+        return RequestCounts(None, len(samples), len(samples))
     missing = 0
     per_type: dict[str, float] = {}
     operations = samples.groupby(["run_id", "iteration"], sort=False)

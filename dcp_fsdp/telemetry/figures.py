@@ -172,10 +172,7 @@ def pooled(ops: pd.DataFrame) -> dict[str, float]:
 
 def ceilings(all_ops: pd.DataFrame) -> dict[tuple[Any, str], float]:
     """(run_id, ceiling op) -> the median aggregate MiB/s of that run's rounds of it."""
-    raw = all_ops[all_ops["op"].isin(list(CEILING_OPS.values()) + [
-        op for ops in CEILINGS.values() for op, _ in ops])]
-    if raw.empty:
-        return {}
+    raw = all_ops[all_ops["op"].isin([op for kinds in CEILINGS.values() for op, _ in kinds])]
     found: dict[tuple[Any, str], float] = {}
     for (run, op), group in raw.groupby(["run_id", "op"], sort=False):
         typical = group["aggregate_mib_s"].median()
