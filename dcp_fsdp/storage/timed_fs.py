@@ -94,9 +94,8 @@ class TimedWriteStream(_TimedStream):
 
 
 class TimedReadStream(_TimedStream):
-    """A read stream of a file system (storage=fs): read(), readinto() and readline() timed
-    on the storage clock (the kernel's copy from the page cache or the disk), the bytes they
-    return counted. Subclasses clock where their client waits instead (`_clocked`)."""
+    """A read stream of a file system: read(), readinto() and readline() timed on the storage
+    clock and their bytes counted. Subclasses clock where their client waits (`_clocked`)."""
 
     def _clocked(self, call: str) -> bool:
         """Whether this data call is time the client spends on storage."""
@@ -113,29 +112,26 @@ class TimedReadStream(_TimedStream):
         with self._timeline.storage_clock:
             return work()
 
+    def _counted(self, call: str, *args: Any) -> Any:
+        """The client's data `call`, its bytes counted (a count, or the bytes returned)."""
+        result = self._call(call, *args)
+        if result:
+            self._moved(result if isinstance(result, int) else len(result))
+        return result
+
     def read(self, size: int | None = -1, /) -> bytes:
-        data = self._call("read", -1 if size is None else size)
-        if data:
-            self._moved(len(data))
-        return data
+        return self._counted("read", -1 if size is None else size)
 
     def readinto(self, buffer: Any, /) -> int:
-        count = self._call("readinto", buffer)
-        if count:
-            self._moved(count)
-        return count or 0
+        return self._counted("readinto", buffer) or 0
 
     def readline(self, size: int | None = -1, /) -> bytes:
-        line = self._call("readline", -1 if size is None else size)
-        if line:
-            self._moved(len(line))
-        return line
+        return self._counted("readline", -1 if size is None else size)
 
 
 class FetchingReadStream(TimedReadStream):
-    """torch's fsspec reader over s3fs: s3fs waits for a range inside read(); its readinto()
-    is read() and a copy into the buffer, done here the same way so that the copy (into
-    torch's fresh storage, with its page faults) is the rank's, not storage's."""
+    """torch's fsspec reader over s3fs: s3fs waits inside read(); its readinto() is read() and
+    a copy, done here so that the copy (into torch's fresh storage) is the rank's, not storage's."""
 
     def readinto(self, buffer: Any, /) -> int:
         target = memoryview(buffer).cast("B")
@@ -145,11 +141,9 @@ class FetchingReadStream(TimedReadStream):
 
 
 class DownloadingReadStream(FetchingReadStream):
-    """multi-storage-client's object file: below its memory limit it downloads the whole
-    object in a thread and every call (seek, tell, closed, seekable, read...) first waits
-    for that download; above it, each read() is a ranged GET (compat.msc_reads_ranged).
-    So the first call of any kind is clocked (the download wait), and read() after it only
-    where reads are ranged (else it is a copy out of memory)."""
+    """multi-storage-client's object file: below its memory limit every call first waits for
+    the whole object's download; above it, each read() is a ranged GET. So the first call of
+    any kind is clocked, and read() after it only where reads are ranged."""
 
     def __init__(self, inner: ObjectStream, timeline: HookTimeline) -> None:
         self._ranged: bool | None = None  # known once the first call has returned
@@ -190,9 +184,8 @@ class ChunkTimedReadStream(TimedReadStream):
 
 
 class TimedFileSystem(FileSystemBase):
-    """A DCP writer's or reader's file system with its object streams timed and counted:
-    each method of torch's `FileSystemBase` (and `ls`, which torch's, fsspec's and MSC's have)
-    calls the same method of `inner`, the client's file system."""
+    """A DCP writer's or reader's file system with its object streams timed and counted: each
+    method of torch's `FileSystemBase` (and `ls`) calls the same method of `inner`."""
 
     def __init__(self, inner: FileSystemBase, timeline: HookTimeline,
                  read_stream: type[TimedReadStream] = TimedReadStream) -> None:
@@ -200,8 +193,7 @@ class TimedFileSystem(FileSystemBase):
         self.timeline = timeline
         self.read_stream = read_stream  # where this client waits on a read (the classes above)
         self._lock = threading.Lock()
-        # A load of a checkpoint the launcher (or rank 0) screened: the SHA-256 of the
-        # .metadata it screened (expect_metadata); DCP's read must be those bytes
+        # the screened .metadata's SHA-256 (expect_metadata): DCP's read must be those bytes
         self.metadata_sha256: str | None = None
         self.metadata_changed: str | None = None  # why DCP's read was refused (its own error hides it)
 
@@ -229,8 +221,8 @@ class TimedFileSystem(FileSystemBase):
                 self._count_object(path, timed)
 
     def _screened_metadata(self, path: StrPath) -> bytes:
-        """DCP's read of `.metadata`, timed and counted as any read, handed to its unpickler
-        only when it is the file that was screened (MetadataChanged otherwise)."""
+        """DCP's read of `.metadata`, timed and counted, handed to its unpickler only when it is
+        the file that was screened (MetadataChanged otherwise)."""
         with self.inner.create_stream(path, "rb") as stream:
             data = TimedReadStream(cast(ObjectStream, stream), self.timeline).read()
         if hashlib.sha256(data).hexdigest() != self.metadata_sha256:
@@ -288,8 +280,7 @@ def timed_file_system(storage_io: Any) -> TimedFileSystem | None:
 
 def expect_metadata(storage_io: Any, sha256: str) -> None:
     """A timed reader's DCP read of `.metadata` must have this SHA-256 (the screened file's)
-    before it is unpickled; a reader without the timed file system (harness_off=hooks) reads
-    as DCP does."""
+    before it is unpickled (harness_off=hooks: as DCP does)."""
     fs = timed_file_system(storage_io)
     if fs is not None and sha256:
         fs.metadata_sha256 = sha256
