@@ -135,10 +135,10 @@ def start_wire_meter(op: str, request_log: Any, storage: Any) -> Any:
     until its sample is built; None otherwise, or where it cannot read."""
     if op != "load" or request_log is None:
         return None
-    from dcp_fsdp.process.wire_meter import WireMeter, endpoint_port
+    from dcp_fsdp.process.wire_meter import WireMeter
     from dcp_fsdp.storage.s3_target import resolve_endpoint
 
-    meter = WireMeter(endpoint_port(resolve_endpoint(storage)))
+    meter = WireMeter.for_endpoint(resolve_endpoint(storage))
     if not meter.available():
         return None
     meter.start()
