@@ -75,18 +75,13 @@ def _dense_width(shape: ModelShape) -> int | None:
 
 
 def tp_plan(layer: Any) -> dict[str, Any]:
-    """parallelize_module's plan for one decoder layer: torchtitan's Llama plan for the
-    projections (an MoE layer's experts and router stay whole: see _dense_width)."""
+    """parallelize_module's plan for one decoder layer: every projection tp_split_dim splits,
+    column-wise or row-wise (an MoE layer's experts and router stay whole: see _dense_width)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    plan: dict[str, Any] = {f"self_attn.{name}": ColwiseParallel()
-                            for name in ("q_proj", "k_proj", "v_proj")}
-    plan["self_attn.o_proj"] = RowwiseParallel()
-    if hasattr(layer.mlp, "gate_proj"):  # dense MLP
-        plan["mlp.gate_proj"] = ColwiseParallel()
-        plan["mlp.up_proj"] = ColwiseParallel()
-        plan["mlp.down_proj"] = RowwiseParallel()
-    return plan
+    styles = (ColwiseParallel, RowwiseParallel)
+    return {name: styles[dim]() for name, _ in layer.named_modules()
+            if (dim := tp_split_dim(f".layers.0.{name}.weight")) is not None}
 
 
 # The tensors tp_plan splits, by their key in the flattened state dict (model and optimizer
@@ -111,13 +106,8 @@ def shard_rows(rows: int, shards: int, index: int) -> tuple[int, int]:
     """(first row, row count) of shard `index` of `shards` along dim 0, as torch's Shard(0)
     splits a DTensor (torch.chunk: ceil(rows / shards) per shard; empty shards start at
     `rows`)."""
-    if rows % shards == 0:
-        size = rows // shards
-        return size * index, size
     size = -(-rows // shards)
-    start = size * index
-    if start >= rows:
-        return rows, 0
+    start = min(size * index, rows)
     return start, min(rows, start + size) - start
 
 
