@@ -125,17 +125,13 @@ def _rank_results(plan: SavePlan, rank_prefix: str, thread_count: int,
             length = _item_length(item, value_bytes)
             # the index as the coordinator unpickles it from this rank's results: its own
             # objects (the file name is one object per file, as in the rank's pickle)
-            index = MetadataIndex(own_copy(item.index.fqn), _copy_offset(item.index.offset),
-                                  item.index.index)
+            offset_copy = None if item.index.offset is None else torch.Size(tuple(item.index.offset))
+            index = MetadataIndex(own_copy(item.index.fqn), offset_copy, item.index.index)
             results.append(WriteResult(index=index, size_in_bytes=length,
                                        storage_data=storage_info(name, offset, length)))
             offset += length
         files.append((name, offset))
     return results, files
-
-
-def _copy_offset(offset: torch.Size | None) -> torch.Size | None:
-    return None if offset is None else torch.Size(tuple(offset))
 
 
 def _item_length(item: WriteItem, value_bytes: dict[str, int]) -> int:
