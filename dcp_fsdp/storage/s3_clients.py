@@ -1,8 +1,6 @@
-"""The DCP clients that put checkpoints on S3 (`storage.client=`, docs/clients.md): one class
-each behind one contract, `S3Client`, named in `s3.CLIENTS` (a new client: a class and a line
-there). The S3 store holds one and never asks which. Every client reaches the same target;
-credentials come from the standard AWS chain and are never written anywhere. Each client's
-pitfalls and their fixes: docs/clients.md."""
+"""The DCP clients that put checkpoints on S3 (`storage.client=`; their pitfalls and fixes:
+docs/clients.md): one class each behind one contract, `S3Client`, named in `s3.CLIENTS`. The S3
+store holds one and never asks which. Credentials come from the standard AWS chain only."""
 
 from __future__ import annotations
 
@@ -139,10 +137,7 @@ class ConnectorClient(S3Client):
             return TimedReaderConstructor(self._reader_constructor(), timeline.storage_clock)
         if self.config.reader == ReaderKind.dcp_optimized:
             return S3ReaderConstructor.dcp_optimized(max_gap_size=max_gap_size)
-        return {
-            ReaderKind.sequential: S3ReaderConstructor.sequential,
-            ReaderKind.range_based: S3ReaderConstructor.range_based,
-        }[self.config.reader]()
+        return getattr(S3ReaderConstructor, self.config.reader.value)()  # sequential, range_based
 
     def warm_up(self, storage_io: Any) -> list[Any]:
         """The native (CRT) client built now: the connector builds it on the first request, and
