@@ -119,9 +119,8 @@ def launched_rank() -> NoReturn:
 
 
 def _own_torch_cache_dir() -> Path | None:
-    """A directory of this process's own for torch's inductor cache (unless the user chose
-    one), removed at the end: torch._dynamo, imported by building any module, leaves
-    $TMPDIR/torchinductor_$USER behind."""
+    """A directory of this process's own for torch's inductor cache (unless the user chose one),
+    removed at the end: torch._dynamo would leave $TMPDIR/torchinductor_$USER behind."""
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         return None
     from dcp_fsdp.process.lifeline import owned_tempdir

@@ -11,8 +11,7 @@ _LOGGER_NAME = "dcp_fsdp"
 
 def printable(text: str) -> str:
     """`text` with every character a terminal would act on escaped (ESC as \\x1b): text from
-    storage or a record is anyone's who can write there, and must neither clear the screen nor
-    split a line."""
+    storage or a record must neither clear the screen nor split a line."""
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")

@@ -132,9 +132,8 @@ def bucket_name(name: str) -> str:
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    """The command line parsed: `command`, `entry` (module:function), its options, and
-    `settings` (the key=value overrides, in order; [] for a command without them).
-    UserError for a bad one; SystemExit(0) once --help or --version has printed."""
+    """The command line parsed: `command`, `entry` (module:function), its options, `settings`
+    (the key=value overrides, in order). SystemExit(0) once --help or --version has printed."""
     parsed, settings = tree().parse_known_args(argv)
     parsed.settings = settings
     return parsed

@@ -8,9 +8,8 @@ from dcp_fsdp.errors import UserError
 
 
 def conf_dir() -> Path:
-    """The Hydra config directory users edit: the top-level `conf/` of a source tree (an
-    editable install reads it in place), or its copy inside an installed wheel (setuptools
-    maps `conf/` to the package data `dcp_fsdp/conf`, see pyproject.toml)."""
+    """The Hydra config directory: a source tree's top-level `conf/` (read in place by an
+    editable install), or a wheel's copy `dcp_fsdp/conf` (pyproject.toml)."""
     package = Path(__file__).resolve().parent.parent
     for where in (package / "conf", package.parent / "conf"):
         if (where / "config.yaml").is_file():

@@ -110,9 +110,8 @@ def first_replica_group(world_size: int, replicas: int) -> dist.ProcessGroup | N
 
 
 def device_meshes(device_type: str, world_size: int, replicas: int, tp: int) -> tuple[Any, Any]:
-    """(the whole mesh, the mesh FSDP shards over). With tp > 1 the TP ranks are the mesh's
-    last (fastest) dimension, so they are neighbouring ranks (one node, as TP wants):
-    (dp, tp), or (replicate, shard, tp) with replicas > 1 (HSDP over the first two)."""
+    """(the whole mesh, the mesh FSDP shards over). TP is the last (fastest) dimension, so its
+    ranks are neighbours, on one node as TP wants."""
     if tp > 1 and replicas > 1:
         mesh = init_device_mesh(device_type, (replicas, world_size // (replicas * tp), tp),
                                 mesh_dim_names=(REPLICATE_DIM, SHARD_DIM, TP_DIM))
@@ -131,8 +130,7 @@ def device_meshes(device_type: str, world_size: int, replicas: int, tp: int) -> 
 
 def replicate_host_group(mesh: Any) -> dist.ProcessGroup:
     """A gloo group over this rank's "replicate" ranks, for the state's CPU tensors (AdamW's
-    `step`) in the read_once broadcast: NCCL moves CUDA tensors only. Only its own ranks take
-    part in making it."""
+    `step`) in the read_once broadcast: NCCL moves CUDA tensors only."""
     ranks = dist.get_process_group_ranks(mesh.get_group(REPLICATE_DIM))
     return dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
 

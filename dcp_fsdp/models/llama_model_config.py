@@ -103,8 +103,7 @@ def llama3(hidden: int, intermediate: int, layers: int, heads: int) -> ModelShap
 
 
 def qwen3(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int) -> ModelShape:
-    """Qwen3 8B and larger (Qwen/Qwen3-*B config.json): head_dim 128 whatever hidden / heads
-    is, q/k norms, untied embeddings (0.6B..4B tie them)."""
+    """Qwen3 8B and larger: head_dim 128 whatever hidden / heads is, q/k norms, untied."""
     return ModelShape("qwen3", hidden, layers, heads, QWEN3_VOCAB, 40960, rms_norm_eps=1e-6,
                       intermediate_size=intermediate, num_kv_heads=kv_heads, head_dim=128,
                       qk_norm=True)
@@ -210,9 +209,8 @@ def _gpt2_layer(prefix: str, shape: ModelShape) -> Tensors:
 
 
 def state_shapes(shape: ModelShape, moe_layout: str = "hf") -> Tensors:
-    """(name, shape) of every parameter of the model's state, in transformers' named_parameters
-    order, a tied one once: by arithmetic (no torch), for the light parent, `plan` and the
-    module tree (models/modules.py)."""
+    """(name, shape) of every parameter, in transformers' named_parameters order, a tied one
+    once: by arithmetic (no torch), for the light parent, `plan` and models/modules.py."""
     hidden, vocab = shape.hidden_size, shape.vocab_size
     if shape.family == "gpt2":
         out: Tensors = [("transformer.wte.weight", (vocab, hidden)),

@@ -31,9 +31,8 @@ def model_shape(model: ModelConfig) -> ModelShape:
 
 
 def shape_digest(model: ModelConfig) -> str:
-    """The model's tensors (each name and shape, in the hf layout) as 16 hex digits: the
-    manifest's `model.shape`, so that a load identifies a model.config model by the file's
-    content, not its path."""
+    """The model's tensors (names and shapes) as 16 hex digits: the manifest's `model.shape`,
+    so that a load identifies a model.config model by the file's content, not its path."""
     import hashlib
     import json
 

@@ -22,9 +22,8 @@ TP_DIM, DP_DIM = "tp", "dp"
 
 
 def check_tp(shape: ModelShape, tp: int, replicas: int, world_size: int, name: str) -> None:
-    """One line naming the setting and the fix when `world_size` ranks (`name`: nproc,
-    WORLD_SIZE or world_size) cannot hold `shape` at model.tp=`tp`. A split that is not even
-    would give TP ranks heads of different sizes, which torch's plan does not do."""
+    """UserError naming the fix when `world_size` ranks (from `name`) cannot hold `shape` at
+    model.tp=`tp`: torch's plan splits heads and widths evenly only."""
     if tp < 1:
         raise UserError(f"model.tp={tp}: must be 1 or more")
     if tp == 1:
@@ -104,8 +103,7 @@ def tp_split_dim(key: str) -> int | None:
 
 def shard_rows(rows: int, shards: int, index: int) -> tuple[int, int]:
     """(first row, row count) of shard `index` of `shards` along dim 0, as torch's Shard(0)
-    splits a DTensor (torch.chunk: ceil(rows / shards) per shard; empty shards start at
-    `rows`)."""
+    splits (ceil(rows / shards) per shard; empty shards start at `rows`)."""
     size = -(-rows // shards)
     start = min(size * index, rows)
     return start, min(rows, start + size) - start
@@ -113,10 +111,8 @@ def shard_rows(rows: int, shards: int, index: int) -> tuple[int, int]:
 
 def shard_block(shape: tuple[int, ...], shards: int, shard: int, tp_dim: int | None, tp: int,
                 tp_rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(offsets, sizes) of a rank's block of a tensor of `shape`: FSDP's Shard(0) over the
-    shard dimension, inside TP's even split of `tp_dim` (models/tensor_parallel.py) when the
-    tensor has one. Column-wise (dim 0) FSDP splits the TP rank's rows again (torch's
-    _StridedShard), so the rows start at the TP block's first row."""
+    """(offsets, sizes) of a rank's block of a tensor of `shape`: FSDP's Shard(0) inside TP's
+    even split of `tp_dim`, if any (column-wise, FSDP splits the TP block's rows again)."""
     offsets, sizes = [0] * len(shape), list(shape)
     if tp_dim is not None:
         sizes[tp_dim] = shape[tp_dim] // tp
@@ -129,9 +125,8 @@ def shard_block(shape: tuple[int, ...], shards: int, shard: int, tp_dim: int | N
 
 def block_totals(tensors: list[tuple[tuple[int, ...], int | None, int]], tp: int, replicas: int,
                  world_size: int) -> list[int]:
-    """Per rank (rank order), the sum over (shape, TP dim, weight) tensors of weight x the
-    elements of the rank's block (shard_block; a 0-dim tensor whole). TP splits evenly
-    (check_tp): a block's size depends on its dp shard only."""
+    """Per rank, the sum over (shape, TP dim, weight) tensors of weight x the elements of its
+    block (a 0-dim tensor whole); TP splits evenly, so a block depends on its dp shard only."""
     shards = world_size // (replicas * tp)
     per_shard = [sum(weight * math.prod(shard_block(dims, shards, shard, dim, tp, 0)[1] if dims else ())
                      for dims, dim, weight in tensors) for shard in range(shards)]
@@ -140,18 +135,15 @@ def block_totals(tensors: list[tuple[tuple[int, ...], int | None, int]], tp: int
 
 def rank_holdings(shape: ModelShape, tp: int, replicas: int, world_size: int,
                   moe_layout: str = "hf") -> list[int]:
-    """The parameters (elements) each rank of the world holds under FSDP2 (with model.tp:
-    TP's split inside each dp shard; with model.replicas: each replica group a copy), rank
-    order. Not an average: a tensor with fewer rows than shards (an MoE's experts when dp
-    exceeds the expert count) is held by the first shards only."""
+    """The parameters each rank holds, rank order. Not an average: a tensor with fewer rows
+    than shards (an MoE's experts) is held by the first shards only."""
     return block_totals([(dims, tp_split_dim(f".{name}") if tp > 1 else None, 1)
                          for name, dims in state_shapes(shape, moe_layout)], tp, replicas, world_size)
 
 
 def experts_over_shards(shape: ModelShape, tp: int, replicas: int, world_size: int) -> str | None:
-    """A warning where FSDP's dp shards outnumber an MoE's experts (its expert tensors are
-    split along dim 0, the experts): only the first shards hold expert rows, a whole
-    expert each, and the others none; None where they do not."""
+    """A warning where FSDP's dp shards outnumber an MoE's experts (split along dim 0: the
+    other shards hold none), else None."""
     shards = world_size // (replicas * tp)
     if not shape.num_experts or shards <= shape.num_experts:
         return None

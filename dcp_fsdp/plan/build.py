@@ -96,9 +96,8 @@ class _CountingSink(io.RawIOBase):
 
 @functools.lru_cache(maxsize=4096)
 def tensor_item_bytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
-    """What DCP writes for one local chunk: torch.save of a contiguous tensor of that shape,
-    its bytes skipped: a fake tensor, nothing allocated (a chunk may be larger than this
-    machine's memory, issue 49 item 3)."""
+    """What DCP writes for one local chunk: torch.save of a fake tensor of that shape, its bytes
+    skipped (nothing allocated: a chunk may be larger than this machine's memory)."""
     sink = _CountingSink()
     with torch.serialization.skip_data(materialize_fake_tensors=True):
         torch.save(fake_tensor(shape, dtype), sink)  # type: ignore[arg-type]  # a raw stream
@@ -143,9 +142,8 @@ def _item_length(item: WriteItem, value_bytes: dict[str, int]) -> int:
 
 def write_out(global_plans: list[SavePlan], template: StateTemplate, thread_count: int,
               rank_prefix: Callable[[int], str]) -> tuple[list[DataObject], dict[Any, Any]]:
-    """(every rank's data objects, `.metadata`'s storage_data) of the final plans, each
-    rank's items binned and laid out as FileSystemWriter writes them. Empties the plans as
-    it goes (memory goes back)."""
+    """(every rank's data objects, `.metadata`'s storage_data) of the final plans, laid out as
+    FileSystemWriter writes them. Empties the plans as it goes (memory goes back)."""
     value_bytes = {e.fqn: _bytes_item_size(e.value) for e in template.entries if e.shape is None}
     objects: list[DataObject] = []
     storage_data: dict[Any, Any] = {}
@@ -262,9 +260,8 @@ print(seconds, memory)
 
 
 def unpickle_cost(blob: bytes) -> tuple[float, int]:
-    """(seconds, resident bytes) to unpickle `.metadata` in a fresh process, as each rank of
-    a load does: measured in a child so this process's freed memory and its millions of
-    objects (the cyclic GC walks them) do not distort it; the best of 3 tries."""
+    """(seconds, resident bytes) to unpickle `.metadata` in a fresh child, as each rank of a
+    load does (this process's objects and freed memory would distort it); the best of 3."""
     import subprocess
     import sys
 

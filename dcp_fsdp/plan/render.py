@@ -126,8 +126,7 @@ def _memory_lines(request: PlanRequest, template: StateTemplate, plan: GlobalPla
 
 
 def model_line(cfg: BenchmarkConfig) -> str:
-    """The model's parameter count and what its weights take: the figure to hold against a
-    model card (llama3_8b: 8,030,261,248)."""
+    """The model's parameter count (to hold against a model card) and what its weights take."""
     from dcp_fsdp.models.llama_model_config import param_count
     from dcp_fsdp.models.presets import DTYPE_BYTES, model_shape, tied_words
 

@@ -73,9 +73,8 @@ def count_requests(object_sizes: Iterable[int], metadata_bytes: int, world_size:
 
 def rank_read_gets(reads: Sequence[tuple[str, int, int]], part_bytes: int,
                    max_gap_bytes: int) -> int:
-    """Ranged GETs of one rank's reads (sorted by object, then start): the dcp_optimized
-    reader's range groups (ranges of one object whose gap is at most `max_gap_bytes` share a
-    stream, from the first's start to the last's end), each stream `part_bytes` a GET."""
+    """Ranged GETs of one rank's sorted reads: ranges of one object whose gap is at most
+    `max_gap_bytes` share a stream (dcp_optimized's range groups), `part_bytes` a GET."""
     gets = 0
     group: tuple[str, int, int] | None = None
     for name, start, end in reads:
@@ -137,10 +136,8 @@ def project(nodes: int, ranks: int, max_rank_bytes: int, planning_s: float, meta
             metadata_pickle_s: float, metadata_unpickle_s: float, save_rate_bytes_s: float,
             load_rate_bytes_s: float, busiest_prefix_puts: int, busiest_prefix_gets: int,
             metadata_get_burst: int) -> Projection:
-    """A save's and a load's time at this size (assumptions in docs/plan.md): the slowest
-    rank's bytes at the measured per-rank rate; the coordinator's planning and `.metadata`
-    (pickle, write) on top of a save; the `.metadata` read and unpickle on top of a load; a
-    prefix's requests at S3's limit as a floor."""
+    """A save's and a load's time at this size (docs/plan.md): the slowest rank's bytes at the
+    measured rate, plus `.metadata`'s costs, with a prefix's requests at S3's limit as a floor."""
     save_io = max_rank_bytes / save_rate_bytes_s
     save_floor = busiest_prefix_puts / PUT_LIMIT_PER_S
     save = (planning_s + max(save_io, save_floor) + metadata_pickle_s
