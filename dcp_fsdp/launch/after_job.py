@@ -1,19 +1,16 @@
-"""After a batch job's step (batch/common.sh): what the local launcher does after its
-ranks, for a Slurm job, where no process of ours outlives the ranks but the batch script.
+"""After a Slurm job's step (batch/common.sh): what the local launcher does after its ranks.
 
 `python -m dcp_fsdp.launch.after_job --job-dir DIR --step-exit N [--signal NAME] COMMAND
-[OVERRIDES...]` reads what the step left in the job's directory (DIR, shared by the
-nodes: one `node-<id>/` per srun task with torch's agent's outcome `agent.json` and the
-task's own `agent-exit` line; `writing-suffix`, where rank 0 noted the save under way;
-`srun.err`, srun's own lines), decides the first cause, then `aftermath.settle`s: the
-record written or amended with that cause, the partial checkpoint named and its open
-multipart uploads aborted. Exits with the code the docs' table gives (reliability.md,
-"How a run ends"), which the batch script exits with.
+[OVERRIDES...]` reads what the step left in the job's shared directory (per node task
+`node-<id>/`: the agent's `agent.json`, the task's `agent-exit` line; `writing-suffix`;
+srun's `srun.err`), decides the first cause, then `aftermath.settle`s. Exits with the code
+of docs/reliability.md "How a run ends".
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -39,15 +36,11 @@ def node_reports(job_dir: Path) -> list[dict]:
     for node in sorted(job_dir.glob("node-*")):
         entry: dict = {"node": node.name.removeprefix("node-"), "host": None, "summary": None,
                        "agent_exit": None, "ended_s": None, "error_files": {}}
-        try:
+        with contextlib.suppress(OSError, ValueError):
             entry["summary"] = json.loads((node / "agent.json").read_text())
-        except (OSError, ValueError):
-            pass
-        try:
+        with contextlib.suppress(OSError, ValueError):
             code, ended, host = (node / "agent-exit").read_text().split()[:3]
             entry.update(agent_exit=int(code), ended_s=int(ended), host=host)
-        except (OSError, ValueError):
-            pass
         if entry["host"] is None:
             try:
                 entry["host"] = (node / "host").read_text().strip()
@@ -87,6 +80,8 @@ def _candidates(reports: list[dict], srun_ends: list[tuple[str, str]]) -> list[t
     own, or a node's agent that ended without saying why. Earliest first; at one second
     (torch's timestamps are whole seconds) a kill before an error, an error before a
     rank stopped because a peer had ended."""
+    from dcp_fsdp.launch.local import rank_failed
+
     found: list[tuple] = []
     srun_order = {host: n for n, (host, _) in enumerate(srun_ends)}
     for report in reports:
@@ -114,7 +109,7 @@ def _candidates(reports: list[dict], srun_ends: list[tuple[str, str]]) -> list[t
             stopped = failure.get("cause") in (contract.EndCause.PEER_ENDED.value,
                                                contract.EndCause.INTERRUPTED.value)
             killed = failure.get("exitcode", 0) < 0
-            outcome = _rank_outcome(rank, failure)
+            outcome = rank_failed({rank: failure})
             found.append(((int(stopped), failure.get("timestamp", 0), int(not killed), order),
                           outcome.error, outcome.cause, {rank: failure}))
         if summary.get("agent_error"):
@@ -133,12 +128,6 @@ def _own_errors(report: dict, order: int) -> list[tuple]:
             found.append(((0, ours.get("timestamp") or 0, 1, order), line,
                           contract.EndCause(ours["cause"]), {}))
     return found
-
-
-def _rank_outcome(rank: str, failure: dict) -> RanksOutcome:
-    from dcp_fsdp.launch.local import _rank_failed
-
-    return _rank_failed({rank: failure})
 
 
 def job_outcome(reports: list[dict], srun_ends: list[tuple[str, str]], step_exit: int,
@@ -189,10 +178,8 @@ def main(argv: list[str]) -> int:
         return contract.EXIT_USER_ERROR
     reports = node_reports(args.job_dir)
     outcome = job_outcome(reports, srun_task_ends(args.job_dir), args.step_exit, args.signal)
-    try:
+    with contextlib.suppress(OSError):
         outcome.writing_suffix = (args.job_dir / "writing-suffix").read_text().strip() or None
-    except OSError:
-        pass
     run_id = os.environ.get(contract.RUN_ID_ENV)
     if outcome.status == "ok" or not run_id or args.command == "wait":
         return outcome.exit_code

@@ -1,22 +1,16 @@
-"""Run N ranks on this machine under torch's elastic agent (torchrun), with the embedded
-S3 server if needed.
+"""Run N ranks on this machine under torch's elastic agent (launch/agent.py), as `torchrun
+--standalone` on a cluster node, with the embedded S3 server if needed.
 
-The parent stays light (no torch import): it checks the storage (fast, clear failures
-before any rank starts), starts SeaweedFS when no S3 is configured, then starts torch's
-elastic agent (`python -m dcp_fsdp.launch.agent`: torchrun's own code, quiet) which starts
-the ranks, exactly as `torchrun --standalone` on a cluster node. When the agent ends,
-the parent reads its outcome (per-rank exit codes and error files), makes sure a record
-says how the run ended, names a partial checkpoint, and aborts the multipart uploads a
-stopped save left open.
-
-Signals: the agent runs in its own session, so a terminal's Ctrl-C reaches only this
-parent, which passes it on once (SIGINT or SIGTERM, as received); the agent stops its
-ranks with the same signal. If this parent is killed outright, Linux's parent-death
-signal stops the agent (and so the ranks) and the embedded server (dcp_fsdp/process/lifeline.py).
+The parent stays light (no torch import): it checks the storage before any rank starts, and
+when the agent ends, reads its outcome and settles it (launch/aftermath.py). The agent runs in
+its own session: a terminal's Ctrl-C reaches only this parent, which passes it on once; if
+this parent is killed outright, the parent-death signal stops the agent (process/lifeline.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import shutil
@@ -77,11 +71,9 @@ def launch_local(cfg: BenchmarkConfig) -> int:
 def run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str],
               module: str = "dcp_fsdp", metadata_facts: MetadataFacts | None = None,
               claimed_suffixes: list[str] | None = None) -> int:
-    """Start cfg.nproc ranks (`python -m MODULE`, config in DCP_FSDP_CONFIG: cli.py's
-    launched_rank takes it from there) under torch's elastic agent with `env`, wait for
-    them, and leave a record of how they ended (the public entry for callers that manage
-    storage themselves, e.g. tune); a claim of `claimed_suffixes` (the launcher's) that
-    holds no data when they end is removed. Exit code."""
+    """Start cfg.nproc ranks (`python -m MODULE`, config in DCP_FSDP_CONFIG) under torch's
+    elastic agent with `env`, wait for them, and leave a record of how they ended; a claim of
+    `claimed_suffixes` that holds no data when they end is removed. Exit code."""
     run_dir = lifeline.owned_tempdir("dcp-fsdp-run-")
     try:
         if metadata_facts is not None and cfg.suffix:  # the load's, screened: rank 0 needs no GET
@@ -130,7 +122,8 @@ def _run_agent(cfg: BenchmarkConfig, run_id: str, env: dict[str, str], module: s
     interrupted_by = None
     try:
         agent = subprocess.Popen(_agent_command(cfg, module, run_dir), env=agent_env,
-                                 start_new_session=True, preexec_fn=_agent_lifeline)
+                                 start_new_session=True,
+                                 preexec_fn=functools.partial(lifeline.die_with_parent, signal.SIGTERM))
         agent.wait()
     except KeyboardInterrupt as interrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop
@@ -143,17 +136,14 @@ def _run_agent(cfg: BenchmarkConfig, run_id: str, env: dict[str, str], module: s
             _stop_agent(agent, signal.SIGTERM)
         signal.signal(signal.SIGTERM, previous_sigterm)
         signal.signal(signal.SIGINT, previous_sigint)
-    summary = _read_summary(summary_path)
-    outcome = _outcome(agent.returncode if agent is not None else None, summary, interrupted_by)
     try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError):
+        summary = {}  # the agent died before writing it
+    outcome = _outcome(agent.returncode if agent is not None else None, summary, interrupted_by)
+    with contextlib.suppress(OSError):
         outcome.writing_suffix = writing_path.read_text().strip() or None
-    except OSError:
-        pass
     return outcome
-
-
-def _agent_lifeline() -> None:
-    lifeline.die_with_parent(signal.SIGTERM)
 
 
 def _stop_agent(agent: subprocess.Popen, signum: int) -> None:
@@ -162,18 +152,9 @@ def _stop_agent(agent: subprocess.Popen, signum: int) -> None:
         agent.send_signal(signum)
         agent.wait(timeout=AGENT_STOP_GRACE_S)
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(agent.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         agent.wait()
-
-
-def _read_summary(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}  # the agent died before writing it
 
 
 def _outcome(agent_code: int | None, summary: dict[str, Any],
@@ -191,10 +172,10 @@ def _outcome(agent_code: int | None, summary: dict[str, Any],
     if not failures:
         why = summary.get("agent_error") or f"torch's elastic agent exited with {agent_code}"
         return RanksOutcome(contract.EXIT_FAILED, "failed", why, cause=cause.AGENT)
-    return _rank_failed(failures)
+    return rank_failed(failures)
 
 
-def _rank_failed(failures: dict[str, dict[str, Any]]) -> RanksOutcome:
+def rank_failed(failures: dict[str, dict[str, Any]]) -> RanksOutcome:
     """The outcome named by the rank that ended first on its own."""
     rank, first = first_failure(failures)
     code = first["exitcode"]
@@ -219,7 +200,7 @@ def _rank_failed(failures: dict[str, dict[str, Any]]) -> RanksOutcome:
 
 def _sigkill_cause(node_oom_kills: int | None) -> str:
     """Who sent a rank's SIGKILL, as far as its node's kernel says (process/oom_kills.py)."""
-    if node_oom_kills is None:  # an agent before 2026-11-28, or no count on that node
+    if node_oom_kills is None:  # no count on that node
         return " (out of memory is the likely cause: `dmesg` or the job's memory record says)"
     if node_oom_kills:
         return (" (out of memory: the kernel's OOM killer killed "
@@ -229,12 +210,9 @@ def _sigkill_cause(node_oom_kills: int | None) -> str:
 
 
 def first_failure(failures: dict[str, dict]) -> tuple[int, dict]:
-    """The rank that ended first on its own: not one stopped because a peer had ended
-    (its cause is `peer_ended`), earliest timestamp, lowest rank."""
-    def stopped(entry: dict) -> bool:
-        return entry.get("cause") == contract.EndCause.PEER_ENDED.value
-    ordered = sorted(failures.items(),
-                     key=lambda item: (stopped(item[1]), item[1].get("timestamp", 0),
-                                       int(item[0])))
-    rank, entry = ordered[0]
+    """The rank that ended first on its own: not one stopped because a peer had ended,
+    earliest timestamp, lowest rank."""
+    rank, entry = min(failures.items(), key=lambda item: (
+        item[1].get("cause") == contract.EndCause.PEER_ENDED.value, item[1].get("timestamp", 0),
+        int(item[0])))
     return int(rank), entry
