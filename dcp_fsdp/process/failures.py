@@ -27,8 +27,7 @@ _S3_HINTS = (
       "AWS_IO_SOCKET_CONNECTION_REFUSED"),
      "the connection to S3 failed on every attempt: retries exhausted; check the endpoint "
      "and the network, or raise storage.max_attempts"),
-    # what a write meets once the upload it feeds ended with an error: seen when
-    # clean-uploads --force aborted a live save's upload (the new user's trial, case 20)
+    # what a write meets once the upload it feeds ended with an error
     (("AWS_ERROR_S3_REQUEST_HAS_COMPLETED",),
      "the object's upload had already ended with an error: its multipart upload aborted under "
      "it (dcp-fsdp clean-uploads --force, a bucket lifecycle rule) or S3 unreachable; abort "
@@ -74,17 +73,15 @@ def _innermost(error: BaseException) -> str:
 
 
 # The connector's text of an error answer: "Client error: Unknown response error:
-# MetaRequestResult { response_status: 404, crt_error: ..., error_response_body:
-# Some("<?xml ...><Error><Code>NoSuchUpload</Code><Message>...</Message>...") }"
+# MetaRequestResult { response_status: 404, ... <Code>NoSuchUpload</Code><Message>...}"
 _S3_RESULT = re.compile(r"Client error: Unknown response error: MetaRequestResult \{ "
                         r"response_status: (\d+).*?<Code>([^<]*)</Code>"
                         r"(?:\s*<Message>([^<]*)</Message>)?.*?\}\s*")
 
 
 def _s3_answer(text: str) -> str:
-    """The connector's verbose error answer as S3 gave it: "S3 answered HTTP 404
-    NoSuchUpload: The specified multipart upload does not exist ..." (the code and the
-    message were past the 400 characters a line keeps)."""
+    """The connector's verbose error answer as S3 gave it ("S3 answered HTTP 404 NoSuchUpload:
+    ..."), whose code and message were past the 400 characters a line keeps."""
     def said(found: re.Match) -> str:
         message = f": {found.group(3).strip()}" if found.group(3) else ""
         return f"S3 answered HTTP {found.group(1)} {found.group(2)}{message} "
@@ -112,32 +109,28 @@ def caused_by_interrupt(error: BaseException) -> bool:
     return cause is not None and cause is not error and caused_by_interrupt(cause)
 
 
-# How long a failing rank waits for the storage's answer to its probe: well inside the time
-# a finishing rank keeps after the agent's SIGTERM (process/signals.py: twice
-# STUCK_AFTER_SIGNAL_S), so an endpoint that hangs cannot cost the rank its record.
+# A failing rank's wait for its probe's answer: well inside a finishing rank's time after
+# the agent's SIGTERM (signals.py), so an endpoint that hangs cannot cost it its record.
 PROBE_DEADLINE_S = 5.0
 
 
 def says_the_line(error: BaseException, is_coordinator: bool, joined: bool = True) -> bool:
-    """Whether this rank prints a failure's line and probes the storage for it: for an error
-    every rank raises together (collective_error: DCP's CheckpointException) the
-    coordinator only, whose line is the one recorded; a rank's own error (or any error
-    before the ranks joined) that rank. So a failure is probed once, not once per rank (at
-    1,024 ranks against a dead endpoint: one probe, not 1,024)."""
+    """Whether this rank prints a failure's line and probes the storage for it: the
+    coordinator for an error every rank raises together (collective_error), else the rank
+    itself. So a failure is probed once, not once per rank."""
     return not joined or not collective_error(error) or is_coordinator
 
 
 def failure_line(store: Any, error: BaseException, probe: bool) -> str:
-    """A failed operation's line (root_cause), led by the storage's answer to a probe when
-    `probe` (says_the_line)."""
+    """A failed operation's line (root_cause), led by the storage's answer when `probe`."""
     line = root_cause(error)
     return storage_first(store, line) if probe else line
 
 
 def storage_first(store: Any, error_line: str, deadline_s: float | None = None) -> str:
-    """A failed operation's line, led by what the storage says when probed once afterwards
-    (untimed): a full file system or an endpoint that stopped answering is the first cause,
-    which DCP's own error hides ("enforce fail at inline_container.cc ... unexpected pos")."""
+    """A failed operation's line, led by what the storage says when probed once afterwards: a
+    full file system or an endpoint that stopped answering is the first cause, which DCP's
+    own error hides."""
     if store is None:
         return error_line
     answers: list[BaseException | None] = []

@@ -34,20 +34,15 @@ _installed_guard: InterruptGuard | None = None  # the guard whose signals the ho
 
 
 def own_the_unraisable_hook() -> None:
-    """The process's one unraisable hook, `unraisable_hook` (cli.main installs it first thing; a
-    rank's guard again: a rank run in-process by a test starts there)."""
+    """The process's one unraisable hook (cli.main installs it first thing; a rank's guard again)."""
     sys.unraisablehook = unraisable_hook
 
 
 def unraisable_hook(unraisable: sys.UnraisableHookArgs) -> None:
-    """An exception Python could not raise, printed as "Exception ignored in ..." with a
-    traceback and then lost:
-    - a signal's exception once the installed guard has noted the signal: dropped. It can
-      land in the connector's native code building an `S3Exception`, or a `__del__` (seen on
-      a Ctrl-C mid-tune); the run still ends `interrupted` (or the watcher ends it);
-    - any other Ctrl-C (an import lock's weakref callback, during the imports): raised again
-      as a signal, so that it ends the command with its one line;
-    - anything else: reported as Python would."""
+    """An exception Python could not raise (else printed as "Exception ignored in ..."): a
+    signal's once the installed guard has noted it, dropped (the run still ends
+    `interrupted`); any other Ctrl-C raised again as a signal, to end the command with its
+    one line; anything else reported as Python would."""
     noted = _installed_guard is not None and _installed_guard.signal_name is not None
     if noted and isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated, PeerFailed)):
         return
@@ -62,20 +57,14 @@ def unraisable_hook(unraisable: sys.UnraisableHookArgs) -> None:
 
 def _interrupt_later() -> None:
     """SIGINT to this process from another thread, handled by the main thread once the hook
-    has returned: raised in the hook itself (raise_signal on the main thread), it could not
-    propagate and Python printed it with a traceback (the trial's Ctrl-C case, 0.75 s in)."""
+    has returned (raised in the hook itself, it could not propagate)."""
     threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT), daemon=True).start()
 
 
 class InterruptGuard:
-    """SIGINT / SIGTERM end the run as `interrupted`, whatever code they land in.
-
-    The first signal raises (KeyboardInterrupt / Terminated) so the rank leaves the
-    operation it is in; DCP may catch that and re-raise it wrapped in a
-    CheckpointException, so the signal is also remembered here. Later signals (the
-    terminal's Ctrl-C and the launcher's forwarded one both arrive) are only noted:
-    they must not cut the record being written.
-    """
+    """SIGINT / SIGTERM end the run as `interrupted`, whatever code they land in: the first
+    raises so the rank leaves the operation it is in, and is remembered (DCP may wrap it);
+    later ones (the terminal's and the launcher's both arrive) must not cut the record."""
 
     def __init__(self, stuck_after_s: float = STUCK_AFTER_SIGNAL_S) -> None:
         self.signal_name: str | None = None
@@ -97,10 +86,8 @@ class InterruptGuard:
             self._watch_for_a_stuck_main_thread(on_stuck)
 
     def _watch_for_a_stuck_main_thread(self, on_stuck: Callable[[str], None]) -> None:
-        # A Python handler runs only between bytecodes of the main thread: a main thread
-        # blocked in native code (an S3 request that stalled, a pool joining stuck uploads)
-        # never ends, and torch's agent waits its whole shutdown timeout for it. The C-level
-        # handler writes each signal to the wakeup fd at once, whatever the main thread does.
+        # A Python handler runs only between the main thread's bytecodes, never while it is
+        # blocked in native code; the C-level handler writes each signal to the wakeup fd.
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
         signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
@@ -121,15 +108,13 @@ class InterruptGuard:
         if self.signal_name is not None or self.finishing:
             return
         if frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
-            # Inside the import machinery (torch still importing): an exception raised here
-            # lands in an import lock's callback, is printed as "Exception ignored" and lost,
-            # and the rank would run on. Nothing has run yet to record: end quietly.
+            # Inside the import machinery an exception would be lost in an import lock's
+            # callback, and nothing has run yet to record: end quietly.
             os._exit(contract.EXIT_FAILED if signum == getattr(signal, contract.PEER_FAILED_SIGNAL_NAME)
                      else contract.EXIT_INTERRUPTED)
         self.signal_name = signal.Signals(signum).name
         if signum == signal.SIGTERM:
-            # torch's elastic agent stops the survivors with SIGTERM when a rank ended
-            # first: that run failed, it was not interrupted (dcp_fsdp/process/peers.py).
+            # the agent stopping the survivors of a rank that ended first: failed (peers.py)
             self.ended_peers = peers.ended_local_peers()
             if self.ended_peers:
                 self.signal_name = contract.PEER_FAILED_SIGNAL_NAME
