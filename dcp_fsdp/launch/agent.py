@@ -6,6 +6,7 @@ JSON to the file DCP_FSDP_AGENT_SUMMARY names (per-rank exit codes, signals, the
 files), and the light parent prints the one line. DCP_FSDP_DEBUG=1 keeps torchrun's log lines.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -94,11 +95,8 @@ def _finish(summary: dict, summary_path: str | None, parent: int) -> None:
     import json
 
     if summary_path:
-        try:
-            with open(summary_path, "w") as f:
-                json.dump(summary, f)
-        except OSError:
-            pass  # the launcher is gone (killed) and its directory with it
+        with contextlib.suppress(OSError), open(summary_path, "w") as f:  # OSError: launcher gone
+            json.dump(summary, f)
     if os.getppid() != parent:
         from dcp_fsdp.process.lifeline import remove_stale
 

@@ -9,6 +9,7 @@ so SigV4 is enforced and nothing else on the machine can use the server.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -214,10 +215,8 @@ class EmbeddedS3:
             except botocore.exceptions.ClientError as error:
                 last_error = error
                 if error.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket"):
-                    try:
+                    with contextlib.suppress(botocore.exceptions.ClientError):
                         client.create_bucket(Bucket=self.bucket)
-                    except botocore.exceptions.ClientError:
-                        pass
             except (botocore.exceptions.BotoCoreError, urllib.error.URLError) as error:
                 last_error = error
             time.sleep(0.2)
@@ -289,10 +288,8 @@ class EmbeddedS3:
         # Everything it holds is deleted right after, so a graceful stop buys nothing; and
         # with uploads cut off mid-request (a Ctrl-C during a save) weed ignores SIGTERM.
         if self.process is not None and self.process.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
             try:
                 self.process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:

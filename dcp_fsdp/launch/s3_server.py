@@ -142,10 +142,8 @@ def read_state(where: Path) -> dict | None:
 
 def _kill_group(pid: int | None) -> None:
     if pid and lifeline.alive(pid):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)  # SeaweedFS runs in its own process group
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def exports(state: dict) -> str:

@@ -3,6 +3,7 @@ elastic agent reads it: the rank's TORCHELASTIC_ERROR_FILE."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import NamedTuple
@@ -28,10 +29,7 @@ def write_error_file(ending: RankEnding) -> None:
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
-    try:
-        with open(path, "w") as f:
-            json.dump({"message": f"{ending.status}: {ending.error_line}", "timestamp": int(time.time()),
-                       contract.ERROR_FILE_KEY: {"status": ending.status, "error": ending.error_line,
-                                                 "cause": ending.cause.value}}, f)
-    except OSError:
-        pass  # the agent then reports the exit code alone
+    with contextlib.suppress(OSError), open(path, "w") as f:  # else the agent has the exit code
+        json.dump({"message": f"{ending.status}: {ending.error_line}", "timestamp": int(time.time()),
+                   contract.ERROR_FILE_KEY: {"status": ending.status, "error": ending.error_line,
+                                             "cause": ending.cause.value}}, f)
