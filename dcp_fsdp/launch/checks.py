@@ -29,8 +29,6 @@ CONNECTOR_LOG_ENV = ("S3_TORCH_CONNECTOR_DEBUG_LOGS", "S3_TORCH_CONNECTOR_LOGS_D
 ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # the first one set is used
 
 
-# -- results_dir -----------------------------------------------------------------------------
-
 def check_results_dir(results_dir: str) -> None:
     problem = writable_dir_problem(results_dir)
     if problem:
@@ -38,15 +36,12 @@ def check_results_dir(results_dir: str) -> None:
                         "write to, e.g. results_dir=$HOME/dcp-fsdp-results")
 
 
-# -- cores and devices -----------------------------------------------------------------------
-
 CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
 NOFILE_ADVISED = 1024  # a rank's files and sockets: its client's connections, torch's store
 
 
 def cpu_quota_cores(path: str = CGROUP_CPU_MAX) -> float | None:
-    """The container's CPU quota in cores (cgroup v2 cpu.max); None when it has none or
-    it cannot be read (cgroup v1, not Linux)."""
+    """The container's CPU quota in cores (cgroup v2 cpu.max); None when none can be read."""
     try:
         quota, period = Path(path).read_text().split()[:2]
         return None if quota == "max" else int(quota) / int(period)
@@ -97,8 +92,7 @@ def _cuda_driver_present() -> bool:
 
 @functools.cache
 def cuda_device_count() -> int:
-    """CUDA devices this process could use; 0 without a driver (answered at once), else
-    counted without torch (launch/gpus.py)."""
+    """CUDA devices this process could use, counted without torch (launch/gpus.py)."""
     if not _cuda_driver_present():
         return 0
     from dcp_fsdp.launch.gpus import visible_gpu_count
@@ -171,8 +165,6 @@ def check_nproc(nproc: int) -> None:
                         "machines (torchrun, Slurm)")
 
 
-# -- environment variables -------------------------------------------------------------------
-
 def _positive_int(name: str, example: str) -> None:
     value = os.environ.get(name)
     if value is not None and not re.fullmatch(r"\s*[1-9]\d*\s*", value):
@@ -181,8 +173,7 @@ def _positive_int(name: str, example: str) -> None:
 
 
 def check_torch() -> None:
-    """The installed torch against the tested range, from its package metadata (no import):
-    older is refused, newer is warned about."""
+    """The installed torch against the tested range (no import): older refused, newer warned."""
     from dcp_fsdp import compat
 
     problem = compat.torch_version_problem()
@@ -193,8 +184,7 @@ def check_torch() -> None:
 
 
 def check_environment(cfg: BenchmarkConfig) -> None:
-    """The environment variables we read, in the launcher and in every torchrun rank (and
-    the torch release, which both paths share)."""
+    """The environment variables we read, in the launcher and in every torchrun rank."""
     check_torch()
     _positive_int("OMP_NUM_THREADS", "4")
     if cfg.malloc == Malloc.raised:
@@ -208,8 +198,7 @@ def check_environment(cfg: BenchmarkConfig) -> None:
 
 
 def _check_fork_switch() -> None:
-    """The test suite's switch (contract.FORK_RANKS_TEST_ONLY_ENV): "1" forks the ranks, unset
-    or "0" execs them; any other value would be read as exec while its setter meant fork."""
+    """The test suite's switch: "1" forks the ranks, unset or "0" execs them; no other value."""
     name = contract.FORK_RANKS_TEST_ONLY_ENV
     value = os.environ.get(name)
     if value not in (None, "", "0", "1"):
@@ -247,8 +236,7 @@ def check_endpoint_environment(cfg: BenchmarkConfig) -> str | None:
 
 
 def _check_s3_environment(cfg: BenchmarkConfig) -> None:
-    """The AWS variables an s3 run reads (when the settings leave them in charge), and the
-    connector's log variables that request_stats=true owns."""
+    """The AWS variables an s3 run reads, and the connector's log variables request_stats owns."""
     name = check_endpoint_environment(cfg)
     if name is not None and cfg.storage.uri is None:
         raise UserError(f"storage.uri is not set but {name} is: give the bucket "
@@ -277,8 +265,7 @@ RETRY_MODES = ("legacy", "standard", "adaptive")  # botocore's AWS_RETRY_MODE va
 
 
 def _check_retry_environment() -> None:
-    """botocore's retry variables (the control plane, and fsspec's and MSC's data requests):
-    a value botocore refuses would fail inside the ranks without naming it."""
+    """botocore's retry variables: a value it refuses would fail inside the ranks unnamed."""
     _positive_int("AWS_MAX_ATTEMPTS", "5")
     mode = os.environ.get("AWS_RETRY_MODE")
     if mode is not None and mode not in RETRY_MODES:
@@ -287,8 +274,7 @@ def _check_retry_environment() -> None:
 
 
 def check_torchrun_environment() -> int:
-    """Under torchrun (RANK is set): the variables env:// rendezvous reads. Returns the
-    number of ranks on this machine (LOCAL_WORLD_SIZE)."""
+    """Under torchrun: the variables env:// rendezvous reads. The ranks on this machine."""
     for name in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         if not os.environ.get(name):
             raise UserError(f"RANK is set but {name} is not: start the ranks with torchrun "
@@ -340,15 +326,13 @@ def check_tensor_parallel(cfg: BenchmarkConfig, world_size: int, name: str) -> N
     check_tp(model_shape(cfg.model), cfg.model.tp, cfg.model.replicas, world_size, name)
 
 
-# -- memory ----------------------------------------------------------------------------------
 # A rank holds more than its state at moments (the build, a save's staging, a load's
 # buffers): above this share of what is available the run is warned, not refused.
 MEMORY_WARN_SHARE = 0.5
 
 
 def available_memory_bytes() -> int:
-    """What this node can still give: the kernel's MemAvailable, or less under a cgroup
-    memory limit (a container, a Slurm job's cgroup)."""
+    """What this node can still give: MemAvailable, or less under a cgroup memory limit."""
     import psutil
 
     available = psutil.virtual_memory().available
@@ -412,8 +396,7 @@ def check_memory(cfg: BenchmarkConfig, ranks_here: int, world_size: int) -> None
 
 @functools.cache
 def warn_once(text: str) -> None:
-    """A launch check's warning, once per process: the command line and the launcher (tune's
-    trials too) both check a run."""
+    """A launch check's warning, once per process (the command line and the launcher check)."""
     log.warning(text)
 
 
