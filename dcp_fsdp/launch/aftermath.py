@@ -45,9 +45,8 @@ def find_record(results_dir: str, run_id: str) -> Path | None:
 
 def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
            env: dict[str, str] | None = None, claimed: list[str] | None = None) -> None:
-    """Record, say and clean up after a launch of the ranks (nothing to do when it
-    succeeded: rank 0 recorded and printed everything). `claimed`: the suffixes the
-    launcher claimed for the run before its ranks started."""
+    """Record, say and clean up after a failed launch of the ranks. `claimed`: the suffixes
+    the launcher claimed for the run before its ranks started."""
     if outcome.status == "ok":
         return
     from dcp_fsdp.process import lifeline
@@ -79,8 +78,7 @@ def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
 
 
 def _ceiling_leftovers(cfg: BenchmarkConfig, run_id: str, env: dict[str, str]) -> None:
-    """The objects and open uploads a run stopped during its ceiling rounds left in its raw
-    areas (rank/ceiling.py), removed."""
+    """Remove what a run stopped in its ceiling rounds left in its raw areas (rank/ceiling.py)."""
     if os.environ.get(contract.EMBEDDED_ENV) == "1" or env.get(contract.EMBEDDED_ENV) == "1":
         return  # deleted with the embedded server
     from dcp_fsdp.storage import make_store

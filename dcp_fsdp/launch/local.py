@@ -210,8 +210,7 @@ def _sigkill_cause(node_oom_kills: int | None) -> str:
 
 
 def first_failure(failures: dict[str, dict]) -> tuple[int, dict]:
-    """The rank that ended first on its own: not one stopped because a peer had ended,
-    earliest timestamp, lowest rank."""
+    """The rank that ended first on its own (not stopped for a peer), earliest, lowest rank."""
     rank, entry = min(failures.items(), key=lambda item: (
         item[1].get("cause") == contract.EndCause.PEER_ENDED.value, item[1].get("timestamp", 0),
         int(item[0])))

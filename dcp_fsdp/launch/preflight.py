@@ -46,8 +46,7 @@ def forget_aws_credentials() -> None:
 @contextlib.contextmanager
 def storage_environment(cfg: BenchmarkConfig
                         ) -> Iterator[tuple[BenchmarkConfig, dict[str, str], EmbeddedS3 | None]]:
-    """Yield (cfg, extra env, the embedded server or None): the embedded server's when
-    nothing is configured."""
+    """Yield (cfg, extra env, the embedded server or None): the embedded server's if needed."""
     forget_aws_credentials()
     if not needs_embedded_server(cfg):
         yield cfg, {}, None

@@ -92,9 +92,8 @@ def search_space(cfg: BenchmarkConfig, overrides: list[str]) -> tuple[dict[str, 
 
 
 def _warm_storage(cfg: BenchmarkConfig) -> None:
-    """One small object written and removed before the first trial: a fresh S3-compatible
-    server (SeaweedFS grows its volumes on the first write to a bucket) would otherwise
-    charge that one-time set-up to the defaults, which always run first."""
+    """One small object written and removed before the first trial: a fresh server's set-up
+    on the first write would be charged to the defaults, which always run first."""
     if cfg.storage.kind != StorageKind.s3:
         return
     from dcp_fsdp.storage import make_store
@@ -107,8 +106,7 @@ def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
 
 
 def check_tune_settings(cfg: BenchmarkConfig) -> None:
-    """What tune cannot honour, before anything starts (validate.py has checked tune.*'s
-    ranges)."""
+    """What tune cannot honour, before anything starts (validate.py checked tune.*'s ranges)."""
     if cfg.protocol == Protocol.mlperf:  # `report` would show its trials as MLPerf's figures
         raise UserError("protocol=mlperf: tune's trials run 1 and 3 save-and-load iterations, "
                         f"not MLPerf's {MLPERF_CHECKPOINTS} saves then {MLPERF_CHECKPOINTS} "
@@ -190,8 +188,7 @@ def _malloc_held(cfg: BenchmarkConfig, overrides: list[str]) -> dict[str, Any] |
 
 def _after_search(cfg: BenchmarkConfig, session_dir: Path, malloc: dict[str, Any] | None,
                   started_mono: float, search_wall_s: float) -> int:
-    """The malloc launches (unless held), then the malloc line and the OVERRIDES= line, with
-    tune.json saying the same. Exit code."""
+    """The malloc launches (unless held), then the malloc and OVERRIDES= lines, as tune.json."""
     path = session_dir / "tune.json"
     summary = json.loads(path.read_text())
     try:
