@@ -230,8 +230,7 @@ class EmbeddedS3:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     def death(self) -> str | None:
-        """How the server ended during a run ("killed by SIGKILL", "exit code 1"), or that it
-        runs but refuses connections on its S3 port; None while it serves (or never started)."""
+        """How the server ended during a run, or that its S3 port refuses; None while it serves."""
         if self.process is None or self.endpoint is None:
             return None
         code = self.process.poll()

@@ -67,8 +67,7 @@ def _cannot_write(path: Path, action: str, error: OSError) -> UserError:
 
 @contextlib.contextmanager
 def locked(where: Path, action: str) -> Iterator[None]:
-    """Hold the lock of the server's state (an flock on `<where>.lock`) for one start or
-    stop; a second caller waits for the first (said once), at most LOCK_WAIT_S."""
+    """Hold an flock on `<where>.lock` for one start or stop; a second caller waits for it."""
     path = where.parent / f"{where.name}.lock"
     try:
         where.parent.mkdir(parents=True, exist_ok=True)
@@ -278,8 +277,7 @@ def serve(where: Path, bucket: str) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    """`dcp-fsdp s3-server ACTION` parsed (config/arguments.py): start, status, env, stop, or
-    the daemon's own `serve`."""
+    """`dcp-fsdp s3-server ACTION` parsed (config/arguments.py)."""
     if args.action == "serve":
         return serve(Path(args.state_dir), args.bucket)
     where = state_dir()

@@ -31,7 +31,6 @@ _PR_SET_NAME = 15
 _OWNER = re.compile(r"-p(\d+)-(?:h([0-9a-f]{8})-)?")
 SERVER_PID_FILE = "server.pid"  # a server using the directory: never removed under it
 TEMP_PREFIX = "dcp-fsdp-"
-# SeaweedFS's gRPC servers put unix sockets in /tmp whatever TMPDIR says.
 SEAWEED_SOCKET_DIRS = ("/tmp",)
 # The ceiling's DCP-alone rounds write a checkpoint to tmpfs (rank/ceiling.py): memory.
 MEMORY_DIR = "/dev/shm"
@@ -88,8 +87,7 @@ def host_tag() -> str:
 
 
 def owned_tempdir(prefix: str, parent: str | None = None) -> Path:
-    """A fresh directory in `parent` (default $TMPDIR) whose name carries this process's
-    pid and host."""
+    """A fresh directory in `parent` (default $TMPDIR) named with this process's pid and host."""
     return Path(tempfile.mkdtemp(prefix=f"{prefix}p{os.getpid()}-h{host_tag()}-", dir=parent))
 
 
@@ -106,8 +104,7 @@ def alive(pid: int | None) -> bool:
 
 
 def remove_stale(tmpdir: str | None = None) -> list[Path]:
-    """Remove our temporary directories whose owner process is gone, and the SeaweedFS sockets
-    named in them."""
+    """Remove our temporary directories whose owner is gone, and the SeaweedFS sockets in them."""
     removed, here = [], host_tag()
     places = dict.fromkeys([tmpdir or tempfile.gettempdir(), *SEAWEED_SOCKET_DIRS, MEMORY_DIR])
     for path in (p for place in places for p in Path(place).glob(TEMP_PREFIX + "*")):
@@ -179,8 +176,7 @@ def _listened_on(path: Path) -> bool:
 
 
 def remove_seaweed_sockets(ports: Iterable[int]) -> None:
-    """SeaweedFS leaves `seaweedfs-*-<port>.sock` for its gRPC ports, in /tmp even when
-    TMPDIR points elsewhere."""
+    """SeaweedFS's `seaweedfs-*-<port>.sock` for its gRPC ports (in /tmp whatever TMPDIR says)."""
     dirs = {*SEAWEED_SOCKET_DIRS, tempfile.gettempdir()}
     for port in ports:
         for where in dirs:
