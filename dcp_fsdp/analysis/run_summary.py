@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dcp_fsdp.analysis.caveats import stager_note
@@ -45,17 +46,17 @@ def replicas_words(run: RunRecord) -> str:
 def async_lines(samples: list[Sample]) -> list[str]:
     """Async saves: what training paid (the stall; with steps between saves, the training time
     lost and its share of the interval) and how long until the save was durable."""
-    lines = []
+    from dcp_fsdp.analysis.metrics import per_operation, samples_frame
+
     saves = [s for s in samples if s.op == "save" and s.save_mode == "async"]
-    for iteration in sorted({s.iteration for s in saves}):
-        ranks = [s for s in saves if s.iteration == iteration]
-        timed = [(s.begin_wall_s, s.stall_s, s.persisted_s) for s in ranks
-                 if s.stall_s is not None and s.persisted_s is not None]
-        if len(timed) < len(ranks):  # a rank without the figures: no line for this save
+    if not saves:
+        return []
+    lines = []
+    ops = per_operation(samples_frame(s.model_dump() for s in saves)).sort_values("iteration")
+    for iteration, stall, persisted in zip(ops["iteration"], ops["stall_span_s"], ops["persisted_span_s"]):
+        if math.isnan(stall) or math.isnan(persisted):  # a rank without the figures: no line
             continue
-        begin = min(begin_s for begin_s, _, _ in timed)
-        stall = max(begin_s + stall_s for begin_s, stall_s, _ in timed) - begin
-        persisted = max(begin_s + persisted_s for begin_s, _, persisted_s in timed) - begin
+        ranks = [s for s in saves if s.iteration == iteration]
         line = f"async save {iteration}: training stalled {stall:.3f} s"
         waits = [s.previous_wait_s for s in ranks if s.previous_wait_s is not None]
         if waits and max(waits) >= 0.0005:  # shown to the millisecond
