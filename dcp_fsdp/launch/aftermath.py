@@ -200,7 +200,7 @@ def _settle_suffix(store: CheckpointStore, suffix: str, run_id: str | None) -> N
     location = store.location(suffix)
     if left:
         log.warning(f"partial checkpoint suffix={suffix} at {location}: "
-                    f"{_uploads_words(left)} still open after the abort (a rank still "
+                    f"{uploads_words(left)} still open after the abort (a rank still "
                     "writing as it stopped), stored and billed until aborted: `dcp-fsdp "
                     f"delete suffix={suffix} --force` with the same storage settings aborts "
                     "them and removes the checkpoint")
@@ -211,13 +211,13 @@ def _settle_suffix(store: CheckpointStore, suffix: str, run_id: str | None) -> N
         return
     state = ("incomplete: no .metadata, not loadable; remove it or keep it to inspect"
              if store.has_objects(suffix) else "nothing committed")
-    uploads = f"; {_uploads_words(aborted)} aborted" if aborted else ""
+    uploads = f"; {uploads_words(aborted)} aborted" if aborted else ""
     log.info(f"partial checkpoint suffix={suffix} at {location} ({state}{uploads})")
 
 
-def _uploads_words(uploads: list[OpenUpload]) -> str:
-    """"2 open multipart upload(s), 31 part(s), 201.9 MiB"."""
-    return (f"{len(uploads)} open multipart upload(s), {sum(u.part_count for u in uploads)} "
+def uploads_words(uploads: list[OpenUpload]) -> str:
+    """"2 multipart upload(s) holding 31 part(s), 201.9 MiB"."""
+    return (f"{len(uploads)} multipart upload(s) holding {sum(u.part_count for u in uploads)} "
             f"part(s), {sum(u.size_bytes for u in uploads) / 2**20:.1f} MiB")
 
 
@@ -226,7 +226,7 @@ def _claim_only_line(suffix: str, location: str, aborted: list[OpenUpload]) -> s
     save that ended mid-upload, not before writing."""
     if aborted:
         return (f"partial checkpoint suffix={suffix} at {location}: a save that ended "
-                f"mid-upload (nothing committed; {_uploads_words(aborted)}, aborted: no longer "
+                f"mid-upload (nothing committed; {uploads_words(aborted)}, aborted: no longer "
                 "stored or billed); it held only this run's claim otherwise: removed, the "
                 "suffix is free again")
     return (f"suffix={suffix} held only this run's claim, no data (the save ended before "

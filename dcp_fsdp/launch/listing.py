@@ -12,6 +12,7 @@ from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
 from dcp_fsdp.config.arguments import CLEAN_UPLOADS_MIN_AGE_S as DEFAULT_MIN_AGE_S
 from dcp_fsdp.config.validate import suffix_taken
 from dcp_fsdp.errors import UserError
+from dcp_fsdp.launch.aftermath import uploads_words
 from dcp_fsdp.launch.preflight import check_fs_root, needs_embedded_server
 from dcp_fsdp.storage import make_store
 from dcp_fsdp.storage import layout
@@ -164,18 +165,12 @@ def _abandoned_claim_note(store: CheckpointStore, info: CheckpointInfo,
            "leaves a suffix alone)" if young else "")
     if uploads:
         return (f"suffix={info.suffix}: claimed {_age(age_s)} ago{who}; no object was committed, "
-                f"but {_uploads_words(uploads)} are open there, stored and billed until aborted: "
+                f"but {uploads_words(uploads)} are open there, stored and billed until aborted: "
                 "a save that ended mid-upload, unless a save is writing there now; "
                 f"{delete} aborts them and removes the claim{why}")
     return (f"suffix={info.suffix}: claimed {_age(age_s)} ago{who} and holds no data: an "
             "abandoned claim (a save that ended before writing), unless a save is starting "
             f"there now; {delete} removes it{why}")
-
-
-def _uploads_words(uploads: list[OpenUpload]) -> str:
-    """"2 multipart upload(s) holding 31 part(s), 201.9 MiB"."""
-    return (f"{len(uploads)} multipart upload(s) holding {sum(u.part_count for u in uploads)} "
-            f"part(s), {sum(u.size_bytes for u in uploads) / 2**20:.1f} MiB")
 
 
 def _age(seconds: float) -> str:

@@ -403,7 +403,7 @@ def _cut_save_short(cluster: Cluster, name: str, fault,
     # connector aborts an upload it drops; CI saw the aftermath find none), so there the
     # count is named only when the launcher found some; none is left open either way (above).
     if launcher_aborts:
-        assert re.search(r"\d+ open multipart upload\(s\), \d+ part\(s\), [\d.]+ MiB,? aborted",
+        assert re.search(r"\d+ multipart upload\(s\) holding \d+ part\(s\), [\d.]+ MiB,? aborted",
                          partial[1]), log
     assert "ChildFailedError" not in log and "Traceback" not in log, log
     assert re.search(rf"job {job} on 2 node\(s\): exit {info['ExitCode'].split(':')[0]} after", log)

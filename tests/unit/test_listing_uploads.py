@@ -80,7 +80,7 @@ def test_the_clean_up_after_ctrl_c_says_a_save_ended_mid_upload(tmp_path, store,
     said = [line for line in capsys.readouterr().out.splitlines() if "suffix=cut" in line]
     assert len(said) == 1, said
     assert "ended before writing" not in said[0], said
-    assert ("a save that ended mid-upload (nothing committed; 2 open multipart upload(s), 26 "
+    assert ("a save that ended mid-upload (nothing committed; 2 multipart upload(s) holding 26 "
             "part(s), 201.9 MiB, aborted") in said[0], said
     assert not store.has_objects("cut")  # the claim is gone: the suffix is free
 
@@ -92,6 +92,6 @@ def test_uploads_still_open_after_the_abort_are_named_and_the_claim_kept(tmp_pat
     out = capsys.readouterr()
     said = [line for line in (out.out + out.err).splitlines() if "suffix=cut" in line]
     assert len(said) == 1 and "ended before writing" not in said[0], said
-    assert "1 open multipart upload(s), 6 part(s), 41.9 MiB still open after the abort" in said[0]
+    assert "1 multipart upload(s) holding 6 part(s), 41.9 MiB still open after the abort" in said[0]
     assert "`dcp-fsdp delete suffix=cut --force`" in said[0]
     assert store.has_objects("cut")  # the claim stays with its open upload
