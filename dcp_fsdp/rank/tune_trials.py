@@ -9,8 +9,6 @@ deleted after it; the result goes to `tune.json` there (docs/tune.md).
 from __future__ import annotations
 
 import json
-import math
-import statistics
 import os
 import time
 from collections.abc import Iterable
@@ -60,12 +58,9 @@ def figures_of(samples: Iterable[Sample]) -> dict[str, Any]:
     for op in ("save", "load", "raw_put", "raw_get"):
         if op in found and found[op]["span_s"] > 0:
             for name, key in (("mib_s", "aggregate_mib_s"), ("s", "span_s"), ("bytes", "bytes"),
-                              ("spread", "spread")):
+                              ("spread", "spread"), ("best_mib_s", "best_mib_s"),
+                              ("median_mib_s", "median_mib_s")):
                 figures[f"{op}_{name}"] = found[op][key]
-            rates = [v for v in found[op]["per_iteration_mib_s"] if not math.isnan(v)]
-            figures[f"{op}_best_mib_s"] = max(rates) if rates else math.nan
-            # the ceiling figures divide by: the median round (telemetry/figures.py)
-            figures[f"{op}_median_mib_s"] = statistics.median(rates) if rates else math.nan
             if op in ("save", "load"):
                 figures[f"{op}_efficiency"] = found[op]["efficiency"]
     if {"save_s", "load_s"} <= figures.keys():

@@ -309,13 +309,15 @@ def noise_note(value: float) -> str:
 
 
 def summary(samples: Iterable[Any]) -> dict[str, dict[str, Any]]:
-    """Per op: the pooled figures, the per-iteration aggregates and the mean operation
-    (bytes, span_s: their ratio is the pooled aggregate), for tune and the benchmarks."""
+    """Per op: the pooled figures, the per-iteration aggregates (their best and median) and the
+    mean operation (bytes, span_s: their ratio is the pooled aggregate), for tune and the benchmarks."""
     ops = operations(samples)
     found: dict[str, dict[str, Any]] = {}
     for op, group in ops.groupby("op", sort=False):
         figures: dict[str, Any] = pooled(group)
         figures["per_iteration_mib_s"] = [float(v) for v in group["aggregate_mib_s"]]
+        figures["best_mib_s"] = max_or_nan(group["aggregate_mib_s"])
+        figures["median_mib_s"] = float(group["aggregate_mib_s"].median())  # what ceilings() divides by
         figures["mean_bytes"] = figures["bytes"] / len(group)
         figures["mean_span_s"] = figures["span_s"] / len(group)
         figures["efficiency"] = efficiency(group, ops)
