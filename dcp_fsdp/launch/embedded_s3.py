@@ -37,6 +37,12 @@ _PORT_NAMES = (
 )
 
 
+def fatal_line(log_text: str) -> str:
+    """The first line a SeaweedFS that exited on its own died with (Go's `panic:`, glog's `F`
+    lines): the first cause; "" if none (a killed server's last lines are only its chatter)."""
+    return next((line for line in log_text.splitlines() if re.match(r"F\d{4} |panic:", line)), "")
+
+
 @dataclasses.dataclass(frozen=True)
 class S3Endpoint:
     """Where an S3 server answers and the credentials it accepts."""
@@ -261,21 +267,13 @@ class EmbeddedS3:
             free = f"{shutil.disk_usage(data).free / 2**30:.1f} GiB free now"
         except OSError:
             free = "its free space unknown"
-        said = " ".join(self.fatal_line().split())[:200]
+        said = " ".join(fatal_line(self.tail_log(50)).split())[:200]
         return (f"the embedded S3 server (SeaweedFS, pid {self.process.pid}) died during the run "
                 f"({death}{f': {said}' if said else ''}): the ranks' storage "
                 "errors follow from it. Look for another process that killed it, for the "
                 "kernel's OOM killer (`dmesg | grep -i -e oom -e 'killed process'`), and for the "
                 f"disk space of its data directory {data} ({free}); or run against an S3 of "
                 "your own (dcp-fsdp s3-server start, then storage.uri=)")
-
-    def fatal_line(self) -> str:
-        """The line a server that exited on its own died with (Go's `panic:`, glog's `F`
-        lines), if its log has one; a killed server's last lines are only its chatter."""
-        for line in reversed(self.tail_log(50).splitlines()):
-            if line.startswith("panic:") or re.match(r"F\d{4} ", line):
-                return line
-        return ""
 
     def metrics_text(self) -> str:
         """The server's Prometheus counters (request counts per type and status)."""

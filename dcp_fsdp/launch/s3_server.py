@@ -15,7 +15,6 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -201,13 +200,15 @@ def start(where: Path, bucket: str) -> int:
 
 
 def _tail(path: Path) -> str:
-    """The line that says why: SeaweedFS's fatal log line (F...) or panic, else the last."""
+    """The line that says why: SeaweedFS's first fatal line (F...) or panic, else the last."""
+    from dcp_fsdp.launch.embedded_s3 import fatal_line
+
     try:
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        text = path.read_text(errors="replace")
     except OSError:
         return "no log"
-    fatal = [line for line in lines if re.match(r"^(F\d{4} |panic: )", line)]
-    return (fatal or lines or ["no log"])[0 if fatal else -1]
+    lines = [line for line in text.splitlines() if line.strip()]
+    return fatal_line(text) or (lines[-1] if lines else "no log")
 
 
 def stop(where: Path, force: bool = False) -> int:
