@@ -16,13 +16,12 @@ import pandas as pd
 
 from dcp_fsdp.units import MIB
 from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, KEYS, NOISE_HINT, NOISY_SPREAD,
-                                        above_ceiling_note, amplification_note, broken_note,
                                         ceiling_lines, complete_sum, efficiency,
-                                        efficiency_per_operation,
-                                        egress_mib, headroom_lines, max_or_nan, noise_note,
-                                        one_run_if_unnamed, operations, pooled, read_amplification)
+                                        efficiency_per_operation, egress_mib, headroom_lines,
+                                        max_or_nan, noise_note, one_run_if_unnamed, operations,
+                                        pooled)
 from dcp_fsdp.analysis.columns import cell
-from dcp_fsdp.analysis.tables import nan
+from dcp_fsdp.analysis.tables import nan, row_note
 from dcp_fsdp.telemetry.histograms import hist_quantile
 from dcp_fsdp.telemetry.summaries import merge_by_type
 
@@ -192,14 +191,6 @@ def _row_cells(op: str, iteration: int | str, suffix: str, figures: pd.Series | 
             *requests, note]
 
 
-def _note(ops: pd.DataFrame, eff: float, spread: str = "") -> str:
-    """The note cell of a row of `ops`: read amplification, spread, broken GETs, above the ceiling."""
-    broken = broken_note(complete_sum(ops["req_broken"]), complete_sum(ops["req_broken_max_bytes"]),
-                         complete_sum(ops["fetched_bytes"]), float(ops["bytes"].sum()))
-    return ", ".join(n for n in (amplification_note(read_amplification(ops)), spread, broken,
-                                 above_ceiling_note(eff)) if n)
-
-
 def _operation_row(ops: pd.DataFrame, index: Hashable, row: pd.Series) -> list[Any]:
     return _row_cells(
         row["op"], row["iteration"], row["suffix"], row, egress_mib(ops.loc[[index]]),
@@ -208,7 +199,7 @@ def _operation_row(ops: pd.DataFrame, index: Hashable, row: pd.Series) -> list[A
         (row["rank_mib_s_min"], row["rank_mib_s_median"], row["rank_mib_s_max"]),
         _request_cells(row["req_count"], row["span_s"], row["req_failed"],
                        row["req_throttled"], row["latency_by_type"]),
-        _note(ops.loc[[index]], row["efficiency"]))
+        row_note(ops.loc[[index]], row["efficiency"]))
 
 
 def _pooled_row(frame: pd.DataFrame, ops: pd.DataFrame, op: str,
@@ -227,5 +218,5 @@ def _pooled_row(frame: pd.DataFrame, ops: pd.DataFrame, op: str,
         (rates.min(), rates.median(), rates.max()),
         _request_cells(complete_sum(group["req_count"]), figures["span_s"],
                        complete_sum(group["req_failed"]), complete_sum(group["req_throttled"]),
-                       latency_by_type(op_samples["requests"])), _note(group, pooled_efficiency, spread)), noisy
+                       latency_by_type(op_samples["requests"])), row_note(group, pooled_efficiency, spread)), noisy
 

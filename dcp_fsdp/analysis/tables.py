@@ -10,8 +10,8 @@ import pandas as pd
 
 from dcp_fsdp.units import GIB, MIB
 from dcp_fsdp.telemetry.figures import (above_ceiling_note, amplification_note, broken_note,
-                                      efficiency, egress_mib, max_or_nan, mean_or_nan, noise_note,
-                                      pooled, read_amplification, union_s)
+                                        complete_sum, efficiency, egress_mib, max_or_nan, mean_or_nan,
+                                        noise_note, pooled, read_amplification, union_s)
 from dcp_fsdp.telemetry.time_split import fresh_pages_per_byte
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_merge, hist_quantile
 from dcp_fsdp.telemetry.summaries import merge_by_type
@@ -77,6 +77,15 @@ def order_figures(group_ops: pd.DataFrame) -> dict[str, float]:
     return found
 
 
+def row_note(ops: pd.DataFrame, eff: float, spread: str = "") -> str:
+    """The note of some operations' row, in the report and the end-of-run table: read
+    amplification, spread, broken GETs (where every operation counts them), above the ceiling."""
+    broken = broken_note(complete_sum(ops["req_broken"]), complete_sum(ops["req_broken_max_bytes"]),
+                         complete_sum(ops["fetched_bytes"]), float(ops["bytes"].sum()))
+    return ", ".join(n for n in (amplification_note(read_amplification(ops)), spread, broken,
+                                 above_ceiling_note(eff)) if n)
+
+
 def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
                    group_samples: pd.DataFrame, untimed: pd.Series, failed_runs: float,
                    all_ops: pd.DataFrame) -> dict[str, Any]:
@@ -93,7 +102,6 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
     failed = total(group_ops["req_failed"]) if known else math.nan
     ttfb = hist_merge(r.get("ttfb_hist") for r in group_samples["requests"]
                       if isinstance(r, dict))
-    amplification = read_amplification(group_ops)
     group_efficiency = efficiency(group_ops, all_ops)
     return {
         **labels,
@@ -113,17 +121,10 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
         # the slowest rank holds the others back: max over ranks, mean over saves
         "train_lost_share": _slowest_mean(group_samples, "train_lost_share"),
         "persisted_mib_s": _span_mib_s(group_ops, "persisted_span_s"),
-        "fetched_ratio": amplification,
+        "fetched_ratio": read_amplification(group_ops),
         "egress_mib_per_op": egress_mib(group_ops) / len(group_ops) if len(group_ops)
         else math.nan,
-        "note": ", ".join(n for n in (amplification_note(amplification),
-                                      broken_note(total(group_ops["req_broken"]),
-                                                  total(group_ops["req_broken_max_bytes"]),
-                                                  total(pd.to_numeric(group_ops["fetched_bytes"],
-                                                                      errors="coerce")),
-                                                  float(group_ops["bytes"].sum())),
-                                      noise_note(figures["spread"]),
-                                      above_ceiling_note(group_efficiency)) if n),
+        "note": row_note(group_ops, group_efficiency, noise_note(figures["spread"])),
         "rank_s_min": group_samples["duration_s"].min(),
         "rank_s_median": group_samples["duration_s"].median(),
         "rank_s_max": group_samples["duration_s"].max(),
