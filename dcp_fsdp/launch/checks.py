@@ -22,11 +22,11 @@ from dcp_fsdp.config.schema import (AsyncCheckpointer, Backend, BenchmarkConfig,
                                     CheckpointState, Command, Dtype, Malloc, StorageKind)
 from dcp_fsdp.config.validate import check_endpoint, check_region, check_replicas
 from dcp_fsdp.errors import UserError
+from dcp_fsdp.storage.s3_target import endpoint_source
 from dcp_fsdp.telemetry.results_dir import record_written, writable_dir_problem  # noqa: F401
 
 RANKS_PER_CORE = 4  # more ranks than this per core only measures the scheduler
 CONNECTOR_LOG_ENV = ("S3_TORCH_CONNECTOR_DEBUG_LOGS", "S3_TORCH_CONNECTOR_LOGS_DIR_PATH")
-ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # the first one set is used
 
 
 def check_results_dir(results_dir: str) -> None:
@@ -224,14 +224,13 @@ def _check_glibc_allocator() -> None:
 
 
 def check_endpoint_environment(cfg: BenchmarkConfig) -> str | None:
-    """The AWS_ENDPOINT_URL* variable an s3 store uses (the first one set, where
-    storage.endpoint is not), checked: its name, or None. Also for the commands that connect
-    without the launch checks (list, delete, clean-uploads)."""
-    if cfg.storage.kind != StorageKind.s3 or cfg.storage.endpoint is not None:
+    """The AWS_ENDPOINT_URL* variable an s3 store uses (the first one set and not empty, as
+    botocore reads them, where storage.endpoint is not), checked: its name, or None. Also for
+    the commands that connect without the launch checks (list, delete, clean-uploads)."""
+    name = endpoint_source(cfg.storage)
+    if cfg.storage.kind != StorageKind.s3 or name == "storage.endpoint":
         return None
-    name = next((name for name in ENDPOINT_ENV if name in os.environ), None)
-    if name is not None:
-        check_endpoint(os.environ[name], name)
+    check_endpoint(os.environ[name], name)
     return name
 
 

@@ -155,6 +155,15 @@ def test_environment_variables_we_read(monkeypatch, env, overrides, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+def test_an_empty_endpoint_variable_counts_as_unset_as_botocore_reads_it(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    cfg = compose("save", ["storage.uri=s3://bucket/x"])
+    assert checks.check_endpoint_environment(cfg) == "AWS_ENDPOINT_URL"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "")
+    assert checks.check_endpoint_environment(cfg) is None
+
+
 SECRET_ENDPOINT = "http://AKIAKEY:s3cr3tPW@127.0.0.1:1"  # port 1: nothing listens
 
 
