@@ -20,33 +20,30 @@ def _ranks_text(ranks: set[int]) -> str:
 
 
 def incomplete_reason(run: dict[str, Any], samples: list[dict[str, Any]]) -> str | None:
-    """Why an ok run's record is not whole, or None when it is."""
+    """Why an ok run's record is not whole, or None when it is (run and samples: validated
+    records' dumps, telemetry.records)."""
     ranks_per_op: dict[tuple[str, int], set[int]] = defaultdict(set)
     for sample in samples:
-        # rank is a required sample field (telemetry.records.Sample): never absent here
-        ranks_per_op[(str(sample.get("op")), int(sample.get("iteration") or 0))].add(
-            int(sample["rank"]))
+        ranks_per_op[(sample["op"], sample["iteration"])].add(sample["rank"])
     return (_lines_reason(run) or _ranks_reason(run, ranks_per_op)
             or _iterations_reason(run, ranks_per_op))
 
 
 def _lines_reason(run: dict[str, Any]) -> str | None:
     """Lines of the record file that could not be read."""
-    unreadable = run.get("unreadable_lines") or 0
-    if unreadable:
-        return (f"{unreadable} unreadable line(s) in its record file: cut off or damaged, "
-                "a rank's sample is lost")
-    unknown = run.get("unknown_lines") or 0
-    if unknown and not _has_sample_count(run):
-        return (f"{unknown} unreadable line(s) in its record file, and it has no sample count "
-                "to show whether a rank's sample is lost")
+    if run["unreadable_lines"]:
+        return (f"{run['unreadable_lines']} unreadable line(s) in its record file: cut off or "
+                "damaged, a rank's sample is lost")
+    if run["unknown_lines"] and not (run["world_size"] and _iterations(run)):
+        return (f"{run['unknown_lines']} unreadable line(s) in its record file, and it has no "
+                "sample count to show whether a rank's sample is lost")
     return None
 
 
 def _ranks_reason(run: dict[str, Any], ranks_per_op: dict[tuple[str, int], set[int]]) -> str | None:
     """A rank missing from an operation, or one outside the world."""
-    world_size = run.get("world_size")
-    if not (isinstance(world_size, int) and world_size > 0):
+    world_size = run["world_size"]
+    if not world_size:
         if len({frozenset(ranks) for ranks in ranks_per_op.values()}) > 1:
             return "world_size unknown and the ranks differ between operations"
         return None
@@ -61,46 +58,39 @@ def _ranks_reason(run: dict[str, Any], ranks_per_op: dict[tuple[str, int], set[i
     return None
 
 
+def _iterations(run: dict[str, Any]) -> int | None:
+    """The iterations every timed operation must have samples of (records of format 2 on, of
+    a command that times operations), else None."""
+    iterations = run["config"].get("iterations")  # a setting: of any kind in a record
+    if run["schema_version"] < 2 or run["command"] not in COMMAND_OPS \
+            or not isinstance(iterations, int) or iterations <= 0:
+        return None
+    return iterations
+
+
 def _iterations_reason(run: dict[str, Any],
                        ranks_per_op: dict[tuple[str, int], set[int]]) -> str | None:
-    """An iteration of a timed operation with no sample at all (records of format 2 on)."""
-    if int(run.get("schema_version") or 0) < 2:
+    """An iteration of a timed operation with no sample at all."""
+    iterations = _iterations(run)
+    if iterations is None:
         return None
-    command = run.get("command")
-    iterations = (run.get("config") or {}).get("iterations")
-    if command not in COMMAND_OPS or not isinstance(iterations, int) or iterations <= 0:
-        return None
-    for op in COMMAND_OPS[command]:
-        present = {i for o, i in ranks_per_op if o == op}
-        missing = set(range(1, iterations + 1)) - present
+    for op in COMMAND_OPS[run["command"]]:
+        missing = set(range(1, iterations + 1)) - {i for o, i in ranks_per_op if o == op}
         if missing:
             return (f"no {op} sample of iteration(s) {_ranks_text(missing)} "
                     f"(iterations={iterations})")
     return None
 
 
-def _has_sample_count(run: dict[str, Any]) -> bool:
-    """Whether the run line says how many samples it must have: every rank of world_size
-    for every iteration of each operation its command times (checked in incomplete_reason)."""
-    world_size = run.get("world_size")
-    iterations = (run.get("config") or {}).get("iterations")
-    return (int(run.get("schema_version") or 0) >= 2 and run.get("command") in COMMAND_OPS
-            and isinstance(world_size, int) and world_size > 0
-            and isinstance(iterations, int) and iterations > 0)
-
-
 def incomplete_runs(runs: list[dict[str, Any]], samples: list[dict[str, Any]]
                     ) -> dict[str, str]:
     """{run_id: reason} for the runs with status ok whose record is not whole."""
-    per_run: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    per_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for sample in samples:
-        per_run[sample.get("run_id")].append(sample)
+        per_run[sample["run_id"]].append(sample)
     found: dict[str, str] = {}
     for run in runs:
-        if run.get("status") != "ok":
-            continue
-        run_id = run["run_id"]  # required in a run line (telemetry.records.RunRecord)
-        reason = incomplete_reason(run, per_run.get(run_id, []))
+        reason = incomplete_reason(run, per_run[run["run_id"]]) if run["status"] == "ok" else None
         if reason:
-            found[run_id] = reason
+            found[run["run_id"]] = reason
     return found
