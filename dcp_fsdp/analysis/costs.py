@@ -114,8 +114,7 @@ def _has_counts(requests: Any) -> bool:
 def late_runs(runs: list[dict[str, Any]]) -> set[str]:
     """The runs some of whose timed requests reached the log after their window was
     summarised (counted untimed, as `late`): their operations' counts lack them."""
-    return {str(run.get("run_id")) for run in runs
-            if isinstance(run.get("untimed_requests"), dict) and run["untimed_requests"].get("late")}
+    return {run["run_id"] for run in runs if (run["untimed_requests"] or {}).get("late")}
 
 
 def request_counts(samples: Any, late: set[str] | frozenset[str] = frozenset()) -> RequestCounts:

@@ -102,19 +102,10 @@ class GroupInputs:
 def _startup_s(runs: list[dict[str, Any]], run_ids: set) -> tuple[float | None, bool]:
     """(mean over runs of the slowest rank's init less its value fill, whether some rank had
     no fill_s: its fill stays in)."""
-    per_run, with_fill = [], False
-    for run in runs:
-        if run.get("run_id") not in run_ids:
-            continue
-        init = []
-        for row in run.get("init") or []:
-            if not isinstance(row, dict) or row.get("init_s") is None:
-                continue
-            fill = row.get("fill_s")
-            with_fill = with_fill or fill is None
-            init.append(row["init_s"] - (fill or 0.0))
-        if init:
-            per_run.append(max(init))
+    init_rows = [[row for row in run["init"] if row["init_s"] is not None]
+                 for run in runs if run["run_id"] in run_ids]
+    with_fill = any(row["fill_s"] is None for rows in init_rows for row in rows)
+    per_run = [max(row["init_s"] - (row["fill_s"] or 0.0) for row in rows) for rows in init_rows if rows]
     return (sum(per_run) / len(per_run) if per_run else None), with_fill
 
 
@@ -129,21 +120,20 @@ def _of_order(frame: pd.DataFrame, order: str) -> tuple[pd.DataFrame, str]:
 
 
 def _save_cost(mode: str, ops: pd.DataFrame, samples: pd.DataFrame
-               ) -> tuple[float, str, float]:
-    """(C, what it is, the persisted span) of some saves (a group's warm ones)."""
+               ) -> tuple[float, str, float, float]:
+    """(C, what it is, the persisted span, L) of some saves (a group's warm ones)."""
     span = mean_or_nan(ops["span_s"])
-    stall = mean_or_nan(ops.get("stall_span_s", pd.Series(dtype=float)))
-    persisted = mean_or_nan(ops.get("persisted_span_s", pd.Series(dtype=float)))
-    if math.isnan(stall):  # records before stall_s: a sync save stalls for all of it
-        stall = span if mode == "sync" else math.nan
-    checkpoint_s, cost_is = stall, "save" if mode == "sync" else "stall (call + staging)"
-    lost = samples.get("train_lost_s")
-    if mode == "async" and lost is not None and lost.notna().any():
-        per_op = samples.groupby(["run_id", "iteration"])["train_lost_s"].max()
-        checkpoint_s, cost_is = float(per_op.mean()), "training lost per save"
+    stall = mean_or_nan(ops["stall_span_s"])
+    persisted = mean_or_nan(ops["persisted_span_s"])
     if math.isnan(persisted):
         persisted = span
-    return checkpoint_s, cost_is, persisted
+    if mode == "sync":  # records before stall_s: a sync save stalls for all of it
+        return (span if math.isnan(stall) else stall), "save", persisted, 0.0
+    checkpoint_s, cost_is = stall, "stall (call + staging)"
+    if samples["train_lost_s"].notna().any():
+        per_op = samples.groupby(["run_id", "iteration"])["train_lost_s"].max()
+        checkpoint_s, cost_is = float(per_op.mean()), "training lost per save"
+    return checkpoint_s, cost_is, persisted, max(0.0, persisted - stall)
 
 
 def gather(result: dict[str, Any], runs: list[dict[str, Any]]) -> list[GroupInputs]:
@@ -159,10 +149,8 @@ def gather(result: dict[str, Any], runs: list[dict[str, Any]]) -> list[GroupInpu
         labels = {k: row[k] for k in keys}
         ops, save_from = _of_order(select(result["operations"], labels, keys), LATER)
         samples, _ = _of_order(select(result["samples"], labels, keys), save_from)
-        modes: set[str] = (set(samples["save_mode"].dropna().astype(str))
-                           if "save_mode" in samples else set())
-        mode = "async" if "async" in modes else "sync"
-        checkpoint_s, cost_is, persisted = _save_cost(mode, ops, samples)
+        mode = "async" if "async" in set(samples["save_mode"].dropna().astype(str)) else "sync"
+        checkpoint_s, cost_is, persisted, lag_s = _save_cost(mode, ops, samples)
         loads = throughput[throughput["op"] == "load"]
         load = select(loads, labels, others)
         if load.empty:
@@ -171,11 +159,9 @@ def gather(result: dict[str, Any], runs: list[dict[str, Any]]) -> list[GroupInpu
         load_ops, load_from = _of_order(select(result["operations"], load_labels, keys), FIRST)
         load_samples, _ = _of_order(select(result["samples"], load_labels, keys), load_from)
         startup, with_fill = _startup_s(runs, set(ops["run_id"]))
-        stall = mean_or_nan(ops.get("stall_span_s", pd.Series(dtype=float)))
         found.append(GroupInputs(
             labels=labels, save_mode=mode, checkpoint_s=checkpoint_s, cost_is=cost_is,
-            lag_s=max(0.0, persisted - stall) if mode == "async" else 0.0,
-            upload_s=persisted,
+            lag_s=lag_s, upload_s=persisted,
             load_s=float(load_ops["span_s"].mean()) if not load_ops.empty else None,
             startup_s=startup, fill_in_startup=with_fill and startup is not None,
             stored_bytes=float(row["checkpoint_gib"]) * GIB,

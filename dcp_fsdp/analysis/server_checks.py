@@ -10,14 +10,14 @@ from dcp_fsdp.telemetry.server_counters import RESENT_BELOW_CLIENT
 
 
 def server_check_notes(runs: list[dict[str, Any]]) -> list[str]:
-    checked = [run for run in runs if isinstance(run.get("server_requests"), dict)]
+    checked = [run for run in runs if run["server_requests"] is not None]
     differing = [run for run in checked if not run["server_requests"].get("match")]
     notes = []
     for run in differing:
         check = run["server_requests"]
         differences = ", ".join(f"{k} {v:+d}" for k, v in (check.get("differences") or {}).items())
         incomplete = "; ".join(check.get("incomplete") or [])
-        notes.append(f"run {run.get('run_id')}: its request counts differ from the S3 server's "
+        notes.append(f"run {run['run_id']}: its request counts differ from the S3 server's "
                      f"own counters (record - server: {differences or 'none'}"
                      + (f"; {incomplete}" if incomplete else "") + f"): {_cause(check)}")
     if checked and not differing:
