@@ -9,7 +9,6 @@ copies of a run, are skipped with one note per reason (analysis.intake).
 from __future__ import annotations
 
 import argparse
-import math
 import shutil
 import sys
 from pathlib import Path
@@ -28,10 +27,9 @@ __all__ = ["build", "plot", "render", "wide_csv", "read_records", "record_files"
 
 
 def decision_problem(args: argparse.Namespace) -> tuple[str | None, Prices | None]:
-    """(problem, prices): the decision options checked, and the prices loaded, before any
-    record is read."""
-    hours = args.node_mtbf_hours
-    if hours is None:
+    """(problem, prices): the decision options checked (their ranges: config/arguments.py),
+    and the prices loaded, before any record is read."""
+    if args.node_mtbf_hours is None:
         given = [name for name, value in (("--nodes", args.nodes),
                                           ("--interval-minutes", args.interval_minutes),
                                           ("--prices", args.prices)) if value is not None]
@@ -41,14 +39,6 @@ def decision_problem(args: argparse.Namespace) -> tuple[str | None, Prices | Non
             return (f"{', '.join(given)} needs --node-mtbf-hours H (one node's mean time "
                     "between failures, e.g. --node-mtbf-hours 6000)"), None
         return None, None
-    for name, value, lowest in (("--node-mtbf-hours", hours, 0.0),
-                                ("--interval-minutes", args.interval_minutes, 0.0)):
-        if value is not None and not (math.isfinite(value) and value > lowest):
-            unit = "hours" if name == "--node-mtbf-hours" else "minutes"
-            return f"{name} {value:g}: give a number of {unit} above 0", None
-    for name, value in (("--nodes", args.nodes), ("--keep", args.keep)):
-        if value is not None and value < 1:
-            return f"{name} {value}: give 1 or more", None
     from dcp_fsdp.analysis.costs import PricesError, load_prices
 
     try:

@@ -90,32 +90,29 @@ class CommandArguments(argparse.ArgumentParser):
                 "storage=s3|fs):\n" + settings_table() + "\n")
 
 
-def seconds_for(command: str) -> Callable[[str], float]:
-    """`--min-age-s`'s value: seconds, a number >= 0 (UserError naming the fix otherwise)."""
-    def seconds(value: str) -> float:
+def checked(prefix: str, convert: Callable[[str], Any], within: Callable[[Any], bool], fix: str,
+            range_fix: str | None = None) -> Callable[[str], Any]:
+    """An option's `type=`: the value converted and `within` range, else one UserError line
+    "PREFIX VALUE: fix" (`range_fix` for a value that converts but is out of range)."""
+    def value(text: str) -> Any:
         try:
-            number = float(value)
+            number = convert(text)
         except ValueError:
-            number = -1.0
-        if not number >= 0 or math.isinf(number):
-            raise UserError(f"{command} --min-age-s={value}: give seconds, a number >= 0 "
-                            "(e.g. --min-age-s 3600), or --force for "
-                            + ("every upload" if command == "clean-uploads" else "any age"))
+            raise UserError(f"{prefix}{text}: {fix}") from None
+        if not within(number):
+            raise UserError(f"{prefix}{text}: {range_fix or fix}")
         return number
-    return seconds
+    return value
 
 
 def whole(option: str) -> Callable[[str], int]:
-    """A count's value: a whole number, 1 or more (UserError naming the option otherwise)."""
-    def count(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise UserError(f"{option}={text}: give a whole number, 1 or more") from None
-        if value < 1:
-            raise UserError(f"{option}={value}: must be 1 or more")
-        return value
-    return count
+    return checked(f"{option}=", int, lambda count: count >= 1, "give a whole number, 1 or more",
+                   "must be 1 or more")
+
+
+def above_zero(option: str, convert: Callable[[str], Any], fix: str) -> Callable[[str], Any]:
+    """A report decision option: a finite number above 0."""
+    return checked(f"report: {option} ", convert, lambda number: 0 < number < math.inf, fix)
 
 
 def bucket_name(name: str) -> str:
@@ -182,7 +179,10 @@ def tree() -> CommandArguments:
                                "only when its newest object is at least this old")}
     for name, (text, age) in aged.items():
         either = command(name, text, settings=True, table=True).add_mutually_exclusive_group()
-        either.add_argument("--min-age-s", type=seconds_for(name), metavar="SECONDS",
+        seconds = checked(f"{name} --min-age-s=", float, lambda age_s: 0 <= age_s < math.inf,
+                          "give seconds, a number >= 0 (e.g. --min-age-s 3600), or --force for "
+                          + ("every upload" if name == "clean-uploads" else "any age"))
+        either.add_argument("--min-age-s", type=seconds, metavar="SECONDS",
                             help=f"{age} (default {CLEAN_UPLOADS_MIN_AGE_S:g}): a younger one "
                                  "may belong to a save still writing")
         either.add_argument("--force", action="store_const", const=0.0, dest="min_age_s",
@@ -269,13 +269,15 @@ def _report(report: CommandArguments) -> None:
     decide = report.add_argument_group(
         "decisions", "how often to checkpoint, the training time it costs, and dollars, from "
                      "the records' own figures (docs/decisions.md)")
-    decide.add_argument("--node-mtbf-hours", type=float, metavar="H",
+    decide.add_argument("--node-mtbf-hours", metavar="H",
+                        type=above_zero("--node-mtbf-hours", float, "give a number of hours above 0"),
                         help="mean time between failures of one node, hours (e.g. 6000)")
-    decide.add_argument("--nodes", type=int, metavar="N",
+    decide.add_argument("--nodes", type=above_zero("--nodes", int, "give 1 or more"), metavar="N",
                         help="nodes of the training job (default: each run's node count)")
-    decide.add_argument("--interval-minutes", type=float, metavar="X",
+    decide.add_argument("--interval-minutes", metavar="X",
+                        type=above_zero("--interval-minutes", float, "give a number of minutes above 0"),
                         help="also price and cost a checkpoint every X minutes")
-    decide.add_argument("--keep", type=int, default=1, metavar="K",
+    decide.add_argument("--keep", type=above_zero("--keep", int, "give 1 or more"), default=1, metavar="K",
                         help="checkpoints kept in storage (default 1)")
     decide.add_argument("--prices", metavar="FILE",
                         help="prices YAML (default: S3 Standard us-east-1 list prices, "
