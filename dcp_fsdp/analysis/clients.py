@@ -20,16 +20,15 @@ FILES_SHOWN = 3  # record files named per note; the rest are counted
 
 
 def _client(run: dict[str, Any]) -> Any:
-    return ((run.get("config") or {}).get("storage") or {}).get("client")
+    return (run["config"].get("storage") or {}).get("client")
 
 
 def _is_s3(run: dict[str, Any]) -> bool:
-    storage = (run.get("config") or {}).get("storage") or {}
-    return (storage.get("kind") or (run.get("storage") or {}).get("kind")) == "s3"
+    return ((run["config"].get("storage") or {}).get("kind") or (run["storage"] or {}).get("kind")) == "s3"
 
 
 def _files(runs: list[dict[str, Any]]) -> str:
-    files = [str(run.get("record_file") or run.get("run_id")) for run in runs]
+    files = [run["record_file"] for run in runs]
     more = len(files) - FILES_SHOWN
     return ", ".join(files[:FILES_SHOWN]) + (f", +{more} more" if more > 0 else "")
 

@@ -60,19 +60,18 @@ def _applies(key: str, op: str) -> bool:
 
 def _device(run: dict[str, Any]) -> str | None:
     """cpu, cuda, or cuda with its GPU model: runs on different GPUs stay apart."""
-    device = run.get("device")
-    model = (run.get("gpus") or {}).get("model")
-    return f"{device} ({model})" if device and model else device
+    model = (run["gpus"] or {}).get("model")
+    return f"{run['device']} ({model})" if run["device"] and model else run["device"]
 
 
 # What a run record says about where and with what it ran: these split groups, like a
 # setting, whenever they differ between the runs.
 RUN_ATTRIBUTES = {
-    "torch": lambda run: (run.get("versions") or {}).get("torch"),
-    "connector": lambda run: (run.get("versions") or {}).get("s3torchconnector"),
-    "process_group": lambda run: run.get("backend"),
+    "torch": lambda run: run["versions"].get("torch"),
+    "connector": lambda run: run["versions"].get("s3torchconnector"),
+    "process_group": lambda run: run["backend"],
     # a forked rank's timings (the test suite's switch) are not a user's: never pooled
-    "rank_start": lambda run: run.get("rank_start"),
+    "rank_start": lambda run: run["rank_start"],
     "device": _device,
 }
 
@@ -86,8 +85,8 @@ def _flatten(prefix: str, value: Any, into: dict[str, Any]) -> None:
 
 
 def storage_label(run: dict[str, Any]) -> str:
-    storage = run.get("storage") or {}
-    config = (run.get("config") or {}).get("storage") or {}
+    storage = run["storage"] or {}
+    config = run["config"].get("storage") or {}
     kind = storage.get("kind") or config.get("kind") or "?"
     if kind != "s3":
         return kind
@@ -123,30 +122,26 @@ def runs_frame(runs: list[dict[str, Any]], incomplete: dict[str, str] | None = N
     rows = []
     settings_per_run = []
     for run in runs:
-        model = run.get("model") or {}
-        config = run.get("config") or {}
         settings: dict[str, Any] = {}
-        _flatten("", config, settings)
+        _flatten("", run["config"], settings)
         for name, attribute in RUN_ATTRIBUTES.items():
             if attribute(run) is not None:  # older records: unknown does not split
                 settings[name] = attribute(run)
         settings_per_run.append(settings)
-        status = run.get("status") or "unknown"
-        run_id = run.get("run_id")
-        reason = incomplete.get(run_id) if status == "ok" and isinstance(run_id, str) else None
+        reason = incomplete.get(run["run_id"]) if run["status"] == "ok" else None
         rows.append({
-            "run_id": run.get("run_id"),
-            "status": "incomplete" if reason else status,
-            "error": reason or run.get("error"),
-            "command": run.get("command"),
-            "started_at": run.get("started_at"),
-            "nodes": run.get("node_count"),
-            "ranks": run.get("world_size"),
-            "model": model.get("preset") or (config.get("model") or {}).get("preset"),
+            "run_id": run["run_id"],
+            "status": "incomplete" if reason else run["status"],
+            "error": reason or run["error"],
+            "command": run["command"],
+            "started_at": run["started_at"],
+            "nodes": run["node_count"],
+            "ranks": run["world_size"],
+            "model": (run["model"] or {}).get("preset") or (run["config"].get("model") or {}).get("preset"),
             "storage": storage_label(run),
-            "untimed_requests": _untimed_count(run.get("untimed_requests")),
-            "clock_spread_s": run.get("clock_spread_s"),
-            "protocol": config.get("protocol"),  # protocol=mlperf: render's MLPerf lines
+            "untimed_requests": _untimed_count(run["untimed_requests"]),
+            "clock_spread_s": run["clock_spread_s"],
+            "protocol": run["config"].get("protocol"),  # protocol=mlperf: render's MLPerf lines
         })
     fill_missing_client(settings_per_run)  # records from before storage.client: the connector
     included = [s for s, row in zip(settings_per_run, rows) if row["status"] == "ok"]
@@ -228,7 +223,7 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
     run_rows, varying = runs_frame(runs, incomplete_runs(runs, samples))
     group_keys = FIXED_KEYS + varying
     ok_ids = set(run_rows.loc[run_rows["status"] == "ok", "run_id"])
-    ok_samples = [s for s in samples if s.get("run_id") in ok_ids]
+    ok_samples = [s for s in samples if s["run_id"] in ok_ids]
     empty = pd.DataFrame()
     result: dict[str, Any] = {"group_keys": group_keys, "varying": varying, "runs": run_rows,
                               "notes": [],
@@ -236,7 +231,7 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
                               "samples": empty, "operations": empty, "splits": []}
     not_ok = run_rows[run_rows["status"] != "ok"]
     result["not_ok"] = not_ok
-    if note := fork_note(run.get("rank_start") for run in runs if run.get("run_id") in ok_ids):
+    if note := fork_note(run["rank_start"] for run in runs if run["run_id"] in ok_ids):
         result["notes"].append(note)
     if not ok_samples:
         return result
@@ -259,7 +254,7 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
             splits.append((labels, time_split.split_line(found)))
     result["throughput"], single_notes = with_client_ratio(
         ordered(pd.DataFrame(throughput), group_keys), group_keys)
-    result["notes"] += client_notes([run for run in runs if run.get("run_id") in ok_ids])
+    result["notes"] += client_notes([run for run in runs if run["run_id"] in ok_ids])
     result["notes"] += single_notes
     noisy = int(result["throughput"]["spread"].gt(NOISY_SPREAD).sum())
     if noisy:

@@ -83,7 +83,7 @@ def prefix_warnings(result: dict[str, Any], runs: list[dict[str, Any]], target_n
     if throughput.empty or types.empty:
         return []
     keys = result["group_keys"]
-    config_of = {r.get("run_id"): r.get("config") or {} for r in runs}
+    config_of = {r["run_id"]: r["config"] for r in runs}
     operations = result["operations"]
     warnings = []
     for _, row in throughput[throughput["op"].isin(("save", "load"))].iterrows():
