@@ -5,7 +5,6 @@ store holds one and never asks which. Credentials come from the standard AWS cha
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any, Protocol
@@ -179,25 +178,15 @@ class FsspecClient(S3Client):
     settings = CLIENT_ONLY[StorageClient.fsspec]
 
     def retry(self) -> dict[str, Any]:
-        return botocore_retry(self.retry_mode())
-
-    @staticmethod
-    def retry_mode() -> str:
-        """AWS_RETRY_MODE or the profile's retry_mode, else botocore's standard mode, as MSC's:
-        its default, legacy, retries a refused connection 5 times with up to 15 s of backoff,
-        and a save that fails makes three such requests one after another (the part, torch's
-        clean-up, s3fs's close): 20-30 s after a server died (issue 49); standard, 3 attempts,
-        backs off at most 3 s per request. Attempts: AWS_MAX_ATTEMPTS, else the mode's."""
-        import botocore.session
-
-        mode = os.environ.get("AWS_RETRY_MODE") or botocore.session.get_session().get_scoped_config().get(
-            "retry_mode")
-        return mode or "standard"
+        """The user's AWS_RETRY_MODE or profile's, else standard, as MSC's: botocore's legacy
+        retries a refused connection 5 times with up to 15 s of backoff, on each of the three
+        requests a failed save makes: 20-30 s after a server died (issue 49)."""
+        return botocore_retry(default="standard")
 
     def storage_options(self) -> dict[str, Any]:
         """s3fs's constructor arguments (torch passes them through `url_to_fs`)."""
         botocore_config: dict[str, Any] = {"max_pool_connections": self.config.fsspec_max_pool_connections,
-                                           "retries": {"mode": self.retry_mode()}}
+                                           "retries": {"mode": self.retry()["retry_mode"]}}
         if self.target.force_path_style:
             botocore_config["s3"] = {"addressing_style": "path"}
         options: dict[str, Any] = {"client_kwargs": {"region_name": self.target.region},

@@ -62,13 +62,15 @@ class S3Target:
         return "/".join(p for p in (self.prefix, suffix, name) if p)
 
 
-def botocore_retry(mode: str | None = None) -> dict[str, object]:
+def botocore_retry(mode: str | None = None, default: str = "legacy") -> dict[str, object]:
     """The retry mode and most attempts of a botocore client built now: `mode` where the client
-    fixes it, else AWS_RETRY_MODE or the profile's (default legacy); AWS_MAX_ATTEMPTS or the
-    profile's, else the mode's default (legacy 5, standard and adaptive 3)."""
+    fixes it, else AWS_RETRY_MODE or the profile's, else `default` (botocore's: legacy);
+    AWS_MAX_ATTEMPTS or the profile's, else the mode's default (legacy 5, standard and adaptive 3)."""
     import botocore.session
 
-    session = botocore.session.get_session()
-    mode = mode or session.get_config_variable("retry_mode") or "legacy"
+    # botocore's own chain for retry_mode (AWS_RETRY_MODE, then the profile), `default` last
+    session = botocore.session.Session(
+        session_vars={"retry_mode": ("retry_mode", "AWS_RETRY_MODE", default, None)})
+    mode = mode or session.get_config_variable("retry_mode")
     attempts = session.get_config_variable("max_attempts") or (5 if mode == "legacy" else 3)
     return {"retry_mode": mode, "max_attempts": int(attempts)}
