@@ -333,18 +333,15 @@ def iter_settings(node: type = BenchmarkConfig, prefix: str = "") -> Iterator[tu
         elif field.name != "command":
             default = (field.default_factory() if field.default_factory is not dataclasses.MISSING
                        else field.default)
-            yield f"{prefix}{field.name}", _type_name(str(field.type)), default, field.metadata.get("help", "")
+            yield (f"{prefix}{field.name}", _type_name(kind, str(field.type)), default,
+                   field.metadata.get("help", ""))
 
 
-def _type_name(annotation: str) -> str:
-    for name, enum_type in (("Dtype", Dtype), ("CheckpointState", CheckpointState),
-                            ("StorageKind", StorageKind), ("PrefixStrategy", PrefixStrategy),
-                            ("ReaderKind", ReaderKind), ("Backend", Backend),
-                            ("SaveMode", SaveMode), ("AsyncCheckpointer", AsyncCheckpointer),
-                            ("ReplicaLoad", ReplicaLoad), ("MoeLayout", MoeLayout),
-                            ("TrainStepWork", TrainStepWork), ("Protocol", Protocol)):
-        if name in annotation:
-            return "|".join(member.value for member in enum_type)
+def _type_name(kind: Any, annotation: str) -> str:
+    """An enum's values (a|b), Optional[] or not; else the annotation, list[str] as list."""
+    for member_type in (kind, *typing.get_args(kind)):
+        if isinstance(member_type, type) and issubclass(member_type, enum.Enum):
+            return "|".join(member.value for member in member_type)
     return annotation.replace("Optional[", "").replace("]", "").replace("list[str", "list")
 
 
