@@ -36,24 +36,13 @@ START_TIMEOUT_S = 90.0  # SeaweedFS answers in ~1 s idle; a loaded 2-core machin
 STOP_TIMEOUT_S = 30.0
 LOCK_WAIT_S = START_TIMEOUT_S + STOP_TIMEOUT_S + 30.0  # the longest start or stop, and some
 
-# Unix socket paths hold 107 bytes; leave room for the server's (dcp-fsdp-s3-XXXXXXXX/filer.sock).
-SOCKET_PATH_MAX = 107
-SOCKET_NAME_ROOM = 48
-
 
 def state_dir() -> Path:
-    """$XDG_RUNTIME_DIR/dcp-fsdp-s3, else ~/.cache/dcp-fsdp-s3 (also when the runtime
-    directory's path is too long for SeaweedFS's sockets)."""
+    """$XDG_RUNTIME_DIR/dcp-fsdp-s3, else ~/.cache/dcp-fsdp-s3. Where that path is too long for
+    SeaweedFS's unix sockets, EmbeddedS3 puts them in a short directory of their own in /tmp."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    candidates = [Path(runtime)] if runtime and Path(runtime).is_dir() else []
-    candidates.append(Path.home() / ".cache")
-    for base in candidates:
-        where = base / "dcp-fsdp-s3"
-        if len(str(where).encode()) + SOCKET_NAME_ROOM <= SOCKET_PATH_MAX:
-            return where
-    raise UserError(f"s3-server: {candidates[-1] / 'dcp-fsdp-s3'} is too long a path for the "
-                    f"server's sockets ({SOCKET_PATH_MAX} bytes with their names); set "
-                    "XDG_RUNTIME_DIR to a short directory, e.g. XDG_RUNTIME_DIR=/run/user/$(id -u)")
+    base = Path(runtime) if runtime and Path(runtime).is_dir() else Path.home() / ".cache"
+    return base / "dcp-fsdp-s3"
 
 
 def _cannot_write(path: Path, action: str, error: OSError) -> UserError:
