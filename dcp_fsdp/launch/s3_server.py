@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -23,8 +24,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
-from typing import NoReturn
 
 from dcp_fsdp import log
 from dcp_fsdp.process import lifeline
@@ -134,11 +133,11 @@ def _kill_group(pid: int | None) -> None:
 
 
 def exports(state: dict) -> str:
-    variables = {"AWS_ENDPOINT_URL": state["endpoint_url"],
-                 "AWS_ACCESS_KEY_ID": state["access_key_id"],
-                 "AWS_SECRET_ACCESS_KEY": state["secret_access_key"],
-                 "AWS_REGION": state["region"]}
-    return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in variables.items())
+    from dcp_fsdp.launch.embedded_s3 import S3Endpoint
+
+    fields = {field.name for field in dataclasses.fields(S3Endpoint)}  # a state file may predate one
+    endpoint = S3Endpoint(**{name: value for name, value in state.items() if name in fields})
+    return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in endpoint.client_env().items())
 
 
 def _describe(state: dict) -> str:
@@ -234,22 +233,17 @@ def stop(where: Path, force: bool = False) -> int:
 
 def serve(where: Path, bucket: str) -> int:
     """The daemon: owns SeaweedFS until SIGTERM/SIGINT, then stops it."""
+    from dcp_fsdp.launch.agent import raise_terminated
     from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 
-    def on_signal(signum: int, frame: FrameType | None) -> NoReturn:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, raise_terminated)
+    signal.signal(signal.SIGINT, raise_terminated)
     server = EmbeddedS3(bucket=bucket)
     try:
         endpoint = server.start()
         process = server.process
         assert process is not None
-        state = {"daemon_pid": os.getpid(), "server_pid": process.pid,
-                 "endpoint_url": endpoint.endpoint_url, "bucket": endpoint.bucket,
-                 "access_key_id": endpoint.access_key_id,
-                 "secret_access_key": endpoint.secret_access_key, "region": endpoint.region,
+        state = {"daemon_pid": os.getpid(), "server_pid": process.pid, **dataclasses.asdict(endpoint),
                  "uri": f"s3://{endpoint.bucket}/checkpoints", "workdir": str(server.workdir),
                  "ports": server.ports}
         tmp = where / (STATE_NAME + ".tmp")
