@@ -6,7 +6,6 @@ argument is one UserError line naming the command and its --help, not argparse's
 from __future__ import annotations
 
 import argparse
-import difflib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -75,11 +74,12 @@ class CommandArguments(argparse.ArgumentParser):
         try:
             super()._check_value(action, value)
         except argparse.ArgumentError as error:
-            close = difflib.get_close_matches(str(value), list(action.choices or ()), n=1)
-            if not close:
+            from dcp_fsdp.config.validate import did_you_mean
+
+            hint = did_you_mean(str(value), list(action.choices or ()))
+            if not hint:
                 raise
-            raise argparse.ArgumentError(action, f"{error.message}; did you mean {close[0]}?"
-                                         ) from None
+            raise argparse.ArgumentError(action, error.message + hint) from None
 
     def format_help(self) -> str:
         if not self.table:

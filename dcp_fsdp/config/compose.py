@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 from dcp_fsdp.config.conf_dir import conf_dir
 from dcp_fsdp.config.validate import (apply_config_dtype, apply_protocol, check_model_settings,
-                                      check_setting_name, check_storage_settings, model_config_names)
+                                      check_setting_name, check_storage_settings, did_you_mean,
+                                      model_config_names)
 from dcp_fsdp.errors import UserError
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ def check_overrides(overrides: list[str]) -> set[str]:
         if key == "model" and value is not None:
             presets = model_config_names(CONF_DIR)
             if value not in presets:
-                raise UserError(f"model={value}: unknown preset{_close(str(value), presets)}; "
+                raise UserError(f"model={value}: unknown preset{did_you_mean(str(value), presets)}; "
                                 f"choose one of {', '.join(presets)}")
         if (key in _bool_settings() and isinstance(value, (int, float))
                 and not isinstance(value, bool) and value not in (0, 1)):
@@ -156,19 +157,6 @@ def _bool_settings() -> set[str]:
     from dcp_fsdp.config.schema import iter_settings
 
     return {name for name, type_name, _, _ in iter_settings() if type_name == "bool"}
-
-
-def _close(value: str, choices: list[str]) -> str:
-    """'; did you mean X?' for a typo (case and punctuation first: L7B is L7b, gpt4b is
-    GPT-4B), else ''."""
-    import difflib
-
-    def plain(text: str) -> str:
-        return re.sub(r"[^a-z0-9]", "", text.lower())
-
-    same = [choice for choice in choices if plain(choice) == plain(value)]
-    close = same or difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
 
 
 def parse_error_line(overrides: list[str], error: BaseException) -> str:

@@ -147,14 +147,18 @@ def check_setting_name(written: str, key: str, package: str | None = None) -> No
             raise UserError(f"{written}: {key} cannot be removed; choose another, e.g. "
                             + ("model=L7b" if key == "model" else "storage=fs"))
         return
-    raise UserError(f"{written}: unknown setting{_suggestion(key)} "
+    raise UserError(f"{written}: unknown setting{did_you_mean(key, [*setting_names(), *GROUPS])} "
                     "(dcp-fsdp save --help lists every setting)")
 
 
-def _suggestion(key: str) -> str:
-    names = [*setting_names(), *GROUPS]
-    last = [name for name in names if name.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]
-    close = last or difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+def did_you_mean(value: str, choices: list[str]) -> str:
+    """'; did you mean X?' for a typo, else '': first a choice whose last dotted part is the
+    same but for case and punctuation (L7B: L7b, gpt4b: GPT-4B, uri: storage.uri)."""
+    def plain(text: str) -> str:
+        return re.sub(r"[^a-z0-9]", "", text.rsplit(".", 1)[-1].lower())
+
+    same = [choice for choice in choices if plain(choice) == plain(value)]
+    close = same or difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
     return f"; did you mean {close[0]}?" if close else ""
 
 
