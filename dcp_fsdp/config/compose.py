@@ -128,7 +128,7 @@ def check_overrides(overrides: list[str]) -> set[str]:
             if value not in presets:
                 raise UserError(f"model={value}: unknown preset{did_you_mean(str(value), presets)}; "
                                 f"choose one of {', '.join(presets)}")
-        if (key in _bool_settings() and isinstance(value, (int, float))
+        if (key in _settings_of_type("bool") and isinstance(value, (int, float))
                 and not isinstance(value, bool) and value not in (0, 1)):
             # OmegaConf would read any other number as true: refuse, do not guess
             raise UserError(f"{key}={value}: give true or false")
@@ -140,12 +140,9 @@ def check_overrides(overrides: list[str]) -> set[str]:
 
 def _sweep_line(line: str) -> str:
     """A sweep given without -m; where a comma in a text made it one, also how to quote it."""
-    from dcp_fsdp.config.schema import iter_settings
-
     key, _, value = line.partition("=")
     single = ""
-    texts = {name for name, type_name, _, _ in iter_settings() if type_name == "str"}
-    if "," in value and key.lstrip("+~") in texts:
+    if "," in value and key.lstrip("+~") in _settings_of_type("str"):
         quote = '"' if "'" in value else "'"
         single = (f"; one value holding a comma (a path) must be quoted: write it as "
                   f"{key}={quote}{value}{quote}, in the shell: \"{key}={quote}{value}{quote}\"")
@@ -153,10 +150,10 @@ def _sweep_line(line: str) -> str:
             f"give one value{single}")
 
 
-def _bool_settings() -> set[str]:
+def _settings_of_type(type_name: str) -> set[str]:
     from dcp_fsdp.config.schema import iter_settings
 
-    return {name for name, type_name, _, _ in iter_settings() if type_name == "bool"}
+    return {name for name, kind, _, _ in iter_settings() if kind == type_name}
 
 
 def parse_error_line(overrides: list[str], error: BaseException) -> str:
