@@ -12,6 +12,7 @@ bytes moved, as DCP's own reads are.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import threading
@@ -19,7 +20,7 @@ import time
 from collections import deque
 from concurrent.futures import Future as PoolFuture
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -271,6 +272,26 @@ def tensor_bytes(tensor: Any) -> memoryview:
     return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
 
 
+def in_flight(width: int, jobs: Iterator[tuple[Any, ...]], fetch: Callable[..., Any],
+              finish: Callable[..., None]) -> None:
+    """`fetch(*job)` on `width` threads, at most `width` in flight, then `finish(*job, fetched)` on the
+    caller's thread in the jobs' order. A job is drawn from `jobs` (on the caller's thread) only when
+    a thread is free; on an error, the fetches not yet begun are cancelled."""
+    pending: deque[tuple[tuple[Any, ...], PoolFuture[Any]]] = deque()
+    with ThreadPoolExecutor(width, thread_name_prefix="read-ahead") as pool:
+        try:
+            while True:
+                while len(pending) < width and (job := next(jobs, None)) is not None:
+                    pending.append((job, pool.submit(fetch, *job)))
+                if not pending:
+                    return
+                job, fetched = pending.popleft()
+                finish(*job, fetched.result())
+        finally:
+            for _, fetched in pending:
+                fetched.cancel()
+
+
 class ReadAhead:
     """Mixin before a client's DCP reader (after `TimedReader`): `read_data` with `read_ahead`
     range fetches in flight. It uses the reader's `fs`, `path`, `storage_data` and transforms."""
@@ -317,78 +338,56 @@ class ReadAhead:
         from torch.futures import Future
 
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # a GPU rank
-        if self.lands_directly and not cuda:
-            self._land(plan, planner)
-        else:
-            self._read_groups(plan, planner, cuda)
+        held = HeldBytes()
+        copy_s = (self._land(plan, planner, held) if self.lands_directly and not cuda
+                  else self._read_groups(plan, planner, cuda, held))
+        self.timeline.read_ahead_peak_bytes = held.peak
+        self.timeline.target_copy_s = (self.timeline.target_copy_s or 0.0) + copy_s
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def _read_groups(self, plan: LoadPlan, planner: LoadPlanner, cuda: bool) -> None:
+    def _read_groups(self, plan: LoadPlan, planner: LoadPlanner, cuda: bool, held: HeldBytes) -> float:
         """Range groups fetched on N threads into N buffers of the largest group (reused); the
         rank's thread reads each tensor where it lies in them and copies it into its target."""
-        groups = deque(range_groups(plan.items, self.storage_data, self.group_bytes))
-        held = HeldBytes()
+        groups = range_groups(plan.items, self.storage_data, self.group_bytes)
         largest = max((group.length for group in groups), default=0)
         buffers = POOL.take(min(self.read_ahead, len(groups)), largest, pinned=cuda)
-        free, copies = list(buffers), DeviceCopies(cuda)
-        pending: deque[tuple[RangeGroup, Any, PoolFuture[memoryview]]] = deque()
-        with ThreadPoolExecutor(self.read_ahead, thread_name_prefix="read-ahead") as pool:
-            try:
-                while groups or pending:
-                    while groups and free:
-                        group, buffer = groups.popleft(), free.pop()
-                        copies.reusable(buffer)
-                        held.add(group.length)
-                        pending.append((group, buffer, pool.submit(self._fetch, group, buffer)))
-                    group, buffer, fetched = pending.popleft()
-                    self._consume(group, fetched.result(), planner, copies)
-                    copies.copied_from(buffer)
-                    free.append(buffer)
-                    held.release(group.length)
-            finally:
-                for _, _, fetched in pending:
-                    fetched.cancel()
-                waited_s = copies.finish()
+        copies = DeviceCopies(cuda)
+
+        def started() -> Iterator[tuple[RangeGroup, Any]]:
+            for index, group in enumerate(groups):  # fewer than N in flight: the buffer's last group is done
+                buffer = buffers[index % len(buffers)]
+                copies.reusable(buffer)
+                held.add(group.length)
+                yield group, buffer
+
+        try:
+            in_flight(self.read_ahead, started(), self._fetch,
+                      functools.partial(self._consume, planner=planner, copies=copies, held=held))
+        finally:
+            waited_s = copies.finish()
         POOL.give(buffers)  # after the pool's threads ended: no fetch still writes into one
-        self.timeline.read_ahead_peak_bytes = held.peak
-        self.timeline.target_copy_s = (self.timeline.target_copy_s or 0.0) + waited_s
+        return waited_s
 
     # -- landing: each item straight into its target (files) -------------------------------
-    def _land(self, plan: LoadPlan, planner: LoadPlanner) -> None:
+    def _land(self, plan: LoadPlan, planner: LoadPlanner, held: HeldBytes) -> float:
         """Each item on one of N threads, in file order: its framing read, then its data record
         read straight into its target (else read whole and copied there). The rank's thread
         resolves each target before its read and commits it after, in order, as DCP's does."""
         from torch.distributed.checkpoint.planner import LoadItemType
 
-        held, copies = HeldBytes(), BusyClock()
+        copies = BusyClock()
         self.timeline.target_copy_by_reader = True
-        ordered = deque(sorted(plan.items, key=lambda req: (
-            self.storage_data[req.storage_index].relative_path,
-            self.storage_data[req.storage_index].offset)))
-        pending: deque[tuple[Any, Any, PoolFuture[bytearray | None]]] = deque()
-        with ThreadPoolExecutor(self.read_ahead, thread_name_prefix="read-ahead") as pool:
-            try:
-                while ordered or pending:
-                    while ordered and len(pending) < self.read_ahead:
-                        req = ordered.popleft()
-                        target = (None if req.type == LoadItemType.BYTE_IO
-                                  else planner.resolve_tensor(req).detach())
-                        pending.append((req, target, pool.submit(
-                            self._land_item, req, target, held, copies)))
-                    req, target, landed = pending.popleft()
-                    item = landed.result()
-                    self._finish_item(req, target, item, planner, copies)
-                    held.release(len(item or b""))
-            finally:
-                for _, _, landed in pending:
-                    landed.cancel()
-        self.timeline.read_ahead_peak_bytes = held.peak
-        self.timeline.target_copy_s = (self.timeline.target_copy_s or 0.0) + copies.total_s()
+        ordered = sorted(plan.items, key=lambda req: (self.storage_data[req.storage_index].relative_path,
+                                                      self.storage_data[req.storage_index].offset))
+        resolved = ((req, None if req.type == LoadItemType.BYTE_IO else planner.resolve_tensor(req).detach())
+                    for req in ordered)
+        in_flight(self.read_ahead, resolved, functools.partial(self._land_item, held=held, copies=copies),
+                  functools.partial(self._finish_item, planner=planner, copies=copies, held=held))
+        return copies.total_s()
 
-    def _land_item(self, req: Any, target: Any, held: HeldBytes,
-                   copies: BusyClock) -> bytearray | None:
+    def _land_item(self, req: Any, target: Any, held: HeldBytes, copies: BusyClock) -> bytearray | None:
         """On a reading thread: `req`'s item into `target`; the item's bytes where the rank's
         thread must handle them (bytes, a transformed item: it releases them from `held`)."""
         from dcp_fsdp.compat import saved_tensor_layout
@@ -420,23 +419,24 @@ class ReadAhead:
         return None
 
     def _finish_item(self, req: Any, target: Any, item: bytearray | None, planner: LoadPlanner,
-                     copies: BusyClock) -> None:
+                     copies: BusyClock, held: HeldBytes) -> None:
         """On the rank's thread, in order: a byte item loaded, a transformed one
-        deserialised and copied, each tensor committed."""
+        deserialised and copied, each tensor committed; its bytes released from `held`."""
         info = self.storage_data[req.storage_index]
         if target is None:
             planner.load_bytes(req, io.BytesIO(self._stream(req, info, memoryview(item or b"")).read(-1)))
-            return
-        if item is not None:
-            tensor = narrowed(req, self._tensor(req, info, memoryview(item)), target)
-            with copies:
-                target.copy_(tensor)
-        planner.commit_tensor(req, target)
+        else:
+            if item is not None:
+                tensor = narrowed(req, self._tensor(req, info, memoryview(item)), target)
+                with copies:
+                    target.copy_(tensor)
+            planner.commit_tensor(req, target)
+        held.release(len(item or b""))
 
-    def _consume(self, group: RangeGroup, view: memoryview, planner: LoadPlanner,
-                 copies: DeviceCopies) -> None:
-        """Each item of a fetched group, as DCP's read_data handles it, except that a tensor is
-        read where it lies in the fetched bytes and copied once, into its target."""
+    def _consume(self, group: RangeGroup, buffer: Any, view: memoryview, planner: LoadPlanner,
+                 copies: DeviceCopies, held: HeldBytes) -> None:
+        """Each item of a fetched group as DCP's read_data handles it, except that a tensor is read where
+        it lies in the fetched bytes and copied once, into its target; then the buffer and `held` freed."""
         from torch.distributed.checkpoint.planner import LoadItemType
 
         for req in group.items:
@@ -450,6 +450,8 @@ class ReadAhead:
             target = planner.resolve_tensor(req).detach()
             copies.copy(target, narrowed(req, tensor, target))
             planner.commit_tensor(req, target)
+        copies.copied_from(buffer)
+        held.release(group.length)
 
     def _stream(self, req: Any, info: Any, item: memoryview) -> Any:
         from dcp_fsdp.compat import load_stream
