@@ -11,6 +11,7 @@ trials of one launch. Ctrl-C or SIGTERM stops the whole tune (exit 130).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -19,7 +20,9 @@ import math
 import os
 import signal
 import statistics
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
@@ -222,47 +225,132 @@ def _malloc_launches(cfg: BenchmarkConfig, summary: dict[str, Any], started_mono
     records: list[str | None] = []
     while (len(rounds) < cfg.tune.repeats
            and budget.elapsed_s() + 2 * budget.estimate_s() <= cfg.tune.budget_s):
-        scores = []
+        scores: list[float] = []
         for value in (Malloc.default.value, Malloc.raised.value):
             launched = time.monotonic()
-            code, record, score = _malloc_launch(cfg, summary["overrides"], value)
+            output = Path(cfg.results_dir) / f"malloc-round{len(rounds) + 1}-{value}.log"
+            launch = _malloc_launch(cfg, summary["overrides"], value, output)
             budget.walls.append(time.monotonic() - launched)
-            records.append(record)
-            if code == contract.EXIT_INTERRUPTED:
+            records.append(launch.record)
+            log.info(_launch_line(len(rounds) + 1, value, launch, budget.walls[-1],
+                                  scores[0] if scores else None))
+            if launch.code == contract.EXIT_INTERRUPTED:
                 raise KeyboardInterrupt()
-            if score is None:
+            if launch.score is None:
                 return {"status": "failed", "chosen": Malloc.default.value, "malloc": value,
-                        "exit_code": code, "record": record, "records": records}
-            scores.append(score)
+                        "exit_code": launch.code, "record": launch.record, "records": records,
+                        "output": launch.output}
+            scores.append(launch.score)
         rounds.append((scores[0], scores[1]))
-        log.info(f"tune: malloc round {len(rounds)}: default {scores[0]:.1f} MiB/s, raised "
-                 f"{scores[1]:.1f} MiB/s (ratio {scores[1] / scores[0]:.2f})")
     return {"status": "measured", **paired_malloc(rounds), "records": records}
 
 
-def _malloc_launch(cfg: BenchmarkConfig, settings: Settings,
-                   malloc: str) -> tuple[int, str | None, float | None]:
-    """One save-and-load of `settings` with `malloc`, through the launcher's own entry:
-    (exit code, its record, its score as a trial's). Its checkpoint is the tuner's: deleted."""
+@dataclasses.dataclass
+class MallocLaunch:
+    """One paired launch as tune saw it: its exit code, record and figures, and what became of
+    its checkpoint (said in its one line)."""
+
+    code: int
+    record: str | None = None
+    figures: dict[str, Any] = dataclasses.field(default_factory=dict)
+    error: str | None = None  # the record's error line
+    checkpoint: str = "it left no checkpoint"  # or what became of it
+    output: str | None = None  # the launch's own output, kept where it did not succeed
+
+    @property
+    def score(self) -> float | None:
+        return self.figures.get("score_mib_s") if self.code == contract.EXIT_OK else None
+
+
+def _malloc_launch(cfg: BenchmarkConfig, settings: Settings, malloc: str,
+                   output: Path) -> MallocLaunch:
+    """One save-and-load of `settings` with `malloc`, through the launcher's own entry. Its
+    output (a whole run's: table, record, suffix lines) goes to `output`, kept only when the
+    launch did not succeed: tune says in one line what it measured. Its checkpoint is the
+    tuner's: deleted here, the tune's embedded server (if any) lives on until the tune ends."""
     from dcp_fsdp.launch.local import launch_local
     from dcp_fsdp.rank.tune_trials import figures_of, trial_config
-    from dcp_fsdp.storage import make_store
     from dcp_fsdp.telemetry.records import read_record_file
 
     run_cfg = trial_config(cfg, {**settings, "malloc": malloc}, ceiling=False)
     before = set(Path(cfg.results_dir).glob("*.jsonl"))
-    code = launch_local(run_cfg)
+    with _output_to(output):
+        code = launch_local(run_cfg)
     made = sorted(set(Path(cfg.results_dir).glob("*.jsonl")) - before)
-    if not made:
-        return code, None, None
-    found = read_record_file(made[0])
-    for suffix in found.runs[0].suffixes if found.runs else []:
+    launch = MallocLaunch(code, checkpoint="it wrote no record (its checkpoint, if any, unknown)")
+    if made:
+        found = read_record_file(made[0])
+        run = found.runs[0] if found.runs else None
+        launch.record, launch.figures = str(made[0]), figures_of(found.samples)
+        launch.checkpoint = "it left no checkpoint"
+        if run is not None:
+            launch.error = run.error
+            launch.checkpoint = _delete_checkpoints(
+                run_cfg, [s for s in dict.fromkeys([*run.suffixes, run.incomplete_suffix]) if s])
+    if launch.score is None and code != contract.EXIT_INTERRUPTED:
+        launch.output = str(output)
+    else:  # measured, or stopped by the user: the one line says it
+        output.unlink(missing_ok=True)
+    return launch
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """This process's file descriptors 1 and 2 into `path`, and so the ranks' (they inherit
+    them) until the block ends."""
+    _flush_std()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(path, "ab") as output:
+            os.dup2(output.fileno(), 1)
+            os.dup2(output.fileno(), 2)
+        yield
+    finally:
+        _flush_std()
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+def _flush_std() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+
+
+def _delete_checkpoints(run_cfg: BenchmarkConfig, suffixes: list[str]) -> str:
+    """A paired launch's checkpoints deleted; what became of them, in words."""
+    from dcp_fsdp.storage import make_store
+
+    if not suffixes:
+        return "it left no checkpoint"
+    for number, suffix in enumerate(suffixes):
         try:
             make_store(run_cfg.storage).delete(suffix)
         except Exception as error:  # a leftover checkpoint is no reason to stop tuning
-            log.warning(f"tune: could not delete checkpoint {suffix}: {error}")
-    score = figures_of(found.samples).get("score_mib_s") if code == contract.EXIT_OK else None
-    return code, str(made[0]), score
+            deleted = f"its checkpoint {','.join(suffixes[:number])} deleted by tune; " if number else ""
+            fate = ("it goes with the tune's embedded S3 server at its exit"
+                    if os.environ.get(contract.EMBEDDED_ENV) == "1" else
+                    f"`dcp-fsdp delete suffix={suffix}` with the same storage settings removes it")
+            return f"{deleted}its checkpoint {suffix} could not be deleted ({error}): {fate}"
+    return f"its checkpoint {','.join(suffixes)} deleted by tune"
+
+
+def _launch_line(round_number: int, malloc: str, launch: MallocLaunch, wall_s: float,
+                 default_score: float | None) -> str:
+    """The one line of a paired launch: what it measured, and what became of its checkpoint."""
+    head = f"tune: malloc round {round_number}, malloc={malloc}"
+    if launch.code == contract.EXIT_INTERRUPTED:
+        return f"{head}: interrupted ({wall_s:.1f} s); {launch.checkpoint}"
+    if launch.score is None:
+        said = f": {launch.error}" if launch.error else ""
+        return (f"{head}: failed (exit {launch.code}{said}; {wall_s:.1f} s); {launch.checkpoint}; "
+                f"its output: {launch.output}")
+    figures = launch.figures
+    ratio = f", {launch.score / default_score:.2f}x the default's" if default_score else ""
+    return (f"{head}: save {figures['save_mib_s']:.1f} MiB/s, load {figures['load_mib_s']:.1f} "
+            f"MiB/s, score {launch.score:.1f} MiB/s{ratio} ({wall_s:.1f} s launch); "
+            f"{launch.checkpoint}")
 
 
 def _say_interrupted(session_dir: Path, after_s: float) -> None:

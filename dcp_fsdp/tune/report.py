@@ -160,8 +160,9 @@ def malloc_lines(found: dict[str, Any]) -> list[str]:
     if status == "not_glibc":
         return [f"malloc: not measured: {found['error']}"]
     if status == "failed":
+        output = f"; its output: {found['output']}" if found.get("output") else ""
         return [f"malloc: not measured: its launch with malloc={found['malloc']} failed (exit "
-                f"{found['exit_code']}; record {found['record']})"]
+                f"{found['exit_code']}; record {found['record']}{output})"]
     if status != "measured":
         return []
     default, raised = found["default_scores_mib_s"], found["raised_scores_mib_s"]

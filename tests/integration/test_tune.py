@@ -116,6 +116,16 @@ def test_tune_measures_malloc_in_paired_launches_or_says_it_had_no_room(tmp_path
         assert len(found["ratios"]) >= 1 and all(r["status"] == "ok" for r in launches)
         assert all(r["command"] == "save-and-load" for r in launches)
         assert "malloc: " in tuned.stdout and "paired ratio raised/default" in tuned.stdout
+        # one line per launch, what it measured and that tune deleted its checkpoint; none of
+        # a whole run's output (its table, nor 'deleted with the embedded S3 server at exit':
+        # the tune's server lived on)
+        said = [line for line in tuned.stdout.splitlines() if "tune: malloc round" in line]
+        assert len(said) == len(launches), tuned.stdout
+        for line, launch in zip(said, launches):
+            assert f"malloc={launch['config']['malloc']}: save " in line, line
+            assert line.endswith(f"its checkpoint {launch['suffixes'][0]} deleted by tune"), line
+        assert "embedded S3 server at exit" not in tuned.stdout + tuned.stderr
+        assert "| op " not in tuned.stdout and not list(session.glob("*.log"))
     check = run_cli(["save-and-load", "nproc=1", *overrides, f"results_dir={tmp_path / 'check'}"])
     assert check.returncode == 0, f"{check.stdout}\n{check.stderr}"
 
