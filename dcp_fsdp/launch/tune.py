@@ -77,12 +77,13 @@ def _get(cfg: BenchmarkConfig, dotted: str) -> Any:
     return getattr(value, "value", value)
 
 
-def search_space(cfg: BenchmarkConfig, overrides: list[str]) -> tuple[dict[str, list[Any]], Settings]:
-    """(values to try per setting, the starting settings). Settings the user gave are fixed."""
+def search_space(cfg: BenchmarkConfig, given: set[str]) -> tuple[dict[str, list[Any]], Settings]:
+    """(values to try per setting, the starting settings). The settings the user gave
+    (`given`: their names, config.compose.check_overrides) are fixed."""
     space = dict(S3_SPACE if cfg.storage.kind == StorageKind.s3 else FS_SPACE)
     if cfg.save_mode.value == "sync":
         space.update(DCP_SPACE)
-    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    given = set(given)
     if given & CLIENT_SETTINGS or (cfg.save_mode.value == "async"
                                    and cfg.async_save.checkpointer.value == "process"):
         # a client's own setting given names the client; the process checkpointer's daemon
@@ -122,7 +123,7 @@ def check_tune_settings(cfg: BenchmarkConfig) -> None:
 
 
 def tune(overrides: list[str], started_mono: float) -> int:
-    from dcp_fsdp.config.compose import compose
+    from dcp_fsdp.config.compose import check_overrides, compose
     from dcp_fsdp.launch.checks import check_launch
     from dcp_fsdp.launch.local import launch_local
     from dcp_fsdp.launch.preflight import preflight, storage_environment
@@ -130,10 +131,11 @@ def tune(overrides: list[str], started_mono: float) -> int:
     if "RANK" in os.environ:
         raise UserError("tune launches its own ranks (nproc=N); run it without torchrun")
     cfg = compose("save-and-load", overrides)
+    given = check_overrides(overrides)  # the setting names given, as compose read them
     check_tune_settings(cfg)
     check_launch(cfg)  # as any launch, before the storage: the environment's endpoint too
-    space, start = search_space(cfg, overrides)
-    malloc = _malloc_held(cfg, overrides)  # None: measured after the search
+    space, start = search_space(cfg, given)
+    malloc = _malloc_held(cfg, given)  # None: measured after the search
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     session_dir = Path(cfg.results_dir) / f"tune-{stamp}-{os.getpid()}"
     # SIGTERM (scancel, kill) ends the tune like Ctrl-C, also while the server starts.
@@ -175,12 +177,12 @@ def tune(overrides: list[str], started_mono: float) -> int:
     return code
 
 
-def _malloc_held(cfg: BenchmarkConfig, overrides: list[str]) -> dict[str, Any] | None:
+def _malloc_held(cfg: BenchmarkConfig, given: set[str]) -> dict[str, Any] | None:
     """tune.json's malloc block where no launch measures it: given (held), or refused with
     the ranks' allocator (launch/checks.py); None: measured after the search."""
     from dcp_fsdp.launch.checks import check_environment
 
-    if "malloc" in {o.split("=", 1)[0].lstrip("+~") for o in overrides}:
+    if "malloc" in given:
         return {"status": "held", "chosen": cfg.malloc.value}
     try:  # what a launch with malloc=raised would refuse (another allocator, MALLOC_* set)
         check_environment(dataclasses.replace(cfg, malloc=Malloc.raised))

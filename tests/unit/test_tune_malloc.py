@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dcp_fsdp import contract
-from dcp_fsdp.config.compose import compose
+from dcp_fsdp.config.compose import check_overrides, compose
 from dcp_fsdp.launch import tune as launcher
 from dcp_fsdp.tune.report import malloc_lines
 from dcp_fsdp.tune.search import paired_malloc
@@ -64,7 +64,7 @@ class FakeLaunches:
 def _after(tmp_path, monkeypatch, fake, overrides=(), budget_s=600, spent_s=0.0, search_s=20.0):
     monkeypatch.setattr(launcher, "_malloc_launch", fake)
     cfg = compose("save-and-load", [f"tune.budget_s={budget_s}", "tune.repeats=3", *overrides])
-    held = launcher._malloc_held(cfg, list(overrides))
+    held = launcher._malloc_held(cfg, check_overrides(list(overrides)))
     code = launcher._after_search(cfg, _session(tmp_path), held, time.monotonic() - spent_s,
                                   search_s)
     return code, json.loads((tmp_path / "tune.json").read_text())

@@ -284,11 +284,12 @@ def test_a_setting_of_one_client_applies_only_with_that_client():
 
 
 def test_the_client_is_tuned_unless_a_client_setting_or_the_process_checkpointer_fixes_it():
-    from dcp_fsdp.config.compose import compose
+    from dcp_fsdp.config.compose import check_overrides, compose
     from dcp_fsdp.launch.tune import search_space
 
     def tuned(*overrides: str) -> dict:
-        return search_space(compose("save-and-load", list(overrides)), list(overrides))[0]
+        return search_space(compose("save-and-load", list(overrides)),
+                            check_overrides(list(overrides)))[0]
 
     assert tuned("storage.uri=s3://bench/p")["storage.client"][0] == "s3torchconnector"
     assert "storage.client" not in tuned("storage.uri=s3://bench/p", "storage.part_size_mib=16")
