@@ -16,17 +16,15 @@ def resolve_region(storage: StorageConfig) -> str:
             or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")
 
 
-def resolve_endpoint(storage: StorageConfig) -> str | None:
-    return storage.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
-        "AWS_ENDPOINT_URL") or None
-
-
 def endpoint_source(storage: StorageConfig) -> str:
     """The setting or variable the endpoint comes from: what an error message names."""
-    if storage.endpoint:
-        return "storage.endpoint"
-    return next((name for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
-                 if os.environ.get(name)), "storage.endpoint")
+    variables = () if storage.endpoint else ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+    return next((name for name in variables if os.environ.get(name)), "storage.endpoint")
+
+
+def resolve_endpoint(storage: StorageConfig) -> str | None:
+    source = endpoint_source(storage)
+    return (storage.endpoint if source == "storage.endpoint" else os.environ[source]) or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,20 +41,19 @@ class S3Target:
 
     @classmethod
     def from_config(cls, storage: StorageConfig) -> "S3Target":
-        endpoint = resolve_endpoint(storage)
+        endpoint, source = resolve_endpoint(storage), endpoint_source(storage)
         if storage.uri is None:
             # Only the embedded server fills it in; with an endpoint set there is none.
-            raise UserError(f"storage.uri is not set but {endpoint_source(storage)}={endpoint} "
+            raise UserError(f"storage.uri is not set but {source}={endpoint} "
                             "is: give the bucket too, e.g. storage.uri=s3://my-bucket/checkpoints"
-                            + ("" if storage.endpoint else
-                               f" (or unset {endpoint_source(storage)} for the embedded server)"))
+                            + ("" if storage.endpoint else f" (or unset {source} for the embedded server)"))
         bucket, prefix = parse_s3_uri(storage.uri)
         return cls(uri=storage.uri.rstrip("/"), bucket=bucket, prefix=prefix,
                    region=resolve_region(storage), endpoint=endpoint,
                    force_path_style=(storage.force_path_style
                                      if storage.force_path_style is not None
                                      else endpoint is not None),
-                   endpoint_source=endpoint_source(storage))
+                   endpoint_source=source)
 
     def key(self, suffix: str, name: str = "") -> str:
         return "/".join(p for p in (self.prefix, suffix, name) if p)
