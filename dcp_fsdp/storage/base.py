@@ -199,6 +199,8 @@ def ceiling_token(run_id: str | None) -> str:
     return run_id or f"t-{secrets.token_hex(4)}"
 
 
-def read_ahead_kwargs(storage: Any) -> dict[str, int]:
-    """The tool's reader's arguments (storage/read_ahead.py) from a store's settings."""
-    return {"read_ahead": storage.read_ahead, "group_bytes": storage.read_ahead_mib * 2**20}
+def read_ahead_reader(reader: type, storage: Any, timeline: HookTimeline | None, *args: Any, **kwargs: Any) -> Any:
+    """The tool's reader (storage/read_ahead.py) `reader(*args, **kwargs)` with a store's settings,
+    always timed (it owns its clocks)."""
+    return reader(*args, timeline=timeline or HookTimeline(), read_ahead=storage.read_ahead,
+                  group_bytes=storage.read_ahead_mib * 2**20, **kwargs)

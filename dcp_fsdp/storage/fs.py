@@ -18,7 +18,7 @@ from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.layout import (CLAIM_EXCLUSIVE, CLAIM_NAME, METADATA_NAME, CheckpointInfo,
                                      SuffixClaim, check_suffix, checkpoint_info)
 from dcp_fsdp.storage.raw import FsRawArea, fs_ceiling_dir
-from dcp_fsdp.storage.base import host_state_kwargs, read_ahead_kwargs
+from dcp_fsdp.storage.base import host_state_kwargs, read_ahead_reader
 from dcp_fsdp.storage.timeline import HookTimeline
 
 if TYPE_CHECKING:
@@ -85,9 +85,7 @@ class FsStore:
         if self.config.read_ahead:  # the tool's reader, always timed (it owns its clocks)
             from dcp_fsdp.storage.timed_dcp import TimedReadAheadFileSystemReader
 
-            return TimedReadAheadFileSystemReader(
-                self.location(suffix), timeline=timeline or HookTimeline(),
-                **read_ahead_kwargs(self.config))
+            return read_ahead_reader(TimedReadAheadFileSystemReader, self.config, timeline, self.location(suffix))
         if timeline is None:
             from torch.distributed.checkpoint import FileSystemReader
 

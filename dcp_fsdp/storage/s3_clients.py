@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from dcp_fsdp.compat import round_robin_prefix_strategy
 from dcp_fsdp.config.schema import PrefixStrategy, ReaderKind, StorageClient, StorageConfig
 from dcp_fsdp.config.validate import CLIENT_ONLY
-from dcp_fsdp.storage.base import host_state_kwargs, read_ahead_kwargs
+from dcp_fsdp.storage.base import host_state_kwargs, read_ahead_reader
 from dcp_fsdp.storage.s3_target import S3Target, botocore_retry
 from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.units import MIB
@@ -115,10 +115,9 @@ class ConnectorClient(S3Client):
 
         if self.config.read_ahead:  # the tool's reader: a ranged GET per range group
             timeline = timeline or HookTimeline()
-            return timed_s3.TimedReadAheadS3StorageReader(
-                timeline=timeline, **self._common(suffix), **read_ahead_kwargs(self.config),
-                reader_constructor=timed_s3.TimedReaderConstructor(S3ReaderConstructor.range_based(),
-                                                                   timeline.storage_clock))
+            ranged = timed_s3.TimedReaderConstructor(S3ReaderConstructor.range_based(), timeline.storage_clock)
+            return read_ahead_reader(timed_s3.TimedReadAheadS3StorageReader, self.config, timeline,
+                                     reader_constructor=ranged, **self._common(suffix))
         return _built(S3StorageReader, timed_s3.TimedS3StorageReader, timeline, **self._common(suffix),
                       reader_constructor=self._reader_constructor(timeline))
 
@@ -208,9 +207,8 @@ class FsspecClient(S3Client):
         import dcp_fsdp.storage.timed_clients as timed_clients
 
         if self.config.read_ahead:  # the tool's reader: cat_file per range group
-            return timed_clients.TimedReadAheadFsspecReader(
-                self.location(suffix), timeline=timeline or HookTimeline(),
-                **read_ahead_kwargs(self.config), **self.storage_options())
+            return read_ahead_reader(timed_clients.TimedReadAheadFsspecReader, self.config, timeline,
+                                     self.location(suffix), **self.storage_options())
         return _built(timed_clients.FsspecReader, timed_clients.TimedFsspecReader, timeline,
                       self.location(suffix), **self.storage_options())
 
@@ -292,9 +290,8 @@ class MscClient(S3Client):
         import dcp_fsdp.storage.timed_clients as timed_clients
 
         if self.config.read_ahead:  # the tool's reader: read(byte_range=...) per range group
-            return timed_clients.TimedReadAheadMscReader(
-                self.location(suffix), timeline=timeline or HookTimeline(),
-                **read_ahead_kwargs(self.config))
+            return read_ahead_reader(timed_clients.TimedReadAheadMscReader, self.config, timeline,
+                                     self.location(suffix))
         # storage.msc_prefetch_threads: MSC's prefetch, each object downloaded once
         return _built(msc_dcp.OnceMscReader, msc_dcp.TimedOnceMscReader, timeline, self.location(suffix),
                       prefetch_threads=self.config.msc_prefetch_threads)
