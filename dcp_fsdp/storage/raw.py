@@ -56,10 +56,7 @@ class S3RawArea:
     def get(self, client: Client, name: str) -> int:
         from dcp_fsdp.compat import object_chunks  # the native stream: no buffering reader
 
-        received = 0
-        for chunk in object_chunks(client, self.bucket, self._key(name)):
-            received += len(chunk)
-        return received
+        return sum(len(chunk) for chunk in object_chunks(client, self.bucket, self._key(name)))
 
     def get_into(self, client: Client, name: str, target: memoryview) -> int:
         """The native object stream landed in `target` (a preallocated tensor's bytes)."""

@@ -323,9 +323,8 @@ class S3ControlPlane:
             return body.read(max_bytes)
 
     def put_key(self, key: str, data: bytes) -> None:
-        client = self.client()
-        with self._explaining():
-            client.put_object(Bucket=self.target.bucket, Key=key, Body=data)
+        with self._explaining():  # (client()'s own failure is a UserError already)
+            self.client().put_object(Bucket=self.target.bucket, Key=key, Body=data)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """PutObject with If-None-Match: *; False when the key exists (412) or another
@@ -365,9 +364,8 @@ class S3ControlPlane:
         return self._honours_if_none_match
 
     def delete_key(self, key: str) -> None:
-        client = self.client()
         with self._explaining():
-            client.delete_object(Bucket=self.target.bucket, Key=key)
+            self.client().delete_object(Bucket=self.target.bucket, Key=key)
 
     def delete_prefix(self, prefix: str) -> None:
         """Every object whose key begins with `prefix` (1000 per request, S3's limit)."""
