@@ -3,6 +3,7 @@ state is transformers' own, built on the meta device (no memory)."""
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -65,7 +66,7 @@ def hf_config(shape: ModelShape):
             # GPT-2's special token id is 50256; keep it inside a smaller test vocabulary.
             bos_token_id=min(50256, shape.vocab_size - 1),
             eos_token_id=min(50256, shape.vocab_size - 1))
-    fields = dict(
+    fields: dict[str, Any] = dict(
         vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size or 4 * shape.hidden_size,
         num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
