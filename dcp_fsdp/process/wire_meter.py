@@ -243,12 +243,15 @@ def _socket_inodes() -> set[int]:
     return inodes
 
 
-# How often a watching meter scans: often enough that a connector's retry connection, opened
-# and cut within a fraction of a second, is seen (at 100 ms a load whose GETs were cut missed
-# 4.2 of 33.7 MB). A scan is one sock_diag round trip per address family on a thread that
-# takes the GIL from the load it measures: its cost is in docs/metrics.md
-# (benchmarks/wire_meter_cost.py).
+# How often a watching meter scans. Where no hook names a GET's socket (the connector's CRT),
+# often enough that a retry connection, opened and cut within milliseconds, is seen (at 20 ms
+# a load whose GETs were cut missed some: tests/integration/test_clients.py). Where the
+# client's GET hooks name every GET's socket (s3fs, MSC: `note_socket`), the scans only keep
+# long-lived connections' counts current. Every wake-up takes the GIL from the load it
+# measures: MSC's load took 1.03x as long scanned every 5 ms as with no scans
+# (docs/harness-cost.md).
 WATCH_PERIOD_S = 0.005
+HOOKED_WATCH_PERIOD_S = 0.1
 
 
 class WireMeter:

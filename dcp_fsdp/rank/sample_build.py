@@ -135,14 +135,16 @@ def start_wire_meter(op: str, request_log: Any, storage: Any) -> Any:
     until its sample is built; None otherwise, or where it cannot read."""
     if op != "load" or request_log is None:
         return None
-    from dcp_fsdp.process.wire_meter import WireMeter
+    from dcp_fsdp.config.schema import StorageClient
+    from dcp_fsdp.process.wire_meter import HOOKED_WATCH_PERIOD_S, WATCH_PERIOD_S, WireMeter
     from dcp_fsdp.storage.s3_target import resolve_endpoint
 
     meter = WireMeter.for_endpoint(resolve_endpoint(storage))
     if not meter.available():
         return None
     meter.start()
-    meter.watch()
+    hooked = storage.client != StorageClient.s3torchconnector  # its GET hooks name every socket
+    meter.watch(HOOKED_WATCH_PERIOD_S if hooked else WATCH_PERIOD_S)
     return meter
 
 
