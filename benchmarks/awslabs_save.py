@@ -42,6 +42,7 @@ geometric mean and 95 % CI (benchmarks/paired.py):
 
   python -m benchmarks.awslabs_save --pairs 10 --threads 8
   python -m benchmarks.awslabs_save --pairs 10 --threads 1
+  python -m benchmarks.awslabs_save --pairs 10 --threads 8 --awslabs-fsdp 2   (the one switch)
 """
 
 from __future__ import annotations
@@ -104,15 +105,11 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def rank_main(model_name: str, uri: str, out: str, thread_count: int) -> int:
-    """awslabs' run_fsdp_save for one epoch (save_benchmark.py), its figures to `out`."""
+def fsdp1_state(model_name: str, rank: int) -> tuple[dict[str, Any], float]:
+    """awslabs' model and state dict (save_benchmark.py): FSDP1, SHARDED_STATE_DICT; (state, MiB)."""
     import functools
-    from time import perf_counter
 
     import torch
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from s3torchconnector.dcp import S3StorageWriter
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import ShardingStrategy
     from torch.distributed.fsdp.fully_sharded_data_parallel import StateDictType
@@ -120,8 +117,6 @@ def rank_main(model_name: str, uri: str, out: str, thread_count: int) -> int:
     from transformers import AutoModelForCausalLM
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
     config = llama_config(model_name)
     if rank == 0:
         model = AutoModelForCausalLM.from_config(config)
@@ -138,7 +133,38 @@ def rank_main(model_name: str, uri: str, out: str, thread_count: int) -> int:
                  param_init_fn=(lambda module: module.to_empty(device=torch.device("cpu"), recurse=False))
                  if rank != 0 else None)  # type: ignore[arg-type]
     with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
-        state_dict = {"model": model.state_dict()}
+        return {"model": model.state_dict()}, size_mib
+
+
+def fsdp2_state(model_name: str) -> tuple[dict[str, Any], float]:
+    """The same model under FSDP2 (`fully_shard` over each decoder layer, then the root;
+    `get_model_state_dict`: DTensors), as dcp-fsdp and torchtitan shard: the one switch
+    `--awslabs-fsdp 2` makes. Every rank builds it on CPU (FSDP2 takes no rank-0-only init)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    model = AutoModelForCausalLM.from_config(llama_config(model_name))
+    size_mib = model_mib(model)
+    for module in model.modules():
+        if isinstance(module, LlamaDecoderLayer):
+            fully_shard(module)
+    fully_shard(model)
+    return {"model": get_model_state_dict(model)}, size_mib
+
+
+def rank_main(model_name: str, uri: str, out: str, thread_count: int, fsdp: int = 1) -> int:
+    """awslabs' run_fsdp_save for one epoch (save_benchmark.py), its figures to `out`."""
+    from time import perf_counter
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from s3torchconnector.dcp import S3StorageWriter
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    state_dict, size_mib = fsdp1_state(model_name, rank) if fsdp == 1 else fsdp2_state(model_name)
     writer = S3StorageWriter(os.environ.get("AWS_REGION", "us-east-1"), uri, thread_count=thread_count)
     faults_before = minor_faults()  # not in awslabs: read outside its clock, as bare_dcp.py does
     dist.barrier()
@@ -146,8 +172,9 @@ def rank_main(model_name: str, uri: str, out: str, thread_count: int) -> int:
     dcp.save(state_dict, storage_writer=writer)
     end_save = perf_counter()
     faults = minor_faults() - faults_before
-    saved_bytes = sum(shard.tensor.nbytes for value in state_dict["model"].values()
-                      for shard in value.local_shards())
+    saved_bytes = sum(value.to_local().nbytes if hasattr(value, "to_local")
+                      else sum(shard.tensor.nbytes for shard in value.local_shards())
+                      for value in state_dict["model"].values())
     figures = {"rank": rank, "begin": begin_save, "end": end_save, "size_mib": size_mib,
                "client_build_s": client_build_s(writer),
                "fresh_pages_per_byte": faults * 4096 / saved_bytes}
@@ -167,7 +194,8 @@ def run_awslabs(args: argparse.Namespace, uri: str, env: dict[str, str], log: IO
         out = Path(tmp) / "awslabs.json"
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc-per-node={args.nproc}", f"--log-dir={Path(tmp) / 'torchelastic'}",
-                   "-m", "benchmarks.awslabs_save", "--rank", args.model, uri, str(out), str(args.threads)]
+                   "-m", "benchmarks.awslabs_save", "--rank", args.model, uri, str(out), str(args.threads),
+                   str(args.awslabs_fsdp)]
         log.write(f"\n$ {' '.join(command)}\n")
         log.flush()
         subprocess.run(command, cwd=REPO, env={"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "inductor"), **env},
@@ -284,13 +312,16 @@ def run_rounds(args: argparse.Namespace, log: IO[str]) -> dict[str, list[dict[st
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--rank":
-        model, uri, out, threads = sys.argv[2:6]
-        return rank_main(model, uri, out, int(threads))
+        model, uri, out, threads, fsdp = sys.argv[2:7]
+        return rank_main(model, uri, out, int(threads), int(fsdp))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=10, help="rounds (each variant once)")
     parser.add_argument("--threads", type=int, default=8, help="writer threads per rank, both sides "
                         "(awslabs' conf/dcp_fsdp_save.yaml: 8)")
     parser.add_argument("--model", default="L660m")
+    parser.add_argument("--awslabs-fsdp", type=int, choices=(1, 2), default=1,
+                        help="the awslabs side's sharding: 1 as awslabs (FSDP1 ShardedTensors), 2 the "
+                        "same model under FSDP2 (DTensors, as ours)")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--tool-setting", action="append", default=[], metavar="KEY=VALUE",
                         help="one more dcp-fsdp setting (repeatable), e.g. request_stats=false")
@@ -302,7 +333,7 @@ def main() -> int:
     with open(args.log, "w") as log:
         figures = run_rounds(args, log)
     print(f"\n{args.model} fp32, {args.nproc} gloo ranks, embedded SeaweedFS, {args.threads} writer "
-          f"thread(s), {args.pairs} rounds from {started}; tool settings: "
+          f"thread(s), {args.pairs} rounds from {started}; awslabs side FSDP{args.awslabs_fsdp}; tool settings: "
           f"{' '.join(args.tool_setting) or 'defaults'}")
     print("\n".join(summary(figures)))
     return 0
