@@ -272,12 +272,13 @@ def _report(report: CommandArguments) -> None:
     decide.add_argument("--node-mtbf-hours", metavar="H",
                         type=above_zero("--node-mtbf-hours", float, "give a number of hours above 0"),
                         help="mean time between failures of one node, hours (e.g. 6000)")
-    decide.add_argument("--nodes", type=above_zero("--nodes", int, "give 1 or more"), metavar="N",
+    count_fix = "give a whole number, 1 or more"
+    decide.add_argument("--nodes", type=above_zero("--nodes", int, count_fix), metavar="N",
                         help="nodes of the training job (default: each run's node count)")
     decide.add_argument("--interval-minutes", metavar="X",
                         type=above_zero("--interval-minutes", float, "give a number of minutes above 0"),
                         help="also price and cost a checkpoint every X minutes")
-    decide.add_argument("--keep", type=above_zero("--keep", int, "give 1 or more"), default=1, metavar="K",
+    decide.add_argument("--keep", type=above_zero("--keep", int, count_fix), default=1, metavar="K",
                         help="checkpoints kept in storage (default 1)")
     decide.add_argument("--prices", metavar="FILE",
                         help="prices YAML (default: S3 Standard us-east-1 list prices, "

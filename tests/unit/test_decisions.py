@@ -152,7 +152,9 @@ def test_a_file_system_shows_no_dollars(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--nodes", "512"], "--nodes needs --node-mtbf-hours H"),
     (["--node-mtbf-hours", "0"], "--node-mtbf-hours 0: give a number of hours above 0"),
-    (["--node-mtbf-hours", "6000", "--keep", "0"], "--keep 0: give 1 or more"),
+    (["--node-mtbf-hours", "6000", "--keep", "0"], "--keep 0: give a whole number, 1 or more"),
+    (["--node-mtbf-hours", "6000", "--keep", "abc"], "--keep abc: give a whole number, 1 or more"),
+    (["--nodes", "1.5", "--node-mtbf-hours", "6000"], "--nodes 1.5: give a whole number, 1 or more"),
     (["--node-mtbf-hours", "6000", "--prices", "/nonexistent.yaml"],
      "--prices /nonexistent.yaml: cannot read it"),
 ])
