@@ -29,6 +29,7 @@ machine, rounds run under very different loads are noise, not harness.
 
   python -m benchmarks.harness_cost --storage shm --pairs 10
   python -m benchmarks.harness_cost --storage s3 --pairs 10 --toggles
+  python -m benchmarks.harness_cost --storage s3 --client msc --nproc 1 --pairs 10 --toggle no-reqlog
 """
 
 from __future__ import annotations
@@ -132,6 +133,8 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=10, help="rounds (each variant once)")
     parser.add_argument("--toggles", action="store_true",
                         help="add the tool with each instrumentation piece off")
+    parser.add_argument("--toggle", action="append", default=[], choices=list(TOGGLES),
+                        help="add the tool with this one piece off (repeatable; --toggles adds all)")
     parser.add_argument("--torchrun", action="store_true",
                         help="add the tool launched by torchrun (tool-torchrun)")
     parser.add_argument("--log", default="harness_cost.log", help="the launches' own output")
@@ -142,7 +145,7 @@ def main() -> int:
     if args.summarise:
         return print_saved(args.summarise)
     variants = (["bare", "tool"] + (["tool-torchrun"] if args.torchrun else [])
-                + (list(TOGGLES) if args.toggles else []))
+                + (list(TOGGLES) if args.toggles else [t for t in TOGGLES if t in args.toggle]))
     if args.storage == "shm":
         variants = [v for v in variants if v != "no-reqlog"]  # no request log without S3
 
