@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from benchmarks.harness_cost import _delete_prefix, _env
-from benchmarks.paired import PairedRatio, finally_on_sigterm, load_average
+from benchmarks.paired import PairedRatio, finally_on_sigterm, load_average, vacuum
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -300,6 +300,7 @@ def run_rounds(args: argparse.Namespace, log: IO[str]) -> dict[str, list[dict[st
                 figures[variant].append(run_awslabs(args, f"{uri}/ckpt", env, log) if variant == "awslabs"
                                         else run_tool(args, uri, endpoint.endpoint_url, env, log))
                 _delete_prefix(client, endpoint.bucket, prefix + "/")
+            vacuum(server)
             if args.json:  # after every round: a run cut short keeps whole rounds
                 Path(args.json).write_text(json.dumps({"args": vars(args), "figures": figures}))
             print(f"round {number + 1:>2} load avg {load_before:5.2f}->{load_average():5.2f}  " + "  ".join(

@@ -30,10 +30,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from benchmarks.harness_cost import _delete_prefix
-from benchmarks.paired import PairedRatio, finally_on_sigterm, load_average
+from benchmarks.paired import PairedRatio, finally_on_sigterm, load_average, vacuum
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -65,16 +65,6 @@ def tuned_settings(args: argparse.Namespace, common: list[str], client: str,
     rows = re.findall(r"^\|\s+1 \| ([^|]*?)\s*\*?\s*\|", output, flags=re.MULTILINE)
     best = rows[-1].strip() if rows else "defaults"
     return [] if best.startswith("defaults") else [s for s in best.split() if "=" in s]
-
-
-def vacuum(server: Any) -> None:
-    """Reclaim the deleted objects' space now: SeaweedFS frees a volume's deleted bytes only
-    when it vacuums it (every 15 min by default), and its volumes fill after some tens of
-    GiB written and deleted (then every PUT answers 500 InternalError)."""
-    import urllib.request
-
-    master = f"http://{server.host}:{server.ports['master.port']}"
-    urllib.request.urlopen(f"{master}/vol/vacuum?garbageThreshold=0.0001", timeout=300).read()
 
 
 def figures(records: Path) -> dict[str, float]:

@@ -45,7 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.paired import PairedRatio, finally_on_sigterm, load_average
+from benchmarks.paired import PairedRatio, finally_on_sigterm, load_average, vacuum
 
 REPO = Path(__file__).resolve().parents[1]
 TOGGLES = {  # variant -> (settings, DCP_FSDP_HARNESS_OFF)
@@ -205,6 +205,8 @@ def main() -> int:
                                               variant, env, log)
                         shutil.rmtree(where, ignore_errors=True)
                     figures[variant].append(figure)
+                if server is not None:
+                    vacuum(server)
                 if args.json:  # after every round: a run cut short keeps whole rounds
                     Path(args.json).write_text(json.dumps({"args": vars(args),
                                                            "figures": figures}))
