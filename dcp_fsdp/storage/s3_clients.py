@@ -171,6 +171,16 @@ def name_failed_objects(events: Any) -> None:
     events.register("after-call.s3", _name_object, unique_id="dcp-fsdp-name-object")
 
 
+def quiet_broken_connection_tasks(loop: Any, context: dict[str, Any]) -> None:
+    """fsspec's event loop's exception handler: an aiohttp task left with a connection error
+    (writing a request whose connection broke) is dropped, not printed with its traceback as
+    "Task exception was never retrieved": the request fails with that error, which the rank
+    reports in its one line. Anything else goes to asyncio's default handler."""
+    if not (context.get("message") == "Task exception was never retrieved"
+            and isinstance(context.get("exception"), ConnectionError)):
+        loop.default_exception_handler(context)
+
+
 class FsspecClient(S3Client):
     name = StorageClient.fsspec.value
     packages: tuple[str, ...] = ("s3fs", "aiobotocore", "botocore", "fsspec")
@@ -220,6 +230,7 @@ class FsspecClient(S3Client):
         torch_filesystem: Any = client_file_system(storage_io)  # torch's fsspec FileSystem
         s3fs_filesystem = torch_filesystem.fs
         s3fs_filesystem.connect()
+        s3fs_filesystem.loop.set_exception_handler(quiet_broken_connection_tasks)
         events = s3fs_filesystem.s3.meta.events
         name_failed_objects(events)
         return [events]

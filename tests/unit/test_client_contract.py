@@ -200,3 +200,26 @@ def test_fsspec_tries_a_refused_connection_as_often_as_its_record_says(monkeypat
     assert len(sent) == attempts, sent
     described = store.describe()
     assert (described["retry_mode"], described["max_attempts"]) == (mode, attempts)
+
+
+def test_fsspecs_loop_drops_only_a_broken_connections_unretrieved_task(caplog):
+    """A save under fsspec whose endpoint went away printed asyncio's "Task exception was never
+    retrieved" with aiohttp's traceback beside its one error line (CI, test_faults): fsspec's
+    loop drops that task's connection error; any other context still reaches asyncio's
+    default handler, which logs it."""
+    import asyncio
+    import logging
+
+    from dcp_fsdp.storage.s3_clients import quiet_broken_connection_tasks
+
+    loop = asyncio.new_event_loop()
+    try:
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            quiet_broken_connection_tasks(loop, {"message": "Task exception was never retrieved",
+                                                 "exception": ConnectionResetError("closing transport")})
+            assert not caplog.records
+            quiet_broken_connection_tasks(loop, {"message": "Task exception was never retrieved",
+                                                 "exception": ValueError("a bug")})
+            assert [r.getMessage() for r in caplog.records] == ["Task exception was never retrieved"]
+    finally:
+        loop.close()
