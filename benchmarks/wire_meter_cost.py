@@ -1,11 +1,9 @@
 """What the wire meter's watching thread costs: its CPU time over a 10 s watch, in a process
 shaped like a rank (torch imported, about 100 descriptors, 16 connections to the "endpoint").
 
-A scan is a sock_diag dump (kernel time, the GIL released) and the parsing of its answer
-(user time, the GIL held): the thread's user time is the share of the GIL it takes from the
-load it measures, its user + system time the share of a core (process/wire_meter.py,
-WATCH_PERIOD_S). A dump walks the kernel's whole TCP connection table: its system time grows
-with the table's size (`TCP established hash table entries` in dmesg), not the process's.
+The thread's user time is about the share of the GIL it takes from the load it measures (its
+system time is spent in syscalls, the GIL released); user + system is its share of a core
+(process/wire_meter.py, WATCH_PERIOD_S).
 
   python -m benchmarks.wire_meter_cost --period-s 0.005
 """
@@ -37,7 +35,7 @@ def main() -> None:
     clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(16)]
     accepted = [server.accept()[0] for _ in range(16)]
     files = [open("/proc/self/status") for _ in range(args.files)]
-    meter = WireMeter(port, (socket.AF_INET,))  # a loopback endpoint's one family
+    meter = WireMeter(port)
     meter.start()
     meter.watch(args.period_s)
     thread = meter._thread  # noqa: SLF001  (this benchmark reads its own thread's CPU)

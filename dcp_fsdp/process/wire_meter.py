@@ -15,22 +15,20 @@ hundred bytes a request). No client needs to cooperate: s3torchconnector's CRT, 
 multi-storage-client alike.
 
 Which sockets: every TCP socket of this process whose peer port is the endpoint's (443 or
-80 without an endpoint: the collectives' own sockets use other ports). A scan is one
-sock_diag dump of the namespace's sockets to that port (the kernel filters by port and
-sends each one's cookie, inode and tcp_info); a socket whose inode is not yet known is
-looked up once in /proc/self/fd, so a scan costs one netlink round trip and reads no
-descriptor while the connections stay the same. A connection that closes takes its
-counters with it; the kernel broadcasts them as it frees the socket (sock_diag's destroy
-group, `_ClosedSockets`), and a socket this process was seen to own counts to its last
-byte. A connection opened and closed between two scans is never seen to be this
-process's, so `watch()` scans every WATCH_PERIOD_S while an operation runs, and the
-botocore clients' GET hooks name each GET's socket as its answer arrives (`note_socket`,
-telemetry/get_bodies.py): every GET of s3fs and MSC counts whatever its life; the
-connector's CRT connections count once a scan has seen them (`unseen_bytes` says what
-closed in the namespace unclaimed, any process's). Where sock_diag, /proc/self/fd or
-TCP_INFO cannot be read, `available()` is False and the heartbeat says what it measures
-instead; without the destroy broadcast (`exact` False) a closed connection keeps what it
-had at the last scan.
+80 without an endpoint: the collectives' own sockets use other ports), found in
+/proc/self/fd and read through a duplicate of its descriptor, never touched otherwise, and
+known from then on by its cookie (SO_COOKIE, unique per socket while the host runs).
+A connection that closes takes its counters with it; the kernel broadcasts them as it
+frees the socket (sock_diag's destroy group, `_ClosedSockets`), and a socket this process
+was seen to own counts to its last byte. A connection opened and closed between two scans
+is never seen to be this process's, so `watch()` scans every WATCH_PERIOD_S while an
+operation runs, and the botocore clients' GET hooks name each GET's socket as its answer
+arrives (`note_socket`, telemetry/control_plane.py): every GET of s3fs and MSC counts
+whatever its life; the connector's CRT connections count once a scan has seen them
+(`unseen_bytes` says what closed in the namespace unclaimed, any process's).
+Where /proc/self/fd or TCP_INFO cannot be read, `available()` is False and the heartbeat
+says what it measures instead; without the destroy broadcast (`exact` False) a closed
+connection keeps what it had at the last scan.
 """
 
 from __future__ import annotations
@@ -43,7 +41,7 @@ import struct
 import threading
 import urllib.parse
 import weakref
-from typing import Callable, Iterator
+from typing import Callable
 
 _ACKED_AT = 120  # offsetof(struct tcp_info, tcpi_bytes_acked); tcpi_bytes_received follows
 _INFO_LEN = 136
@@ -54,11 +52,6 @@ _DESTROY_GROUPS = 1 | 4  # SKNLGRP_INET_TCP_DESTROY (1), SKNLGRP_INET6_TCP_DESTR
 _DIAG_MSG_LEN = 72  # struct inet_diag_msg; its cookie at 44, then rtattrs
 _INET_DIAG_INFO = 2
 _TCP_LISTEN = 10  # tcpi_state of a listening socket
-_SOCK_DIAG_BY_FAMILY = 20
-_NLMSG_ERROR, _NLMSG_DONE = 2, 3
-_DUMP_FLAGS = 0x1 | 0x300  # NLM_F_REQUEST | NLM_F_DUMP
-# Every state but LISTEN (10), TIME_WAIT (6) and NEW_SYN_RECV (12): none has counters of its own.
-_DUMP_STATES = 0xFFE & ~(1 << 6 | 1 << 10)
 _METERS: "weakref.WeakSet[WireMeter]" = weakref.WeakSet()  # started, for note_socket
 
 
@@ -72,24 +65,10 @@ def endpoint_port(endpoint: str | None) -> int:
     return 80 if parsed.scheme == "http" else 443
 
 
-def endpoint_families(endpoint: str | None) -> tuple[int, ...]:
-    """The address families of the endpoint's addresses, as its clients resolve them (each
-    family a sock_diag dump walks the kernel's whole connection table once); both where
-    there is no endpoint (AWS's) or it does not resolve."""
-    both = (socket.AF_INET, socket.AF_INET6)
-    host = urllib.parse.urlsplit(endpoint).hostname if endpoint else None
-    if not host:
-        return both
-    try:
-        found = {info[0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
-    except OSError:
-        return both
-    return tuple(family for family in both if family in found) or both
-
-
-def _inspect(fd: int) -> tuple[int, tuple[int, int]] | None:
-    """(cookie, (acked, received)) of a TCP socket descriptor; None: not a TCP socket, a
-    listening one, or closed meanwhile."""
+def _inspect(fd: int, port: int) -> tuple[int, bool | None, tuple[int, int]] | None:
+    """(cookie, to the endpoint: True / False / None for not connected now (a reset or a
+    connecting socket), (acked, received)) of a TCP socket descriptor; None: not a TCP
+    socket, a listening one, or closed meanwhile."""
     for family in (socket.AF_INET, socket.AF_INET6):
         try:
             # a duplicate: the client's own descriptor is never read from or closed
@@ -98,7 +77,12 @@ def _inspect(fd: int) -> tuple[int, tuple[int, int]] | None:
                 cookie, = struct.unpack("Q", dup.getsockopt(socket.SOL_SOCKET, _SO_COOKIE, 8))
                 if len(info) < _ACKED_AT + 16 or info[0] == _TCP_LISTEN:
                     return None
-                return cookie, struct.unpack_from("QQ", info, _ACKED_AT)
+                counts = struct.unpack_from("QQ", info, _ACKED_AT)
+                try:
+                    peer = dup.getpeername()  # a Unix socket's is a str (s3fs's aiohttp has one)
+                except OSError:
+                    return cookie, None, counts
+                return cookie, isinstance(peer, tuple) and peer[1] == port, counts
         except OSError:
             continue  # not that family, not TCP, or closed meanwhile
     return None
@@ -156,100 +140,39 @@ class _ClosedSockets:
         self.sock.close()
 
 
-def _messages(data: bytes) -> Iterator[tuple[int, bytes]]:
-    """(type, body) of each netlink message in one datagram."""
-    offset = 0
-    while offset + 16 <= len(data):
-        length, kind = struct.unpack_from("IH", data, offset)
-        yield kind, data[offset + 16: offset + length]
-        offset += max(16, (length + 3) & ~3)
-
-
-def _diag(body: bytes, port: int) -> tuple[int, int, tuple[int, int]] | None:
-    """(cookie, inode, (acked, received)) of one inet_diag message about a socket whose peer
-    port is `port` and whose tcp_info came with it; None otherwise."""
-    if len(body) < _DIAG_MSG_LEN or struct.unpack_from(">H", body, 6)[0] != port:
-        return None
-    low, high = struct.unpack_from("II", body, 44)
-    inode, = struct.unpack_from("I", body, 68)
-    at = _DIAG_MSG_LEN
-    while at + 4 <= len(body):
-        size, kind = struct.unpack_from("HH", body, at)
-        if size < 4:
-            break
-        if kind == _INET_DIAG_INFO and size - 4 >= _ACKED_AT + 16:
-            return low | high << 32, inode, struct.unpack_from("QQ", body, at + 4 + _ACKED_AT)
-        at += (size + 3) & ~3
-    return None
-
-
 def _destroyed(data: bytes, port: int) -> dict[int, tuple[int, int]]:
     """{cookie: (acked, received)} of the sock_diag messages in one netlink datagram."""
-    found = (_diag(body, port) for _, body in _messages(data))
-    return {entry[0]: entry[2] for entry in found if entry is not None}
+    found: dict[int, tuple[int, int]] = {}
+    offset = 0
+    while offset + 16 + _DIAG_MSG_LEN <= len(data):
+        length, = struct.unpack_from("I", data, offset)
+        body = data[offset + 16: offset + length]
+        offset += max(16, (length + 3) & ~3)
+        if len(body) < _DIAG_MSG_LEN or struct.unpack_from(">H", body, 6)[0] != port:
+            continue
+        low, high = struct.unpack_from("II", body, 44)
+        at = _DIAG_MSG_LEN
+        while at + 4 <= len(body):
+            size, kind = struct.unpack_from("HH", body, at)
+            if size < 4:
+                break
+            if kind == _INET_DIAG_INFO and size - 4 >= _ACKED_AT + 16:
+                found[low | high << 32] = struct.unpack_from("QQ", body, at + 4 + _ACKED_AT)
+            at += (size + 3) & ~3
+    return found
 
 
-class _OpenSockets:
-    """The namespace's TCP sockets to the endpoint's port now: a sock_diag dump per address
-    family, filtered by the kernel (inet_diag bytecode: peer port >= port and <= port), each
-    with its cookie, inode and tcp_info. Unprivileged, as `ss -ti` is."""
-
-    def __init__(self, port: int, families: tuple[int, ...]) -> None:
-        self.port = port
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG)
-        # inet_diag_bc_op {code, yes, no} then the port in the next op's `no`: D_GE (4), D_LE (5);
-        # a `no` past the end by 4 rejects the socket
-        program = struct.pack("BBHBBHBBHBBH", 4, 8, 20, 0, 0, port, 5, 8, 12, 0, 0, port)
-        self.requests = [self._request(family, program) for family in families]
-
-    @staticmethod
-    def _request(family: int, program: bytes) -> bytes:
-        # inet_diag_req_v2: family, protocol, extensions (1 << INET_DIAG_INFO - 1), states, a zero sockid
-        body = struct.pack("BBBxI", family, socket.IPPROTO_TCP, 1 << (_INET_DIAG_INFO - 1), _DUMP_STATES)
-        body += bytes(48) + struct.pack("HH", 4 + len(program), 1) + program  # INET_DIAG_REQ_BYTECODE
-        return struct.pack("IHHII", 16 + len(body), _SOCK_DIAG_BY_FAMILY, _DUMP_FLAGS, 0, 0) + body
-
-    def dump(self) -> list[tuple[int, int, tuple[int, int]]]:
-        """[(cookie, inode, (acked, received))] of the endpoint's sockets; OSError where the
-        kernel refuses the dump."""
-        found = []
-        for request in self.requests:
-            self.sock.send(request)
-            done = False
-            while not done:
-                for kind, body in _messages(self.sock.recv(1 << 16)):
-                    if kind == _NLMSG_ERROR and struct.unpack_from("i", body)[0]:
-                        raise OSError(-struct.unpack_from("i", body)[0], "sock_diag dump refused")
-                    done = done or kind in (_NLMSG_DONE, _NLMSG_ERROR)
-                    entry = _diag(body, self.port) if kind == _SOCK_DIAG_BY_FAMILY else None
-                    if entry is not None:
-                        found.append(entry)
-        return found
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def _socket_inodes() -> set[int]:
-    """Inodes of this process's sockets (/proc/self/fd's `socket:[N]` links)."""
-    inodes = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue  # closed meanwhile
-        if target.startswith("socket:["):
-            inodes.add(int(target[8:-1]))
-    return inodes
-
-
-# How often a watching meter scans. Where no hook names a GET's socket (the connector's CRT),
-# often enough that a retry connection, opened and cut within milliseconds, is seen (at 20 ms
+# How often a watching meter scans the process's descriptors. A scan reads every fd's link
+# (about 100 in a rank) on a thread that takes the GIL from the load it measures (6.7 % of a
+# core every 5 ms in a rank-like process of 99 fds on this VM; benchmarks/wire_meter_cost.py).
+# Where no hook names a GET's socket (the connector's CRT), every 5 ms: a retry connection,
+# opened and cut within milliseconds, is seen while its descriptor is open (at 20 ms and 100 ms
 # a load whose GETs were cut missed some: tests/integration/test_clients.py). Where the
-# client's GET hooks name every GET's socket (s3fs, MSC: `note_socket`), the scans only keep
-# long-lived connections' counts current. Every wake-up takes the GIL from the load it
-# measures: MSC's load took 1.03x as long scanned every 5 ms as with no scans
-# (docs/harness-cost.md).
+# client's GET hooks name every GET's socket (s3fs, MSC: `note_socket`), every 100 ms: MSC's
+# load took 1.029x as long scanned every 5 ms as unscanned (docs/harness-cost.md). A
+# sock_diag dump per scan (the kernel's table, filtered by port) took a sixth of the GIL but
+# missed a retry connection reset before any dump saw it established (a reset socket leaves
+# the kernel's table at once; its descriptor stays open until the client closes it).
 WATCH_PERIOD_S = 0.005
 HOOKED_WATCH_PERIOD_S = 0.1
 
@@ -258,39 +181,24 @@ class WireMeter:
     """Bytes acknowledged by / received from the storage endpoint since `start()`, on this
     process's sockets to it, closed ones included."""
 
-    def __init__(self, port: int, families: tuple[int, ...] = (socket.AF_INET, socket.AF_INET6)) -> None:
+    def __init__(self, port: int) -> None:
         self.port = port
-        self.families = families
         self._lock = threading.Lock()
+        self._inodes: dict[str, int | None] = {}  # fd target -> cookie (None: not ours to count)
         self._own: dict[int, list[int]] = {}  # cookie -> [base acked, base received, acked, received]
-        self._own_inodes: set[int] = set()  # this process's socket inodes, as last listed
-        self._foreign: set[int] = set()  # inodes of other processes' sockets to the endpoint
+        self._maybe: dict[int, list[int]] = {}  # not connected when seen: ours if it closes to the port
         self._final: set[int] = set()
-        self._open: _OpenSockets | None = None
         self._closed: _ClosedSockets | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.unseen_bytes = 0  # received on endpoint sockets that closed, never seen here
 
-    @classmethod
-    def for_endpoint(cls, endpoint: str | None) -> "WireMeter":
-        return cls(endpoint_port(endpoint), endpoint_families(endpoint))
-
     def available(self) -> bool:
-        if not hasattr(socket, "TCP_INFO"):
-            return False
         try:
             os.listdir("/proc/self/fd")
-            opened = _OpenSockets(self.port, self.families)
         except OSError:
             return False
-        try:
-            opened.dump()
-        except OSError:
-            return False
-        finally:
-            opened.close()
-        return True
+        return hasattr(socket, "TCP_INFO")
 
     @property
     def exact(self) -> bool:
@@ -302,14 +210,13 @@ class WireMeter:
         """Connections open now (kept alive from an earlier operation) count from here."""
         self.close()
         with self._lock:
-            self._own, self._own_inodes, self._foreign, self._final = {}, set(), set(), set()
+            self._inodes, self._own, self._maybe, self._final = {}, {}, {}, set()
             self.unseen_bytes = 0
             self._stop = threading.Event()
             try:
                 self._closed = _ClosedSockets(self.port)  # before the scan: no close missed
             except OSError:
                 self._closed = None
-            self._open = _OpenSockets(self.port, self.families)
             self._scan(baseline=True)
         _METERS.add(self)
 
@@ -331,51 +238,66 @@ class WireMeter:
             self._thread.join()
             self._thread = None
         _METERS.discard(self)
-        with self._lock:
-            if self._open is not None:
-                self._open.close()
-                self._open = None
-            if self._closed is not None:
+        if self._closed is not None:
+            with self._lock:
                 self._take_closed()
                 self._closed.close()
                 self._closed = None
 
     def note(self, fd: int) -> None:
         """A socket this process uses to the endpoint (a GET's, named by its client's hook)."""
-        found = _inspect(fd)
+        with self._lock:
+            self._adopt(fd, self._inodes.get(_target(fd)))
+
+    def _adopt(self, fd: int, known: int | None) -> None:
+        found = _inspect(fd, self.port)
         if found is None:
             return
-        cookie, counts = found
-        with self._lock:
-            self._own.setdefault(cookie, [0, 0, *counts])
+        cookie, _, counts = found
+        if cookie in self._maybe:
+            self._own[cookie] = self._maybe.pop(cookie)
+        self._own.setdefault(cookie, [0, 0, *counts])
+        self._inodes[_target(fd)] = cookie
 
     def _scan(self, baseline: bool = False) -> None:
-        if self._open is None:
-            return
-        sockets = self._open.dump()
-        met = {inode for cookie, inode, _ in sockets if cookie not in self._own}
-        met.discard(0)  # closed by its owner before it was seen: nobody's to count
-        self._foreign &= met
-        if met - self._own_inodes - self._foreign:  # a new connection: whose?
-            self._own_inodes = _socket_inodes()
-            self._foreign |= met - self._own_inodes
-        for cookie, inode, counts in sockets:
-            if cookie in self._final:
+        targets: dict[str, int] = {}
+        for name in os.listdir("/proc/self/fd"):
+            target = _target(int(name))
+            if target.startswith("socket:"):
+                targets[target] = int(name)
+        self._inodes = {t: c for t, c in self._inodes.items() if t in targets}
+        for target, fd in targets.items():
+            if target in self._inodes and self._inodes[target] is None:
+                continue  # another port, or not TCP
+            found = _inspect(fd, self.port)
+            if found is None:
+                self._inodes[target] = None
                 continue
-            if cookie not in self._own:
-                if inode not in self._own_inodes:
-                    continue
-                self._own[cookie] = [*counts, *counts] if baseline else [0, 0, *counts]
-            self._own[cookie][2:] = counts
+            cookie, to_endpoint, counts = found
+            self._count(cookie, to_endpoint, counts, baseline)
+            self._inodes[target] = cookie if to_endpoint is not False else None
+            if to_endpoint is None:
+                self._inodes.pop(target)  # not connected now: looked at again next scan
+
+    def _count(self, cookie: int, to_endpoint: bool | None, counts: tuple[int, int],
+               baseline: bool) -> None:
+        if cookie in self._final:
+            return
+        base = list(counts) if baseline else [0, 0]
+        if cookie in self._own or to_endpoint:
+            self._own.setdefault(cookie, base + list(counts))[2:] = counts
+        elif to_endpoint is None:
+            self._maybe.setdefault(cookie, base + list(counts))[2:] = counts
 
     def _take_closed(self) -> None:
         if self._closed is None:
             return
         for cookie, counts in self._closed.drain().items():
-            entry = self._own.get(cookie)
+            entry = self._own.get(cookie) or self._maybe.pop(cookie, None)
             if entry is None:
                 self.unseen_bytes += counts[1]
                 continue
+            self._own[cookie] = entry
             entry[2:] = counts
             self._final.add(cookie)
 
@@ -396,6 +318,13 @@ class WireMeter:
         return self._update()[1]
 
 
+def _target(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""  # closed meanwhile
+
+
 def note_socket(fd: int) -> None:
     """Tell every running meter that descriptor `fd` is a socket of this process's to
     storage (a client's hook, while the socket is open): counted whatever its life."""
@@ -413,7 +342,7 @@ def progress_measure(op: str, s3: bool, endpoint: str | None,
         return None, "moved", "", None
     save = op == "save"
     if s3:
-        meter = WireMeter.for_endpoint(endpoint)
+        meter = WireMeter(endpoint_port(endpoint))
         if meter.available():
             if save:
                 return meter.acked, "uploaded", "acknowledged by the storage endpoint", meter.start

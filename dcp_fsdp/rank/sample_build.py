@@ -136,10 +136,10 @@ def start_wire_meter(op: str, request_log: Any, storage: Any) -> Any:
     if op != "load" or request_log is None:
         return None
     from dcp_fsdp.config.schema import StorageClient
-    from dcp_fsdp.process.wire_meter import HOOKED_WATCH_PERIOD_S, WATCH_PERIOD_S, WireMeter
+    from dcp_fsdp.process.wire_meter import HOOKED_WATCH_PERIOD_S, WATCH_PERIOD_S, WireMeter, endpoint_port
     from dcp_fsdp.storage.s3_target import resolve_endpoint
 
-    meter = WireMeter.for_endpoint(resolve_endpoint(storage))
+    meter = WireMeter(endpoint_port(resolve_endpoint(storage)))
     if not meter.available():
         return None
     meter.start()
