@@ -275,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
         return interrupted()
     except BrokenPipeError:
         return _reader_gone()
+    except Exception as error:
+        # A library that caught Ctrl-C and raised its own error from it (pydantic's serializer
+        # raises PydanticSerializationError from a KeyboardInterrupt in a model's serializer)
+        if isinstance(error.__cause__, KeyboardInterrupt):
+            return interrupted()
+        raise
 
 
 def _reader_gone() -> int:

@@ -107,3 +107,36 @@ def test_the_unraisable_hook_has_one_owner(monkeypatch, capsys):
         for sig, handler in before.items():
             signal.signal(sig, handler)
     assert capsys.readouterr().err == ""
+
+
+def test_ctrl_c_inside_a_librarys_serializer_is_one_line_and_130(monkeypatch, capsys):
+    """CI: Ctrl-C 0.6 of the way into `dcp-fsdp report` landed in a record model's serializer;
+    pydantic raised PydanticSerializationError from the KeyboardInterrupt, and a traceback
+    reached the terminal. An error whose cause is a KeyboardInterrupt ends as `interrupted`;
+    any other error still propagates."""
+    import signal
+
+    from pydantic import BaseModel, model_serializer
+
+    class Interrupted(BaseModel):
+        @model_serializer(mode="wrap")
+        def _written(self, handler):
+            raise KeyboardInterrupt
+
+    def dump(argv):
+        return Interrupted().model_dump()
+
+    monkeypatch.setattr(cli, "_command", dump)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        assert cli.main(["report"]) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert capsys.readouterr().err.strip().splitlines() == ["dcp-fsdp: error: interrupted"]
+
+    def broken(argv):
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(cli, "_command", broken)
+    with pytest.raises(ValueError, match="a bug"):
+        cli.main(["report"])
