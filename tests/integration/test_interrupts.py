@@ -45,8 +45,12 @@ def test_an_interrupt_mid_run_is_recorded_as_interrupted(s3, s3_uri, tmp_path, h
     assert ("save", 1) in ops
     for op in ops:
         assert sorted(s["rank"] for s in samples if (s["op"], s["iteration"]) == op) == [0, 1]
-    # ... and nothing ran on for long after it (today's bug: 16 more iterations).
-    assert len(ops) <= 2 + 2 * (stopped_s + 2), (stopped_s, sorted(ops))
+    # ... and no operation began after it (the bug: 16 more iterations). Counted by the ranks'
+    # own begin clocks (CLOCK_MONOTONIC, one for the host), not by how many ran before the
+    # test read "saved suffix=" (under load, 15 iterations ran before it signalled). The one
+    # operation in flight when the signal came may have begun a moment before it.
+    begun_after = {(s["op"], s["iteration"]) for s in samples if s["begin_mono_s"] > signalled_at}
+    assert len(begun_after) <= 1, (stopped_s, sorted(begun_after))
     # No rank is left behind.
     leftover = subprocess.run(["pgrep", "-s", str(process.pid)], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", leftover.stdout
