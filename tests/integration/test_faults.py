@@ -344,17 +344,11 @@ def test_an_endpoint_killed_mid_save_is_named_first_with_the_fix(s3, s3_uri, tmp
              "storage.max_attempts=2", f"results_dir={tmp_path}"],
             env=clean_env(s3_env(s3)), cwd=REPO, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True)
-        assert proxy.wait_for_injection(process, TIMEOUT_S), "the save never wrote its data"
-    finally:
-        proxy.stop()  # the endpoint is gone
-    killed = time.monotonic()
-    try:
-        _, stderr = process.communicate(timeout=TIMEOUT_S)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert time.monotonic() - killed < 30  # storage.max_attempts=2: no long retries
+        stderr, ended_s = _ended_after_endpoint_gone(process, proxy, "the save never wrote its data")
+    except BaseException:
+        proxy.stop()
+        raise
+    assert ended_s < 30  # storage.max_attempts=2: no long retries
     assert process.returncode == 1, stderr
     errors = [line for line in stderr.splitlines() if line.startswith("dcp-fsdp: error:")]
     assert len(errors) == 1 and "Traceback" not in stderr, stderr
@@ -366,6 +360,21 @@ def test_an_endpoint_killed_mid_save_is_named_first_with_the_fix(s3, s3_uri, tmp
     assert "inline_container" not in run["error"].split("(found by probing", 1)[0]
     # The launcher cannot look at the partial checkpoint either: it says why the same way.
     assert f"could not check the partial checkpoint ({lead})" in stderr, stderr
+
+
+def _ended_after_endpoint_gone(process: subprocess.Popen, proxy: FaultProxy, never: str) -> tuple[str, float]:
+    """Once the proxy has held the save's upload, stop it (its port refuses connections): the
+    save's stderr and the seconds it ran on after."""
+    assert proxy.wait_for_injection(process, TIMEOUT_S), never
+    proxy.stop()
+    killed = time.monotonic()
+    try:
+        _, stderr = process.communicate(timeout=TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return stderr, time.monotonic() - killed
 
 
 def test_an_endpoint_killed_mid_save_under_fsspec_ends_the_run_in_seconds(s3, s3_uri, tmp_path):
@@ -387,17 +396,10 @@ def test_an_endpoint_killed_mid_save_under_fsspec_ends_the_run_in_seconds(s3, s3
              f"storage.endpoint={proxy.url}", "storage.client=fsspec", "storage.fsspec_block_size_mib=5",
              "model=tiny_llama", "nproc=1", f"results_dir={tmp_path}"],
             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert proxy.wait_for_injection(process, TIMEOUT_S), "the save never uploaded a part"
-    finally:
-        proxy.stop()  # the endpoint is gone: its port refuses connections
-    killed = time.monotonic()
-    try:
-        _, stderr = process.communicate(timeout=TIMEOUT_S)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    ended_s = time.monotonic() - killed
+        stderr, ended_s = _ended_after_endpoint_gone(process, proxy, "the save never uploaded a part")
+    except BaseException:
+        proxy.stop()
+        raise
     assert process.returncode == 1, stderr
     errors = [line for line in stderr.splitlines() if line.startswith("dcp-fsdp: error:")]
     assert len(errors) == 1 and "Traceback" not in stderr, stderr
