@@ -59,12 +59,6 @@ def replica_of(rank: int, world_size: int, replicas: int) -> tuple[int, int]:
     return rank // shards, rank % shards
 
 
-def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated transformer blocks (a module_tree's): the units FSDP shards and gathers."""
-    blocks = model.get_submodule("transformer.h" if hasattr(model, "transformer") else "model.layers")
-    return list(blocks.children())
-
-
 def build_sharded_model(model_shape: str | ModelShape, dtype: Dtype, state: CheckpointState,
                         device: torch.device, world_size: int, seed: int,
                         replicas: int = 1, moe_layout: str = "hf", tp: int = 1) -> ShardedModel:
@@ -78,7 +72,8 @@ def build_sharded_model(model_shape: str | ModelShape, dtype: Dtype, state: Chec
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
     mesh, fsdp_mesh = device_meshes(device.type, world_size, replicas, tp)
-    for block in decoder_blocks(model):
+    blocks = model.get_submodule("transformer.h" if shape.family == "gpt2" else "model.layers")
+    for block in blocks.children():  # the repeated transformer blocks: the units FSDP gathers
         if tp > 1:  # TP first: FSDP then shards the TP shards (FSDP2's 2-D composition)
             parallelize_module(block, mesh[TP_DIM], tp_plan(block))
         fully_shard(block, mesh=fsdp_mesh)
@@ -90,7 +85,9 @@ def build_sharded_model(model_shape: str | ModelShape, dtype: Dtype, state: Chec
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         create_optimizer_state(optimizer)
     filling = time.monotonic()
-    fill_state(dcp_state_dict(model, optimizer), seed)
+    with torch.no_grad():  # every local shard gets its values (models.values)
+        for key, local, global_shape, offset in unique_shards(dcp_state_dict(model, optimizer)):
+            values.fill(local, seed, key, global_shape, offset)
     if device.type == "cuda":  # the fill's kernels are done, not only queued
         torch.cuda.synchronize(device)
     fill_s = time.monotonic() - filling
@@ -139,14 +136,6 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def shard_of(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
-    """(this rank's local shard, the whole tensor's shape, the shard's offset in it)."""
-    if isinstance(tensor, DTensor):
-        _, offset = local_shape_and_global_offset(tensor)
-        return tensor.to_local(), tuple(tensor.shape), tuple(offset)
-    return tensor, tuple(tensor.shape), (0,) * tensor.dim()
-
-
 def dcp_state_dict(model: torch.nn.Module,
                    optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     """What DCP saves: its flattened keys name the values a load must find."""
@@ -166,23 +155,18 @@ def unique_shards(state_dict: dict[str, Any]
         tensor = flat[key]
         if not isinstance(tensor, torch.Tensor):
             continue
-        local, global_shape, offset = shard_of(tensor)
+        local = local_tensor(tensor)
         identity = (local.data_ptr(), local.numel(), local.dtype)
         if local.numel() == 0 or identity in seen:
             continue
         seen.add(identity)
-        yield key, local, global_shape, offset
-
-
-def fill_state(state_dict: dict[str, Any], seed: int) -> None:
-    """Every local shard gets its values (models.values): on its device, in its dtype."""
-    with torch.no_grad():
-        for key, local, global_shape, offset in unique_shards(state_dict):
-            values.fill(local, seed, key, global_shape, offset)
+        dtensor = isinstance(tensor, DTensor)
+        offset = local_shape_and_global_offset(tensor)[1] if dtensor else (0,) * tensor.dim()
+        yield key, local, tuple(tensor.shape), tuple(offset)
 
 
 def create_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """AdamW's state as its first step would create it, for fill_state to set: no gradients and
+    """AdamW's state as its first step would create it, for the fill to set: no gradients and
     no optimizer step (a full pass over the model)."""
     for group in optimizer.param_groups:
         for param in group["params"]:

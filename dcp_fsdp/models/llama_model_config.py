@@ -96,10 +96,14 @@ GPT_SHAPES: dict[str, ModelShape] = {
 LLAMA3_VOCAB, QWEN3_VOCAB = 128256, 151936
 
 
-def llama3(hidden: int, intermediate: int, layers: int, heads: int) -> ModelShape:
-    """Llama 3.1 (meta-llama/Llama-3.1-*B config.json): 8 KV heads, untied, rope to 131,072."""
-    return ModelShape("llama", hidden, layers, heads, LLAMA3_VOCAB, 131072,
-                      intermediate_size=intermediate, num_kv_heads=8)
+def llama3(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int = 8) -> ModelShape:
+    """Llama 3.1 (meta-llama/Llama-3.1-*B config.json): untied, rope to 131,072; also MLPerf
+    Storage v3.0's checkpointing workloads (DLIO's llama3 configs, head_dim hidden // heads as
+    DLIO computes it). A width that is not a multiple of the heads (MLPerf's 1t) is built as
+    mistral: LlamaConfig refuses it, and Mistral's decoder holds the same tensors."""
+    family: Family = "llama" if hidden % heads == 0 else "mistral"
+    return ModelShape(family, hidden, layers, heads, LLAMA3_VOCAB, 131072,
+                      intermediate_size=intermediate, num_kv_heads=kv_heads)
 
 
 def qwen3(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int) -> ModelShape:
@@ -128,24 +132,15 @@ RELEASED_SHAPES: dict[str, ModelShape] = {
 }
 
 
-def mlperf_llama3(hidden: int, ffn: int, layers: int, heads: int, kv_heads: int) -> ModelShape:
-    """MLPerf Storage v3.0's checkpointing workloads (DLIO's llama3 configs): head_dim hidden //
-    heads as DLIO computes it. A width that is not a multiple of the heads (the 1t's) is built
-    as mistral: LlamaConfig refuses it, and Mistral's decoder holds the same tensors."""
-    family: Family = "llama" if hidden % heads == 0 else "mistral"
-    return ModelShape(family, hidden, layers, heads, LLAMA3_VOCAB, 131072,
-                      intermediate_size=ffn, num_kv_heads=kv_heads)
-
-
 # MLPerf's shapes, which are not all Llama's: its 70b has 128 heads of 64 (Llama 3.1 70B: 64
 # of 128), so its k/v projections are half as wide (69.88 B parameters, not 70.55 B).
 MLPERF_SHAPES: dict[str, ModelShape] = {
-    "mlperf_llama3_8b": mlperf_llama3(4096, 14336, 32, 32, 8),  # 8,030,261,248 (Llama 3.1 8B)
-    "mlperf_llama3_70b": mlperf_llama3(8192, 28672, 80, 128, 8),  # 69,882,617,856
-    "mlperf_llama3_405b": mlperf_llama3(16384, 53248, 126, 128, 8),  # 405,853,388,800
+    "mlperf_llama3_8b": llama3(4096, 14336, 32, 32, 8),  # 8,030,261,248 (Llama 3.1 8B)
+    "mlperf_llama3_70b": llama3(8192, 28672, 80, 128, 8),  # 69,882,617,856
+    "mlperf_llama3_405b": llama3(16384, 53248, 126, 128, 8),  # 405,853,388,800
     # 192 heads of 25,872 // 192 = 134 make q 25,728 wide, where DLIO's count takes it as
     # hidden x hidden: 1,182,081,357,072 parameters, 953,745,408 (0.08 %) fewer than DLIO's
-    "mlperf_llama3_1t": mlperf_llama3(25872, 98304, 128, 192, 32),
+    "mlperf_llama3_1t": llama3(25872, 98304, 128, 192, 32),
 }
 
 

@@ -4,11 +4,14 @@ its shape (a preset, or `model.config=PATH`). No torch: the launcher checks the 
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from dcp_fsdp.config.schema import ModelConfig, MoeLayout
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.models.hf_json import read_config_json
 from dcp_fsdp.models.llama_model_config import (GPT_SHAPES, LLAMA_SHAPES, MLPERF_SHAPES,
-                                                RELEASED_SHAPES, ModelShape)
+                                                RELEASED_SHAPES, ModelShape, state_shapes)
 
 PRESETS: dict[str, ModelShape] = {**LLAMA_SHAPES, **GPT_SHAPES, **RELEASED_SHAPES, **MLPERF_SHAPES}
 
@@ -33,11 +36,6 @@ def model_shape(model: ModelConfig) -> ModelShape:
 def shape_digest(model: ModelConfig) -> str:
     """The model's tensors (names and shapes) as 16 hex digits: the manifest's `model.shape`,
     so that a load identifies a model.config model by the file's content, not its path."""
-    import hashlib
-    import json
-
-    from dcp_fsdp.models.llama_model_config import state_shapes
-
     tensors = [[name, list(dims)] for name, dims in state_shapes(model_shape(model), "hf")]
     return hashlib.sha256(json.dumps(tensors).encode()).hexdigest()[:16]
 

@@ -47,10 +47,13 @@ def check_tp(shape: ModelShape, tp: int, replicas: int, world_size: int, name: s
 
 
 def _split_counts(shape: ModelShape) -> list[tuple[str, int | None]]:
-    """What TP splits, each of which a model.tp must divide."""
+    """What TP splits, each of which a model.tp must divide: the MLP width only where a layer
+    is dense (experts are left to FSDP: torchtitan splits them by expert parallel, not
+    modelled here)."""
+    dense = any(not shape.sparse(layer) for layer in range(shape.num_layers))
     return [("attention heads", shape.num_heads),
             ("KV heads", shape.num_kv_heads or shape.num_heads),
-            ("intermediate size", _dense_width(shape))]
+            ("intermediate size", shape.intermediate_size if dense else None)]
 
 
 def _tp_choices(counts: list[tuple[str, int | None]], replicas: int, world_size: int,
@@ -66,16 +69,9 @@ def _tp_choices(counts: list[tuple[str, int | None]], replicas: int, world_size:
             f"evenly and fit {name}={world_size})")
 
 
-def _dense_width(shape: ModelShape) -> int | None:
-    """The MLP width TP splits: every dense layer's (experts are left to FSDP: torchtitan
-    splits them by expert parallel, not modelled here)."""
-    dense = [layer for layer in range(shape.num_layers) if not shape.sparse(layer)]
-    return shape.intermediate_size if dense else None
-
-
 def tp_plan(layer: Any) -> dict[str, Any]:
     """parallelize_module's plan for one decoder layer: every projection tp_split_dim splits,
-    column-wise or row-wise (an MoE layer's experts and router stay whole: see _dense_width)."""
+    column-wise or row-wise (an MoE layer's experts and router stay whole: see _split_counts)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     styles = (ColwiseParallel, RowwiseParallel)
@@ -94,11 +90,7 @@ _ROW = re.compile(r"\.layers\.\d+\.(self_attn\.o_proj|mlp\.down_proj)\.weight\b"
 def tp_split_dim(key: str) -> int | None:
     """The dimension TP splits tensor `key` along (0 column-wise, 1 row-wise), or None for a
     tensor every TP rank holds whole (`plan` lays out a TP save by it, plan/state.py)."""
-    if _COLUMN.search(key):
-        return 0
-    if _ROW.search(key):
-        return 1
-    return None
+    return next((dim for dim, split in enumerate((_COLUMN, _ROW)) if split.search(key)), None)
 
 
 def shard_rows(rows: int, shards: int, index: int) -> tuple[int, int]:

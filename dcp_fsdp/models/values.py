@@ -39,10 +39,6 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def _hash_stream(seed: int, stream: str, count: int) -> np.ndarray:
-    return _hash_block(_salt(seed, stream), 0, count)
-
-
 def _layout(dtype: torch.dtype) -> tuple[int, int, int]:
     """(bits, mantissa bits, exponent bias) of a floating dtype."""
     if not dtype.is_floating_point or torch.finfo(dtype).bits not in (16, 32, 64):
@@ -72,7 +68,7 @@ def _salt(seed: int, stream: str) -> int:
 def _tables(seed: int, dtype: torch.dtype,
             device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(HIGH signed, HIGH non-negative, LOW) as integer tensors on `device`, padded by CHUNK.
-    Element i of HIGH / LOW comes from _hash_stream(seed, "high" / "low", ...)[i]."""
+    Element i of HIGH / LOW comes from _hash_block(_salt(seed, "high" / "low"), 0, ...)[i]."""
     bits, mantissa, bias = _layout(dtype)
     unsigned = np.dtype(f"uint{bits}")
     view = _INT_VIEW[bits // 8]

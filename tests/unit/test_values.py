@@ -114,11 +114,11 @@ def test_tables_are_the_hash_streams(dtype):
     """Built in steps, the tables still hold element i of each hash stream at index i."""
     high, high_pos, low = values._tables(7, dtype, torch.device("cpu"))
     bits_, mantissa, _ = values._layout(dtype)
-    stream = values._hash_stream(7, "low", values.P_LOW)
+    stream = values._hash_block(values._salt(7, "low"), 0, values.P_LOW)
     want_low = torch.from_numpy((stream & ((1 << mantissa) - 1)).astype(f"int{bits_}"))
     assert torch.equal(low[:values.P_LOW], want_low.view(low.dtype))
     assert torch.equal(low[values.P_LOW:], low[:values.CHUNK])  # the padding wraps
-    sign = torch.from_numpy((values._hash_stream(7, "high", 4) >> 63).astype("int64"))
+    sign = torch.from_numpy((values._hash_block(values._salt(7, "high"), 0, 4) >> 63).astype("int64"))
     negative = (high[:4].to(torch.int64) < 0).to(torch.int64)
     assert torch.equal(negative, sign) and bool((high_pos >= 0).all())
 
