@@ -141,13 +141,11 @@ class CheckpointStore(Protocol):
     def list_checkpoints(self, suffix: str | None = None) -> list[CheckpointInfo]:
         """Every suffix under the root with what it holds (`suffix`: that one only, [] when
         it holds nothing), sorted by suffix."""
-        ...
 
     def has_objects(self, suffix: str) -> bool: ...
 
     def object_sizes(self, suffix: str) -> dict[str, int]:
         """Every object of checkpoint `suffix` (its name under the suffix -> bytes)."""
-        ...
 
     def is_complete(self, suffix: str) -> bool:
         """True when `suffix` has DCP's `.metadata` (the commit point)."""

@@ -37,8 +37,6 @@ if TYPE_CHECKING:
 
 _Result = TypeVar("_Result")
 
-__all__ = ["OnceMscReader", "PortableMscWriter", "TimedOnceMscReader", "TimedPortableMscWriter"]
-
 
 class PortableMscWriter(MultiStorageFileSystemWriter):
     """MSC's writer whose `.metadata` names its checkpoint by a string, not an MSC path."""

@@ -15,11 +15,6 @@ from dcp_fsdp.storage.timed_fs import DownloadingReadStream, FetchingReadStream,
 
 FsspecWriter, FsspecReader = fsspec_dcp_classes()
 
-__all__ = ["FsspecReader", "FsspecWriter", "MultiStorageFileSystemReader",
-           "MultiStorageFileSystemWriter", "TimedFsspecReader", "TimedFsspecWriter",
-           "TimedMscReader", "TimedMscWriter", "TimedReadAheadFsspecReader",
-           "TimedReadAheadMscReader"]
-
 
 class TimedFsspecWriter(TimedWriter, FsspecWriter):  # type: ignore[valid-type,misc]
     pass  # the timeline= argument and set-up: timed_dcp._TimedPlanning.__init__
