@@ -72,12 +72,13 @@ def range_groups(items: list[ReadItem], storage_data: dict[Any, Any],
     return groups
 
 
-class SeekableItem(io.RawIOBase):
-    """A read-only, seekable file of `length` bytes; subclasses say where bytes lie (`_slice`)."""
+class MemorySlice(io.RawIOBase):
+    """A read-only, seekable file over a slice of fetched bytes (no copy)."""
 
-    def __init__(self, length: int) -> None:
+    def __init__(self, view: memoryview) -> None:
         super().__init__()
-        self._length = length
+        self._view = view
+        self._length = len(view)
         self._position = 0
 
     def readable(self) -> bool:
@@ -86,16 +87,13 @@ class SeekableItem(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
-    def tell(self) -> int:
-        return self._position
-
     def seek(self, offset: int, whence: int = os.SEEK_SET, /) -> int:
         base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self._length}[whence]
         self._position = max(0, base + offset)
         return self._position
 
     def _slice(self, start: int, end: int) -> memoryview:
-        raise NotImplementedError
+        return self._view[start:end]
 
     def readinto(self, buffer: Any, /) -> int:
         target = memoryview(buffer).cast("B")
@@ -104,17 +102,6 @@ class SeekableItem(io.RawIOBase):
         target[:len(source)] = source
         self._position += len(source)
         return len(source)
-
-
-class MemorySlice(SeekableItem):
-    """A read-only, seekable file over a slice of fetched bytes (no copy)."""
-
-    def __init__(self, view: memoryview) -> None:
-        super().__init__(len(view))
-        self._view = view
-
-    def _slice(self, start: int, end: int) -> memoryview:
-        return self._view[start:end]
 
 
 class HeldBytes:
@@ -139,18 +126,19 @@ class OutsideFraming(OSError):
     """torch.load asked an `ItemFraming` for bytes it does not hold."""
 
 
-class ItemFraming(SeekableItem):
+class ItemFraming(MemorySlice):
     """A seekable file over one saved item of which only the first and last `FRAMING_BYTES` were
     read: the zip framing torch.load to the meta device reads (else OutsideFraming)."""
 
     def __init__(self, head: bytes | bytearray, tail: bytes | bytearray, length: int) -> None:
-        super().__init__(length)
-        self._head, self._tail = head, tail
+        super().__init__(memoryview(head))
+        self._tail = tail
+        self._length = length
 
     def _slice(self, start: int, end: int) -> memoryview:
         tail_start = self._length - len(self._tail)
-        if end <= len(self._head):
-            return memoryview(self._head)[start:end]
+        if end <= len(self._view):
+            return self._view[start:end]
         if start >= tail_start:
             return memoryview(self._tail)[start - tail_start:end - tail_start]
         raise OutsideFraming(f"bytes {start}-{end} of a {self._length}-byte item")
