@@ -16,7 +16,7 @@ import io
 import os
 import threading
 from collections.abc import Callable, Generator
-from typing import Any, Protocol, cast
+from typing import Any
 
 from torch.distributed.checkpoint.filesystem import FileSystemBase
 
@@ -27,29 +27,11 @@ from dcp_fsdp.storage.timeline import HookTimeline
 StrPath = str | os.PathLike
 
 
-class ObjectStream(Protocol):
-    """What the timed streams call on the client's stream (every client's has these)."""
-
-    @property
-    def closed(self) -> bool: ...
-    def read(self, size: int = ..., /) -> bytes: ...
-    def readinto(self, buffer: Any, /) -> int | None: ...
-    def readline(self, size: int = ..., /) -> bytes: ...
-    def write(self, data: Any, /) -> int | None: ...
-    def seek(self, offset: int, whence: int = ..., /) -> int: ...
-    def tell(self) -> int: ...
-    def flush(self) -> None: ...
-    def close(self) -> None: ...
-    def fileno(self) -> int: ...
-    def readable(self) -> bool: ...
-    def writable(self) -> bool: ...
-    def seekable(self) -> bool: ...
-
-
 class _TimedStream(io.BufferedIOBase):
-    """The calls a timed stream passes through untimed; `inner` is the client's stream."""
+    """The calls a timed stream passes through untimed; `inner` is the client's stream (typed
+    as torch's `create_stream` yields it)."""
 
-    def __init__(self, inner: ObjectStream, timeline: HookTimeline) -> None:
+    def __init__(self, inner: io.IOBase, timeline: HookTimeline) -> None:
         self.inner = inner  # first: io's finalizer reads `closed`
         super().__init__()
         self._timeline = timeline
@@ -160,7 +142,7 @@ class DownloadingReadStream(FetchingReadStream):
     the whole object's download; above it, each read() is a ranged GET. So the first call of
     any kind is clocked, and read() after it only where reads are ranged."""
 
-    def __init__(self, inner: ObjectStream, timeline: HookTimeline) -> None:
+    def __init__(self, inner: io.IOBase, timeline: HookTimeline) -> None:
         self._ranged: bool | None = None  # known once the first call has returned
         super().__init__(inner, timeline)
 
@@ -224,11 +206,10 @@ class TimedFileSystem(FileSystemBase):
             yield io.BytesIO(self._screened_metadata(path))
             return
         with self.inner.create_stream(path, mode) as stream:
-            client_stream = cast(ObjectStream, stream)
             if "w" in mode:
-                timed: io.IOBase = TimedWriteStream(client_stream, self.timeline)
+                timed: io.IOBase = TimedWriteStream(stream, self.timeline)
             elif "r" in mode:
-                timed = self.read_stream(client_stream, self.timeline)
+                timed = self.read_stream(stream, self.timeline)
             else:
                 timed = stream
             yield timed
@@ -239,7 +220,7 @@ class TimedFileSystem(FileSystemBase):
         """DCP's read of `.metadata`, timed and counted, handed to its unpickler only when it is
         the file that was screened (MetadataChanged otherwise)."""
         with self.inner.create_stream(path, "rb") as stream:
-            data = TimedReadStream(cast(ObjectStream, stream), self.timeline).read()
+            data = TimedReadStream(stream, self.timeline).read()
         if hashlib.sha256(data).hexdigest() != self.metadata_sha256:
             self.metadata_changed = (f"{path}: not the .metadata screened before the load "
                                      f"({len(data)} bytes, another SHA-256): it was replaced "
