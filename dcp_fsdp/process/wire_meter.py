@@ -246,10 +246,13 @@ class WireMeter:
 
     def note(self, fd: int) -> None:
         """A socket this process uses to the endpoint (a GET's, named by its client's hook)."""
+        target = _target(fd)
         with self._lock:
-            self._adopt(fd, self._inodes.get(_target(fd)))
+            if self._inodes.get(target) is not None:
+                return  # a kept-alive socket seen before: counted by its cookie until it closes
+            self._adopt(fd, target)
 
-    def _adopt(self, fd: int, known: int | None) -> None:
+    def _adopt(self, fd: int, target: str) -> None:
         found = _inspect(fd, self.port)
         if found is None:
             return
@@ -257,7 +260,7 @@ class WireMeter:
         if cookie in self._maybe:
             self._own[cookie] = self._maybe.pop(cookie)
         self._own.setdefault(cookie, [0, 0, *counts])
-        self._inodes[_target(fd)] = cookie
+        self._inodes[target] = cookie
 
     def _scan(self, baseline: bool = False) -> None:
         targets: dict[str, int] = {}
