@@ -58,9 +58,19 @@ TOGGLES = {  # variant -> (settings, DCP_FSDP_HARNESS_OFF)
 }
 
 
+def pin_server_apart() -> set[int]:
+    """This process (and so the server it starts next) on the last CPU it may use; returns
+    the others, for the launches after the server started."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs 2 or more CPUs")
+    os.sched_setaffinity(0, {cpus[-1]})
+    return set(cpus[:-1])
+
+
 def _env(extra: dict[str, str], nproc: int) -> dict[str, str]:
     env = {**os.environ, **extra, "PYTHONPATH": str(REPO),
-           "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))}
+           "OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // nproc))}
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DCP_FSDP_HARNESS_OFF"):
         env.pop(name, None)
     return env
@@ -137,6 +147,9 @@ def main() -> int:
                         help="add the tool with this one piece off (repeatable; --toggles adds all)")
     parser.add_argument("--torchrun", action="store_true",
                         help="add the tool launched by torchrun (tool-torchrun)")
+    parser.add_argument("--pin", action="store_true",
+                        help="s3: the server on the last CPU, every launch on the others (a "
+                             "2-core machine's rounds otherwise vary by the scheduler's mix)")
     parser.add_argument("--log", default="harness_cost.log", help="the launches' own output")
     parser.add_argument("--json", default=None, help="write every launch's figures here")
     parser.add_argument("--summarise", metavar="JSON", help="only print a --json file's summary")
@@ -157,7 +170,10 @@ def main() -> int:
         from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 
         server = EmbeddedS3(bucket="harness-cost")
+        launch_cpus = pin_server_apart() if args.pin else None
         endpoint = server.start()
+        if launch_cpus is not None:  # the server's threads keep the CPU they started on
+            os.sched_setaffinity(0, launch_cpus)
         env = _env(endpoint.client_env(), args.nproc)
         msc_config = Path(tempfile.mkdtemp(prefix="dcp-fsdp-harness-msc-")) / "msc.json"
         msc_config.write_text(json.dumps({"profiles": {"bench": {"storage_provider": {
@@ -222,7 +238,8 @@ def main() -> int:
             shutil.rmtree(shm, ignore_errors=True)
     print(f"\n{args.model} {args.dtype}, {args.nproc} ranks, storage={args.storage} "
           f"(client {args.client if args.storage == 's3' else '-'}), "
-          f"{args.pairs} rounds from {started}; seconds of the slowest rank; ratio = variant / "
+          f"{args.pairs} rounds from {started}{', server pinned apart' if args.pin else ''}; "
+          "seconds of the slowest rank; ratio = variant / "
           "bare of the same round")
     print("\n".join(summarise(figures, variants)))
     return 0
