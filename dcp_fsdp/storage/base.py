@@ -98,6 +98,11 @@ def host_state_kwargs(host_state: bool) -> dict[str, Any]:
     return HOST_STATE_WRITER_KWARGS if host_state else {}
 
 
+def built(plain: type, timed: type, timeline: HookTimeline | None, *args: Any, **kwargs: Any) -> Any:
+    """A `plain` writer or reader, or with a timeline the `timed` subclass, recording there."""
+    return plain(*args, **kwargs) if timeline is None else timed(*args, timeline=timeline, **kwargs)
+
+
 @runtime_checkable
 class CheckpointStore(Protocol):
     kind: str  # "s3" | "fs"

@@ -18,7 +18,7 @@ from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.layout import (CLAIM_EXCLUSIVE, CLAIM_NAME, METADATA_NAME, CheckpointInfo,
                                      SuffixClaim, check_suffix, checkpoint_info)
 from dcp_fsdp.storage.raw import FsRawArea, fs_ceiling_dir
-from dcp_fsdp.storage.base import host_state_kwargs, read_ahead_reader
+from dcp_fsdp.storage.base import built, host_state_kwargs, read_ahead_reader
 from dcp_fsdp.storage.timeline import HookTimeline
 
 if TYPE_CHECKING:
@@ -55,15 +55,13 @@ class FsStore:
 
     def writer(self, suffix: str, timeline: HookTimeline | None = None,
                host_state: bool = False) -> FileSystemWriter:
-        kwargs: dict[str, Any] = dict(thread_count=self.config.thread_count, sync_files=self.config.sync_files,
-                      overwrite=False, **host_state_kwargs(host_state))
-        if timeline is None:
-            from torch.distributed.checkpoint import FileSystemWriter
+        from torch.distributed.checkpoint import FileSystemWriter
 
-            return FileSystemWriter(self.location(suffix), **kwargs)
         from dcp_fsdp.storage.timed_dcp import TimedFileSystemWriter
 
-        return TimedFileSystemWriter(self.location(suffix), timeline=timeline, **kwargs)
+        return built(FileSystemWriter, TimedFileSystemWriter, timeline, self.location(suffix),
+                     thread_count=self.config.thread_count, sync_files=self.config.sync_files,
+                     overwrite=False, **host_state_kwargs(host_state))
 
     def warm_up(self, storage_io: StorageWriter | StorageReader) -> list[Any]:
         return []  # no client to set up, no request statistics
@@ -82,17 +80,14 @@ class FsStore:
         return pagecache.drop(pagecache.checkpoint_files(self.location(suffix))[index::count])
 
     def reader(self, suffix: str, timeline: HookTimeline | None = None) -> FileSystemReader:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        import dcp_fsdp.storage.timed_dcp as timed_dcp
+
         if self.config.read_ahead:  # the tool's reader, always timed (it owns its clocks)
-            from dcp_fsdp.storage.timed_dcp import TimedReadAheadFileSystemReader
-
-            return read_ahead_reader(TimedReadAheadFileSystemReader, self.config, timeline, self.location(suffix))
-        if timeline is None:
-            from torch.distributed.checkpoint import FileSystemReader
-
-            return FileSystemReader(self.location(suffix))
-        from dcp_fsdp.storage.timed_dcp import TimedFileSystemReader
-
-        return TimedFileSystemReader(self.location(suffix), timeline=timeline)
+            return read_ahead_reader(timed_dcp.TimedReadAheadFileSystemReader, self.config, timeline,
+                                     self.location(suffix))
+        return built(FileSystemReader, timed_dcp.TimedFileSystemReader, timeline, self.location(suffix))
 
     def preflight(self, writes: bool = True) -> None:
         """Writable, or creatable by the first save; readable for `writes=False`. Creates nothing

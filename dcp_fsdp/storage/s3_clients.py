@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from dcp_fsdp.compat import round_robin_prefix_strategy
 from dcp_fsdp.config.schema import PrefixStrategy, ReaderKind, StorageClient, StorageConfig
 from dcp_fsdp.config.validate import CLIENT_ONLY
-from dcp_fsdp.storage.base import host_state_kwargs, read_ahead_reader
+from dcp_fsdp.storage.base import built, host_state_kwargs, read_ahead_reader
 from dcp_fsdp.storage.s3_target import S3Target, botocore_retry
 from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.units import MIB
@@ -51,11 +51,6 @@ class S3Client(Protocol):
     def reader(self, suffix: str, timeline: HookTimeline | None) -> Any: ...
 
     def warm_up(self, storage_io: Any) -> list[Any]: ...
-
-
-def _built(plain: type, timed: type, timeline: HookTimeline | None, *args: Any, **kwargs: Any) -> Any:
-    """A `plain` writer or reader, or with a timeline the `timed` subclass, recording there."""
-    return plain(*args, **kwargs) if timeline is None else timed(*args, timeline=timeline, **kwargs)
 
 
 def prefix_strategy(storage: StorageConfig, world_size: int | None = None) -> Any:
@@ -103,9 +98,9 @@ class ConnectorClient(S3Client):
 
         from dcp_fsdp.storage.timed_s3 import TimedS3StorageWriter
 
-        return _built(S3StorageWriter, TimedS3StorageWriter, timeline, **self._common(suffix),
-                      prefix_strategy=prefix_strategy(self.config), thread_count=self.config.thread_count,
-                      overwrite=False, **host_state_kwargs(host_state))
+        return built(S3StorageWriter, TimedS3StorageWriter, timeline, **self._common(suffix),
+                     prefix_strategy=prefix_strategy(self.config), thread_count=self.config.thread_count,
+                     overwrite=False, **host_state_kwargs(host_state))
 
     def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
         from s3torchconnector import S3ReaderConstructor
@@ -118,8 +113,8 @@ class ConnectorClient(S3Client):
             ranged = timed_s3.TimedReaderConstructor(S3ReaderConstructor.range_based(), timeline.storage_clock)
             return read_ahead_reader(timed_s3.TimedReadAheadS3StorageReader, self.config, timeline,
                                      reader_constructor=ranged, **self._common(suffix))
-        return _built(S3StorageReader, timed_s3.TimedS3StorageReader, timeline, **self._common(suffix),
-                      reader_constructor=self._reader_constructor(timeline))
+        return built(S3StorageReader, timed_s3.TimedS3StorageReader, timeline, **self._common(suffix),
+                     reader_constructor=self._reader_constructor(timeline))
 
     def _reader_constructor(self, timeline: HookTimeline | None = None) -> Any:
         """The connector's reader constructor of `storage.reader`; with a timeline, its
@@ -208,10 +203,10 @@ class FsspecClient(S3Client):
     def writer(self, suffix: str, timeline: HookTimeline | None, host_state: bool = False) -> Any:
         import dcp_fsdp.storage.timed_clients as timed_clients
 
-        return _built(timed_clients.FsspecWriter, timed_clients.TimedFsspecWriter, timeline,
-                      self.location(suffix), sync_files=self.config.fsspec_sync_files,
-                      thread_count=self.config.thread_count, overwrite=False,
-                      **host_state_kwargs(host_state), **self.storage_options())
+        return built(timed_clients.FsspecWriter, timed_clients.TimedFsspecWriter, timeline,
+                     self.location(suffix), sync_files=self.config.fsspec_sync_files,
+                     thread_count=self.config.thread_count, overwrite=False,
+                     **host_state_kwargs(host_state), **self.storage_options())
 
     def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
         import dcp_fsdp.storage.timed_clients as timed_clients
@@ -219,8 +214,8 @@ class FsspecClient(S3Client):
         if self.config.read_ahead:  # the tool's reader: cat_file per range group
             return read_ahead_reader(timed_clients.TimedReadAheadFsspecReader, self.config, timeline,
                                      self.location(suffix), **self.storage_options())
-        return _built(timed_clients.FsspecReader, timed_clients.TimedFsspecReader, timeline,
-                      self.location(suffix), **self.storage_options())
+        return built(timed_clients.FsspecReader, timed_clients.TimedFsspecReader, timeline,
+                     self.location(suffix), **self.storage_options())
 
     def warm_up(self, storage_io: Any) -> list[Any]:
         """s3fs's aiobotocore client built now (s3fs builds it on the first request), its
@@ -292,9 +287,9 @@ class MscClient(S3Client):
     def writer(self, suffix: str, timeline: HookTimeline | None, host_state: bool = False) -> Any:
         import dcp_fsdp.storage.msc_dcp as msc_dcp  # .metadata any client can read
 
-        return _built(msc_dcp.PortableMscWriter, msc_dcp.TimedPortableMscWriter, timeline,
-                      self.location(suffix), sync_files=False, thread_count=self.config.thread_count,
-                      overwrite=False, **host_state_kwargs(host_state))
+        return built(msc_dcp.PortableMscWriter, msc_dcp.TimedPortableMscWriter, timeline,
+                     self.location(suffix), sync_files=False, thread_count=self.config.thread_count,
+                     overwrite=False, **host_state_kwargs(host_state))
 
     def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
         import dcp_fsdp.storage.msc_dcp as msc_dcp
@@ -304,8 +299,8 @@ class MscClient(S3Client):
             return read_ahead_reader(timed_clients.TimedReadAheadMscReader, self.config, timeline,
                                      self.location(suffix))
         # storage.msc_prefetch_threads: MSC's prefetch, each object downloaded once
-        return _built(msc_dcp.OnceMscReader, msc_dcp.TimedOnceMscReader, timeline, self.location(suffix),
-                      prefetch_threads=self.config.msc_prefetch_threads)
+        return built(msc_dcp.OnceMscReader, msc_dcp.TimedOnceMscReader, timeline, self.location(suffix),
+                     prefetch_threads=self.config.msc_prefetch_threads)
 
     def warm_up(self, storage_io: Any) -> list[Any]:
         """MSC's client for the profile built now (MSC builds it on the first request, then
