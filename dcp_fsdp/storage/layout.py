@@ -23,19 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp import contract
-from dcp_fsdp.config.validate import check_suffix  # the setting's syntax: a config check
+from dcp_fsdp.config.validate import check_suffix as check_suffix  # the suffix's syntax: a config check
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.metadata_peek import MAX_METADATA_BYTES, MetadataFacts, read_facts
-from dcp_fsdp.storage.base import CheckpointInfo, OpenUpload, SuffixClaim
+from dcp_fsdp.storage.base import CheckpointInfo, OpenUpload as OpenUpload, SuffixClaim as SuffixClaim
 
 if TYPE_CHECKING:
     from dcp_fsdp.storage.base import CheckpointStore
-
-__all__ = ["CEILING_ROOT", "CHECKPOINT_MARKERS", "CLAIM_NAME", "MANIFEST_NAME", "METADATA_NAME",
-           "CheckpointInfo", "OpenUpload", "SuffixClaim", "check_loadable", "check_suffix",
-           "claim_configured_suffixes", "encode_manifest", "release_claims", "holds_only_claim_of",
-           "manifest_if_readable", "metadata_facts", "checkpoint_info", "new_suffix",
-           "read_claim", "read_manifest", "save_suffix"]
 
 METADATA_NAME = ".metadata"
 MANIFEST_NAME = "dcp_fsdp.json"
@@ -101,9 +95,9 @@ def save_suffix(store: CheckpointStore, configured: str | None, iterations: int,
                 used: list[str]) -> tuple[str, str]:
     """The suffix for save `iteration` (1-based) in `store`, claimed for this save (never
     one that holds objects, nor one another save claimed first), and how it was claimed."""
+    run_id = os.environ.get(contract.RUN_ID_ENV)
     if configured:
         suffix = configured_save_suffix(configured, iterations, iteration)
-        run_id = os.environ.get(contract.RUN_ID_ENV)
         launcher_method = os.environ.get(contract.SUFFIX_CLAIMED_ENV)
         if launcher_method and holds_only_claim_of(store, suffix, run_id):
             return suffix, launcher_method  # this run's launcher claimed it before the ranks
@@ -111,7 +105,7 @@ def save_suffix(store: CheckpointStore, configured: str | None, iterations: int,
     while True:
         suffix = new_suffix()
         if suffix not in used and not store.has_objects(suffix):
-            claim = store.claim(suffix, _claim_body(os.environ.get(contract.RUN_ID_ENV)))
+            claim = store.claim(suffix, _claim_body(run_id))
             if claim.won:
                 return suffix, claim.method
 
@@ -142,18 +136,11 @@ def claim_configured_suffixes(store: CheckpointStore, configured: str, iteration
             method = _claim_configured(store, suffix, run_id)
             taken.append(suffix)
     except UserError:
-        release_claims(store, taken, run_id)
+        for suffix in taken:  # those still holding nothing but this run's claim
+            if holds_only_claim_of(store, suffix, run_id):
+                store.delete(suffix)
         raise
     return taken, method
-
-
-def release_claims(store: CheckpointStore, suffixes: list[str], run_id: str | None) -> list[str]:
-    """Remove those of `suffixes` that hold nothing but run `run_id`'s claim (a claim with
-    no data is not a checkpoint); the ones removed."""
-    removed = [suffix for suffix in suffixes if holds_only_claim_of(store, suffix, run_id)]
-    for suffix in removed:
-        store.delete(suffix)
-    return removed
 
 
 def _claim_body(run_id: str | None) -> bytes:
@@ -166,10 +153,9 @@ def _claim_body(run_id: str | None) -> bytes:
 def read_claim(store: CheckpointStore, suffix: str) -> dict[str, Any]:
     """`suffix`'s claim object as written by `_claim_body` ({} when absent or unreadable)."""
     try:
-        claim = _plain_object(store.get_small(suffix, CLAIM_NAME, 4096) or b"{}")
+        return _plain_object(store.get_small(suffix, CLAIM_NAME, 4096) or b"{}") or {}
     except UserError:
         return {}
-    return claim if claim is not None else {}
 
 
 def _plain_object(data: bytes) -> dict[str, Any] | None:
@@ -208,7 +194,6 @@ def check_loadable(store: CheckpointStore, suffix: str) -> None:
         return
     checkpoints = store.list_checkpoints()
     complete = [c.suffix for c in checkpoints if c.complete]
-    where = store.location("")
     nested = next((c.nested for c in checkpoints if c.suffix == suffix), ())
     if nested:  # a prefix above checkpoints, not one that did not finish
         names = ", ".join(nested[:3]) + (", ..." if len(nested) > 3 else "")
@@ -224,7 +209,7 @@ def check_loadable(store: CheckpointStore, suffix: str) -> None:
     state = ("is incomplete (no .metadata: the save did not finish)"
              if store.has_objects(suffix) else "does not exist")
     listing = ", ".join(complete[-10:]) if complete else "none"
-    raise UserError(f"suffix={suffix}: checkpoint {state} under {where}; "
+    raise UserError(f"suffix={suffix}: checkpoint {state} under {store.location('')}; "
                     f"complete checkpoints there: {listing}")
 
 
