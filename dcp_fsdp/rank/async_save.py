@@ -112,10 +112,7 @@ def _fill_training(timing: AsyncTiming, steps: StepTimes, baseline_s: list[float
 class AsyncSaver:
     """One per rank: the stager, the upload group, the daemon and the step (all untimed)."""
 
-    def __init__(self, config: AsyncSaveConfig, device: torch.device, train_step_s: float,
-                 rank: int) -> None:
-        self.config = config
-        self.rank = rank
+    def __init__(self, config: AsyncSaveConfig, device: torch.device, train_step_s: float) -> None:
         self.process = config.checkpointer == AsyncCheckpointer.process
         self.device = device
         # Pinned staging by the rank's device, not the machine's: a gloo rank on a GPU host

@@ -200,8 +200,7 @@ class CheckpointLoop:
         if self.async_saver is None:
             from dcp_fsdp.rank.async_save import AsyncSaver
 
-            self.async_saver = AsyncSaver(self.cfg.async_save, self.ctx.device, self.cfg.train_step_s,
-                                          self.ctx.rank)
+            self.async_saver = AsyncSaver(self.cfg.async_save, self.ctx.device, self.cfg.train_step_s)
         return self.async_saver
 
     def _prepare(self, op: str, iteration: int, suffix: str, saver: AsyncSaver | None,

@@ -99,7 +99,7 @@ def clock():
 
 def saver(fake: FakeDcp, steps: FakeSteps | TrainStep | None = None, cadence: int = 0):
     with mock.patch.object(async_save, "stager_reusable", return_value=True):
-        made: Any = async_save.AsyncSaver(AsyncSaveConfig(), torch.device("cpu"), 0.0, rank=0)
+        made: Any = async_save.AsyncSaver(AsyncSaveConfig(), torch.device("cpu"), 0.0)
     made.group, made.stager = object(), None  # "prepared": no process group needed
     made.train_step, made.cadence = steps, cadence
     return made

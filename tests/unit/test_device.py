@@ -91,7 +91,7 @@ def test_the_staged_mark_of_an_async_save_is_read_after_the_device_sync(events, 
 
     monkeypatch.setattr(async_save, "dcp", types.SimpleNamespace(async_save=fake_async_save))
     monkeypatch.setattr(async_save, "time", events.clock_module())
-    saver: Any = async_save.AsyncSaver(AsyncSaveConfig(), FAKE_CUDA, 0.0, rank=0)
+    saver: Any = async_save.AsyncSaver(AsyncSaveConfig(), FAKE_CUDA, 0.0)
     saver.group, saver.stager = object(), None
     events.seen.clear()
     timing = saver.save({}, writer=None, begin_mono=0.0, baseline_s=[])
@@ -271,10 +271,10 @@ def test_the_torchrun_check_accepts_one_bound_gpu_per_task(monkeypatch):
 
 def test_pinned_staging_follows_the_ranks_device_not_the_machine(monkeypatch):
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)  # a GPU host
-    gloo_rank = async_save.AsyncSaver(AsyncSaveConfig(), torch.device("cpu"), 0.0, rank=0)
+    gloo_rank = async_save.AsyncSaver(AsyncSaveConfig(), torch.device("cpu"), 0.0)
     assert not gloo_rank.options.use_pinned_memory
     assert not gloo_rank.options.use_non_blocking_copy
-    nccl_rank = async_save.AsyncSaver(AsyncSaveConfig(), FAKE_CUDA, 0.0, rank=0)
+    nccl_rank = async_save.AsyncSaver(AsyncSaveConfig(), FAKE_CUDA, 0.0)
     assert nccl_rank.options.use_pinned_memory and nccl_rank.options.use_non_blocking_copy
 
 
@@ -286,7 +286,7 @@ def test_a_cpu_ranks_stager_stages_in_its_thread_without_an_accelerator_stream(m
 
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
     monkeypatch.setattr(torch, "Stream", no_stream)
-    saver = async_save.AsyncSaver(AsyncSaveConfig(), torch.device("cpu"), 0.0, rank=0)
+    saver = async_save.AsyncSaver(AsyncSaveConfig(), torch.device("cpu"), 0.0)
     assert saver.options.use_async_staging
     stager = saver.new_stager()
     try:

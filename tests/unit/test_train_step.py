@@ -160,7 +160,7 @@ def test_train_step_work_is_a_setting_and_needs_a_step_length():
     cfg = compose("save", ["save_mode=async", "train_step_s=0.05",
                            "async_save.train_step_work=memory"])
     assert cfg.async_save.train_step_work == TrainStepWork.memory
-    saver_step = AsyncSaver(cfg.async_save, torch.device("cpu"), cfg.train_step_s, rank=0).train_step
+    saver_step = AsyncSaver(cfg.async_save, torch.device("cpu"), cfg.train_step_s).train_step
     assert saver_step is not None and saver_step.work == TrainStepWork.memory
     with pytest.raises(UserError, match="async_save.train_step_work=memory: the simulated"):
         compose("save", ["save_mode=async", "async_save.train_step_work=memory"])
