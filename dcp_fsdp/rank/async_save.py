@@ -87,11 +87,7 @@ def rank_bytes(metadata: Any, rank: int) -> int | None:
     storage = getattr(metadata, "storage_data", None)
     if not storage:
         return None
-    total = 0
-    for info in storage.values():
-        if saving_rank(str(getattr(info, "relative_path", ""))) == rank:
-            total += int(getattr(info, "length", 0) or 0)
-    return total
+    return sum(info.length for info in storage.values() if saving_rank(info.relative_path) == rank)
 
 
 def _fill_training(timing: AsyncTiming, steps: StepTimes, baseline_s: list[float],

@@ -10,7 +10,9 @@ its objects go: docs/metrics.md ("Ceiling and efficiency") and docs/headroom.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import io
 import math
 import os
@@ -73,18 +75,13 @@ def read_by_rank(written: list[list[RawObject]], replicas: int,
             for rank in range(len(written))]
 
 
-_FRAMING_BYTES: dict[tuple[torch.dtype, int], int] = {}
-
-
+@functools.cache
 def torch_save_framing_bytes(dtype: torch.dtype, ndim: int) -> int:
     """What torch.save adds around one tensor's data (zip records, pickle), measured."""
-    key = (dtype, ndim)
-    if key not in _FRAMING_BYTES:
-        probe = torch.zeros((1,) * ndim, dtype=dtype)
-        buffer = io.BytesIO()
-        torch.save(probe, buffer)
-        _FRAMING_BYTES[key] = buffer.tell() - probe.element_size()
-    return _FRAMING_BYTES[key]
+    probe = torch.zeros((1,) * ndim, dtype=dtype)
+    buffer = io.BytesIO()
+    torch.save(probe, buffer)
+    return buffer.tell() - probe.element_size()
 
 
 def planned_objects(state_dict: dict[str, Any], rank: int, thread_count: int,
@@ -284,26 +281,22 @@ class Ceiling:
                                 loop.ctx.device)
         live = LiveBytes(loop.state_dict)
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ceiling") as pool:
+            # (op, objects, (bytes counted, bytes moved), streams, move): the GETs use one
+            # stream, the objects in turn: how DCP's reader reads a rank's files
+            # (FileSystemReader.read_data, the connector's reader with it)
+            puts = (put_objects, (put_bytes, put_bytes), pool)
+            gets = (get_objects, (counted_get_bytes, get_bytes), None)
+            rounds = (("raw_put", *puts, self.mover.put), ("raw_get", *gets, self.mover.get),
+                      ("raw_get_tensors", *gets, functools.partial(self.mover.get_into, landing=landing)),
+                      ("raw_put_tensors", *puts, functools.partial(self.mover.put_live, live=live)))
             for iteration in range(1, self.cfg.iterations + 1):
                 self.mover.prepare(iteration, put_objects)
                 # each raw row carries the suffix of its own iteration's DCP operation, not
                 # the suffix whose sizes it mirrors
                 own = loop.suffixes[iteration - 1] if len(loop.suffixes) >= iteration else suffix
                 try:
-                    samples.append(self._timed("raw_put", iteration, own, put_objects,
-                                               (put_bytes, put_bytes), pool, self.mover.put))
-                    # one stream, the objects in turn: how DCP's reader reads a rank's
-                    # files (FileSystemReader.read_data, the connector's reader with it)
-                    samples.append(self._timed("raw_get", iteration, own, get_objects,
-                                               (counted_get_bytes, get_bytes), None,
-                                               self.mover.get))
-                    samples.append(self._timed(
-                        "raw_get_tensors", iteration, own, get_objects,
-                        (counted_get_bytes, get_bytes), None,
-                        lambda client, it, obj: self.mover.get_into(client, it, obj, landing)))
-                    samples.append(self._timed(
-                        "raw_put_tensors", iteration, own, put_objects, (put_bytes, put_bytes),
-                        pool, lambda client, it, obj: self.mover.put_live(client, it, obj, live)))
+                    for op, objects, nbytes, streams, move in rounds:
+                        samples.append(self._timed(op, iteration, own, objects, nbytes, streams, move))
                 finally:  # after the last collective: no rank still reads these; each rank its
                     # own objects (no collective: also after a failure)
                     self.mover.remove(self.mover.new_client(), iteration, put_objects)
@@ -445,11 +438,9 @@ def _remove_area(store: CheckpointStore, kind: str, area: str, iterations: int) 
     """The more-files saves' objects and open uploads (a save cut short leaves both)."""
     for iteration in range(1, iterations + 1):
         suffix = f"save-{iteration}"
-        try:
+        with contextlib.suppress(Exception):  # the run's outcome stands; list / clean-uploads show the rest
             store.abort_uploads(suffix)
             store.delete(suffix)
-        except Exception:  # the run's outcome stands; list / clean-uploads show the rest
-            continue
     if kind == "fs":  # the emptied area, and `<path>.ceiling` above it when nothing else is there
         for directory in (Path(area), Path(area).parent):
             try:

@@ -27,18 +27,14 @@ def sync_device(device: Any) -> None:
 
     if kind == "cuda":
         torch.cuda.synchronize(device)
-        return
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is not None and hasattr(accelerator, "synchronize"):
-        accelerator.synchronize(device)
+    else:
+        torch.accelerator.synchronize(device)
 
 
 def one_device_per_task(environ: dict[str, str] | None = None) -> bool:
     """CUDA_VISIBLE_DEVICES names exactly one device: the scheduler bound one GPU to this
     task (Slurm's --gpus-per-task=1 sets it per task)."""
-    value = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
-    if value is None:
-        return False
+    value = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES", "")
     return len([entry for entry in value.split(",") if entry.strip()]) == 1
 
 

@@ -37,12 +37,6 @@ class RankContext:
         return self.rank == 0
 
 
-def choose_backend(setting: Backend) -> str:
-    if setting == Backend.auto:
-        return "nccl" if torch.cuda.is_available() else "gloo"
-    return setting.value
-
-
 def rank_device(backend: str, local_rank: int, local_world_size: int) -> torch.device:
     """nccl: one of the CUDA devices this process sees (rank/device.py's cuda_index: all of
     the node's, or the one its task is bound to); gloo: the CPU (no CUDA context)."""
@@ -54,7 +48,9 @@ def rank_device(backend: str, local_rank: int, local_world_size: int) -> torch.d
 
 def init_distributed(backend_setting: Backend, timeout_s: float) -> RankContext:
     """Join the process group the environment describes; `timeout_s` bounds every collective."""
-    backend = choose_backend(backend_setting)
+    backend = backend_setting.value
+    if backend_setting == Backend.auto:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     device = rank_device(backend, local_rank, local_world_size)

@@ -93,7 +93,7 @@ def broadcast_from_first_replica(state_dict: dict[str, Any], group: dist.Process
         over = host_group if host_group is not None and local.device.type == "cpu" else group
         # a collective needs a contiguous buffer; FSDP2's dim-0 shards are, but keep any
         # other layout correct (receivers copy the result back into the live tensor)
-        buffer = local if local.is_contiguous() else local.contiguous()
+        buffer = local.contiguous()  # `local` itself where it already is
         pending.append((local, buffer, dist.broadcast(buffer, src=source, group=over,
                                                       async_op=True)))
     for local, buffer, work in pending:

@@ -8,6 +8,7 @@ local launcher. Everything before the loop's first barrier is initialisation: me
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -140,11 +141,10 @@ class RankSession:
         rank0_decides(self.joined(), preflight)
 
     def build(self) -> tuple[ShardedModel, dict[str, Any]]:
-        from dcp_fsdp.models.build import build_sharded_model
         from dcp_fsdp.config.validate import dtype_origin
+        from dcp_fsdp.models.build import build_sharded_model, dcp_state_dict
         from dcp_fsdp.models.presets import model_shape, tied_words
         from dcp_fsdp.rank.state import state_bytes
-        from dcp_fsdp.models.build import dcp_state_dict
 
         cfg, ctx, store = self.cfg, self.joined(), self.opened_store()
         raised, started_with = cfg.malloc == Malloc.raised, allocator.allocator_environment()
@@ -278,9 +278,6 @@ class RankSession:
         from dcp_fsdp.telemetry.summaries import merge_summaries
 
         self.run.end_cause = cause.value
-
-        self._untimed = None
-        self._untimed_all = None
         if self.store is not None:
             self.store.close()  # what the store made in this process (MSC's profile file)
         if self.request_log is not None:
@@ -348,10 +345,8 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:
     if status != "interrupted":
         from dcp_fsdp.rank.distributed import shutdown
 
-        try:
+        with contextlib.suppress(BaseException):
             shutdown(aligned=status == "ok")
-        except BaseException:
-            pass
     if session.record_path is None:
         return RankResult(exit_code)
     return RankResult(exit_code, session.run, session.samples(), session.record_path)
@@ -363,10 +358,8 @@ def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) 
     from dcp_fsdp.process.failures import collective_error, failure_line, says_the_line
 
     if guard.signal_name == contract.PEER_FAILED_SIGNAL_NAME or isinstance(error, PeerFailed):
-        if guard.ended_peers:
-            line = _stopped_after(guard.ended_peers)
-        else:
-            line = "stopped by the launcher after another rank failed (a rank died or raised first)"
+        line = (_stopped_after(guard.ended_peers) if guard.ended_peers
+                else "stopped by the launcher after another rank failed (a rank died or raised first)")
         return RankEnding("failed", line, contract.EXIT_FAILED, cause.PEER_ENDED)
     after_peer = _after_a_peer_ended(error, guard, session)
     if after_peer is not None:
@@ -437,19 +430,17 @@ def _end_stuck_rank(signal_name: str, session: RankSession | None) -> None:
                         contract.EXIT_FAILED if peer_ended else contract.EXIT_INTERRUPTED,
                         contract.EndCause.PEER_ENDED if peer_ended else contract.EndCause.INTERRUPTED)
     recorded = False
-    try:  # the main thread is held in native code (the GIL free): the samples are still here
+    # the main thread is held in native code (the GIL free): the samples are still here; a
+    # failure here or in the cleanup still lets the outcome below reach the agent
+    with contextlib.suppress(BaseException):
         if session is not None and session.run.run_id and session.writes_record(ending.status):
             session.run.end_cause = ending.cause.value
             session.write_record(ending.status, ending.error_line, session.samples(), [session.init])
             recorded = True
-    except BaseException:  # the outcome below still reaches the agent
-        pass
-    try:
+    with contextlib.suppress(BaseException):
         if session is not None and session.request_log is not None:
             session.request_log.remove()  # os._exit skips every cleanup
         lifeline.remove_multiprocessing_tempdir()
-    except BaseException:
-        pass
     # A note, not an error line: this rank may only be a bystander, and the launcher names
     # the first cause from the error files.
     log.info(f"rank {os.environ.get('RANK', '?')}: {ending.error_line}"

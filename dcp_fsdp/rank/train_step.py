@@ -19,11 +19,11 @@ import torch
 from dcp_fsdp.config.schema import TrainStepWork
 
 BASELINE_STEPS = 5  # steps timed right before each save (3 were too few on a loaded machine)
-_CPU_SIZE = 256  # matrix side: small enough that a step can be tens of milliseconds on CPU
-_CUDA_SIZE = 4096  # large enough to keep a GPU busy per kernel
-# memory work: elements per vector (three of them), each well beyond the last-level cache
-_CPU_ELEMENTS = 2**23  # 32 MiB of fp32
-_CUDA_ELEMENTS = 2**26  # 256 MiB of fp32
+# The operands' first size per (work, on CUDA): matmul, a matrix side small enough that a step
+# can be tens of milliseconds on CPU, large enough to keep a GPU busy per kernel; memory, the
+# elements of each of three vectors, well beyond the last-level cache (32, 256 MiB of fp32).
+_FIRST_SIZE = {(TrainStepWork.matmul, False): 256, (TrainStepWork.matmul, True): 4096,
+               (TrainStepWork.memory, False): 2**23, (TrainStepWork.memory, True): 2**26}
 _SMALLEST = {TrainStepWork.matmul: 64, TrainStepWork.memory: 2**16}
 _PROBE_S = 0.2  # calibration: run matmuls for at least this long to time one
 
@@ -93,15 +93,9 @@ class TrainStep:
         else:
             torch.mm(a, b)
 
-    def _initial_size(self) -> int:
-        cuda = self.device.type == "cuda"
-        if self.work == TrainStepWork.memory:
-            return _CUDA_ELEMENTS if cuda else _CPU_ELEMENTS
-        return _CUDA_SIZE if cuda else _CPU_SIZE
-
     def calibrate(self) -> None:
         """Untimed: pick the operands' size and the operation count for one step of ~step_s."""
-        size, smallest = self._initial_size(), _SMALLEST[self.work]
+        size, smallest = _FIRST_SIZE[self.work, self.device.type == "cuda"], _SMALLEST[self.work]
         while True:
             self._a, self._b, self._out = self._operands(size)
             self._operate()  # first call: kernel selection, allocator warm-up
