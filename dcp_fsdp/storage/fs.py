@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import os
@@ -199,10 +200,8 @@ class FsStore:
     def clean_raw_area(self, token: str) -> int:
         area = fs_ceiling_dir(self.root, token)
         shutil.rmtree(area, ignore_errors=True)
-        try:
+        with contextlib.suppress(OSError):
             area.parent.rmdir()  # `<path>.ceiling`, when nothing else is there
-        except OSError:
-            pass
         return 0
 
     def raw_area(self, token: str) -> FsRawArea:

@@ -72,14 +72,8 @@ class _PrefetchedFileSystem(MultiStorageFileSystem):
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[Any, None, None]:
         held = self._held.pop(str(path), None) if mode == "rb" else None
-        if held is None:
-            with super().create_stream(path, mode) as stream:
-                yield stream
-            return
-        try:
-            yield held
-        finally:
-            held.close()
+        with super().create_stream(path, mode) if held is None else contextlib.closing(held) as stream:
+            yield stream
 
 
 def _download(path: str | os.PathLike) -> Any:

@@ -17,6 +17,7 @@ what a reader on another node would start from.
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 from pathlib import Path
@@ -31,22 +32,18 @@ POLICY_ORDER = (DROPPED, RESIDENT, TMPFS)
 MEMORY_FS_TYPES = frozenset({"tmpfs", "ramfs"})  # the page cache is the storage itself
 
 _PAGE_BYTES = mmap.PAGESIZE
-_libc = None
 
 
+@functools.cache
 def _c_library() -> ctypes.CDLL:
-    global _libc
-    if _libc is None:
-        # the process's own symbols, libc's among them: find_library would run `ldconfig -p`
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_int, ctypes.c_long)
-        libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-        libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t,
-                                 ctypes.POINTER(ctypes.c_ubyte))
-        _libc = libc
-    return _libc
+    # the process's own symbols, libc's among them: find_library would run `ldconfig -p`
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte))
+    return libc
 
 
 def resident_pages(path: str | os.PathLike) -> tuple[int, int]:
