@@ -27,7 +27,7 @@ from dcp_fsdp.process import allocator, lifeline
 from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.metadata_peek import MetadataFacts
 from dcp_fsdp.config.schema import BenchmarkConfig, Malloc
-from dcp_fsdp.launch.aftermath import RanksOutcome
+from dcp_fsdp.launch.aftermath import RanksOutcome, find_record, lead_the_record, settle
 from dcp_fsdp.launch.agent import PYTHON_FLAGS as AGENT_PYTHON_FLAGS
 from dcp_fsdp.launch.agent import Terminated, raise_terminated
 from dcp_fsdp.launch.checks import check_launch
@@ -53,25 +53,19 @@ def launch_local(cfg: BenchmarkConfig) -> int:
             check.begin()
         facts = preflight(cfg, server_env)
         claimed, claim_env = claim_save_suffixes(cfg, server_env, run_id)
-        code = run_ranks(cfg, run_id, {**env, **claim_env}, metadata_facts=facts,
-                         claimed_suffixes=claimed)
+        code = run_ranks(cfg, run_id, {**env, **claim_env}, facts, claimed)
         died = server.death_line() if server is not None and code not in (
             contract.EXIT_OK, contract.EXIT_INTERRUPTED) else None
         if died is not None:  # the first cause: the ranks saw only its connection errors
-            from dcp_fsdp.launch.aftermath import lead_the_record
-
             lead_the_record(cfg.results_dir, run_id, died)
         if check is not None and code == 0:
-            from dcp_fsdp.launch.aftermath import find_record
-
             check.end(find_record(cfg.results_dir, run_id))
         return code
 
 
 def run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str],
-              module: str = "dcp_fsdp", metadata_facts: MetadataFacts | None = None,
-              claimed_suffixes: list[str] | None = None) -> int:
-    """Start cfg.nproc ranks (`python -m MODULE`, config in DCP_FSDP_CONFIG) under torch's
+              metadata_facts: MetadataFacts | None, claimed_suffixes: list[str]) -> int:
+    """Start cfg.nproc ranks (`python -m dcp_fsdp`, config in DCP_FSDP_CONFIG) under torch's
     elastic agent with `env`, wait for them, and leave a record of how they ended; a claim of
     `claimed_suffixes` that holds no data when they end is removed. Exit code."""
     run_dir = lifeline.owned_tempdir("dcp-fsdp-run-")
@@ -80,23 +74,20 @@ def run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str],
             facts_path = run_dir / "metadata-facts.json"
             layout.write_metadata_facts(facts_path, cfg.suffix, metadata_facts)
             env = {**env, contract.METADATA_FACTS_ENV: str(facts_path)}
-        outcome = _run_agent(cfg, run_id, env, module, run_dir)
+        outcome = _run_agent(cfg, run_id, env, run_dir)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    from dcp_fsdp.launch.aftermath import settle
-
-    settle(cfg, run_id, outcome, env, claimed_suffixes or [])
+    settle(cfg, run_id, outcome, env, claimed_suffixes)
     return outcome.exit_code
 
 
-def _agent_command(cfg: BenchmarkConfig, module: str, run_dir: Path) -> list[str]:
+def _agent_command(cfg: BenchmarkConfig, run_dir: Path) -> list[str]:
     return [sys.executable, *AGENT_PYTHON_FLAGS, "-m", "dcp_fsdp.launch.agent", "--standalone",
             f"--nproc-per-node={cfg.nproc}", "--max-restarts=0",
-            f"--log-dir={run_dir / 'torchelastic'}", "-m", module]
+            f"--log-dir={run_dir / 'torchelastic'}", "-m", "dcp_fsdp"]
 
 
-def _run_agent(cfg: BenchmarkConfig, run_id: str, env: dict[str, str], module: str,
-               run_dir: Path) -> RanksOutcome:
+def _run_agent(cfg: BenchmarkConfig, run_id: str, env: dict[str, str], run_dir: Path) -> RanksOutcome:
     config_path = run_dir / "config.yaml"
     OmegaConf.save(OmegaConf.structured(cfg), config_path)
     summary_path = run_dir / "agent.json"
@@ -121,7 +112,7 @@ def _run_agent(cfg: BenchmarkConfig, run_id: str, env: dict[str, str], module: s
     agent = None
     interrupted_by = None
     try:
-        agent = subprocess.Popen(_agent_command(cfg, module, run_dir), env=agent_env,
+        agent = subprocess.Popen(_agent_command(cfg, run_dir), env=agent_env,
                                  start_new_session=True,
                                  preexec_fn=functools.partial(lifeline.die_with_parent, signal.SIGTERM))
         agent.wait()

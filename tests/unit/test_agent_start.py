@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_local_launcher_starts_the_agent_with_its_flags(tmp_path):
     cfg = compose("save", ["storage=fs", f"storage.path={tmp_path / 'c'}", "nproc=2"])
-    command = local._agent_command(cfg, "dcp_fsdp", tmp_path)
+    command = local._agent_command(cfg, tmp_path)
     flags = list(agent.PYTHON_FLAGS)
     assert command[:len(flags) + 3] == [sys.executable, *flags, "-m", "dcp_fsdp.launch.agent"]
 
