@@ -24,17 +24,15 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
-from typing import Any, NoReturn
+from typing import Any
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import MLPERF_CHECKPOINTS, BenchmarkConfig, Malloc, Protocol, StorageKind
 from dcp_fsdp.config.validate import CLIENT_ONLY
 from dcp_fsdp.errors import UserError
+from dcp_fsdp.launch.agent import raise_terminated
 from dcp_fsdp.tune.report import malloc_lines, override_line
 from dcp_fsdp.tune.search import MIN_FINAL_SCORES, Budget, Settings, paired_malloc
-
-__all__ = ["tune", "search_space", "override_line"]
 
 # Below this no trial fits: the ranks' start-up alone (process group, model build) takes
 # several seconds on the smallest model. A larger budget that start-up still spends is
@@ -105,10 +103,6 @@ def _warm_storage(cfg: BenchmarkConfig) -> None:
     make_store(cfg.storage).probe()  # the store's own untimed first write
 
 
-def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
-    raise KeyboardInterrupt()
-
-
 def check_tune_settings(cfg: BenchmarkConfig) -> None:
     """What tune cannot honour, before anything starts (validate.py checked tune.*'s ranges)."""
     if cfg.protocol == Protocol.mlperf:  # `report` would show its trials as MLPerf's figures
@@ -139,7 +133,7 @@ def tune(overrides: list[str], started_mono: float) -> int:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     session_dir = Path(cfg.results_dir) / f"tune-{stamp}-{os.getpid()}"
     # SIGTERM (scancel, kill) ends the tune like Ctrl-C, also while the server starts.
-    previous_sigterm = signal.signal(signal.SIGTERM, _terminate)
+    previous_sigterm = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         with storage_environment(cfg) as (cfg, server_env, _):
             os.environ.update(server_env)  # the ranks inherit the embedded server's keys
