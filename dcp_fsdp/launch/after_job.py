@@ -9,7 +9,6 @@ of docs/reliability.md "How a run ends".
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -159,7 +158,7 @@ def job_outcome(reports: list[dict], srun_ends: list[tuple[str, str]], step_exit
     return RanksOutcome(exit_code, status, line, failures=failures, cause=first_cause)
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
+def main(argv: list[str]) -> int:
     parser = CommandArguments(prog="python -m dcp_fsdp.launch.after_job")
     parser.add_argument("--job-dir", required=True, type=Path)
     parser.add_argument("--step-exit", required=True, type=int)
@@ -167,12 +166,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--world-size", type=int, default=None)
     parser.add_argument("command")
     parser.add_argument("overrides", nargs="*")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str]) -> int:
     try:
-        args = _parse(argv)
+        args = parser.parse_args(argv)
     except UserError as error:  # batch/*.sh called it wrong: one line, not a usage block
         log.error(str(error))
         return contract.EXIT_USER_ERROR
