@@ -6,6 +6,7 @@ setting or variable and the fix. No torch import: the launcher stays light.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -194,11 +195,7 @@ def check_environment(cfg: BenchmarkConfig) -> None:
     if contract.CONFIG_ENV in os.environ:
         raise UserError(f"{contract.CONFIG_ENV} is set: it is for ranks that dcp-fsdp starts "
                         f"itself; unset {contract.CONFIG_ENV}")
-    _check_fork_switch()
-
-
-def _check_fork_switch() -> None:
-    """The test suite's switch: "1" forks the ranks, unset or "0" execs them; no other value."""
+    # the test suite's switch: "1" forks the ranks, unset or "0" execs them; no other value
     name = contract.FORK_RANKS_TEST_ONLY_ENV
     value = os.environ.get(name)
     if value not in (None, "", "0", "1"):
@@ -335,13 +332,11 @@ def available_memory_bytes() -> int:
     import psutil
 
     available = psutil.virtual_memory().available
-    try:
-        limit = open("/sys/fs/cgroup/memory.max").read().strip()
-        current = int(open("/sys/fs/cgroup/memory.current").read())
+    with contextlib.suppress(OSError, ValueError):  # no cgroup v2 memory controller here
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        current = int(Path("/sys/fs/cgroup/memory.current").read_text())
         if limit != "max":
             available = min(available, int(limit) - current)
-    except (OSError, ValueError):
-        pass  # no cgroup v2 memory controller here
     return available
 
 
