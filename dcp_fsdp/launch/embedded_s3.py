@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import re
 import secrets
@@ -68,16 +69,11 @@ class S3Endpoint:
 
 def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
     """Distinct ports free on `host` right now (held open together so none repeats)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((host, 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
         for sock in sockets:
-            sock.close()
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
 
 
 def weed_binary() -> str:
@@ -93,12 +89,6 @@ def weed_binary() -> str:
 
 
 _MAX_SOCKET_PATH = 100  # bytes; Linux's sun_path is 108 with its NUL
-
-
-def _die_with_starter() -> None:
-    # SIGKILL: weed's graceful stop of a server whose clients were cut off takes 30 s and
-    # more, holding its ports and memory; what it leaves, lifeline.remove_stale removes.
-    lifeline.die_with_parent(signal.SIGKILL)
 
 
 # Another process can take a port between free_ports and weed's bind: weed exits with this line.
@@ -176,7 +166,10 @@ class EmbeddedS3:
             self.process = subprocess.Popen(
                 args, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=self.workdir, start_new_session=True,  # Ctrl-C reaches us, and we stop it
-                preexec_fn=_die_with_starter,  # ... and if we are killed, it stops too
+                # ... and if we are killed, it stops too. SIGKILL: weed's graceful stop of a
+                # server whose clients were cut off takes 30 s and more, holding its ports and
+                # memory; what it leaves, lifeline.remove_stale removes.
+                preexec_fn=functools.partial(lifeline.die_with_parent, signal.SIGKILL),
             )
         # While it runs, its directory is not stale even if we are gone (it is stopping).
         (self.workdir / lifeline.SERVER_PID_FILE).write_text(str(self.process.pid))
