@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from dcp_fsdp.process.environ import environment
 from dcp_fsdp import contract, log
@@ -103,13 +103,12 @@ def _amend(path: Path, outcome: "RanksOutcome") -> tuple[dict, bool]:
     tell that from an interrupt."""
     lines = path.read_text().splitlines()
     run_line = json.loads(lines[0])
-    changed = replaced = False
+    before = dict(run_line)
+    replaced = False
     if outcome.status == "interrupted" and run_line.get("error") != outcome.error:
         # Only the parent knows a signal came from outside: a rank stuck in a collective
         # handles it late, when its peers are already gone, and may call it a failure.
-        run_line["status"], run_line["error"] = outcome.status, outcome.error
-        run_line["end_cause"] = outcome.cause.value
-        changed = True
+        run_line.update(status=outcome.status, error=outcome.error, end_cause=outcome.cause.value)
     else:
         # The rank that recorded was stopped because another ended first, or failed because
         # a rank or a node's agent was killed (its I/O cut short): the kill, or that rank's
@@ -120,19 +119,15 @@ def _amend(path: Path, outcome: "RanksOutcome") -> tuple[dict, bool]:
                            and run_line.get("end_cause") != contract.EndCause.KILLED.value)))
         if replaced or run_line.get("status") not in (outcome.status, "ok"):
             rank_said = run_line.get("error")
-            run_line["status"] = outcome.status
-            run_line["error"] = (outcome.error if not rank_said or rank_said == outcome.error
-                                 or (replaced and peer_ended)
-                                 else f"{outcome.error}; the ranks recorded: {rank_said}")
-            run_line["end_cause"] = outcome.cause.value
-            changed = True
+            keep = rank_said and rank_said != outcome.error and not (replaced and peer_ended)
+            run_line.update(status=outcome.status, error=(
+                f"{outcome.error}; the ranks recorded: {rank_said}" if keep else outcome.error),
+                end_cause=outcome.cause.value)
     if outcome.failures and not run_line.get("rank_failures"):
         run_line["rank_failures"] = outcome.failures
-        changed = True
     if outcome.writing_suffix and not run_line.get("incomplete_suffix"):
         run_line["incomplete_suffix"] = outcome.writing_suffix
-        changed = True
-    if changed:
+    if run_line != before:
         replace_run_line(path, lines, run_line)
     return run_line, replaced
 
@@ -152,10 +147,7 @@ def lead_the_record(results_dir: str, run_id: str, line: str) -> None:
 
 def replace_run_line(path: Path, lines: list[str], run_line: dict) -> None:
     """Record `path` (read as `lines`) with its first line replaced by `run_line`, atomically."""
-    def write(out: IO[str]) -> None:
-        out.write("\n".join([json.dumps(run_line), *lines[1:]]) + "\n")
-
-    records.replace_atomically(path, write)
+    records.replace_atomically(path, lambda out: print(json.dumps(run_line), *lines[1:], sep="\n", file=out))
 
 
 def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, str],
