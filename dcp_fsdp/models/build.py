@@ -101,9 +101,7 @@ def first_replica_group(world_size: int, replicas: int) -> dist.ProcessGroup | N
     """On replica 0's ranks (0 .. world / R - 1), a group of them all, else None: with TP they
     are no single mesh dimension's group, and a read_once load runs DCP over it."""
     ranks = list(range(world_size // replicas))
-    if dist.get_rank() not in ranks:
-        return None
-    return dist.new_group(ranks, use_local_synchronization=True)
+    return dist.new_group(ranks, use_local_synchronization=True) if dist.get_rank() in ranks else None
 
 
 def device_meshes(device_type: str, world_size: int, replicas: int, tp: int) -> tuple[Any, Any]:

@@ -25,8 +25,7 @@ MAX_TENSOR_ELEMENTS = 2**63 // 4 - 1
 LLAMA_LIKE_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads",
                        "num_key_value_heads", "vocab_size", "intermediate_size")
 REQUIRED: dict[str, tuple[str, ...]] = {
-    "llama": LLAMA_LIKE_REQUIRED, "mistral": LLAMA_LIKE_REQUIRED, "qwen2": LLAMA_LIKE_REQUIRED,
-    "qwen3": LLAMA_LIKE_REQUIRED,
+    **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3"), LLAMA_LIKE_REQUIRED),
     "qwen3_moe": LLAMA_LIKE_REQUIRED + ("num_experts", "moe_intermediate_size"),
     "mixtral": LLAMA_LIKE_REQUIRED + ("num_local_experts",),
     "gpt2": ("n_embd", "n_layer", "n_head", "vocab_size", "n_positions"),
@@ -83,10 +82,8 @@ class _Fields:
 
 def _load(path: str) -> dict[str, Any]:
     where = f"model.config={path}"
-    file = Path(path)
-    folder = file.is_dir()
-    if folder:
-        file = file / "config.json"
+    folder = Path(path).is_dir()
+    file = Path(path) / "config.json" if folder else Path(path)
     try:
         text = file.read_text()
     except FileNotFoundError:
@@ -129,11 +126,10 @@ def _dense_layers(fields: _Fields, layers: int) -> tuple[int, ...]:
     return tuple(i for i in range(layers) if i in only or (i + 1) % step)
 
 
-def _check_attention(family: str, fields: _Fields, head_dim: int) -> None:
+def _check_attention(family: str, fields: _Fields, hidden: int, heads: int, kv_heads: int,
+                     head_dim: int) -> None:
     """What transformers refuses of the attention's shape: LlamaConfig a width not a multiple
     of the heads, the rotary embedding an odd head width, KV heads that do not divide the heads."""
-    hidden, heads = fields.data["hidden_size"], fields.data["num_attention_heads"]
-    kv_heads = fields.data["num_key_value_heads"]
     if family == "llama" and hidden % heads:
         raise UserError(f"{fields.where}: 'hidden_size' {hidden} is not a multiple of "
                         f"'num_attention_heads' {heads}, which transformers' LlamaConfig "
@@ -169,8 +165,8 @@ def _llama_like(family: str, fields: _Fields) -> ModelShape:
     hidden, heads = fields.whole("hidden_size"), fields.whole("num_attention_heads")
     layers = fields.whole("num_hidden_layers")
     head_dim = fields.whole("head_dim", HEAD_DIM_DEFAULT.get(family, hidden // heads))
-    fields.whole("num_key_value_heads")
-    _check_attention(family, fields, head_dim)
+    kv_heads = fields.whole("num_key_value_heads")
+    _check_attention(family, fields, hidden, heads, kv_heads, head_dim)
     _check_rope(fields)
     bias = family in ATTENTION_BIAS_FAMILIES and fields.flag("attention_bias", False)
     experts = {"qwen3_moe": lambda: fields.whole("num_experts", minimum=0),
@@ -180,7 +176,7 @@ def _llama_like(family: str, fields: _Fields) -> ModelShape:
         hidden, layers, heads, fields.whole("vocab_size"),
         fields.whole("max_position_embeddings", 4096),
         intermediate_size=fields.whole("intermediate_size"),
-        num_kv_heads=fields.whole("num_key_value_heads"),
+        num_kv_heads=kv_heads,
         rms_norm_eps=fields.number("rms_norm_eps", LLAMA_RMS_NORM_EPS),
         head_dim=head_dim,
         tie_embeddings=fields.flag("tie_word_embeddings", False),

@@ -12,9 +12,6 @@ import dataclasses
 import math
 from typing import Literal
 
-# What every Llama preset of the original benchmark shares (untied embeddings).
-LLAMA_VOCAB_SIZE = 50432
-LLAMA_MAX_POSITIONS = 4096
 LLAMA_RMS_NORM_EPS = 1e-5
 
 Family = Literal["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt2"]
@@ -60,8 +57,7 @@ class ModelShape:
 
 
 def llama(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int,
-          vocab_size: int = LLAMA_VOCAB_SIZE,
-          max_positions: int = LLAMA_MAX_POSITIONS) -> ModelShape:
+          vocab_size: int = 50432, max_positions: int = 4096) -> ModelShape:
     return ModelShape("llama", hidden, layers, heads, vocab_size, max_positions,
                       intermediate_size=intermediate, num_kv_heads=kv_heads)
 
@@ -72,7 +68,8 @@ def gpt2(n_embd: int, n_layer: int, n_head: int, vocab_size: int = 50257,
                       tie_embeddings=True)
 
 
-# The original benchmark's Llama shapes: hidden, intermediate, layers, heads, kv heads.
+# The original benchmark's Llama shapes: hidden, intermediate, layers, heads, kv heads (all
+# share a vocabulary of 50,432, 4,096 positions and untied embeddings).
 LLAMA_SHAPES: dict[str, ModelShape] = {
     "L7b": llama(4096, 11008, 32, 32, 32),  # ~6.89 B parameters
     "L13b": llama(5120, 13824, 40, 40, 40),

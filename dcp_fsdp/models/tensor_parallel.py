@@ -109,9 +109,8 @@ def shard_block(shape: tuple[int, ...], shards: int, shard: int, tp_dim: int | N
     if tp_dim is not None:
         sizes[tp_dim] = shape[tp_dim] // tp
         offsets[tp_dim] = tp_rank * sizes[tp_dim]
-    start, rows = shard_rows(sizes[0], shards, shard)
+    start, sizes[0] = shard_rows(sizes[0], shards, shard)
     offsets[0] += start  # an empty shard: past its block's end, as shard_rows places it
-    sizes[0] = rows
     return tuple(offsets), tuple(sizes)
 
 
