@@ -68,11 +68,6 @@ class _NotS3(Exception):
     """Raised from a response hook: the endpoint's answers are not S3's."""
 
 
-def _first_words(error: BaseException, limit: int = 120) -> str:
-    text = " ".join(str(error).split())
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def _answer(error: Any) -> tuple[int | None, str]:
     """A botocore ClientError's HTTP status and S3 error code ("" where it names none)."""
     response = error.response
@@ -111,7 +106,7 @@ class S3ControlPlane:
                     retries={"mode": "standard", "total_max_attempts": attempts},
                     s3={"addressing_style": "path" if self.target.force_path_style else "auto"}))
         except bx.BotoCoreError as error:
-            raise credential_chain_error(error) or self._explain(error) from None
+            raise self._explain(error) from None  # (it tries credential_chain_error first)
         for observer in list(_client_observers.values()):
             observer(client.meta.events)
         return client
@@ -134,8 +129,9 @@ class S3ControlPlane:
             plain = (f"; if the server speaks plain HTTP, write "
                      f"{self.target.endpoint_source}=http://{endpoint.split('://', 1)[-1]}"
                      if endpoint.startswith("https://") else "")
-            return UserError(f"{self.target.endpoint_source}={endpoint}: TLS handshake failed "
-                             f"({_first_words(error)}){plain}")
+            words = " ".join(str(error).split())
+            words = words if len(words) <= 120 else words[:120] + "..."
+            return UserError(f"{self.target.endpoint_source}={endpoint}: TLS handshake failed ({words}){plain}")
         if isinstance(error, bx.NoCredentialsError):
             return UserError(f"{where}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
                              "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or use an instance role")
@@ -252,29 +248,23 @@ class S3ControlPlane:
         except (bx.BotoCoreError, bx.ClientError) as error:
             raise self._explain(error) from None
 
-    def _listed(self, operation: str, prefix: str, key: str) -> Iterator[dict[str, Any]]:
-        """Every entry (`key`: "Contents", "Uploads") of listing `operation` under `prefix`."""
+    def _listed(self, operation: str, key: str, **params: Any) -> Iterator[dict[str, Any]]:
+        """Every entry (`key`: "Contents", "Uploads", "Parts") of the bucket's listing `operation`."""
         with self._explaining():
-            for page in self.client().get_paginator(operation).paginate(
-                    Bucket=self.target.bucket, Prefix=prefix):
+            for page in self.client().get_paginator(operation).paginate(Bucket=self.target.bucket, **params):
                 yield from page.get(key, [])
 
     def list_checkpoints(self, suffix: str | None = None) -> list[CheckpointInfo]:
         base = f"{self.target.prefix}/" if self.target.prefix else ""
         found: dict[str, dict[str, Any]] = {}
-        for obj in self._listed("list_objects_v2", base + (f"{suffix}/" if suffix else ""), "Contents"):
-            rest = obj["Key"][len(base):]
-            if "/" not in rest:
+        for obj in self._listed("list_objects_v2", "Contents", Prefix=base + (f"{suffix}/" if suffix else "")):
+            owner, slash, name = obj["Key"][len(base):].partition("/")
+            if not slash or owner == CEILING_ROOT:  # (the raw ceiling's: never a checkpoint)
                 continue
-            owner, name = rest.split("/", 1)
-            if owner == CEILING_ROOT:  # the raw ceiling's, never a checkpoint
-                continue
-            entry = found.setdefault(owner, {"size": 0, "modified": None, "names": []})
+            entry = found.setdefault(owner, {"size": 0, "modified": obj["LastModified"], "names": []})
             entry["size"] += obj["Size"]
             entry["names"].append(name)  # relative to the suffix
-            modified = obj["LastModified"]
-            if entry["modified"] is None or modified > entry["modified"]:
-                entry["modified"] = modified
+            entry["modified"] = max(entry["modified"], obj["LastModified"])
         return [checkpoint_info(owner, e["names"], METADATA_NAME in e["names"], e["size"],
                                 e["modified"].astimezone(datetime.timezone.utc).isoformat())
                 for owner, e in sorted(found.items())]
@@ -283,7 +273,7 @@ class S3ControlPlane:
         """Every object under `suffix`/ (its name there -> bytes), one listing."""
         base = self.target.key(suffix) + "/"
         return {obj["Key"][len(base):]: obj["Size"]
-                for obj in self._listed("list_objects_v2", base, "Contents")}
+                for obj in self._listed("list_objects_v2", "Contents", Prefix=base)}
 
     def has_objects(self, suffix: str) -> bool:
         response = self.client().list_objects_v2(
@@ -393,19 +383,15 @@ class S3ControlPlane:
         of the ceiling, beside the checkpoints); how many."""
         with self._explaining():
             return sum(self._abort(upload["Key"], upload["UploadId"])
-                       for upload in self._listed("list_multipart_uploads", key_prefix, "Uploads"))
+                       for upload in self._listed("list_multipart_uploads", "Uploads", Prefix=key_prefix))
 
     # -- multipart uploads a stopped save left open -----------------------------------------
     def open_uploads(self, suffix: str | None = None) -> list[OpenUpload]:
-        client = self.client()
         base = f"{self.target.prefix}/" if self.target.prefix else ""
         found = []
-        for upload in self._listed("list_multipart_uploads",
-                                   self.target.key(suffix) + "/" if suffix else base, "Uploads"):
-            with self._explaining():
-                parts = [part for part_page in client.get_paginator("list_parts").paginate(
-                    Bucket=self.target.bucket, Key=upload["Key"],
-                    UploadId=upload["UploadId"]) for part in part_page.get("Parts", [])]
+        for upload in self._listed("list_multipart_uploads", "Uploads",
+                                   Prefix=self.target.key(suffix) + "/" if suffix else base):
+            parts = list(self._listed("list_parts", "Parts", Key=upload["Key"], UploadId=upload["UploadId"]))
             rest = upload["Key"][len(base):]
             found.append(OpenUpload(
                 suffix=rest.split("/", 1)[0] if "/" in rest else "",
