@@ -122,32 +122,26 @@ def says_the_line(error: BaseException, is_coordinator: bool, joined: bool = Tru
 
 
 def failure_line(store: Any, error: BaseException, probe: bool) -> str:
-    """A failed operation's line (root_cause), led by the storage's answer when `probe`."""
-    line = root_cause(error)
-    return storage_first(store, line) if probe else line
-
-
-def storage_first(store: Any, error_line: str, deadline_s: float | None = None) -> str:
-    """A failed operation's line, led by what the storage says when probed once afterwards: a
-    full file system or an endpoint that stopped answering is the first cause, which DCP's
-    own error hides."""
-    if store is None:
+    """A failed operation's line (root_cause), led by what the storage says when `probe`d once
+    afterwards: a full file system or an endpoint that stopped answering is the first cause,
+    which DCP's own error hides."""
+    error_line = root_cause(error)
+    if not probe or store is None:
         return error_line
     answers: list[BaseException | None] = []
 
-    def probe() -> None:
+    def ask() -> None:
         try:
             store.probe()
             answers.append(None)
         except Exception as problem:
             answers.append(problem)
 
-    prober = threading.Thread(target=probe, daemon=True, name="dcp-fsdp-failure-probe")
+    prober = threading.Thread(target=ask, daemon=True, name="dcp-fsdp-failure-probe")
     prober.start()
-    deadline_s = PROBE_DEADLINE_S if deadline_s is None else deadline_s
-    prober.join(deadline_s)
+    prober.join(PROBE_DEADLINE_S)
     if not answers:
-        return (f"the storage did not answer a probe within {deadline_s:g} s after the failure "
+        return (f"the storage did not answer a probe within {PROBE_DEADLINE_S:g} s after the failure "
                 f"({error_line})")
     problem = answers[0]
     if problem is None:

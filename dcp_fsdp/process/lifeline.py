@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import stat
+import sys
 import tempfile
 import time
 from collections.abc import Iterable
@@ -205,7 +206,6 @@ def end_process(exit_code: int) -> NoReturn:
     that has succeeded (exit 134). No torch import: a rank stopped while torch was importing
     ends through this too. A forked rank that succeeded returns instead (return_on_success)."""
     import logging
-    import sys
 
     returns = exit_code == 0 and _success_returns
     if not returns:
@@ -222,11 +222,6 @@ def end_process(exit_code: int) -> NoReturn:
 def remove_multiprocessing_tempdir() -> None:
     """Before os._exit, which skips the finalizer that removes it: multiprocessing's `pymp-*`
     directory in TMPDIR (the process checkpointer's listener socket), if it was imported."""
-    import sys
-
-    if "multiprocessing.util" not in sys.modules:
-        return
-    import multiprocessing.util
-
-    # get_temp_dir() names the one made (making one if none was: removed as well)
-    shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:  # get_temp_dir() names the one made (making one if none was: removed as well)
+        shutil.rmtree(util.get_temp_dir(), ignore_errors=True)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Callable
+
 from dcp_fsdp.units import MIB
 
 # Nothing moved for this long: the line says so (a dead or stalled endpoint: s3fs retries a
@@ -23,24 +25,21 @@ from dcp_fsdp.units import MIB
 STILL_S = 10.0
 
 
+@dataclass
 class Heartbeat:
-    def __init__(self, what: str, bytes_so_far: Callable[[], int] | None,
-                 expected_bytes: int | None,
-                 interval_s: float, say: Callable[[str], None], verb: str = "moved",
-                 note: str = "", on_start: Callable[[], None] | None = None) -> None:
-        self.what = what
-        self.bytes_so_far = bytes_so_far
-        self.verb = verb  # what the figure is: "uploaded", "received", "handed", ...
-        self.note = note  # how it was measured, said after the rate
-        self.on_start = on_start  # the counter's zero, taken when the operation starts
-        self.expected_bytes = expected_bytes
-        self.interval_s = interval_s
-        self.say = say
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.beats = 0
-        self._last_moved: int | None = None  # the count at the last change, and when
-        self._since_s = 0.0
+    what: str
+    bytes_so_far: Callable[[], int] | None
+    expected_bytes: int | None
+    interval_s: float
+    say: Callable[[str], None]
+    verb: str = "moved"  # what the figure is: "uploaded", "received", "handed", ...
+    note: str = ""  # how it was measured, said after the rate
+    on_start: Callable[[], None] | None = None  # the counter's zero, taken when the operation starts
+    beats: int = field(default=0, init=False)
+    _stop: threading.Event = field(default_factory=threading.Event, init=False)
+    _thread: threading.Thread | None = field(default=None, init=False)
+    _last_moved: int | None = field(default=None, init=False)  # the count at the last change, and when
+    _since_s: float = field(default=0.0, init=False)
 
     def line(self, elapsed_s: float) -> str:
         if self.bytes_so_far is None:  # bytes move in another process (process checkpointer)

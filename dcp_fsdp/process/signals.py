@@ -20,6 +20,8 @@ from dcp_fsdp.process import peers  # first in a rank: it notes this rank's agen
 # this once it is writing its record) before the signal watcher ends it: below torch's
 # agent's shutdown timeout (launch/local.py RANK_STOP_GRACE_S), which would SIGKILL it.
 STUCK_AFTER_SIGNAL_S = 8.0
+_PEER_FAILED = getattr(signal, contract.PEER_FAILED_SIGNAL_NAME)
+_ENDING = (signal.SIGINT, signal.SIGTERM, _PEER_FAILED)
 
 
 class Terminated(BaseException):
@@ -76,16 +78,13 @@ class InterruptGuard:
         """The handlers; with `on_stuck`, also a watcher that ends a process whose main thread
         is still running `stuck_after_s` after a signal (twice that once it is finishing):
         `on_stuck(signal name)` is called from the watcher's thread and must end the process."""
-        signal.signal(signal.SIGINT, self._on_signal)
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(getattr(signal, contract.PEER_FAILED_SIGNAL_NAME), self._on_signal)
+        for signum in _ENDING:
+            signal.signal(signum, self._on_signal)
         global _installed_guard
         _installed_guard = self
         own_the_unraisable_hook()
-        if on_stuck is not None:
-            self._watch_for_a_stuck_main_thread(on_stuck)
-
-    def _watch_for_a_stuck_main_thread(self, on_stuck: Callable[[str], None]) -> None:
+        if on_stuck is None:
+            return
         # A Python handler runs only between the main thread's bytecodes, never while it is
         # blocked in native code; the C-level handler writes each signal to the wakeup fd.
         read_fd, write_fd = os.pipe()
@@ -95,12 +94,10 @@ class InterruptGuard:
                          name="dcp-fsdp-signal-watch").start()
 
     def _watch(self, read_fd: int, on_stuck: Callable[[str], None]) -> None:
-        ending = {signal.SIGINT, signal.SIGTERM, getattr(signal, contract.PEER_FAILED_SIGNAL_NAME)}
-        while not set(os.read(read_fd, 64)) & {int(s) for s in ending}:
+        while not set(os.read(read_fd, 64)) & set(_ENDING):
             pass
         deadline = time.monotonic() + self.stuck_after_s
-        while time.monotonic() < deadline or (self.finishing and time.monotonic() < deadline
-                                               + self.stuck_after_s):
+        while time.monotonic() < deadline + (self.stuck_after_s if self.finishing else 0):
             time.sleep(0.05)
         on_stuck(self.signal_name or "SIGTERM")
 
@@ -110,8 +107,7 @@ class InterruptGuard:
         if frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
             # Inside the import machinery an exception would be lost in an import lock's
             # callback, and nothing has run yet to record: end quietly.
-            os._exit(contract.EXIT_FAILED if signum == getattr(signal, contract.PEER_FAILED_SIGNAL_NAME)
-                     else contract.EXIT_INTERRUPTED)
+            os._exit(contract.EXIT_FAILED if signum == _PEER_FAILED else contract.EXIT_INTERRUPTED)
         self.signal_name = signal.Signals(signum).name
         if signum == signal.SIGTERM:
             # the agent stopping the survivors of a rank that ended first: failed (peers.py)
