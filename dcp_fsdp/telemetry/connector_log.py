@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import re
-from importlib import metadata
 from typing import Iterable
 
+from dcp_fsdp.compat import installed_version
 from dcp_fsdp.telemetry.request import Request
 
 # Bump when the parser's reading of a line changes; recorded with every request summary.
@@ -46,7 +46,7 @@ _RANGE = re.compile(r"\brange=(\S+)")
 _RANGE_SOME = re.compile(r"^Some\((\d+)\.\.(\d+)\)$")
 _DURATION = re.compile(r"\bduration=(\S+)")
 _TTFB = re.compile(r"\bttfb=(\S+)")
-_CRT_ERROR = re.compile(r"\bcrt_error=(None|Some\()")
+_CRT_ERROR = re.compile(r"\bcrt_error=Some\(")
 _KEY = re.compile(r'\b(?:destination_)?key="((?:[^"\\]|\\.)*)"')
 _UNIT_S = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
@@ -67,10 +67,7 @@ class Unparsed:
 def version_problem() -> str | None:
     """Why this parser must not read the installed connector's log (None: it may)."""
     for package, checked in CHECKED_RELEASES.items():
-        try:
-            version = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            version = "(not installed)"
+        version = installed_version(package)
         if version not in checked:
             return (f"{package} {version} is not a release the request-log parser was checked "
                     f"against ({', '.join(checked)}): its request counts could be silently "
@@ -121,8 +118,7 @@ def _status(fields: str, outcome: str) -> tuple[int | None, str | None]:
     found = _STATUS.search(fields)
     if found:
         return (int(found[1]), None) if found[1].isdigit() else (None, "http_status")
-    crt = _CRT_ERROR.search(fields)
-    if outcome == "canceled" or (outcome == "failed" and crt and crt[1] != "None"
+    if outcome == "canceled" or (outcome == "failed" and _CRT_ERROR.search(fields)
                                  and "INVALID_RESPONSE_STATUS" not in fields):
         return None, None  # no response arrived: no status to give
     return None, "http_status"
@@ -152,9 +148,7 @@ class LogParser:
     def feed(self, line: str) -> Request | Unparsed | None:
         match = _LINE.match(line)
         if not match:
-            if _REQUEST_WORDS.search(line):
-                return Unparsed(None, "timestamp")
-            return None
+            return Unparsed(None, "timestamp") if _REQUEST_WORDS.search(line) else None
         rest = match["rest"]
         request = _REQUEST.match(rest)
         if request is None:
@@ -196,8 +190,7 @@ class LogParser:
                    or range_missing)
         if missing:
             return Unparsed(end_wall_s, missing, opened)
-        crt = _CRT_ERROR.search(fields)
-        broken = request["outcome"] == "finished" and crt is not None and crt[1] != "None"
+        broken = request["outcome"] == "finished" and _CRT_ERROR.search(fields) is not None
         outcome = classify(kind, request["outcome"], status, broken)
         key = _KEY.search(span)
         item = Request(end_wall_s=end_wall_s, kind=kind, outcome=outcome, status=status,

@@ -173,12 +173,9 @@ def pooled(ops: pd.DataFrame) -> dict[str, float]:
 def ceilings(all_ops: pd.DataFrame) -> dict[tuple[Any, str], float]:
     """(run_id, ceiling op) -> the median aggregate MiB/s of that run's rounds of it."""
     raw = all_ops[all_ops["op"].isin([op for kinds in CEILINGS.values() for op, _ in kinds])]
-    found: dict[tuple[Any, str], float] = {}
-    for (run, op), group in raw.groupby(["run_id", "op"], sort=False):
-        typical = group["aggregate_mib_s"].median()
-        if typical and not pd.isna(typical):
-            found[(run, str(op))] = float(typical)
-    return found
+    typical = raw.groupby(["run_id", "op"], sort=False)["aggregate_mib_s"].median()
+    return {(run, str(op)): float(value) for (run, op), value in zip(typical.index, typical)
+            if value and not pd.isna(value)}
 
 
 def ceiling_lines(all_ops: pd.DataFrame) -> list[str]:

@@ -75,15 +75,10 @@ def slurm_environment() -> dict[str, str] | None:
 
 def redact_url(url: str | None) -> str | None:
     """Drop any user:password@ from a URL before it is written anywhere."""
-    if not url:
+    parts = urlsplit(url or "")
+    if not (parts.username or parts.password):
         return url
-    parts = urlsplit(url)
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        if parts.port:
-            host = f"{host}:{parts.port}"
-        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-    return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def config_for_record(cfg: BenchmarkConfig) -> Settings:
@@ -557,8 +552,7 @@ def _problem(error: ValidationError, row: dict[str, Any]) -> str:
             names.append(str(part))
         else:  # a union's member (a setting's kinds): the value is of none of them
             return f"{'.'.join(names)} is not a setting"
-        value = value[part] if isinstance(value, (dict, list)) and part in value or (
-            isinstance(part, int)) else None
+        value = value.get(part) if isinstance(value, dict) else value[part]
     name = ".".join(names)
     if first["type"] == "missing":
         return f"no {name}"
@@ -571,12 +565,10 @@ def _read_line(text: str, number: int, into: RecordFile) -> None:
         row = from_json(text)
     except ValueError as error:  # not JSON, or deeper than the parser goes (or any record)
         unreadable = "nested too deeply" if "recursion limit" in str(error) else "not JSON"
-        if _names_a_sample(text):
-            into.skipped.append(SkippedLine(number, f"{unreadable} (a sample line cut off or "
-                                                    "damaged)"))
-        else:
-            into.skipped.append(SkippedLine(number, f"{unreadable} (damaged or not a record "
-                                                    "line)", lost_sample=False, unknown=True))
+        sample = _names_a_sample(text)
+        why = "a sample line cut off or damaged" if sample else "damaged or not a record line"
+        into.skipped.append(SkippedLine(number, f"{unreadable} ({why})", lost_sample=sample,
+                                        unknown=not sample))
         return
     kind = row.get("record") if isinstance(row, dict) else None
     try:

@@ -10,6 +10,7 @@ and control-plane calls, and the launcher's own pre-flight calls (launch/server_
 from __future__ import annotations
 
 import collections
+import itertools
 import re
 import time
 import urllib.request
@@ -32,10 +33,8 @@ def server_view(by_type: dict[str, dict[str, Any]] | None = None,
     """What SeaweedFS should count for these requests (a summary's by_type and control_plane):
     {(server type, code): n}."""
     view: collections.Counter = collections.Counter()
-    for kind, entry in (by_type or {}).items():
-        for code, n in (entry.get("status") or {}).items():
-            view[(SERVER_TYPE.get(kind, kind), code)] += n
-    for kind, per_status in (control_plane or {}).items():
+    statuses = ((kind, entry.get("status") or {}) for kind, entry in (by_type or {}).items())
+    for kind, per_status in itertools.chain(statuses, (control_plane or {}).items()):
         for code, n in per_status.items():
             view[(SERVER_TYPE.get(kind, kind), code)] += n
     return view

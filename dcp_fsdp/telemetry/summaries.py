@@ -74,14 +74,10 @@ def _whole_get_bytes(requests: Iterable["Request"]) -> int:
 def _unknown_body_bytes(request: "Request") -> int:
     """At most how many bytes of a GET's body came down uncounted: the rest of its range of
     one that broke or was canceled, unless its client counted it all."""
-    if request.kind != "GetObject" or not _partial_body(request) or request.body_known:
+    partial = request.broken or request.outcome == "canceled"
+    if request.kind != "GetObject" or not partial or request.body_known:
         return 0
     return max(0, (request.nbytes or 0) - (request.received or 0))
-
-
-def _partial_body(request: "Request") -> bool:
-    """A GET attempt that may have carried part of its body: broken, or canceled."""
-    return request.broken or request.outcome == "canceled"
 
 
 def _outcomes(rows: list["Request"]) -> dict[str, int]:

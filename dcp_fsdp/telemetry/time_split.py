@@ -83,8 +83,7 @@ def split(op: str, frame: pd.DataFrame) -> TimeSplit | None:
     if parts is None or frame.empty:
         return None
     parts_s = {part.field: _mean(frame, part.field) for part in parts}
-    io_fields = [p.field for p in parts if p.field not in ("plan_s", "commit_s", "target_copy_s")]
-    if any(math.isnan(parts_s[field]) for field in ("plan_s", "commit_s", *io_fields)):
+    if any(math.isnan(seconds) for field, seconds in parts_s.items() if field != "target_copy_s"):
         return None
     parts_s = {k: (0.0 if math.isnan(v) else v) for k, v in parts_s.items()}
     owners_s: dict[str, float] = {}
@@ -116,11 +115,8 @@ def _share(seconds: float, total: float) -> str:
 def split_line(found: TimeSplit) -> str:
     """One line: where a rank's mean operation went, and what bounds it."""
     total = sum(found.parts_s.values())
-    cells = []
-    for part in PARTS[found.op]:
-        if part.field == "target_copy_s" and found.parts_s[part.field] == 0.0:
-            continue
-        cells.append(f"{part.words} {_share(found.parts_s[part.field], total)}")
+    cells = [f"{part.words} {_share(found.parts_s[part.field], total)}" for part in PARTS[found.op]
+             if part.field != "target_copy_s" or found.parts_s[part.field] != 0.0]
     pages = ("" if math.isnan(found.fresh_pages_per_byte)
              else f"; {found.fresh_pages_per_byte:.2f} fresh pages per byte")
     label = found.op if found.reader is None else (
@@ -151,9 +147,5 @@ def split_lines(samples: Iterable[dict[str, Any]] | pd.DataFrame) -> list[str]:
     frame = samples if isinstance(samples, pd.DataFrame) else pd.DataFrame(list(samples))
     if frame.empty or "op" not in frame:
         return []
-    lines = []
-    for op in ("save", "load"):
-        found = split(op, frame[frame["op"] == op])
-        if found is not None:
-            lines.append(split_line(found))
-    return lines
+    found = (split(op, frame[frame["op"] == op]) for op in ("save", "load"))
+    return [split_line(each) for each in found if each is not None]
