@@ -27,11 +27,8 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from dcp_fsdp.compat import (DATA_OBJECT_SUFFIX, dcp_metadata_version, fake_tensor,
                              split_by_size_and_type, storage_info)
+from dcp_fsdp.plan.requests import Reads, merged_ranges
 from dcp_fsdp.plan.state import StateTemplate, local_plan, own_copy, shard_block
-
-# One rank's reads at a load: (object name, first byte, end) ranges, sorted, each a run of
-# items that lie back to back in that object
-Reads = tuple[tuple[str, int, int], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,10 +114,8 @@ def _rank_results(plan: SavePlan, rank_prefix: str, thread_count: int,
     files = []
     for number, bucket in enumerate(split_by_size_and_type(thread_count, list(plan.items))):
         name = f"{rank_prefix}{number}{DATA_OBJECT_SUFFIX}"
-        ordered = ([i for i in bucket if i.type == WriteItemType.BYTE_IO]
-                   + [i for i in bucket if i.type != WriteItemType.BYTE_IO])
         offset = 0
-        for item in ordered:
+        for item in sorted(bucket, key=lambda i: i.type != WriteItemType.BYTE_IO):  # bytes first
             length = _item_length(item, value_bytes)
             # the index as the coordinator unpickles it from this rank's results: its own
             # objects (the file name is one object per file, as in the rank's pickle)
@@ -184,18 +179,8 @@ def load_reads(template: StateTemplate, world_size: int, replicas: int, tp: int,
                 key = (entry.fqn, offsets)
             name, offset, length = where[key]
             ranges.append((name, offset, offset + length))
-        out.append(_merged(ranges))
+        out.append(merged_ranges(sorted(ranges)))
     return tuple(out)
-
-
-def _merged(ranges: list[tuple[str, int, int]]) -> Reads:
-    merged: list[tuple[str, int, int]] = []
-    for name, start, end in sorted(ranges):
-        if merged and merged[-1][0] == name and merged[-1][2] == start:
-            merged[-1] = (name, merged[-1][1], end)
-        else:
-            merged.append((name, start, end))
-    return tuple(merged)
 
 
 def build_global_plan(template: StateTemplate, world_size: int, replicas: int, thread_count: int,

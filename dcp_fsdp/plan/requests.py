@@ -18,6 +18,9 @@ from collections.abc import Iterable, Sequence
 
 PUT_LIMIT_PER_S = 3500  # per partitioned prefix (S3 performance guidelines)
 GET_LIMIT_PER_S = 5500
+# One rank's reads at a load: (object name, first byte, end) ranges, sorted, each a run of
+# items that lie back to back in that object
+Reads = tuple[tuple[str, int, int], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,22 +74,23 @@ def count_requests(object_sizes: Iterable[int], metadata_bytes: int, world_size:
     return Requests(save, 1, data_gets + world_size * metadata_gets, metadata_gets)
 
 
+def merged_ranges(ranges: Iterable[tuple[str, int, int]], max_gap_bytes: int = 0) -> Reads:
+    """Sorted (object, start, end) ranges, those of one object at most `max_gap_bytes` apart
+    made one."""
+    merged: list[tuple[str, int, int]] = []
+    for name, start, end in ranges:
+        if merged and merged[-1][0] == name and start - merged[-1][2] <= max_gap_bytes:
+            merged[-1] = (name, merged[-1][1], end)
+        else:
+            merged.append((name, start, end))
+    return tuple(merged)
+
+
 def rank_read_gets(reads: Sequence[tuple[str, int, int]], part_bytes: int,
                    max_gap_bytes: int) -> int:
     """Ranged GETs of one rank's sorted reads: ranges of one object whose gap is at most
     `max_gap_bytes` share a stream (dcp_optimized's range groups), `part_bytes` a GET."""
-    gets = 0
-    group: tuple[str, int, int] | None = None
-    for name, start, end in reads:
-        if group is not None and group[0] == name and start - group[2] <= max_gap_bytes:
-            group = (name, group[1], end)
-            continue
-        if group is not None:
-            gets += parts(group[2] - group[1], part_bytes)
-        group = (name, start, end)
-    if group is not None:
-        gets += parts(group[2] - group[1], part_bytes)
-    return gets
+    return sum(parts(end - start, part_bytes) for _, start, end in merged_ranges(reads, max_gap_bytes))
 
 
 @dataclasses.dataclass(frozen=True)
