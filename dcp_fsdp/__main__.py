@@ -1,7 +1,5 @@
 import os
 import sys
-from types import FrameType
-from typing import NoReturn
 
 from dcp_fsdp.contract import CONFIG_ENV
 
@@ -12,11 +10,8 @@ if os.environ.get(CONFIG_ENV) and "RANK" in os.environ:
 
     from dcp_fsdp.process.lifeline import die_with_parent
 
-    def _quiet_exit(signum: int, frame: FrameType | None) -> NoReturn:
-        os._exit(130)
-
-    signal.signal(signal.SIGINT, _quiet_exit)
-    signal.signal(signal.SIGTERM, _quiet_exit)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda signum, frame: os._exit(130))
     die_with_parent(signal.SIGTERM)
 
 try:

@@ -180,10 +180,10 @@ def check_torchrun_rank(cfg: BenchmarkConfig) -> None:
     from dcp_fsdp.rank.device import one_device_per_task
 
     ranks_here = checks.check_torchrun_environment()
+    world = int(os.environ["WORLD_SIZE"])
     checks.check_model(cfg)
-    checks.check_replicas(cfg.model.replicas, int(os.environ["WORLD_SIZE"]), "WORLD_SIZE",
-                          cfg.model.tp)
-    checks.check_tensor_parallel(cfg, int(os.environ["WORLD_SIZE"]), "WORLD_SIZE")
+    checks.check_replicas(cfg.model.replicas, world, "WORLD_SIZE", cfg.model.tp)
+    checks.check_tensor_parallel(cfg, world, "WORLD_SIZE")
     checks.check_environment(cfg)
     if needs_embedded_server(cfg):
         raise UserError(
@@ -199,7 +199,7 @@ def check_torchrun_rank(cfg: BenchmarkConfig) -> None:
         return torch.cuda.device_count()
     checks.check_devices(cfg.backend, ranks_here, torch_device_count,
                          bound_per_task=one_device_per_task())
-    checks.check_staging_space(cfg, ranks_here, int(os.environ["WORLD_SIZE"]))
+    checks.check_staging_space(cfg, ranks_here, world)
 
 
 def run_settings(args: argparse.Namespace) -> int:

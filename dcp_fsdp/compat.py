@@ -64,8 +64,7 @@ def torch_version_problem() -> str | None:
 
 
 def _missing(what: str, package: str, way_out: str) -> MissingInternal:
-    distribution = "torch" if package == "torch" else "s3torchconnector"
-    return MissingInternal(f"{what} is not in {package} {installed_version(distribution)} "
+    return MissingInternal(f"{what} is not in {package} {installed_version(package)} "
                            f"(this tool is tested on torch {TORCH_MIN[0]}.{TORCH_MIN[1]} to "
                            f"{TORCH_MAX_TESTED[0]}.{TORCH_MAX_TESTED[1]}); {way_out}")
 
@@ -145,8 +144,7 @@ def saved_tensor_view(item: memoryview, as_file: Any) -> Any:
 
 
 def narrow_tensor_by_index(tensor: Any, offsets: Any, sizes: Any) -> Any:
-    """DCP's own narrowing of a loaded item to the part a read asks for (private in
-    torch.distributed._shard._utils)."""
+    """DCP's own narrowing of a loaded item to the part a read asks for."""
     return _internal("torch.distributed._shard._utils", "narrow_tensor_by_index")(tensor, offsets, sizes)
 
 
@@ -254,12 +252,11 @@ def build_native_client(file_system: Any, warn: Callable[[str], None]) -> bool:
 
 def s3_client(region: str, client_config: Any) -> Any:
     """The connector's S3Client (not exported by the package), native client built now."""
-    client_class = _internal("s3torchconnector._s3client", "S3Client", "s3torchconnector",
-                             "install s3torchconnector[dcp]~=1.5.0")
+    way_out = "install s3torchconnector[dcp]~=1.5.0"
+    client_class = _internal("s3torchconnector._s3client", "S3Client", "s3torchconnector", way_out)
     client = client_class(region, s3client_config=client_config)
     if not hasattr(type(client), "_client"):
-        raise _missing("s3torchconnector S3Client._client", "s3torchconnector",
-                       "install s3torchconnector[dcp]~=1.5.0")
+        raise _missing("s3torchconnector S3Client._client", "s3torchconnector", way_out)
     client._client  # noqa: B018 - property access builds the native client
     return client
 

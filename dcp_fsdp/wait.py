@@ -69,9 +69,7 @@ def format_seconds(seconds: float) -> str:
 
 
 class _Signalled(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
+    """args[0]: the signal's number."""
 
 
 def _raise_signalled(signum: int, frame: FrameType | None) -> NoReturn:
@@ -112,7 +110,7 @@ def wait(duration_s: float, heartbeat_s: float, out: TextIO | None = None) -> in
             wake = min(deadline, next_beat)
             time.sleep(3600.0 if math.isinf(wake) else max(0.0, wake - time.monotonic()))
     except _Signalled as signalled:
-        name = signal.Signals(signalled.signum).name
+        name = signal.Signals(signalled.args[0]).name
         say(f"{name} after {format_seconds(time.monotonic() - started)}: exiting cleanly")
         return 0
     finally:
