@@ -36,33 +36,23 @@ class TimedReadAheadS3StorageReader(TimedReader, ReadAhead, S3StorageReader):
     read_stream = ChunkTimedReadStream
 
 
-class TimedChunks:
+def _clocked_chunks(stream: Iterator[bytes], clock: BusyClock) -> Iterator[bytes]:
     """A GET's body as the connector's native stream yields it, each `next()` on `clock`."""
-
-    def __init__(self, inner: Iterator[bytes], clock: BusyClock) -> None:
-        self._inner = inner
-        self._clock = clock
-
-    def __iter__(self) -> TimedChunks:
-        return self
-
-    def __next__(self) -> bytes:
-        with self._clock:
-            return next(self._inner)
+    while True:
+        with clock:
+            chunk = next(stream, None)
+        if chunk is None:
+            return
+        yield chunk
 
 
-class TimedGetStream:
-    """The connector's `get_stream(start=None, end=None)` with its streams clocked (the
-    request is sent when the stream is made: that call is clocked too)."""
-
-    def __init__(self, inner: Callable[..., Iterator[bytes]], clock: BusyClock) -> None:
-        self._inner = inner
-        self._clock = clock
-
-    def __call__(self, *args: Any, **kwargs: Any) -> TimedChunks:
-        with self._clock:
-            stream = self._inner(*args, **kwargs)
-        return TimedChunks(stream, self._clock)
+def _clocked_get_stream(get_stream: Callable[..., Iterator[bytes]], clock: BusyClock,
+                        *args: Any, **kwargs: Any) -> Iterator[bytes]:
+    """The connector's `get_stream(start=None, end=None)` with its stream clocked (the request
+    is sent when the stream is made: that call is clocked too)."""
+    with clock:
+        stream = get_stream(*args, **kwargs)
+    return _clocked_chunks(stream, clock)
 
 
 class TimedDcpOptimizedConstructor(DCPOptimizedConstructor):
@@ -73,7 +63,8 @@ class TimedDcpOptimizedConstructor(DCPOptimizedConstructor):
         self._clock = clock
 
     def __call__(self, bucket: str, key: str, get_object_info: Any, get_stream: Any) -> Any:
-        return super().__call__(bucket, key, get_object_info, TimedGetStream(get_stream, self._clock))
+        return super().__call__(bucket, key, get_object_info,
+                                functools.partial(_clocked_get_stream, get_stream, self._clock))
 
 
 class TimedReaderConstructor(functools.partial):
@@ -87,4 +78,5 @@ class TimedReaderConstructor(functools.partial):
         self._clock = clock
 
     def __call__(self, bucket: str, key: str, get_object_info: Any, get_stream: Any) -> Any:
-        return super().__call__(bucket, key, get_object_info, TimedGetStream(get_stream, self._clock))
+        return super().__call__(bucket, key, get_object_info,
+                                functools.partial(_clocked_get_stream, get_stream, self._clock))
