@@ -161,11 +161,6 @@ def _name_object(parsed: dict[str, Any], context: dict[str, Any], model: Any, **
                             f"{getattr(model, 'name', 'request')} {context[_KEY]})")
 
 
-def name_failed_objects(events: Any) -> None:
-    events.register("before-parameter-build.s3", _note_object, unique_id="dcp-fsdp-note-object")
-    events.register("after-call.s3", _name_object, unique_id="dcp-fsdp-name-object")
-
-
 def quiet_broken_connection_tasks(loop: Any, context: dict[str, Any]) -> None:
     """fsspec's event loop's exception handler: an aiohttp task left with a connection error
     (writing a request whose connection broke) is dropped, not printed with its traceback as
@@ -227,7 +222,8 @@ class FsspecClient(S3Client):
         s3fs_filesystem.connect()
         s3fs_filesystem.loop.set_exception_handler(quiet_broken_connection_tasks)
         events = s3fs_filesystem.s3.meta.events
-        name_failed_objects(events)
+        events.register("before-parameter-build.s3", _note_object, unique_id="dcp-fsdp-note-object")
+        events.register("after-call.s3", _name_object, unique_id="dcp-fsdp-name-object")
         return [events]
 
 

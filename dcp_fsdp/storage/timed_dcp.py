@@ -124,12 +124,11 @@ class TimedLoadPlanner(DefaultLoadPlanner):
         return tensor
 
     def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
-        if self._timeline.target_copy_by_reader:  # the tool's reader copies on its threads
-            self._resolved_at = None
-        if self._resolved_at is not None:
+        # not where the tool's reader copies (on its threads)
+        if self._resolved_at is not None and not self._timeline.target_copy_by_reader:
             copied_s = time.perf_counter() - self._resolved_at
             self._timeline.target_copy_s = (self._timeline.target_copy_s or 0.0) + copied_s
-            self._resolved_at = None
+        self._resolved_at = None
         super().commit_tensor(read_item, tensor)
 
 

@@ -104,9 +104,7 @@ class TimedReadStream(_TimedStream):
         return self._timed(call, lambda: method(*args))
 
     def _timed(self, call: str, work: Callable[[], Any]) -> Any:
-        if not self._clocked(call):
-            return work()
-        with self._timeline.storage_clock:
+        with self._timeline.storage_clock if self._clocked(call) else contextlib.nullcontext():
             return work()
 
     def _counted(self, call: str, *args: Any) -> Any:
