@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import dataclasses
 import fcntl
+import itertools
 import json
 import os
 import shlex
@@ -63,16 +64,14 @@ def locked(where: Path, action: str) -> Iterator[None]:
         raise _cannot_write(path, action, error) from None
     try:
         deadline = time.monotonic() + LOCK_WAIT_S
-        said = False
-        while True:
+        for attempt in itertools.count():
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if not said:
+                if attempt == 0:
                     log.info(f"s3-server {action}: another start or stop is under way; "
                              "waiting for it")
-                    said = True
                 if time.monotonic() > deadline:
                     raise UserError(f"s3-server {action}: another start or stop has held {path} "
                                     f"for {LOCK_WAIT_S:g} s; try again when it has ended") from None
@@ -86,26 +85,20 @@ def runs_using(state: dict) -> list[tuple[int, str]]:
     """Local dcp-fsdp processes pointed at this server (AWS_ENDPOINT_URL in their environment,
     or storage.endpoint= on their command line), outermost first: (pid, command line).
     Other users' processes and other machines cannot be seen."""
+    import psutil
+
     url = state["endpoint_url"]
     own = {os.getpid(), state.get("daemon_pid"), state.get("server_pid")}
     found: dict[int, tuple[int, str]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in own:
+    for process in psutil.process_iter(["ppid", "cmdline", "environ"]):
+        words, environ = process.info["cmdline"], process.info["environ"]  # None: not readable
+        text = " ".join(words or [])
+        if (process.pid in own or words is None or environ is None or "s3-server" in words
+                or ("dcp_fsdp" not in text and "dcp-fsdp" not in text)):
             continue
-        try:
-            words = [w.decode(errors="replace") for w in (entry / "cmdline").read_bytes()
-                     .split(b"\0") if w]
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        text = " ".join(words)
-        if ("dcp_fsdp" not in text and "dcp-fsdp" not in text) or "s3-server" in words:
-            continue
-        if any(e.split(b"=", 1)[-1].decode(errors="replace").rstrip("/") == url for e in environ
-               if e.startswith((b"AWS_ENDPOINT_URL=", b"AWS_ENDPOINT_URL_S3="))) \
+        if url in (environ.get(name, "").rstrip("/") for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")) \
                 or f"storage.endpoint={url}" in text:
-            found[int(entry.name)] = (parent, text)
+            found[process.pid] = (process.info["ppid"], text)
     return [(pid, text) for pid, (parent, text) in sorted(found.items()) if parent not in found]
 
 
@@ -200,8 +193,7 @@ def _tail(path: Path) -> str:
 
 
 def stop(where: Path, force: bool = False) -> int:
-    path = where / STATE_NAME
-    if not path.exists():
+    if not (where / STATE_NAME).exists():
         shutil.rmtree(where, ignore_errors=True)
         log.info("s3-server: not running")
         return 0
