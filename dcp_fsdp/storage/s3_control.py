@@ -35,13 +35,13 @@ def credential_chain_error(error: BaseException) -> UserError | None:
     variable or file and the fix; None for other errors."""
     import botocore.exceptions as bx
 
+    config_file = os.environ.get("AWS_CONFIG_FILE", "~/.aws/config")
+    credentials_file = os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")
     if isinstance(error, bx.ProfileNotFound):
         profile = error.kwargs.get("profile") or os.environ.get("AWS_PROFILE")
         keys = (" (AWS_ACCESS_KEY_ID is set, but a named profile is read first)"
                 if os.environ.get("AWS_ACCESS_KEY_ID") else "")
-        return UserError(f"AWS_PROFILE={profile}: no such profile in "
-                         f"{os.environ.get('AWS_CONFIG_FILE', '~/.aws/config')} or "
-                         f"{os.environ.get('AWS_SHARED_CREDENTIALS_FILE', '~/.aws/credentials')}"
+        return UserError(f"AWS_PROFILE={profile}: no such profile in {config_file} or {credentials_file}"
                          f"{keys}; unset AWS_PROFILE or add the profile")
     if isinstance(error, bx.ConfigParseError):
         path = error.kwargs.get("path", "?")
@@ -54,9 +54,7 @@ def credential_chain_error(error: BaseException) -> UserError | None:
     if isinstance(error, bx.PartialCredentialsError):
         provider = error.kwargs.get("provider", "?")
         missing = error.kwargs.get("cred_var", "a key")
-        source = {"shared-credentials-file": os.environ.get(
-                      "AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"),
-                  "config-file": os.environ.get("AWS_CONFIG_FILE", "~/.aws/config"),
+        source = {"shared-credentials-file": credentials_file, "config-file": config_file,
                   "env": "the environment"}.get(provider, provider)
         return UserError(f"AWS credentials in {source} are incomplete: {missing} is missing; "
                          "add it next to the key id, or set AWS_ACCESS_KEY_ID and "
