@@ -272,15 +272,12 @@ class MetadataFacts:
         return 1 + max(ranks) if ranks else 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"tensors": {k: [list(t.shape), t.dtype] for k, t in self.tensors.items()},
-                "object_sizes": dict(self.object_sizes), "sha256": self.sha256,
-                "msc_paths": self.msc_paths}
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MetadataFacts:
-        return cls({k: TensorEntry(tuple(shape), dtype) for k, (shape, dtype) in data["tensors"].items()},
-                   {str(k): int(v) for k, v in data["object_sizes"].items()},
-                   str(data.get("sha256") or ""), bool(data.get("msc_paths")))
+        tensors = {key: TensorEntry(tuple(t["shape"]), t["dtype"]) for key, t in data["tensors"].items()}
+        return cls(**{**data, "tensors": tensors})
 
 
 # A data object's name as DCP writes it (`__0_0.distcp`): never a path out of the checkpoint.
@@ -337,11 +334,9 @@ def read_tensors(data: bytes, source: str = ".metadata") -> dict[str, TensorEntr
 
 
 def _tensors(metadata: Any) -> dict[str, TensorEntry]:
-    tensors = {}
-    for key, entry in metadata.state_dict_metadata.items():
-        if isinstance(entry, _TensorStorageMetadata):  # not bytes entries (e.g. lr, step ints)
-            tensors[key] = TensorEntry(entry.size, entry.properties.dtype)
-    return tensors
+    return {key: TensorEntry(entry.size, entry.properties.dtype)
+            for key, entry in metadata.state_dict_metadata.items()
+            if isinstance(entry, _TensorStorageMetadata)}  # not bytes entries (e.g. lr, step ints)
 
 
 def screen(data: bytes, source: str = ".metadata") -> Any:
