@@ -50,7 +50,6 @@ def main(argv: list[str]) -> int:
     summary: dict = {"outcome": "ok", "signal": None, "failures": {}}
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, raise_terminated)
-    code = 0
     try:
         args = parse_args(argv)
         # The test suite's switch and `-m dcp_fsdp`: forked ranks, the imports done once
@@ -70,23 +69,19 @@ def main(argv: list[str]) -> int:
                 "node_oom_kills": node_oom_kills,  # the kernel's OOM kills on this node
                 # our rank's own fields (status, error, cause), when it wrote its error file
                 **_ours(failure.error_file_data, contract.ERROR_FILE_KEY)}
-        code = 1
     except SignalException as error:
         summary["outcome"], summary["signal"] = "interrupted", error.sigval.name
-        code = 130
     except KeyboardInterrupt as error:  # before the workers started (rendezvous)
         summary["outcome"] = "interrupted"
         summary["signal"] = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
-        code = 130
     except Exception as error:  # the agent itself (rendezvous, ports): one line, not a trace
         summary["outcome"] = "failed"
         summary["agent_error"] = f"{type(error).__name__}: {' '.join(str(error).split())[:400]}"
-        code = 1
         if debug:
             raise
     summary["finished_at_s"] = time.time()
     _finish(summary, summary_path, parent)
-    return code
+    return {"ok": 0, "failed": 1, "interrupted": 130}[summary["outcome"]]
 
 
 def _finish(summary: dict, summary_path: str | None, parent: int) -> None:
