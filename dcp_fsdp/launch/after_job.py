@@ -75,7 +75,7 @@ def _signal_name(code: int) -> str:
 
 
 def _candidates(reports: list[dict], srun_ends: list[tuple[str, str]]) -> list[tuple]:
-    """Every cause on offer, as (sort key, line, cause, failures): a rank that ended on its
+    """Every cause on offer, as (sort key, line, cause): a rank that ended on its
     own, or a node's agent that ended without saying why. Earliest first; at one second
     (torch's timestamps are whole seconds) a kill before an error, an error before a
     rank stopped because a peer had ended."""
@@ -87,7 +87,7 @@ def _candidates(reports: list[dict], srun_ends: list[tuple[str, str]]) -> list[t
         host, summary = report["host"], report["summary"]
         order = srun_order.get(host, len(srun_order))
         if summary is None:
-            code = report["agent_exit"]
+            code, stamp = report["agent_exit"], report["ended_s"]
             if code is None:  # the task itself is gone: srun says how
                 how = dict(srun_ends).get(host)
                 line = (f"{host}: the node's task ended ({how}, says srun) and its torchrun "
@@ -97,11 +97,9 @@ def _candidates(reports: list[dict], srun_ends: list[tuple[str, str]]) -> list[t
                 stamp = -1 if host in srun_order else float("inf")
             elif code > 128:
                 line = f"{host}: the node's torchrun agent was killed by {_signal_name(code)}"
-                stamp = report["ended_s"]
             else:
                 line = f"{host}: the node's torchrun agent exited with {code} before any rank"
-                stamp = report["ended_s"]
-            found.append(((0, stamp, 0, order), line, contract.EndCause.KILLED, {}))
+            found.append(((0, stamp, 0, order), line, contract.EndCause.KILLED))
             found.extend(_own_errors(report, order))
             continue
         for rank, failure in (summary.get("failures") or {}).items():
@@ -110,10 +108,10 @@ def _candidates(reports: list[dict], srun_ends: list[tuple[str, str]]) -> list[t
             killed = failure.get("exitcode", 0) < 0
             outcome = rank_failed({rank: failure})
             found.append(((int(stopped), failure.get("timestamp", 0), int(not killed), order),
-                          outcome.error, outcome.cause, {rank: failure}))
+                          outcome.error, outcome.cause))
         if summary.get("agent_error"):
             found.append(((1, report["ended_s"] or 0, 1, order),
-                          f"{host}: {summary['agent_error']}", contract.EndCause.AGENT, {}))
+                          f"{host}: {summary['agent_error']}", contract.EndCause.AGENT))
     return sorted(found, key=lambda item: item[0])
 
 
@@ -124,8 +122,7 @@ def _own_errors(report: dict, order: int) -> list[tuple]:
     for local_rank, ours in sorted(report["error_files"].items()):
         if ours.get("cause") in (contract.EndCause.ERROR.value, contract.EndCause.USER_ERROR.value):
             line = f"{report['host']} (local rank {local_rank}): {ours.get('error')}"
-            found.append(((0, ours.get("timestamp") or 0, 1, order), line,
-                          contract.EndCause(ours["cause"]), {}))
+            found.append(((0, ours.get("timestamp") or 0, 1, order), line, contract.EndCause(ours["cause"])))
     return found
 
 
@@ -150,7 +147,7 @@ def job_outcome(reports: list[dict], srun_ends: list[tuple[str, str]], step_exit
                "(see srun's lines above)")
         return RanksOutcome(contract.EXIT_FAILED, "failed", why, failures=failures,
                             cause=cause.AGENT)
-    _, line, first_cause, _ = candidates[0]
+    _, line, first_cause = candidates[0]
     exit_code = (contract.EXIT_USER_ERROR if first_cause is cause.USER_ERROR
                  else contract.EXIT_INTERRUPTED if first_cause is cause.INTERRUPTED
                  else contract.EXIT_FAILED)
