@@ -104,21 +104,19 @@ def _damage(store: CheckpointStore, cfg: BenchmarkConfig,
     return found
 
 
-def _state(info: CheckpointInfo, uploading: bool = False) -> str:
+def _state(info: CheckpointInfo, uploading: bool) -> str:
     """`uploading`: multipart uploads are open under the suffix."""
-    if info.nested:
-        above = f"PREFIX OF {len(info.nested)} CHECKPOINT(S)"
-        return above if not info.own_object_count else f"{_own_state(info, uploading)}; {above}"
-    return _own_state(info, uploading)
-
-
-def _own_state(info: CheckpointInfo, uploading: bool) -> str:
     if info.complete:
-        return "complete" if suffix_taken(info.suffix) else "complete; NAME NOT TAKEN"
-    if info.claim_only:  # parts in open uploads are data, just not committed objects
+        state = "complete" if suffix_taken(info.suffix) else "complete; NAME NOT TAKEN"
+    elif info.claim_only:  # parts in open uploads are data, just not committed objects
         what = "UPLOADS OPEN, NOTHING COMMITTED" if uploading else "NO DATA"
-        return f"CLAIMED, {what} ({_age(_age_s(info))} old)"
-    return "INCOMPLETE"
+        state = f"CLAIMED, {what} ({_age(_age_s(info))} old)"
+    else:
+        state = "INCOMPLETE"
+    if not info.nested:
+        return state
+    above = f"PREFIX OF {len(info.nested)} CHECKPOINT(S)"
+    return f"{state}; {above}" if info.own_object_count else above
 
 
 def _age_s(info: CheckpointInfo) -> float:
@@ -150,8 +148,7 @@ def _not_a_checkpoint(store: CheckpointStore, info: CheckpointInfo) -> str:
             "your storage's own tools if it is not needed)")
 
 
-def _abandoned_claim_note(store: CheckpointStore, info: CheckpointInfo,
-                         uploads: list[OpenUpload] | None = None) -> str:
+def _abandoned_claim_note(store: CheckpointStore, info: CheckpointInfo, uploads: list[OpenUpload]) -> str:
     """One line for a suffix that holds only a save's claim as objects: who claimed it, how
     long ago, what its open uploads hold, and the command that removes it."""
     claim = read_claim(store, info.suffix)
