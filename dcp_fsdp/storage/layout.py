@@ -164,10 +164,9 @@ def _plain_object(data: bytes) -> dict[str, Any] | None:
         parsed = json.loads(data)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(parsed, dict) or not all(
-            value is None or isinstance(value, (str, int, float)) for value in parsed.values()):
-        return None
-    return parsed
+    plain = isinstance(parsed, dict) and all(
+        value is None or isinstance(value, (str, int, float)) for value in parsed.values())
+    return parsed if plain else None
 
 
 def _claimed_by(store: CheckpointStore, suffix: str) -> str:
@@ -181,9 +180,8 @@ def _claimed_by(store: CheckpointStore, suffix: str) -> str:
 def holds_only_claim_of(store: CheckpointStore, suffix: str, run_id: str | None) -> bool:
     """True when `suffix` holds nothing but run `run_id`'s claim: that run's save ended
     before it wrote anything there (a claim with no data is not a checkpoint)."""
-    if not run_id or set(store.object_sizes(suffix)) != {CLAIM_NAME}:
-        return False
-    return read_claim(store, suffix).get("run_id") == run_id
+    return (bool(run_id) and set(store.object_sizes(suffix)) == {CLAIM_NAME}
+            and read_claim(store, suffix).get("run_id") == run_id)
 
 
 # -- loadability ---------------------------------------------------------------------------
