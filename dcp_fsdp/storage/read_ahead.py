@@ -383,9 +383,8 @@ class ReadAhead:
         info = self.storage_data[req.storage_index]
         path = self.fs.concat_path(self.path, info.relative_path)
         with self.fs.create_stream(path, "rb") as stream:
-            framed = (target is not None and not getattr(info, "transform_descriptors", None)
-                      and info.length > 2 * FRAMING_BYTES)
-            if framed:
+            if (target is not None and not getattr(info, "transform_descriptors", None)
+                    and info.length > 2 * FRAMING_BYTES):  # its framing read first
                 head, tail = bytearray(FRAMING_BYTES), bytearray(FRAMING_BYTES)
                 read_exactly(stream, info.offset, memoryview(head), path)
                 read_exactly(stream, info.offset + info.length - FRAMING_BYTES, memoryview(tail), path)
