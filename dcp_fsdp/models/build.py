@@ -105,22 +105,17 @@ def first_replica_group(world_size: int, replicas: int) -> dist.ProcessGroup | N
 
 
 def device_meshes(device_type: str, world_size: int, replicas: int, tp: int) -> tuple[Any, Any]:
-    """(the whole mesh, the mesh FSDP shards over). TP is the last (fastest) dimension, so its
-    ranks are neighbours, on one node as TP wants."""
-    if tp > 1 and replicas > 1:
-        mesh = init_device_mesh(device_type, (replicas, world_size // (replicas * tp), tp),
-                                mesh_dim_names=(REPLICATE_DIM, SHARD_DIM, TP_DIM))
-        return mesh, mesh[REPLICATE_DIM, SHARD_DIM]
-    if tp > 1:
-        mesh = init_device_mesh(device_type, (world_size // tp, tp),
-                                mesh_dim_names=(DP_DIM, TP_DIM))
-        return mesh, mesh[DP_DIM]
-    if replicas > 1:  # HSDP: fully_shard over a 2-D mesh shards along "shard" only
-        mesh = init_device_mesh(device_type, (replicas, world_size // replicas),
-                                mesh_dim_names=(REPLICATE_DIM, SHARD_DIM))
+    """(the whole mesh, the mesh FSDP shards over: with replicas HSDP's 2-D one, which it shards
+    along "shard" only). TP is the last (fastest) dimension, so its ranks are neighbours, on one
+    node as TP wants."""
+    if replicas == 1 and tp == 1:
+        mesh = init_device_mesh(device_type, (world_size,))
         return mesh, mesh
-    mesh = init_device_mesh(device_type, (world_size,))
-    return mesh, mesh
+    shards = world_size // (replicas * tp)
+    fsdp = {REPLICATE_DIM: replicas, SHARD_DIM: shards} if replicas > 1 else {DP_DIM: shards}
+    dims = {**fsdp, TP_DIM: tp} if tp > 1 else fsdp
+    mesh = init_device_mesh(device_type, tuple(dims.values()), mesh_dim_names=tuple(dims))
+    return mesh, mesh[tuple(fsdp)] if tp > 1 else mesh
 
 
 def replicate_host_group(mesh: Any) -> dist.ProcessGroup:
