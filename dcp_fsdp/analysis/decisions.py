@@ -21,7 +21,7 @@ import pandas as pd
 from dcp_fsdp.units import GIB
 from dcp_fsdp.analysis import costs
 from dcp_fsdp.analysis.groups import FIRST, LATER
-from dcp_fsdp.analysis.tables import select
+from dcp_fsdp.analysis.tables import select, slowest_mean
 from dcp_fsdp.telemetry.figures import mean_or_nan
 
 MATCH_KEYS = ("nodes", "ranks", "model", "storage")
@@ -129,11 +129,10 @@ def _save_cost(mode: str, ops: pd.DataFrame, samples: pd.DataFrame
         persisted = span
     if mode == "sync":  # records before stall_s: a sync save stalls for all of it
         return (span if math.isnan(stall) else stall), "save", persisted, 0.0
-    checkpoint_s, cost_is = stall, "stall (call + staging)"
-    if samples["train_lost_s"].notna().any():
-        per_op = samples.groupby(["run_id", "iteration"])["train_lost_s"].max()
-        checkpoint_s, cost_is = float(per_op.mean()), "training lost per save"
-    return checkpoint_s, cost_is, persisted, max(0.0, persisted - stall)
+    lost = slowest_mean(samples, "train_lost_s")  # as the report's train lost %
+    if math.isnan(lost):
+        return stall, "stall (call + staging)", persisted, max(0.0, persisted - stall)
+    return lost, "training lost per save", persisted, max(0.0, persisted - stall)
 
 
 def gather(result: dict[str, Any], runs: list[dict[str, Any]]) -> list[GroupInputs]:

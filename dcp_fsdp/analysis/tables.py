@@ -3,6 +3,7 @@ group = the operations of one op under one set of group keys."""
 
 from __future__ import annotations
 
+import collections
 import math
 from typing import Any, Iterable
 
@@ -11,7 +12,7 @@ import pandas as pd
 from dcp_fsdp.units import GIB, MIB
 from dcp_fsdp.telemetry.figures import (above_ceiling_note, amplification_note, broken_note,
                                         complete_sum, efficiency, egress_mib, max_or_nan, mean_or_nan,
-                                        noise_note, pooled, read_amplification, union_s)
+                                        noise_note, pooled, read_amplification)
 from dcp_fsdp.telemetry.time_split import fresh_pages_per_byte
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_merge, hist_quantile
 from dcp_fsdp.telemetry.summaries import merge_by_type
@@ -48,16 +49,15 @@ def select(frame: pd.DataFrame, labels: dict[str, Any] | pd.Series | None,
     return frame[mask]
 
 
-def _span_mib_s(group_ops: pd.DataFrame, span: str) -> float:
-    """Bytes / MiB / another span (persisted) pooled over the operations with it: the union
-    of [first begin, first begin + span] per run."""
-    have = group_ops[group_ops[span].notna()]
-    begins = have["first_begin_wall_s"].astype(float)
-    seconds = union_s(begins, begins + have[span].astype(float), have["run_id"])
-    return float(have["bytes"].sum() / MIB / seconds) if len(have) and seconds else math.nan
+def _persisted_mib_s(group_ops: pd.DataFrame) -> float:
+    """Bytes / MiB over the persisted spans of the operations with one, pooled as the aggregate is."""
+    have = group_ops[group_ops["persisted_span_s"].notna()]
+    ends = have["first_begin_wall_s"] + have["persisted_span_s"]
+    return pooled(have.assign(last_end_wall_s=ends))["aggregate_mib_s"]
 
 
-def _slowest_mean(group_samples: pd.DataFrame, field: str) -> float:
+def slowest_mean(group_samples: pd.DataFrame, field: str) -> float:
+    """The slowest rank's `field` (max over ranks) per operation, mean over operations."""
     values = pd.to_numeric(group_samples[field], errors="coerce")
     if not values.notna().any():
         return math.nan
@@ -70,9 +70,8 @@ def order_figures(group_ops: pd.DataFrame) -> dict[str, float]:
     mean span and pooled aggregate of each."""
     found = {}
     for order in ("first", "later"):
-        ops = group_ops[group_ops["op_order"] == order] if "op_order" in group_ops \
-            else group_ops.iloc[0:0]
-        found[f"{order}_dur_s"] = float(ops["span_s"].mean()) if len(ops) else math.nan
+        ops = group_ops[group_ops["op_order"] == order]
+        found[f"{order}_dur_s"] = float(ops["span_s"].mean())
         found[f"{order}_mib_s"] = pooled(ops)["aggregate_mib_s"]
     return found
 
@@ -119,8 +118,8 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
         "mib_s_per_node": aggregate / nodes if nodes else math.nan,
         "stall_mean_s": mean_or_nan(group_ops["stall_span_s"]),
         # the slowest rank holds the others back: max over ranks, mean over saves
-        "train_lost_share": _slowest_mean(group_samples, "train_lost_share"),
-        "persisted_mib_s": _span_mib_s(group_ops, "persisted_span_s"),
+        "train_lost_share": slowest_mean(group_samples, "train_lost_share"),
+        "persisted_mib_s": _persisted_mib_s(group_ops),
         "fetched_ratio": read_amplification(group_ops),
         "egress_mib_per_op": egress_mib(group_ops) / len(group_ops) if len(group_ops)
         else math.nan,
@@ -193,10 +192,9 @@ def type_rows(labels: dict[str, Any], group_samples: pd.DataFrame, operations: i
     partial sum would read as fewer requests)."""
     if not all(isinstance(r, dict) and not r.get("unparsed") for r in group_samples["requests"]):
         return []
-    sizes: dict[str, int] = {}
+    sizes: collections.Counter[str] = collections.Counter()
     for summary in group_samples["requests"]:
-        for kind, nbytes in _request_bytes(summary).items():
-            sizes[kind] = sizes.get(kind, 0) + nbytes
+        sizes.update(_request_bytes(summary))
     rows = []
     for kind, into in merge_by_type(group_samples["requests"]).items():
         hist = into["latency_hist"]
