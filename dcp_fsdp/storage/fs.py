@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp.units import MIB
+import dcp_fsdp.storage.pagecache as pagecache
 from dcp_fsdp.compat import data_object_prefix
 from dcp_fsdp.config.schema import StorageConfig
 from dcp_fsdp.errors import UserError
@@ -75,8 +76,6 @@ class FsStore:
 
     def drop_cache(self, suffix: str, share: tuple[int, int] = (0, 1)) -> str:
         """Evict this caller's share of the checkpoint's files from the page cache (base.py)."""
-        import dcp_fsdp.storage.pagecache as pagecache
-
         index, count = share
         return pagecache.drop(pagecache.checkpoint_files(self.location(suffix))[index::count])
 

@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import dcp_fsdp.storage.pagecache as pagecache
+from dcp_fsdp.compat import object_chunks, s3_client
 from dcp_fsdp.storage.layout import CEILING_ROOT
 
 Client = Any  # what open() returns: the connector's S3Client (untyped) for S3, None for fs
@@ -40,8 +42,6 @@ class S3RawArea:
 
     def open(self) -> Client:
         """A fresh client with its native client built (else built on the first request)."""
-        from dcp_fsdp.compat import s3_client
-
         return s3_client(self.region, self._client_config())
 
     def prepare(self, names: Iterable[str]) -> None:
@@ -54,14 +54,11 @@ class S3RawArea:
         writer.close()
 
     def get(self, client: Client, name: str) -> int:
-        from dcp_fsdp.compat import object_chunks  # the native stream: no buffering reader
-
+        """Through the native stream: no buffering reader."""
         return sum(len(chunk) for chunk in object_chunks(client, self.bucket, self._key(name)))
 
     def get_into(self, client: Client, name: str, target: memoryview) -> int:
         """The native object stream landed in `target` (a preallocated tensor's bytes)."""
-        from dcp_fsdp.compat import object_chunks
-
         received = 0
         for chunk in object_chunks(client, self.bucket, self._key(name)):
             target[received:received + len(chunk)] = chunk
@@ -105,8 +102,6 @@ class FsRawArea:
             os.close(fd)
 
     def drop_cache(self, names: Iterable[str]) -> str:
-        import dcp_fsdp.storage.pagecache as pagecache
-
         return pagecache.drop(self.path(name) for name in names)
 
     def get(self, client: Client, name: str) -> int:

@@ -10,6 +10,7 @@ import os
 import secrets
 from typing import TYPE_CHECKING, Any
 
+from dcp_fsdp.compat import installed_version
 from dcp_fsdp.config.schema import StorageConfig
 from dcp_fsdp.storage.layout import (CLAIM_CONDITIONAL, CLAIM_NAME, CLAIM_NOT_ATOMIC,
                                      CheckpointInfo, SuffixClaim, check_suffix)
@@ -54,8 +55,6 @@ class S3Store:
         return f"{self.target.uri}/{suffix}"
 
     def describe(self) -> dict[str, Any]:
-        from dcp_fsdp.compat import installed_version
-
         target = self.target
         return {"kind": "s3", "uri": target.uri, "bucket": target.bucket, "region": target.region,
                 "endpoint": target.endpoint, "force_path_style": target.force_path_style,

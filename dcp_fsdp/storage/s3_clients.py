@@ -9,7 +9,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
-from dcp_fsdp.compat import round_robin_prefix_strategy
+from dcp_fsdp import log
+from dcp_fsdp.compat import build_native_client, msc_botocore_events, round_robin_prefix_strategy
 from dcp_fsdp.config.schema import PrefixStrategy, ReaderKind, StorageClient, StorageConfig
 from dcp_fsdp.config.validate import CLIENT_ONLY
 from dcp_fsdp.storage.base import built, host_state_kwargs, read_ahead_reader
@@ -136,8 +137,6 @@ class ConnectorClient(S3Client):
         """The native (CRT) client built now: the connector builds it on the first request, and
         ~1 s of set-up would be inside the first timed save. No connection is opened (that is
         the checkpoint's I/O); no botocore events (the connector's log says its requests)."""
-        from dcp_fsdp import log
-        from dcp_fsdp.compat import build_native_client
         from dcp_fsdp.storage.timed_fs import client_file_system
 
         build_native_client(client_file_system(storage_io), log.warning)  # once when it cannot
@@ -302,9 +301,6 @@ class MscClient(S3Client):
         """MSC's client for the profile built now (MSC builds it on the first request, then
         keeps it per process); its boto3 event emitter, for the request statistics."""
         from multistorageclient.shortcuts import resolve_storage_client
-
-        from dcp_fsdp import log
-        from dcp_fsdp.compat import msc_botocore_events
 
         storage_client, _ = resolve_storage_client(self.location(""))
         events = None if self.config.msc_rust_client else msc_botocore_events(storage_client, log.warning)

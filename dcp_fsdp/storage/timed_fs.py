@@ -20,6 +20,7 @@ from typing import Any
 
 from torch.distributed.checkpoint.filesystem import FileSystemBase
 
+from dcp_fsdp.compat import msc_reads_ranged
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.layout import METADATA_NAME
 from dcp_fsdp.storage.timeline import HookTimeline
@@ -150,8 +151,6 @@ class DownloadingReadStream(FetchingReadStream):
     def _timed(self, call: str, work: Callable[[], Any]) -> Any:
         result = super()._timed(call, work)
         if self._ranged is None:
-            from dcp_fsdp.compat import msc_reads_ranged
-
             self._ranged = msc_reads_ranged(self.inner)
             self._timeline.msc_reads.add("ranged" if self._ranged else "whole")
         return result
