@@ -274,21 +274,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return interrupted()
     except BrokenPipeError:
-        return _reader_gone()
+        # stdout's reader left (`... --help | head`): end silently, as SIGPIPE would; stdout to
+        # /dev/null so that the interpreter's last flush cannot raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # SIGPIPE
     except Exception as error:
         # A library that caught Ctrl-C and raised its own error from it (pydantic's serializer
         # raises PydanticSerializationError from a KeyboardInterrupt in a model's serializer)
         if isinstance(error.__cause__, KeyboardInterrupt):
             return interrupted()
         raise
-
-
-def _reader_gone() -> int:
-    """stdout's reader left (`... --help | head`): end silently, as SIGPIPE would; stdout to
-    /dev/null so that the interpreter's last flush cannot raise again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    return 128 + 13  # SIGPIPE
 
 
 def interrupted() -> int:

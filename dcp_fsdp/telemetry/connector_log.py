@@ -84,17 +84,12 @@ def _epoch(stamp: str) -> float:
     return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def _span_name(span: str) -> str:
-    # "put_object{id=1 ...}" (or nested "outer{..}:put_object{..}"): the innermost name
-    last = span.rsplit("}:", 1)[-1]
-    return last.split("{", 1)[0].strip()
-
-
 def request_kind(request_type: str, span: str) -> str:
-    if request_type == "Default":
-        name = _span_name(span)
-        return _DEFAULT_BY_SPAN.get(name, f"Default:{name}")
-    return request_type
+    if request_type != "Default":
+        return request_type
+    # the span's innermost name: "put_object{id=1 ...}" (or nested "outer{..}:put_object{..}")
+    name = span.rsplit("}:", 1)[-1].split("{", 1)[0].strip()
+    return _DEFAULT_BY_SPAN.get(name, f"Default:{name}")
 
 
 def classify(kind: str, finished: str, status: int | None, broken: bool = False) -> str:
@@ -107,10 +102,6 @@ def classify(kind: str, finished: str, status: int | None, broken: bool = False)
     if status == 404 and kind == "HeadObject":
         return "miss"
     return "failed"
-
-
-def _retryable(status: int | None) -> bool:
-    return status is None or status >= 500 or status in (408, 429)
 
 
 def _status(fields: str, outcome: str) -> tuple[int | None, str | None]:
@@ -193,12 +184,13 @@ class LogParser:
         broken = request["outcome"] == "finished" and _CRT_ERROR.search(fields) is not None
         outcome = classify(kind, request["outcome"], status, broken)
         key = _KEY.search(span)
+        retryable = outcome == "failed" and (broken or status is None or status >= 500
+                                             or status in (408, 429))
+        # retried: until its meta request turns out to have failed on it
         item = Request(end_wall_s=end_wall_s, kind=kind, outcome=outcome, status=status,
                        duration_s=duration_s, ttfb_s=ttfb_s, nbytes=nbytes,
-                       key=key[1] if key else None, opened_wall_s=opened, broken=broken)
-        if outcome == "failed" and (broken or _retryable(status)):
-            item.retryable = True
-            item.retried = True  # until its meta request turns out to have failed on it
+                       key=key[1] if key else None, opened_wall_s=opened, broken=broken,
+                       retryable=retryable, retried=retryable)
         self._attempts.setdefault(span, []).append(item)
         return item
 

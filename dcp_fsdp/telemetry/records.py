@@ -565,7 +565,10 @@ def _read_line(text: str, number: int, into: RecordFile) -> None:
         row = from_json(text)
     except ValueError as error:  # not JSON, or deeper than the parser goes (or any record)
         unreadable = "nested too deeply" if "recursion limit" in str(error) else "not JSON"
-        sample = _names_a_sample(text)
+        # a sample line: its start cut off after a few characters (write_records begins every
+        # sample line so), or whole enough to say it is one
+        sample = ('{"record": "sample"'.startswith(text) or '"record": "sample"' in text
+                  or '"record":"sample"' in text)
         why = "a sample line cut off or damaged" if sample else "damaged or not a record line"
         into.skipped.append(SkippedLine(number, f"{unreadable} ({why})", lost_sample=sample,
                                         unknown=not sample))
@@ -585,16 +588,6 @@ def _read_line(text: str, number: int, into: RecordFile) -> None:
         # a bad run line is not a measurement: the file's other runs and samples lose nothing
         into.skipped.append(SkippedLine(number, f"{kind} line: {_problem(error, row)}",
                                         lost_sample=kind == "sample"))
-
-
-_SAMPLE_START = '{"record": "sample"'  # how write_record begins every sample line
-
-
-def _names_a_sample(text: str) -> bool:
-    """A line that is not JSON but was a sample line: its start cut off after a few
-    characters, or whole enough to say `"record": "sample"`."""
-    return (_SAMPLE_START.startswith(text) or '"record": "sample"' in text
-            or '"record":"sample"' in text)
 
 
 def read_record_file(path: Path) -> RecordFile:

@@ -17,12 +17,10 @@ def summarize(requests: list["Request"], seconds: float | None = None,
               bytes_up: int | None = None,
               control_plane: list["Request"] | None = None, unparsed: int = 0,
               late: int | None = None) -> dict[str, Any]:
-    """Figures for one window (fields: docs/metrics.md "S3 request statistics").
-
-    `seconds`: the window's length, for req_per_s. `bytes_up`: bytes this rank wrote into
-    objects, where the requests do not carry their upload bodies' lengths. `unparsed`,
-    `late` (untimed only): as the summary's fields.
-    """
+    """Figures for one window (fields: docs/metrics.md "S3 request statistics"). `seconds`: the
+    window's length, for req_per_s; `bytes_up`: bytes this rank wrote into objects, where the
+    requests do not carry their upload bodies' lengths; `unparsed`, `late` (untimed only): as
+    the summary's fields."""
     count = len(requests)
     failed = sum(r.outcome == "failed" for r in requests)
     by_type = {kind: _type_entry([r for r in requests if r.kind == kind])
@@ -37,7 +35,9 @@ def summarize(requests: list["Request"], seconds: float | None = None,
         "success_ratio": round((count - failed) / count, 6) if count else None,
         "seconds": seconds,
         "req_per_s": round(count / seconds, 3) if count and seconds else None,
-        "bytes_down": _whole_get_bytes(requests),
+        # the GETs' bodies that came whole, and what came of the broken ones where known
+        "bytes_down": sum((r.nbytes or 0) if r.outcome == "ok" else (r.received or 0)
+                          for r in requests if r.kind == "GetObject"),
         "broken": sum(r.broken for r in requests),
         "bytes_down_broken_max": sum(_unknown_body_bytes(r) for r in requests),
         "bytes_up": _uploaded_bytes(requests, bytes_up),
@@ -63,12 +63,6 @@ def _uploaded_bytes(requests: Iterable["Request"], written: int | None) -> int |
     if not uploads or any(r.nbytes is None for r in uploads):
         return written
     return sum(r.nbytes or 0 for r in uploads)
-
-
-def _whole_get_bytes(requests: Iterable["Request"]) -> int:
-    """The GETs' bodies that came whole, and what came of the broken ones where known."""
-    return sum((r.nbytes or 0) if r.outcome == "ok" else (r.received or 0)
-               for r in requests if r.kind == "GetObject")
 
 
 def _unknown_body_bytes(request: "Request") -> int:
