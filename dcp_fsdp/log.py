@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 import sys
 
-_LOGGER_NAME = "dcp_fsdp"
-
 
 def printable(text: str) -> str:
     """`text` with every character a terminal would act on escaped (ESC as \\x1b): text from
@@ -43,7 +41,7 @@ class _StreamByLevel(logging.Handler):
 
 
 def get() -> logging.Logger:
-    logger = logging.getLogger(_LOGGER_NAME)
+    logger = logging.getLogger("dcp_fsdp")
     if not logger.handlers:
         handler = _StreamByLevel()
         handler.setFormatter(_Format())

@@ -71,10 +71,6 @@ def settled_counters(metrics_url: str, bucket: str, tries: int = 20) -> collecti
     return previous
 
 
-# ops that never reach the storage server (rank/ceiling.py: DCP alone, on tmpfs)
-OFF_SERVER_PREFIX = "mem_"
-
-
 def record_view(samples: Iterable[dict[str, Any]], untimed: dict[str, Any] | None,
                 launcher_calls: dict[str, dict[str, int]] | None = None
                 ) -> tuple[collections.Counter, list[str]]:
@@ -83,8 +79,8 @@ def record_view(samples: Iterable[dict[str, Any]], untimed: dict[str, Any] | Non
     gaps: list[str] = []
     for sample in samples:
         requests = sample.get("requests")
-        if str(sample.get("op")).startswith(OFF_SERVER_PREFIX):
-            continue  # the ceiling's DCP-alone rounds ran on tmpfs: no request to the server
+        if str(sample.get("op")).startswith("mem_"):
+            continue  # the ceiling's DCP-alone rounds (rank/ceiling.py) ran on tmpfs: no request
         if not isinstance(requests, dict):
             gaps.append(f"{sample.get('op')} rank {sample.get('rank')}: no request counts")
             continue
@@ -100,10 +96,6 @@ def record_view(samples: Iterable[dict[str, Any]], untimed: dict[str, Any] | Non
     return view, gaps
 
 
-def _label(key: tuple[str, str]) -> str:
-    return f"{key[0]} {key[1]}"
-
-
 # Clients that re-send a request whose connection broke below the layer the tool counts
 RESENDS_UNSEEN = frozenset({"fsspec"})
 RESENT_BELOW_CLIENT = (
@@ -115,12 +107,11 @@ RESENT_BELOW_CLIENT = (
 def compare(record: collections.Counter, server: collections.Counter,
             gaps: list[str], source: str, restarted: bool = False,
             unanswered: int = 0, resends_unseen: bool = False) -> dict[str, Any]:
-    """The run record's `server_requests` field: both views, whether they agree and, when
-    they do not, the cause the run itself shows (docs/record-format.md; else null: another
-    client of the bucket, or a misread log). "unanswered_requests": the requests that got no
-    answer account for every difference (a stalled server counts a request when it answers
-    it; an answer that never reached the client is counted by the server under its status,
-    by the record as "none")."""
+    """The run record's `server_requests`: both views, whether they agree and, if not, the cause
+    the run itself shows (docs/record-format.md; null: another client of the bucket, or a misread
+    log). "unanswered_requests": the unanswered requests account for every difference (a stalled
+    server counts a request when it answers it; an answer that never reached the client is
+    counted by the server under its status, by the record as "none")."""
     keys = sorted(set(record) | set(server))
     match = not gaps and all(record[k] == server[k] for k in keys)
     cause = None
@@ -134,9 +125,9 @@ def compare(record: collections.Counter, server: collections.Counter,
     return {
         "source": source,
         "match": match,
-        "record": {_label(k): record[k] for k in keys if record[k]},
-        "server": {_label(k): server[k] for k in keys if server[k]},
-        "differences": {_label(k): record[k] - server[k] for k in keys if record[k] != server[k]},
+        "record": {" ".join(k): record[k] for k in keys if record[k]},
+        "server": {" ".join(k): server[k] for k in keys if server[k]},
+        "differences": {" ".join(k): record[k] - server[k] for k in keys if record[k] != server[k]},
         "incomplete": gaps,
         "cause": cause,
         "unanswered": unanswered,
