@@ -11,12 +11,12 @@ from typing import Any
 
 import pandas as pd
 
+from dcp_fsdp.analysis.intake import first_few
 from dcp_fsdp.config.schema import StorageClient
 
 CLIENT_KEY = "storage.client"
 BASE_CLIENT = StorageClient.s3torchconnector.value
 KNOWN_CLIENTS = tuple(client.value for client in StorageClient)
-FILES_SHOWN = 3  # record files named per note; the rest are counted
 
 
 def _client(run: dict[str, Any]) -> Any:
@@ -28,9 +28,7 @@ def _is_s3(run: dict[str, Any]) -> bool:
 
 
 def _files(runs: list[dict[str, Any]]) -> str:
-    files = [run["record_file"] for run in runs]
-    more = len(files) - FILES_SHOWN
-    return ", ".join(files[:FILES_SHOWN]) + (f", +{more} more" if more > 0 else "")
+    return first_few([run["record_file"] for run in runs])
 
 
 def fill_missing_client(settings_per_run: list[dict[str, Any]]) -> None:

@@ -32,7 +32,7 @@ class _Copy:
     bad_lines: tuple[int, int]
 
 
-def _places(places: list[str]) -> str:
+def first_few(places: list[str]) -> str:
     shown = ", ".join(places[:EXAMPLES_PER_NOTE])
     more = len(places) - EXAMPLES_PER_NOTE
     return f"{shown}, +{more} more" if more > 0 else shown
@@ -51,9 +51,8 @@ class Intake:
         """One record file's runs and samples, or the reason none of it can be used."""
         path = parsed.path
         if not parsed.runs:
-            run_problems = [s.reason for s in parsed.skipped if s.reason.startswith("run line")]
-            self._skipped_files[run_problems[0] if run_problems else NO_RUN_LINE].append(
-                str(path))
+            reason = next((s.reason for s in parsed.skipped if s.reason.startswith("run line")), NO_RUN_LINE)
+            self._skipped_files[reason].append(str(path))
             return
         for skipped in parsed.skipped:
             self._skipped_lines[skipped.reason].append(f"{path}:{skipped.line}")
@@ -97,16 +96,13 @@ class Intake:
     def notes(self) -> list[str]:
         """One line per reason: what was skipped, how many, and where (the first few); each
         printable (a reason may quote a line's value, a place is a file's name)."""
-        return [printable(note) for note in self._notes()]
-
-    def _notes(self) -> list[str]:
-        notes = [f"{len(files)} file(s) skipped, {reason}: {_places(files)}"
+        notes = [f"{len(files)} file(s) skipped, {reason}: {first_few(files)}"
                  for reason, files in self._skipped_files.items()]
-        notes += [f"{len(places)} line(s) skipped, {reason}: {_places(places)}"
+        notes += [f"{len(places)} line(s) skipped, {reason}: {first_few(places)}"
                   for reason, places in self._skipped_lines.items()]
         if self._duplicates:
             notes.append(f"{len(self._duplicates)} duplicate record(s) skipped, a run_id "
-                         f"already read from another file (a copy): {_places(self._duplicates)}")
+                         f"already read from another file (a copy): {first_few(self._duplicates)}")
         newer: dict[int, list[str]] = defaultdict(list)  # schema_version: [file]
         for copy in self._copies.values():
             if copy.run["schema_version"] > SCHEMA_VERSION:
@@ -114,5 +110,5 @@ class Intake:
         for version, files in sorted(newer.items()):
             notes.append(f"{len(files)} record(s) of schema_version {version}, newer than this "
                          f"reader's {SCHEMA_VERSION}: read, fields it does not know left out "
-                         f"(a newer dcp-fsdp reports them): {_places(files)}")
-        return notes
+                         f"(a newer dcp-fsdp reports them): {first_few(files)}")
+        return [printable(note) for note in notes]
