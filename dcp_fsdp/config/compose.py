@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
 
 from dcp_fsdp.config.conf_dir import conf_dir
+from dcp_fsdp.config.schema import BenchmarkConfig, iter_settings, to_config
 from dcp_fsdp.config.validate import (apply_config_dtype, apply_protocol, check_model_settings,
-                                      check_setting_name, check_storage_settings, did_you_mean,
-                                      model_config_names)
+                                      check_region, check_setting_name, check_storage_settings,
+                                      check_suffix, did_you_mean, model_config_names, validate)
 from dcp_fsdp.errors import UserError
-
-if TYPE_CHECKING:
-    from dcp_fsdp.config.schema import BenchmarkConfig
 
 CONF_DIR = conf_dir()
 
@@ -23,14 +21,9 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
     """Hydra multirun semantics: the cartesian product of every swept override."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    choices = []
-    for override in parsed:
-        if override.is_sweep_override():
-            key = override.get_key_element()
-            choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
-        else:
-            choices.append([override.input_line or ""])
+    choices = [[f"{override.get_key_element()}={value}" for value in override.sweep_string_iterator()]
+               if override.is_sweep_override() else [override.input_line or ""]
+               for override in OverridesParser.create().parse_overrides(overrides)]
     return [list(combination) for combination in itertools.product(*choices)]
 
 
@@ -59,20 +52,18 @@ def _config_file_overrides(path: str) -> list[str]:
         raise UserError(f"--config {path}: expected a mapping of settings (key: value), "
                         f"found {type(content).__name__}")
 
-    def flatten(node: dict, prefix: str = "") -> list[str]:
-        overrides = []
+    def flatten(node: dict, prefix: str = "") -> Iterator[str]:
         for key, value in node.items():
             name = f"{prefix}{key}"
             if isinstance(value, dict):
-                overrides.extend(flatten(value, f"{name}."))
+                yield from flatten(value, f"{name}.")
             elif isinstance(value, list):
-                overrides.append(f"{name}=[{','.join(str(v) for v in value)}]")
+                yield f"{name}=[{','.join(str(v) for v in value)}]"
             elif value is None:
-                overrides.append(f"{name}=null")
+                yield f"{name}=null"
             else:
-                overrides.append(f"{name}={str(value).lower() if isinstance(value, bool) else value}")
-        return overrides
-    return flatten(content)
+                yield f"{name}={str(value).lower() if isinstance(value, bool) else value}"
+    return list(flatten(content))
 
 
 def compose(command: str, overrides: list[str], named: str | None = None) -> BenchmarkConfig:
@@ -84,9 +75,6 @@ def compose(command: str, overrides: list[str], named: str | None = None) -> Ben
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
-
-    from dcp_fsdp.config.schema import BenchmarkConfig, to_config
-    from dcp_fsdp.config.validate import validate
 
     given = check_overrides(overrides)
     ConfigStore.instance().store(name="base_config", node=BenchmarkConfig)
@@ -151,8 +139,6 @@ def _sweep_line(line: str) -> str:
 
 
 def _settings_of_type(type_name: str) -> set[str]:
-    from dcp_fsdp.config.schema import iter_settings
-
     return {name for name, kind, _, _ in iter_settings() if kind == type_name}
 
 
@@ -185,14 +171,11 @@ def parse_error_line(overrides: list[str], error: BaseException) -> str:
 def _refused_anyway(key: str, value: str) -> str | None:
     """The refusal a setting's own check gives a value Hydra cannot parse unquoted: quoting it
     would only lead to that refusal."""
-    from dcp_fsdp.config.validate import check_region, check_suffix
-
-    checks = {"suffix": check_suffix,
-              "storage.region": lambda text: check_region(text, "storage.region")}
-    if key not in checks:
-        return None
     try:
-        checks[key](value)
+        if key == "suffix":
+            check_suffix(value)
+        elif key == "storage.region":
+            check_region(value, key)
     except UserError as refused:
         return str(refused)
     return None

@@ -359,10 +359,7 @@ def format_default(value: Any) -> str:
     return str(value)
 
 
-def to_config(node: Any) -> "BenchmarkConfig":
+def to_config(node: Any) -> BenchmarkConfig:
     """The typed config from an OmegaConf node built on `BenchmarkConfig` (`to_object` is typed
     as any container)."""
-    cfg = OmegaConf.to_object(node)
-    if not isinstance(cfg, BenchmarkConfig):
-        raise TypeError(f"expected a BenchmarkConfig node, got {type(cfg).__name__}")
-    return cfg
+    return typing.cast(BenchmarkConfig, OmegaConf.to_object(node))

@@ -8,16 +8,14 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dcp_fsdp import contract
-from dcp_fsdp.config.schema import (MLPERF_CHECKPOINTS, BenchmarkConfig, Command, PrefixStrategy, Protocol,
-                                    ReaderKind, ReplicaLoad, SaveMode, StorageClient, StorageKind,
-                                    TrainStepWork, iter_settings)
+from dcp_fsdp.config.schema import (MLPERF_CHECKPOINTS, BenchmarkConfig, Command, Dtype, ModelConfig,
+                                    PrefixStrategy, Protocol, ReaderKind, ReplicaLoad, SaveMode,
+                                    StorageClient, StorageConfig, StorageKind, TrainStepWork,
+                                    iter_settings)
 from dcp_fsdp.errors import UserError
-
-if TYPE_CHECKING:
-    from dcp_fsdp.config.schema import ModelConfig, StorageConfig
 
 S3_MIN_PART_SIZE_MIB = 5  # S3 rejects multipart parts below 5 MiB (except the last)
 S3_MAX_PART_SIZE_MIB = 5 * 1024
@@ -229,8 +227,6 @@ def config_json_dtype(path: str) -> tuple[str, Any] | None:
 def apply_config_dtype(cfg: BenchmarkConfig, given: set[str]) -> None:
     """model.config's model is built in the dtype its file names unless model.dtype is given;
     a dtype the tool does not build is refused."""
-    from dcp_fsdp.config.schema import Dtype
-
     if not cfg.model.config or "model.dtype" in given:
         return
     found = config_json_dtype(cfg.model.config)
