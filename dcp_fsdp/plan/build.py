@@ -76,9 +76,6 @@ class _CountingSink(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
-    def tell(self) -> int:
-        return self.position
-
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.count}[whence]
         self.position = base + offset
@@ -188,7 +185,7 @@ def build_global_plan(template: StateTemplate, world_size: int, replicas: int, t
                       tp: int = 1) -> GlobalPlan:
     """DCP's save of `template` by `world_size` ranks, planned and laid out in this process."""
     plans = [local_plan(template, rank, world_size, replicas, tp) for rank in range(world_size)]
-    plan_sizes = [len(pickle.dumps(plan)) for plan in plans[:1]]  # what each rank sends
+    plan_bytes = len(pickle.dumps(plans[0]))  # what each rank sends
     start = time.process_time()
     global_plans, metadata = DefaultSavePlanner().create_global_plan(plans)
     planning_s = time.process_time() - start
@@ -204,7 +201,7 @@ def build_global_plan(template: StateTemplate, world_size: int, replicas: int, t
     items = len(storage_data)
     del metadata, storage_data, global_plans
     unpickle_s, memory = unpickle_cost(blob)
-    return GlobalPlan(world_size, tuple(objects), items, plan_sizes[0], plan_sizes[0] * world_size,
+    return GlobalPlan(world_size, tuple(objects), items, plan_bytes, plan_bytes * world_size,
                       planning_s, len(blob), pickle_s, unpickle_s, memory, load_reads=reads)
 
 

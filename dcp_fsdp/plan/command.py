@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from dcp_fsdp.compat import data_object_prefix
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
 from dcp_fsdp.errors import UserError
-from dcp_fsdp.plan.request import PlanRequest
+from dcp_fsdp.plan import PlanRequest
 
 if TYPE_CHECKING:
     from dcp_fsdp.plan.build import GlobalPlan
@@ -102,21 +102,13 @@ def main(args: argparse.Namespace) -> int:
     print(render_plan(request, template, plan, time.monotonic() - started))
     if model_shape(request.cfg.model).num_experts:  # what the other expert layout costs
         chosen = request.cfg.model.moe_layout.value
-        layouts = {chosen: (template, plan)}
-        for layout in MOE_LAYOUTS:
-            if layout != chosen:
-                layouts[layout] = plan_world(request, request.world_size, layout)
-        print(render_moe_layouts(chosen, layouts))
-    if rates is not None:
-        sizes = []
-        nodes = 1
-        group = request.cfg.model.replicas * request.cfg.model.tp  # the mesh's whole rows
-        while nodes * request.ranks_per_node < request.world_size:
-            if nodes * request.ranks_per_node % group == 0:
-                sizes.append(nodes * request.ranks_per_node)
-            nodes *= 2
+        others = {layout: plan_world(request, request.world_size, layout)
+                  for layout in MOE_LAYOUTS if layout != chosen}
+        print(render_moe_layouts(chosen, {chosen: (template, plan), **others}))
+    if rates is not None:  # 1, 2, 4, ... nodes, each a whole number of the mesh's rows
+        group = request.cfg.model.replicas * request.cfg.model.tp
+        doubled = (request.ranks_per_node << i for i in range(request.world_size.bit_length()))
+        sizes = [size for size in doubled if size < request.world_size and size % group == 0]
         plans = [plan_world(request, size)[1] for size in sizes] + [plan]
         print(render_projection(request, plans, rates))
     return 0
-
-

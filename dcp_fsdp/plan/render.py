@@ -12,9 +12,8 @@ if TYPE_CHECKING:
     from dcp_fsdp.config.schema import BenchmarkConfig
     from dcp_fsdp.plan.build import GlobalPlan
     from dcp_fsdp.plan.measured import MeasuredRates
-    from dcp_fsdp.plan.request import PlanRequest
+    from dcp_fsdp.plan import PlanRequest
     from dcp_fsdp.plan.state import StateTemplate
-
 
 
 def _size(value: float) -> str:
@@ -202,6 +201,8 @@ def render_projection(request: PlanRequest, plans: list[GlobalPlan], rates: Meas
     part = storage.part_size_mib * MIB
     save_rate = rates.save_bytes_s or rates.load_bytes_s
     load_rate = rates.load_bytes_s or rates.save_bytes_s
+    # read_rates measured a save or a load (else UserError): both rates are set
+    assert save_rate is not None and load_rate is not None
     rows = []
     for plan in plans:
         objects = rank_objects(plan)
@@ -210,8 +211,6 @@ def render_projection(request: PlanRequest, plans: list[GlobalPlan], rates: Meas
         metadata_gets = rq.parts(plan.metadata_bytes, part) * plan.world_size
         if storage.kind != StorageKind.s3:
             puts = gets = metadata_gets = 0
-        # read_rates measured a save or a load (else UserError): both rates are set
-        assert save_rate is not None and load_rate is not None
         projection = rq.project(plan.world_size // request.ranks_per_node, plan.world_size,
                                 max(plan.rank_bytes()), plan.planning_s, plan.metadata_bytes,
                                 plan.metadata_pickle_s, plan.metadata_unpickle_s, save_rate,
@@ -223,7 +222,7 @@ def render_projection(request: PlanRequest, plans: list[GlobalPlan], rates: Meas
     head = (f"\nprojection from {rates.source} ({rates.samples} samples; model "
             f"{', '.join(rates.models) or '?'}; world size(s) "
             f"{', '.join(map(str, rates.world_sizes))}; storage {', '.join(rates.storage)}): "
-            f"per-rank save {(save_rate or 0) / MIB:,.1f} MiB/s, load {(load_rate or 0) / MIB:,.1f} "
+            f"per-rank save {save_rate / MIB:,.1f} MiB/s, load {load_rate / MIB:,.1f} "
             "MiB/s (medians)\nassumes: each rank keeps the measured rate at every size (the "
             "storage and the network scale out); save = rank 0's planning + the slowest rank's "
             "bytes (or its prefix's requests at S3's limit) + pickling and writing .metadata; "

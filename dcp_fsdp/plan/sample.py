@@ -17,6 +17,7 @@ are laid out item by item over every layer instead (build.laid_out).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from collections import Counter
 from typing import Any, Callable
@@ -49,12 +50,10 @@ def can_sample(template: StateTemplate) -> bool:
 
 
 def _spread(objects: tuple[DataObject, ...], added: list[int]) -> tuple[DataObject, ...]:
-    """Each rank's added bytes over its objects, in proportion to their size."""
-    by_rank: dict[int, list[DataObject]] = {}
-    for obj in objects:
-        by_rank.setdefault(obj.rank, []).append(obj)
+    """Each rank's added bytes over its objects (rank order), in proportion to their size."""
     out = []
-    for rank, mine in sorted(by_rank.items()):
+    for rank, group in itertools.groupby(objects, key=lambda obj: obj.rank):
+        mine = list(group)
         total = sum(o.size_bytes for o in mine) or 1
         given = 0
         for number, obj in enumerate(mine):
@@ -77,25 +76,21 @@ def sampled_global_plan(template: StateTemplate, world_size: int, replicas: int,
         return build_global_plan(subset(template, keep), world_size, replicas, thread_count,
                                  rank_prefix, checkpoint_id, tp)
 
-    first = build(base)
+    largest = first = build(base)
     metadata, items = first.metadata_bytes, first.items
-    rank_bytes = first.rank_bytes()
-    largest = first
+    added = [0] * world_size  # each rank's bytes of the layers outside the base
     for digits, count in sorted(counts.items()):
         one = next(i for i in rest if len(str(i)) == digits)
-        plus = build(base | {one})
+        largest = plus = build(base | {one})
         metadata += count * (plus.metadata_bytes - first.metadata_bytes)
         items += count * (plus.items - first.items)
-        plus_bytes = plus.rank_bytes()
-        rank_bytes = [r + count * (p - f) for r, p, f in zip(rank_bytes, plus_bytes, first.rank_bytes())]
-        largest = plus
+        added = [a + count * (p - f) for a, p, f in zip(added, plus.rank_bytes(), first.rank_bytes())]
     scale = items / largest.items
     reads = None
     if tp > 1 or replicas > 1:  # deduplication decides who writes what: lay out every item
         laid, reads = laid_out(template, world_size, replicas, thread_count, rank_prefix, tp)
         objects = tuple(laid)
     else:
-        added = [after - before for after, before in zip(rank_bytes, first.rank_bytes())]
         objects = _spread(first.objects, added)
     return GlobalPlan(
         world_size, objects, items,

@@ -70,12 +70,8 @@ def state_template(model_shape: str | ModelShape, dtype: Dtype, state: Checkpoin
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         create_optimizer_state(optimizer)
     flat, mappings = flatten_state_dict(dcp_state_dict(model, optimizer))
-    entries = []
-    for fqn, value in flat.items():
-        if isinstance(value, torch.Tensor):
-            entries.append(Entry(fqn, tuple(value.shape), value.dtype))
-        else:
-            entries.append(Entry(fqn, None, None, value))
+    entries = (Entry(fqn, tuple(value.shape), value.dtype) if isinstance(value, torch.Tensor)
+               else Entry(fqn, None, None, value) for fqn, value in flat.items())
     return StateTemplate(tuple(entries), dict(mappings))
 
 
