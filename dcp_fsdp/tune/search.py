@@ -121,20 +121,19 @@ class SearchResult:
                 / statistics.median(self.final_scores(self.defaults)) - 1)
 
 
+@dataclasses.dataclass
 class Budget:
-    def __init__(self, budget_s: float, max_trials: int | None, started_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.budget_s = budget_s
-        self.max_trials = max_trials
-        self.started_s = started_s
-        self.clock = clock
-        self.walls: list[float] = []
-        # trials' worth of time kept for after the finals (tune's efficiency trial): the
-        # finals stop that much earlier
-        self.reserve_trials = 0.0
-        # time already spent when the trials began (start-up): a share of the budget is a
-        # share of what is left for trials, so a slow start-up cannot eat the search
-        self.before_trials_s = 0.0
+    budget_s: float
+    max_trials: int | None
+    started_s: float
+    clock: Callable[[], float] = time.monotonic
+    walls: list[float] = dataclasses.field(default_factory=list)
+    # trials' worth of time kept for after the finals (tune's efficiency trial): the
+    # finals stop that much earlier
+    reserve_trials: float = 0.0
+    # time already spent when the trials began (start-up): a share of the budget is a
+    # share of what is left for trials, so a slow start-up cannot eat the search
+    before_trials_s: float = 0.0
 
     def begin_trials(self) -> None:
         self.before_trials_s = max(0.0, self.elapsed_s())
@@ -183,7 +182,6 @@ class Search:
         self._descent_best = self.defaults
         self._final_list: list[Settings] = []
 
-    # -- bookkeeping -----------------------------------------------------------------------
     def _run(self, settings: Settings, role: str) -> Trial:
         trial = self.run_trial(dict(settings), role)
         self.trials.append(trial)
@@ -201,7 +199,6 @@ class Search:
         for the finals' repeats, when there are any."""
         return 1.0 if self.repeats == 1 else SEARCH_SHARE
 
-    # -- the phases ------------------------------------------------------------------------
     def run(self) -> SearchResult:
         self.budget.begin_trials()
         stopped = self.budget.why_not()
@@ -250,13 +247,12 @@ class Search:
                 seen.setdefault(settings_key(trial.settings), trial.settings)
         # every setting seen has a scored trial, so its best score is a number
         ordered = sorted(seen.values(), key=lambda s: self._best_score(s) or 0.0, reverse=True)
-        chosen = [self.defaults]
+        chosen = {settings_key(self.defaults): self.defaults}
         for settings in [self._descent_best, *ordered]:
             if len(chosen) >= self.finalists:
                 break
-            if settings_key(settings) not in {settings_key(c) for c in chosen}:
-                chosen.append(settings)
-        return chosen
+            chosen.setdefault(settings_key(settings), settings)
+        return list(chosen.values())
 
     def _finals(self, stopped: str | None) -> str | None:
         if stopped and not self.trials:
@@ -280,21 +276,19 @@ class Search:
             group.trials.append(trial)
             if trial.score is not None:
                 group.scores.append(trial.score)
-        scored = [g for g in groups.values() if g.scores]
         # The finalists (measured again, side by side) rank first, by their finals' median;
-        # a setting measured once in the search, however lucky, only after them.
+        # a setting measured once in the search, however lucky, only after them; failed last.
         final_keys = {settings_key(s) for s in self._final_list}
 
-        def final_median(group: Ranked) -> float:
+        def place(group: Ranked) -> tuple[int, float]:
+            if not group.scores:
+                return 2, 0.0
+            if settings_key(group.settings) not in final_keys:
+                return 1, -group.median
             scores = [t.score for t in group.trials if t.role == "repeat" and t.score is not None]
-            return statistics.median(scores) if scores else group.median
+            return 0, -statistics.median(scores or group.scores)
 
-        finals = sorted((g for g in scored if settings_key(g.settings) in final_keys),
-                        key=final_median, reverse=True)
-        others = sorted((g for g in scored if settings_key(g.settings) not in final_keys),
-                        key=lambda g: g.median, reverse=True)
-        failed = [g for g in groups.values() if not g.scores]
-        return finals + others + failed
+        return sorted(groups.values(), key=place)
 
 
 def paired_malloc(rounds: list[tuple[float, float]]) -> dict[str, Any]:
