@@ -12,9 +12,12 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dcp_fsdp.process import lifeline
 from dcp_fsdp.process.environ import environment
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import BenchmarkConfig
+from dcp_fsdp.storage import layout, make_store
+from dcp_fsdp.storage.base import ceiling_token
 from dcp_fsdp.telemetry.results_dir import fallback_results_dir, write_record
 from dcp_fsdp.telemetry import records
 
@@ -36,11 +39,8 @@ class RanksOutcome:
 
 
 def find_record(results_dir: str, run_id: str) -> Path | None:
-    for where in (results_dir, str(fallback_results_dir())):
-        path = records.record_path(where, run_id)
-        if path.exists():
-            return path
-    return None
+    paths = [records.record_path(where, run_id) for where in (results_dir, str(fallback_results_dir()))]
+    return next((path for path in paths if path.exists()), None)
 
 
 def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
@@ -49,8 +49,6 @@ def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
     the launcher claimed for the run before its ranks started."""
     if outcome.status == "ok":
         return
-    from dcp_fsdp.process import lifeline
-
     lifeline.remove_stale()  # a killed rank's request-log directory
     path = find_record(cfg.results_dir, run_id)
     rank_wrote = path is not None
@@ -81,9 +79,6 @@ def _ceiling_leftovers(cfg: BenchmarkConfig, run_id: str, env: dict[str, str]) -
     """Remove what a run stopped in its ceiling rounds left in its raw areas (rank/ceiling.py)."""
     if os.environ.get(contract.EMBEDDED_ENV) == "1" or env.get(contract.EMBEDDED_ENV) == "1":
         return  # deleted with the embedded server
-    from dcp_fsdp.storage import make_store
-    from dcp_fsdp.storage.base import ceiling_token
-
     token = ceiling_token(run_id)
     with environment({k: v for k, v in env.items() if k.startswith("AWS_")}):
         try:
@@ -165,8 +160,6 @@ def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, st
         log.info(f"partial checkpoint suffix={candidates[0]}: on the embedded S3 server, "
                  "deleted with it at exit")
         return
-    from dcp_fsdp.storage import make_store
-
     with environment({k: v for k, v in env.items() if k.startswith("AWS_")}):
         try:
             store = make_store(cfg.storage, after_failure=True)  # a stalled server: seconds
@@ -181,8 +174,6 @@ def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, st
 def _settle_suffix(store: CheckpointStore, suffix: str, run_id: str | None) -> None:
     """One suffix a stopped save was writing: its open uploads aborted, a claim with nothing
     else removed, and one line on what is left."""
-    from dcp_fsdp.storage import layout
-
     opened = store.open_uploads(suffix)
     store.abort_uploads(suffix)
     # an upload a rank started after the abort (still ending as it was stopped) is left

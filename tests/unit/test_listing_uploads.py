@@ -66,7 +66,7 @@ def _stopped_save(tmp_path, store, monkeypatch, listings):
     calls = iter(listings)
     monkeypatch.setattr(store, "open_uploads", lambda suffix=None: next(calls))
     monkeypatch.setattr(store, "abort_uploads", lambda suffix=None, *rest: 2)
-    monkeypatch.setattr("dcp_fsdp.storage.make_store", lambda *args, **kwargs: store)
+    monkeypatch.setattr(aftermath, "make_store", lambda *args, **kwargs: store)
     cfg = compose("save", ["storage=fs", f"storage.path={store.root}",
                            f"results_dir={tmp_path / 'results'}", "suffix=cut"])
     aftermath.settle(cfg, RUN_ID, aftermath.RanksOutcome(130, "interrupted", "interrupted by SIGINT",
