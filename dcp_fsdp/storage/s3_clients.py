@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from dcp_fsdp import log
 from dcp_fsdp.compat import build_native_client, msc_botocore_events, round_robin_prefix_strategy
@@ -122,16 +122,15 @@ class ConnectorClient(S3Client):
         chunk iterator clocked (storage/timed_s3.py)."""
         from s3torchconnector import S3ReaderConstructor
 
-        max_gap_size = int(self.config.max_gap_size_mib * MIB)
-        if timeline is not None:
-            from dcp_fsdp.storage.timed_s3 import TimedDcpOptimizedConstructor, TimedReaderConstructor
+        import dcp_fsdp.storage.timed_s3 as timed_s3
 
-            if self.config.reader == ReaderKind.dcp_optimized:
-                return TimedDcpOptimizedConstructor(timeline.storage_clock, max_gap_size)
-            return TimedReaderConstructor(self._reader_constructor(), timeline.storage_clock)
+        max_gap_size = int(self.config.max_gap_size_mib * MIB)
         if self.config.reader == ReaderKind.dcp_optimized:
-            return S3ReaderConstructor.dcp_optimized(max_gap_size=max_gap_size)
-        return getattr(S3ReaderConstructor, self.config.reader.value)()  # sequential, range_based
+            if timeline is None:
+                return S3ReaderConstructor.dcp_optimized(max_gap_size=max_gap_size)
+            return timed_s3.TimedDcpOptimizedConstructor(timeline.storage_clock, max_gap_size)
+        plain = getattr(S3ReaderConstructor, self.config.reader.value)()  # sequential, range_based
+        return plain if timeline is None else timed_s3.TimedReaderConstructor(plain, timeline.storage_clock)
 
     def warm_up(self, storage_io: Any) -> list[Any]:
         """The native (CRT) client built now: the connector builds it on the first request, and
@@ -216,8 +215,7 @@ class FsspecClient(S3Client):
         errors made to name their object; its event emitter, for the request statistics."""
         from dcp_fsdp.storage.timed_fs import client_file_system
 
-        torch_filesystem: Any = client_file_system(storage_io)  # torch's fsspec FileSystem
-        s3fs_filesystem = torch_filesystem.fs
+        s3fs_filesystem = cast(Any, client_file_system(storage_io)).fs  # torch's fsspec FileSystem's
         s3fs_filesystem.connect()
         s3fs_filesystem.loop.set_exception_handler(quiet_broken_connection_tasks)
         events = s3fs_filesystem.s3.meta.events

@@ -4,7 +4,7 @@ pickle a writer into its daemon. Ranks of storage.client=fsspec|msc import this 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from multistorageclient.contrib.torch import MultiStorageFileSystemReader, MultiStorageFileSystemWriter
 
@@ -29,8 +29,7 @@ class TimedReadAheadFsspecReader(TimedReader, ReadAhead, FsspecReader):  # type:
     group (one ranged GET; its file objects' read-ahead cache would fetch a block more)."""
 
     def fetch_into(self, path: Any, start: int, target: memoryview) -> None:
-        torch_filesystem: Any = client_file_system(self)  # torch's fsspec FileSystem
-        s3fs = torch_filesystem.fs
+        s3fs = cast(Any, client_file_system(self)).fs  # torch's fsspec FileSystem holds s3fs's
         end = start + len(target)
         self.clocked_into(target, lambda: s3fs.cat_file(str(path), start=start, end=end))
 

@@ -65,9 +65,6 @@ class _TimedStream(io.BufferedIOBase):
     def close(self) -> None:
         self.inner.close()
 
-    def _moved(self, count: int) -> None:
-        self._timeline.moved.add(count)
-
 
 class TimedWriteStream(_TimedStream):
     """A write stream: write() and close() timed on the stream clock (the upload), the bytes
@@ -84,7 +81,7 @@ class TimedWriteStream(_TimedStream):
     def write(self, data: Any, /) -> int:
         written = self._uploading(lambda: self.inner.write(data))
         if hasattr(data, "__len__"):
-            self._moved(len(data))
+            self._timeline.moved.add(len(data))
         return memoryview(data).nbytes if written is None else written
 
     def close(self) -> None:
@@ -112,7 +109,7 @@ class TimedReadStream(_TimedStream):
         """The client's data `call`, its bytes counted (a count, or the bytes returned)."""
         result = self._call(call, *args)
         if result:
-            self._moved(result if isinstance(result, int) else len(result))
+            self._timeline.moved.add(result if isinstance(result, int) else len(result))
         return result
 
     def read(self, size: int | None = -1, /) -> bytes:
