@@ -104,13 +104,11 @@ def mlperf_shortfall(samples: Iterable[Any] | pd.DataFrame) -> str | None:
 
 def mean_or_nan(series: pd.Series) -> float:
     """The mean of the values that are numbers (None, text: left out); NaN where none is."""
-    series = pd.to_numeric(series, errors="coerce").dropna()
-    return float(series.mean()) if len(series) else math.nan
+    return float(pd.to_numeric(series, errors="coerce").mean())
 
 
 def max_or_nan(series: pd.Series) -> float:
-    series = pd.to_numeric(series, errors="coerce").dropna()
-    return float(series.max()) if len(series) else math.nan
+    return float(pd.to_numeric(series, errors="coerce").max())
 
 
 def complete_sum(series: pd.Series) -> float:
@@ -136,15 +134,10 @@ def union_s(begins: Iterable[float], ends: Iterable[float], runs: Iterable[Any])
             per_run.setdefault(run, []).append((float(begin), float(end)))
     covered = 0.0
     for intervals in per_run.values():
-        intervals.sort()
-        start, stop = intervals[0]
-        for begin, end in intervals[1:]:
-            if begin > stop:
-                covered += stop - start
-                start, stop = begin, end
-            else:
-                stop = max(stop, end)
-        covered += stop - start
+        stop = -math.inf  # the furthest end so far: each interval adds what lies beyond it
+        for begin, end in sorted(intervals):
+            covered += max(0.0, end - max(begin, stop))
+            stop = max(stop, end)
     return covered
 
 
