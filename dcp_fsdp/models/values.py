@@ -127,20 +127,17 @@ def runs(global_shape: Shape, local_shape: Shape,
     partial = first_whole - 1
     length = local_shape[partial] * strides[partial]
     base = global_offset[partial] * strides[partial]
-    local_start = 0
-    for outer in np.ndindex(*local_shape[:partial]):
+    for n, outer in enumerate(np.ndindex(*local_shape[:partial])):
         start = base + sum((global_offset[d] + i) * strides[d] for d, i in enumerate(outer))
-        yield local_start, start, length
-        local_start += length
+        yield n * length, start, length
 
 
 def _chunks(seed: int, key: str, dtype: torch.dtype, device: torch.device, global_shape: Shape,
             local_shape: Shape,
             global_offset: Shape) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """(local flat start, HIGH slice, LOW slice) per chunk of the shard, in order."""
-    high, high_pos, low = _tables(seed, dtype, device)
-    if non_negative(key):
-        high = high_pos
+    signed, high_pos, low = _tables(seed, dtype, device)
+    high = high_pos if non_negative(key) else signed
     kh, kl = tensor_offsets(seed, key)
     for local_start, global_start, length in runs(global_shape, local_shape, global_offset):
         for pos in range(0, length, CHUNK):
@@ -153,8 +150,7 @@ def _chunks(seed: int, key: str, dtype: torch.dtype, device: torch.device, globa
 def fill(local: torch.Tensor, seed: int, key: str, global_shape: Shape,
          global_offset: Shape) -> None:
     """Write tensor `key`'s values into `local`, the block at `global_offset` of the whole."""
-    target = local if local.is_contiguous() else torch.empty(local.shape, dtype=local.dtype,
-                                                             device=local.device)
+    target = local if local.is_contiguous() else torch.empty_like(local, memory_format=torch.contiguous_format)
     flat = target.view(-1).view(_INT_VIEW[local.element_size()])
     for start, high, low in _chunks(seed, key, local.dtype, local.device, global_shape,
                                     local.shape, global_offset):
@@ -204,10 +200,8 @@ def first_mismatch(local: torch.Tensor, seed: int, key: str, global_shape: Shape
         n = high.numel()
         want = torch.bitwise_or(high, low, out=buffer[:n])
         got = flat[start:start + n]
-        if memcmp is not None:
-            same = memcmp(got.data_ptr(), want.data_ptr(), n * flat.element_size()) == 0
-        else:
-            same = torch.equal(got, want)
+        same = (torch.equal(got, want) if memcmp is None
+                else memcmp(got.data_ptr(), want.data_ptr(), n * flat.element_size()) == 0)
         if not same:
             local_index = start + int((got != want).nonzero()[0])
             local_pos = np.unravel_index(local_index, tuple(local.shape)) if local.dim() else ()
