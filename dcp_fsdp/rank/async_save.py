@@ -239,13 +239,10 @@ class AsyncSaver:
                 marks.setdefault("staged", time.monotonic())  # its callback may not have run yet
 
         steps = None
-        if self.train_step is None:
-            staging_done()  # no training to overlap: the next update would wait right here
-        elif self.cadence:
-            steps = self.train_step.run(self.cadence, staging_done)
-        else:
-            steps = self.train_step.run_until(upload.done, staging_done)
-        staging_done()  # (done already when a step ran)
+        if self.train_step is not None:
+            steps = (self.train_step.run(self.cadence, staging_done) if self.cadence
+                     else self.train_step.run_until(upload.done, staging_done))
+        staging_done()  # (done where a step ran; without steps the next update would wait here)
         steps_end = time.monotonic()
         staged = marks.get("staged")
         timing.staged_s = None if staged is None else staged - begin_mono
@@ -253,6 +250,4 @@ class AsyncSaver:
         if steps is not None:
             _fill_training(timing, steps, baseline_s,
                            (steps_end if steps.compute_s else max(blocked_end, staged or 0.0)) - begin_mono)
-        if self.cadence:
-            return timing
-        return self.finish(timing)
+        return timing if self.cadence else self.finish(timing)

@@ -113,11 +113,6 @@ def planned_objects(state_dict: dict[str, Any], rank: int, thread_count: int,
 
 # -- moving bytes ---------------------------------------------------------------------------
 
-def _chunks(size: int, chunk: int) -> Iterable[int]:
-    full, rest = divmod(size, chunk)
-    return [chunk] * full + ([rest] if rest else [])
-
-
 class Mover:
     """This rank's raw objects, one folder per iteration, in the store's raw area."""
 
@@ -145,9 +140,9 @@ class Mover:
         self.area.prepare(self.name(iteration, obj) for obj in objects)
 
     def put(self, client: Client, iteration: int, obj: RawObject) -> None:
+        full, rest = divmod(obj.size_bytes, self.chunk_bytes)
         self.area.put(client, self.name(iteration, obj),
-                      (self.payload if length == self.chunk_bytes else self._tails[length]
-                       for length in _chunks(obj.size_bytes, self.chunk_bytes)))
+                      [self.payload] * full + ([self._tails[rest]] if rest else []))
 
     def get(self, client: Client, iteration: int, obj: RawObject) -> int:
         return self.area.get(client, self.name(iteration, obj))

@@ -65,17 +65,6 @@ class OpInProgress:
     wire: Any = None  # a load's process/wire_meter.WireMeter (S3 with request statistics)
 
 
-def io_split(timeline: HookTimeline, op: str) -> tuple[float | None, tuple[float, float] | None]:
-    """(io_s, (inside the client's storage calls, the rest) or None)."""
-    io_span = timeline.spans.get("write_data" if op == "save" else "read_data")
-    io_s = None if io_span is None else io_span[1] - io_span[0]
-    busy_s = timeline.storage_s
-    if io_s is None or busy_s is None:
-        return io_s, None
-    busy_s = min(busy_s, io_s)  # the two clocks differ by microseconds at most
-    return io_s, (busy_s, io_s - busy_s)
-
-
 def build_sample(run: OpInProgress, end_mono: float, rank: int, host: str, state_bytes: int,
                  replica: int | None, request_log: Any) -> Sample:
     """`state_bytes`: checkpoint bytes, what this rank's shards hold (every throughput
@@ -88,13 +77,13 @@ def build_sample(run: OpInProgress, end_mono: float, rank: int, host: str, state
     if run.timing is not None and run.timing.previous_end_mono is not None:
         window_wall += max(0.0, run.timing.previous_end_mono - region.begin_mono)
     io_span = timeline.spans.get("write_data" if op == "save" else "read_data")
-    io_s, split_s = io_split(timeline, op)
+    io_s = None if io_span is None else io_span[1] - io_span[0]
     requests = None
     if request_log is not None:
         requests = request_log.window(window_wall, end_wall,
                                       timeline.uploaded_bytes if op == "save" else None,
                                       moved_bytes=timeline.io_bytes)
-    sample = Sample(
+    return Sample(
         op=op, iteration=run.iteration, suffix=run.suffix, rank=rank, host=host,
         begin_wall_s=region.begin_wall, end_wall_s=end_wall,
         begin_mono_s=region.begin_mono, end_mono_s=end_mono,
@@ -108,26 +97,26 @@ def build_sample(run: OpInProgress, end_mono: float, rank: int, host: str, state
         metadata_s=timeline.duration_s("read_metadata"),
         finish_s=timeline.duration_s("finish"),
         requests=requests,
-        upload_s=split_s[0] if split_s and op == "save" else None,
-        stage_s=split_s[1] if split_s and op == "save" else None,
         peak_rss_bytes=run.peak_rss, cuda_max_allocated_bytes=run.cuda_peak,
         cache_policy=run.cache_policy, minor_faults=run.minor_faults, reader=run.reader,
         msc_reads="+".join(sorted(timeline.msc_reads, reverse=True)) or None,
         read_ahead_peak_bytes=timeline.read_ahead_peak_bytes, broadcast_s=run.broadcast_s,
+        **_io_split(timeline, op, io_s),
     )
-    if op == "load" and split_s is not None:
-        sample.storage_s, sample.target_copy_s, sample.deserialise_s = _load_split(
-            split_s, timeline.target_copy_s)
-    return sample
 
 
-def _load_split(split_s: tuple[float, float], target_copy_s: float | None
-                ) -> tuple[float, float | None, float]:
-    """A load's io_s by who spends it: (inside the storage client, the copy into the live tensors, DCP's
-    own work: the rest; never below zero: the clocks differ by microseconds at most)."""
-    storage_s, rest_s = split_s
-    copied_s = min(target_copy_s, rest_s) if target_copy_s is not None else None
-    return storage_s, copied_s, rest_s - (copied_s or 0.0)
+def _io_split(timeline: HookTimeline, op: str, io_s: float | None) -> dict[str, Any]:
+    """io_s by who spends it: inside the client's storage calls (a save's upload_s, a load's
+    storage_s), and the rest (a save's stage_s; a load's copy into the live tensors and DCP's own
+    work); never below zero: the clocks differ by microseconds at most."""
+    if io_s is None or timeline.storage_s is None:
+        return {}
+    busy_s = min(timeline.storage_s, io_s)
+    rest_s = io_s - busy_s
+    if op == "save":
+        return {"upload_s": busy_s, "stage_s": rest_s}
+    copied_s = None if timeline.target_copy_s is None else min(timeline.target_copy_s, rest_s)
+    return {"storage_s": busy_s, "target_copy_s": copied_s, "deserialise_s": rest_s - (copied_s or 0.0)}
 
 
 def start_wire_meter(op: str, request_log: Any, storage: Any) -> Any:
