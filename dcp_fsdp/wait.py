@@ -42,19 +42,6 @@ def parse_duration(text: str, option: str) -> float:
     return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
 
 
-def durations(args: argparse.Namespace) -> tuple[float, float]:
-    """(duration_s, heartbeat_s) of `--duration` and `--heartbeat`."""
-    duration_s = parse_duration(args.duration, "--duration")
-    heartbeat_s = parse_duration(args.heartbeat, "--heartbeat")
-    if 0 < heartbeat_s < MIN_HEARTBEAT_S:
-        raise UserError(f"--heartbeat={args.heartbeat}: too often (a line per heartbeat); "
-                        f"give {MIN_HEARTBEAT_S:g}s or more, or 0 for none")
-    if math.isfinite(duration_s) and duration_s > MAX_DURATION_S:
-        raise UserError(f"--duration={args.duration}: more than a year; use --duration "
-                        "forever to wait until signalled")
-    return duration_s, heartbeat_s
-
-
 def format_seconds(seconds: float) -> str:
     if math.isinf(seconds):
         return "forever"
@@ -119,4 +106,13 @@ def wait(duration_s: float, heartbeat_s: float, out: TextIO | None = None) -> in
 
 
 def main(args: argparse.Namespace) -> int:
-    return wait(*durations(args))
+    """`wait` for `--duration`, a line every `--heartbeat`."""
+    duration_s = parse_duration(args.duration, "--duration")
+    heartbeat_s = parse_duration(args.heartbeat, "--heartbeat")
+    if 0 < heartbeat_s < MIN_HEARTBEAT_S:
+        raise UserError(f"--heartbeat={args.heartbeat}: too often (a line per heartbeat); "
+                        f"give {MIN_HEARTBEAT_S:g}s or more, or 0 for none")
+    if math.isfinite(duration_s) and duration_s > MAX_DURATION_S:
+        raise UserError(f"--duration={args.duration}: more than a year; use --duration "
+                        "forever to wait until signalled")
+    return wait(duration_s, heartbeat_s)
