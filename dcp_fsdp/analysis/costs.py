@@ -3,7 +3,7 @@
 assumptions: docs/decisions.md "Dollars per checkpoint".
 
 A file system has no request or storage charges to price here: no dollars, never zero.
-Requests are priced only from complete counts (`RequestCounts.complete`); otherwise the
+Requests are priced only from complete counts (`RequestCounts.per_type`); otherwise the
 report names what is missing (a partial sum divided by every operation would price low).
 """
 
@@ -14,14 +14,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-def _default_prices() -> Path:
-    """conf/prices/s3-standard-us-east-1.yaml, in the Hydra config dir (source or wheel)."""
-    from dcp_fsdp.config.conf_dir import conf_dir
+from dcp_fsdp.config.conf_dir import conf_dir
 
-    return conf_dir() / "prices" / "s3-standard-us-east-1.yaml"
-
-
-DEFAULT_PRICES = _default_prices()
+DEFAULT_PRICES = conf_dir() / "prices" / "s3-standard-us-east-1.yaml"  # source tree or wheel
 SECONDS_PER_DAY = 86400.0
 MONTHS_PER_DAY = 12 / 365
 _NUMBERS = ("put_per_1000", "get_per_1000", "storage_per_gb_month", "gb_bytes")
@@ -99,10 +94,6 @@ class RequestCounts:
     per_type: dict[str, float] | None  # {request type: requests per operation}
     samples: int  # the group's samples (rank x operation)
     missing: int  # samples without a request count (or in an operation showing none)
-
-    @property
-    def complete(self) -> bool:
-        return self.samples > 0 and self.missing == 0 and self.per_type is not None
 
 
 def _has_counts(requests: Any) -> bool:

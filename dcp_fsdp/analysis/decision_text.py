@@ -66,17 +66,13 @@ def dollars(p: Plan, prices: costs.Prices, keep: int) -> Dollars | None:
     g = p.inputs
     if not costs.is_priced(g.labels["storage"]):
         return None
-    unpriced = {}
-    save = load = None
-    if g.save_requests.complete and g.save_requests.per_type is not None:
-        save = costs.request_charge(g.save_requests.per_type, prices)
-    else:
-        unpriced["save"] = (g.save_requests.missing, g.save_requests.samples)
-    if g.load_requests is not None:
-        if g.load_requests.complete and g.load_requests.per_type is not None:
-            load = costs.request_charge(g.load_requests.per_type, prices)
-        else:
-            unpriced["load"] = (g.load_requests.missing, g.load_requests.samples)
+    unpriced, charges = {}, {}
+    for op, counts in (("save", g.save_requests), ("load", g.load_requests)):
+        if counts is not None and counts.per_type is not None:
+            charges[op] = costs.request_charge(counts.per_type, prices)
+        elif counts is not None:
+            unpriced[op] = (counts.missing, counts.samples)
+    save, load = charges.get("save"), charges.get("load")
     month = costs.storage_dollars_per_month(g.stored_bytes, prices)
     interval = p.user_interval_s or p.daly_s
     day = None
@@ -84,14 +80,6 @@ def dollars(p: Plan, prices: costs.Prices, keep: int) -> Dollars | None:
         day = costs.dollars_per_day(interval, p.mtbf_s, save.dollars,
                                     load.dollars if load else None, month, keep)
     return Dollars(save, load, month, day, unpriced)
-
-
-def unpriced_cell(cost: Dollars | None) -> str:
-    """"save 4/4, load 2/4": samples without request counts of what is not priced."""
-    if cost is None:
-        return ""
-    return ", ".join(f"{op} {missing}/{samples}"
-                     for op, (missing, samples) in cost.unpriced.items())
 
 
 def warnings(p: Plan) -> list[str]:
@@ -199,9 +187,11 @@ def _row(number: int, p: Plan, cost: Dollars | None, interval_minutes: float | N
         row.append("" if p.at_user is None else f"{p.at_user.total:.2%}")
     save = ("no dollars (fs)" if cost is None else
             "" if cost.save is None else _dollars(cost.save.dollars))
+    # "save 4/4, load 2/4": samples without request counts of what is not priced
+    unpriced = "" if cost is None else ", ".join(f"{op} {missing}/{samples}"
+                                                  for op, (missing, samples) in cost.unpriced.items())
     return row + [p.validity, save,
-                  "" if cost is None or cost.day is None else _dollars(cost.day["total"]),
-                  unpriced_cell(cost)]
+                  "" if cost is None or cost.day is None else _dollars(cost.day["total"]), unpriced]
 
 
 def render(result: dict[str, Any], runs: list[dict[str, Any]], node_mtbf_hours: float,
