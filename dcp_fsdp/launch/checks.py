@@ -17,7 +17,12 @@ from pathlib import Path
 from collections.abc import Callable
 
 from dcp_fsdp.units import GIB
-from dcp_fsdp import contract, log
+from dcp_fsdp import compat, contract, log
+from dcp_fsdp.launch.gpus import visible_gpu_count
+# the models' shapes only: no torch, no transformers
+from dcp_fsdp.models.llama_model_config import param_count
+from dcp_fsdp.models.presets import DTYPE_BYTES, model_shape
+from dcp_fsdp.models.tensor_parallel import check_tp, rank_holdings
 from dcp_fsdp.process import allocator
 from dcp_fsdp.config.schema import (AsyncCheckpointer, Backend, BenchmarkConfig,
                                     CheckpointState, Command, Dtype, Malloc, StorageKind)
@@ -96,8 +101,6 @@ def cuda_device_count() -> int:
     """CUDA devices this process could use, counted without torch (launch/gpus.py)."""
     if not _cuda_driver_present():
         return 0
-    from dcp_fsdp.launch.gpus import visible_gpu_count
-
     return visible_gpu_count()
 
 
@@ -126,9 +129,6 @@ def state_bytes_estimate(cfg: BenchmarkConfig) -> int:
     """The state's bytes from the model's shape, dtype and state (no torch): weights, plus
     AdamW's two moments with state=model_and_optimizer. A tied embedding counts once: DCP
     writes it under both keys, but the stager copies each storage once, as memory holds it."""
-    from dcp_fsdp.models.llama_model_config import param_count
-    from dcp_fsdp.models.presets import DTYPE_BYTES, model_shape
-
     weights = param_count(model_shape(cfg.model)) * DTYPE_BYTES[cfg.model.dtype.value]
     return weights * (3 if cfg.state.value == "model_and_optimizer" else 1)
 
@@ -175,8 +175,6 @@ def _positive_int(name: str, example: str) -> None:
 
 def check_torch() -> None:
     """The installed torch against the tested range (no import): older refused, newer warned."""
-    from dcp_fsdp import compat
-
     problem = compat.torch_version_problem()
     if problem and compat.release(compat.installed_version("torch")) < compat.TORCH_MIN:
         raise UserError(problem)
@@ -308,17 +306,12 @@ def _check_launcher_variables() -> None:
 
 def check_model(cfg: BenchmarkConfig) -> None:
     """The model's shape can be built (a preset's, or model.config's config.json)."""
-    from dcp_fsdp.models.presets import model_shape  # shapes only: no torch, no transformers
-
     model_shape(cfg.model)
 
 
 def check_tensor_parallel(cfg: BenchmarkConfig, world_size: int, name: str) -> None:
     """model.tp: the world forms whole TP groups and the model splits evenly over one;
     `name` is where `world_size` came from."""
-    from dcp_fsdp.models.presets import model_shape
-    from dcp_fsdp.models.tensor_parallel import check_tp
-
     check_tp(model_shape(cfg.model), cfg.model.tp, cfg.model.replicas, world_size, name)
 
 
@@ -355,9 +348,6 @@ def rank_state_bytes(cfg: BenchmarkConfig, ranks_here: int, world_size: int) -> 
     """(the largest rank's state, the most any node of `ranks_here` consecutive ranks holds),
     in bytes, from each rank's block of every tensor, not the mean: an MoE whose dp shards
     outnumber its experts has whole experts on its first shards."""
-    from dcp_fsdp.models.presets import DTYPE_BYTES, model_shape
-    from dcp_fsdp.models.tensor_parallel import rank_holdings
-
     world_size = max(1, world_size)
     scale = DTYPE_BYTES[cfg.model.dtype.value] * (3 if cfg.state.value == "model_and_optimizer"
                                                   else 1)
