@@ -23,8 +23,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 
-from dcp_fsdp.compat import saving_rank
+from dcp_fsdp import compat
 from dcp_fsdp.config.schema import AsyncCheckpointer, AsyncSaveConfig
+from dcp_fsdp.process.lifeline import DiesWithParent
 from dcp_fsdp.rank.device import sync_device
 from dcp_fsdp.rank.train_step import StepTimes, TrainStep, slowdown
 
@@ -87,7 +88,7 @@ def rank_bytes(metadata: Any, rank: int) -> int | None:
     storage = getattr(metadata, "storage_data", None)
     if not storage:
         return None
-    return sum(info.length for info in storage.values() if saving_rank(info.relative_path) == rank)
+    return sum(info.length for info in storage.values() if compat.saving_rank(info.relative_path) == rank)
 
 
 def _fill_training(timing: AsyncTiming, steps: StepTimes, baseline_s: list[float],
@@ -136,9 +137,6 @@ class AsyncSaver:
         if self.process:
             # What async_save would do inside the first timed save (seconds), from the main
             # thread, which lives as long as the rank (PDEATHSIG follows the creating thread).
-            from dcp_fsdp import compat
-            from dcp_fsdp.process.lifeline import DiesWithParent
-
             compat.start_checkpoint_daemon(self.group, DiesWithParent)
         if self.train_step is not None:
             self.train_step.calibrate()
@@ -147,8 +145,6 @@ class AsyncSaver:
         """torch's stager; on a CPU rank, one with no accelerator stream (compat.host_stager:
         torch's would open a CUDA context on a GPU host)."""
         if self.device.type == "cpu" and self.options.use_async_staging:
-            from dcp_fsdp import compat
-
             return compat.host_stager(self.options)
         return DefaultStager(self.options)
 

@@ -19,28 +19,31 @@ import os
 import shutil
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.planner import WriteItemType
 
+from dcp_fsdp.config.schema import StorageConfig, StorageKind
 from dcp_fsdp.config.validate import MAX_THREAD_COUNT
 from dcp_fsdp.units import MIB
-from dcp_fsdp.compat import DATA_OBJECT_SUFFIX, saving_rank
+from dcp_fsdp.compat import DATA_OBJECT_SUFFIX, saving_rank, split_by_size_and_type
 from dcp_fsdp.errors import BenchmarkFailure
 from dcp_fsdp.rank.sample_build import timed_region
 from dcp_fsdp.rank.distributed import first_problem, rank0_decides, rank0_scatters, sum_over_ranks
 from dcp_fsdp.rank.replicas import replica_share
 from dcp_fsdp.rank.state import flat_tensors, local_bytes
 from dcp_fsdp.models.build import local_tensor
+from dcp_fsdp.process import lifeline
 from dcp_fsdp.process.watchdog import Watchdog
-from dcp_fsdp.storage import layout
+from dcp_fsdp.storage import layout, make_store
 from dcp_fsdp.contract import RUN_ID_ENV
 from dcp_fsdp.storage.base import CheckpointStore, ceiling_token
+from dcp_fsdp.storage.fs import FsStore
 from dcp_fsdp.storage.raw import Client
-
-if TYPE_CHECKING:
-    from dcp_fsdp.telemetry.records import Sample
+from dcp_fsdp.telemetry.records import Sample
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,11 +90,6 @@ def torch_save_framing_bytes(dtype: torch.dtype, ndim: int) -> int:
 def planned_objects(state_dict: dict[str, Any], rank: int, thread_count: int,
                     name_prefix: str) -> list[RawObject]:
     """The objects this rank's DCP save would write (`dcp-fsdp ceiling` alone)."""
-    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-    from torch.distributed.checkpoint.planner import WriteItemType
-
-    from dcp_fsdp.compat import split_by_size_and_type
-
     planner = DefaultSavePlanner()
     planner.set_up_planner(state_dict, storage_meta=None, is_coordinator=rank == 0)
     items = planner.create_local_plan().items
@@ -252,7 +250,7 @@ class Ceiling:
         reads = not read_once or self.rank == shard
         return writes, (planned if reads else []), "ceiling"
 
-    def run(self) -> list["Sample"]:
+    def run(self) -> list[Sample]:
         put_objects, get_objects, suffix = self.objects()
         put_bytes, get_bytes = (sum(o.size_bytes for o in objects)
                                 for objects in (put_objects, get_objects))
@@ -299,10 +297,8 @@ class Ceiling:
 
     def _timed(self, op: str, iteration: int, suffix: str, objects: list[RawObject],
                nbytes: tuple[int, int], pool: ThreadPoolExecutor | None,
-               move: Callable[[Client, int, RawObject], object]) -> "Sample":
+               move: Callable[[Client, int, RawObject], object]) -> Sample:
         """`nbytes`: (the bytes the sample counts, the bytes it moves)."""
-        from dcp_fsdp.telemetry.records import Sample
-
         failure = client = cache_policy = None
         try:  # a rank that fails here still meets the others in the collectives below (it
             # must not remove objects another rank is about to read)
@@ -346,14 +342,10 @@ class Ceiling:
 MEMORY_HEADROOM = 1.25  # free tmpfs space wanted over the node's checkpoint bytes
 
 
-def dcp_alone(loop: Any) -> list["Sample"]:
+def dcp_alone(loop: Any) -> list[Sample]:
     """The run's own dcp.save then dcp.load, per iteration, on a tmpfs directory: DCP when
     storage is as fast as memory. One node only (the .metadata is in rank 0's memory);
     skipped, with a line, where tmpfs lacks the room. The next launch reaps a killed run's."""
-    from dcp_fsdp.config.schema import StorageConfig, StorageKind
-    from dcp_fsdp.process import lifeline
-    from dcp_fsdp.storage.fs import FsStore
-
     ctx = loop.ctx
     if ctx.node_count > 1:
         loop.log("ceiling: DCP alone (tmpfs) is measured on one node only; skipped")
@@ -391,10 +383,8 @@ def dcp_alone(loop: Any) -> list["Sample"]:
 READ_AHEAD = 8  # fetches in flight when the run itself used DCP's reader
 
 
-def _read_ahead_loads(loop: Any) -> list["Sample"]:
+def _read_ahead_loads(loop: Any) -> list[Sample]:
     """Nothing for `dcp-fsdp ceiling`, which has no checkpoint."""
-    from dcp_fsdp.storage import make_store
-
     if not loop.suffixes:
         return []
     storage = loop.cfg.storage
@@ -403,10 +393,8 @@ def _read_ahead_loads(loop: Any) -> list["Sample"]:
             for iteration in range(1, loop.cfg.iterations + 1)]
 
 
-def _more_files_saves(loop: Any) -> list["Sample"]:
+def _more_files_saves(loop: Any) -> list[Sample]:
     """DCP's save of the same state with twice the files per rank, into the ceiling area."""
-    from dcp_fsdp.storage import make_store
-
     storage = loop.cfg.storage
     threads = min(MAX_THREAD_COUNT, 2 * storage.thread_count)
     if threads == storage.thread_count:
@@ -444,5 +432,5 @@ def _remove_area(store: CheckpointStore, kind: str, area: str, iterations: int) 
                 return
 
 
-def run_ceiling(loop: Any) -> list["Sample"]:
+def run_ceiling(loop: Any) -> list[Sample]:
     return Ceiling(loop).run() + dcp_alone(loop) + _read_ahead_loads(loop) + _more_files_saves(loop)

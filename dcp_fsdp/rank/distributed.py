@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from dcp_fsdp.config.schema import Backend
 from dcp_fsdp.errors import BenchmarkFailure, UserError
+from dcp_fsdp.process.failures import root_cause
 from dcp_fsdp.rank.device import cuda_index, nccl_environment, one_device_per_task
 
 if TYPE_CHECKING:
@@ -185,8 +186,6 @@ def _decided(ctx: "RankContext", decide: Callable[[], Any]) -> tuple[str, Any]:
     except UserError as error:
         return ("error", str(error))
     except Exception as error:
-        from dcp_fsdp.process.failures import root_cause
-
         return ("failed", f"rank 0: {root_cause(error)}")
 
 

@@ -23,15 +23,18 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from dcp_fsdp import contract
+from dcp_fsdp.compat import save_planner
 from dcp_fsdp.config.schema import BenchmarkConfig, Command, Protocol, ReplicaLoad
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.models import values
 from dcp_fsdp.models.build import ShardedModel, replica_of
+from dcp_fsdp.models.presets import shape_digest
 from dcp_fsdp.rank.distributed import RankContext, drop_cache_on_node, gather_to_keepers, rank0_decides
 from dcp_fsdp.rank.sample_build import (OpInProgress, build_sample, fill_save_figures,
                                         start_wire_meter, timed_region, wire_closed_on_error)
 from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.rank.memory import PeakMemory
+from dcp_fsdp.process import lifeline
 from dcp_fsdp.process.failures import caused_by_interrupt
 from dcp_fsdp.process.progress import Heartbeat
 from dcp_fsdp.process.wire_meter import progress_measure
@@ -41,7 +44,7 @@ from dcp_fsdp.rank.replicas import held_bytes, read_once_load, replica_share
 from dcp_fsdp.rank.state import (apply_state_dict, checkable_seed, checkpoint_mismatch, local_bytes,
                                  mismatch_error, verify_values, zero_local_tensors)
 from dcp_fsdp.process.watchdog import Watchdog
-from dcp_fsdp.storage import layout
+from dcp_fsdp.storage import layout, make_store
 from dcp_fsdp.storage.base import CheckpointStore
 from dcp_fsdp.storage.metadata_peek import MetadataFacts
 from dcp_fsdp.telemetry.records import Sample
@@ -121,8 +124,6 @@ class CheckpointLoop:
         """Where the process checkpointer's daemon writes one save's timeline (a directory
         of this rank's, named by its pid: a killed rank's is removed by the next launch)."""
         if self._timeline_dir is None:
-            from dcp_fsdp.process import lifeline
-
             self._timeline_dir = lifeline.owned_tempdir("dcp-fsdp-timeline-")
         return str(self._timeline_dir / f"{suffix}.json")
 
@@ -234,8 +235,6 @@ class CheckpointLoop:
         if op == "load" and timed is not None:  # the copy into the live tensors timed
             run.planner = TimedLoadPlanner(timed)
         if op == "save" and saver is None:
-            from dcp_fsdp.compat import save_planner
-
             storage = self.cfg.storage  # plans carry file prefixes: one cache per layout
             # (another store's plans name other files: never from this run's cache)
             run.planner = save_planner(self.cfg.plan_caching and store is self.store,
@@ -390,8 +389,6 @@ class CheckpointLoop:
     def _still_complete(self, suffix: str) -> bool:
         """After a failed load: whether the checkpoint is still there (an unanswered check says
         yes: the load's own error stands)."""
-        from dcp_fsdp.storage import make_store
-
         try:
             return make_store(self.cfg.storage, after_failure=True).is_complete(suffix)
         except Exception:
@@ -457,8 +454,6 @@ class CheckpointLoop:
         """A small description of the checkpoint (after .metadata: not part of the commit)."""
         if not self.ctx.is_coordinator:
             return
-        from dcp_fsdp.models.presets import shape_digest
-
         manifest = {"model": self.cfg.model.name, "model.shape": shape_digest(self.cfg.model),
                     "model.moe_layout": self.cfg.model.moe_layout.value,
                     "model.dtype": self.cfg.model.dtype.value,

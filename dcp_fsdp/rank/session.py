@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.process.ending import RankEnding, write_error_file
-from dcp_fsdp.process.failures import caused_by_interrupt
+from dcp_fsdp.process.failures import caused_by_interrupt, collective_error, failure_line, says_the_line
 from dcp_fsdp.process.signals import STUCK_AFTER_SIGNAL_S, InterruptGuard, PeerFailed, Terminated
 from dcp_fsdp.config.schema import BenchmarkConfig, Command, Malloc, StorageKind
 from dcp_fsdp.errors import UserError
@@ -355,8 +355,6 @@ def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:
 def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) -> RankEnding:
     """How a run that raised ended; says it once."""
     cause = contract.EndCause
-    from dcp_fsdp.process.failures import collective_error, failure_line, says_the_line
-
     if guard.signal_name == contract.PEER_FAILED_SIGNAL_NAME or isinstance(error, PeerFailed):
         line = (_stopped_after(guard.ended_peers) if guard.ended_peers
                 else "stopped by the launcher after another rank failed (a rank died or raised first)")
@@ -395,8 +393,6 @@ def _after_a_peer_ended(error: BaseException, guard: InterruptGuard,
     it would seem first (the agent notes a killed rank's end only when it next looks). The
     sibling gets PEER_END_GRACE_S to be seen ended: a killed process closes its sockets a
     moment before it is gone. None otherwise, and for the errors every rank raises together."""
-    from dcp_fsdp.process.failures import collective_error
-
     if (guard.signal_name is not None or collective_error(error)
             or caused_by_interrupt(error)):
         return None

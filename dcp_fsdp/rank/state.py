@@ -12,9 +12,11 @@ import torch
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                      set_state_dict)
 
+from dcp_fsdp.compat import flatten_state_dict
 from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.models import values
 from dcp_fsdp.models.build import ShardedModel, local_tensor, unique_shards
+from dcp_fsdp.models.presets import model_setting
 from dcp_fsdp.rank.distributed import first_problem
 from dcp_fsdp.storage.layout import extra_model_tensor
 from dcp_fsdp.storage.metadata_peek import first_difference
@@ -31,8 +33,6 @@ def apply_state_dict(sharded: ShardedModel, state_dict: dict[str, Any]) -> None:
 
 def flat_tensors(state_dict: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Flattened "model.x.weight"-style keys (as DCP names them) to tensors."""
-    from dcp_fsdp.compat import flatten_state_dict
-
     flat, _ = flatten_state_dict(state_dict)
     return {key: value for key, value in flat.items() if isinstance(value, torch.Tensor)}
 
@@ -50,8 +50,6 @@ def checkpoint_mismatch(stored: dict[str, Any], state_dict: dict[str, Any]) -> s
 def mismatch_error(suffix: str, cfg: Any, problem: str, manifest: dict[str, Any] | None) -> UserError:
     """The one line for a checkpoint that does not match the settings, with the settings it
     was saved with (its manifest) as the fix."""
-    from dcp_fsdp.models.presets import model_setting
-
     manifest = manifest or {}
     # model.moe_layout=hf is the default: neither side need name it
     saved_with = " ".join(model_setting(k, manifest[k]) for k in MANIFEST_SETTINGS

@@ -15,15 +15,19 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from omegaconf import OmegaConf
+
 from dcp_fsdp.units import MIB
 from dcp_fsdp import contract, log
+from dcp_fsdp.config.schema import BenchmarkConfig, to_config
 from dcp_fsdp.errors import BenchmarkFailure, UserError
+from dcp_fsdp.process.failures import caused_by_interrupt, root_cause
 from dcp_fsdp.tune.report import ceiling_summary as ceiling_summary_of
+from dcp_fsdp.tune.report import efficiency_lines, print_result, result_summary
 from dcp_fsdp.tune.search import CEILING_RESERVE_TRIALS, CEILING_ROUNDS, Budget, Search, Trial
 from dcp_fsdp.telemetry import records
 
 if TYPE_CHECKING:
-    from dcp_fsdp.config.schema import BenchmarkConfig
     from dcp_fsdp.models.build import ShardedModel
     from dcp_fsdp.process.signals import InterruptGuard
     from dcp_fsdp.rank.loop import CheckpointLoop
@@ -34,10 +38,6 @@ if TYPE_CHECKING:
 def trial_config(cfg: BenchmarkConfig, settings: dict[str, Any], ceiling: bool,
                  iterations: int = 1) -> BenchmarkConfig:
     """The session's config with the trial's settings, as a command line would set them."""
-    from omegaconf import OmegaConf
-
-    from dcp_fsdp.config.schema import to_config
-
     dotlist = [f"{name}={value}" for name, value in settings.items()]
     merged = OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(dotlist))
     trial = to_config(merged)
@@ -138,8 +138,6 @@ class TuneTrials:
             problem = f"tune: {error} (records in {self.session_dir})"
             broadcast_object(("stop", problem))
             raise BenchmarkFailure(problem) from None
-        from dcp_fsdp.tune.report import efficiency_lines, print_result, result_summary
-
         summary = result_summary(result, time.monotonic() - spec["started_mono"], self.session_dir,
                                  spec.get("requires"))
         # The verdict stands before the efficiency trial: an interrupt there loses only it.
@@ -230,8 +228,6 @@ def _run_trial(loop: CheckpointLoop, guard: InterruptGuard) -> tuple[str, str | 
             raise
         return "failed", str(error)
     except BaseException as error:  # DCP's CheckpointException: collective, every rank
-        from dcp_fsdp.process.failures import caused_by_interrupt, root_cause
-
         if (guard.signal_name is not None or type(error).__name__ != "CheckpointException"
                 or caused_by_interrupt(error)):
             raise
