@@ -1,11 +1,9 @@
-"""Build a model sharded with FSDP2, without any rank holding it whole.
-
-The model is created on the meta device, each decoder block and then the root wrapped with
-`fully_shard`, and only then this rank's shards materialised and filled with values that are a
-pure function of (seed, tensor name, global element index) (models/values.py): any rank can
-recompute what any shard holds, at any world size. With `replicas` R > 1 the ranks form an
-(R, world / R) mesh ("replicate", "shard"): FSDP2's HSDP. With `tp` > 1 the projections are
-first split by torch's tensor parallel (models/tensor_parallel.py) and FSDP shards the rest.
+"""Build a model sharded with FSDP2, without any rank holding it whole: made on the meta device,
+each decoder block and then the root wrapped with `fully_shard`, and only then this rank's shards
+materialised and filled with values that are a pure function of (seed, tensor name, global
+element index) (models/values.py), so any rank can recompute any shard at any world size.
+`replicas` R > 1: FSDP2's HSDP over an (R, world / R) mesh; `tp` > 1: torch's tensor parallel
+splits the projections first (models/tensor_parallel.py) and FSDP shards the rest.
 """
 
 from __future__ import annotations
@@ -159,8 +157,7 @@ def unique_shards(state_dict: dict[str, Any]
 
 
 def create_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """AdamW's state as its first step would create it, for the fill to set: no gradients and
-    no optimizer step (a full pass over the model)."""
+    """AdamW's state as its first step makes it, for the fill to set, without gradients or a step (a full pass)."""
     for group in optimizer.param_groups:
         for param in group["params"]:
             optimizer.state[param] = {

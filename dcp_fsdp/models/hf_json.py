@@ -201,8 +201,7 @@ def read_config_json(path: str) -> ModelShape:
 
 
 def _check_sizable(shape: ModelShape, where: str) -> None:
-    """Every tensor of the shape (in either MoE layout) is one torch can size: refused here in
-    one line, not deep in a build or a `plan`."""
+    """Every tensor of the shape (either MoE layout) is one torch can size: refused here, not in a build."""
     name, dims = max((tensor for layout in MOE_LAYOUTS for tensor in state_shapes(shape, layout)),
                      key=lambda tensor: math.prod(tensor[1]))
     if math.prod(dims) > MAX_TENSOR_ELEMENTS:

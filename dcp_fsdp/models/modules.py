@@ -1,10 +1,8 @@
-"""The models' module trees in plain torch, built from `state_shapes`: the state of
-transformers' *ForCausalLM and GPT2LMHeadModel (parameter names, shapes, registration order,
-tied embeddings) without importing transformers, which cost every rank about 1.5 s of CPU for
-classes used only for their parameters (a rank never runs the model).
-`tests/unit/test_models.py` holds these trees to transformers' own classes for every preset and
-a config of every family. The projections are nn.Linear: torch's tensor parallel splits no
-other module (models/tensor_parallel.py).
+"""The models' module trees in plain torch, built from `state_shapes`: the state of transformers'
+*ForCausalLM and GPT2LMHeadModel (parameter names, shapes, registration order, tied embeddings)
+without importing transformers, which cost every rank ~1.5 s of CPU for classes it never runs
+(tests/unit/test_models.py holds the trees to transformers' own, every preset and family). The
+projections are nn.Linear: torch's tensor parallel splits no other module.
 """
 
 from __future__ import annotations

@@ -56,8 +56,7 @@ def tied_words(shape: ModelShape, dtype: str) -> str:
 
 
 def model_setting(key: str, value: object) -> str:
-    """`key=value` as a user types it for a manifest's entry (model `config:PATH` is the
-    setting model.config=PATH)."""
+    """`key=value` as a user types it, for a manifest's entry (model `config:PATH`: model.config=PATH)."""
     if key == "model" and isinstance(value, str) and value.startswith("config:"):
         return f"model.config={value.removeprefix('config:')}"
     return f"{key}={value}"

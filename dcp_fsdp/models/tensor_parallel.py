@@ -1,12 +1,10 @@
-"""Tensor parallel with FSDP (`model.tp=N`): which layouts the tool builds, checked before any
-rank starts, and the per-layer plan models/build.py applies.
-
-As torchtitan's Llama plan: in every decoder layer q/k/v and gate/up are split column-wise
-(dim 0) and o_proj and down_proj row-wise (dim 1); norms, embeddings and the head stay whole
-(torchtitan's vocabulary-parallel embedding and sequence-parallel norms change only which ranks
-hold them: one layout per setting). FSDP then shards every parameter over the mesh's other
-dimension: (dp, tp), or with model.replicas (replicate, shard, tp). No torch imported here but
-in `tp_plan`: the launcher and `plan` check a layout without it.
+"""Tensor parallel with FSDP (`model.tp=N`): the layouts the tool builds, checked before any rank
+starts, and the per-layer plan models/build.py applies. As torchtitan's Llama plan, each decoder
+layer's q/k/v and gate/up split column-wise (dim 0), o_proj and down_proj row-wise (dim 1); norms,
+embeddings and the head stay whole (torchtitan's vocabulary-parallel embedding and
+sequence-parallel norms change only which ranks hold them: one layout per setting). FSDP then
+shards every parameter over the mesh's other dimensions: (dp, tp), or (replicate, shard, tp) with
+model.replicas. torch is imported in `tp_plan` only: the launcher and `plan` check without it.
 """
 
 from __future__ import annotations
@@ -58,8 +56,7 @@ def _split_counts(shape: ModelShape) -> list[tuple[str, int | None]]:
 
 def _tp_choices(counts: list[tuple[str, int | None]], replicas: int, world_size: int,
                 name: str) -> str:
-    """The model.tp values that pass every check at this world size (a hint names only
-    values that are then accepted)."""
+    """The model.tp values that pass every check at this world size (a hint names no other)."""
     fits = [n for n in range(2, world_size // replicas + 1)
             if world_size % (n * replicas) == 0
             and all(not count or count % n == 0 for _, count in counts)]
@@ -133,8 +130,7 @@ def rank_holdings(shape: ModelShape, tp: int, replicas: int, world_size: int,
 
 
 def experts_over_shards(shape: ModelShape, tp: int, replicas: int, world_size: int) -> str | None:
-    """A warning where FSDP's dp shards outnumber an MoE's experts (split along dim 0: the
-    other shards hold none), else None."""
+    """A warning where FSDP's dp shards outnumber an MoE's experts (split along dim 0), else None."""
     shards = world_size // (replicas * tp)
     if not shape.num_experts or shards <= shape.num_experts:
         return None

@@ -1,6 +1,5 @@
-"""The memory allocator a rank runs, and glibc's thresholds raised on request (malloc=raised).
-
-Raised mmap and trim thresholds keep a load's large blocks on the heap with their pages mapped,
+"""The memory allocator a rank runs, and glibc's thresholds raised on request (malloc=raised):
+raised mmap and trim thresholds keep a load's large blocks on the heap with their pages mapped,
 and one arena keeps the connector's threads from mapping each part afresh (docs/metrics.md
 "The allocator"). The values go to the ranks' environment from the launcher (glibc reads them
 as a process starts), and `mallopt` sets them again in the rank.
@@ -38,8 +37,7 @@ def loaded_allocator(maps_path: str = "/proc/self/maps") -> str:
 
 
 def allocator_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The variables that change the allocator of the ranks (MALLOC_*, GLIBC_TUNABLES,
-    LD_PRELOAD), as the environment holds them."""
+    """The variables that change the ranks' allocator (MALLOC_*, GLIBC_TUNABLES, LD_PRELOAD)."""
     environ = dict(os.environ if environ is None else environ)
     return {key: environ[key] for key in sorted(environ)
             if key.startswith("MALLOC_") or key in ("GLIBC_TUNABLES", "LD_PRELOAD")}
@@ -52,11 +50,9 @@ def preloaded_replacement(environ: dict[str, str] | None = None) -> str | None:
 
 
 def raise_glibc_thresholds() -> None:
-    """glibc's mmap and trim thresholds raised and its arenas limited in this process and
-    its children; OSError where glibc refuses (the launcher refused other allocators before
-    any rank started)."""
-    libc = ctypes.CDLL(None)
-    mallopt = getattr(libc, "mallopt", None)
+    """glibc's thresholds raised and arenas limited, here and in children; OSError where glibc
+    refuses (the launcher refused other allocators before any rank started)."""
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is None or not (mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
                                and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
                                and mallopt(_M_ARENA_MAX, ARENAS)):

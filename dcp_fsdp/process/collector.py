@@ -1,7 +1,6 @@
 """The cyclic garbage collector paused while a process imports torch: the imports' few hundred
 thousand objects, none of them garbage, made it run hundreds of times (2.7 instead of 3.5 CPU s,
-docs/measurements/2026-11-27-ci-cost.md). It runs as before once the imports are done.
-"""
+docs/measurements/2026-11-27-ci-cost.md)."""
 
 from __future__ import annotations
 

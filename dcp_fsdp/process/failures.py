@@ -115,9 +115,8 @@ PROBE_DEADLINE_S = 5.0
 
 
 def says_the_line(error: BaseException, is_coordinator: bool, joined: bool = True) -> bool:
-    """Whether this rank prints a failure's line and probes the storage for it: the
-    coordinator for an error every rank raises together (collective_error), else the rank
-    itself. So a failure is probed once, not once per rank."""
+    """Whether this rank prints a failure's line and probes the storage for it: the coordinator
+    for an error every rank raises together (collective_error), else the rank itself (one probe)."""
     return not joined or not collective_error(error) or is_coordinator
 
 

@@ -66,9 +66,8 @@ def _unpickled_dying_with_parent(payload: object) -> object:
 
 
 class DiesWithParent:
-    """`payload`, pickled so that the child process which unpickles it dies with its parent
-    (torch's process checkpointer's daemon: orphaned, it would go on uploading). The child
-    receives the payload's own object."""
+    """`payload`, pickled so that the child that unpickles it (getting the payload's own object)
+    dies with its parent (torch's process checkpointer's daemon: orphaned, it would go on uploading)."""
 
     def __init__(self, payload: object) -> None:
         self.payload = payload
@@ -146,9 +145,8 @@ def _server_runs_in(path: Path, wait_s: float = SERVER_END_WAIT_S) -> bool:
 
 def remove_dead_seaweed_sockets(places: Iterable[str],
                                 min_age_s: float = STALE_SOCKET_AGE_S) -> list[Path]:
-    """SeaweedFS's gRPC sockets in /tmp that no server listens on any more, whatever left
-    them: this user's, older than `min_age_s` (one bound this moment is not yet listening)
-    and refusing a connection."""
+    """SeaweedFS's gRPC sockets no server listens on any more, whatever left them: this user's,
+    older than `min_age_s` (one bound this moment is not yet listening), refusing a connection."""
     removed = []
     for path in (p for place in places for p in Path(place).glob("seaweedfs-*.sock")):
         try:

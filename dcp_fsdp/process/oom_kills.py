@@ -1,7 +1,6 @@
-"""The kernel's count of OOM kills on this node (`oom_kill` in /proc/vmstat, Linux 4.13+;
-a cgroup's memory limit counts there too): whether a rank that died of SIGKILL was killed by
-the OOM killer, or by a person or another process. The agent reads it when it starts and
-when its ranks fail, and each failure carries the difference (`node_oom_kills`)."""
+"""The kernel's count of OOM kills on this node (`oom_kill` in /proc/vmstat, Linux 4.13+; a
+cgroup's memory limit counts too): whether a rank that died of SIGKILL met the OOM killer or a
+person. The agent reads it at start and when ranks fail; each failure carries the difference."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""Which of this node's ranks have already ended, read through psutil (no torch, no network).
-
-torch's elastic agent stops the surviving ranks with SIGTERM when one rank ends first; a
-scheduler or a user sends the same SIGTERM. The survivors tell the two apart here: has a
-sibling (a child of the same agent, same TORCHELASTIC_RUN_ID) already ended? Exits take much
-longer than this check, so a signal sent to every process at once finds all siblings alive.
+"""Which of this node's ranks have already ended, through psutil (no torch, no network): torch's
+elastic agent stops the survivors with SIGTERM when one rank ends first, a scheduler or a user
+sends the same SIGTERM, and a survivor tells them apart by whether a sibling (a child of its
+agent, same TORCHELASTIC_RUN_ID) has ended. Exits take much longer than this check, so a signal
+sent to every process at once finds all siblings alive.
 """
 
 from __future__ import annotations
@@ -74,6 +73,5 @@ def ended_local_peers() -> list[int]:
         # yet, counts too)
         return []
     base = rank - local_rank
-    siblings = (sibling_local_rank(child, run_id, base) for child in others)
-    alive = {local_rank, *(sibling for sibling in siblings if sibling is not None)}
+    alive = {local_rank, *(sibling_local_rank(child, run_id, base) for child in others)}  # None: not a rank
     return [base + other for other in range(local_world) if other not in alive]

@@ -1,13 +1,10 @@
-"""A heartbeat during long saves and loads: rank 0 says how far it has got.
-
-Every `progress_interval_s`, while an operation is still running, rank 0 prints bytes
-moved so far (its own shard), its MiB/s and the elapsed time, and says what it counted
-(`verb`, `note`): on S3, bytes that really moved, from the kernel's TCP counters
-(process/wire_meter.py: acknowledged by the endpoint for a save, received as they arrive
-for a load), never bytes handed to the client's buffers, which run far ahead of the link
-(issue 31 item 3); elsewhere, what the streams were handed, said so. It runs in a daemon
-thread that reads counters, so the timed operation pays nothing but a wake-up every few
-seconds (measured: README, "What the harness costs").
+"""A heartbeat during long saves and loads: every `progress_interval_s` while one runs, rank 0
+prints the bytes it has moved (its own shard), its MiB/s and the elapsed time, saying what it
+counted (`verb`, `note`): on S3 bytes that really moved, from the kernel's TCP counters
+(process/wire_meter.py: acknowledged by the endpoint for a save, received for a load), never
+bytes handed to the client's buffers, which run far ahead of the link (issue 31 item 3);
+elsewhere what the streams were handed, said so. A daemon thread reads the counters: the timed
+operation pays a wake-up every few seconds (measured: README, "What the harness costs").
 """
 
 from __future__ import annotations

@@ -41,10 +41,9 @@ def own_the_unraisable_hook() -> None:
 
 
 def unraisable_hook(unraisable: sys.UnraisableHookArgs) -> None:
-    """An exception Python could not raise (else printed as "Exception ignored in ..."): a
-    signal's once the installed guard has noted it, dropped (the run still ends
-    `interrupted`); any other Ctrl-C raised again as a signal, to end the command with its
-    one line; anything else reported as Python would."""
+    """An exception Python could not raise (else printed as "Exception ignored in ..."): a signal's,
+    once the installed guard has noted it, dropped (the run still ends `interrupted`); another
+    Ctrl-C raised again as a signal, to end the command with its one line; else as Python would."""
     noted = _installed_guard is not None and _installed_guard.signal_name is not None
     if noted and isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated, PeerFailed)):
         return

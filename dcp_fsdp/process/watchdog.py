@@ -8,11 +8,9 @@ from typing import Callable
 
 
 class Watchdog:
-    """Calls `on_timeout(message)` from a timer thread if the block runs too long.
-
-    A stalled S3 request blocks inside native code, where no Python exception can
-    reach it; the callback ends the process instead (after recording the failure).
-    """
+    """Calls `on_timeout(message)` from a timer thread if the block runs too long: a stalled S3
+    request blocks inside native code, where no Python exception can reach it, so the callback
+    ends the process instead (after recording the failure)."""
 
     def __init__(self, timeout_s: float, on_timeout: Callable[[str], None], message: str) -> None:
         self.timer = threading.Timer(timeout_s, on_timeout, args=(message,))
