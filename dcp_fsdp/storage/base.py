@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import secrets
 
 from typing import Any, Iterable, Protocol, runtime_checkable
 
@@ -197,8 +198,6 @@ class CheckpointStore(Protocol):
 def ceiling_token(run_id: str | None) -> str:
     """The raw area of one run's ceiling rounds: named by the run (the launcher cleans up after
     a run killed mid-round), else random."""
-    import secrets
-
     return run_id or f"t-{secrets.token_hex(4)}"
 
 

@@ -225,7 +225,6 @@ class FsspecClient(S3Client):
 
 
 MSC_PROFILE = "dcp-fsdp"  # the profile environment() writes
-MSC_CONFIG_ENV = "MSC_CONFIG"
 
 
 class MscClient(S3Client):
@@ -270,7 +269,7 @@ class MscClient(S3Client):
             self.own_dir = owned_tempdir("dcp-fsdp-msc-")
         path = self.own_dir / "msc-config.json"
         path.write_text(json.dumps(self.profile()))
-        return {MSC_CONFIG_ENV: str(path)}
+        return {"MSC_CONFIG": str(path)}
 
     def close(self) -> None:
         if self.own_dir is not None:

@@ -11,6 +11,7 @@ Ranks only (imports torch).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import os
@@ -97,9 +98,7 @@ class TimedReadStream(_TimedStream):
         return True
 
     def _call(self, call: str, *args: Any) -> Any:
-        """The client's `call`, on the storage clock where `_clocked` says it waits."""
-        method = getattr(self.inner, call)
-        return self._timed(call, lambda: method(*args))
+        return self._timed(call, functools.partial(getattr(self.inner, call), *args))
 
     def _timed(self, call: str, work: Callable[[], Any]) -> Any:
         with self._timeline.storage_clock if self._clocked(call) else contextlib.nullcontext():

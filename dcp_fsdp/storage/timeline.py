@@ -1,15 +1,11 @@
-"""What the timed DCP writer and reader (storage/timed_dcp.py) record: the span of each hook
-DCP calls on them, the time inside the object streams, and the bytes moved. No torch here:
-the records are plain data, and cross a pickle (the process checkpointer's daemon writes its
-timeline to a file the rank reads back, `dump` / `load_dump`).
+"""What the timed DCP writer and reader (storage/timed_dcp.py) record: each hook's span, the
+time inside the object streams, the bytes moved. Plain data, no torch: it crosses a pickle
+(the process checkpointer's daemon writes its timeline to a file the rank reads back).
 
-The loop derives each rank's phases from the spans (plan_s, io_s, commit_s, finish_s) and
-splits io_s by the clocks: a save's upload_s (inside the client's write() and close()) and a
-load's storage_s (inside the client's calls for the next bytes, where that client waits:
-storage/timed_fs.py and timed_s3.py) and target_copy_s; docs/metrics.md ("Per-rank fields and
-phases", "Where the time goes") defines each. A `BusyClock` counts wall time with at least one
-call in progress, so threads > 1 never count an instant twice. Two perf_counter reads and
-one uncontended lock per call (calls carry whole tensors or buffer-sized chunks).
+The loop derives each rank's phases from the spans and splits io_s by the clocks (upload_s,
+storage_s, target_copy_s: docs/metrics.md, "Per-rank fields and phases"). A `BusyClock` costs
+two perf_counter reads and one uncontended lock per call (calls carry whole tensors or
+buffer-sized chunks), and threads > 1 never count an instant twice.
 """
 
 from __future__ import annotations
@@ -42,18 +38,15 @@ class BusyClock:
                 self._since = now
             self._active += 1
 
-    def exit(self) -> None:
+    def exit(self, *exc_info: object) -> None:
         now = time.perf_counter()
         with self._lock:
             self._active -= 1
             if self._active == 0:
                 self._total += now - self._since
 
-    def __enter__(self) -> None:  # `with clock:` is enter() and, however it ends, exit()
-        self.enter()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.exit()
+    __enter__ = enter  # `with clock:` is enter() and, however it ends, exit()
+    __exit__ = exit
 
     def total_s(self) -> float:
         """Closed intervals only: read it when no call is in progress."""
