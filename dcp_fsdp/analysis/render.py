@@ -36,14 +36,9 @@ def _shorten(text: str, limit: int) -> str:
 
 
 def _column_cells(frame: pd.DataFrame, column: Column) -> list[str]:
-    cells = []
-    for _, row in frame.iterrows():
-        if isinstance(column.names, tuple):
-            parts = [cell(row.get(name), column.spec) for name in column.names]
-            cells.append("/".join(parts) if any(parts) else "")
-        else:
-            cells.append(cell(row.get(column.names), column.spec))
-    return cells
+    names = column.names if isinstance(column.names, tuple) else (column.names,)
+    parts = [[cell(row.get(name), column.spec) for name in names] for _, row in frame.iterrows()]
+    return ["/".join(cells) if any(cells) else "" for cells in parts]
 
 
 def _key_headers(keys: list[str]) -> dict[str, str]:
@@ -55,10 +50,6 @@ def _key_headers(keys: list[str]) -> dict[str, str]:
             short = ".".join(key.split(".")[-2:])
         headers[key] = _shorten(short, KEY_HEADER_MAX)
     return headers
-
-
-def _width(text: str) -> int:
-    return max((len(line) for line in text.splitlines()), default=0)
 
 
 def _tabulate(headers: list[str], columns: list[list[str]], tablefmt: str,
@@ -92,18 +83,13 @@ def compact_table(frame: pd.DataFrame, keys: list[str], columns: list[Column], w
     key_headers = [headers[k] for k in keys]
     key_cells = [[_shorten(STORAGE_SHORT.get(key_cell(v), key_cell(v)), KEY_CELL_MAX)
                   for v in frame[k]] for k in keys]
-    shown = []
-    for column in columns:
-        if column.compact is None:
-            continue
-        cells = _column_cells(frame, column)
-        if any(cells):
-            shown.append((column, cells))
+    shown = [(column, _column_cells(frame, column)) for column in columns if column.compact is not None]
+    shown = [(column, cells) for column, cells in shown if any(cells)]
     dropped: list[str] = []
     while True:
         text = _tabulate(key_headers + [c.header for c, _ in shown],
                          key_cells + [cells for _, cells in shown], "simple", compact=True)
-        if _width(text) <= width or not shown:
+        if max(map(len, text.splitlines()), default=0) <= width or not shown:
             return text, dropped
         # the least important column goes first; of equals, the rightmost
         worst = max(range(len(shown)), key=lambda i: (shown[i][0].compact, i))
@@ -114,30 +100,22 @@ LEGEND_KEY = "group"  # the compact view's column that stands for many group key
 KEPT_RANK = 1  # throughput columns of this compact rank or better are never dropped for keys
 
 
+def _key_values(frame: pd.DataFrame, keys: list[str]) -> list[tuple[str, ...]]:
+    """Each row's group key values as shown, op left out: what the legend names."""
+    rest = frame[[k for k in keys if k != "op"]]
+    return [tuple(key_cell(v) for v in values) for values in rest.itertuples(index=False)]
+
+
 def _legend(frame: pd.DataFrame, keys: list[str], width: int) -> dict[tuple, str] | None:
     """{group's key values (op left out): "g1", ...} when, with the keys as columns, the
     throughput table would drop its main figures to fit `width`; else None (keys stay)."""
-    rest = [k for k in keys if k != "op"]
-    if not rest:
+    if set(keys) <= {"op"}:
         return None
     _, dropped = compact_table(frame, keys, cols.THROUGHPUT, width)
     main = {c.header for c in cols.THROUGHPUT if c.compact is not None and c.compact <= KEPT_RANK}
     if not main.intersection(dropped):
         return None
-    ids: dict[tuple, str] = {}
-    for values in frame[rest].itertuples(index=False):
-        ids.setdefault(tuple(key_cell(v) for v in values), f"g{len(ids) + 1}")
-    return ids
-
-
-def _with_legend(frame: pd.DataFrame, keys: list[str], ids: dict[tuple, str]
-                 ) -> tuple[pd.DataFrame, list[str]]:
-    """The frame with one `group` column in place of the keys the legend explains."""
-    rest = [k for k in keys if k != "op"]
-    frame = frame.copy()
-    frame[LEGEND_KEY] = [ids.get(tuple(key_cell(v) for v in values), "?")
-                         for values in frame[rest].itertuples(index=False)]
-    return frame, [k for k in keys if k == "op"] + [LEGEND_KEY]
+    return {values: f"g{n}" for n, values in enumerate(dict.fromkeys(_key_values(frame, keys)), 1)}
 
 
 def _differing_keys(result: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -174,12 +152,14 @@ class _Page:
         self.out.append(f"### {text}\n" if self.fmt == "md" else f"{text}\n{'-' * len(text)}")
 
     def table(self, frame: pd.DataFrame, columns: list[Column]) -> None:
-        if not self.compact and self.legend is None:
+        if not self.compact:
             self.out.append(full_table(frame, self.keys, columns, "github" if self.fmt == "md" else "simple"))
         else:
             keys = self.keys
-            if self.legend is not None:
-                frame, keys = _with_legend(frame, self.keys, self.legend)
+            if self.legend is not None:  # one group column in place of the keys the legend names
+                groups = [self.legend.get(values, "?") for values in _key_values(frame, keys)]
+                frame = frame.assign(**{LEGEND_KEY: groups})
+                keys = [k for k in keys if k == "op"] + [LEGEND_KEY]
             text, dropped = compact_table(frame, keys, columns, self.width)
             self.out.append(text)
             if dropped:
@@ -252,9 +232,7 @@ def _figures(page: _Page, result: dict[str, Any]) -> None:
 
 def _ceilings(page: _Page, result: dict[str, Any]) -> None:
     """Per run with ceiling=true: each ceiling and DCP's efficiency against it."""
-    ops = result.get("operations")
-    if ops is None or ops.empty:
-        return
+    ops = result["operations"]
     found = [(run_id, ceiling_lines(group)) for run_id, group in ops.groupby("run_id", sort=True)]
     found = [(run_id, lines) for run_id, lines in found if lines]
     if not found:
