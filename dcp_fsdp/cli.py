@@ -53,14 +53,12 @@ def prepare(command: str, overrides: list[str]) -> BenchmarkConfig:
 
     cfg = compose("save" if command in STORAGE_ONLY_COMMANDS else command, overrides,
                   named=command)
+    from dcp_fsdp.launch import checks
+
     if command in STORAGE_ONLY_COMMANDS:
-        from dcp_fsdp.launch.checks import check_endpoint_environment
-
-        check_endpoint_environment(cfg)
+        checks.check_endpoint_environment(cfg)
     elif not under_torchrun():
-        from dcp_fsdp.launch.checks import check_launch
-
-        check_launch(cfg)
+        checks.check_launch(cfg)
     return cfg
 
 
