@@ -86,9 +86,8 @@ def _warn_once(key: str, message: str, warn: Callable[[str], None]) -> None:
 
 
 # -- torch: how DCP names a checkpoint's data objects ---------------------------------------
-# FileSystemWriter writes rank r's data as `__<r>_<n>.distcp` (its prefix `__<r>_` and
-# DEFAULT_SUFFIX; torch 2.11-2.15); the connector's prefix strategies put the same base names
-# under folders of their own.
+# FileSystemWriter writes rank r's data as `__<r>_<n>.distcp` (torch 2.11-2.15); the connector's
+# prefix strategies put the same base names under folders of their own.
 DATA_OBJECT_SUFFIX = ".distcp"
 _DATA_OBJECT_NAME = re.compile(r"__(\d+)_\d+\.distcp")
 
@@ -165,8 +164,7 @@ def flatten_state_dict(state_dict: dict) -> tuple[dict, dict]:
 
 
 def local_shape_and_global_offset(tensor: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """This rank's shard of a DTensor: its shape and its offset in the global tensor, as
-    DCP computes them when it writes the shard (uneven shards included)."""
+    """This rank's shard of a DTensor: its shape and global offset as DCP computes them (uneven too)."""
     compute = _internal("torch.distributed.tensor._utils", "compute_local_shape_and_global_offset")
     return compute(tensor.shape, tensor.device_mesh, tensor.placements)
 
@@ -179,9 +177,8 @@ def split_by_size_and_type(bins: int, items: list) -> list[list]:
 
 
 def dedup_save_plans(plans: list) -> list:
-    """DCP's coordinator's deduplication (DefaultSavePlanner.create_global_plan's first step):
-    an item on several ranks' plans kept on one, the rank with the least planned so far
-    (`dcp-fsdp plan` lays out a large world's files without the rest of the global plan)."""
+    """DCP's coordinator's deduplication (DefaultSavePlanner.create_global_plan's first step), for
+    `dcp-fsdp plan` to lay out a large world's files without the rest of the global plan."""
     return _internal("torch.distributed.checkpoint._dedup_save_plans", "dedup_save_plans")(plans)
 
 
@@ -215,7 +212,6 @@ def dcp_metadata_version() -> str:
 
 # -- torch: the process checkpointer's daemon -----------------------------------------------
 
-_PROCESS_WAY_OUT = "use async_save.checkpointer=thread"
 _EXECUTOR = "torch.distributed.checkpoint._async_process_executor"
 
 
@@ -227,7 +223,7 @@ def start_checkpoint_daemon(group: Any, wrap_init_info: Callable[[Any], Any]) ->
     executor: Any = importlib.import_module(_EXECUTOR)  # private names, checked below
     names = ("_CHECKPOINT_PROCESS", "_AsyncCheckpointProcess", "_ProcessGroupInitInfo")
     if not all(hasattr(executor, name) for name in names):
-        raise _missing(f"{_EXECUTOR}.{'/'.join(names)}", "torch", _PROCESS_WAY_OUT)
+        raise _missing(f"{_EXECUTOR}.{'/'.join(names)}", "torch", "use async_save.checkpointer=thread")
     if executor._CHECKPOINT_PROCESS is None:
         info = wrap_init_info(executor._ProcessGroupInitInfo(group))
         executor._CHECKPOINT_PROCESS = executor._AsyncCheckpointProcess(info)
@@ -236,9 +232,8 @@ def start_checkpoint_daemon(group: Any, wrap_init_info: Callable[[Any], Any]) ->
 # -- s3torchconnector: its native (CRT) client ----------------------------------------------
 
 def build_native_client(file_system: Any, warn: Callable[[str], None]) -> bool:
-    """Build the connector's lazily created native client of a DCP writer's or reader's file
-    system (the connector's S3FileSystem: storage/timed_fs.py `client_file_system`) now.
-    False (`warn` called once per process) when this connector release hides it elsewhere."""
+    """Build the lazy native client of a DCP writer's or reader's S3FileSystem (storage/timed_fs.py
+    `client_file_system`) now; False (`warn` once per process) where this release hides it."""
     client = getattr(file_system, "_client", None)
     if client is None or not hasattr(type(client), "_client"):
         _warn_once("client", f"s3torchconnector {installed_version('s3torchconnector')}: its S3 client "
@@ -312,8 +307,7 @@ def _keyed_save_planner_class() -> type:
 def host_stager(options: Any) -> Any:
     """A DefaultStager that stages in its thread (`options.use_async_staging`) without the
     accelerator stream torch's own creates whenever the machine has one (a CUDA context on GPU 0
-    in every gloo rank of a GPU host): for CPU ranks. Sets torch's private `_config`,
-    `_staging_executor` as DefaultStager.__init__ would."""
+    in every gloo rank of a GPU host): for CPU ranks."""
     if options.use_pinned_memory or options.use_non_blocking_copy:
         raise ValueError("host_stager: pinned memory and non-blocking copies need a device")
     return _host_stager_class()(options)
@@ -364,9 +358,8 @@ def fsspec_dcp_classes() -> tuple[type, type]:
 
 
 def msc_botocore_events(storage_client: Any, warn: Callable[[str], None]) -> Any:
-    """The botocore event emitter of a multi-storage-client StorageClient's S3 provider (MSC
-    exposes neither its provider nor its boto3 client), or None (`warn` called once per
-    process) where it has none (its Rust client, another provider)."""
+    """The botocore event emitter of an MSC StorageClient's S3 provider (MSC exposes neither), or
+    None (`warn` once per process) where it has none (its Rust client, another provider)."""
     provider = getattr(storage_client, "_storage_provider", None)
     boto = getattr(provider, "_s3_client", None)
     meta = getattr(boto, "meta", None)
@@ -379,7 +372,6 @@ def msc_botocore_events(storage_client: Any, warn: Callable[[str], None]) -> Any
 
 
 def msc_reads_ranged(stream: Any) -> bool:
-    """Whether a multi-storage-client object file reads by ranged GETs (above its 512 MiB
-    `MEMORY_LOAD_LIMIT`: a private `RemoteFileReader` behind `_file`), not out of the whole object
-    downloaded. Ask after its first call returned."""
+    """Whether an MSC object file reads by ranged GETs (above its 512 MiB `MEMORY_LOAD_LIMIT`: a
+    private `RemoteFileReader` behind `_file`), not the whole object downloaded; ask after its first call."""
     return type(getattr(stream, "_file", None)).__name__ == "RemoteFileReader"

@@ -52,8 +52,7 @@ def hist_quantile(hist: dict[str, int], q: float) -> float | None:
 
 
 def percentiles_ms(values_s: list[float]) -> dict[str, float] | None:
-    """QUANTILES of `values_s` in ms (numpy's linear interpolation between closest ranks)
-    and the max."""
+    """QUANTILES of `values_s` in ms (numpy's linear interpolation) and the max."""
     if not values_s:
         return None
     import numpy as np

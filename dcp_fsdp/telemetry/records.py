@@ -231,8 +231,7 @@ class StorageSettings(_SettingsGroup):
 
 
 class Settings(_SettingsGroup):
-    """The resolved settings (config/schema.py's BenchmarkConfig, no secrets): its groups
-    are objects."""
+    """The resolved settings (config/schema.py's BenchmarkConfig, no secrets), groups as objects."""
 
     model: ModelSettings | None = None
     storage: StorageSettings | None = None

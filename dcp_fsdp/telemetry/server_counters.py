@@ -157,8 +157,7 @@ def _surplus_of_own_kinds(record: collections.Counter, server: collections.Count
 
 
 def went_back(before: collections.Counter, after: collections.Counter) -> bool:
-    """Whether any counter is lower after than before: the server restarted (its counters
-    start at zero) between the two reads."""
+    """Whether any counter went down between the reads: the server restarted (counting from 0)."""
     return any(after[key] < count for key, count in before.items())
 
 
