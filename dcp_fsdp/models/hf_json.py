@@ -191,20 +191,16 @@ def _llama_like(family: str, fields: _Fields) -> ModelShape:
 
 @functools.lru_cache(maxsize=8)
 def read_config_json(path: str) -> ModelShape:
-    """The shape a config.json describes, or UserError naming the file and what is wrong."""
+    """The shape a config.json describes, or UserError naming the file and what is wrong: a tensor
+    (in either MoE layout) torch cannot size is refused here, not deep in a build or a `plan`."""
     data = _load(path)
     fields = _Fields(f"model.config={path}", data)
     family = data["model_type"]
     shape = _gpt2(fields) if family == "gpt2" else _llama_like(family, fields)
-    _check_sizable(shape, fields.where)
-    return shape
-
-
-def _check_sizable(shape: ModelShape, where: str) -> None:
-    """Every tensor of the shape (either MoE layout) is one torch can size: refused here, not in a build."""
     name, dims = max((tensor for layout in MOE_LAYOUTS for tensor in state_shapes(shape, layout)),
                      key=lambda tensor: math.prod(tensor[1]))
     if math.prod(dims) > MAX_TENSOR_ELEMENTS:
-        raise UserError(f"{where}: its {name} would be {' x '.join(map(str, dims))} = "
+        raise UserError(f"{fields.where}: its {name} would be {' x '.join(map(str, dims))} = "
                         f"{math.prod(dims):.3g} elements, more than torch can size (2^63 bytes "
                         "at fp32); check vocab_size and the other sizes in the file")
+    return shape

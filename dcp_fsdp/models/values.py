@@ -104,11 +104,6 @@ def tensor_offsets(seed: int, key: str) -> tuple[int, int]:
             int.from_bytes(digest[8:], "little") % P_LOW)
 
 
-def non_negative(key: str) -> bool:
-    """Tensors whose meaning requires >= 0: AdamW's second moment and step count."""
-    return key.endswith(("exp_avg_sq", "max_exp_avg_sq", ".step"))
-
-
 def runs(global_shape: Shape, local_shape: Shape,
          global_offset: Shape) -> Iterator[tuple[int, int, int]]:
     """(local flat start, global flat start, length) of the contiguous runs of a block shard."""
@@ -137,7 +132,8 @@ def _chunks(seed: int, key: str, dtype: torch.dtype, device: torch.device, globa
             global_offset: Shape) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """(local flat start, HIGH slice, LOW slice) per chunk of the shard, in order."""
     signed, high_pos, low = _tables(seed, dtype, device)
-    high = high_pos if non_negative(key) else signed
+    # non-negative where the meaning requires it: AdamW's second moment and step count
+    high = high_pos if key.endswith(("exp_avg_sq", "max_exp_avg_sq", ".step")) else signed
     kh, kl = tensor_offsets(seed, key)
     for local_start, global_start, length in runs(global_shape, local_shape, global_offset):
         for pos in range(0, length, CHUNK):

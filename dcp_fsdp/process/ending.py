@@ -4,6 +4,7 @@ elastic agent reads it: the rank's TORCHELASTIC_ERROR_FILE."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from typing import NamedTuple
@@ -24,8 +25,6 @@ def write_error_file(ending: RankEnding) -> None:
     """This rank's outcome where torch's elastic agent reads it (TORCHELASTIC_ERROR_FILE,
     the file torch's `record()` writes): torchrun prints "message"; our agent passes the
     fields under contract.ERROR_FILE_KEY to the launcher, which decides on the cause."""
-    import json
-
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
