@@ -7,6 +7,15 @@ import itertools
 import re
 from collections.abc import Iterator
 
+import yaml
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
 from dcp_fsdp.config.conf_dir import conf_dir
 from dcp_fsdp.config.schema import BenchmarkConfig, iter_settings, to_config
 from dcp_fsdp.config.validate import (apply_config_dtype, apply_protocol, check_model_settings,
@@ -19,8 +28,6 @@ CONF_DIR = conf_dir()
 
 def expand_sweeps(overrides: list[str]) -> list[list[str]]:
     """Hydra multirun semantics: the cartesian product of every swept override."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     choices = [[f"{override.get_key_element()}={value}" for value in override.sweep_string_iterator()]
                if override.is_sweep_override() else [override.input_line or ""]
                for override in OverridesParser.create().parse_overrides(overrides)]
@@ -34,8 +41,6 @@ def config_file_overrides(paths: list[str]) -> list[str]:
 
 
 def _config_file_overrides(path: str) -> list[str]:
-    import yaml
-
     try:
         with open(path) as source:
             content = yaml.safe_load(source)
@@ -69,13 +74,6 @@ def _config_file_overrides(path: str) -> list[str]:
 def compose(command: str, overrides: list[str], named: str | None = None) -> BenchmarkConfig:
     """The validated BenchmarkConfig for a command and overrides, or UserError. `named`: the
     command the user typed, where it composes as `command` (plan as save): errors name it."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.config_store import ConfigStore
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     given = check_overrides(overrides)
     ConfigStore.instance().store(name="base_config", node=BenchmarkConfig)
     GlobalHydra.instance().clear()
@@ -99,8 +97,6 @@ def compose(command: str, overrides: list[str], named: str | None = None) -> Ben
 def check_overrides(overrides: list[str]) -> set[str]:
     """The setting names the overrides give, after refusing any that names no setting (a
     misspelt `+key=value` would otherwise be added and ignored)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception as error:  # Hydra's parser raises its own exception types
@@ -145,8 +141,6 @@ def _settings_of_type(type_name: str) -> set[str]:
 def parse_error_line(overrides: list[str], error: BaseException) -> str:
     """Hydra's parser error as one line naming the override it could not read, with the
     fix for the usual cause: spaces, quotes or non-ASCII letters in an unquoted value."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parser = OverridesParser.create()
     for override in overrides:
         try:

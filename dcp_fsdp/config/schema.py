@@ -10,12 +10,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import typing
-from typing import TYPE_CHECKING, Any, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 from omegaconf import MISSING, OmegaConf
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
 
 
 def setting(default: Any, help: str) -> Any:  # noqa: A002 - the field's meaning

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+from tabulate import tabulate
+
+from dcp_fsdp.config.conf_dir import conf_dir
 from dcp_fsdp.config.schema import format_default, iter_settings
 
 
@@ -19,11 +23,7 @@ def effective_default(name: str, default: Any) -> Any:
     list chooses it (model: tiny_llama)."""
     if format_default(default) != "(required)":
         return default
-    import yaml
-
-    from dcp_fsdp.config.compose import CONF_DIR
-
-    with open(CONF_DIR / "config.yaml") as source:
+    with open(conf_dir() / "config.yaml") as source:
         choices = {key: value for entry in yaml.safe_load(source)["defaults"]
                    if isinstance(entry, dict) for key, value in entry.items()}
     return choices.get(name.split(".")[0], default)
@@ -31,9 +31,7 @@ def effective_default(name: str, default: Any) -> Any:
 
 def settings_table() -> str:
     """The settings table of a settings command's --help (config/arguments.py)."""
-    from tabulate import tabulate
-
-    return tabulate([list(row) for row in settings_rows()],
+    return tabulate(settings_rows(),
                     headers=["setting", "type", "default", "meaning"], tablefmt="simple",
                     maxcolwidths=[None, 24, 14, 60], disable_numparse=True)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib.util
+import json
 import math
 import os
 import re
@@ -187,8 +189,6 @@ def _check_client_setting(client: StorageClient, name: str) -> None:
 
 def check_client_installed(client: StorageClient) -> None:
     """The client's package is importable (found, not imported: the launcher stays light)."""
-    import importlib.util
-
     module, package = CLIENT_PACKAGES[client]
     if importlib.util.find_spec(module) is None:
         raise UserError(f"storage.client={client.value} needs the package {package}, which is "
@@ -211,8 +211,6 @@ CONFIG_DTYPE_FIELDS = ("dtype", "torch_dtype")
 def config_json_dtype(path: str) -> tuple[str, Any] | None:
     """(field, value) of the dtype a config.json names, or None: no such field, or a file that
     models/hf_json.py refuses in its own line."""
-    import json
-
     file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     try:
         data = json.loads(file.read_text())

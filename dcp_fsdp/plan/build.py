@@ -14,6 +14,8 @@ import dataclasses
 import functools
 import io
 import pickle
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -25,10 +27,11 @@ from torch.distributed.checkpoint.metadata import MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from dcp_fsdp.compat import (DATA_OBJECT_SUFFIX, dcp_metadata_version, fake_tensor,
-                             split_by_size_and_type, storage_info)
+from dcp_fsdp.compat import (DATA_OBJECT_SUFFIX, dcp_metadata_version, dedup_save_plans,
+                             fake_tensor, split_by_size_and_type, storage_info)
+from dcp_fsdp.models.tensor_parallel import shard_block, tp_split_dim
 from dcp_fsdp.plan.requests import Reads, merged_ranges
-from dcp_fsdp.plan.state import StateTemplate, local_plan, own_copy, shard_block
+from dcp_fsdp.plan.state import StateTemplate, local_plan, own_copy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,8 +155,6 @@ def load_reads(template: StateTemplate, world_size: int, replicas: int, tp: int,
                storage_data: dict[Any, Any]) -> tuple[Reads, ...]:
     """What each rank reads at a load of the same layout: every item its state needs, wherever
     DCP's deduplication had it written; an empty chunk nothing. Adjacent ranges are one."""
-    from dcp_fsdp.models.tensor_parallel import tp_split_dim
-
     where = {(index.fqn, None if index.offset is None else tuple(index.offset)):
              (info.relative_path, info.offset, info.length)
              for index, info in storage_data.items()}
@@ -209,8 +210,6 @@ def laid_out(template: StateTemplate, world_size: int, replicas: int, thread_cou
              rank_prefix: Callable[[int], str], tp: int = 1) -> tuple[list[DataObject], tuple[Reads, ...]]:
     """(every data object, each rank's reads at a load) of the whole world, item by item, as
     build_global_plan lays them out, without its validation and `.metadata` (plan/sample.py)."""
-    from dcp_fsdp.compat import dedup_save_plans
-
     plans = [local_plan(template, rank, world_size, replicas, tp) for rank in range(world_size)]
     final = dedup_save_plans(plans)
     del plans
@@ -244,9 +243,6 @@ print(seconds, memory)
 def unpickle_cost(blob: bytes) -> tuple[float, int]:
     """(seconds, resident bytes) to unpickle `.metadata` in a fresh child, as each rank of a
     load does (this process's objects and freed memory would distort it); the best of 3."""
-    import subprocess
-    import sys
-
     child = subprocess.run([sys.executable, "-c", _UNPICKLE_CHILD], input=blob,
                            capture_output=True, check=True)
     seconds, memory = child.stdout.split()

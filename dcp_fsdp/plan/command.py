@@ -4,14 +4,22 @@ save's settings compose and validate as for `save`; nothing starts."""
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp.compat import data_object_prefix
+from dcp_fsdp.config.compose import compose
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
+from dcp_fsdp.config.validate import check_replicas
 from dcp_fsdp.errors import UserError
+from dcp_fsdp.models.llama_model_config import MOE_LAYOUTS
+from dcp_fsdp.models.presets import model_shape
+from dcp_fsdp.models.tensor_parallel import check_tp
 from dcp_fsdp.plan import PlanRequest
+from dcp_fsdp.plan.render import render_moe_layouts, render_plan, render_projection
+from dcp_fsdp.process.collector import paused_for_imports
 
 if TYPE_CHECKING:
     from dcp_fsdp.plan.build import GlobalPlan
@@ -25,11 +33,6 @@ DEFAULT_RANKS_PER_NODE = 8  # a GPU node's usual count; capped at world_size
 
 def parse_request(args: argparse.Namespace) -> PlanRequest:
     """The validated request of the parsed `plan` command line, or UserError."""
-    from dcp_fsdp.config.compose import compose
-    from dcp_fsdp.config.validate import check_replicas
-    from dcp_fsdp.models.presets import model_shape
-    from dcp_fsdp.models.tensor_parallel import check_tp
-
     world_size = args.world_size
     ranks_per_node = args.ranks_per_node or min(DEFAULT_RANKS_PER_NODE, world_size)
     if world_size % ranks_per_node:
@@ -68,9 +71,6 @@ def plan_world(request: PlanRequest, world_size: int,
                moe_layout: str | None = None) -> tuple[StateTemplate, GlobalPlan]:
     """(state template, global plan) of a save by `world_size` ranks; `moe_layout`: another
     layout than the settings' (the MoE comparison)."""
-    from dcp_fsdp.models.presets import model_shape
-    from dcp_fsdp.process.collector import paused_for_imports
-
     with paused_for_imports():  # torch's and DCP's (process/collector.py)
         from dcp_fsdp.plan.build import build_global_plan
         from dcp_fsdp.plan.sample import can_sample, sampled_global_plan
@@ -88,12 +88,7 @@ def plan_world(request: PlanRequest, world_size: int,
 
 
 def main(args: argparse.Namespace) -> int:
-    import time
-
-    from dcp_fsdp.models.llama_model_config import MOE_LAYOUTS
-    from dcp_fsdp.models.presets import model_shape
-    from dcp_fsdp.plan.measured import read_rates
-    from dcp_fsdp.plan.render import render_moe_layouts, render_plan, render_projection
+    from dcp_fsdp.plan.measured import read_rates  # the records' reader, for --record only
 
     request = parse_request(args)
     rates = read_rates(request.record) if request.record else None

@@ -5,11 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp.units import GIB, MIB
-from dcp_fsdp.config.schema import StorageKind
+from dcp_fsdp.config.schema import BenchmarkConfig, ReaderKind, StorageClient, StorageKind
+from dcp_fsdp.config.validate import dtype_origin
+from dcp_fsdp.models.llama_model_config import param_count
+from dcp_fsdp.models.presets import DTYPE_BYTES, model_shape, tied_words
+from dcp_fsdp.models.tensor_parallel import experts_over_shards
 from dcp_fsdp.plan import requests as rq
 
 if TYPE_CHECKING:
-    from dcp_fsdp.config.schema import BenchmarkConfig
     from dcp_fsdp.plan.build import GlobalPlan
     from dcp_fsdp.plan.measured import MeasuredRates
     from dcp_fsdp.plan import PlanRequest
@@ -41,8 +44,6 @@ def prefixes(request: PlanRequest, world_size: int) -> rq.Prefixes:
 def plan_requests(request: PlanRequest, plan: GlobalPlan) -> rq.Requests:
     """The plan's S3 requests; a load's GETs from each rank's reads where the plan has them
     and the connector's default reader reads them (else each object once, whole)."""
-    from dcp_fsdp.config.schema import ReaderKind, StorageClient
-
     storage = request.cfg.storage
     reads = plan.load_reads
     if not (storage.client == StorageClient.s3torchconnector and storage.read_ahead == 0
@@ -55,8 +56,6 @@ def plan_requests(request: PlanRequest, plan: GlobalPlan) -> rq.Requests:
 
 def render_plan(request: PlanRequest, template: StateTemplate, plan: GlobalPlan,
                 elapsed_s: float) -> str:
-    from dcp_fsdp.config.validate import dtype_origin
-
     cfg = request.cfg
     storage = cfg.storage
     part = storage.part_size_mib * MIB
@@ -105,9 +104,7 @@ def render_plan(request: PlanRequest, template: StateTemplate, plan: GlobalPlan,
 def _memory_lines(request: PlanRequest, template: StateTemplate, plan: GlobalPlan) -> list[str]:
     """The largest rank's state (its block of every tensor, held whether or not it writes
     it) + the unpickled `.metadata`; and where an MoE's experts sit on a few dp shards."""
-    from dcp_fsdp.models.presets import model_shape
-    from dcp_fsdp.models.tensor_parallel import experts_over_shards
-    from dcp_fsdp.plan.state import held_bytes
+    from dcp_fsdp.plan.state import held_bytes  # plan/state imports torch
 
     model = request.cfg.model
     held = held_bytes(template, plan.world_size, model.replicas, model.tp)
@@ -126,9 +123,6 @@ def _memory_lines(request: PlanRequest, template: StateTemplate, plan: GlobalPla
 
 def model_line(cfg: BenchmarkConfig) -> str:
     """The model's parameter count (to hold against a model card) and what its weights take."""
-    from dcp_fsdp.models.llama_model_config import param_count
-    from dcp_fsdp.models.presets import DTYPE_BYTES, model_shape, tied_words
-
     shape = model_shape(cfg.model)
     params = param_count(shape)
     weight_bytes = params * DTYPE_BYTES[cfg.model.dtype.value]

@@ -10,6 +10,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from tabulate import tabulate
+
 from dcp_fsdp.tune.search import (CEILING_ROUNDS, MIN_FINAL_SCORES, SearchResult, Trial, applies,
                                   settings_key)
 
@@ -181,8 +183,6 @@ def malloc_lines(found: dict[str, Any]) -> list[str]:
 
 
 def print_result(summary: dict[str, Any], overrides: bool = True) -> None:
-    from tabulate import tabulate
-
     defaults = summary["defaults"]
     rows = []
     for place, row in enumerate(summary["ranking"], start=1):
@@ -199,8 +199,7 @@ def print_result(summary: dict[str, Any], overrides: bool = True) -> None:
                                   "save MiB/s min/med/max", "load MiB/s min/med/max"],
                    tablefmt="github"))
     print()
-    for line in verdict_lines(summary):
-        print(line)
+    print(*verdict_lines(summary), sep="\n")
     print(f"records: {summary['session_dir']} (dcp-fsdp report {summary['session_dir']})",
           flush=True)
     if overrides:  # else the launcher's, after its malloc launches (launch/tune.py)
