@@ -5,6 +5,7 @@ configured), checked in the light parent, so bad input fails before any rank imp
 from __future__ import annotations
 
 import contextlib
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,8 @@ from dcp_fsdp import contract, log
 from dcp_fsdp.config.schema import BenchmarkConfig, Command, StorageClient, StorageKind, to_config
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
+from dcp_fsdp.models.llama_model_config import param_count, state_shapes
+from dcp_fsdp.models.presets import model_setting, model_shape, shape_digest
 from dcp_fsdp.storage import layout, make_store, metadata_peek
 from dcp_fsdp.storage.metadata_peek import MetadataFacts
 from dcp_fsdp.storage.s3 import resolve_endpoint
@@ -37,8 +40,6 @@ def needs_embedded_server(cfg: BenchmarkConfig) -> bool:
 def forget_aws_credentials() -> None:
     """A fresh boto3 default session: it keeps the credentials it resolved first, and the next
     job of a sweep (its own embedded server, its own keys) was signed with job 1's (HTTP 403)."""
-    import sys
-
     if "boto3" in sys.modules:
         sys.modules["boto3"].setup_default_session()
 
@@ -76,7 +77,7 @@ def preflight(cfg: BenchmarkConfig, server_env: dict[str, str]) -> MetadataFacts
         if cfg.storage.kind == StorageKind.fs:
             check_fs_root(cfg.storage.path, must_exist=cfg.command == Command.load)
         store = make_store(cfg.storage)
-        store.preflight(writes=writes_storage(cfg))
+        store.preflight(writes=cfg.command != Command.load or cfg.ceiling)  # the raw ceiling PUTs
         if cfg.command == Command.load:
             layout.check_loadable(store, _load_suffix(cfg))
             return check_compatible(store, cfg)
@@ -96,11 +97,6 @@ def claim_save_suffixes(cfg: BenchmarkConfig, server_env: dict[str, str],
         claimed, method = layout.claim_configured_suffixes(
             make_store(cfg.storage), cfg.suffix, cfg.iterations, run_id)
     return claimed, {contract.SUFFIX_CLAIMED_ENV: method}
-
-
-def writes_storage(cfg: BenchmarkConfig) -> bool:
-    """Every command but a load writes to storage, and a load with the raw ceiling (its PUTs)."""
-    return cfg.command != Command.load or cfg.ceiling
 
 
 def check_fs_root(path: str | None, must_exist: bool) -> None:
@@ -163,8 +159,6 @@ def check_compatible(store: CheckpointStore, cfg: BenchmarkConfig) -> MetadataFa
               and not (key == "state" and saved[key] == "model_and_optimizer")
               and not (key == "model" and same_shape)]
     if differ:
-        from dcp_fsdp.models.presets import model_setting
-
         # model.moe_layout=hf is the default: a fix need not name it
         known = " ".join(model_setting(key, value) for key, value in saved.items()
                          if value and (key, value) != ("model.moe_layout", "hf"))
@@ -184,9 +178,6 @@ def _check_same_shape(suffix: str, cfg: BenchmarkConfig, manifest: dict, tensors
     manifest's `model.shape`): then another name or path for it loads. The same name with
     other tensors (its config.json edited since) is refused: a smaller model would load part
     of the checkpoint."""
-    from dcp_fsdp.models.llama_model_config import param_count
-    from dcp_fsdp.models.presets import model_setting, model_shape, shape_digest
-
     if not isinstance(manifest.get("model.shape"), str):
         if manifest:  # saved before model.shape: no model tensor there may be missing here
             _check_no_extra_tensors(suffix, cfg, tensors, manifest)
@@ -211,9 +202,6 @@ def _check_no_extra_tensors(suffix: str, cfg: BenchmarkConfig, tensors: dict,
     """A checkpoint whose manifest has no `model.shape`: refused for a model tensor the
     configured model has not, and, saved with the very settings given, for a model tensor of
     another shape ('load it with' would name what the user typed)."""
-    from dcp_fsdp.models.llama_model_config import state_shapes
-    from dcp_fsdp.models.presets import model_setting, model_shape
-
     expected = {f"model.{name}": tuple(dims) for name, dims in state_shapes(
         model_shape(cfg.model), cfg.model.moe_layout.value)}
     asked = model_setting("model", cfg.model.name)
@@ -242,9 +230,6 @@ def _dtype_of(tensors: dict[str, TensorEntry]) -> str | None:
 def _check_model_tensors(suffix: str, cfg: BenchmarkConfig, tensors: dict) -> None:
     """A checkpoint with no manifest (a plain `dcp.save`): its model tensors must be the
     configured model's, named and shaped as this tool's state dict has them."""
-    from dcp_fsdp.models.llama_model_config import state_shapes
-    from dcp_fsdp.models.presets import model_shape
-
     expected = {f"model.{name}": tuple(dims)
                 for name, dims in state_shapes(model_shape(cfg.model), cfg.model.moe_layout.value)}
     problem = metadata_peek.first_difference(
