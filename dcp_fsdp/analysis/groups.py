@@ -20,9 +20,7 @@ from dcp_fsdp.analysis.completeness import incomplete_runs
 from dcp_fsdp.telemetry import time_split
 from dcp_fsdp.telemetry.figures import NOISE_HINT, NOISY_SPREAD
 from dcp_fsdp.analysis.metrics import per_operation, samples_frame
-from dcp_fsdp.analysis.tables import OP_ORDER, ordered, phase_row, throughput_row, type_rows
-
-__all__ = ["FIRST", "LATER", "OP_ORDER", "NOT_SETTINGS", "build", "runs_frame", "storage_label"]
+from dcp_fsdp.analysis.tables import ordered, phase_row, throughput_row, type_rows
 
 FIXED_KEYS = ["nodes", "ranks", "model", "op", "storage"]
 # An operation's order in its process: "first" (iteration 1: cold, as a restart's load) or
@@ -30,8 +28,12 @@ FIXED_KEYS = ["nodes", "ranks", "model", "op", "storage"]
 FIRST, LATER = "first", "later"
 
 
+
+
 def op_order(iterations: pd.Series) -> list[str]:
     return [FIRST if int(i) == 1 else LATER for i in iterations]
+
+
 # Settings never used to split groups: they name places or runs, or change what the tool
 # prints or keeps, not how a save or load behaves (request_stats does: its log costs time).
 NOT_SETTINGS = {
@@ -225,12 +227,10 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
     ok_ids = set(run_rows.loc[run_rows["status"] == "ok", "run_id"])
     ok_samples = [s for s in samples if s["run_id"] in ok_ids]
     empty = pd.DataFrame()
-    result: dict[str, Any] = {"group_keys": group_keys, "varying": varying, "runs": run_rows,
-                              "notes": [],
-                              "throughput": empty, "phases": empty, "types": empty,
-                              "samples": empty, "operations": empty, "splits": []}
     not_ok = run_rows[run_rows["status"] != "ok"]
-    result["not_ok"] = not_ok
+    result: dict[str, Any] = {"group_keys": group_keys, "varying": varying, "runs": run_rows,
+                              "notes": [], "throughput": empty, "phases": empty, "types": empty,
+                              "samples": empty, "operations": empty, "splits": [], "not_ok": not_ok}
     if note := fork_note(run["rank_start"] for run in runs if run["run_id"] in ok_ids):
         result["notes"].append(note)
     if not ok_samples:
@@ -249,9 +249,7 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
         throughput.append(throughput_row(labels, group_ops, group_samples, untimed, failed, ops))
         phases.append(phase_row(labels, group_samples, group_ops))
         types.extend(type_rows(labels, group_samples, len(group_ops)))
-        found = time_split.split(str(labels["op"]), group_samples)
-        if found is not None:
-            splits.append((labels, time_split.split_line(found)))
+        splits += [(labels, line) for line in time_split.split_lines(group_samples)]
     result["throughput"], single_notes = with_client_ratio(
         ordered(pd.DataFrame(throughput), group_keys), group_keys)
     result["notes"] += client_notes([run for run in runs if run["run_id"] in ok_ids])

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from dcp_fsdp.analysis.groups import OP_ORDER
+from dcp_fsdp.analysis.tables import OP_ORDER
 from dcp_fsdp.analysis.render import key_cell
 from dcp_fsdp.telemetry.figures import mean_or_nan, pooled
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_quantile
