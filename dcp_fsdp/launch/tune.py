@@ -26,11 +26,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dcp_fsdp import contract, log
+from dcp_fsdp import contract, log, storage
+from dcp_fsdp.config.compose import check_overrides, compose
 from dcp_fsdp.config.schema import MLPERF_CHECKPOINTS, BenchmarkConfig, Malloc, Protocol, StorageKind
 from dcp_fsdp.config.validate import CLIENT_ONLY
 from dcp_fsdp.errors import UserError
+from dcp_fsdp.launch import local
 from dcp_fsdp.launch.agent import raise_terminated
+from dcp_fsdp.launch.checks import check_environment, check_launch
+from dcp_fsdp.launch.preflight import preflight, storage_environment
+from dcp_fsdp.rank.tune_trials import figures_of, trial_config
+from dcp_fsdp.telemetry.records import read_record_file
 from dcp_fsdp.tune.report import malloc_lines, override_line
 from dcp_fsdp.tune.search import MIN_FINAL_SCORES, Budget, Settings, paired_malloc
 
@@ -98,9 +104,7 @@ def _warm_storage(cfg: BenchmarkConfig) -> None:
     on the first write would be charged to the defaults, which always run first."""
     if cfg.storage.kind != StorageKind.s3:
         return
-    from dcp_fsdp.storage import make_store
-
-    make_store(cfg.storage).probe()  # the store's own untimed first write
+    storage.make_store(cfg.storage).probe()  # the store's own untimed first write
 
 
 def check_tune_settings(cfg: BenchmarkConfig) -> None:
@@ -117,11 +121,6 @@ def check_tune_settings(cfg: BenchmarkConfig) -> None:
 
 
 def tune(overrides: list[str], started_mono: float) -> int:
-    from dcp_fsdp.config.compose import check_overrides, compose
-    from dcp_fsdp.launch.checks import check_launch
-    from dcp_fsdp.launch.local import launch_local
-    from dcp_fsdp.launch.preflight import preflight, storage_environment
-
     if "RANK" in os.environ:
         raise UserError("tune launches its own ranks (nproc=N); run it without torchrun")
     cfg = compose("save-and-load", overrides)
@@ -158,7 +157,7 @@ def tune(overrides: list[str], started_mono: float) -> int:
             os.environ[contract.TUNE_ENV] = str(plan_path)
             launched = time.monotonic()
             try:
-                code = launch_local(cfg)
+                code = local.launch_local(cfg)
             finally:
                 os.environ.pop(contract.TUNE_ENV, None)
             if code == contract.EXIT_OK:
@@ -174,8 +173,6 @@ def tune(overrides: list[str], started_mono: float) -> int:
 def _malloc_held(cfg: BenchmarkConfig, given: set[str]) -> dict[str, Any] | None:
     """tune.json's malloc block where no launch measures it: given (held), or refused with
     the ranks' allocator (launch/checks.py); None: measured after the search."""
-    from dcp_fsdp.launch.checks import check_environment
-
     if "malloc" in given:
         return {"status": "held", "chosen": cfg.malloc.value}
     try:  # what a launch with malloc=raised would refuse (another allocator, MALLOC_* set)
@@ -264,14 +261,10 @@ def _malloc_launch(cfg: BenchmarkConfig, settings: Settings, malloc: str,
     output (a whole run's: table, record, suffix lines) goes to `output`, kept only when the
     launch did not succeed: tune says in one line what it measured. Its checkpoint is the
     tuner's: deleted here, the tune's embedded server (if any) lives on until the tune ends."""
-    from dcp_fsdp.launch.local import launch_local
-    from dcp_fsdp.rank.tune_trials import figures_of, trial_config
-    from dcp_fsdp.telemetry.records import read_record_file
-
     run_cfg = trial_config(cfg, {**settings, "malloc": malloc}, ceiling=False)
     before = set(Path(cfg.results_dir).glob("*.jsonl"))
     with _output_to(output):
-        code = launch_local(run_cfg)
+        code = local.launch_local(run_cfg)
     made = sorted(set(Path(cfg.results_dir).glob("*.jsonl")) - before)
     launch = MallocLaunch(code, checkpoint="it wrote no record (its checkpoint, if any, unknown)")
     if made:
@@ -316,13 +309,11 @@ def _flush_std() -> None:
 
 def _delete_checkpoints(run_cfg: BenchmarkConfig, suffixes: list[str]) -> str:
     """A paired launch's checkpoints deleted; what became of them, in words."""
-    from dcp_fsdp.storage import make_store
-
     if not suffixes:
         return "it left no checkpoint"
     for number, suffix in enumerate(suffixes):
         try:
-            make_store(run_cfg.storage).delete(suffix)
+            storage.make_store(run_cfg.storage).delete(suffix)
         except Exception as error:  # a leftover checkpoint is no reason to stop tuning
             deleted = f"its checkpoint {','.join(suffixes[:number])} deleted by tune; " if number else ""
             fate = ("it goes with the tune's embedded S3 server at its exit"
