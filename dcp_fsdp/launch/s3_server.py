@@ -29,6 +29,8 @@ from pathlib import Path
 from dcp_fsdp import log
 from dcp_fsdp.process import lifeline
 from dcp_fsdp.errors import UserError
+from dcp_fsdp.launch.agent import raise_terminated
+from dcp_fsdp.launch.embedded_s3 import EmbeddedS3, S3Endpoint, fatal_line
 
 STATE_NAME = "state.json"
 LOG_NAME = "server.log"
@@ -126,8 +128,6 @@ def _kill_group(pid: int | None) -> None:
 
 
 def exports(state: dict) -> str:
-    from dcp_fsdp.launch.embedded_s3 import S3Endpoint
-
     fields = {field.name for field in dataclasses.fields(S3Endpoint)}  # a state file may predate one
     endpoint = S3Endpoint(**{name: value for name, value in state.items() if name in fields})
     return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in endpoint.client_env().items())
@@ -182,8 +182,6 @@ def start(where: Path, bucket: str) -> int:
 
 def _tail(path: Path) -> str:
     """The line that says why: SeaweedFS's first fatal line (F...) or panic, else the last."""
-    from dcp_fsdp.launch.embedded_s3 import fatal_line
-
     try:
         text = path.read_text(errors="replace")
     except OSError:
@@ -225,9 +223,6 @@ def stop(where: Path, force: bool = False) -> int:
 
 def serve(where: Path, bucket: str) -> int:
     """The daemon: owns SeaweedFS until SIGTERM/SIGINT, then stops it."""
-    from dcp_fsdp.launch.agent import raise_terminated
-    from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
-
     signal.signal(signal.SIGTERM, raise_terminated)
     signal.signal(signal.SIGINT, raise_terminated)
     server = EmbeddedS3(bucket=bucket)
