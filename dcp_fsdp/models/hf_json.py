@@ -1,8 +1,7 @@
-"""`model.config=PATH`: a model's shape from a local Hugging Face config.json (never a
-download), read without torch or transformers so that the light parent refuses a bad file.
-
-A field the shape needs whose class default is no trained model's (num_key_value_heads) must be
-in the file; optional fields take transformers 5.x's class defaults (tests/unit/test_models.py).
+"""`model.config=PATH`: a model's shape from a local Hugging Face config.json (never a download),
+read without torch or transformers so that the light parent refuses a bad file. A field the shape
+needs whose class default is no trained model's (num_key_value_heads) must be in the file; optional
+fields take transformers 5.x's class defaults (tests/unit/test_models.py).
 """
 
 from __future__ import annotations

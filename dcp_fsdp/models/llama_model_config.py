@@ -1,9 +1,8 @@
-"""The model shapes this benchmark checkpoints: the original awslabs DCP/FSDP benchmark's
-Llamas (7B to 70B), the GPT-2-shaped "4B", released models as their config.json files give
-them, MLPerf Storage's checkpointing workloads, and small shapes for machines and tests.
-
-Shapes only, no torch: `state_shapes` lists a shape's state by arithmetic, so the light parent
-can size a run without importing torch (models/modules.py builds the module tree from it).
+"""The model shapes this benchmark checkpoints: the original awslabs DCP/FSDP benchmark's Llamas
+(7B to 70B), the GPT-2-shaped "4B", released models as their config.json files give them, MLPerf
+Storage's checkpointing workloads, and small shapes for machines and tests. Shapes only, no torch:
+`state_shapes` lists a shape's state by arithmetic, so the light parent sizes a run without torch
+(models/modules.py builds the module tree from it).
 """
 
 from __future__ import annotations

@@ -45,9 +45,8 @@ def check_tp(shape: ModelShape, tp: int, replicas: int, world_size: int, name: s
 
 
 def _split_counts(shape: ModelShape) -> list[tuple[str, int | None]]:
-    """What TP splits, each of which a model.tp must divide: the MLP width only where a layer
-    is dense (experts are left to FSDP: torchtitan splits them by expert parallel, not
-    modelled here)."""
+    """What TP splits, each a count model.tp must divide; the MLP width only where a layer is dense
+    (torchtitan splits experts by expert parallel, not modelled here: FSDP shards them)."""
     dense = any(not shape.sparse(layer) for layer in range(shape.num_layers))
     return [("attention heads", shape.num_heads),
             ("KV heads", shape.num_kv_heads or shape.num_heads),
