@@ -4,6 +4,7 @@ and iterations, stored in records as {bucket index: count}."""
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 from typing import Iterable
 
@@ -40,14 +41,11 @@ def hist_quantile(hist: dict[str, int], q: float) -> float | None:
     total = sum(count for _, count in items)
     if not total:
         return None
-    rank = q * (total - 1)
-    seen = 0
-    for index, count in items:
-        seen += count
-        if seen > rank:
-            low, high = bucket_bounds_ms(index)
-            return math.sqrt(low * high)
-    low, high = bucket_bounds_ms(items[-1][0])
+    running = itertools.accumulate(count for _, count in items)
+    # the first bucket whose running count passes the quantile's rank (else the last)
+    index = next((index for (index, _), seen in zip(items, running) if seen > q * (total - 1)),
+                 items[-1][0])
+    low, high = bucket_bounds_ms(index)
     return math.sqrt(low * high)
 
 
