@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 PUT_LIMIT_PER_S = 3500  # per partitioned prefix (S3 docs: performance guidelines)
 GET_LIMIT_PER_S = 5500
 SIZE_KEYS = ("nodes", "ranks")
+# each share of the operation's span, from its phase column
+SHARES = {"plan": "plan_s", "commit": "commit_s", "barrier": "barrier_wait_mean_s"}
 
 
 def scaling_frames(result: dict[str, Any]) -> list[pd.DataFrame]:
@@ -45,17 +47,13 @@ def scaling_frames(result: dict[str, Any]) -> list[pd.DataFrame]:
         for _, row in rows.iterrows():
             phase = select(phases, row, keys)
             span = row["duration_mean_s"]
-
-            def share(column: str, phase: pd.DataFrame = phase, span: float = span) -> float:
-                return float(phase[column].iloc[0]) / span if len(phase) and span else math.nan
-
             table.append({
                 **{k: row[k] for k in keys},
                 "aggregate_mib_s": row["aggregate_mib_s"],
                 "mib_s_per_rank": row["aggregate_mib_s"] / row["ranks"],
                 "mib_s_per_node": row["aggregate_mib_s"] / row["nodes"],
-                "plan_share": share("plan_s"), "commit_share": share("commit_s"),
-                "barrier_share": share("barrier_wait_mean_s"),
+                **{f"{name}_share": float(phase[column].iloc[0]) / span if len(phase) and span else math.nan
+                   for name, column in SHARES.items()},
             })
         frame = pd.DataFrame(table)
         smallest = frame.iloc[0]
