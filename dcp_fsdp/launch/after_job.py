@@ -19,8 +19,10 @@ from pathlib import Path
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.arguments import CommandArguments
+from dcp_fsdp.config.compose import compose
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch.aftermath import RanksOutcome, settle
+from dcp_fsdp.launch.local import rank_failed
 
 # srun's line for a task that ended badly: "srun: error: node2: task 1: Killed"
 _SRUN_TASK_END = re.compile(r"^srun: error: (\S+): tasks? ([0-9,-]+): (.+)$")
@@ -79,8 +81,6 @@ def _candidates(reports: list[dict], srun_ends: list[tuple[str, str]]) -> list[t
     own, or a node's agent that ended without saying why. Earliest first; at one second
     (torch's timestamps are whole seconds) a kill before an error, an error before a
     rank stopped because a peer had ended."""
-    from dcp_fsdp.launch.local import rank_failed
-
     found: list[tuple] = []
     srun_order = {host: n for n, (host, _) in enumerate(srun_ends)}
     for report in reports:
@@ -175,8 +175,6 @@ def main(argv: list[str]) -> int:
     run_id = os.environ.get(contract.RUN_ID_ENV)
     if outcome.status == "ok" or not run_id or args.command == "wait":
         return outcome.exit_code
-    from dcp_fsdp.config.compose import compose
-
     try:
         cfg = compose(args.command, args.overrides)
     except UserError as error:  # the ranks said it already, once

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dcp_fsdp import log
 from dcp_fsdp.config.schema import BenchmarkConfig, StorageKind
+from dcp_fsdp.config.validate import parse_s3_uri
 from dcp_fsdp.launch.aftermath import replace_run_line
 from dcp_fsdp.storage.s3_control import observe_clients
 from dcp_fsdp.telemetry import server_counters
@@ -36,8 +37,6 @@ class ServerCheck:
         if (storage.kind != StorageKind.s3 or not cfg.request_stats or not storage.metrics_url
                 or not storage.uri):
             return None
-        from dcp_fsdp.config.validate import parse_s3_uri
-
         return cls(storage.metrics_url, parse_s3_uri(storage.uri)[0])
 
     def begin(self) -> None:
