@@ -19,7 +19,6 @@ from pathlib import Path
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.config.arguments import CommandArguments
-from dcp_fsdp.config.compose import compose
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch.aftermath import RanksOutcome, settle
 from dcp_fsdp.launch.local import rank_failed
@@ -175,6 +174,8 @@ def main(argv: list[str]) -> int:
     run_id = os.environ.get(contract.RUN_ID_ENV)
     if outcome.status == "ok" or not run_id or args.command == "wait":
         return outcome.exit_code
+    from dcp_fsdp.config.compose import compose  # hydra: only where a record is written
+
     try:
         cfg = compose(args.command, args.overrides)
     except UserError as error:  # the ranks said it already, once
