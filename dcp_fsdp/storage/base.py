@@ -106,6 +106,9 @@ def built(plain: type, timed: type, timeline: HookTimeline | None, *args: Any, *
 
 @runtime_checkable
 class CheckpointStore(Protocol):
+    """What every store implements; the defaults are those of a store with no client of its
+    own to build, no local cache and no multipart uploads."""
+
     kind: str  # "s3" | "fs"
 
     # -- where ------------------------------------------------------------------------
@@ -127,9 +130,11 @@ class CheckpointStore(Protocol):
     def warm_up(self, storage_io: Any) -> list[Any]:
         """Build any client the writer/reader would build lazily, outside the timed region; its
         botocore event emitters, for the request statistics ([] where there are none)."""
+        return []
 
     def environment(self) -> dict[str, str]:
         """Variables a rank sets before it builds a writer or reader (storage/s3_clients.py)."""
+        return {}
 
     def close(self) -> None:
         """At the end of the process: remove what the store made in it (MSC's profile)."""
@@ -138,6 +143,7 @@ class CheckpointStore(Protocol):
         """Before a timed load (untimed): make it read storage, not a local cache; the policy that
         held (storage/pagecache.py), None where there is none. `share` = (index, count): every
         count-th file from index, so the ranks of one node drop each file once."""
+        return None
 
     # -- control plane ------------------------------------------------------------------
     def preflight(self, writes: bool = True) -> None:
@@ -185,11 +191,13 @@ class CheckpointStore(Protocol):
     def open_uploads(self, suffix: str | None = None) -> list[OpenUpload]:
         """Uploads started and neither completed nor aborted, under `suffix` (None: all
         under the store's root). A file system has none."""
+        return []
 
     def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0,
                       now: datetime.datetime | None = None) -> int:
         """Abort those uploads started at least `min_age_s` before `now` (default: the moment of
         the call; a caller that showed which it would abort passes the `now` it decided with)."""
+        return 0
 
     def clean_raw_area(self, token: str) -> int:
         """Remove what a run left in its raw area `token` (S3: uploads aborted); how many aborted."""

@@ -20,13 +20,11 @@ from dcp_fsdp.errors import UserError
 from dcp_fsdp.storage.layout import (CLAIM_EXCLUSIVE, CLAIM_NAME, METADATA_NAME, CheckpointInfo,
                                      SuffixClaim, check_suffix, checkpoint_info)
 from dcp_fsdp.storage.raw import FsRawArea, fs_ceiling_dir
-from dcp_fsdp.storage.base import built, host_state_kwargs, read_ahead_reader
+from dcp_fsdp.storage.base import CheckpointStore, built, host_state_kwargs, read_ahead_reader
 from dcp_fsdp.storage.timeline import HookTimeline
 
 if TYPE_CHECKING:
-    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter, StorageReader, StorageWriter
-
-    from dcp_fsdp.storage.base import OpenUpload
+    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
 
 def _info(entry: Path) -> CheckpointInfo:
@@ -39,7 +37,7 @@ def _info(entry: Path) -> CheckpointInfo:
                            datetime.datetime.fromtimestamp(newest, datetime.timezone.utc).isoformat())
 
 
-class FsStore:
+class FsStore(CheckpointStore):
     """DCP's FileSystemWriter/Reader on a directory: the baseline."""
 
     kind = "fs"
@@ -64,12 +62,6 @@ class FsStore:
         return built(FileSystemWriter, TimedFileSystemWriter, timeline, self.location(suffix),
                      thread_count=self.config.thread_count, sync_files=self.config.sync_files,
                      overwrite=False, **host_state_kwargs(host_state))
-
-    def warm_up(self, storage_io: StorageWriter | StorageReader) -> list[Any]:
-        return []  # no client to set up, no request statistics
-
-    def environment(self) -> dict[str, str]:
-        return {}
 
     def close(self) -> None:
         pass  # nothing of this process's to remove
@@ -161,13 +153,6 @@ class FsStore:
         path = self.root / suffix / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-
-    def open_uploads(self, suffix: str | None = None) -> list[OpenUpload]:
-        return []  # files are written in place: nothing is left open and billed
-
-    def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0,
-                      now: datetime.datetime | None = None) -> int:
-        return 0
 
     def get_small(self, suffix: str, name: str, max_bytes: int | None = None) -> bytes | None:
         path = self.root / suffix / name

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp.compat import installed_version
 from dcp_fsdp.config.schema import StorageConfig
+from dcp_fsdp.storage.base import CheckpointStore
 from dcp_fsdp.storage.layout import (CLAIM_CONDITIONAL, CLAIM_NAME, CLAIM_NOT_ATOMIC,
                                      CheckpointInfo, SuffixClaim, check_suffix)
 from dcp_fsdp.storage.raw import S3RawArea, s3_ceiling_prefix
@@ -33,7 +34,7 @@ CLIENTS: dict[str, type[S3Client]] = {client.name: client
                                       for client in (ConnectorClient, FsspecClient, MscClient)}
 
 
-class S3Store:
+class S3Store(CheckpointStore):
     kind = "s3"
 
     def __init__(self, storage: StorageConfig, after_failure: bool = False) -> None:
@@ -71,9 +72,6 @@ class S3Store:
 
     def warm_up(self, storage_io: StorageWriter | StorageReader) -> list[Any]:
         return self.client.warm_up(storage_io)
-
-    def drop_cache(self, suffix: str, share: tuple[int, int] = (0, 1)) -> None:
-        return None  # no local cache between a load and S3
 
     # -- control plane (boto3), see s3_control.py ---------------------------------------
     def preflight(self, writes: bool = True) -> None:
