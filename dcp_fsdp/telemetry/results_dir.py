@@ -19,9 +19,7 @@ def writable_dir_problem(path: str | Path) -> str | None:
     target = Path(path).expanduser()
     if target.exists() and not target.is_dir():
         return "it is a file, not a directory"
-    ancestor = target
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
+    ancestor = next((p for p in (target, *target.parents) if p.exists()), Path("."))
     if not ancestor.is_dir():
         return f"{ancestor} is a file, not a directory"
     try:

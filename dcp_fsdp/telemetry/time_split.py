@@ -2,10 +2,8 @@
 end-of-run summary and `report`; docs/metrics.md "Where the time goes").
 
 Per rank and operation the duration is exactly plan_s + io_s + commit_s, and io_s splits by
-who spends it (storage/timeline.py): a save's stage_s (DCP serialising) and upload_s (in the
-client); a load's storage_s (in the client), deserialise_s (DCP) and target_copy_s (into
-the live tensors). Fresh pages per byte = minor page faults x the page size / the bytes:
-1 or more, every byte landed in memory the kernel handed over fresh (the allocator).
+who spends it (storage/timeline.py; PARTS). Fresh pages per byte = minor page faults x the
+page size / the bytes: 1 or more, every byte landed in memory the kernel handed over fresh.
 """
 
 from __future__ import annotations
