@@ -132,7 +132,7 @@ class LogParser:
     (a span) for retries and for the time it was opened."""
 
     def __init__(self) -> None:
-        self._attempts: dict[str, list[Request]] = {}  # span -> attempts of its meta request
+        self._last_attempt: dict[str, Request] = {}  # span -> its meta request's latest attempt
         # meta requests begun and not ended yet: span -> when it began (its "new request")
         self.open_spans: dict[str, float] = {}
 
@@ -151,17 +151,15 @@ class LogParser:
         if rest.endswith("new request"):
             new = _NEW.match(rest)
             if new:
-                self._attempts.pop(new["span"], None)
+                self._last_attempt.pop(new["span"], None)
                 self.open_spans[new["span"]] = stamp
         elif "meta request" in rest:
             meta = _META.match(rest)
             if meta:
                 self.open_spans.pop(meta["span"], None)
-                attempts = self._attempts.pop(meta["span"], [])
-                if meta["end"] == "failed" and attempts:
-                    last = attempts[-1]
-                    if last.outcome == "failed" and last.retryable:
-                        last.retried = False  # the final attempt: given up, not retried
+                last = self._last_attempt.pop(meta["span"], None)
+                if meta["end"] == "failed" and last and last.outcome == "failed" and last.retryable:
+                    last.retried = False  # the final attempt: given up, not retried
 
     def _request(self, request: re.Match, end_wall_s: float) -> Request | Unparsed:
         fields, span = request["fields"], request["span"]
@@ -191,7 +189,7 @@ class LogParser:
                        duration_s=duration_s, ttfb_s=ttfb_s, nbytes=nbytes,
                        key=key[1] if key else None, opened_wall_s=opened, broken=broken,
                        retryable=retryable, retried=retryable)
-        self._attempts.setdefault(span, []).append(item)
+        self._last_attempt[span] = item
         return item
 
 
