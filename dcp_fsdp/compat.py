@@ -93,7 +93,6 @@ _DATA_OBJECT_NAME = re.compile(r"__(\d+)_\d+\.distcp")
 
 
 def data_object_prefix(rank: int) -> str:
-    """How rank `rank`'s data objects' base names start."""
     return f"__{rank}_"
 
 
@@ -206,7 +205,6 @@ def fake_tensor(shape: tuple[int, ...], dtype: Any) -> Any:
 
 
 def dcp_metadata_version() -> str:
-    """The version string DCP's FileSystemWriter stamps into `.metadata`."""
     return str(_internal("torch.distributed.checkpoint.filesystem", "CURRENT_DCP_VERSION"))
 
 

@@ -106,7 +106,6 @@ def wait(duration_s: float, heartbeat_s: float, out: TextIO | None = None) -> in
 
 
 def main(args: argparse.Namespace) -> int:
-    """`wait` for `--duration`, a line every `--heartbeat`."""
     duration_s = parse_duration(args.duration, "--duration")
     heartbeat_s = parse_duration(args.heartbeat, "--heartbeat")
     if 0 < heartbeat_s < MIN_HEARTBEAT_S:

@@ -87,7 +87,6 @@ def _statuses(rows: list["Request"]) -> dict[str, int]:
 
 
 def _type_entry(rows: list["Request"]) -> dict[str, Any]:
-    """The figures of one request type in a window."""
     durations = [r.duration_s for r in rows if r.duration_s is not None]
     entry: dict[str, Any] = {
         "count": len(rows),
