@@ -135,8 +135,8 @@ def job_outcome(reports: list[dict], srun_ends: list[tuple[str, str]], step_exit
     if signal_name is not None:  # the batch script was signalled: scancel, the time limit
         why = {"SIGUSR1": "the job's time limit is near (Slurm's --signal)"}.get(
             signal_name, f"interrupted by {signal_name}")
-        return RanksOutcome(contract.EXIT_INTERRUPTED, "interrupted", why,
-                            signal_name=signal_name, failures=failures, cause=cause.INTERRUPTED)
+        return RanksOutcome(contract.EXIT_INTERRUPTED, "interrupted", why, failures=failures,
+                            cause=cause.INTERRUPTED)
     if step_exit == 0 and all(r["summary"] and r["summary"].get("outcome") == "ok"
                               for r in reports):
         return RanksOutcome(contract.EXIT_OK, "ok", cause=cause.OK)

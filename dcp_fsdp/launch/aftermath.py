@@ -32,7 +32,6 @@ class RanksOutcome:
     exit_code: int
     status: str  # ok | failed | interrupted
     error: str | None = None  # one line: the rank that ended first and why
-    signal_name: str | None = None  # the signal an interrupt came with
     writing_suffix: str | None = None  # the suffix a save was writing when the run ended
     failures: dict[str, dict] = field(default_factory=dict)  # torchrun's, per global rank
     cause: contract.EndCause = contract.EndCause.AGENT  # why, as a field (never read from `error`)

@@ -159,7 +159,7 @@ def _outcome(agent_code: int | None, summary: dict[str, Any],
         name = summary.get("signal") or "SIGTERM"
     if name is not None:
         return RanksOutcome(contract.EXIT_INTERRUPTED, "interrupted", f"interrupted by {name}",
-                            signal_name=name, failures=failures, cause=cause.INTERRUPTED)
+                            failures=failures, cause=cause.INTERRUPTED)
     if not failures:
         why = summary.get("agent_error") or f"torch's elastic agent exited with {agent_code}"
         return RanksOutcome(contract.EXIT_FAILED, "failed", why, cause=cause.AGENT)
