@@ -25,8 +25,6 @@ def _quiet_exit(signum: int, frame: FrameType | None) -> NoReturn:
 
 
 def main(argv: list[str]) -> int:
-    import time
-
     from dcp_fsdp import contract
     from dcp_fsdp.process.collector import paused_for_imports
     from dcp_fsdp.process.lifeline import die_with_parent
@@ -79,7 +77,6 @@ def main(argv: list[str]) -> int:
         summary["agent_error"] = f"{type(error).__name__}: {' '.join(str(error).split())[:400]}"
         if debug:
             raise
-    summary["finished_at_s"] = time.time()
     _finish(summary, summary_path, parent)
     return {"ok": 0, "failed": 1, "interrupted": 130}[summary["outcome"]]
 
