@@ -29,10 +29,6 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "mixtral": LLAMA_LIKE_REQUIRED + ("num_local_experts",),
     "gpt2": ("n_embd", "n_layer", "n_head", "vocab_size", "n_positions"),
 }
-# Qwen3Config's head_dim is 128 whatever the width; the other classes use hidden / heads.
-HEAD_DIM_DEFAULT = {"qwen3": 128}
-# Families whose class reads attention_bias (q/k/v/o biases); Qwen2 always biases q/k/v.
-ATTENTION_BIAS_FAMILIES = ("llama", "qwen3", "qwen3_moe")
 # The rope types transformers 5.x builds (its ROPE_INIT_FUNCTIONS, and "default"; a test checks).
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
 
@@ -163,11 +159,13 @@ def _check_rope(fields: _Fields) -> None:
 def _llama_like(family: str, fields: _Fields) -> ModelShape:
     hidden, heads = fields.whole("hidden_size"), fields.whole("num_attention_heads")
     layers = fields.whole("num_hidden_layers")
-    head_dim = fields.whole("head_dim", HEAD_DIM_DEFAULT.get(family, hidden // heads))
+    # Qwen3Config's head_dim is 128 whatever the width; the other classes use hidden / heads
+    head_dim = fields.whole("head_dim", 128 if family == "qwen3" else hidden // heads)
     kv_heads = fields.whole("num_key_value_heads")
     _check_attention(family, fields, hidden, heads, kv_heads, head_dim)
     _check_rope(fields)
-    bias = family in ATTENTION_BIAS_FAMILIES and fields.flag("attention_bias", False)
+    # the classes that read attention_bias (q/k/v/o biases); Qwen2 always biases q/k/v
+    bias = family in ("llama", "qwen3", "qwen3_moe") and fields.flag("attention_bias", False)
     experts = {"qwen3_moe": lambda: fields.whole("num_experts", minimum=0),
                "mixtral": lambda: fields.whole("num_local_experts")}.get(family, lambda: 0)()
     return ModelShape(
