@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dcp_fsdp.launch import checks, gpus
+from dcp_fsdp.launch import checks
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,12 +68,12 @@ def test_without_nvidia_smi_the_proc_directory_counts(tmp_path, monkeypatch):
     proc = tmp_path / "gpus"
     for bus in ("0000:18:00.0", "0000:2a:00.0"):
         (proc / bus).mkdir(parents=True)
-    monkeypatch.setattr(gpus, "PROC_GPUS", proc)
+    monkeypatch.setattr(checks, "PROC_GPUS", proc)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no nvidia-smi
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert gpus.visible_gpu_count() == 2
-    monkeypatch.setattr(gpus, "PROC_GPUS", tmp_path / "absent")
-    assert gpus.visible_gpu_count() == 0
+    assert checks.visible_gpu_count() == 2
+    monkeypatch.setattr(checks, "PROC_GPUS", tmp_path / "absent")
+    assert checks.visible_gpu_count() == 0
 
 
 def test_counting_gpus_in_the_parent_imports_no_torch(fake_driver):
