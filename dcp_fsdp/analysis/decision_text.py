@@ -6,6 +6,8 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
+from tabulate import tabulate
+
 from dcp_fsdp.units import GIB
 from dcp_fsdp.analysis import costs
 from dcp_fsdp.analysis.decisions import (FIRST_ORDER_LIMIT, HOLDS, MATCH_KEYS, MEANINGLESS,
@@ -199,8 +201,6 @@ def render(result: dict[str, Any], runs: list[dict[str, Any]], node_mtbf_hours: 
            prices: costs.Prices, fmt: str = "table") -> str:
     """The interval and dollars section of `report`: a side-by-side table of the save groups
     (sync and async next to each other), then each group's inputs and figures."""
-    from tabulate import tabulate
-
     heading = "## " if fmt == "md" else ""
     groups = gather(result, runs)
     if not groups:

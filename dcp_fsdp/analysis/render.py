@@ -11,10 +11,12 @@ import textwrap
 from typing import Any
 
 import pandas as pd
+from tabulate import tabulate
 
 from dcp_fsdp.analysis import columns as cols
 from dcp_fsdp.analysis.columns import Column, cell
-from dcp_fsdp.telemetry.figures import ceiling_lines
+from dcp_fsdp.analysis.run_summary import MLPERF_DIFFERENCE, mlperf_op_lines
+from dcp_fsdp.telemetry.figures import ceiling_lines, mlperf_shortfall
 
 DEFAULT_WIDTH = 100  # when the output is not a terminal
 KEY_CELL_MAX = 18  # characters of a group key's value in the compact view
@@ -56,8 +58,6 @@ def _tabulate(headers: list[str], columns: list[list[str]], tablefmt: str,
               compact: bool = False) -> str:
     """`compact`: tabulate's "simple" table without the two spaces it pads each header with
     (its module-wide MIN_PADDING, which no call can set): the headers as a "plain" row."""
-    from tabulate import tabulate
-
     rows = [list(row) for row in zip(*columns)] if columns else []
     if not compact:
         return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
@@ -265,9 +265,6 @@ def _mlperf(page: _Page, result: dict[str, Any]) -> None:
     if "protocol" not in runs or samples.empty:
         return
     chosen = runs[(runs["status"] == "ok") & (runs["protocol"] == "mlperf")]
-    from dcp_fsdp.analysis.run_summary import MLPERF_DIFFERENCE, mlperf_op_lines
-    from dcp_fsdp.telemetry.figures import mlperf_shortfall
-
     short = {run_id: mlperf_shortfall(samples[samples["run_id"] == run_id])
              for run_id in chosen["run_id"]}
     whole = [run_id for run_id, why in short.items() if why is None]

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 from dcp_fsdp.analysis.groups import build
 from dcp_fsdp.analysis.plots import plot
 from dcp_fsdp.analysis.render import DEFAULT_WIDTH, render, wide_csv
+from dcp_fsdp.analysis.server_checks import server_check_notes
 from dcp_fsdp.analysis.sources import read_records, record_files
 from dcp_fsdp.errors import UserError
+from dcp_fsdp.telemetry.results_dir import writable_dir_problem
 
 if TYPE_CHECKING:
     from dcp_fsdp.analysis.costs import Prices
@@ -49,8 +51,6 @@ def decision_problem(args: argparse.Namespace) -> tuple[str | None, Prices | Non
 
 def output_problem(args: argparse.Namespace) -> str | None:
     """Where --plot and --csv would write, checked before any record is read."""
-    from dcp_fsdp.telemetry.results_dir import writable_dir_problem
-
     if args.plot is not None:
         problem = writable_dir_problem(args.plot) if args.plot.strip() else "empty"
         if problem:
@@ -107,8 +107,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: {warning}", file=sys.stderr)
         return 2
     result = build(runs, samples)
-    from dcp_fsdp.analysis.server_checks import server_check_notes
-
     # e.g. which groups are too noisy; runs whose request counts the server contradicts
     warnings = [*warnings, *result.get("notes", []), *server_check_notes(runs)]
     if args.format == "csv":

@@ -5,15 +5,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tabulate import tabulate
+
 from dcp_fsdp.analysis.caveats import stager_note
+from dcp_fsdp.analysis.metrics import per_operation, run_figures, samples_frame
+from dcp_fsdp.telemetry.figures import mlperf_gib_s, operations, pooled
 from dcp_fsdp.telemetry.records import ModelInfo, ModelSettings, RunRecord, Sample, StorageInfo
+from dcp_fsdp.telemetry.time_split import split_lines
+from dcp_fsdp.units import GIB, MIB
 
 
 def print_run_summary(run: RunRecord, samples: list[Sample]) -> None:
-    from tabulate import tabulate
-
-    from dcp_fsdp.analysis.metrics import run_figures
-
     # the same figures as `report` gives for this record (telemetry/figures.py)
     headers, rows, notes = run_figures({**s.model_dump(), "run_id": run.run_id} for s in samples)
     model, storage = run.model or ModelInfo(), run.storage or StorageInfo()
@@ -22,8 +24,6 @@ def print_run_summary(run: RunRecord, samples: list[Sample]) -> None:
           f"on {run.world_size} rank(s) / {run.node_count} node(s){replicas_words(run)}, "
           f"storage {storage.kind}{embedded}")
     print(tabulate(rows, headers=headers, tablefmt="github"))
-    from dcp_fsdp.telemetry.time_split import split_lines
-
     for line in [*notes, *split_lines(s.model_dump() for s in samples), *async_lines(samples),
                  *mlperf_lines(run, samples), *cache_lines(run, samples)]:
         print(line)
@@ -46,8 +46,6 @@ def replicas_words(run: RunRecord) -> str:
 def async_lines(samples: list[Sample]) -> list[str]:
     """Async saves: what training paid (the stall; with steps between saves, the training time
     lost and its share of the interval) and how long until the save was durable."""
-    from dcp_fsdp.analysis.metrics import per_operation, samples_frame
-
     saves = [s for s in samples if s.op == "save" and s.save_mode == "async"]
     if not saves:
         return []
@@ -117,9 +115,6 @@ def mlperf_lines(run: RunRecord, samples: list[Sample]) -> list[str]:
 def mlperf_op_lines(samples: Any) -> list[str]:
     """One line per op of one run's samples (dicts or a frame): MLPerf's figure and ours;
     the end-of-run lines and `report` print the same."""
-    from dcp_fsdp.telemetry.figures import mlperf_gib_s, operations, pooled
-    from dcp_fsdp.units import GIB, MIB
-
     ops = operations(samples)
     lines = []
     for op in ("save", "load"):

@@ -11,17 +11,16 @@ them.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
+from tabulate import tabulate
 
 from dcp_fsdp.analysis import costs
 from dcp_fsdp.analysis.columns import cell
 from dcp_fsdp.analysis.plots import save_png
 from dcp_fsdp.analysis.tables import select
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 PUT_LIMIT_PER_S = 3500  # per partitioned prefix (S3 docs: performance guidelines)
 GET_LIMIT_PER_S = 5500
@@ -114,8 +113,6 @@ def prefix_warnings(result: dict[str, Any], runs: list[dict[str, Any]], target_n
 
 
 def render(result: dict[str, Any], fmt: str = "table") -> str:
-    from tabulate import tabulate
-
     frames = scaling_frames(result)
     if not frames:
         return ""
@@ -141,8 +138,6 @@ def render(result: dict[str, Any], fmt: str = "table") -> str:
 def plot(result: dict[str, Any], directory: str | Path) -> list[Path]:
     """scaling.png: per operation spanning several sizes, scaling efficiency and the plan /
     commit / barrier shares against ranks (nothing when no operation spans two sizes)."""
-    from pathlib import Path
-
     frames = scaling_frames(result)
     if not frames:
         return []
