@@ -167,8 +167,11 @@ def _outcome(agent_code: int | None, summary: dict[str, Any],
 
 
 def rank_failed(failures: dict[str, dict[str, Any]]) -> RanksOutcome:
-    """The outcome named by the rank that ended first on its own."""
-    rank, first = first_failure(failures)
+    """The outcome named by the rank that ended first on its own (not stopped for a peer):
+    the earliest, then the lowest rank."""
+    rank, first = min(failures.items(), key=lambda item: (
+        item[1].get("cause") == contract.EndCause.PEER_ENDED.value, item[1].get("timestamp", 0),
+        int(item[0])))
     code = first["exitcode"]
     if code == contract.EXIT_INTERRUPTED:  # a rank alone was sent SIGINT / SIGTERM
         return RanksOutcome(code, "interrupted", f"rank {rank}: {first['message']}",
@@ -198,11 +201,3 @@ def _sigkill_cause(node_oom_kills: int | None) -> str:
                 f"{node_oom_kills} process(es) on its node during the run; `dmesg` names them)")
     return (" (not the kernel's OOM killer: it killed nothing on that node during the run, "
             "/proc/vmstat oom_kill; a person or another process sent it)")
-
-
-def first_failure(failures: dict[str, dict]) -> tuple[int, dict]:
-    """The rank that ended first on its own (not stopped for a peer), earliest, lowest rank."""
-    rank, entry = min(failures.items(), key=lambda item: (
-        item[1].get("cause") == contract.EndCause.PEER_ENDED.value, item[1].get("timestamp", 0),
-        int(item[0])))
-    return int(rank), entry
