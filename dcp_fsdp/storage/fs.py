@@ -92,9 +92,7 @@ class FsStore(CheckpointStore):
                 raise UserError(f"storage.path={self.root}: not readable; choose a directory you "
                                 "can read")
             return
-        where = self.root
-        while not where.exists() and where != where.parent:
-            where = where.parent
+        where = next(path for path in (self.root, *self.root.parents) if path.exists())
         probe = where / f".dcp-fsdp-probe-{secrets.token_hex(4)}"
         try:
             if not where.is_dir():

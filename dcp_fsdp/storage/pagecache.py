@@ -54,9 +54,8 @@ def resident_pages(path: str | os.PathLike) -> tuple[int, int]:
     if pages == 0:
         return 0, 0
     libc = _c_library()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    with open(path, "rb", buffering=0) as file:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, file.fileno(), 0)
         if address in (None, ctypes.c_void_p(-1).value):
             raise OSError(ctypes.get_errno(), f"mmap of {path} failed")
         try:
@@ -66,8 +65,6 @@ def resident_pages(path: str | os.PathLike) -> tuple[int, int]:
             return sum(byte & 1 for byte in vector), pages
         finally:
             libc.munmap(address, size)
-    finally:
-        os.close(fd)
 
 
 def file_system_type(path: str | os.PathLike) -> str | None:
@@ -100,12 +97,9 @@ def drop(paths: Iterable[str | os.PathLike]) -> str:
     Untimed: call it before the aligning barrier of the read it prepares."""
     paths = list(paths)
     for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        with open(path, "rb", buffering=0) as file:
+            os.fsync(file.fileno())
+            os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     if paths and file_system_type(paths[0]) in MEMORY_FS_TYPES:
         return TMPFS
     if any(resident_pages(path)[0] for path in paths):

@@ -5,6 +5,7 @@ client DCP's writer and reader use, never where `list` looks: s3 `<uri>.ceiling/
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -123,14 +124,9 @@ class FsRawArea:
     def delete(self, client: Client, names: Iterable[str]) -> None:
         """Unlink these files, then every folder up to `<path>.ceiling` now empty (no barrier:
         the last rank removes them, so a failed round cleans up too)."""
-        top = self.base.parent
         for name in names:
             path = self.path(name)
             path.unlink(missing_ok=True)
-            directory = path.parent
-            while directory != top.parent:
-                try:
+            with contextlib.suppress(OSError):  # not empty (another rank's files) or already gone
+                for directory in path.parents[:len(path.relative_to(self.base.parent).parts)]:
                     directory.rmdir()
-                except OSError:  # not empty (another rank's files) or already gone
-                    break
-                directory = directory.parent

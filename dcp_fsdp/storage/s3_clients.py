@@ -231,10 +231,7 @@ class MscClient(S3Client):
     name = StorageClient.msc.value
     packages: tuple[str, ...] = ("multi-storage-client", "boto3", "botocore")
     settings = CLIENT_ONLY[StorageClient.msc]
-
-    def __init__(self, target: S3Target, config: StorageConfig) -> None:
-        super().__init__(target, config)
-        self.own_dir: Path | None = None  # where its profile file lives (close() removes it)
+    own_dir: Path | None = None  # where its profile file lives (close() removes it)
 
     def location(self, suffix: str) -> str:
         prefix = f"{self.target.prefix}/" if self.target.prefix else ""

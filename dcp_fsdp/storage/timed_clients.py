@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from multistorageclient import resolve_storage_client
 from multistorageclient.contrib.torch import MultiStorageFileSystemReader, MultiStorageFileSystemWriter
+from multistorageclient.types import Range
 
 from dcp_fsdp.compat import fsspec_dcp_classes
 from dcp_fsdp.storage.read_ahead import ReadAhead
@@ -47,9 +49,6 @@ class TimedReadAheadMscReader(TimedReader, ReadAhead, MultiStorageFileSystemRead
     `read(byte_range=...)` per group (its file objects download whole objects)."""
 
     def fetch_into(self, path: Any, start: int, target: memoryview) -> None:
-        from multistorageclient import resolve_storage_client
-        from multistorageclient.types import Range
-
         client, key = resolve_storage_client(str(path))
         self.clocked_into(target, lambda: client.read(key, byte_range=Range(offset=start,
                                                                              size=len(target))))

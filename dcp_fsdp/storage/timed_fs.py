@@ -200,14 +200,11 @@ class TimedFileSystem(FileSystemBase):
             return
         with self.inner.create_stream(path, mode) as stream:
             if "w" in mode:
-                timed: io.IOBase = TimedWriteStream(stream, self.timeline)
-            elif "r" in mode:
-                timed = self.read_stream(stream, self.timeline)
-            else:
-                timed = stream
-            yield timed
-            if "w" in mode:
+                timed = TimedWriteStream(stream, self.timeline)
+                yield timed
                 self._count_object(path, timed)
+            else:
+                yield self.read_stream(stream, self.timeline) if "r" in mode else stream
 
     def _screened_metadata(self, path: StrPath) -> bytes:
         """DCP's read of `.metadata`, timed and counted, handed to its unpickler only when it is
