@@ -1,7 +1,6 @@
 """The storage contract: what a rank and the launcher need from any checkpoint store (as
-torchtitan's `CheckpointStorage`), implemented by the S3 store and the file-system store.
-Layout and suffix policy are `layout.py`'s, in terms of this contract. Nothing outside
-`storage/` reaches into a store past what is declared here.
+torchtitan's `CheckpointStorage`), implemented by the S3 and the file-system store. Layout and
+suffix policy are `layout.py`'s, in its terms; nothing outside `storage/` reaches past it.
 """
 
 from __future__ import annotations

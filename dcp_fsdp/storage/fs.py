@@ -67,7 +67,6 @@ class FsStore(CheckpointStore):
         pass  # nothing of this process's to remove
 
     def drop_cache(self, suffix: str, share: tuple[int, int] = (0, 1)) -> str:
-        """Evict this caller's share of the checkpoint's files from the page cache (base.py)."""
         index, count = share
         return pagecache.drop(pagecache.checkpoint_files(self.location(suffix))[index::count])
 

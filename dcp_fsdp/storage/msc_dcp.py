@@ -1,5 +1,5 @@
-"""multi-storage-client's DCP writer and reader, as this tool builds them (storage.client=msc):
-subclasses of MSC's own classes that fix two things.
+"""multi-storage-client's DCP writer and reader, as this tool builds them (storage.client=msc;
+ranks only): subclasses of MSC's own classes that fix two things.
 
 - **A `.metadata` any client can load.** torch's writer pickles the checkpoint id, MSC's
   `MultiStoragePath`, which only MSC with the writer's profile can unpickle:
@@ -9,8 +9,6 @@ subclasses of MSC's own classes that fix two things.
   `OnceMscReader` prefetches (`storage.msc_prefetch_threads`, 1 = none) into the file objects
   `read_data` then reads; a prefetched rank holds all its objects in memory at once. No disk
   cache instead: it would sit between later loads and the bucket, and write inside the timer.
-
-Ranks only (imports torch and multistorageclient).
 """
 
 from __future__ import annotations
@@ -89,8 +87,7 @@ def _download(path: str | os.PathLike) -> Any:
 
 
 class OnceMscReader(MultiStorageFileSystemReader):
-    """MSC's reader; `prefetch_threads` > 1 downloads the plan's files that many at a time
-    before DCP reads them, into the file objects DCP then reads (each object fetched once)."""
+    """MSC's reader; `prefetch_threads` > 1 downloads the plan's files that many at a time."""
 
     def __init__(self, path: str | os.PathLike, prefetch_threads: int = 1) -> None:
         super().__init__(path, thread_count=1)  # MSC's own prefetch off: it fetches twice

@@ -59,7 +59,6 @@ class S3RawArea:
         return sum(len(chunk) for chunk in object_chunks(client, self.bucket, self._key(name)))
 
     def get_into(self, client: Client, name: str, target: memoryview) -> int:
-        """The native object stream landed in `target` (a preallocated tensor's bytes)."""
         received = 0
         for chunk in object_chunks(client, self.bucket, self._key(name)):
             target[received:received + len(chunk)] = chunk
@@ -114,7 +113,6 @@ class FsRawArea:
         return received
 
     def get_into(self, client: Client, name: str, target: memoryview) -> int:
-        """The file read straight into `target` (a preallocated tensor's bytes)."""
         received = 0
         with open(self.path(name), "rb", buffering=0) as source:
             while count := source.readinto(target[received:]):

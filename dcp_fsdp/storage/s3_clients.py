@@ -161,9 +161,8 @@ def _name_object(parsed: dict[str, Any], context: dict[str, Any], model: Any, **
 
 def quiet_broken_connection_tasks(loop: Any, context: dict[str, Any]) -> None:
     """fsspec's event loop's exception handler: an aiohttp task left with a connection error
-    (writing a request whose connection broke) is dropped, not printed with its traceback as
-    "Task exception was never retrieved": the request fails with that error, which the rank
-    reports in its one line. Anything else goes to asyncio's default handler."""
+    (its request's connection broke) is dropped, not printed as "Task exception was never
+    retrieved": the request fails with that error, which the rank reports in its one line."""
     if not (context.get("message") == "Task exception was never retrieved"
             and isinstance(context.get("exception"), ConnectionError)):
         loop.default_exception_handler(context)

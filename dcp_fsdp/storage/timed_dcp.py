@@ -1,10 +1,7 @@
 """DCP's storage writers and readers, timed: subclasses of the store's own classes that override
-the hooks DCP calls and record each one's span on a `HookTimeline` (storage/timeline.py;
-docs/architecture.md, "Timing DCP"). Nothing is assigned on an instance after it is built, so
-a writer pickled into the process checkpointer's daemon is timed there too: its timeline copy
-writes what it recorded to a file the rank reads back (`HookTimeline.dump_path`).
-
-Ranks only (imports torch).
+the hooks DCP calls and record each one's span on a `HookTimeline` (docs/architecture.md,
+"Timing DCP"). Nothing is assigned on an instance after it is built, so a writer pickled into
+the process checkpointer's daemon is timed there too (`HookTimeline.dump_path`). Ranks only.
 """
 
 from __future__ import annotations

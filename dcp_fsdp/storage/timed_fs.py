@@ -2,10 +2,7 @@
 what they record; docs/architecture.md, "Timing DCP"): subclasses of torch's `FileSystemBase`
 and of `io.BufferedIOBase` that hold the client's own file system or stream (`inner`) and
 implement each method DCP calls by name. Nothing is forwarded by attribute lookup and nothing
-is assigned on the client's objects. Timed and counted: a write stream's write() and close()
-(an error they raise is noted first), a read stream's read(), readinto() and readline().
-
-Ranks only (imports torch).
+is assigned on the client's objects. Ranks only (imports torch).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""The connector's DCP writer and reader, timed (storage/timed_dcp.py says how): a module of
-its own so that only ranks of an S3 store import the connector.
-
-A load through the connector waits for storage in its native stream's chunk iterator; its
-reader's copies of the chunks into DCP's buffers are the rank's work. The reader constructors
-here (the connector's public `reader_constructor` hook) clock that iterator.
+"""The connector's DCP writer and reader, timed (storage/timed_dcp.py says how), in a module of
+its own so that only ranks of an S3 store import the connector. A load waits for storage in the
+native stream's chunk iterator (the reader's copies of the chunks are the rank's work): the
+reader constructors here (the connector's `reader_constructor` hook) clock that iterator.
 """
 
 from __future__ import annotations
