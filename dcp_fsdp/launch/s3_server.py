@@ -106,9 +106,8 @@ def runs_using(state: dict) -> list[tuple[int, str]]:
 
 def read_state(where: Path) -> dict | None:
     """The running server's state, or None (a dead daemon's is removed with what it left)."""
-    path = where / STATE_NAME
     try:
-        state = json.loads(path.read_text())
+        state = json.loads((where / STATE_NAME).read_text())
     except (OSError, ValueError):
         return None
     if lifeline.alive(state.get("daemon_pid")):
@@ -147,8 +146,7 @@ def _print_usage_of(state: dict) -> None:
 
 def start(where: Path, bucket: str) -> int:
     lifeline.remove_stale()  # a killed daemon's server left its sockets in /tmp
-    state = read_state(where)
-    if state is not None:
+    if (state := read_state(where)) is not None:
         log.info("already running")
         _print_usage_of(state)
         return 0
@@ -195,8 +193,7 @@ def stop(where: Path, force: bool = False) -> int:
         shutil.rmtree(where, ignore_errors=True)
         log.info("s3-server: not running")
         return 0
-    state = read_state(where)
-    if state is None:
+    if (state := read_state(where)) is None:
         log.info("s3-server: not running (removed what a stopped server left)")
         return 0
     users = runs_using(state)
