@@ -7,6 +7,7 @@ files), and the light parent prints the one line. DCP_FSDP_DEBUG=1 keeps torchru
 """
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -84,8 +85,6 @@ def main(argv: list[str]) -> int:
 def _finish(summary: dict, summary_path: str | None, parent: int) -> None:
     """The outcome to the launcher's file; if the launcher was killed, the last of its
     processes removes what it could not (lifeline.remove_stale)."""
-    import json
-
     if summary_path:
         with contextlib.suppress(OSError), open(summary_path, "w") as f:  # OSError: launcher gone
             json.dump(summary, f)
