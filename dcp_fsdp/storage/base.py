@@ -62,15 +62,18 @@ class OpenUpload:
 
 class RawArea(Protocol):
     """Objects moved raw (no DCP), by the client DCP's writer and reader use, beside the
-    checkpoints (never seen by `list`). Names are relative to the area and may hold '/'."""
+    checkpoints (never seen by `list`). Names are relative to the area and may hold '/'; the
+    defaults are S3's: nothing to create, no local cache."""
 
     location: str  # the area's URI / path, for messages
 
     def open(self) -> Any:
         """A client built now, so that no timed operation pays its set-up (fs: None)."""
+        return None
 
     def prepare(self, names: Iterable[str]) -> None:
         """Create what must exist before the objects are written (folders); untimed."""
+        return None
 
     def put(self, client: Any, name: str, chunks: Iterable[bytes | memoryview]) -> None:
         """Write one object from its chunks, durably (fs: fsync'd, as DCP's writer does)."""
@@ -86,6 +89,7 @@ class RawArea(Protocol):
 
     def drop_cache(self, names: Iterable[str]) -> str | None:
         """These objects out of the page cache (untimed); the policy that held, None for S3."""
+        return None
 
 
 # A writer's kwargs for state in host memory: no copy-ahead. With CUDA available DCP's writers

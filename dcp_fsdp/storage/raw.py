@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable
 
 import dcp_fsdp.storage.pagecache as pagecache
 from dcp_fsdp.compat import object_chunks, s3_client
+from dcp_fsdp.storage.base import RawArea
 from dcp_fsdp.storage.layout import CEILING_ROOT
 
 Client = Any  # what open() returns: the connector's S3Client (untyped) for S3, None for fs
@@ -25,7 +26,7 @@ def fs_ceiling_dir(root: Path, token: str) -> Path:
     return root.parent / f"{root.name}.ceiling" / token
 
 
-class S3RawArea:
+class S3RawArea(RawArea):
     """PUT/GET/DELETE through s3torchconnector's S3Client: the native (CRT) client DCP's
     S3StorageWriter/Reader use, built from the same S3ClientConfig."""
 
@@ -38,15 +39,9 @@ class S3RawArea:
     def _key(self, name: str) -> str:
         return f"{self.base_key}/{name}"
 
-    def drop_cache(self, names: Iterable[str]) -> None:
-        return None  # no local cache between a GET and S3
-
     def open(self) -> Client:
         """A fresh client with its native client built (else built on the first request)."""
         return s3_client(self.region, self._client_config())
-
-    def prepare(self, names: Iterable[str]) -> None:
-        """Nothing: S3 has no folders to create."""
 
     def put(self, client: Client, name: str, chunks: Iterable[bytes | memoryview]) -> None:
         writer = client.put_object(self.bucket, self._key(name))
@@ -70,7 +65,7 @@ class S3RawArea:
             client.delete_object(self.bucket, self._key(name))
 
 
-class FsRawArea:
+class FsRawArea(RawArea):
     """Plain file writes (fsync'd as DCP's writer is told: storage.sync_files) and reads."""
 
     def __init__(self, base: Path, read_chunk_bytes: int, sync_files: bool = True) -> None:
@@ -81,9 +76,6 @@ class FsRawArea:
 
     def path(self, name: str) -> Path:
         return self.base / name
-
-    def open(self) -> None:
-        return None
 
     def prepare(self, names: Iterable[str]) -> None:
         for name in names:
