@@ -282,11 +282,9 @@ def _check_s3_environment(cfg: BenchmarkConfig) -> None:
         raise UserError(f"storage.uri is not set but {name} is: give the bucket "
                         "too, e.g. storage.uri=s3://my-bucket/checkpoints (or "
                         f"unset {name} for the embedded server)")
-    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
-        value = os.environ.get(name)
-        if value is not None and cfg.storage.region is None:
-            check_region(value, name)
-            break
+    region = next((name for name in ("AWS_REGION", "AWS_DEFAULT_REGION") if name in os.environ), None)
+    if region is not None and cfg.storage.region is None:
+        check_region(os.environ[region], region)
     _check_retry_environment()
     if cfg.request_stats:
         from dcp_fsdp.telemetry.connector_log import version_problem
