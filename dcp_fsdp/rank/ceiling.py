@@ -119,7 +119,6 @@ class Mover:
         self.chunk_bytes = chunk_bytes
         # Random bytes: no storage layer can compress or deduplicate them away.
         self.payload = os.urandom(chunk_bytes)
-        self._tails: dict[int, bytes] = {}
 
     @staticmethod
     def name(iteration: int, obj: RawObject) -> str:
@@ -130,17 +129,13 @@ class Mover:
         return self.area.open()
 
     def prepare(self, iteration: int, objects: list[RawObject]) -> None:
-        """Untimed: the tails' bytes cut once, the iteration's folders made."""
-        for obj in objects:
-            rest = obj.size_bytes % self.chunk_bytes
-            if rest and rest not in self._tails:
-                self._tails[rest] = self.payload[:rest]
+        """Untimed: the iteration's folders made."""
         self.area.prepare(self.name(iteration, obj) for obj in objects)
 
     def put(self, client: Client, iteration: int, obj: RawObject) -> None:
         full, rest = divmod(obj.size_bytes, self.chunk_bytes)
         self.area.put(client, self.name(iteration, obj),
-                      [self.payload] * full + ([self._tails[rest]] if rest else []))
+                      [self.payload] * full + ([memoryview(self.payload)[:rest]] if rest else []))
 
     def get(self, client: Client, iteration: int, obj: RawObject) -> int:
         return self.area.get(client, self.name(iteration, obj))

@@ -9,7 +9,6 @@ delay all happen outside the timers.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import os
 import re
@@ -72,13 +71,6 @@ class SampleHandle:
         return self._sample
 
 
-@dataclasses.dataclass
-class PendingSave:
-    handle: SampleHandle
-    suffix: str
-    iteration: int
-
-
 class CheckpointLoop:
     def __init__(self, cfg: BenchmarkConfig, ctx: RankContext, store: CheckpointStore,
                  sharded: ShardedModel, state_dict: dict[str, Any], request_log: RequestLog | None,
@@ -102,7 +94,7 @@ class CheckpointLoop:
         self.suffixes: list[str] = []
         self.suffix_claim: str | None = None  # how the saves' suffixes were claimed (layout)
         self.writing_suffix: str | None = None  # a save in progress: incomplete if we stop
-        self._pending_save: PendingSave | None = None  # the last save, until its upload is done
+        self._pending_save: SampleHandle | None = None  # the last save, until its upload is done
         self._timeline_dir: Path | None = None  # process checkpointer: see _timeline_file
         # Per suffix loaded: {"checked": bool, "reason": why not} (recorded on the run line).
         self.integrity: dict[str, dict[str, Any]] = {}
@@ -354,7 +346,7 @@ class CheckpointLoop:
         self._note_writing(suffix)
         handle = self._timed("save", iteration, suffix)
         self._complete_pending()  # the previous save (this one waited for its upload)
-        self._pending_save = PendingSave(handle, suffix, iteration)
+        self._pending_save = handle
         # A load needs the checkpoint committed; the last save's upload ends the run.
         if handle.done() or self.cfg.command == Command.save_and_load or \
                 iteration == self.cfg.iterations:
@@ -429,22 +421,22 @@ class CheckpointLoop:
         pending, self._pending_save = self._pending_save, None
         if pending is None:
             return
-        suffix, iteration = pending.suffix, pending.iteration
-        self.keep(pending.handle.result())
+        sample = pending.result()
+        self.keep(sample)
+        suffix = sample.suffix
         self.suffixes.append(suffix)  # a run cut short names only the saves that completed
         self._write_manifest(suffix)
         if self.writing_suffix == suffix:  # (with a cadence the next save may be under way)
             self._note_writing(None)
         self.log(f"saved suffix={suffix} at {self.store.location(suffix)} "
-                 f"(iteration {iteration}/{self.cfg.iterations})")
+                 f"(iteration {sample.iteration}/{self.cfg.iterations})")
 
     def _note_writing(self, suffix: str | None) -> None:
         """The save in progress (None: none), for the record and the launcher's file."""
         self.writing_suffix = suffix
         path = os.environ.get(contract.WRITING_SUFFIX_FILE_ENV)
         if path and self.ctx.is_coordinator:
-            with open(path, "w") as f:
-                f.write(suffix or "")
+            Path(path).write_text(suffix or "")
 
     def _pause(self) -> None:
         if self.cfg.delay_s > 0:

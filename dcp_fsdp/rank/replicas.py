@@ -16,10 +16,10 @@ from torch.distributed.checkpoint import StorageReader
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from dcp_fsdp.compat import flatten_state_dict
-from dcp_fsdp.models.build import REPLICATE_DIM, SHARD_DIM, unique_shards
+from dcp_fsdp.models.build import REPLICATE_DIM, SHARD_DIM, local_tensor, unique_shards
 from dcp_fsdp.models.tensor_parallel import TP_DIM
 from dcp_fsdp.rank.device import sync_device
+from dcp_fsdp.rank.state import flat_tensors
 
 
 def replica_share(nbytes: int, replicas: int, replica: int) -> int:
@@ -36,18 +36,15 @@ def held_bytes(state_dict: dict[str, Any], mesh: DeviceMesh | None) -> int:
     tp, tp_rank = 1, 0
     if mesh is not None and TP_DIM in (mesh.mesh_dim_names or ()):
         tp, tp_rank = mesh[TP_DIM].size(), mesh.get_local_rank(TP_DIM)
-    flat, _ = flatten_state_dict(state_dict)
     total = everywhere = 0
-    for tensor in flat.values():
-        if not isinstance(tensor, torch.Tensor):
-            continue
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-        nbytes = local.numel() * local.element_size()
+    for tensor in flat_tensors(state_dict).values():
+        nbytes = local_tensor(tensor).nbytes
         if not isinstance(tensor, DTensor):
             everywhere += nbytes
-            continue
-        whole_over_tp = TP_DIM not in (tensor.device_mesh.mesh_dim_names or ())
-        total += replica_share(nbytes, tp, tp_rank) if whole_over_tp else nbytes
+        elif TP_DIM not in (tensor.device_mesh.mesh_dim_names or ()):  # whole on every TP rank
+            total += replica_share(nbytes, tp, tp_rank)
+        else:
+            total += nbytes
     return total + replica_share(everywhere, *_place_in_replica(mesh))
 
 

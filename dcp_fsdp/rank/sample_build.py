@@ -173,8 +173,7 @@ def fill_save_figures(sample: Sample, save_mode: str, timing: Any, unreported: b
     timeline, so the written bytes come from the checkpoint's Metadata."""
     sample.save_mode = save_mode
     if timing is None:  # sync: control comes back when the checkpoint is committed
-        sample.blocked_s = sample.persisted_s = sample.duration_s
-        sample.stall_s = sample.duration_s
+        sample.blocked_s = sample.persisted_s = sample.stall_s = sample.duration_s
         return
     sample.blocked_s, sample.staged_s = timing.blocked_s, timing.staged_s
     sample.persisted_s, sample.previous_wait_s = timing.persisted_s, timing.previous_wait_s

@@ -109,8 +109,7 @@ def verify_values(state_dict: dict[str, Any], seed: int, what: str) -> None:
 
 def local_bytes(state_dict: dict[str, Any]) -> int:
     """Bytes of this rank's shards of every checkpointed tensor: what a load puts in memory."""
-    return sum(local_tensor(t).numel() * local_tensor(t).element_size()
-               for t in flat_tensors(state_dict).values())
+    return sum(local_tensor(t).nbytes for t in flat_tensors(state_dict).values())
 
 
 def checkable_seed(manifest: dict[str, Any] | None) -> tuple[int | None, str | None]:

@@ -46,10 +46,8 @@ def matmuls_for(step_s: float, matmul_s: float) -> int:
 
 def slowdown(during_s: list[float], baseline_s: list[float]) -> float | None:
     """mean(during) / mean(baseline) - 1, or None without steps on either side."""
-    if not during_s or not baseline_s:
-        return None
-    baseline = sum(baseline_s) / len(baseline_s)
-    if baseline <= 0:
+    baseline = sum(baseline_s) / len(baseline_s) if baseline_s else 0.0
+    if not during_s or baseline <= 0:
         return None
     return (sum(during_s) / len(during_s)) / baseline - 1
 
