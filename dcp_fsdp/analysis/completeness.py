@@ -88,9 +88,6 @@ def incomplete_runs(runs: list[dict[str, Any]], samples: list[dict[str, Any]]
     per_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for sample in samples:
         per_run[sample["run_id"]].append(sample)
-    found: dict[str, str] = {}
-    for run in runs:
-        reason = incomplete_reason(run, per_run[run["run_id"]]) if run["status"] == "ok" else None
-        if reason:
-            found[run["run_id"]] = reason
-    return found
+    reasons = {run["run_id"]: incomplete_reason(run, per_run[run["run_id"]])
+               for run in runs if run["status"] == "ok"}
+    return {run_id: reason for run_id, reason in reasons.items() if reason}

@@ -173,8 +173,7 @@ def gather(result: dict[str, Any], runs: list[dict[str, Any]]) -> list[GroupInpu
 @dataclasses.dataclass
 class Plan:
     inputs: GroupInputs
-    nodes: int
-    nodes_given: bool  # --nodes; else the run's own node count
+    nodes: int  # --nodes; else the run's own node count
     mtbf_s: float
     young_s: float
     daly_s: float
@@ -204,6 +203,5 @@ def plan(inputs: GroupInputs, node_mtbf_hours: float, nodes: int | None,
               if tau is not None and not math.isnan(tau)]
     order = (HOLDS, ROUGH, MEANINGLESS)
     worst = max(judged, key=lambda j: (order.index(j[0]), j[1]), default=(HOLDS, math.nan))
-    return Plan(inputs, node_count, nodes is not None, mtbf, young, daly, raised, at_daly,
-                user_s, at_user, worst[0], worst[1])
+    return Plan(inputs, node_count, mtbf, young, daly, raised, at_daly, user_s, at_user, *worst)
 

@@ -23,14 +23,9 @@ MAX_PLOT_GROUPS = 6  # rows of the per-rank figure
 
 def _series_label(row: pd.Series, keys: list[str]) -> str:
     """e.g. "save · nodes=2 · thread_count=4" (settings by their last name part)."""
-    parts = []
-    for key in keys:
-        value = key_cell(row[key])
-        if key in ("op", "model", "storage"):
-            parts.append(value or "?")
-        else:
-            parts.append(f"{key.rsplit('.', 1)[-1]}={value or '?'}")
-    return " · ".join(parts)
+    values = [key_cell(row[key]) or "?" for key in keys]
+    return " · ".join(value if key in ("op", "model", "storage") else f"{key.rsplit('.', 1)[-1]}={value}"
+                      for key, value in zip(keys, values))
 
 
 def plot(result: dict[str, Any], directory: Path) -> list[Path]:

@@ -28,12 +28,9 @@ def server_check_notes(runs: list[dict[str, Any]]) -> list[str]:
 
 def _cause(check: dict[str, Any]) -> str:
     """Why they differ, where the run shows it (server_counters.compare's `cause`)."""
-    if check.get("cause") == "server_restarted":
-        return "the server restarted during the run (its counters went back)"
-    if check.get("cause") == "unanswered_requests":
-        return (f"{check.get('unanswered')} request(s) got no answer before the client gave up "
-                "(the server counts them when it answers: after the check, or under a status "
-                "the client never saw)")
-    if check.get("cause") == "resent_below_client":
-        return RESENT_BELOW_CLIENT
-    return "another client of the bucket, or a misread request log"
+    causes = {"server_restarted": "the server restarted during the run (its counters went back)",
+              "unanswered_requests": (f"{check.get('unanswered')} request(s) got no answer before the "
+                                      "client gave up (the server counts them when it answers: after "
+                                      "the check, or under a status the client never saw)"),
+              "resent_below_client": RESENT_BELOW_CLIENT}
+    return causes.get(str(check.get("cause")), "another client of the bucket, or a misread request log")
