@@ -44,8 +44,7 @@ class SuffixClaim:
 
 @dataclasses.dataclass(frozen=True)
 class OpenUpload:
-    """A multipart upload neither completed nor aborted: its parts are stored (and, on
-    AWS, billed) until it is aborted."""
+    """A multipart upload neither completed nor aborted: its parts are stored (on AWS, billed)."""
 
     suffix: str  # the checkpoint it belongs to ("" when directly under the root)
     key: str
@@ -154,8 +153,7 @@ class CheckpointStore(Protocol):
         `writes=False` (a load, `list`): readable is enough."""
 
     def list_checkpoints(self, suffix: str | None = None) -> list[CheckpointInfo]:
-        """Every suffix under the root with what it holds (`suffix`: that one only, [] when
-        it holds nothing), sorted by suffix."""
+        """Every suffix under the root with what it holds, sorted (`suffix`: that one, [] if empty)."""
 
     def has_objects(self, suffix: str) -> bool: ...
 
@@ -184,16 +182,14 @@ class CheckpointStore(Protocol):
 
     # -- raw objects, beside the checkpoints (the raw ceiling) ----------------------------
     def data_object_prefix(self, rank: int) -> str:
-        """How DCP's writer for this store begins the names of `rank`'s data objects
-        (its folders under the prefix strategy, then `__<rank>_`)."""
+        """How DCP's writer begins `rank`'s data object names (prefix strategy folders, `__<rank>_`)."""
 
     def raw_area(self, token: str) -> RawArea:
         """An area for raw objects beside the checkpoints, `<root>.ceiling/<token>`."""
 
     # -- what a stopped save leaves (S3 multipart uploads: stored and billed until aborted)
     def open_uploads(self, suffix: str | None = None) -> list[OpenUpload]:
-        """Uploads started and neither completed nor aborted, under `suffix` (None: all
-        under the store's root). A file system has none."""
+        """Uploads neither completed nor aborted under `suffix` (None: the whole root); fs has none."""
         return []
 
     def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0,
@@ -213,7 +209,6 @@ def ceiling_token(run_id: str | None) -> str:
 
 
 def read_ahead_reader(reader: type, storage: Any, timeline: HookTimeline | None, *args: Any, **kwargs: Any) -> Any:
-    """The tool's reader (storage/read_ahead.py) `reader(*args, **kwargs)` with a store's settings,
-    always timed (it owns its clocks)."""
+    """The tool's reader (storage/read_ahead.py) with a store's settings; timed (it owns its clocks)."""
     return reader(*args, timeline=timeline or HookTimeline(), read_ahead=storage.read_ahead,
                   group_bytes=storage.read_ahead_mib * 2**20, **kwargs)

@@ -87,8 +87,7 @@ def file_system_type(path: str | os.PathLike) -> str | None:
 
 
 def checkpoint_files(directory: str | os.PathLike) -> list[Path]:
-    """Every file under a checkpoint directory, sorted: the same list on every rank, to be
-    shared out (os.walk stats no file)."""
+    """Every file under `directory`, sorted: one list on every rank to share out (os.walk stats none)."""
     return sorted(Path(top, name) for top, _, names in os.walk(os.fspath(directory)) for name in names)
 
 

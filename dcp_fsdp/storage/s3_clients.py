@@ -118,8 +118,7 @@ class ConnectorClient(S3Client):
                      reader_constructor=self._reader_constructor(timeline))
 
     def _reader_constructor(self, timeline: HookTimeline | None = None) -> Any:
-        """The connector's reader constructor of `storage.reader`; with a timeline, its
-        chunk iterator clocked (storage/timed_s3.py)."""
+        """The connector's constructor of `storage.reader`; with a timeline, its chunks clocked."""
         from s3torchconnector import S3ReaderConstructor
 
         import dcp_fsdp.storage.timed_s3 as timed_s3

@@ -54,8 +54,7 @@ class _TimedPlanning:
 
 
 class TimedWriter(_TimedPlanning):
-    """Mixin before a DCP `FileSystemWriter` subclass: times its hooks on `self.timeline`
-    and its object streams through `TimedFileSystem`."""
+    """Mixin before a DCP `FileSystemWriter` subclass: its hooks and streams timed on `self.timeline`."""
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         started = self.timeline.io_started()
@@ -138,7 +137,6 @@ class TimedFileSystemReader(TimedReader, FileSystemReader):
 
 
 class TimedReadAheadFileSystemReader(TimedReader, ReadAhead, FileSystemReader):
-    """The tool's reader (storage.read_ahead=N) over files: each item read straight into its
-    target (a seek and the kernel's copy)."""
+    """The tool's reader (storage.read_ahead=N) over files: each item read straight into its target."""
 
     lands_directly = True

@@ -27,8 +27,7 @@ StrPath = str | os.PathLike
 
 
 class _TimedStream(io.BufferedIOBase):
-    """The calls a timed stream passes through untimed; `inner` is the client's stream (typed
-    as torch's `create_stream` yields it)."""
+    """The calls a timed stream passes untimed to `inner`, the client's stream."""
 
     def __init__(self, inner: io.IOBase, timeline: HookTimeline) -> None:
         self.inner = inner  # first: io's finalizer reads `closed`
@@ -163,8 +162,7 @@ class DownloadingReadStream(FetchingReadStream):
 
 
 class ChunkTimedReadStream(TimedReadStream):
-    """The connector's reader: its stream's chunk iterator is clocked where it waits
-    (storage/timed_s3.py), so no call here is; the bytes are counted."""
+    """The connector's reader: its chunk iterator is clocked (storage/timed_s3.py); here only counted."""
 
     def _clocked(self, call: str) -> bool:
         return False

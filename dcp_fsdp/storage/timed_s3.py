@@ -29,7 +29,7 @@ class TimedS3StorageReader(TimedReader, S3StorageReader):
 
 class TimedReadAheadS3StorageReader(TimedReader, ReadAhead, S3StorageReader):
     """The tool's reader (storage.read_ahead=N) through the connector: built with its
-    range-based reader constructor, so each group is one ranged GET (storage/s3.py)."""
+    range-based reader constructor, so each group is one ranged GET (storage/s3_clients.py)."""
 
     read_stream = ChunkTimedReadStream
 
