@@ -33,6 +33,7 @@ from dcp_fsdp.telemetry.results_dir import record_written, writable_dir_problem 
 
 RANKS_PER_CORE = 4  # more ranks than this per core only measures the scheduler
 CONNECTOR_LOG_ENV = ("S3_TORCH_CONNECTOR_DEBUG_LOGS", "S3_TORCH_CONNECTOR_LOGS_DIR_PATH")
+RETRY_MODES = ("legacy", "standard", "adaptive")  # botocore's AWS_RETRY_MODE values
 
 
 def check_results_dir(results_dir: str) -> None:
@@ -285,7 +286,12 @@ def _check_s3_environment(cfg: BenchmarkConfig) -> None:
     region = next((name for name in ("AWS_REGION", "AWS_DEFAULT_REGION") if name in os.environ), None)
     if region is not None and cfg.storage.region is None:
         check_region(os.environ[region], region)
-    _check_retry_environment()
+    # botocore's retry variables: a value it refuses would fail inside the ranks unnamed
+    _positive_int("AWS_MAX_ATTEMPTS", "5")
+    mode = os.environ.get("AWS_RETRY_MODE")
+    if mode is not None and mode not in RETRY_MODES:
+        raise UserError(f"AWS_RETRY_MODE={mode!r}: botocore takes {', '.join(RETRY_MODES)}; "
+                        "set one of them or unset AWS_RETRY_MODE")
     if cfg.request_stats:
         from dcp_fsdp.telemetry.connector_log import version_problem
 
@@ -297,18 +303,6 @@ def _check_s3_environment(cfg: BenchmarkConfig) -> None:
                 raise UserError(f"{name} is set, but request_stats=true sets the "
                                 f"connector's log itself: unset {name}, or add "
                                 "request_stats=false to keep your own log")
-
-
-RETRY_MODES = ("legacy", "standard", "adaptive")  # botocore's AWS_RETRY_MODE values
-
-
-def _check_retry_environment() -> None:
-    """botocore's retry variables: a value it refuses would fail inside the ranks unnamed."""
-    _positive_int("AWS_MAX_ATTEMPTS", "5")
-    mode = os.environ.get("AWS_RETRY_MODE")
-    if mode is not None and mode not in RETRY_MODES:
-        raise UserError(f"AWS_RETRY_MODE={mode!r}: botocore takes {', '.join(RETRY_MODES)}; "
-                        "set one of them or unset AWS_RETRY_MODE")
 
 
 def check_torchrun_environment() -> int:
@@ -377,17 +371,6 @@ def available_memory_bytes() -> int:
     return available
 
 
-def memory_fixes(cfg: BenchmarkConfig) -> str:
-    """The memory refusal's fix: only settings that would change something."""
-    choices = ["a smaller model="]
-    if cfg.model.dtype != Dtype.bf16:
-        choices.append("model.dtype=bf16")
-    if cfg.state != CheckpointState.model:
-        choices.append("state=model")
-    listed = choices[0] if len(choices) == 1 else ", ".join(choices[:-1]) + " or " + choices[-1]
-    return f"Choose {listed}, or spread the ranks over more nodes"
-
-
 def rank_state_bytes(cfg: BenchmarkConfig, ranks_here: int, world_size: int) -> tuple[int, int]:
     """(the largest rank's state, the most any node of `ranks_here` consecutive ranks holds),
     in bytes, from each rank's block of every tensor, not the mean: an MoE whose dp shards
@@ -412,10 +395,17 @@ def check_memory(cfg: BenchmarkConfig, ranks_here: int, world_size: int) -> None
     available = available_memory_bytes()
     what = f"model={cfg.model.name} model.dtype={cfg.model.dtype.value} state={cfg.state.value}"
     if needed > available:
+        choices = ["a smaller model="]  # the fix: only settings that would change something
+        if cfg.model.dtype != Dtype.bf16:
+            choices.append("model.dtype=bf16")
+        if cfg.state != CheckpointState.model:
+            choices.append("state=model")
+        listed = choices[0] if len(choices) == 1 else ", ".join(choices[:-1]) + " or " + choices[-1]
         raise UserError(
             f"{what}: the {ranks_here} rank(s) on this node hold {needed / GIB:.1f} GiB of state "
             f"(the largest {per_rank / GIB:.2f} GiB), more than the {available / GIB:.1f} GiB of memory "
-            f"available here; the kernel would kill a rank part way. {memory_fixes(cfg)}")
+            f"available here; the kernel would kill a rank part way. Choose {listed}, or spread "
+            "the ranks over more nodes")
     if needed > MEMORY_WARN_SHARE * available:
         warn_once(f"{what}: the ranks on this node hold {needed / GIB:.1f} GiB of state, "
                     f"{needed / available:.0%} of the {available / GIB:.1f} GiB available; a save's "
