@@ -1,10 +1,6 @@
-"""Whether a run's record is whole: a cut-off or damaged record never enters a figure.
-
-A run that says "ok" is left out of every figure (and listed, with the reason) when its
-record file has unreadable lines; or lines that are neither JSON nor recognisably a sample
-and no sample count to hold it to; or an operation lacks a rank of 0..world_size-1 (or has
-one outside it); or (schema 2 on) a timed operation lacks an iteration. docs/report.md.
-"""
+"""Whether a run's record is whole: a cut-off or damaged record never enters a figure (a
+run that says "ok" is then left out of every figure and listed, with the reason; the checks
+below, docs/report.md)."""
 
 from __future__ import annotations
 
@@ -17,16 +13,6 @@ COMMAND_OPS = {"save": ("save",), "load": ("load",), "save-and-load": ("save", "
 
 def _ranks_text(ranks: set[int]) -> str:
     return ", ".join(str(r) for r in sorted(ranks))
-
-
-def incomplete_reason(run: dict[str, Any], samples: list[dict[str, Any]]) -> str | None:
-    """Why an ok run's record is not whole, or None when it is (run and samples: validated
-    records' dumps, telemetry.records)."""
-    ranks_per_op: dict[tuple[str, int], set[int]] = defaultdict(set)
-    for sample in samples:
-        ranks_per_op[(sample["op"], sample["iteration"])].add(sample["rank"])
-    return (_lines_reason(run) or _ranks_reason(run, ranks_per_op)
-            or _iterations_reason(run, ranks_per_op))
 
 
 def _lines_reason(run: dict[str, Any]) -> str | None:
@@ -84,10 +70,12 @@ def _iterations_reason(run: dict[str, Any],
 
 def incomplete_runs(runs: list[dict[str, Any]], samples: list[dict[str, Any]]
                     ) -> dict[str, str]:
-    """{run_id: reason} for the runs with status ok whose record is not whole."""
-    per_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for sample in samples:
-        per_run[sample["run_id"]].append(sample)
-    reasons = {run["run_id"]: incomplete_reason(run, per_run[run["run_id"]])
+    """{run_id: reason} for the runs with status ok whose record is not whole (run and
+    samples: validated records' dumps, telemetry.records)."""
+    ranks: dict[str, dict[tuple[str, int], set[int]]] = defaultdict(lambda: defaultdict(set))
+    for sample in samples:  # per run, per (op, iteration)
+        ranks[sample["run_id"]][(sample["op"], sample["iteration"])].add(sample["rank"])
+    reasons = {run["run_id"]: (_lines_reason(run) or _ranks_reason(run, ranks[run["run_id"]])
+                               or _iterations_reason(run, ranks[run["run_id"]]))
                for run in runs if run["status"] == "ok"}
     return {run_id: reason for run_id, reason in reasons.items() if reason}
