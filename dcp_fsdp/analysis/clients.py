@@ -1,8 +1,5 @@
 """The S3 client a run used (storage.client) in the report: the `x connector` ratio and what
-the records say, or fail to say, about the client (docs/report.md). A record without
-storage.client was written when s3torchconnector was the only client: it counts as the
-connector's, said in a note; a client this reader does not know keeps its row, no ratio.
-"""
+the records say, or fail to say, about the client (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -86,9 +83,7 @@ def with_client_ratio(throughput: pd.DataFrame, group_keys: list[str]
         ratios.append(figure / base_figure if known else math.nan)
         if known and client != BASE_CLIENT and min(count, base_count) < 2:
             single.append(f"{getattr(row, 'op', '')} {client}".strip())
-    notes = []
-    if single:
-        notes.append(f"x connector of {len(single)} row(s) rests on a single iteration (its own "
-                     f"or the connector's row): no spread shows its noise, so a difference may be "
-                     f"chance ({', '.join(single)}); run iterations=3 or more of each client")
+    notes = [f"x connector of {len(single)} row(s) rests on a single iteration (its own "
+             f"or the connector's row): no spread shows its noise, so a difference may be "
+             f"chance ({', '.join(single)}); run iterations=3 or more of each client"] if single else []
     return throughput.assign(vs_connector=ratios), notes

@@ -114,13 +114,12 @@ def _text(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def runs_frame(runs: list[dict[str, Any]], incomplete: dict[str, str] | None = None
+def runs_frame(runs: list[dict[str, Any]], incomplete: dict[str, str]
                ) -> tuple[pd.DataFrame, list[str]]:
     """One row per run with the group columns; and the names of the varying settings (those
     that differ between the runs with status ok). Runs in `incomplete` ({run_id: reason})
     get status "incomplete"; `matches_constants`: a run left out agrees with the others on
     every setting they share (a failed run is counted only in a group it could have made)."""
-    incomplete = incomplete or {}
     rows = []
     settings_per_run = []
     for run in runs:

@@ -120,8 +120,7 @@ _RUN_HEADERS = ["op", "iter", "suffix", "MiB", "egress MiB", "span s", "aggregat
 def run_figures(samples: Iterable[dict[str, Any]]
                 ) -> tuple[list[str], list[list[Any]], list[str]]:
     """The end-of-run table: one row per op and iteration, then a pooled "(all)" row per op
-    with two or more iterations (the same figures as `report`); and the lines to print under
-    it."""
+    with two or more iterations (the same figures as `report`); and the lines under it."""
     frame = one_run_if_unnamed(samples_frame(samples))
     if frame.empty:
         return list(_RUN_HEADERS), [], []

@@ -1,10 +1,5 @@
-"""`dcp-fsdp report [PATH ...]`: tables and plots over many runs' records (docs/report.md).
-
-Groups the saves and loads by node count, world size, model, operation, storage and every
-setting that differs between the runs. Failed and interrupted runs, and runs whose record is
-not whole, are left out of every figure and listed; unreadable lines and files, and second
-copies of a run, are skipped with one note per reason (analysis.intake).
-"""
+"""`dcp-fsdp report [PATH ...]`: tables and plots over many runs' records (docs/report.md;
+the groups: analysis.groups; what is read or skipped: analysis.intake)."""
 
 from __future__ import annotations
 

@@ -2,10 +2,8 @@
 (docs/decisions.md "Scaling across world sizes and node counts").
 
 Scaling efficiency = (aggregate / ranks) / (the smallest size's aggregate / its ranks);
-plan, commit, barrier: each as a share of the operation's mean span. S3 serves at least
-3,500 writes and 5,500 reads per second per partitioned prefix: a run's request rate per
-node x the target node count / the prefixes its strategy spreads keys over is compared with
-them.
+plan, commit, barrier: each as a share of the operation's mean span. Per prefix: a run's
+requests/s per node x the target node count / the prefixes its keys are spread over.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from dcp_fsdp.analysis.columns import cell
 from dcp_fsdp.analysis.plots import save_png
 from dcp_fsdp.analysis.tables import select
 
-PUT_LIMIT_PER_S = 3500  # per partitioned prefix (S3 docs: performance guidelines)
+PUT_LIMIT_PER_S = 3500  # at least, per partitioned prefix (S3 docs: performance guidelines)
 GET_LIMIT_PER_S = 5500
 SIZE_KEYS = ("nodes", "ranks")
 # each share of the operation's span, from its phase column
