@@ -99,14 +99,6 @@ def search_space(cfg: BenchmarkConfig, given: set[str]) -> tuple[dict[str, list[
     return tuned, start
 
 
-def _warm_storage(cfg: BenchmarkConfig) -> None:
-    """One small object written and removed before the first trial: a fresh server's set-up
-    on the first write would be charged to the defaults, which always run first."""
-    if cfg.storage.kind != StorageKind.s3:
-        return
-    storage.make_store(cfg.storage).probe()  # the store's own untimed first write
-
-
 def check_tune_settings(cfg: BenchmarkConfig) -> None:
     """What tune cannot honour, before anything starts (validate.py checked tune.*'s ranges)."""
     if cfg.protocol == Protocol.mlperf:  # `report` would show its trials as MLPerf's figures
@@ -145,7 +137,10 @@ def tune(overrides: list[str], started_mono: float) -> int:
                      + (", ".join(space) or "nothing (every tuned setting was given)")
                      + ("" if malloc else ", then malloc (paired launches)")
                      + f"; records in {session_dir}")
-            _warm_storage(cfg)
+            # One small object written and removed before the first trial: a fresh server's
+            # set-up on the first write would be charged to the defaults, which always run first.
+            if cfg.storage.kind == StorageKind.s3:
+                storage.make_store(cfg.storage).probe()  # the store's own untimed first write
             plan = {"session_dir": str(session_dir), "space": space, "start": start,
                     "budget_s": cfg.tune.budget_s, "trials": cfg.tune.trials,
                     "repeats": cfg.tune.repeats, "started_mono": started_mono,
