@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from dcp_fsdp.storage.base import CheckpointStore
-    from dcp_fsdp.storage.metadata_peek import TensorEntry
 
 EMBEDDED_BUCKET = "dcp-fsdp"
 
@@ -146,8 +145,11 @@ def check_compatible(store: CheckpointStore, cfg: BenchmarkConfig) -> MetadataFa
     parts = metadata_peek.bytes_by_part(tensors) if tensors else {}
     saved_state = manifest.get("state") or (
         ("model_and_optimizer" if "optim" in parts else "model") if parts else None)
+    # the model's dtype as a setting value, from its parameters' dtype in .metadata
+    dtypes = {entry.dtype for key, entry in (tensors or {}).items() if key.startswith("model.")}
+    dtype = {"float32": "fp32", "bfloat16": "bf16"}.get(dtypes.pop()) if len(dtypes) == 1 else None
     saved = {"model": manifest.get("model"), "model.moe_layout": manifest.get("model.moe_layout"),
-             "model.dtype": manifest.get("model.dtype") or _dtype_of(tensors), "state": saved_state}
+             "model.dtype": manifest.get("model.dtype") or dtype, "state": saved_state}
     wanted = {"model": cfg.model.name, "model.moe_layout": cfg.model.moe_layout.value,
               "model.dtype": cfg.model.dtype.value, "state": cfg.state.value}
     if not manifest:  # not saved by this tool (plain dcp.save): its tensors say what it is
@@ -219,12 +221,6 @@ def _check_no_extra_tensors(suffix: str, cfg: BenchmarkConfig, tensors: dict,
                         f"describes now ({changed}): the settings are those of the save, so the "
                         "model they name changed since (was the file edited?); restore the file "
                         "as it was at the save, or give a config.json of that shape")
-
-
-def _dtype_of(tensors: dict[str, TensorEntry]) -> str | None:
-    """The model's dtype as a setting value, from its parameters' dtype in .metadata."""
-    names = {entry.dtype for key, entry in (tensors or {}).items() if key.startswith("model.")}
-    return {"float32": "fp32", "bfloat16": "bf16"}.get(names.pop()) if len(names) == 1 else None
 
 
 def _check_model_tensors(suffix: str, cfg: BenchmarkConfig, tensors: dict) -> None:
