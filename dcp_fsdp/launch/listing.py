@@ -138,16 +138,6 @@ def _prefix_words(info: CheckpointInfo, shown: int = 3) -> str:
             f"folders below it ({names}), not one checkpoint; ")
 
 
-def _not_a_checkpoint(store: CheckpointStore, info: CheckpointInfo) -> str:
-    """Why `delete` leaves folder `info` alone: it is not one checkpoint of ours."""
-    if info.nested:
-        return (f"{_prefix_words(info)}left alone: delete each with `dcp-fsdp delete "
-                f"{_where_setting(store, info.suffix)} suffix=NAME`")
-    return (f"suffix={info.suffix}: holds objects only in folders below it, none of its own, "
-            "so it is not a checkpoint this tool can recognise; left alone (remove it with "
-            "your storage's own tools if it is not needed)")
-
-
 def _abandoned_claim_note(store: CheckpointStore, info: CheckpointInfo, uploads: list[OpenUpload]) -> str:
     """One line for a suffix that holds only a save's claim as objects: who claimed it, how
     long ago, what its open uploads hold, and the command that removes it."""
@@ -219,8 +209,13 @@ def delete_checkpoint(cfg: BenchmarkConfig, min_age_s: float = DEFAULT_MIN_AGE_S
     if found is None and not uploads:
         raise UserError(f"suffix={suffix}: nothing is stored at {where}; `dcp-fsdp list` with "
                         "the same storage settings shows the checkpoints there")
-    if found is not None and not found.recognised:  # never a prefix above others
-        raise UserError(_not_a_checkpoint(store, found))
+    if found is not None and found.nested and not found.recognised:  # never a prefix above others
+        raise UserError(f"{_prefix_words(found)}left alone: delete each with `dcp-fsdp delete "
+                        f"{_where_setting(store, found.suffix)} suffix=NAME`")
+    if found is not None and not found.recognised:  # not one checkpoint of ours
+        raise UserError(f"suffix={found.suffix}: holds objects only in folders below it, none of its "
+                        "own, so it is not a checkpoint this tool can recognise; left alone (remove "
+                        "it with your storage's own tools if it is not needed)")
     if found is not None and not found.complete and _age_s(found) < min_age_s:
         what = "holds only a save's claim" if found.claim_only else "is incomplete"
         raise UserError(f"suffix={suffix}: {what}, written {_age(_age_s(found))} ago: a save may "
