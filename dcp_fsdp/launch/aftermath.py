@@ -189,7 +189,14 @@ def _settle_suffix(store: CheckpointStore, suffix: str, run_id: str | None) -> N
         return
     if layout.holds_only_claim_of(store, suffix, run_id):
         store.delete(suffix)  # a claim with no data is not a checkpoint
-        log.info(_claim_only_line(suffix, location, aborted))
+        if aborted:  # uploads were open: a save that ended mid-upload, not before writing
+            log.info(f"partial checkpoint suffix={suffix} at {location}: a save that ended "
+                     f"mid-upload (nothing committed; {uploads_words(aborted)}, aborted: no longer "
+                     "stored or billed); it held only this run's claim otherwise: removed, the "
+                     "suffix is free again")
+        else:
+            log.info(f"suffix={suffix} held only this run's claim, no data (the save ended before "
+                     f"writing): removed from {location}")
         return
     state = ("incomplete: no .metadata, not loadable; remove it or keep it to inspect"
              if store.has_objects(suffix) else "nothing committed")
@@ -201,15 +208,3 @@ def uploads_words(uploads: list[OpenUpload]) -> str:
     """"2 multipart upload(s) holding 31 part(s), 201.9 MiB"."""
     return (f"{len(uploads)} multipart upload(s) holding {sum(u.part_count for u in uploads)} "
             f"part(s), {sum(u.size_bytes for u in uploads) / 2**20:.1f} MiB")
-
-
-def _claim_only_line(suffix: str, location: str, aborted: list[OpenUpload]) -> str:
-    """A suffix whose only stored object is this run's claim (removed); with uploads open, a
-    save that ended mid-upload, not before writing."""
-    if aborted:
-        return (f"partial checkpoint suffix={suffix} at {location}: a save that ended "
-                f"mid-upload (nothing committed; {uploads_words(aborted)}, aborted: no longer "
-                "stored or billed); it held only this run's claim otherwise: removed, the "
-                "suffix is free again")
-    return (f"suffix={suffix} held only this run's claim, no data (the save ended before "
-            f"writing): removed from {location}")
