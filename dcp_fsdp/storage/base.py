@@ -140,6 +140,7 @@ class CheckpointStore(Protocol):
 
     def close(self) -> None:
         """At the end of the process: remove what the store made in it (MSC's profile)."""
+        return None
 
     def drop_cache(self, suffix: str, share: tuple[int, int] = (0, 1)) -> str | None:
         """Before a timed load (untimed): make it read storage, not a local cache; the policy that

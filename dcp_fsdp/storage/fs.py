@@ -63,9 +63,6 @@ class FsStore(CheckpointStore):
                      thread_count=self.config.thread_count, sync_files=self.config.sync_files,
                      overwrite=False, **host_state_kwargs(host_state))
 
-    def close(self) -> None:
-        pass  # nothing of this process's to remove
-
     def drop_cache(self, suffix: str, share: tuple[int, int] = (0, 1)) -> str:
         index, count = share
         return pagecache.drop(pagecache.checkpoint_files(self.location(suffix))[index::count])

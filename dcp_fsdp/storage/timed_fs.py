@@ -133,9 +133,7 @@ class DownloadingReadStream(FetchingReadStream):
     the whole object's download; above it, each read() is a ranged GET. So the first call of
     any kind is clocked, and read() after it only where reads are ranged."""
 
-    def __init__(self, inner: io.IOBase, timeline: HookTimeline) -> None:
-        self._ranged: bool | None = None  # known once the first call has returned
-        super().__init__(inner, timeline)
+    _ranged: bool | None = None  # known once the first call has returned
 
     def _clocked(self, call: str) -> bool:
         return self._ranged is None or (self._ranged and call in ("read", "readline"))
