@@ -99,19 +99,15 @@ def become_rank(module: str, rank: int) -> None:
         logging.getLogger(name).setLevel(level)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(write_through=True)  # type: ignore[union-attr]
-    _threads_from_environment()
-    lifeline.return_on_success()
-    sys.argv = [module, *sys.argv[2:]]
-
-
-def _threads_from_environment() -> None:
-    """torch's intra-op threads as an exec'd rank would have them: its OpenMP read
-    OMP_NUM_THREADS when the agent imported torch, before torchrun set it for the ranks."""
+    # torch's intra-op threads as an exec'd rank would have them: its OpenMP read
+    # OMP_NUM_THREADS when the agent imported torch, before torchrun set it for the ranks
     value = os.environ.get("OMP_NUM_THREADS", "")
     if value.isdigit() and int(value) > 0:
         import torch
 
         torch.set_num_threads(int(value))
+    lifeline.return_on_success()
+    sys.argv = [module, *sys.argv[2:]]
 
 
 def run_forked(argv: list[str]) -> None:
