@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tabulate import tabulate
 
 from dcp_fsdp.units import GIB
 from dcp_fsdp.analysis import costs
 from dcp_fsdp.analysis.decisions import (FIRST_ORDER_LIMIT, HOLDS, MATCH_KEYS, MEANINGLESS,
-                                         Plan, TimeLost, gather, job_mtbf_s, plan)
+                                         GroupInputs, Plan, TimeLost, gather, job_mtbf_s, plan)
 from dcp_fsdp.analysis.groups import FIRST
-
-if TYPE_CHECKING:
-    from dcp_fsdp.analysis.decisions import GroupInputs
 
 
 def _group_name(labels: dict[str, Any], keys: list[str]) -> str:

@@ -121,14 +121,13 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
         "train_lost_share": slowest_mean(group_samples, "train_lost_share"),
         "persisted_mib_s": _persisted_mib_s(group_ops),
         "fetched_ratio": read_amplification(group_ops),
-        "egress_mib_per_op": egress_mib(group_ops) / len(group_ops) if len(group_ops)
-        else math.nan,
+        "egress_mib_per_op": egress_mib(group_ops) / len(group_ops),
         "note": row_note(group_ops, group_efficiency, noise_note(figures["spread"])),
         "rank_s_min": group_samples["duration_s"].min(),
         "rank_s_median": group_samples["duration_s"].median(),
         "rank_s_max": group_samples["duration_s"].max(),
-        "requests_per_op": count / len(group_ops) if not pd.isna(count) else math.nan,
-        "req_per_s": count / span_total if span_total and not pd.isna(count) else math.nan,
+        "requests_per_op": count / len(group_ops),  # NaN where unknown
+        "req_per_s": count / span_total if span_total else math.nan,
         "success_ratio": (count - failed) / count if count else math.nan,
         "failures": failed,
         "throttles": total(group_ops["req_throttled"]),
@@ -142,8 +141,6 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
 
 def _slowest_rank(group_samples: pd.DataFrame) -> tuple[Any, float]:
     """The rank slowest most often, and how much longer the slowest rank took than the median."""
-    if group_samples.empty:
-        return None, math.nan
     slowest = []
     lags = []
     for _, op in group_samples.groupby(["run_id", "op", "iteration"]):
