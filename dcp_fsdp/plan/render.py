@@ -60,7 +60,6 @@ def render_plan(request: PlanRequest, template: StateTemplate, plan: GlobalPlan,
     storage = cfg.storage
     part = storage.part_size_mib * MIB
     per_rank = plan.rank_bytes()
-    sizes = [obj.size_bytes for obj in plan.objects]
     reqs = plan_requests(request, plan)
     nodes = plan.world_size // request.ranks_per_node
     _, dtype_words = dtype_origin(cfg.model)
@@ -78,7 +77,7 @@ def render_plan(request: PlanRequest, template: StateTemplate, plan: GlobalPlan,
         f"{plan.items:,} write items after DCP's deduplication",
         f"bytes per rank: max {_size(max(per_rank))}, min {_size(min(per_rank))}, total "
         f"{_size(sum(per_rank))} ({sum(per_rank):,} B)",
-        f"save: {len(sizes) + 1:,} objects ({len(sizes):,} data objects + .metadata; the "
+        f"save: {len(plan.objects) + 1:,} objects ({len(plan.objects):,} data objects + .metadata; the "
         f"tool adds its manifest)",
     ]
     if storage.kind == StorageKind.s3:
@@ -90,7 +89,7 @@ def render_plan(request: PlanRequest, template: StateTemplate, plan: GlobalPlan,
                      f"ranged GETs of the data objects + {plan.world_size:,} ranks x "
                      f"{reqs.metadata_gets_per_rank} of .metadata)")
     else:
-        lines.append(f"load: {len(sizes):,} data files read once + .metadata read by each of "
+        lines.append(f"load: {len(plan.objects):,} data files read once + .metadata read by each of "
                      f"{plan.world_size:,} ranks")
     if plan.sampled:
         lines.append(f"built from a subset: {plan.sampled}; times scaled by items (--exact "
