@@ -139,8 +139,7 @@ def _prefix_words(info: CheckpointInfo, shown: int = 3) -> str:
 
 
 def _abandoned_claim_note(store: CheckpointStore, info: CheckpointInfo, uploads: list[OpenUpload]) -> str:
-    """One line for a suffix that holds only a save's claim as objects: who claimed it, how
-    long ago, what its open uploads hold, and the command that removes it."""
+    """A suffix holding only a save's claim: who claimed it, when, its open uploads, the fix."""
     claim = read_claim(store, info.suffix)
     who = (f" by run {claim.get('run_id') or '?'} on host {claim['host']}"
            if claim.get("host") else "")
@@ -168,9 +167,8 @@ def _age(seconds: float) -> str:
 
 
 def clean_uploads(cfg: BenchmarkConfig, min_age_s: float = DEFAULT_MIN_AGE_S) -> int:
-    """Abort the open multipart uploads under the location (suffix=...: under that
-    checkpoint only) started at least `min_age_s` ago (a younger one may be a running save's);
-    each is listed with its age."""
+    """Abort the open multipart uploads under the location (suffix=: that checkpoint's) at least
+    `min_age_s` old (a younger one may be a running save's), each listed with its age."""
     store = _store(cfg, "clean")
     uploads = store.open_uploads(cfg.suffix)
     where = store.location(cfg.suffix or "")

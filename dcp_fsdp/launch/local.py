@@ -65,9 +65,8 @@ def launch_local(cfg: BenchmarkConfig) -> int:
 
 def run_ranks(cfg: BenchmarkConfig, run_id: str, env: dict[str, str],
               metadata_facts: MetadataFacts | None, claimed_suffixes: list[str]) -> int:
-    """Start cfg.nproc ranks (`python -m dcp_fsdp`, config in DCP_FSDP_CONFIG) under torch's
-    elastic agent with `env`, wait for them, and leave a record of how they ended; a claim of
-    `claimed_suffixes` that holds no data when they end is removed. Exit code."""
+    """cfg.nproc ranks (`python -m dcp_fsdp`) under torch's elastic agent with `env`, and a record
+    of how they ended (a claim in `claimed_suffixes` left with no data is removed); exit code."""
     run_dir = lifeline.owned_tempdir("dcp-fsdp-run-")
     try:
         if metadata_facts is not None and cfg.suffix:  # the load's, screened: rank 0 needs no GET

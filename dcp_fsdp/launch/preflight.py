@@ -69,9 +69,8 @@ def storage_environment(cfg: BenchmarkConfig
 
 
 def preflight(cfg: BenchmarkConfig, server_env: dict[str, str]) -> MetadataFacts | None:
-    """The store answers, a configured save suffix is free, and (load) the checkpoint is
-    complete and matches the model, dtype and state; UserError otherwise. A load's
-    screened .metadata, for the ranks (the run reads it once)."""
+    """The store answers, a save's suffix is free, a load's checkpoint is complete and fits the
+    model, dtype and state (else UserError); a load's screened .metadata, read once, for the ranks."""
     with environment(server_env):
         if cfg.storage.kind == StorageKind.fs:
             check_fs_root(cfg.storage.path, must_exist=cfg.command == Command.load)
@@ -87,9 +86,8 @@ def preflight(cfg: BenchmarkConfig, server_env: dict[str, str]) -> MetadataFacts
 
 def claim_save_suffixes(cfg: BenchmarkConfig, server_env: dict[str, str],
                         run_id: str) -> tuple[list[str], dict[str, str]]:
-    """A save with `suffix=NAME` claims its suffixes for run `run_id` before any rank starts:
-    of two saves racing for one, the loser is refused (UserError). (The suffixes claimed, the
-    environment that tells rank 0 they are its run's.)"""
+    """Claim a save's suffixes (`suffix=NAME`) for `run_id` before any rank starts; of two racing
+    saves the loser gets a UserError. (The suffixes claimed, the env telling rank 0 they are its run's.)"""
     if not cfg.suffix or cfg.command not in (Command.save, Command.save_and_load):
         return [], {}
     with environment(server_env):

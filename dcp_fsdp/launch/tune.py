@@ -235,8 +235,7 @@ def _malloc_launches(cfg: BenchmarkConfig, summary: dict[str, Any], started_mono
 
 @dataclasses.dataclass
 class MallocLaunch:
-    """One paired launch as tune saw it: its exit code, record and figures, and what became of
-    its checkpoint (said in its one line)."""
+    """One paired launch as tune saw it: exit code, record, figures, its checkpoint's fate."""
 
     code: int
     record: str | None = None
@@ -252,10 +251,9 @@ class MallocLaunch:
 
 def _malloc_launch(cfg: BenchmarkConfig, settings: Settings, malloc: str,
                    output: Path) -> MallocLaunch:
-    """One save-and-load of `settings` with `malloc`, through the launcher's own entry. Its
-    output (a whole run's: table, record, suffix lines) goes to `output`, kept only when the
-    launch did not succeed: tune says in one line what it measured. Its checkpoint is the
-    tuner's: deleted here, the tune's embedded server (if any) lives on until the tune ends."""
+    """One save-and-load of `settings` with `malloc` through the launcher's entry. Its whole output
+    goes to `output`, kept only if it failed (tune says in one line what it measured); its
+    checkpoint is deleted here: the tune's embedded server (if any) lives on until the tune ends."""
     run_cfg = trial_config(cfg, {**settings, "malloc": malloc}, ceiling=False)
     before = set(Path(cfg.results_dir).glob("*.jsonl"))
     with _output_to(output):
@@ -280,8 +278,7 @@ def _malloc_launch(cfg: BenchmarkConfig, settings: Settings, malloc: str,
 
 @contextlib.contextmanager
 def _output_to(path: Path) -> Iterator[None]:
-    """This process's file descriptors 1 and 2 into `path`, and so the ranks' (they inherit
-    them) until the block ends."""
+    """This process's fds 1 and 2 into `path` until the block ends (the ranks inherit them)."""
     _flush_std()
     saved = [os.dup(1), os.dup(2)]
     try:
