@@ -358,13 +358,10 @@ def dcp_alone(loop: Any) -> list[Sample]:
         return []
     store = FsStore(StorageConfig(kind=StorageKind.fs, path=directory, sync_files=False,
                                   thread_count=loop.cfg.storage.thread_count))
-    samples = []
     try:
-        for iteration in range(1, loop.cfg.iterations + 1):
-            suffix = f"dcp-alone-{iteration}"
-            for op in ("save", "load"):
-                sample = loop.timed_on(store, op, iteration, suffix)
-                samples.append(sample.model_copy(update={"op": f"mem_{op}"}))
+        samples = [loop.timed_on(store, op, iteration, f"dcp-alone-{iteration}")
+                   .model_copy(update={"op": f"mem_{op}"})
+                   for iteration in range(1, loop.cfg.iterations + 1) for op in ("save", "load")]
         dist.barrier()  # no rank still reads it (after a failure: no collective, peers may be gone)
     finally:
         if ctx.rank == 0:

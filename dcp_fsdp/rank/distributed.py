@@ -144,10 +144,7 @@ def wall_clock_spread_s(rounds: int = 5) -> float:
 def first_problem(problem: str | None) -> tuple[int, str] | None:
     """(the lowest rank with a problem, its text) on every rank, or None when no rank has one."""
     world = dist.get_world_size()
-    tensor = torch.tensor([dist.get_rank() if problem is not None else world],
-                          dtype=torch.int64, device=_reduce_device())
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
-    rank = int(tensor.item())
+    rank, = sum_over_ranks(dist.get_rank() if problem is not None else world, op=dist.ReduceOp.MIN)
     if rank == world:
         return None
     return rank, broadcast_object(problem, src=rank)

@@ -106,8 +106,7 @@ class CheckpointLoop:
         # model.replicas > 1 (HSDP): this rank's replica group; bytes count its share
         self.replicas = sharded.replicas
         self.replica = replica_of(ctx.rank, ctx.world_size, self.replicas)[0]
-        self.read_once = (self.replicas > 1
-                          and cfg.model.replica_load == ReplicaLoad.read_once)
+        self.read_once = self.replicas > 1 and cfg.model.replica_load == ReplicaLoad.read_once
         # benchmark-only (benchmarks/harness_cost.py): instrumentation left out of the timer
         self.harness_off, _ = contract.harness_off(os.environ.get(contract.HARNESS_OFF_ENV))
 
@@ -155,12 +154,11 @@ class CheckpointLoop:
         run's (the ceiling's DCP-alone rounds on tmpfs: sync saves only)."""
         saver = self._async_saver_for(op) if store is None else None
         run = self._prepare(op, iteration, suffix, saver, store or self.store)
-        memory = self._memory
         # Built before the barrier: its expected-bytes sum walks the state dict.
         heartbeat = self._heartbeat(op, iteration, None if run.pickled else run.timeline)
         marks = "memory" not in self.harness_off
         if marks:
-            memory.begin()
+            self._memory.begin()
         message = (f"{op} iteration {iteration} (suffix {suffix}) did not finish within "
                    f"op_timeout_s={self.cfg.op_timeout_s:g}; the storage stalled or is "
                    "too slow: raise op_timeout_s or check the endpoint")
@@ -179,8 +177,8 @@ class CheckpointLoop:
                                                  self.sharded.host_group, self.sharded.load_group)
             else:
                 self._dcp_load(run, suffix)
-        run.peak_rss, run.cuda_peak = memory.end() if marks else (None, None)
-        run.minor_faults = memory.minor_faults if marks else None  # (finish may run later)
+        run.peak_rss, run.cuda_peak = self._memory.end() if marks else (None, None)
+        run.minor_faults = self._memory.minor_faults if marks else None  # (finish may run later)
         handle = SampleHandle(functools.partial(self._complete, run, saver, message))
         if run.timing is None or run.timing.end_mono is not None:
             handle.result()  # done now; else the loop completes it once the upload is waited for

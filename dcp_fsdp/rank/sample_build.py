@@ -78,11 +78,8 @@ def build_sample(run: OpInProgress, end_mono: float, rank: int, host: str, state
         window_wall += max(0.0, run.timing.previous_end_mono - region.begin_mono)
     io_span = timeline.spans.get("write_data" if op == "save" else "read_data")
     io_s = None if io_span is None else io_span[1] - io_span[0]
-    requests = None
-    if request_log is not None:
-        requests = request_log.window(window_wall, end_wall,
-                                      timeline.uploaded_bytes if op == "save" else None,
-                                      moved_bytes=timeline.io_bytes)
+    requests = None if request_log is None else request_log.window(
+        window_wall, end_wall, timeline.uploaded_bytes if op == "save" else None, moved_bytes=timeline.io_bytes)
     return Sample(
         op=op, iteration=run.iteration, suffix=run.suffix, rank=rank, host=host,
         begin_wall_s=region.begin_wall, end_wall_s=end_wall,

@@ -282,8 +282,7 @@ class RankSession:
             self.store.close()  # what the store made in this process (MSC's profile file)
         if self.request_log is not None:
             self._untimed = self.request_log.finish()
-            kept = self.request_log.close(self.cfg.results_dir, self.run.run_id or None,
-                                          self.rank)
+            kept = self.request_log.close(self.cfg.results_dir, self.run.run_id or None, self.rank)
             if kept:
                 self.run.request_log_dir = str(kept.parent)
         # what a node must hold per rank
