@@ -11,11 +11,6 @@ from dcp_fsdp.config.validate import parse_s3_uri
 from dcp_fsdp.errors import UserError
 
 
-def resolve_region(storage: StorageConfig) -> str:
-    return (storage.region or os.environ.get("AWS_REGION")
-            or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")
-
-
 def endpoint_source(storage: StorageConfig) -> str:
     """The setting or variable the endpoint comes from: what an error message names."""
     variables = () if storage.endpoint else ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -48,8 +43,9 @@ class S3Target:
                             "is: give the bucket too, e.g. storage.uri=s3://my-bucket/checkpoints"
                             + ("" if storage.endpoint else f" (or unset {source} for the embedded server)"))
         bucket, prefix = parse_s3_uri(storage.uri)
-        return cls(uri=storage.uri.rstrip("/"), bucket=bucket, prefix=prefix,
-                   region=resolve_region(storage), endpoint=endpoint,
+        return cls(uri=storage.uri.rstrip("/"), bucket=bucket, prefix=prefix, endpoint=endpoint,
+                   region=(storage.region or os.environ.get("AWS_REGION")
+                           or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"),
                    force_path_style=(storage.force_path_style
                                      if storage.force_path_style is not None
                                      else endpoint is not None),

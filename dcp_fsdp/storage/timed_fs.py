@@ -180,11 +180,8 @@ class TimedFileSystem(FileSystemBase):
         self.metadata_sha256: str | None = None
         self.metadata_changed: str | None = None  # why DCP's read was refused (its own error hides it)
 
-    def __getstate__(self) -> dict[str, Any]:  # a lock does not pickle (process checkpointer)
-        return {"inner": self.inner, "timeline": self.timeline, "read_stream": self.read_stream}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["inner"], state["timeline"], state["read_stream"])  # type: ignore[misc]
+    def __reduce__(self) -> tuple[Any, ...]:  # a lock does not pickle (process checkpointer)
+        return type(self), (self.inner, self.timeline, self.read_stream)
 
     @contextlib.contextmanager
     def create_stream(self, path: StrPath, mode: str) -> Generator[io.IOBase, None, None]:
