@@ -68,9 +68,8 @@ def usable_cores() -> int:
 
 
 def host_limit_notes(nproc: int, quota: float | None = None) -> list[str]:
-    """What the process limits and a CPU quota do to a run, one line each: `ulimit -n`
-    below NOFILE_ADVISED, any `ulimit -v`, a quota below the ranks' count. Warnings, not
-    refusals: a run may fit within them, and where it fails its error names the limit."""
+    """A line each for `ulimit -n` below NOFILE_ADVISED, any `ulimit -v`, a CPU quota below nproc:
+    warnings, not refusals (a run may fit within them; where it fails, its error names the limit)."""
     import resource
 
     notes = []
@@ -153,10 +152,9 @@ def cuda_device_count() -> int:
 
 def check_devices(backend: Backend, ranks_here: int, device_count: Callable[[], int],
                   bound_per_task: bool = False) -> None:
-    """`ranks_here` ranks on this machine, one CUDA device each under nccl.
-    `device_count` is called only when the backend may use CUDA. `bound_per_task`: a
-    torchrun rank that sees exactly the one GPU its task is bound to (Slurm's
-    --gpus-per-task=1: CUDA_VISIBLE_DEVICES names one device), which is its own."""
+    """`ranks_here` ranks on this machine, one CUDA device each under nccl (`device_count` called
+    only when the backend may use CUDA). `bound_per_task`: a torchrun rank sees only the one GPU
+    its task is bound to (Slurm's --gpus-per-task=1), which is its own."""
     if backend == Backend.gloo:
         return
     count = device_count()

@@ -1,10 +1,9 @@
 """An S3 server on loopback for runs with no S3 configured: SeaweedFS from PyPI.
 
-`weed mini` runs master, volume, filer and S3 gateway in one process. Every
-port is chosen free and passed explicitly (its defaults bind 0.0.0.0 and fixed
-ports), telemetry and the admin UI are off, and sockets, logs and data live in
-one temporary directory that is removed on stop. Keys are generated per start,
-so SigV4 is enforced and nothing else on the machine can use the server.
+`weed mini` runs master, volume, filer and S3 gateway in one process. Every port is chosen
+free and passed explicitly (its defaults bind 0.0.0.0 and fixed ports), telemetry and the admin
+UI are off, and sockets, logs and data live in one temporary directory removed on stop. Keys
+are generated per start, so SigV4 is enforced and nothing else on the machine can use it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""`dcp-fsdp s3-server start|status|env|stop`: a local S3 that outlives one run
-(docs/s3-servers.md).
+"""`dcp-fsdp s3-server start|status|env|stop`: a local S3 that outlives one run (docs/s3-servers.md).
 
 `start` runs a small daemon (`serve`) that owns the embedded SeaweedFS and writes its endpoint
 and keys to a state file (mode 0600: it holds the secret key); `env` prints them as `export`

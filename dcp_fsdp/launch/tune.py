@@ -1,5 +1,4 @@
-"""`dcp-fsdp tune`: the best storage settings for this model, world size and storage
-(docs/tune.md).
+"""`dcp-fsdp tune`: the best storage settings for this model, world size and storage (docs/tune.md).
 
 The parent (light: no torch) checks the settings, starts the embedded server when no S3 is
 configured, writes the session's plan and launches the ranks ONCE (`launch_local`); rank 0
