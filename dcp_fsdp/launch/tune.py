@@ -75,11 +75,6 @@ REQUIRES: dict[str, Any] = {
     "storage.max_gap_size_mib": [("storage.reader", "dcp_optimized"), CONNECTOR, DCPS_READER]}
 
 
-def _get(cfg: BenchmarkConfig, dotted: str) -> Any:
-    value = functools.reduce(getattr, dotted.split("."), cfg)
-    return getattr(value, "value", value)
-
-
 def search_space(cfg: BenchmarkConfig, given: set[str]) -> tuple[dict[str, list[Any]], Settings]:
     """(values to try per setting, the starting settings). The settings the user gave
     (`given`: their names, config.compose.check_overrides) are fixed."""
@@ -92,7 +87,8 @@ def search_space(cfg: BenchmarkConfig, given: set[str]) -> tuple[dict[str, list[
         # a client's own setting given names the client; the process checkpointer's daemon
         # is started once, with the first trial's client environment (MSC's profile)
         given.add("storage.client")
-    start = {name: _get(cfg, name) for name in space}
+    values = {name: functools.reduce(getattr, name.split("."), cfg) for name in space}
+    start = {name: getattr(value, "value", value) for name, value in values.items()}  # an enum's value
     tuned = {name: [start[name]] + [v for v in values if str(v) != str(start[name])]
              for name, values in space.items() if name not in given}
     return tuned, start
