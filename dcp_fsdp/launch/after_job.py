@@ -76,10 +76,9 @@ def _signal_name(code: int) -> str:
 
 
 def _candidates(reports: list[dict], srun_ends: list[tuple[str, str]]) -> list[tuple]:
-    """Every cause on offer, as (sort key, line, cause): a rank that ended on its
-    own, or a node's agent that ended without saying why. Earliest first; at one second
-    (torch's timestamps are whole seconds) a kill before an error, an error before a
-    rank stopped because a peer had ended."""
+    """Every cause on offer, as (sort key, line, cause): a rank that ended on its own, or a
+    node's agent that ended without saying why. Earliest first; within one second (torch's
+    timestamps are whole seconds) a kill before an error, an error before a peer-stopped rank."""
     found: list[tuple] = []
     srun_order = {host: n for n, (host, _) in enumerate(srun_ends)}
     for report in reports:
