@@ -25,11 +25,11 @@ if TYPE_CHECKING:
 class BusyClock:
     """Wall time during which at least one timed call was in progress (thread-safe)."""
 
-    def __init__(self) -> None:
+    def __init__(self, total: float = 0.0) -> None:
         self._lock = threading.Lock()
         self._active = 0
         self._since = 0.0
-        self._total = 0.0
+        self._total = total
 
     def enter(self) -> None:
         now = time.perf_counter()
@@ -53,28 +53,20 @@ class BusyClock:
         with self._lock:
             return self._total
 
-    def __getstate__(self) -> dict[str, Any]:  # a lock does not pickle (process checkpointer)
-        return {"total": self.total_s()}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]
-        self._total = state["total"]
+    def __reduce__(self) -> tuple[Any, ...]:  # a lock does not pickle (process checkpointer)
+        return type(self), (self.total_s(),)
 
 
 class ByteCounter:
     """Bytes through the object streams so far (the progress heartbeat reads it while an
     operation runs): the timed streams add each data call's, under a lock (several threads)."""
 
-    def __init__(self) -> None:
-        self.total = 0
+    def __init__(self, total: int = 0) -> None:
+        self.total = total
         self._lock = threading.Lock()
 
-    def __getstate__(self) -> dict[str, Any]:  # a lock does not pickle (process checkpointer)
-        return {"total": self.total}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]
-        self.total = state["total"]
+    def __reduce__(self) -> tuple[Any, ...]:  # a lock does not pickle (process checkpointer)
+        return type(self), (self.total,)
 
     def add(self, count: int) -> None:
         with self._lock:
