@@ -1,8 +1,5 @@
-"""save_mode=async: dcp.async_save, timed as a training loop sees it (docs/async.md defines
-each figure: previous_wait_s, blocked_s, staged_s, stall_s, persisted_s, and with
-train_step_s > 0 the training steps' interval_s, train_lost_s, train_wait_s, slowdown).
-
-Without a cadence each save waits for its own upload while steps run; with
+"""save_mode=async: dcp.async_save, timed as a training loop sees it (docs/async.md defines each
+figure). Without a cadence each save waits for its own upload while steps run; with
 async_save.steps_between_saves=K the loop runs K steps and moves on with the upload in flight,
 as a training loop does. The upload runs DCP's collectives on a gloo group of its own, so the
 training loop's group is never used from two threads at once (and nccl-only default groups,
@@ -127,8 +124,7 @@ class AsyncSaver:
         self._baseline_s: list[float] | None = None
 
     def prepare(self) -> None:
-        """Before the first timed save, on every rank (collective): the upload group, the
-        stager, the daemon, the step calibration."""
+        """Before the first timed save, on every rank (collective): group, stager, daemon, step."""
         if self.group is not None:
             return
         self.group = dist.new_group(backend="gloo")
@@ -142,15 +138,14 @@ class AsyncSaver:
             self.train_step.calibrate()
 
     def new_stager(self) -> DefaultStager:
-        """torch's stager; on a CPU rank, one with no accelerator stream (compat.host_stager:
-        torch's would open a CUDA context on a GPU host)."""
+        """torch's stager; on a CPU rank compat.host_stager's (torch's opens a CUDA context on a GPU host)."""
         if self.device.type == "cpu" and self.options.use_async_staging:
             return compat.host_stager(self.options)
         return DefaultStager(self.options)
 
     def renew_stager(self) -> None:
-        """A fresh stager for the next save, where torch's cannot stage twice; called once the
-        previous save is persisted (with a cadence, as part of the next save's wait)."""
+        """A fresh stager where torch's cannot stage twice, once the previous save is persisted
+        (with a cadence, in the next save's wait)."""
         if self.reuse_stager or not self._stager_used:
             return
         if self.stager is not None:
@@ -171,8 +166,7 @@ class AsyncSaver:
         return self._baseline_s
 
     def wait_previous(self) -> tuple[float, float | None]:
-        """Wait for the previous save's upload (raises if it failed): (seconds waited, when
-        it ended)."""
+        """Wait for the previous save's upload (raises if it failed): (seconds waited, its end)."""
         previous, self._pending = self._pending, None
         if previous is None or previous.upload is None:
             return 0.0, None
@@ -182,8 +176,7 @@ class AsyncSaver:
         return time.monotonic() - start, previous.marks.get("persisted", time.monotonic())
 
     def finish(self, timing: AsyncTiming) -> AsyncTiming:
-        """Wait for `timing`'s upload (if no later save did already) and fill its persisted
-        figures."""
+        """Wait for `timing`'s upload (unless a later save did) and fill its persisted figures."""
         if timing.upload is None:
             raise RuntimeError("finish() of a save that has no upload in flight")
         metadata = timing.upload.result()  # a failed upload raises here, as dcp.save would
@@ -199,9 +192,8 @@ class AsyncSaver:
 
     def save(self, state_dict: dict, writer: Any, begin_mono: float,
              baseline_s: list[float]) -> AsyncTiming:
-        """One async save from `begin_mono` (just after the barrier). Without a cadence it
-        returns once persisted; with one, after the steps between saves, the upload maybe
-        still in flight (end_mono None: `finish` completes it)."""
+        """One async save from `begin_mono` (the barrier's release), persisted on return; with a
+        cadence, after its steps, the upload maybe still in flight (end_mono None: see `finish`)."""
         previous_wait_s, previous_end = self.wait_previous()
         response = dcp.async_save(
             state_dict, storage_writer=writer, process_group=self.group,

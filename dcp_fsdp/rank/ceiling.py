@@ -1,11 +1,10 @@
 """The storage's ceiling: the bytes a DCP save wrote, moved raw with the same client.
 
-After the DCP operations (`ceiling=true`), or alone (`dcp-fsdp ceiling`), every rank PUTs and
-then GETs its share of the checkpoint's objects (sizes from its `.metadata`, or from DCP's own
-local save plan when there is no checkpoint) through the store's raw area (storage/raw.py),
-timed like `dcp.save` / `dcp.load`: DCP MiB/s / ceiling MiB/s is the checkpoint path's
-efficiency. Then DCP alone on tmpfs, and the headroom rounds. What each ceiling is, and where
-its objects go: docs/metrics.md ("Ceiling and efficiency") and docs/headroom.md.
+After the DCP operations (`ceiling=true`), or alone (`dcp-fsdp ceiling`), every rank PUTs then GETs
+its share of the checkpoint's objects (sizes from its `.metadata`, or from DCP's own local save plan
+without a checkpoint) through the store's raw area (storage/raw.py), timed like `dcp.save` /
+`dcp.load`: DCP MiB/s / ceiling MiB/s is the checkpoint path's efficiency. Then DCP alone on tmpfs,
+and the headroom rounds: docs/metrics.md ("Ceiling and efficiency") and docs/headroom.md.
 """
 
 from __future__ import annotations
@@ -51,8 +50,6 @@ class RawObject:
     name: str  # relative to the checkpoint (or ceiling) directory, e.g. "__1_0.distcp"
     size_bytes: int
 
-
-# -- which objects --------------------------------------------------------------------------
 
 def objects_by_rank(sizes: dict[str, int], world_size: int) -> list[list[RawObject]]:
     """A checkpoint's data objects (name -> size, from its .metadata) per saving rank."""
@@ -109,8 +106,6 @@ def planned_objects(state_dict: dict[str, Any], rank: int, thread_count: int,
     return objects
 
 
-# -- moving bytes ---------------------------------------------------------------------------
-
 class Mover:
     """This rank's raw objects, one folder per iteration, in the store's raw area."""
 
@@ -147,8 +142,7 @@ class Mover:
         self.area.put(client, self.name(iteration, obj), live.chunks(obj.size_bytes, self.chunk_bytes))
 
     def drop_cache(self, iteration: int, objects: list[RawObject]) -> str | None:
-        """Before the timed GET (untimed): the objects out of any local cache; the policy
-        that held (None: nothing to drop, e.g. S3)."""
+        """Untimed: the objects out of any local cache; the policy that held (None: none, e.g. S3)."""
         return self.area.drop_cache(self.name(iteration, obj) for obj in objects)
 
     def remove(self, client: Client, iteration: int, objects: list[RawObject]) -> None:
@@ -207,8 +201,6 @@ class LiveBytes:
                 index, offset = (index + 1) % len(self.tensors), 0
 
 
-# -- the timed rounds -----------------------------------------------------------------------
-
 class Ceiling:
     def __init__(self, loop: Any) -> None:
         """`loop`: the CheckpointLoop whose store and state this mirrors (loop.py imports us)."""
@@ -219,8 +211,7 @@ class Ceiling:
         self.mover = Mover(loop.store, token, self.cfg.storage.part_size_mib * MIB)
 
     def objects(self) -> tuple[list[RawObject], list[RawObject], str]:
-        """This rank's objects to PUT (what its save wrote) and to GET (what its load reads),
-        and the suffix they mirror ("ceiling" when none)."""
+        """This rank's objects to PUT (its save's) and GET (its load's); the suffix mirrored ("ceiling": none)."""
         loop = self.loop
         replicas, read_once = loop.replicas, loop.read_once
         if loop.suffixes:
@@ -269,9 +260,8 @@ class Ceiling:
                                 loop.ctx.device)
         live = LiveBytes(loop.state_dict)
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ceiling") as pool:
-            # (op, objects, (bytes counted, bytes moved), streams, move): the GETs use one
-            # stream, the objects in turn: how DCP's reader reads a rank's files
-            # (FileSystemReader.read_data, the connector's reader with it)
+            # (op, objects, (bytes counted, bytes moved), streams, move): a GET reads with one stream, the
+            # objects in turn, as DCP's reader does (FileSystemReader.read_data, the connector's with it)
             puts = (put_objects, (put_bytes, put_bytes), pool)
             gets = (get_objects, (counted_get_bytes, get_bytes), None)
             rounds = (("raw_put", *puts, self.mover.put), ("raw_get", *gets, self.mover.get),
@@ -279,8 +269,7 @@ class Ceiling:
                       ("raw_put_tensors", *puts, functools.partial(self.mover.put_live, live=live)))
             for iteration in range(1, self.cfg.iterations + 1):
                 self.mover.prepare(iteration, put_objects)
-                # each raw row carries the suffix of its own iteration's DCP operation, not
-                # the suffix whose sizes it mirrors
+                # each row carries its own iteration's DCP suffix, not the one whose sizes it mirrors
                 own = loop.suffixes[iteration - 1] if len(loop.suffixes) >= iteration else suffix
                 try:
                     for op, objects, nbytes, streams, move in rounds:
@@ -376,8 +365,7 @@ READ_AHEAD = 8  # fetches in flight when the run itself used DCP's reader
 
 
 def _read_ahead_loads(loop: Any) -> list[Sample]:
-    """Nothing for `dcp-fsdp ceiling`, which has no checkpoint."""
-    if not loop.suffixes:
+    if not loop.suffixes:  # `dcp-fsdp ceiling`: no checkpoint
         return []
     storage = loop.cfg.storage
     store = make_store(dataclasses.replace(storage, read_ahead=storage.read_ahead or READ_AHEAD))

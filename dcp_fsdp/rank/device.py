@@ -1,8 +1,7 @@
-"""The rank's device: which CUDA device a rank takes, the synchronize that closes every timed
-region (CUDA work is queued, not done, when the call that queued it returns: a clock read
-without it stops before the copies end), and the environment a nccl group needs to fail in
-bounded time. No torch import at module level: the rank's checks use `cuda_index` before
-torch is imported.
+"""The rank's device: which CUDA device a rank takes, the synchronize that closes every timed region
+(CUDA work is queued, not done, when the call that queued it returns: a clock read without it stops
+before the copies end), and the environment a nccl group needs to fail in bounded time. No torch
+import at module level: the rank's checks use `cuda_index` before torch is imported.
 """
 
 from __future__ import annotations
@@ -32,20 +31,16 @@ def sync_device(device: Any) -> None:
 
 
 def one_device_per_task(environ: dict[str, str] | None = None) -> bool:
-    """CUDA_VISIBLE_DEVICES names exactly one device: the scheduler bound one GPU to this
-    task (Slurm's --gpus-per-task=1 sets it per task)."""
+    """CUDA_VISIBLE_DEVICES names one device: a scheduler bound one GPU to this task (--gpus-per-task=1)."""
     value = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES", "")
     return len([entry for entry in value.split(",") if entry.strip()]) == 1
 
 
 def cuda_index(local_rank: int, local_world_size: int, visible_count: int,
                bound_per_task: bool) -> int:
-    """The CUDA device (an index into this process's visible devices) for a rank.
-
-    - each rank sees all of the node's devices (visible >= ranks on the node): LOCAL_RANK
-    - each rank sees exactly one, bound to its task (`bound_per_task`): device 0
-    - anything else would put two ranks on one device (NCCL refuses that): UserError
-    """
+    """The CUDA device (an index into this process's visible devices) for a rank: LOCAL_RANK
+    where each rank sees all of the node's, 0 where it sees the one bound to its task
+    (`bound_per_task`); anything else would put two ranks on one device (NCCL refuses): UserError."""
     if visible_count >= local_world_size and visible_count > 0:
         return local_rank % visible_count
     if visible_count == 1 and bound_per_task:
@@ -67,9 +62,8 @@ RECORD_MARGIN_S = 60.0  # the op watchdog's time to write the record before the 
 
 
 def process_group_timeout_s(collective_timeout_s: float, op_timeout_s: float) -> float:
-    """collective_timeout_s, raised to op_timeout_s + RECORD_MARGIN_S when lower: a stuck
-    operation must end by the op watchdog, with a record, not by NCCL's teardown in DCP's
-    collectives first."""
+    """collective_timeout_s, raised to op_timeout_s + RECORD_MARGIN_S if lower: a stuck operation
+    must end by the op watchdog, with a record, not by NCCL's teardown in DCP's collectives."""
     return max(collective_timeout_s, op_timeout_s + RECORD_MARGIN_S)
 
 

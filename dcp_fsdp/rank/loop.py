@@ -1,9 +1,6 @@
-"""The one timed loop behind save, load and save-and-load.
-
-Per iteration and phase: choose the suffix (rank 0, broadcast), build the
-writer/reader, align the ranks with a barrier, and time only `dcp.save` /
-`dcp.load`. Suffix choice, writer construction, verification and the optional
-delay all happen outside the timers.
+"""The one timed loop behind save, load and save-and-load: per iteration and phase, rank 0
+chooses the suffix, each rank builds its writer or reader, a barrier aligns the ranks, and only
+`dcp.save` / `dcp.load` is timed (suffix, writer, verification and delay_s are all untimed).
 """
 
 from __future__ import annotations
@@ -88,20 +85,17 @@ class CheckpointLoop:
         self.log = say
         self._memory = PeakMemory(ctx.device, say)
         self.samples: list[Sample] = []  # this rank's
-        # Every rank's samples of each finished operation, shared right after it (untimed):
-        # a run cut short by an interrupt or a failure still records whole operations.
+        # every rank's samples, shared after each operation: a run cut short records them whole
         self.shared_samples: list[Sample] = []
         self.suffixes: list[str] = []
         self.suffix_claim: str | None = None  # how the saves' suffixes were claimed (layout)
         self.writing_suffix: str | None = None  # a save in progress: incomplete if we stop
         self._pending_save: SampleHandle | None = None  # the last save, until its upload is done
         self._timeline_dir: Path | None = None  # process checkpointer: see _timeline_file
-        # Per suffix loaded: {"checked": bool, "reason": why not} (recorded on the run line).
-        self.integrity: dict[str, dict[str, Any]] = {}
+        self.integrity: dict[str, dict[str, Any]] = {}  # suffix loaded: {"checked", "reason"} for the run line
         self._expected_checksums: dict[str, int | None] = {}  # suffix -> seed to check with
         self._metadata_facts: dict[str, MetadataFacts] = {}  # rank 0: suffix -> its .metadata
-        # every rank: suffix -> SHA-256 of the .metadata screened (DCP must read those bytes)
-        self._screened_sha256: dict[str, str] = {}
+        self._screened_sha256: dict[str, str] = {}  # suffix -> SHA-256 of the screened .metadata DCP must read
         self.host = socket.gethostname()
         # model.replicas > 1 (HSDP): this rank's replica group; bytes count its share
         self.replicas = sharded.replicas
@@ -110,7 +104,6 @@ class CheckpointLoop:
         # benchmark-only (benchmarks/harness_cost.py): instrumentation left out of the timer
         self.harness_off, _ = contract.harness_off(os.environ.get(contract.HARNESS_OFF_ENV))
 
-    # -- suffixes ------------------------------------------------------------------------
     def _timeline_file(self, suffix: str) -> str:
         """Where the process checkpointer's daemon writes one save's timeline (a directory
         of this rank's, named by its pid: a killed rank's is removed by the next launch)."""
@@ -146,12 +139,10 @@ class CheckpointLoop:
             return facts.sha256
         self._screened_sha256[suffix] = rank0_decides(self.ctx, decide)
 
-    # -- one timed operation -------------------------------------------------------------
     def _timed(self, op: str, iteration: int, suffix: str,
                store: CheckpointStore | None = None) -> SampleHandle:
-        """The operation's sample, done; or (an async save with a cadence, its upload in
-        flight) to come once the upload is waited for. `store`: another store than the
-        run's (the ceiling's DCP-alone rounds on tmpfs: sync saves only)."""
+        """The operation's sample, now or (an async save with a cadence) once its upload is
+        waited for. `store`: not the run's (the ceiling's tmpfs rounds: sync saves only)."""
         saver = self._async_saver_for(op) if store is None else None
         run = self._prepare(op, iteration, suffix, saver, store or self.store)
         # Built before the barrier: its expected-bytes sum walks the state dict.
@@ -185,7 +176,7 @@ class CheckpointLoop:
         return handle
 
     def _async_saver_for(self, op: str) -> AsyncSaver | None:
-        """The async saver (created on first use, per rank, untimed), for an async save."""
+        """An async save's saver (created on first use, untimed)."""
         if op != "save" or self.cfg.save_mode.value != "async":
             return None
         if self.async_saver is None:
@@ -197,9 +188,8 @@ class CheckpointLoop:
     def _prepare(self, op: str, iteration: int, suffix: str, saver: AsyncSaver | None,
                  store: CheckpointStore) -> OpInProgress:
         """Everything an operation needs before its barrier (untimed)."""
-        # The process checkpointer pickles the writer into its daemon (so no instance-level
-        # hook wrappers): the timed writer's copy there writes its timeline to a file, read
-        # back once the upload is done.
+        # The process checkpointer pickles the writer into its daemon (no instance-level hook
+        # wrappers): its copy there writes the timeline to a file, read once the upload is done.
         pickled = op == "save" and saver is not None and saver.process
         run = OpInProgress(op, iteration, suffix, pickled=pickled, timeline=HookTimeline(
             dump_path=self._timeline_file(suffix) if pickled else None))
@@ -263,8 +253,7 @@ class CheckpointLoop:
         from dcp_fsdp.storage.s3_target import resolve_endpoint
 
         streams = None if timeline is None else (lambda: timeline.moved.total)
-        # the endpoint as the client resolves it, environment included: the meter counts
-        # that port's connections only
+        # the endpoint as the client resolves it, environment included: the meter counts that port only
         moved, verb, note, start = progress_measure(
             op, self.cfg.storage.kind.value == "s3", resolve_endpoint(self.cfg.storage), streams)
         expected = local_bytes(self.state_dict)
@@ -272,13 +261,11 @@ class CheckpointLoop:
                          self.cfg.progress_interval_s, self.log, verb, note, start)
 
     def keep(self, sample: Sample) -> None:
-        """Record one finished operation of this rank, and hand it to rank 0's record and to
-        rank 1, which writes the record if rank 0 has died (the others keep their own)."""
+        """One finished operation of this rank, also handed to rank 0 and rank 1 (it records if 0 died)."""
         self.samples.append(sample)
         gathered = gather_to_keepers(sample)
         self.shared_samples.extend(gathered if gathered is not None else [sample])
 
-    # -- verification (untimed; rank/state.py) -----------------------------------------
     def _load_expected_checksums(self, suffix: str) -> None:
         """Once per suffix, untimed: the seed its values were made with (its manifest), or why
         it cannot be checked. Every rank gets the same answer from rank 0."""
@@ -295,9 +282,7 @@ class CheckpointLoop:
         if reason and self.cfg.integrity:
             self.log(f"integrity check of suffix={suffix} skipped: {reason}")
 
-    # -- the loop ------------------------------------------------------------------------
     def run(self) -> list[Sample]:
-        """Every operation of the run; every rank's samples."""
         try:
             return self._run_operations()
         finally:
@@ -352,24 +337,23 @@ class CheckpointLoop:
         return suffix
 
     def _checked_load(self, iteration: int, suffix: str) -> None:
-        """`dcp-fsdp load`'s timed load of a checkpoint it did not save: checked against the
-        checksums its save recorded, when there are any."""
+        """`dcp-fsdp load`'s timed load, checked against the values its save recorded (if known)."""
         self._load_expected_checksums(suffix)
         self._load_and_verify(iteration, suffix, self._expected_checksums[suffix],
                               f"integrity: load iteration {iteration} of suffix={suffix} read data that "
                               "differs from the values it was saved with: the checkpoint's objects are corrupt")
 
     def _dcp_load(self, run: OpInProgress, suffix: str) -> None:
-        """dcp.load; a load that failed because the checkpoint was deleted under it says so
-        (DCP's own error is "metadata is None" or a missing object's)."""
+        """dcp.load; one that failed as the checkpoint was deleted under it says so (DCP says
+        "metadata is None" or names a missing object)."""
         try:
             dcp.load(self.state_dict, storage_reader=run.storage_io, planner=run.planner)
         except (Exception, dcp.CheckpointException) as error:  # DCP's is a BaseException
             changed = metadata_changed(run.storage_io)
             if changed is not None:  # DCP says "metadata is None"; the cause is this
                 raise UserError(f"suffix={suffix}: {changed}") from error
-            # only an error that says something is missing is probed (never a signal or a
-            # peer's failure DCP wrapped: their records name them, and must not wait)
+            # only an error saying something is missing is probed (a signal or a peer's failure
+            # DCP wrapped must not wait: their records name them)
             if caused_by_interrupt(error) or not _says_missing(error) or self._still_complete(suffix):
                 raise
             raise UserError(f"suffix={suffix}: the checkpoint was deleted while the load ran "
@@ -377,8 +361,7 @@ class CheckpointLoop:
                             "nothing was loaded: load another suffix") from error
 
     def _still_complete(self, suffix: str) -> bool:
-        """After a failed load: whether the checkpoint is still there (an unanswered check says
-        yes: the load's own error stands)."""
+        """After a failed load: whether the checkpoint is still there (unanswered: yes, its error stands)."""
         try:
             return make_store(self.cfg.storage, after_failure=True).is_complete(suffix)
         except Exception:
@@ -405,8 +388,8 @@ class CheckpointLoop:
         apply_state_dict(self.sharded, self.state_dict)
 
     def timed_on(self, store: CheckpointStore, op: str, iteration: int, suffix: str) -> Sample:
-        """A sync save or a load, timed as the run's are, on another store (the ceiling's
-        DCP-alone rounds): nothing else of the run's (no claim, manifest or verification)."""
+        """A sync save or a load on another store (the ceiling's rounds), timed as the run's are:
+        no claim, manifest or verification."""
         return self._timed(op, iteration, suffix, store).result()
 
     def _load_suffix(self) -> str:

@@ -23,8 +23,7 @@ from dcp_fsdp.rank.state import flat_tensors
 
 
 def replica_share(nbytes: int, replicas: int, replica: int) -> int:
-    """This replica's share of `nbytes` that every replica holds, split exactly: the shares
-    over replicas 0..R-1 sum to `nbytes`."""
+    """This replica's share of `nbytes` every replica holds: over replicas 0..R-1 they sum to it."""
     return nbytes * (replica + 1) // replicas - nbytes * replica // replicas
 
 

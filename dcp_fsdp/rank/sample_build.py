@@ -43,8 +43,7 @@ def timed_region(device: Any, watchdog: Any) -> Iterator[RegionClocks]:
 
 @dataclasses.dataclass
 class OpInProgress:
-    """One timed operation from its set-up to its sample: what was prepared untimed, the
-    clocks read at its barrier, and what the timed block measured."""
+    """One timed operation: what was prepared untimed, its clocks, and what the timed block measured."""
 
     op: str
     iteration: int
@@ -148,11 +147,10 @@ def wire_closed_on_error(wire: Any) -> Iterator[None]:
 
 def _fetched_bytes(timeline: HookTimeline, requests: dict[str, Any] | None,
                    wire: Any = None) -> int:
-    """What the kernel received on the rank's sockets to the endpoint, HTTP heads included,
-    where its meter is exact: a GET cut mid-body then counts what came down of it, so the
-    requests' `bytes_down_broken_max` becomes 0. Else the request log's whole GET bodies (lines
-    all parsed), else the streams': what DCP read, blind to a GET's body that broke and came
-    again."""
+    """What the kernel received on the rank's sockets to the endpoint, HTTP heads included, where
+    its meter is exact: a GET cut mid-body then counts what came down of it, so the requests'
+    `bytes_down_broken_max` becomes 0. Else the request log's whole GET bodies (lines all parsed),
+    else the streams': what DCP read, blind to a GET's body that broke and came again."""
     if wire is not None:
         received, exact = wire.received(), wire.exact
         wire.close()

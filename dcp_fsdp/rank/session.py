@@ -46,8 +46,7 @@ CLOCK_SPREAD_NOTED_S = 0.010
 
 @dataclasses.dataclass
 class RankResult:
-    """How a rank's run ended, for the entry point that started it (`cli.end_rank` prints
-    the end-of-run summary from it: the top layer, under any launcher)."""
+    """How a rank's run ended, for its entry point (`cli.end_rank` prints the run's summary from it)."""
 
     exit_code: int
     run: RunRecord | None = None  # the record, on the rank that wrote it (rank 0)
@@ -94,7 +93,6 @@ class RankSession:
         if self.is_coordinator:
             log.info(message)
 
-    # -- phases ----------------------------------------------------------------------
     def start_telemetry(self) -> None:
         """Before anything creates an S3 client: the connector reads its log settings once."""
         if self.cfg.storage.kind != StorageKind.s3 or not self.cfg.request_stats:
@@ -272,7 +270,6 @@ class RankSession:
             return False  # rank 0 recorded the run before it ended: keep its fuller record
         return self.rank == min(r for r in range(self.rank + 1) if r not in ended)
 
-    # -- the one way out -----------------------------------------------------------------
     def finish(self, status: str, error_line: str | None,
                cause: contract.EndCause = contract.EndCause.OK) -> None:
         from dcp_fsdp.telemetry.summaries import merge_summaries

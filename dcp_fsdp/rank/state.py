@@ -38,9 +38,8 @@ def flat_tensors(state_dict: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def checkpoint_mismatch(stored: dict[str, Any], state_dict: dict[str, Any]) -> str | None:
-    """How a checkpoint's tensors (`MetadataFacts.tensors`) differ from this state dict's, or
-    None when every tensor is there as here and every model tensor there is here (a
-    model-only load of a checkpoint with optimizer state is a load of its model)."""
+    """How a checkpoint's tensors (`MetadataFacts.tensors`) differ from this state dict's; None when all
+    of ours are there as here and all its model tensors are here (a model-only load loads its model)."""
     tensors = flat_tensors(state_dict)
     problem = first_difference(stored, ((key, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
                                         for key, tensor in tensors.items()))
@@ -48,8 +47,7 @@ def checkpoint_mismatch(stored: dict[str, Any], state_dict: dict[str, Any]) -> s
 
 
 def mismatch_error(suffix: str, cfg: Any, problem: str, manifest: dict[str, Any] | None) -> UserError:
-    """The one line for a checkpoint that does not match the settings, with the settings it
-    was saved with (its manifest) as the fix."""
+    """The one line for a checkpoint that does not match the settings; the fix: its manifest's."""
     manifest = manifest or {}
     # model.moe_layout=hf is the default: neither side need name it
     saved_with = " ".join(model_setting(k, manifest[k]) for k in MANIFEST_SETTINGS
@@ -76,11 +74,8 @@ def state_bytes(state_dict: dict[str, Any]) -> int:
     return sum(t.numel() * t.element_size() for t in flat_tensors(state_dict).values())
 
 
-# -- verification (untimed) -------------------------------------------------------------
-
 def first_mismatch(state_dict: dict[str, Any], seed: int) -> tuple[str, list[int]] | None:
-    """(key, global index) of the first element of this rank's shards that differs from
-    its value, or None when every shard holds exactly its values."""
+    """(key, global index) of the first element of this rank's shards that is not its value, or None."""
     for key, local, global_shape, offset in unique_shards(state_dict):
         index = values.first_mismatch(local, seed, key, global_shape, offset)
         if index is not None:
@@ -113,8 +108,7 @@ def local_bytes(state_dict: dict[str, Any]) -> int:
 
 
 def checkable_seed(manifest: dict[str, Any] | None) -> tuple[int | None, str | None]:
-    """(seed to recompute with, None) when the checkpoint's values are known, else
-    (None, why not)."""
+    """(seed to recompute with, None) when the checkpoint's values are known, else (None, why not)."""
     if manifest is None:
         return None, "no manifest stored with this checkpoint"
     generator = manifest.get("values")

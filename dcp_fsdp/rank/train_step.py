@@ -1,12 +1,11 @@
-"""A simulated training step: a fixed amount of work (matmuls, or memory-bound vector adds)
-on the rank's device, sized once (`calibrate`) to take about `step_s` with no checkpoint in
-flight. Timed before each save (the baseline) and during its upload:
+"""A simulated training step: a fixed amount of work (matmuls, or memory-bound vector adds) on the
+rank's device, sized once (`calibrate`) to take about `step_s` with no checkpoint in flight, timed
+before each save (the baseline) and during its upload:
 
     train_step_slowdown = mean compute time of a step while uploading / baseline mean - 1
 
-A step's compute time excludes its wait for staging before its update (the stall, reported
-apart: StepTimes.wait_s): its forward/backward may overlap staging, its weight update may not.
-The work kinds and why each: docs/async.md.
+A step's compute time excludes its wait for staging before its update (the stall: StepTimes.wait_s):
+its forward/backward may overlap staging, its weight update may not. Work kinds: docs/async.md.
 """
 
 from __future__ import annotations
@@ -29,16 +28,14 @@ _PROBE_S = 0.2  # calibration: run matmuls for at least this long to time one
 
 
 class StepTimes(NamedTuple):
-    """Steps run back to back: each one's compute time (its time less its wait before the
-    update), and the seconds they waited before their updates (staging) in all."""
+    """Steps run back to back: each one's compute time (less its wait for staging), all the waits."""
 
     compute_s: list[float]
     wait_s: float
 
 
 def matmuls_for(step_s: float, matmul_s: float) -> int:
-    """How many operations (matmuls, or vector adds) of `matmul_s` seconds make one step of
-    about `step_s` (at least 1)."""
+    """Operations (matmuls or vector adds) of `matmul_s` seconds in a step of ~`step_s` (at least 1)."""
     if matmul_s <= 0:
         return 1
     return max(1, round(step_s / matmul_s))
@@ -114,9 +111,8 @@ class TrainStep:
         self.matmuls = matmuls_for(self.step_s, operation_s)
 
     def step(self, before_update: Callable[[], object] | None = None) -> float:
-        """One step; its duration (device work included: synchronised on CUDA). With
-        `before_update`, it is called (it blocks until staging is done) after the
-        forward/backward and before the update; the time it took is in `stall_wait_s`."""
+        """One step's duration (device work included). `before_update` (it blocks until staging is
+        done) runs between the forward/backward and the update; its time goes to `stall_wait_s`."""
         start = time.perf_counter()
         self.stall_wait_s = 0.0
         for _ in range(self.matmuls):
@@ -133,8 +129,7 @@ class TrainStep:
 
     def run_until(self, done: Callable[[], bool],
                   before_update: Callable[[], object] | None = None) -> StepTimes:
-        """Steps, back to back, until `done()` (checked between steps). The first step waits
-        on `before_update` before its update (staging)."""
+        """Steps back to back until `done()` (checked between steps); the first waits on `before_update`."""
         compute, waited = [], 0.0
         while not done():
             compute.append(self.step(before_update) - self.stall_wait_s)
@@ -143,7 +138,6 @@ class TrainStep:
         return StepTimes(compute, waited)
 
     def run(self, count: int, before_update: Callable[[], object] | None = None) -> StepTimes:
-        """`count` steps back to back (the training between two saves), whatever the upload
-        does, as run_until."""
+        """`count` steps (the training between two saves) as run_until, whatever the upload does."""
         steps = iter(range(count))
         return self.run_until(lambda: next(steps, None) is None, before_update)

@@ -1,9 +1,8 @@
-"""`dcp-fsdp tune` inside one launch: the ranks and the model are built once; only the
-storage settings change between trials. Rank 0 runs the search (tune/search.py) and
-broadcasts each trial's settings; every rank then runs one save-and-load iteration with the
-loop of a normal run (rank/loop.py) on a store made from them. Each trial leaves a normal
-record in the session directory, its `tune` field saying its role, and its checkpoint is
-deleted after it; the result goes to `tune.json` there (docs/tune.md).
+"""`dcp-fsdp tune` inside one launch: the ranks and the model are built once, only the storage
+settings change between trials. Rank 0 runs the search (tune/search.py) and broadcasts each trial's
+settings; every rank runs one save-and-load iteration of a normal run's loop (rank/loop.py) on a
+store made from them. Each trial leaves a normal record in the session directory (its `tune` field:
+its role) and no checkpoint; the result goes to `tune.json` there (docs/tune.md).
 """
 
 from __future__ import annotations
@@ -48,9 +47,8 @@ def trial_config(cfg: BenchmarkConfig, settings: dict[str, Any], ceiling: bool,
 
 
 def figures_of(samples: Iterable[Sample]) -> dict[str, Any]:
-    """Per operation its pooled aggregate MiB/s, seconds, bytes and spread, and the score
-    (save + load bytes over save + load seconds), with the one definition of each figure
-    (telemetry/figures.py: what the end-of-run table and `report` print)."""
+    """Per operation its pooled aggregate MiB/s, seconds, bytes and spread (telemetry/figures.py,
+    as the end-of-run table and `report` print them), and the score: save + load MiB per second."""
     from dcp_fsdp.telemetry.figures import summary
 
     found = summary(samples)
@@ -84,7 +82,6 @@ class TuneTrials:
         # the session's run line, as the launcher named it: what an interrupt records
         self.base_run = session.run.model_copy()
 
-    # -- both sides ------------------------------------------------------------------------
     def run(self) -> None:
         from dcp_fsdp.rank.distributed import gather_to_coordinator
 
@@ -156,7 +153,6 @@ class TuneTrials:
     def _write_summary(self, summary: dict[str, Any]) -> None:
         (self.session_dir / "tune.json").write_text(json.dumps(summary, indent=1) + "\n")
 
-    # -- one trial, on every rank -----------------------------------------------------------
     def _trial(self, settings: dict[str, Any], role: str) -> Trial:
         from dcp_fsdp.rank.loop import CheckpointLoop
         from dcp_fsdp.storage import make_store
