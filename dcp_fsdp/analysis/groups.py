@@ -26,14 +26,6 @@ FIXED_KEYS = ["nodes", "ranks", "model", "op", "storage"]
 # An operation's order in its process: "first" (iteration 1: cold, as a restart's load) or
 # "later" (warm, as a long run's periodic save); docs/metrics.md.
 FIRST, LATER = "first", "later"
-
-
-
-
-def op_order(iterations: pd.Series) -> list[str]:
-    return [FIRST if int(i) == 1 else LATER for i in iterations]
-
-
 # Settings never used to split groups: they name places or runs, or change what the tool
 # prints or keeps, not how a save or load behaves (request_stats does: its log costs time).
 NOT_SETTINGS = {
@@ -178,10 +170,9 @@ def _with_settings(frame: pd.DataFrame, run_rows: pd.DataFrame, group_keys: list
     # a setting named like a sample field (save_mode): the run's setting groups
     frame = frame.drop(columns=[k for k in attributes if k != "run_id" and k in frame])
     frame = frame.merge(attributes, on="run_id", how="left")
-    frame["op_order"] = op_order(frame["iteration"])
     ops = per_operation(frame).drop(columns=["ranks"]).merge(attributes, on="run_id", how="left")
-    ops["op_order"] = op_order(ops["iteration"])
     for table in (frame, ops):
+        table["op_order"] = [FIRST if int(i) == 1 else LATER for i in table["iteration"]]
         for key in group_keys:
             table[key] = table[key].astype(object).where(table[key].notna(), "")
         for key in varying:  # a setting that does not apply to an op: blank, one row
@@ -251,8 +242,7 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
         splits += [(labels, line) for line in time_split.split_lines(group_samples)]
     result["throughput"], single_notes = with_client_ratio(
         ordered(pd.DataFrame(throughput), group_keys), group_keys)
-    result["notes"] += client_notes([run for run in runs if run["run_id"] in ok_ids])
-    result["notes"] += single_notes
+    result["notes"] += client_notes([run for run in runs if run["run_id"] in ok_ids]) + single_notes
     noisy = int(result["throughput"]["spread"].gt(NOISY_SPREAD).sum())
     if noisy:
         result["notes"] += [f"{noisy} group(s) marked noisy: their iterations' aggregate MiB/s "
