@@ -114,8 +114,7 @@ def _candidates(reports: list[dict], srun_ends: list[tuple[str, str]]) -> list[t
 
 
 def _own_errors(report: dict, order: int) -> list[tuple]:
-    """A node whose agent wrote no outcome: its ranks' own errors, from their error files
-    (torch's --log-dir), as causes on offer."""
+    """A node whose agent wrote no outcome: its ranks' own errors (their --log-dir error files)."""
     found: list[tuple] = []
     for local_rank, ours in sorted(report["error_files"].items()):
         if ours.get("cause") in (contract.EndCause.ERROR.value, contract.EndCause.USER_ERROR.value):

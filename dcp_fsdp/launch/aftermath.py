@@ -1,7 +1,6 @@
-"""After the ranks have ended: a record that says how (written from what torch's agent
-reported when rank 0 wrote none; corrected where only the parent knows a signal came from
-outside), the one line the user needs, and nothing left that is billed: a save cut short is
-named, with its state, and its open multipart uploads are aborted.
+"""After the ranks have ended: a record that says how (from torch's agent's report when rank 0
+wrote none; corrected where only the parent knows a signal came from outside), the user's one
+line, and nothing left billed: a save cut short is named with its state, its uploads aborted.
 """
 
 from __future__ import annotations
@@ -44,8 +43,7 @@ def find_record(results_dir: str, run_id: str) -> Path | None:
 
 def settle(cfg: BenchmarkConfig, run_id: str, outcome: "RanksOutcome",
            env: dict[str, str] | None = None, claimed: list[str] | None = None) -> None:
-    """Record, say and clean up after a failed launch of the ranks. `claimed`: the suffixes
-    the launcher claimed for the run before its ranks started."""
+    """Record, say and clean up after a failed launch; `claimed`: the suffixes claimed before it."""
     if outcome.status == "ok":
         return
     lifeline.remove_stale()  # a killed rank's request-log directory
@@ -171,8 +169,7 @@ def _partial_checkpoints(cfg: BenchmarkConfig, run_line: dict, env: dict[str, st
 
 
 def _settle_suffix(store: CheckpointStore, suffix: str, run_id: str | None) -> None:
-    """One suffix a stopped save was writing: its open uploads aborted, a claim with nothing
-    else removed, and one line on what is left."""
+    """A suffix a stopped save was writing: its uploads aborted, a bare claim removed, one line."""
     opened = store.open_uploads(suffix)
     store.abort_uploads(suffix)
     # an upload a rank started after the abort (still ending as it was stopped) is left

@@ -39,8 +39,7 @@ _agent_log_levels: dict[str, int] = {}  # logger name -> level before the agent 
 
 
 def forkable(args: argparse.Namespace) -> bool:
-    """Whether torchrun's parsed arguments start this package's module (`-m dcp_fsdp`), the
-    one start this file knows how to fork."""
+    """Whether torchrun's arguments start `-m dcp_fsdp`, the one start this file can fork."""
     return (bool(args.module) and not args.no_python and not args.run_path
             and args.training_script == MODULE)
 
