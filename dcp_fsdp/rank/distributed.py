@@ -133,11 +133,10 @@ def wall_clock_spread_s(rounds: int = 5) -> float:
     device = _reduce_device()
     for _ in range(rounds):
         dist.barrier()
-        now = torch.tensor([time.time()], dtype=torch.float64, device=device)
-        latest, earliest = now.clone(), now.clone()
-        dist.all_reduce(latest, op=dist.ReduceOp.MAX)
-        dist.all_reduce(earliest, op=dist.ReduceOp.MIN)
-        best_s = min(best_s, float(latest.item() - earliest.item()))
+        now = time.time()
+        extremes = torch.tensor([now, -now], dtype=torch.float64, device=device)
+        dist.all_reduce(extremes, op=dist.ReduceOp.MAX)  # the latest, and minus the earliest
+        best_s = min(best_s, float(extremes[0] + extremes[1]))
     return best_s
 
 
