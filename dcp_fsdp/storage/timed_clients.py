@@ -32,8 +32,7 @@ class TimedReadAheadFsspecReader(TimedReader, ReadAhead, FsspecReader):  # type:
 
     def fetch_into(self, path: Any, start: int, target: memoryview) -> None:
         s3fs = cast(Any, client_file_system(self)).fs  # torch's fsspec FileSystem holds s3fs's
-        end = start + len(target)
-        self.clocked_into(target, lambda: s3fs.cat_file(str(path), start=start, end=end))
+        self.clocked_into(target, lambda: s3fs.cat_file(str(path), start=start, end=start + len(target)))
 
 
 class TimedMscWriter(TimedWriter, MultiStorageFileSystemWriter):

@@ -71,8 +71,9 @@ class TimedWriteStream(_TimedStream):
         try:
             with self._timeline.storage_clock:
                 return work()
-        except Exception as error:
-            self._timeline.note_stream_error(error)
+        except Exception as error:  # the first one only: DCP's own error may hide it
+            if self._timeline.stream_error is None:
+                self._timeline.stream_error = f"{type(error).__name__}: {' '.join(str(error).split())[:2000]}"
             raise
 
     def write(self, data: Any, /) -> int:
@@ -192,7 +193,10 @@ class TimedFileSystem(FileSystemBase):
             if "w" in mode:
                 timed = TimedWriteStream(stream, self.timeline)
                 yield timed
-                self._count_object(path, timed)
+                with contextlib.suppress(Exception):  # a stream that cannot tell (closed built-in file)
+                    size = int(timed.tell())
+                    with self._lock:
+                        self.timeline.object_bytes[str(path)] = size
             else:
                 yield self.read_stream(stream, self.timeline) if "r" in mode else stream
 
@@ -207,14 +211,6 @@ class TimedFileSystem(FileSystemBase):
                                      "since, and was not unpickled; load again")
             raise MetadataChanged(self.metadata_changed)
         return data
-
-    def _count_object(self, path: StrPath, stream: io.IOBase) -> None:
-        try:
-            size = int(stream.tell())
-        except Exception:  # a stream that cannot tell (closed built-in file): uncounted
-            return
-        with self._lock:
-            self.timeline.object_bytes[str(path)] = size
 
     def concat_path(self, path: StrPath, suffix: str) -> StrPath:
         return self.inner.concat_path(path, suffix)

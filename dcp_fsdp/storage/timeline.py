@@ -122,10 +122,6 @@ class HookTimeline:
         self.storage_s = self.storage_clock.total_s() - busy_before
         self.record(hook, start, time.monotonic())
 
-    def note_stream_error(self, error: BaseException) -> None:
-        if self.stream_error is None:
-            self.stream_error = f"{type(error).__name__}: {' '.join(str(error).split())[:2000]}"
-
     @contextlib.contextmanager
     def span(self, hook: str) -> Iterator[None]:
         start = time.monotonic()
