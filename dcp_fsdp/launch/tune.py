@@ -94,8 +94,12 @@ def search_space(cfg: BenchmarkConfig, given: set[str]) -> tuple[dict[str, list[
     return tuned, start
 
 
-def check_tune_settings(cfg: BenchmarkConfig) -> None:
-    """What tune cannot honour, before anything starts (validate.py checked tune.*'s ranges)."""
+def tune(overrides: list[str], started_mono: float) -> int:
+    if "RANK" in os.environ:
+        raise UserError("tune launches its own ranks (nproc=N); run it without torchrun")
+    cfg = compose("save-and-load", overrides)
+    given = check_overrides(overrides)  # the setting names given, as compose read them
+    # what tune cannot honour, before anything starts (validate.py checked tune.*'s ranges)
     if cfg.protocol == Protocol.mlperf:  # `report` would show its trials as MLPerf's figures
         raise UserError("protocol=mlperf: tune's trials run 1 and 3 save-and-load iterations, "
                         f"not MLPerf's {MLPERF_CHECKPOINTS} saves then {MLPERF_CHECKPOINTS} "
@@ -105,14 +109,6 @@ def check_tune_settings(cfg: BenchmarkConfig) -> None:
         raise UserError(f"tune.budget_s={cfg.tune.budget_s:g}: too small for one trial (the "
                         f"ranks' start-up alone takes seconds); give at least "
                         f"{MIN_BUDGET_S:g}, e.g. tune.budget_s=120 for a search")
-
-
-def tune(overrides: list[str], started_mono: float) -> int:
-    if "RANK" in os.environ:
-        raise UserError("tune launches its own ranks (nproc=N); run it without torchrun")
-    cfg = compose("save-and-load", overrides)
-    given = check_overrides(overrides)  # the setting names given, as compose read them
-    check_tune_settings(cfg)
     check_launch(cfg)  # as any launch, before the storage: the environment's endpoint too
     space, start = search_space(cfg, given)
     malloc = _malloc_held(cfg, given)  # None: measured after the search
