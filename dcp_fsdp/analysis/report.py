@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 from dcp_fsdp.analysis.groups import build
 from dcp_fsdp.analysis.plots import plot
 from dcp_fsdp.analysis.render import DEFAULT_WIDTH, render, wide_csv
-from dcp_fsdp.analysis.server_checks import server_check_notes
 from dcp_fsdp.analysis.sources import read_records, record_files
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.telemetry.results_dir import writable_dir_problem
+from dcp_fsdp.telemetry.server_counters import RESENT_BELOW_CLIENT
 
 if TYPE_CHECKING:
     from dcp_fsdp.analysis.costs import Prices
@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 __all__ = ["build", "plot", "render", "wide_csv", "read_records", "record_files", "main"]
 
 
-def decision_problem(args: argparse.Namespace) -> tuple[str | None, Prices | None]:
-    """(problem, prices): the decision options checked (their ranges: config/arguments.py),
-    and the prices loaded, before any record is read."""
+def _decision_prices(args: argparse.Namespace) -> Prices | None:
+    """The decision options checked (their ranges: config/arguments.py) and the prices
+    loaded (None without --node-mtbf-hours), before any record is read."""
     if args.node_mtbf_hours is None:
         given = [name for name, value in (("--nodes", args.nodes),
                                           ("--interval-minutes", args.interval_minutes),
@@ -33,30 +33,30 @@ def decision_problem(args: argparse.Namespace) -> tuple[str | None, Prices | Non
         if args.keep != 1:
             given.append("--keep")
         if given:
-            return (f"{', '.join(given)} needs --node-mtbf-hours H (one node's mean time "
-                    "between failures, e.g. --node-mtbf-hours 6000)"), None
-        return None, None
+            raise UserError(f"report: {', '.join(given)} needs --node-mtbf-hours H (one node's mean "
+                            "time between failures, e.g. --node-mtbf-hours 6000)")
+        return None
     from dcp_fsdp.analysis.costs import PricesError, load_prices
 
     try:
-        return None, load_prices(args.prices)
+        return load_prices(args.prices)
     except PricesError as error:
-        return str(error), None
+        raise UserError(f"report: {error}") from None
 
 
-def output_problem(args: argparse.Namespace) -> str | None:
+def _check_outputs(args: argparse.Namespace) -> None:
     """Where --plot and --csv would write, checked before any record is read."""
     if args.plot is not None:
         problem = writable_dir_problem(args.plot) if args.plot.strip() else "empty"
         if problem:
-            return f"--plot {args.plot}: {problem}; give a directory for the PNG files"
+            raise UserError(f"report: --plot {args.plot}: {problem}; give a directory for the PNG files")
     if args.csv is not None:
         target = Path(args.csv)
         problem = ("empty" if not args.csv.strip() else "it is a directory" if target.is_dir()
                    else _in_dir(target.parent, writable_dir_problem(target.parent)))
         if problem:
-            return f"--csv {args.csv}: {problem}; give a file path you can write, e.g. groups.csv"
-    return None
+            raise UserError(f"report: --csv {args.csv}: {problem}; give a file path you can write, "
+                            "e.g. groups.csv")
 
 
 def _in_dir(directory: Path, problem: str | None) -> str | None:
@@ -66,11 +66,8 @@ def _in_dir(directory: Path, problem: str | None) -> str | None:
 def checked_arguments(args: argparse.Namespace) -> tuple[Any, list[Path]]:
     """(prices, record files): every option checked and the files found before any record
     is read; UserError (one line naming the option and the fix) otherwise."""
-    problem = output_problem(args)
-    if not problem:
-        problem, prices = decision_problem(args)
-    if problem:
-        raise UserError(f"report: {problem}")
+    _check_outputs(args)
+    prices = _decision_prices(args)
     try:
         files = record_files(args.paths)
     except FileNotFoundError as error:
@@ -110,6 +107,36 @@ def run(args: argparse.Namespace) -> int:
         _write_tables(args, result, runs, warnings, prices)
     _write_files(args, result)
     return 0
+
+
+def server_check_notes(runs: list[dict[str, Any]]) -> list[str]:
+    """What the records' `server_requests` say (storage.metrics_url, launch/server_check.py):
+    a note per run whose request counts differ from its S3 server's own counters, and one for
+    the runs that were checked and agree."""
+    checked = [run for run in runs if run["server_requests"] is not None]
+    differing = [run for run in checked if not run["server_requests"].get("match")]
+    notes = []
+    for run in differing:
+        check = run["server_requests"]
+        differences = ", ".join(f"{k} {v:+d}" for k, v in (check.get("differences") or {}).items())
+        incomplete = "; ".join(check.get("incomplete") or [])
+        notes.append(f"run {run['run_id']}: its request counts differ from the S3 server's "
+                     f"own counters (record - server: {differences or 'none'}"
+                     + (f"; {incomplete}" if incomplete else "") + f"): {_cause(check)}")
+    if checked and not differing:
+        notes.append(f"request counts of {len(checked)} run(s) checked against their S3 "
+                     "server's own counters (storage.metrics_url): all match")
+    return notes
+
+
+def _cause(check: dict[str, Any]) -> str:
+    """Why they differ, where the run shows it (server_counters.compare's `cause`)."""
+    causes = {"server_restarted": "the server restarted during the run (its counters went back)",
+              "unanswered_requests": (f"{check.get('unanswered')} request(s) got no answer before the "
+                                      "client gave up (the server counts them when it answers: after "
+                                      "the check, or under a status the client never saw)"),
+              "resent_below_client": RESENT_BELOW_CLIENT}
+    return causes.get(str(check.get("cause")), "another client of the bucket, or a misread request log")
 
 
 def _write_tables(args: argparse.Namespace, result: dict[str, Any], runs: list[dict[str, Any]],
