@@ -42,10 +42,9 @@ def node_reports(job_dir: Path) -> list[dict]:
             code, ended, host = (node / "agent-exit").read_text().split()[:3]
             entry.update(agent_exit=int(code), ended_s=int(ended), host=host)
         if entry["host"] is None:
-            try:
+            entry["host"] = f"node task {entry['node']}"
+            with contextlib.suppress(OSError):
                 entry["host"] = (node / "host").read_text().strip()
-            except OSError:
-                entry["host"] = f"node task {entry['node']}"
         for path in node.glob(f"torchelastic/{_ERROR_FILES}"):
             try:
                 data = json.loads(path.read_text())

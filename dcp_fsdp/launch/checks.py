@@ -103,13 +103,11 @@ _NVIDIA_SMI_TIMEOUT_S = 30
 
 def physical_gpu_count() -> int:
     """GPUs the driver lists: `nvidia-smi -L`, else /proc/driver/nvidia/gpus/*, else 0."""
-    try:
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         answer = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
                                 timeout=_NVIDIA_SMI_TIMEOUT_S)
         if answer.returncode == 0:
             return len(_GPU_LINE.findall(answer.stdout))
-    except (OSError, subprocess.TimeoutExpired):
-        pass
     try:
         return sum(1 for entry in PROC_GPUS.iterdir() if entry.is_dir())
     except OSError:

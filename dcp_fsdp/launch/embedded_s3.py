@@ -126,10 +126,8 @@ class EmbeddedS3:
     def start(self) -> S3Endpoint:
         """Start the server; a start that lost one of its ports is retried on new ones."""
         for _ in range(_PORT_ATTEMPTS - 1):
-            try:
+            with contextlib.suppress(PortTaken):
                 return self._start_once()
-            except PortTaken:
-                pass
         return self._start_once()
 
     def _start_once(self) -> S3Endpoint:

@@ -126,10 +126,9 @@ def _run_agent(cfg: BenchmarkConfig, run_id: str, env: dict[str, str], run_dir: 
             _stop_agent(agent, signal.SIGTERM)
         signal.signal(signal.SIGTERM, previous_sigterm)
         signal.signal(signal.SIGINT, previous_sigint)
-    try:
+    summary: dict[str, Any] = {}  # stays so if the agent died before writing it
+    with contextlib.suppress(OSError, ValueError):
         summary = json.loads(summary_path.read_text())
-    except (OSError, ValueError):
-        summary = {}  # the agent died before writing it
     outcome = _outcome(agent.returncode if agent is not None else None, summary, interrupted_by)
     with contextlib.suppress(OSError):
         outcome.writing_suffix = writing_path.read_text().strip() or None

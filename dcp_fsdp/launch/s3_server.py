@@ -179,10 +179,9 @@ def start(where: Path, bucket: str) -> int:
 
 def _tail(path: Path) -> str:
     """The line that says why: SeaweedFS's first fatal line (F...) or panic, else the last."""
-    try:
+    text = ""
+    with contextlib.suppress(OSError):
         text = path.read_text(errors="replace")
-    except OSError:
-        return "no log"
     lines = [line for line in text.splitlines() if line.strip()]
     return fatal_line(text) or (lines[-1] if lines else "no log")
 
