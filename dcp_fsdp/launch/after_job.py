@@ -59,10 +59,9 @@ def node_reports(job_dir: Path) -> list[dict]:
 
 def srun_task_ends(job_dir: Path) -> list[tuple[str, str]]:
     """srun's own account of tasks that ended badly, in its order: [(host, how)]."""
-    try:
+    lines: list[str] = []
+    with contextlib.suppress(OSError):
         lines = (job_dir / "srun.err").read_text(errors="replace").splitlines()
-    except OSError:
-        return []
     return [(m[1], m[3].strip()) for m in map(_SRUN_TASK_END.match, lines) if m]
 
 

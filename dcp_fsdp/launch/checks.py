@@ -49,11 +49,10 @@ NOFILE_ADVISED = 1024  # a rank's files and sockets: its client's connections, t
 
 def cpu_quota_cores(path: str = CGROUP_CPU_MAX) -> float | None:
     """The container's CPU quota in cores (cgroup v2 cpu.max); None when none can be read."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         quota, period = Path(path).read_text().split()[:2]
         return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        return None
+    return None
 
 
 def usable_cores() -> int:
@@ -108,10 +107,9 @@ def physical_gpu_count() -> int:
                                 timeout=_NVIDIA_SMI_TIMEOUT_S)
         if answer.returncode == 0:
             return len(_GPU_LINE.findall(answer.stdout))
-    try:
+    with contextlib.suppress(OSError):
         return sum(1 for entry in PROC_GPUS.iterdir() if entry.is_dir())
-    except OSError:
-        return 0
+    return 0
 
 
 def visible_count(physical: int, cuda_visible_devices: str | None) -> int:

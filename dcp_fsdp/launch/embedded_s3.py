@@ -253,10 +253,9 @@ class EmbeddedS3:
         if death is None or self.process is None or self.workdir is None:
             return None
         data = self.workdir / "data"
-        try:
+        free = "its free space unknown"
+        with contextlib.suppress(OSError):
             free = f"{shutil.disk_usage(data).free / 2**30:.1f} GiB free now"
-        except OSError:
-            free = "its free space unknown"
         said = " ".join(fatal_line(self.tail_log(50)).split())[:200]
         return (f"the embedded S3 server (SeaweedFS, pid {self.process.pid}) died during the run "
                 f"({death}{f': {said}' if said else ''}): the ranks' storage "
