@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import secrets
-
 from typing import Any, Iterable, Protocol, runtime_checkable
 
 from dcp_fsdp.storage.timeline import HookTimeline

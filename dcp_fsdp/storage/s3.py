@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp.compat import installed_version
 from dcp_fsdp.config.schema import StorageConfig
-from dcp_fsdp.storage.base import CheckpointStore
+from dcp_fsdp.storage.base import CheckpointStore, OpenUpload
 from dcp_fsdp.storage.layout import (CLAIM_CONDITIONAL, CLAIM_NAME, CLAIM_NOT_ATOMIC,
                                      CheckpointInfo, SuffixClaim, check_suffix)
 from dcp_fsdp.storage.raw import S3RawArea, s3_ceiling_prefix
@@ -24,8 +24,6 @@ from dcp_fsdp.storage.timeline import HookTimeline
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint import StorageReader, StorageWriter
-
-    from dcp_fsdp.storage.base import OpenUpload
 
 __all__ = ["S3Store", "S3Target", "prefix_strategy", "resolve_endpoint"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter
 
@@ -18,8 +18,6 @@ from dcp_fsdp.storage.timed_fs import TimedFileSystem, TimedReadStream
 from dcp_fsdp.storage.timeline import HookTimeline
 
 if TYPE_CHECKING:
-    from typing import TypeVar
-
     import torch
 
     from torch.distributed.checkpoint.metadata import Metadata
