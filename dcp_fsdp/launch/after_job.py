@@ -67,10 +67,9 @@ def srun_task_ends(job_dir: Path) -> list[tuple[str, str]]:
 
 def _signal_name(code: int) -> str:
     """An exit status of 128+N (a shell's report of a process killed by signal N)."""
-    try:
+    with contextlib.suppress(ValueError):
         return signal.Signals(code - 128).name
-    except ValueError:
-        return f"signal {code - 128}"
+    return f"signal {code - 128}"
 
 
 def _candidates(reports: list[dict], srun_ends: list[tuple[str, str]]) -> list[tuple]:

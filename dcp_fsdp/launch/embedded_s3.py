@@ -238,10 +238,9 @@ class EmbeddedS3:
             except OSError as error:
                 return f"still running, but its S3 port {port} no longer answers: {error}"
         if code < 0:
-            try:
+            with contextlib.suppress(ValueError):
                 return f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"killed by signal {-code}"
+            return f"killed by signal {-code}"
         if code == 0:  # weed's graceful stop: someone sent it SIGTERM or SIGINT
             return "it exited with code 0, as it does when stopped by SIGTERM or SIGINT"
         return f"exit code {code}"

@@ -165,8 +165,7 @@ def _outcome(agent_code: int | None, summary: dict[str, Any],
 
 
 def rank_failed(failures: dict[str, dict[str, Any]]) -> RanksOutcome:
-    """The outcome named by the rank that ended first on its own (not stopped for a peer):
-    the earliest, then the lowest rank."""
+    """The outcome named by the rank that ended first on its own (not stopped for a peer)."""
     rank, first = min(failures.items(), key=lambda item: (
         item[1].get("cause") == contract.EndCause.PEER_ENDED.value, item[1].get("timestamp", 0),
         int(item[0])))

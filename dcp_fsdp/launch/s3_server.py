@@ -250,8 +250,7 @@ def main(args: argparse.Namespace) -> int:
     if args.action in ("start", "stop"):
         with locked(where, args.action):
             return start(where, args.bucket) if args.action == "start" else stop(where, args.force)
-    state = read_state(where)  # status or env
-    if state is None:
+    if (state := read_state(where)) is None:  # status or env
         if args.action == "env":
             raise UserError("s3-server: not running; start it: dcp-fsdp s3-server start")
         log.info("s3-server: not running (start it: dcp-fsdp s3-server start)")
