@@ -17,7 +17,7 @@ import contextlib
 import os
 from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from multistorageclient.contrib.torch.filesystem import (
     MultiStorageFileSystem,
@@ -26,12 +26,10 @@ from multistorageclient.contrib.torch.filesystem import (
 )
 from multistorageclient.pathlib import MultiStoragePath
 from torch.distributed.checkpoint.metadata import StorageMeta
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+from torch.futures import Future
 
 from dcp_fsdp.storage.timed_clients import TimedMscReader, TimedMscWriter
-
-if TYPE_CHECKING:
-    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
-    from torch.futures import Future
 
 _Result = TypeVar("_Result")
 
