@@ -37,8 +37,7 @@ RETRY_MODES = ("legacy", "standard", "adaptive")  # botocore's AWS_RETRY_MODE va
 
 
 def check_results_dir(results_dir: str) -> None:
-    problem = writable_dir_problem(results_dir)
-    if problem:
+    if problem := writable_dir_problem(results_dir):
         raise UserError(f"results_dir={results_dir}: {problem}; choose a directory you can "
                         "write to, e.g. results_dir=$HOME/dcp-fsdp-results")
 
@@ -244,8 +243,7 @@ def check_environment(cfg: BenchmarkConfig) -> None:
 
 def _check_glibc_allocator() -> None:
     """malloc=raised sets glibc's thresholds: the ranks must run glibc's malloc."""
-    replacement = allocator.preloaded_replacement()
-    if replacement is not None:
+    if (replacement := allocator.preloaded_replacement()) is not None:
         raise UserError(f"malloc=raised: LD_PRELOAD loads {replacement}, whose thresholds "
                         "glibc's settings do not reach; drop malloc=raised (the record names "
                         "the allocator) or unset LD_PRELOAD")
@@ -326,8 +324,7 @@ def _check_launcher_variables() -> None:
     if run_id is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", run_id):
         raise UserError(f"{contract.RUN_ID_ENV}={run_id!r}: a run id is a file name: use "
                         "letters, digits, '.', '_' and '-'")
-    argv = os.environ.get(contract.ARGV_ENV)
-    if argv:
+    if argv := os.environ.get(contract.ARGV_ENV):
         try:
             if not isinstance(json.loads(argv), list):
                 raise ValueError

@@ -205,8 +205,7 @@ def _check_no_extra_tensors(suffix: str, cfg: BenchmarkConfig, tensors: dict,
     expected = {f"model.{name}": tuple(dims) for name, dims in state_shapes(
         model_shape(cfg.model), cfg.model.moe_layout.value)}
     asked = model_setting("model", cfg.model.name)
-    extra = layout.extra_model_tensor(tensors, expected)
-    if extra is not None:
+    if (extra := layout.extra_model_tensor(tensors, expected)) is not None:
         raise UserError(f"suffix={suffix}: checkpoint was saved from another model than {asked} "
                         f"describes now ({extra}); load it with the model it was saved from "
                         f"({model_setting('model', manifest.get('model'))} as it was then)")

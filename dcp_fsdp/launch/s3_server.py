@@ -112,8 +112,7 @@ def read_state(where: Path) -> dict | None:
     if lifeline.alive(state.get("daemon_pid")):
         return state
     _kill_group(state.get("server_pid"))
-    ports = state.get("ports")
-    if isinstance(ports, dict):  # its gRPC sockets, in /tmp whatever TMPDIR says
+    if isinstance(ports := state.get("ports"), dict):  # its gRPC sockets, in /tmp whatever TMPDIR says
         lifeline.remove_seaweed_sockets(p for p in ports.values() if isinstance(p, int))
     shutil.rmtree(where, ignore_errors=True)
     return None
