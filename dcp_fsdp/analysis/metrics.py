@@ -23,16 +23,12 @@ from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, KEYS, NOISE_HINT, NO
 from dcp_fsdp.analysis.columns import cell
 from dcp_fsdp.analysis.tables import row_note
 from dcp_fsdp.telemetry.histograms import hist_quantile
+from dcp_fsdp.telemetry.records import Sample
 from dcp_fsdp.telemetry.summaries import merge_by_type
 
-# sample fields that older records (or hand-made samples) may lack; NaN when absent
-OPTIONAL_COLUMNS = ("plan_s", "io_s", "commit_s", "metadata_s", "finish_s", "barrier_wait_s",
-                    "requests", "save_mode", "blocked_s", "staged_s", "persisted_s",
-                    "previous_wait_s", "train_steps", "train_step_slowdown", "fetched_bytes",
-                    "io_wait_s", "copy_s", "stage_s", "upload_s", "peak_rss_bytes",
-                    "storage_s", "deserialise_s", "target_copy_s", "minor_faults", "reader",
-                    "cuda_max_allocated_bytes", "stall_s", "interval_s", "train_lost_s",
-                    "train_lost_share", "train_wait_s")
+# sample fields that older records (the optional ones) or hand-made samples may lack; None when absent
+OPTIONAL_COLUMNS = ("barrier_wait_s", *(name for name, field in Sample.model_fields.items()
+                                        if not field.is_required()))
 REQUEST_COLUMNS = {"req_count": "count", "req_failed": "failed", "req_throttled": "throttled",
                    "req_retries": "retries", "req_misses": "misses",
                    "req_bytes_down": "bytes_down", "req_bytes_up": "bytes_up",

@@ -9,22 +9,21 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from dcp_fsdp.analysis.columns import PHASES
 from dcp_fsdp.units import GIB, MIB
 from dcp_fsdp.telemetry.figures import (above_ceiling_note, amplification_note, broken_note,
                                         complete_sum, efficiency, egress_mib, max_or_nan, mean_or_nan,
                                         noise_note, pooled, read_amplification)
 from dcp_fsdp.telemetry.time_split import fresh_pages_per_byte
 from dcp_fsdp.telemetry.histograms import bucket_bounds_ms, hist_merge, hist_quantile
+from dcp_fsdp.telemetry.records import Sample
 from dcp_fsdp.telemetry.summaries import merge_by_type
 
 # save, then its ceiling; load, then its ceiling; anything else after
 OP_ORDER = {"save": 0, "raw_put": 1, "raw_put_tensors": 2, "mem_save": 3, "tc_save": 4,
             "load": 5, "raw_get": 6, "raw_get_tensors": 7, "mem_load": 8, "ra_load": 9}
-# sample fields shown as phase columns, each a mean per rank and operation
-PHASE_MEANS = ("plan_s", "io_s", "commit_s", "metadata_s", "finish_s", "storage_s",
-               "deserialise_s", "target_copy_s", "io_wait_s", "copy_s", "stage_s", "upload_s",
-               "blocked_s", "staged_s", "persisted_s", "previous_wait_s", "train_steps",
-               "train_step_slowdown", "stall_s", "train_lost_s", "train_wait_s")
+# the phase columns that are sample fields, each a mean per rank and operation
+PHASE_MEANS = [c.names for c in PHASES if isinstance(c.names, str) and c.names in Sample.model_fields]
 # kinds of request that carry a rank's uploaded bytes (summaries only know bytes_up in all)
 UPLOAD_KINDS = ("UploadPart", "PutObject")
 
