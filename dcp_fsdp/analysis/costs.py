@@ -9,6 +9,7 @@ report names what is missing (a partial sum divided by every operation would pri
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from pathlib import Path
@@ -114,7 +115,7 @@ def request_counts(samples: Any, late: set[str] | frozenset[str] = frozenset()) 
     if len(samples) == 0 or "requests" not in samples:
         return RequestCounts(None, len(samples), len(samples))
     missing = 0
-    per_type: dict[str, float] = {}
+    per_type: collections.Counter[str] = collections.Counter()
     operations = samples.groupby(["run_id", "iteration"], sort=False)
     for (run_id, _), op in operations:
         if str(run_id) in late:
@@ -127,8 +128,7 @@ def request_counts(samples: Any, late: set[str] | frozenset[str] = frozenset()) 
             missing += len(summaries) - (len(known) if counted else 0)
             continue
         for summary in known:
-            for kind, entry in summary["by_type"].items():
-                per_type[kind] = per_type.get(kind, 0.0) + (entry.get("count") or 0)
+            per_type.update({kind: entry.get("count") or 0 for kind, entry in summary["by_type"].items()})
     if missing:
         return RequestCounts(None, len(samples), missing)
     count = operations.ngroups

@@ -82,8 +82,7 @@ def dollars(p: Plan, prices: costs.Prices, keep: int) -> Dollars | None:
 
 
 def warnings(p: Plan) -> list[str]:
-    """One line each: inputs that make the figures meaningless, the model's range, and an
-    M that is the run's own node count."""
+    """One line each: inputs that make the figures meaningless, or beyond the model's range."""
     g, lines = p.inputs, []
     if p.validity == MEANINGLESS:
         what = ("the checkpoint (C) takes longer than the job's MTBF"

@@ -126,16 +126,13 @@ def _rank_panel(axis: Axes, op_samples: pd.DataFrame, title: str) -> None:
         axis.set_visible(False)
         return
     per_rank = op_samples.groupby("rank").agg(
-        plan=("plan_s", mean_or_nan),
-        io=("io_s", mean_or_nan),
-        commit=("commit_s", mean_or_nan),
-        duration=("duration_s", "mean"))
+        **{phase: (f"{phase}_s", mean_or_nan) for phase in _PHASE_COLORS}, duration=("duration_s", "mean"))
     ranks = per_rank.index.to_numpy()
-    if per_rank[["plan", "io", "commit"]].notna().all(axis=None):
+    if per_rank[list(_PHASE_COLORS)].notna().all(axis=None):
         bottom: Any = 0.0
-        for phase in ("plan", "io", "commit"):
-            axis.bar(ranks, per_rank[phase], bottom=bottom, width=0.7,
-                     color=_PHASE_COLORS[phase], label=f"{phase} (mean)")
+        for phase, color in _PHASE_COLORS.items():
+            axis.bar(ranks, per_rank[phase], bottom=bottom, width=0.7, color=color,
+                     label=f"{phase} (mean)")
             bottom = bottom + per_rank[phase]
     else:  # older records: no phase breakdown
         axis.bar(ranks, per_rank["duration"], width=0.7, color="#bdbdbd", label="duration (mean)")

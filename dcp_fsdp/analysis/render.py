@@ -54,13 +54,10 @@ def _key_headers(keys: list[str]) -> dict[str, str]:
     return headers
 
 
-def _tabulate(headers: list[str], columns: list[list[str]], tablefmt: str,
-              compact: bool = False) -> str:
-    """`compact`: tabulate's "simple" table without the two spaces it pads each header with
-    (its module-wide MIN_PADDING, which no call can set): the headers as a "plain" row."""
-    rows = [list(row) for row in zip(*columns)] if columns else []
-    if not compact:
-        return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+def _compact_text(headers: list[str], columns: list[list[str]]) -> str:
+    """tabulate's "simple" table without the two spaces it pads each header with (its
+    module-wide MIN_PADDING, which no call can set): the headers as a "plain" row."""
+    rows = list(zip(*columns))
     lines = tabulate([headers, *rows], tablefmt="plain", disable_numparse=True).split("\n")
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
     return "\n".join([lines[0], "  ".join("-" * width for width in widths), *lines[1:]])
@@ -69,10 +66,10 @@ def _tabulate(headers: list[str], columns: list[list[str]], tablefmt: str,
 def full_table(frame: pd.DataFrame, keys: list[str], columns: list[Column], tablefmt: str
                ) -> str:
     """Every key and every column (--wide, Markdown)."""
-    headers = list(keys) + [c.header for c in columns]
     cells = [[key_cell(v) for v in frame[k]] for k in keys]
     cells += [_column_cells(frame, c) for c in columns]
-    return _tabulate(headers, cells, tablefmt)
+    return tabulate(list(zip(*cells)), headers=[*keys, *(c.header for c in columns)],
+                    tablefmt=tablefmt, disable_numparse=True)
 
 
 def compact_table(frame: pd.DataFrame, keys: list[str], columns: list[Column], width: int
@@ -87,8 +84,8 @@ def compact_table(frame: pd.DataFrame, keys: list[str], columns: list[Column], w
     shown = [(column, cells) for column, cells in shown if any(cells)]
     dropped: list[str] = []
     while True:
-        text = _tabulate(key_headers + [c.header for c, _ in shown],
-                         key_cells + [cells for _, cells in shown], "simple", compact=True)
+        text = _compact_text(key_headers + [c.header for c, _ in shown],
+                             key_cells + [cells for _, cells in shown])
         if max(map(len, text.splitlines()), default=0) <= width or not shown:
             return text, dropped
         # the least important column goes first; of equals, the rightmost

@@ -59,10 +59,9 @@ def async_lines(samples: list[Sample]) -> list[str]:
         waits = [s.previous_wait_s for s in ranks if s.previous_wait_s is not None]
         if waits and max(waits) >= 0.0005:  # shown to the millisecond
             line += f" (of which {max(waits):.3f} s waiting for the previous upload)"
-        lost = [(s.train_lost_share, s) for s in ranks if s.train_lost_s is not None
-                and s.interval_s and s.train_lost_share is not None]
+        lost = [s for s in ranks if s.train_lost_s is not None and s.interval_s and s.train_lost_share is not None]
         if lost:  # the slowest rank's: the others wait for it at the next collective
-            _, worst = max(lost, key=lambda share_and_sample: share_and_sample[0])
+            worst = max(lost, key=lambda s: s.train_lost_share or 0.0)
             line += (f", training lost {worst.train_lost_s:.3f} s = "
                      f"{worst.train_lost_share:.1%} of a {worst.interval_s:.3f} s interval "
                      f"(rank {worst.rank})")

@@ -140,8 +140,7 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
 
 def _slowest_rank(group_samples: pd.DataFrame) -> tuple[Any, float]:
     """The rank slowest most often, and how much longer the slowest rank took than the median."""
-    slowest = []
-    lags = []
+    slowest, lags = [], []
     for _, op in group_samples.groupby(["run_id", "op", "iteration"]):
         # argmax: the position idxmax takes the label of (first maximum, NaN skipped)
         slowest.append(int(op["rank"].iloc[int(op["duration_s"].argmax())]))
