@@ -116,7 +116,10 @@ def _inputs_line(p: Plan) -> str:
                if g.save_mode == "async" else ""))
 
 
-def _dollar_lines(g: GroupInputs, cost: Dollars, keep: int, interval_minutes: float | None) -> list[str]:
+def _dollar_lines(g: GroupInputs, cost: Dollars | None, keep: int, interval_minutes: float | None
+                  ) -> list[str]:
+    if cost is None:
+        return ["  dollars: none (a file system: no request or storage charges)"]
     save = ("save not priced: request counts missing in "
             f"{cost.unpriced['save'][0]} of {cost.unpriced['save'][1]} samples"
             if cost.save is None else
@@ -147,11 +150,7 @@ def _block(number: int, p: Plan, cost: Dollars | None, keys: list[str], keep: in
              + f"; training lost there {_share(p.at_daly)}"]
     if p.at_user is not None:
         lines.append(f"  at {interval_minutes:g} min: training lost {_share(p.at_user)}")
-    lines += warnings(p)
-    if cost is None:
-        lines.append("  dollars: none (a file system: no request or storage charges)")
-        return lines
-    return lines + _dollar_lines(g, cost, keep, interval_minutes)
+    return lines + warnings(p) + _dollar_lines(g, cost, keep, interval_minutes)
 
 
 def _header(plans: list[Plan], node_mtbf_hours: float, nodes: int | None,
