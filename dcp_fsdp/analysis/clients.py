@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from dcp_fsdp.analysis.intake import first_few
+from dcp_fsdp.analysis.sources import first_few
 from dcp_fsdp.config.schema import StorageClient
 
 CLIENT_KEY = "storage.client"

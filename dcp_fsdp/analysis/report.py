@@ -1,5 +1,5 @@
 """`dcp-fsdp report [PATH ...]`: tables and plots over many runs' records (docs/report.md;
-the groups: analysis.groups; what is read or skipped: analysis.intake)."""
+the groups: analysis.groups; what is read or skipped: analysis.sources)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,121 @@
-"""Finding record files and reading them (through the typed reader in telemetry.records)."""
+"""Finding record files and reading them (through the typed reader in telemetry.records):
+which runs enter the report, one copy of each run_id, and what was skipped and why.
+
+A results tree often holds a run twice (a backup copy): counting both would double every
+figure of the run, so each run_id is read once; of two copies the one with fewer unreadable
+lines is kept. Everything left out is summarised in one note per reason.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
-from dcp_fsdp.analysis.intake import Intake
-from dcp_fsdp.telemetry.records import read_record_file
+from dcp_fsdp.log import printable
+from dcp_fsdp.telemetry.records import SCHEMA_VERSION, SHOWN, RecordFile, read_record_file
 
 RECORD_SUFFIX = ".jsonl"  # what a run writes (telemetry.records.record_path)
+# places named per reason in a note; the rest are counted
+EXAMPLES_PER_NOTE = 3
+NO_RUN_LINE = "no run line: not a dcp-fsdp record"
+
+
+@dataclasses.dataclass
+class _Copy:
+    """One record file's copy of a run: its run row and its sample rows."""
+
+    path: Path
+    run: dict[str, Any]
+    samples: list[dict[str, Any]]
+    # (lines that lost a sample, lines not JSON that say nothing of what they were): of two
+    # copies, the one with fewer (in that order) is the whole one
+    bad_lines: tuple[int, int]
+
+
+def first_few(places: list[str]) -> str:
+    shown = ", ".join(places[:EXAMPLES_PER_NOTE])
+    more = len(places) - EXAMPLES_PER_NOTE
+    return f"{shown}, +{more} more" if more > 0 else shown
+
+
+class Intake:
+    """Runs read so far (one copy per run_id) and every item left out, with its reason."""
+
+    def __init__(self) -> None:
+        self._copies: dict[str, _Copy] = {}
+        self._skipped_lines: dict[str, list[str]] = defaultdict(list)  # reason: ["file:line"]
+        self._skipped_files: dict[str, list[str]] = defaultdict(list)  # reason: [file]
+        self._duplicates: list[str] = []  # "copy (kept: other copy)"
+
+    def add(self, parsed: RecordFile) -> None:
+        """One record file's runs and samples, or the reason none of it can be used."""
+        path = parsed.path
+        if not parsed.runs:
+            reason = next((s.reason for s in parsed.skipped if s.reason.startswith("run line")), NO_RUN_LINE)
+            self._skipped_files[reason].append(str(path))
+            return
+        for skipped in parsed.skipped:
+            self._skipped_lines[skipped.reason].append(f"{path}:{skipped.line}")
+        samples: dict[str, list[dict[str, Any]]] = {run.run_id: [] for run in parsed.runs}
+        for sample in parsed.samples:
+            # every text printable (log.printable): a record is anyone's who can write the
+            # results directory, and an ESC or newline must not reach the terminal
+            row = {"record": "sample", **sample.model_dump(context=SHOWN)}
+            if sample.run_id in samples:
+                samples[sample.run_id].append(row)
+            else:  # it could join another file's run of that id and double its bytes
+                self._skipped_lines["sample line: its run_id names no run line of its "
+                                    "file"].append(str(path))
+        for run in parsed.runs:
+            row = {**run.to_json(SHOWN), "record_file": printable(str(path)),
+                   "unreadable_lines": parsed.bad_lines, "unknown_lines": parsed.unknown_lines}
+            self._keep(_Copy(path, row, samples[run.run_id],
+                             (parsed.bad_lines, parsed.unknown_lines)))
+
+    def add_unreadable(self, path: Path, reason: str) -> None:
+        """A file that could not be opened or read at all."""
+        self._skipped_files[f"cannot be read ({reason})"].append(str(path))
+
+    def _keep(self, copy: _Copy) -> None:
+        run_id = copy.run["run_id"]
+        kept = self._copies.get(run_id)
+        if kept is None:
+            self._copies[run_id] = copy
+        elif copy.bad_lines < kept.bad_lines:  # the whole copy beats a cut-off one
+            self._copies[run_id] = copy
+            self._duplicates.append(f"{kept.path} (kept: {copy.path})")
+        else:
+            self._duplicates.append(f"{copy.path} (kept: {kept.path})")
+
+    def runs(self) -> list[dict[str, Any]]:
+        return [copy.run for copy in self._copies.values()]
+
+    def samples(self) -> list[dict[str, Any]]:
+        return [row for copy in self._copies.values() for row in copy.samples]
+
+    def notes(self) -> list[str]:
+        """One line per reason: what was skipped, how many, and where (the first few); each
+        printable (a reason may quote a line's value, a place is a file's name)."""
+        notes = [f"{len(files)} file(s) skipped, {reason}: {first_few(files)}"
+                 for reason, files in self._skipped_files.items()]
+        notes += [f"{len(places)} line(s) skipped, {reason}: {first_few(places)}"
+                  for reason, places in self._skipped_lines.items()]
+        if self._duplicates:
+            notes.append(f"{len(self._duplicates)} duplicate record(s) skipped, a run_id "
+                         f"already read from another file (a copy): {first_few(self._duplicates)}")
+        newer: dict[int, list[str]] = defaultdict(list)  # schema_version: [file]
+        for copy in self._copies.values():
+            if copy.run["schema_version"] > SCHEMA_VERSION:
+                newer[copy.run["schema_version"]].append(str(copy.path))
+        for version, files in sorted(newer.items()):
+            notes.append(f"{len(files)} record(s) of schema_version {version}, newer than this "
+                         f"reader's {SCHEMA_VERSION}: read, fields it does not know left out "
+                         f"(a newer dcp-fsdp reports them): {first_few(files)}")
+        return [printable(note) for note in notes]
+
 
 
 def _records_under(directory: Path) -> list[Path]:
@@ -40,7 +146,7 @@ def record_files(paths: Iterable[str]) -> list[Path]:
 def read_records(files: Iterable[Path]
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
     """(runs, samples, notes) as plain rows for the tables: each run_id once, lines and files
-    that cannot be read skipped, one note per reason (analysis.intake)."""
+    that cannot be read skipped, one note per reason (Intake)."""
     intake = Intake()
     for path in files:
         try:

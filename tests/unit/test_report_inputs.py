@@ -11,7 +11,7 @@ from typing import Any, Callable
 import pytest
 
 from dcp_fsdp.analysis import report
-from dcp_fsdp.analysis.intake import EXAMPLES_PER_NOTE
+from dcp_fsdp.analysis.sources import EXAMPLES_PER_NOTE
 from dcp_fsdp.telemetry.records import SCHEMA_VERSION, read_record_file
 from tests.unit.analysis_kit import ONE_ITERATION, cut_last_line, lines
 
