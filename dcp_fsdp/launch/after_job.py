@@ -135,8 +135,7 @@ def job_outcome(reports: list[dict], srun_ends: list[tuple[str, str]], step_exit
     if step_exit == 0 and all(r["summary"] and r["summary"].get("outcome") == "ok"
                               for r in reports):
         return RanksOutcome(contract.EXIT_OK, "ok", cause=cause.OK)
-    candidates = _candidates(reports, srun_ends)
-    if not candidates:
+    if not (candidates := _candidates(reports, srun_ends)):
         why = (f"the job step exited with {step_exit} and no torchrun agent reported why "
                "(see srun's lines above)")
         return RanksOutcome(contract.EXIT_FAILED, "failed", why, failures=failures,

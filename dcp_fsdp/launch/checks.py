@@ -139,9 +139,8 @@ def visible_gpu_count() -> int:
 
 @functools.cache
 def cuda_device_count() -> int:
-    """The CUDA devices this process could use, counted without torch (whose CUDA start-up
-    costs 5-20 s): the driver's list, narrowed by CUDA_VISIBLE_DEVICES as the CUDA runtime
-    does. A MIG slice named there counts as one device, as CUDA sees it."""
+    """The CUDA devices this process could use, counted without torch (its CUDA start-up costs
+    5-20 s): the driver's list, narrowed by CUDA_VISIBLE_DEVICES as CUDA does (a MIG slice counts as one)."""
     return visible_gpu_count() if _cuda_driver_present() else 0
 
 
@@ -235,8 +234,7 @@ def check_environment(cfg: BenchmarkConfig) -> None:
                         f"itself; unset {contract.CONFIG_ENV}")
     # the test suite's switch: "1" forks the ranks, unset or "0" execs them; no other value
     name = contract.FORK_RANKS_TEST_ONLY_ENV
-    value = os.environ.get(name)
-    if value not in (None, "", "0", "1"):
+    if (value := os.environ.get(name)) not in (None, "", "0", "1"):
         raise UserError(f"{name}={value!r}: a test-only switch, 1 (forked ranks) or 0; "
                         f"unset {name} to measure ranks as users run them")
 

@@ -248,8 +248,7 @@ class EmbeddedS3:
     def death_line(self) -> str | None:
         """The launcher's line when the server died during a run (the ranks see only connection
         errors); None while it serves."""
-        death = self.death()
-        if death is None or self.process is None or self.workdir is None:
+        if (death := self.death()) is None or self.process is None or self.workdir is None:
             return None
         data = self.workdir / "data"
         free = "its free space unknown"
