@@ -112,12 +112,10 @@ def _candidates(reports: list[dict], srun_ends: list[tuple[str, str]]) -> list[t
 
 def _own_errors(report: dict, order: int) -> list[tuple]:
     """A node whose agent wrote no outcome: its ranks' own errors (their --log-dir error files)."""
-    found: list[tuple] = []
-    for local_rank, ours in sorted(report["error_files"].items()):
-        if ours.get("cause") in (contract.EndCause.ERROR.value, contract.EndCause.USER_ERROR.value):
-            line = f"{report['host']} (local rank {local_rank}): {ours.get('error')}"
-            found.append(((0, ours.get("timestamp") or 0, 1, order), line, contract.EndCause(ours["cause"])))
-    return found
+    errors = (contract.EndCause.ERROR.value, contract.EndCause.USER_ERROR.value)
+    return [((0, ours.get("timestamp") or 0, 1, order),
+             f"{report['host']} (local rank {local_rank}): {ours.get('error')}", contract.EndCause(ours["cause"]))
+            for local_rank, ours in sorted(report["error_files"].items()) if ours.get("cause") in errors]
 
 
 def job_outcome(reports: list[dict], srun_ends: list[tuple[str, str]], step_exit: int,

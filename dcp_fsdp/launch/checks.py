@@ -76,8 +76,7 @@ def host_limit_notes(nproc: int, quota: float | None = None) -> list[str]:
         notes.append(f"ulimit -n is {nofile}: each rank opens files and sockets (its storage "
                      "client's connections, torch's store); a run may fail with 'Too many open "
                      "files': raise it (ulimit -n 65536)")
-    address_space = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if address_space != resource.RLIM_INFINITY:
+    if (address_space := resource.getrlimit(resource.RLIMIT_AS)[0]) != resource.RLIM_INFINITY:
         notes.append(f"ulimit -v is {address_space // 1024} KiB: torch and the storage "
                      "clients reserve far more address space than they use, so a cap fails "
                      "allocations ('Cannot allocate memory'): lift it (ulimit -v unlimited)")

@@ -48,8 +48,7 @@ def launch_local(cfg: BenchmarkConfig) -> int:
     run_id = records.new_run_id(cfg.command.value)
     with storage_environment(cfg) as (cfg, server_env, server):
         env = {**os.environ, **server_env}
-        check = ServerCheck.for_run(cfg)  # storage.metrics_url: the server's own counters
-        if check is not None:
+        if (check := ServerCheck.for_run(cfg)) is not None:  # storage.metrics_url: the server's own counters
             check.begin()
         facts = preflight(cfg, server_env)
         claimed, claim_env = claim_save_suffixes(cfg, server_env, run_id)

@@ -193,8 +193,7 @@ def stop(where: Path, force: bool = False) -> int:
     if (state := read_state(where)) is None:
         log.info("s3-server: not running (removed what a stopped server left)")
         return 0
-    users = runs_using(state)
-    if users:
+    if users := runs_using(state):
         named = "; ".join(f"pid {pid}: {text[:80]}" for pid, text in users[:3]) + (
             f"; and {len(users) - 3} more" if len(users) > 3 else "")
         if not force:
