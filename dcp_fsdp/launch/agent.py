@@ -71,8 +71,7 @@ def main(argv: list[str]) -> int:
     except SignalException as error:
         summary["outcome"], summary["signal"] = "interrupted", error.sigval.name
     except KeyboardInterrupt as error:  # before the workers started (rendezvous)
-        summary["outcome"] = "interrupted"
-        summary["signal"] = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
+        summary.update(outcome="interrupted", signal="SIGTERM" if isinstance(error, Terminated) else "SIGINT")
     except Exception as error:  # the agent itself (rendezvous, ports): one line, not a trace
         summary["outcome"] = "failed"
         summary["agent_error"] = f"{type(error).__name__}: {' '.join(str(error).split())[:400]}"

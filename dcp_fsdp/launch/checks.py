@@ -57,10 +57,9 @@ def cpu_quota_cores(path: str = CGROUP_CPU_MAX) -> float | None:
 def usable_cores() -> int:
     """The cores this process may run on: its CPU affinity, capped by a container's CPU
     quota (rounded up: 1.5 cores is 2 to schedule on, at 75 % each)."""
-    try:
+    cores = os.cpu_count() or 1  # not Linux: no affinity
+    with contextlib.suppress(AttributeError):
         cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
     quota = cpu_quota_cores()
     return cores if quota is None else max(1, min(cores, math.ceil(quota)))
 

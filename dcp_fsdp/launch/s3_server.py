@@ -181,8 +181,7 @@ def _tail(path: Path) -> str:
     text = ""
     with contextlib.suppress(OSError):
         text = path.read_text(errors="replace")
-    lines = [line for line in text.splitlines() if line.strip()]
-    return fatal_line(text) or (lines[-1] if lines else "no log")
+    return fatal_line(text) or next((line for line in reversed(text.splitlines()) if line.strip()), "no log")
 
 
 def stop(where: Path, force: bool = False) -> int:
