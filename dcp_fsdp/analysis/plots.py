@@ -30,9 +30,6 @@ def _series_label(row: pd.Series, keys: list[str]) -> str:
 
 def plot(result: dict[str, Any], directory: Path) -> list[Path]:
     """The report's figures as PNG files in `directory`; the paths written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     directory.mkdir(parents=True, exist_ok=True)
     if result["operations"].empty:
         return []
@@ -42,6 +39,16 @@ def plot(result: dict[str, Any], directory: Path) -> list[Path]:
                _rank_durations_plot(result, op_names, directory / "rank_durations.png")]
     latency = _latency_plot(samples, op_names, directory / "request_latency.png")
     return written + ([latency] if latency else [])
+
+
+def subplots(*args: Any, **kwargs: Any) -> Any:
+    """pyplot.subplots on the Agg backend (files only, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)
 
 
 def _colors() -> list[str]:
@@ -60,13 +67,11 @@ def save_png(fig: Figure, path: Path) -> Path:
 
 def _throughput_plot(result: dict[str, Any], path: Path) -> Path:
     """Aggregate MiB/s vs node count (and vs ranks), one line per operation / setting."""
-    import matplotlib.pyplot as plt
-
     ops = result["operations"]
     series_keys = [k for k in result["group_keys"] if k not in ("nodes", "ranks")]
     varying = [k for k in series_keys if ops[k].astype(str).nunique() > 1 or k == "op"]
+    fig, axes = subplots(1, 2, figsize=(12, 4.8), sharey=True)
     colors = _colors()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
     for index, (_label, group) in enumerate(ops.groupby(varying, sort=True)):
         label = _series_label(group.iloc[0], varying)
         color = colors[index % len(colors)]
@@ -92,14 +97,12 @@ def _throughput_plot(result: dict[str, Any], path: Path) -> Path:
 
 def _rank_durations_plot(result: dict[str, Any], op_names: list[str], path: Path) -> Path:
     """Per-rank durations and where they went: rows = groups, columns = operations."""
-    import matplotlib.pyplot as plt
-
     samples, keys = result["samples"], result["group_keys"]
     other = [k for k in keys if k != "op" and samples[k].astype(str).nunique() > 1]
     groups = list(samples.groupby(other, sort=True)) if other else [(None, samples)]
     shown = groups[:MAX_PLOT_GROUPS]
-    fig, axes = plt.subplots(len(shown), len(op_names), squeeze=False,
-                             figsize=(6.2 * len(op_names), 3.6 * len(shown) + 0.6))
+    fig, axes = subplots(len(shown), len(op_names), squeeze=False,
+                         figsize=(6.2 * len(op_names), 3.6 * len(shown) + 0.6))
     for row, (_, group) in enumerate(shown):
         label = _series_label(group.iloc[0], other) if other else ""
         for column, op in enumerate(op_names):
@@ -150,13 +153,11 @@ def _rank_panel(axis: Axes, op_samples: pd.DataFrame, title: str) -> None:
 def _latency_plot(samples: pd.DataFrame, op_names: list[str], path: Path) -> Path | None:
     """Request latency distribution: CDF per request type, one panel per operation (only
     operations with request statistics: the raw ceiling's have none)."""
-    import matplotlib.pyplot as plt
-
     has_requests = samples["requests"].map(lambda r: isinstance(r, dict))
     request_ops = [op for op in op_names if has_requests[samples["op"] == op].any()]
     if not request_ops:
         return None
-    fig, axes = plt.subplots(1, len(request_ops), figsize=(6 * len(request_ops), 4.6), squeeze=False)
+    fig, axes = subplots(1, len(request_ops), figsize=(6 * len(request_ops), 4.6), squeeze=False)
     for axis, op in zip(axes[0], request_ops):
         _latency_panel(axis, samples.loc[samples["op"] == op, "requests"], op)
     fig.tight_layout()

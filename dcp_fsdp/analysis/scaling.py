@@ -17,7 +17,7 @@ from tabulate import tabulate
 
 from dcp_fsdp.analysis import costs
 from dcp_fsdp.analysis.columns import cell
-from dcp_fsdp.analysis.plots import save_png
+from dcp_fsdp.analysis.plots import save_png, subplots
 from dcp_fsdp.analysis.tables import select
 
 PUT_LIMIT_PER_S = 3500  # at least, per partitioned prefix (S3 docs: performance guidelines)
@@ -139,12 +139,7 @@ def plot(result: dict[str, Any], directory: str | Path) -> list[Path]:
     frames = scaling_frames(result)
     if not frames:
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = subplots(1, 2, figsize=(12, 4.5))
     for frame in frames:
         first = frame.iloc[0]
         label = f"{first['op']} {first['model']}"
