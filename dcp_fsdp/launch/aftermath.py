@@ -127,8 +127,7 @@ def _amend(path: Path, outcome: "RanksOutcome") -> tuple[dict, bool]:
 def lead_the_record(results_dir: str, run_id: str, line: str) -> None:
     """A cause only the launcher sees (its embedded server died): the run's last line, and the
     head of the record's error (what the ranks recorded kept after it)."""
-    path = find_record(results_dir, run_id)
-    if path is not None:
+    if (path := find_record(results_dir, run_id)) is not None:
         lines = path.read_text().splitlines()
         run_line = json.loads(lines[0])
         rank_said = run_line.get("error")

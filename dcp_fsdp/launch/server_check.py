@@ -71,9 +71,8 @@ class ServerCheck:
             resends_unseen=(run.get("storage") or {}).get("client") in server_counters.RESENDS_UNSEEN)
         run["server_requests"] = result
         replace_run_line(record, lines, run)
-        total = sum(result["server"].values())
         if result["match"]:
-            log.info(f"requests: the record's {total} match the server's own counters "
+            log.info(f"requests: the record's {sum(result['server'].values())} match the server's own counters "
                      f"(storage.metrics_url)")
         else:
             differences = ", ".join(f"{k} {v:+d}" for k, v in result["differences"].items())

@@ -112,8 +112,7 @@ def tune(overrides: list[str], started_mono: float) -> int:
     check_launch(cfg)  # as any launch, before the storage: the environment's endpoint too
     space, start = search_space(cfg, given)
     malloc = _malloc_held(cfg, given)  # None: measured after the search
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    session_dir = Path(cfg.results_dir) / f"tune-{stamp}-{os.getpid()}"
+    session_dir = Path(cfg.results_dir) / f"tune-{datetime.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
     # SIGTERM (scancel, kill) ends the tune like Ctrl-C, also while the server starts.
     previous_sigterm = signal.signal(signal.SIGTERM, raise_terminated)
     try:
