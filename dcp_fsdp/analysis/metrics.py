@@ -102,12 +102,6 @@ def _latency_cell(requests: Iterable[Any]) -> str:
                      f"{cell(hist_quantile(entry['latency_hist'], 0.99), '.1f')}" for kind, entry in by_type)
 
 
-def run_table(samples: Iterable[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
-    """The end-of-run table (headers, rows); see run_figures."""
-    headers, rows, _ = run_figures(samples)
-    return headers, rows
-
-
 _RUN_HEADERS = ["op", "iter", "suffix", "MiB", "egress MiB", "span s", "aggregate MiB/s",
                 "efficiency", "slowest-rank MiB/s", "rank s min/med/max", "rank MiB/s min/med/max",
                 "requests", "req/s", "failed/throttled", "latency p50/p99 ms by type", "note"]

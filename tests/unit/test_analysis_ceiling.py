@@ -9,7 +9,7 @@ import pytest
 
 from dcp_fsdp.units import GIB, MIB
 from dcp_fsdp.analysis import report
-from dcp_fsdp.analysis.metrics import run_table
+from dcp_fsdp.analysis.metrics import run_figures
 from dcp_fsdp.analysis.run_summary import async_lines
 from dcp_fsdp.telemetry.records import read_record_file
 from tests.unit.analysis_kit import ONE_ITERATION, lines, variant
@@ -72,7 +72,7 @@ def test_raw_rows_and_efficiency_per_group(tmp_path):
 def test_end_of_run_table_gains_efficiency_with_a_ceiling(tmp_path):
     path = variant(tmp_path, "ceil", ONE_ITERATION, sample=with_ceiling)
     samples = lines(path)[1:]
-    headers, rows = run_table(samples)
+    headers, rows, _ = run_figures(samples)
     assert headers[5:7] == ["aggregate MiB/s", "efficiency"]
     cells = {row[0]: dict(zip(headers, row)) for row in rows}
     assert list(cells) == ["save", "raw_put", "load", "raw_get"]
@@ -80,7 +80,7 @@ def test_end_of_run_table_gains_efficiency_with_a_ceiling(tmp_path):
                 / aggregate([s for s in samples if s["op"] == "raw_put"]))
     assert cells["save"]["efficiency"] == f"{expected:.2f}"
     assert cells["raw_put"]["efficiency"] == ""
-    assert "efficiency" not in run_table(lines(ONE_ITERATION)[1:])[0]  # no ceiling, no column
+    assert "efficiency" not in run_figures(lines(ONE_ITERATION)[1:])[0]  # no ceiling, no column
 
 
 def async_save(sample: dict) -> dict:

@@ -11,7 +11,7 @@ import pytest
 from dcp_fsdp.units import GIB, MIB
 from dcp_fsdp.analysis import report
 from dcp_fsdp.telemetry.figures import NOISY_SPREAD, summary
-from dcp_fsdp.analysis.metrics import per_operation, run_figures, run_table, samples_frame
+from dcp_fsdp.analysis.metrics import per_operation, run_figures, samples_frame
 from dcp_fsdp.rank.tune_trials import figures_of
 from dcp_fsdp.telemetry.records import read_record_file
 from tests.unit.analysis_kit import ONE_ITERATION, TWO_ITERATIONS, lines, variant
@@ -41,7 +41,7 @@ def slower_second_iteration(row: dict) -> dict:
 
 def test_one_record_one_figure_in_the_run_table_the_report_and_tune(tmp_path):
     path = variant(tmp_path, "two", TWO_ITERATIONS, sample=slower_second_iteration)
-    headers, rows = run_table(lines(path)[1:])
+    headers, rows, _ = run_figures(lines(path)[1:])
     table = build(tmp_path)["throughput"]
     tune = figures_of(read_record_file(path).samples)
     for op in ("save", "load"):
@@ -65,7 +65,7 @@ def test_slowest_rank_mib_s_is_the_checkpoint_over_the_slowest_rank():
     row = per_operation(samples_frame(samples)).iloc[0]
     assert row["slowest_rank_mib_s"] == pytest.approx(200 / 3.5)
     assert row["aggregate_mib_s"] == pytest.approx(200 / 4.0)
-    headers, rows = run_table(samples)
+    headers, rows, _ = run_figures(samples)
     assert dict(zip(headers, rows[0]))["slowest-rank MiB/s"] == f"{200 / 3.5:.1f}"
 
 
@@ -108,7 +108,7 @@ def test_a_save_faster_than_the_median_raw_round_is_marked_above_the_ceiling():
 
 def test_a_ceiling_alone_has_no_efficiency_column():
     samples = [sample(r, 0.0, 1.0, MIB, op=op) for op in ("raw_put", "raw_get") for r in (0, 1)]
-    headers, rows = run_table(samples)
+    headers, rows, _ = run_figures(samples)
     assert "efficiency" not in headers
     assert len(rows[0]) == len(headers)
 
@@ -149,16 +149,16 @@ def amplified(row: dict) -> dict:
 
 def test_read_amplification_on_the_loads_own_line(tmp_path):
     path = variant(tmp_path, "reshard", ONE_ITERATION, sample=amplified)
-    headers, rows = run_table(lines(path)[1:])
+    headers, rows, _ = run_figures(lines(path)[1:])
     cells = {r[0]: dict(zip(headers, r)) for r in rows}
     assert cells["load"]["note"] == "reads 2.00x" and cells["save"]["note"] == ""
     table = build(tmp_path)["throughput"]
     assert table.loc[table["op"] == "load", "note"].iloc[0] == "reads 2.00x"
-    assert "note" not in run_table(lines(ONE_ITERATION)[1:])[0]  # nothing to say: no column
+    assert "note" not in run_figures(lines(ONE_ITERATION)[1:])[0]  # nothing to say: no column
 
 
 def test_latency_is_per_request_type_never_pooled(tmp_path):
-    headers, rows = run_table(lines(ONE_ITERATION)[1:])
+    headers, rows, _ = run_figures(lines(ONE_ITERATION)[1:])
     cells = {r[0]: dict(zip(headers, r)) for r in rows}
     assert cells["save"]["latency p50/p99 ms by type"].startswith("UploadPart ")
     assert cells["load"]["latency p50/p99 ms by type"].startswith("GetObject ")
@@ -176,7 +176,7 @@ def unparsed(row: dict) -> dict:
 
 def test_an_operation_with_unknown_requests_shows_none_not_a_partial_count(tmp_path):
     path = variant(tmp_path, "unparsed", ONE_ITERATION, sample=unparsed)
-    headers, rows = run_table(lines(path)[1:])
+    headers, rows, _ = run_figures(lines(path)[1:])
     cells = {r[0]: dict(zip(headers, r)) for r in rows}
     assert cells["save"]["requests"] == "" and cells["save"]["failed/throttled"] == ""
     assert cells["load"]["requests"] != ""

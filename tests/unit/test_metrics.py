@@ -1,7 +1,7 @@
 """Metric definitions, on hand-made samples with known answers."""
 
 from dcp_fsdp.units import MIB
-from dcp_fsdp.analysis.metrics import per_operation, run_table, samples_frame
+from dcp_fsdp.analysis.metrics import per_operation, run_figures, samples_frame
 
 
 def sample(rank, begin, end, nbytes, op="save", iteration=1):
@@ -22,6 +22,6 @@ def test_aggregate_is_total_bytes_over_first_begin_to_last_end():
 def test_run_table_has_a_row_per_op_iteration_and_a_summary():
     samples = [sample(r, 10.0 * i, 10.0 * i + 1 + r, MIB, op=op, iteration=i)
                for i in (1, 2) for op in ("save", "load") for r in (0, 1)]
-    headers, rows = run_table(samples)
+    headers, rows, _ = run_figures(samples)
     assert [row[0] for row in rows] == ["save", "load", "save", "load", "save (all)", "load (all)"]
     assert rows[0][5] == f"{2 / 2.0:.1f}"  # 2 MiB over a 2 s span

@@ -11,7 +11,7 @@ import pytest
 
 from dcp_fsdp.units import MIB
 from dcp_fsdp.analysis import report
-from dcp_fsdp.analysis.metrics import run_table
+from dcp_fsdp.analysis.metrics import run_figures
 from dcp_fsdp.telemetry.request_log import Request
 from dcp_fsdp.telemetry.summaries import summarize
 
@@ -163,13 +163,13 @@ def test_terminal_markdown_csv_and_plots(records, tmp_path):
 def test_run_table_gains_request_columns_and_tolerates_old_samples():
     samples = [sample_line("r", "save", 1, r, 0.0, 2.0, MIB, count=5, latency_ms=10)
                for r in (0, 1)]
-    headers, rows = run_table(samples)
+    headers, rows, _ = run_figures(samples)
     assert headers[:6] == ["op", "iter", "suffix", "MiB", "span s", "aggregate MiB/s"]
     cells = dict(zip(headers, rows[0]))
     assert cells["requests"] == "10" and cells["req/s"] == "5.0"
     assert cells["failed/throttled"] == "0/0"
     old = [{k: v for k, v in s.items() if k != "requests"} for s in samples]
-    headers, rows = run_table(old)
+    headers, rows, _ = run_figures(old)
     assert "requests" not in headers and len(rows[0]) == len(headers)  # nothing to show
 
 
