@@ -204,8 +204,7 @@ def check_nproc(nproc: int) -> None:
 
 
 def _positive_int(name: str, example: str) -> None:
-    value = os.environ.get(name)
-    if value is not None and not re.fullmatch(r"\s*[1-9]\d*\s*", value):
+    if (value := os.environ.get(name)) is not None and not re.fullmatch(r"\s*[1-9]\d*\s*", value):
         raise UserError(f"{name}={value!r}: must be a positive whole number; unset it or "
                         f"export {name}={example}")
 
@@ -266,8 +265,7 @@ def check_endpoint_environment(cfg: BenchmarkConfig) -> str | None:
 
 def _check_s3_environment(cfg: BenchmarkConfig) -> None:
     """The AWS variables an s3 run reads, and the connector's log variables request_stats owns."""
-    name = check_endpoint_environment(cfg)
-    if name is not None and cfg.storage.uri is None:
+    if (name := check_endpoint_environment(cfg)) is not None and cfg.storage.uri is None:
         raise UserError(f"storage.uri is not set but {name} is: give the bucket "
                         "too, e.g. storage.uri=s3://my-bucket/checkpoints (or "
                         f"unset {name} for the embedded server)")
