@@ -16,10 +16,10 @@ import pandas as pd
 
 from dcp_fsdp.analysis.caveats import fork_note, stager_note
 from dcp_fsdp.analysis.clients import client_notes, fill_missing_client, with_client_ratio
-from dcp_fsdp.analysis.completeness import incomplete_runs
 from dcp_fsdp.telemetry import time_split
 from dcp_fsdp.telemetry.figures import NOISE_HINT, NOISY_SPREAD
 from dcp_fsdp.analysis.metrics import per_operation, samples_frame
+from dcp_fsdp.analysis.sources import incomplete_runs
 from dcp_fsdp.analysis.tables import ordered, phase_row, throughput_row, type_rows
 
 FIXED_KEYS = ["nodes", "ranks", "model", "op", "storage"]
