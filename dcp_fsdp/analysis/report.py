@@ -13,6 +13,7 @@ from dcp_fsdp.analysis.groups import build
 from dcp_fsdp.analysis.plots import plot
 from dcp_fsdp.analysis.render import DEFAULT_WIDTH, render, wide_csv
 from dcp_fsdp.analysis.sources import read_records, record_files
+from dcp_fsdp.config.arguments import parse
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.telemetry.results_dir import writable_dir_problem
 from dcp_fsdp.telemetry.server_counters import RESENT_BELOW_CLIENT
@@ -79,8 +80,6 @@ def checked_arguments(args: argparse.Namespace) -> tuple[Any, list[Path]]:
 
 def main(argv: list[str]) -> int:
     """`dcp-fsdp report ARGV` in-process (the tests'): the CLI's one parser, then `run`."""
-    from dcp_fsdp.config.arguments import parse
-
     try:
         return run(parse(["report", *argv]))
     except UserError as error:  # one line, like every other bad input
