@@ -170,7 +170,7 @@ def _with_settings(frame: pd.DataFrame, run_rows: pd.DataFrame, group_keys: list
     # a setting named like a sample field (save_mode): the run's setting groups
     frame = frame.drop(columns=[k for k in attributes if k != "run_id" and k in frame])
     frame = frame.merge(attributes, on="run_id", how="left")
-    ops = per_operation(frame).drop(columns=["ranks"]).merge(attributes, on="run_id", how="left")
+    ops = per_operation(frame).merge(attributes, on="run_id", how="left")
     for table in (frame, ops):
         table["op_order"] = [FIRST if int(i) == 1 else LATER for i in table["iteration"]]
         for key in group_keys:

@@ -71,14 +71,12 @@ def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
     frame = operations(
         samples,
         suffix=("suffix", "first"),
-        ranks=("rank", "nunique"),
         first_end_wall_s=("end_wall_s", "min"),
         rank_s_min=("duration_s", "min"),
         rank_s_median=("duration_s", "median"),
         rank_mib_s_min=("rank_mib_s", "min"),
         rank_mib_s_median=("rank_mib_s", "median"),
         rank_mib_s_max=("rank_mib_s", "max"),
-        barrier_wait_s_max=("barrier_wait_s", "max"),
         **{f"{span}_end": (f"_{span}_end", _complete_max) for span in SPANS},
         fetched_bytes=("fetched_bytes", complete_sum),
         peak_rss_bytes=("peak_rss_bytes", max_or_nan),
@@ -88,7 +86,6 @@ def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
     for span in SPANS:
         frame[f"{span}_span_s"] = frame.pop(f"{span}_end") - frame["first_begin_wall_s"]
     frame["end_skew_s"] = frame["last_end_wall_s"] - frame["first_end_wall_s"]
-    frame["req_per_s"] = frame["req_count"] / frame["span_s"]
     return frame
 
 
