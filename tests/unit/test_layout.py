@@ -319,14 +319,28 @@ def test_list_names_a_complete_checkpoint_whose_name_load_and_delete_refuse(tmp_
 def test_clean_uploads_aborts_exactly_what_its_table_says(monkeypatch, capsys):
     """CI (2026-11-27, under load): the table said `leave (younger than 8 s)` for an upload
     8 s old, then the abort, which looked at the clock again, aborted it too. The table
-    and the abort now decide with one moment."""
+    and the abort now decide with one moment. The listing's clock is the test's: each read
+    is 10 ms after the one before (how busy the machine is changes nothing), so a second
+    read would make the upload 8 s old."""
     import datetime
-    import time
+    import types
 
     from dcp_fsdp.config.schema import BenchmarkConfig
     from dcp_fsdp.launch import listing
 
-    started = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=7.999)
+    first = datetime.datetime(2026, 11, 29, 12, 0, tzinfo=datetime.timezone.utc)
+
+    class Clock(datetime.datetime):
+        reads = 0
+
+        @classmethod
+        def now(cls, tz=None):
+            Clock.reads += 1
+            return first + datetime.timedelta(seconds=0.01 * (Clock.reads - 1))
+
+    monkeypatch.setattr(listing, "datetime", types.SimpleNamespace(
+        datetime=Clock, timezone=datetime.timezone))
+    started = first - datetime.timedelta(seconds=7.999)
     young = layout.OpenUpload("s", "p/s/__0_0.distcp", "u1", started.isoformat(), 0, 0)
 
     class Store:
@@ -340,11 +354,10 @@ def test_clean_uploads_aborts_exactly_what_its_table_says(monkeypatch, capsys):
 
         def abort_uploads(self, suffix=None, min_age_s=0.0, now=None):
             Store.decided_at = now
-            time.sleep(0.01)  # the clock moves on: the upload is 8 s old now
             return int(young.age_s(now) >= min_age_s)
 
     monkeypatch.setattr(listing, "_store", lambda cfg, command: Store())
     assert listing.clean_uploads(BenchmarkConfig(), min_age_s=8.0) == 0
     out = capsys.readouterr().out
     assert "leave (younger than 8 s)" in out and "aborted 0 open multipart upload(s)" in out
-    assert Store.decided_at is not None  # the table's moment, handed to the abort
+    assert Store.decided_at == first  # the table's moment, handed to the abort
