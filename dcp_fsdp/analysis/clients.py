@@ -68,21 +68,18 @@ def with_client_ratio(throughput: pd.DataFrame, group_keys: list[str]
         return throughput, []
     if CLIENT_KEY not in group_keys:
         return throughput.assign(vs_connector=math.nan), []  # one client: no ratio to show
-    others = [key for key in group_keys if key != CLIENT_KEY]
-
-    base = throughput[throughput[CLIENT_KEY].astype(str) == BASE_CLIENT]
-    by_work = {tuple(map(str, row)): (figure, count) for row, figure, count in
-               zip(base[others].itertuples(index=False), base["aggregate_mib_s"],
-                   base["iterations"])}
+    others = throughput[[key for key in group_keys if key != CLIENT_KEY]]
+    works = [tuple(map(str, row)) for row in others.itertuples(index=False)]
+    rows = list(zip(works, throughput[CLIENT_KEY].astype(str), throughput["aggregate_mib_s"],
+                    throughput["iterations"], throughput["op"]))
+    by_work = {work: (figure, count) for work, client, figure, count, _ in rows if client == BASE_CLIENT}
     ratios, single = [], []
-    for row, client, figure, count in zip(throughput[others].itertuples(index=False),
-                                          throughput[CLIENT_KEY].astype(str),
-                                          throughput["aggregate_mib_s"], throughput["iterations"]):
-        base_figure, base_count = by_work.get(tuple(map(str, row)), (math.nan, 0))
+    for work, client, figure, count, op in rows:
+        base_figure, base_count = by_work.get(work, (math.nan, 0))
         known = client in KNOWN_CLIENTS and base_figure > 0  # (NaN: no connector's row)
         ratios.append(figure / base_figure if known else math.nan)
         if known and client != BASE_CLIENT and min(count, base_count) < 2:
-            single.append(f"{getattr(row, 'op', '')} {client}".strip())
+            single.append(f"{op} {client}")
     notes = [f"x connector of {len(single)} row(s) rests on a single iteration (its own "
              f"or the connector's row): no spread shows its noise, so a difference may be "
              f"chance ({', '.join(single)}); run iterations=3 or more of each client"] if single else []

@@ -47,8 +47,7 @@ def daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
     if checkpoint_s >= 2 * mtbf_s:
         return mtbf_s
     ratio = checkpoint_s / (2 * mtbf_s)
-    return (math.sqrt(2.0 * checkpoint_s * mtbf_s) * (1 + math.sqrt(ratio) / 3 + ratio / 9)
-            - checkpoint_s)
+    return young_interval_s(checkpoint_s, mtbf_s) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - checkpoint_s
 
 
 @dataclasses.dataclass

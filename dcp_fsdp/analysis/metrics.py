@@ -47,9 +47,7 @@ def samples_frame(samples: Iterable[dict[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame(list(samples))
     if frame.empty:
         return frame
-    for column in OPTIONAL_COLUMNS:
-        if column not in frame:
-            frame[column] = None
+    frame = frame.assign(**{column: None for column in OPTIONAL_COLUMNS if column not in frame})
     frame["rank_mib_s"] = frame["bytes"] / MIB / frame["duration_s"]
     for column, key in REQUEST_COLUMNS.items():
         frame[column] = [_request_value(r, key) for r in frame["requests"]]

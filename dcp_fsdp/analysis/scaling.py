@@ -32,8 +32,7 @@ def scaling_frames(result: dict[str, Any]) -> list[pd.DataFrame]:
     throughput = result["throughput"]
     if throughput.empty:
         return []
-    phases = result["phases"]
-    keys = result["group_keys"]
+    phases, keys = result["phases"], result["group_keys"]
     same = [k for k in keys if k not in SIZE_KEYS]
     frames = []
     for _, rows in throughput[throughput["op"].isin(("save", "load"))].groupby(same, sort=False):
