@@ -211,9 +211,8 @@ def render(result: dict[str, Any], runs: list[dict[str, Any]], node_mtbf_hours: 
     rows = [_row(n, p, c, interval_minutes) for n, (p, c) in enumerate(zip(plans, costs_of), 1)]
     if not any(row[-1] for row in rows):  # every request counted: nothing to say
         headers, rows = headers[:-1], [row[:-1] for row in rows]
-    lines.append(tabulate(rows, headers=headers, tablefmt="github" if fmt == "md" else "simple",
-                          disable_numparse=True))
-    lines.append("")
+    lines += [tabulate(rows, headers=headers, tablefmt="github" if fmt == "md" else "simple",
+                       disable_numparse=True), ""]
     for number, (p, cost) in enumerate(zip(plans, costs_of), 1):
         lines += _block(number, p, cost, result["group_keys"], keep, interval_minutes)
     if any(str(p.inputs.labels["storage"]).startswith("s3 (embedded") for p in plans):

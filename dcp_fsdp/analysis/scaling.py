@@ -85,9 +85,8 @@ def prefix_warnings(result: dict[str, Any], runs: list[dict[str, Any]], target_n
             continue
         kinds = select(types, row, keys)
         ops = select(operations, row, keys)
-        charge = costs.request_charge(
-            {str(k["request_type"]): float(k["requests_per_op"]) for _, k in kinds.iterrows()},
-            prices)
+        per_op = dict(zip(kinds["request_type"].astype(str), kinds["requests_per_op"]))
+        charge = costs.request_charge(per_op, prices)
         writes = row["op"] == "save"
         # DELETEs count against the write limit although they are free
         count = charge.put_class + charge.free if writes else charge.get_class
