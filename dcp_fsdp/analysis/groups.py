@@ -112,8 +112,7 @@ def runs_frame(runs: list[dict[str, Any]], incomplete: dict[str, str]
     that differ between the runs with status ok). Runs in `incomplete` ({run_id: reason})
     get status "incomplete"; `matches_constants`: a run left out agrees with the others on
     every setting they share (a failed run is counted only in a group it could have made)."""
-    rows = []
-    settings_per_run = []
+    rows, settings_per_run = [], []
     for run in runs:
         settings: dict[str, Any] = {}
         _flatten("", run["config"], settings)

@@ -6,7 +6,6 @@ when still too wide (said under the table); `--wide` and `--format md` show ever
 
 from __future__ import annotations
 
-import math
 import textwrap
 from typing import Any
 
@@ -26,11 +25,8 @@ STORAGE_SHORT = {"s3 (embedded SeaweedFS)": "s3 embedded"}
 
 
 def key_cell(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
+    """A group key's value as text: blank where unknown, a whole float without its ".0"."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else cell(value, "s")
 
 
 def _shorten(text: str, limit: int) -> str:
