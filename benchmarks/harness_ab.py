@@ -12,6 +12,13 @@ bare of each round (slowest rank), geometric mean and 95 % CI. Started by itself
   python -m benchmarks.harness_ab --storage shm --model L660m --dtype bf16 --rounds 10 --toggles
   python -m benchmarks.harness_ab --storage s3 --rounds 10 --toggles   (embedded SeaweedFS)
   python -m benchmarks.harness_ab --storage shm --rounds 30 --variants tool,no-hooks
+  python -m benchmarks.harness_ab --storage s3 --client msc --nproc 1 --rounds 30 --load-only --pin
+
+--load-only saves one checkpoint before the rounds and only loads it (many short pairs);
+--client picks the S3 client. What is per process (the connector's request log, the
+botocore clients' GET hooks, installed with the client) runs in both variants here: only the
+per-operation pieces differ (the timed reader, the wire meter's watch, watchdog, memory marks,
+heartbeat).
 """
 
 from __future__ import annotations
@@ -77,18 +84,23 @@ def rank_main(args) -> None:
 
     token = os.environ["AB_TOKEN"]
     variants = os.environ["AB_VARIANTS"].split(",")
-    times: dict[str, list[float]] = {f"{v} {op}": [] for v in variants for op in ("save", "load")}
+    # --load-only: one checkpoint saved before the rounds (untimed), every variant loads it
+    once = f"ab-{token}-once" if os.environ.get("AB_LOAD_ONLY") == "1" else None
+    ops = ("load",) if once else ("save", "load")
+    times: dict[str, list[float]] = {f"{v} {op}": [] for v in variants for op in ops}
     progress = loop.cfg.progress
+    if once:
+        bare("save", once)
     for round_number in range(args.rounds):
         shift = round_number % len(variants)
         order = variants[shift:] + variants[:shift]
         if (round_number // len(variants)) % 2:  # flip direction too (see harness_cost)
             order.reverse()
         for who in order:  # each variant saves then loads (as save-and-load does), then
-            suffix = f"ab-{token}-{round_number}-{who}"  # its checkpoint goes (untimed)
+            suffix = once or f"ab-{token}-{round_number}-{who}"  # its checkpoint goes (untimed)
             loop.harness_off = frozenset(TOGGLES.get(who, ()))
             loop.cfg.progress = progress and who not in ("no-heartbeat", "all-off")
-            for op in ("save", "load"):
+            for op in ops:
                 if who == "bare":
                     times[f"bare {op}"].append(bare(op, suffix))
                 else:
@@ -96,8 +108,10 @@ def rank_main(args) -> None:
                     sample = loop._timed(op, round_number, suffix).result()  # noqa: SLF001
                     times[f"{who} {op}"].append(sample.duration_s)
             dist.barrier()
-            if ctx.is_coordinator:
+            if ctx.is_coordinator and not once:
                 remove(store, suffix)
+    if ctx.is_coordinator and once:
+        remove(store, once)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, times)
     if ctx.is_coordinator:
@@ -121,6 +135,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--request-stats", default="true")
     parser.add_argument("--storage", choices=("s3", "shm"), default="s3")
+    parser.add_argument("--client", choices=("s3torchconnector", "fsspec", "msc"),
+                        default="s3torchconnector", help="storage.client (s3)")
+    parser.add_argument("--load-only", action="store_true",
+                        help="save once before the rounds; each round, each variant loads it")
+    parser.add_argument("--pin", action="store_true", help="s3: as harness_cost --pin")
     parser.add_argument("--toggles", action="store_true")
     parser.add_argument("--variants", help="comma-separated subset of "
                         f"{','.join(TOGGLES)} (default: tool, or all with --toggles)")
@@ -131,7 +150,7 @@ def main() -> int:
         print(f"harness_ab: error: --variants {','.join(unknown)}: not a variant; choose from "
               f"{','.join(TOGGLES)}", file=sys.stderr)
         return 2
-    from benchmarks.harness_cost import summarise
+    from benchmarks.harness_cost import pin_server_apart, summarise
     from benchmarks.paired import load_average
     from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
 
@@ -141,10 +160,13 @@ def main() -> int:
     env = {**os.environ}
     if args.storage == "s3":
         server = EmbeddedS3(bucket="harness-ab")
+        launch_cpus = pin_server_apart() if args.pin else None
         endpoint = server.start()
+        if launch_cpus is not None:  # the server's threads keep the CPU they started on
+            os.sched_setaffinity(0, launch_cpus)
         env.update(endpoint.client_env())
         storage = [f"storage.uri=s3://{endpoint.bucket}/ckpt",
-                   f"storage.endpoint={endpoint.endpoint_url}"]
+                   f"storage.endpoint={endpoint.endpoint_url}", f"storage.client={args.client}"]
     else:
         shm = tempfile.mkdtemp(prefix="dcp-fsdp-harness-ab-", dir="/dev/shm")
         storage = ["storage=fs", f"storage.path={shm}"]
@@ -155,7 +177,8 @@ def main() -> int:
             out = Path(tmp) / "ab.json"
             env.update({"PYTHONPATH": str(REPO), "AB_OUT": str(out),
                         "AB_TOKEN": os.urandom(3).hex(), "AB_VARIANTS": ",".join(variants),
-                        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // args.nproc)),
+                        "AB_LOAD_ONLY": "1" if args.load_only else "0",
+                        "OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // args.nproc)),
                         # as dcp-fsdp's launcher: torch's per-rank inductor cache goes with tmp
                         "TORCHINDUCTOR_CACHE_DIR": env.get("TORCHINDUCTOR_CACHE_DIR",
                                                            str(Path(tmp) / "torchinductor"))})
@@ -178,14 +201,16 @@ def main() -> int:
     slowest = {key: [max(rank[key][i] for rank in per_rank) for i in range(args.rounds)]
                for key in per_rank[0]}
     print(f"{args.model} {args.dtype}, {args.nproc} ranks, storage={args.storage}, "
+          f"client={args.client if args.storage == 's3' else '-'}, "
           f"request_stats={args.request_stats}, {args.rounds} rounds in one process from "
           f"{started}, load average {load_before:.2f} -> {load_average():.2f} "
           "(slowest rank, seconds)")
     for key, values in slowest.items():
         print(f"  {key}: " + " ".join(f"{v:.3f}" for v in values))
-    figures = {v: [{f"{op}_s": slowest[f"{v} {op}"][i] for op in ("save", "load")}
+    ops = ("load",) if args.load_only else ("save", "load")
+    figures = {v: [{f"{op}_s": slowest[f"{v} {op}"][i] for op in ops}
                    for i in range(args.rounds)] for v in variants}
-    print("\n".join(summarise(figures, variants)))
+    print("\n".join(summarise(figures, variants, ops)))
     return 0
 
 

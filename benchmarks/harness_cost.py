@@ -113,13 +113,14 @@ def run_tool(args, storage_args: list[str], variant: str, env, log) -> dict[str,
             for op in ("save", "load")}
 
 
-def summarise(figures: dict[str, list[dict[str, float]]], variants: list[str]) -> list[str]:
+def summarise(figures: dict[str, list[dict[str, float]]], variants: list[str],
+              ops: tuple[str, ...] = ("save", "load")) -> list[str]:
     lines = [f"{'variant':<13} {'op':<5} {'n':>3} {'geo-mean ratio':>14} {'95 % CI':>17} "
              f"{'median-s ratio':>15} {'min..max':>13}"]
     for variant in variants:
         if variant == "bare":
             continue
-        for op in ("save", "load"):
+        for op in ops:
             seconds = [v[f"{op}_s"] for v in figures[variant]]
             bare_s = [b[f"{op}_s"] for b in figures["bare"]]
             paired = PairedRatio.of(seconds, bare_s)
