@@ -21,7 +21,7 @@ from dcp_fsdp.models.llama_model_config import param_count, state_shapes
 from dcp_fsdp.models.presets import model_setting, model_shape, shape_digest
 from dcp_fsdp.storage import layout, make_store, metadata_peek
 from dcp_fsdp.storage.metadata_peek import MetadataFacts
-from dcp_fsdp.storage.s3 import resolve_endpoint
+from dcp_fsdp.storage.s3_target import resolve_endpoint
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -52,7 +52,7 @@ def rank_prefix_function(cfg: BenchmarkConfig, world_size: int) -> Callable[[int
     store's own prefix strategy for s3 (its names are in `.metadata`)."""
     if cfg.storage.kind == StorageKind.fs:
         return data_object_prefix
-    from dcp_fsdp.storage.s3 import prefix_strategy
+    from dcp_fsdp.storage.s3_clients import prefix_strategy
 
     return prefix_strategy(cfg.storage, world_size)
 

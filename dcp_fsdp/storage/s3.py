@@ -19,13 +19,11 @@ from dcp_fsdp.storage.raw import S3RawArea, s3_ceiling_prefix
 from dcp_fsdp.storage.s3_control import S3ControlPlane
 from dcp_fsdp.storage.s3_clients import (ConnectorClient, FsspecClient, MscClient, S3Client,
                                          connector_config, prefix_strategy)
-from dcp_fsdp.storage.s3_target import S3Target, resolve_endpoint
+from dcp_fsdp.storage.s3_target import S3Target
 from dcp_fsdp.storage.timeline import HookTimeline
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint import StorageReader, StorageWriter
-
-__all__ = ["S3Store", "S3Target", "prefix_strategy", "resolve_endpoint"]
 
 # storage.client's value -> its client (s3_clients.py): a new client is a class and a line here
 CLIENTS: dict[str, type[S3Client]] = {client.name: client
