@@ -126,12 +126,7 @@ def check_compatible(store: CheckpointStore, cfg: BenchmarkConfig) -> MetadataFa
     manifest = (layout.read_manifest(store, suffix) if cfg.integrity
                 else layout.manifest_if_readable(store, suffix)) or {}
     # Read here, by the screen, before any rank: torch's reader would unpickle anything.
-    raw = store.get_small(suffix, layout.METADATA_NAME, metadata_peek.MAX_METADATA_BYTES + 1)
-    if raw is None:  # check_loadable found it: deleted since, or GET refused; unscreened
-        raise UserError(f"suffix={suffix}: {layout.METADATA_NAME} could not be read for the "
-                        "pre-load screen (removed since, or not readable with these "
-                        "credentials); the checkpoint was not loaded")
-    facts = metadata_peek.read_facts(raw, f"suffix={suffix}: {layout.METADATA_NAME}")
+    facts = layout.metadata_facts(store, suffix)
     only_msc = metadata_peek.msc_only(facts)
     if only_msc and not (cfg.storage.kind == StorageKind.s3 and cfg.storage.client == StorageClient.msc):
         raise UserError(f"suffix={suffix}: {only_msc}: load it with storage.client=msc "
