@@ -19,7 +19,7 @@ from dcp_fsdp.config.arguments import parse
 from dcp_fsdp.config.schema import StorageKind
 from dcp_fsdp.plan import requests as rq
 from dcp_fsdp.plan.command import parse_request, plan_world
-from dcp_fsdp.plan.render import prefixes, rank_objects
+from dcp_fsdp.plan.render import prefixes
 
 
 def row(request, plan, elapsed_s: float) -> str:
@@ -28,7 +28,7 @@ def row(request, plan, elapsed_s: float) -> str:
     sizes = [o.size_bytes for o in plan.objects]
     reqs = rq.count_requests(sizes, plan.metadata_bytes, plan.world_size, part)
     rate = storage.throughput_target_gbps * 1e9 / 8
-    load = rq.prefix_load(rank_objects(plan), prefixes(request, plan.world_size), part, rate,
+    load = rq.prefix_load(plan.rank_objects(), prefixes(request, plan.world_size), part, rate,
                           reqs.metadata_gets_per_rank)
     s3 = storage.kind == StorageKind.s3
     cells = [

@@ -58,11 +58,15 @@ class GlobalPlan:
     # item (a sampled build without TP or replicas: each rank reads its own objects)
     load_reads: tuple[Reads, ...] | None = None
 
-    def rank_bytes(self) -> list[int]:
-        sizes = [0] * self.world_size
+    def rank_objects(self) -> list[list[int]]:
+        """Each rank's object sizes, rank order."""
+        out: list[list[int]] = [[] for _ in range(self.world_size)]
         for obj in self.objects:
-            sizes[obj.rank] += obj.size_bytes
-        return sizes
+            out[obj.rank].append(obj.size_bytes)
+        return out
+
+    def rank_bytes(self) -> list[int]:
+        return [sum(sizes) for sizes in self.rank_objects()]
 
 
 class _CountingSink(io.RawIOBase):

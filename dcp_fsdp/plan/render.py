@@ -27,14 +27,6 @@ def _size(value: float) -> str:
     return f"{value / 1024:,.1f} KiB"
 
 
-def rank_objects(plan: GlobalPlan) -> list[list[int]]:
-    """Each rank's object sizes, rank order."""
-    out: list[list[int]] = [[] for _ in range(plan.world_size)]
-    for obj in plan.objects:
-        out[obj.rank].append(obj.size_bytes)
-    return out
-
-
 def prefixes(request: PlanRequest, world_size: int) -> rq.Prefixes:
     storage = request.cfg.storage
     return rq.prefixes_for(storage.prefix_strategy.value, storage.prefix_count,
@@ -166,7 +158,7 @@ def _prefix_lines(request: PlanRequest, plan: GlobalPlan, part: int) -> list[str
     chosen = prefixes(request, plan.world_size)
     rate = storage.throughput_target_gbps * 1e9 / 8
     reqs = plan_requests(request, plan)
-    load = rq.prefix_load(rank_objects(plan), chosen, part, rate, reqs.metadata_gets_per_rank)
+    load = rq.prefix_load(plan.rank_objects(), chosen, part, rate, reqs.metadata_gets_per_rank)
     lines = [
         f"prefixes: storage.prefix_strategy={chosen.strategy} spreads the keys over "
         f"{chosen.count:,} prefix(es); every rank at the CRT's throughput target "
@@ -198,7 +190,7 @@ def render_projection(request: PlanRequest, plans: list[GlobalPlan], rates: Meas
     assert save_rate is not None and load_rate is not None
     rows = []
     for plan in plans:
-        objects = rank_objects(plan)
+        objects = plan.rank_objects()
         chosen = prefixes(request, plan.world_size)
         puts, gets = rq.busiest_prefix_requests(objects, chosen, part)
         metadata_gets = rq.parts(plan.metadata_bytes, part) * plan.world_size
