@@ -272,13 +272,7 @@ class EmbeddedS3:
         # Everything it holds is deleted right after, so a graceful stop buys nothing; and
         # with uploads cut off mid-request (a Ctrl-C during a save) weed ignores SIGTERM.
         if self.process is not None and self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+            lifeline.stop_child(self.process, signal.SIGTERM, timeout_s, group=True)
         self.process = None
         # gRPC servers leave unix sockets in /tmp named after their port.
         lifeline.remove_seaweed_sockets(self.ports.values())

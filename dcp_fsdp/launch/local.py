@@ -119,10 +119,10 @@ def _run_agent(cfg: BenchmarkConfig, run_id: str, env: dict[str, str], run_dir: 
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         interrupted_by = signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT
         if agent is not None:
-            _stop_agent(agent, interrupted_by)
+            lifeline.stop_child(agent, interrupted_by, AGENT_STOP_GRACE_S)  # it stops its ranks
     finally:
         if agent is not None and agent.poll() is None:
-            _stop_agent(agent, signal.SIGTERM)
+            lifeline.stop_child(agent, signal.SIGTERM, AGENT_STOP_GRACE_S)
         signal.signal(signal.SIGTERM, previous_sigterm)
         signal.signal(signal.SIGINT, previous_sigint)
     summary: dict[str, Any] = {}  # stays so if the agent died before writing it
@@ -132,17 +132,6 @@ def _run_agent(cfg: BenchmarkConfig, run_id: str, env: dict[str, str], run_dir: 
     with contextlib.suppress(OSError):
         outcome.writing_suffix = writing_path.read_text().strip() or None
     return outcome
-
-
-def _stop_agent(agent: subprocess.Popen, signum: int) -> None:
-    """Tell the agent to stop its ranks with `signum`; kill its whole group if it hangs."""
-    try:
-        agent.send_signal(signum)
-        agent.wait(timeout=AGENT_STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(agent.pid, signal.SIGKILL)
-        agent.wait()
 
 
 def _outcome(agent_code: int | None, summary: dict[str, Any],

@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -74,6 +75,22 @@ class DiesWithParent:
 
     def __reduce__(self) -> tuple:
         return _unpickled_dying_with_parent, (self.payload,)
+
+
+def stop_child(child: subprocess.Popen, signum: int, grace_s: float, group: bool = False) -> None:
+    """Send `child` (with `group`, its whole process group) `signum`; SIGKILL its group if it
+    has not ended within `grace_s`."""
+    try:
+        if group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signum)
+        else:
+            child.send_signal(signum)
+        child.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
 
 
 def name_process(name: str) -> bool:
