@@ -24,7 +24,7 @@ def count_control_calls(events: Any, record_call: Callable[[Any], None]) -> None
                             outcome=_outcome(status, operation), status=status, duration_s=None))
         return None  # never influences botocore's retry decision
 
-    events.register("needs-retry.s3", on_attempt, unique_id="dcp-fsdp-control-plane-count")
+    events.register_first("needs-retry.s3", on_attempt, unique_id="dcp-fsdp-control-plane-count")
 
 
 _STARTED = "dcp_fsdp_attempt_started"  # in botocore's per-request context
@@ -130,7 +130,9 @@ def install_data_plane_hook(events: Any, record_call: Callable[[Any], None]) -> 
 
     events.register("request-created.s3", on_request_created,
                     unique_id="dcp-fsdp-data-plane-started")
-    events.register("needs-retry.s3", on_attempt, unique_id="dcp-fsdp-data-plane-count")
+    # first: botocore's legacy retry handler raises the last attempt's error from inside this
+    # event, and a handler registered after it never saw that attempt (5 of 6 counted)
+    events.register_first("needs-retry.s3", on_attempt, unique_id="dcp-fsdp-data-plane-count")
     events.register("after-call.s3.GetObject", on_get_answered,
                     unique_id="dcp-fsdp-data-plane-get-body")
 

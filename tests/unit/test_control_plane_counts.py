@@ -6,8 +6,11 @@ own `needs-retry` event, emitted on the client's emitter as botocore emits it.""
 
 from __future__ import annotations
 
+import socket
 from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from dcp_fsdp.storage import s3_control
 from dcp_fsdp.storage.s3_control import S3ControlPlane, observe_clients
@@ -71,3 +74,35 @@ def test_a_client_made_before_the_observer_is_not_handed_to_it(monkeypatch):
     observe_clients("test", seen.append)
     control.client()
     assert seen == []
+
+
+@pytest.mark.parametrize("mode", ("legacy", "standard"))
+@pytest.mark.parametrize("hook", ("control", "data"))
+def test_every_attempt_sent_is_counted_in_either_retry_mode(mode, hook):
+    """botocore's legacy retry handler raises the last attempt's error from inside the
+    `needs-retry` event: a hook registered after it never saw that attempt (a failed save under
+    legacy mode counted 4 DeleteObjects and 8 UploadParts of 5 and 10). A refused connection
+    (a bound port nobody listens on): every attempt botocore sends is one counted."""
+    import boto3
+    import botocore.config
+
+    from dcp_fsdp.telemetry.control_plane import install_data_plane_hook
+
+    refusing = socket.socket()
+    refusing.bind(("127.0.0.1", 0))
+    client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{refusing.getsockname()[1]}",
+                          region_name="us-east-1", aws_access_key_id="key",
+                          aws_secret_access_key="secret",
+                          config=botocore.config.Config(retries={"mode": mode, "total_max_attempts": 2}))
+    sent: list[str] = []
+    client.meta.events.register("before-send.s3", lambda request, **_: sent.append(request.url))
+    calls: list[Request] = []
+    (count_control_calls if hook == "control" else install_data_plane_hook)(client.meta.events,
+                                                                          calls.append)
+    try:
+        with pytest.raises(Exception, match="Could not connect to the endpoint URL"):
+            client.delete_objects(Bucket="b", Delete={"Objects": [{"Key": "k"}]})
+    finally:
+        refusing.close()
+    assert len(sent) == 2, sent
+    assert [(c.kind, c.outcome) for c in calls] == [("DeleteObjects", "failed")] * 2
