@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dcp_fsdp.storage.timeline import BusyClock
+from dcp_fsdp.storage.timeline import BusyClock, ByteCounter
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
@@ -102,24 +102,6 @@ class MemorySlice(io.RawIOBase):
         target[:len(source)] = source
         self._position += len(source)
         return len(source)
-
-
-class HeldBytes:
-    """The bytes the reader holds (fetched or in flight), and the most it held at once."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.now = 0
-        self.peak = 0
-
-    def add(self, count: int) -> None:
-        with self._lock:
-            self.now += count
-            self.peak = max(self.peak, self.now)
-
-    def release(self, count: int) -> None:
-        with self._lock:
-            self.now -= count
 
 
 class OutsideFraming(OSError):
@@ -326,7 +308,7 @@ class ReadAhead:
         from torch.futures import Future
 
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # a GPU rank
-        held = HeldBytes()
+        held = ByteCounter()
         copy_s = (self._land(plan, planner, held) if self.lands_directly and not cuda
                   else self._read_groups(plan, planner, cuda, held))
         self.timeline.read_ahead_peak_bytes = held.peak
@@ -335,7 +317,7 @@ class ReadAhead:
         done.set_result(None)
         return done
 
-    def _read_groups(self, plan: LoadPlan, planner: LoadPlanner, cuda: bool, held: HeldBytes) -> float:
+    def _read_groups(self, plan: LoadPlan, planner: LoadPlanner, cuda: bool, held: ByteCounter) -> float:
         """Range groups fetched on N threads into N buffers of the largest group (reused); the
         rank's thread reads each tensor where it lies in them and copies it into its target."""
         groups = range_groups(plan.items, self.storage_data, self.group_bytes)
@@ -359,7 +341,7 @@ class ReadAhead:
         return waited_s
 
     # -- landing: each item straight into its target (files) -------------------------------
-    def _land(self, plan: LoadPlan, planner: LoadPlanner, held: HeldBytes) -> float:
+    def _land(self, plan: LoadPlan, planner: LoadPlanner, held: ByteCounter) -> float:
         """Each item on one of N threads, in file order: its framing read, then its data record
         read straight into its target (else read whole and copied there). The rank's thread
         resolves each target before its read and commits it after, in order, as DCP's does."""
@@ -375,7 +357,7 @@ class ReadAhead:
                   functools.partial(self._finish_item, planner=planner, copies=copies, held=held))
         return copies.total_s()
 
-    def _land_item(self, req: Any, target: Any, held: HeldBytes, copies: BusyClock) -> bytearray | None:
+    def _land_item(self, req: Any, target: Any, held: ByteCounter, copies: BusyClock) -> bytearray | None:
         """On a reading thread: `req`'s item into `target`; the item's bytes where the rank's
         thread must handle them (bytes, a transformed item: it releases them from `held`)."""
         from dcp_fsdp.compat import saved_tensor_layout
@@ -402,11 +384,11 @@ class ReadAhead:
             with copies:
                 target.copy_(tensor)
         finally:
-            held.release(info.length)
+            held.add(-info.length)
         return None
 
     def _finish_item(self, req: Any, target: Any, item: bytearray | None, planner: LoadPlanner,
-                     copies: BusyClock, held: HeldBytes) -> None:
+                     copies: BusyClock, held: ByteCounter) -> None:
         """On the rank's thread, in order: a byte item loaded, a transformed one
         deserialised and copied, each tensor committed; its bytes released from `held`."""
         info = self.storage_data[req.storage_index]
@@ -418,10 +400,10 @@ class ReadAhead:
                 with copies:
                     target.copy_(tensor)
             planner.commit_tensor(req, target)
-        held.release(len(item or b""))
+        held.add(-len(item or b""))
 
     def _consume(self, group: RangeGroup, buffer: Any, view: memoryview, planner: LoadPlanner,
-                 copies: DeviceCopies, held: HeldBytes) -> None:
+                 copies: DeviceCopies, held: ByteCounter) -> None:
         """Each item of a fetched group as DCP's read_data handles it, except that a tensor is read where
         it lies in the fetched bytes and copied once, into its target; then the buffer and `held` freed."""
         from torch.distributed.checkpoint.planner import LoadItemType
@@ -438,7 +420,7 @@ class ReadAhead:
             copies.copy(target, narrowed(req, tensor, target))
             planner.commit_tensor(req, target)
         copies.copied_from(buffer)
-        held.release(group.length)
+        held.add(-group.length)
 
     def _stream(self, req: Any, info: Any, item: memoryview) -> Any:
         from dcp_fsdp.compat import load_stream

@@ -56,11 +56,12 @@ class BusyClock:
 
 
 class ByteCounter:
-    """Bytes through the object streams so far (the progress heartbeat reads it while an
-    operation runs): the timed streams add each data call's, under a lock (several threads)."""
+    """Bytes counted under a lock (several threads add), and the most at once: through the object
+    streams so far (the progress heartbeat reads it while an operation runs), or what the
+    read-ahead reader holds, fetched or in flight (it adds a negative count as it frees them)."""
 
     def __init__(self, total: int = 0) -> None:
-        self.total = total
+        self.total = self.peak = total
         self._lock = threading.Lock()
 
     def __reduce__(self) -> tuple[Any, ...]:  # a lock does not pickle (process checkpointer)
@@ -69,6 +70,7 @@ class ByteCounter:
     def add(self, count: int) -> None:
         with self._lock:
             self.total += count
+            self.peak = max(self.peak, self.total)
 
 
 @dataclasses.dataclass
