@@ -154,17 +154,6 @@ def fill(local: torch.Tensor, seed: int, key: str, global_shape: Shape,
         local.copy_(target)
 
 
-def expected(seed: int, key: str, dtype: torch.dtype, global_shape: Shape,
-             local_shape: Shape | None = None, global_offset: Shape | None = None,
-             device: torch.device | str = "cpu") -> torch.Tensor:
-    """The values a shard must hold (a new tensor): for tests and error reports."""
-    local_shape = tuple(global_shape) if local_shape is None else tuple(local_shape)
-    global_offset = (0,) * len(local_shape) if global_offset is None else global_offset
-    out = torch.empty(local_shape, dtype=dtype, device=device)
-    fill(out, seed, key, global_shape, global_offset)
-    return out
-
-
 @functools.lru_cache(maxsize=1)
 def _memcmp() -> Callable[[int, int, int], int] | None:
     try:
