@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import re
-from typing import Iterable
 
 from dcp_fsdp.compat import installed_version
 from dcp_fsdp.telemetry.request import Request
@@ -192,12 +191,3 @@ class LogParser:
         self._last_attempt[span] = item
         return item
 
-
-def parse_lines(lines: Iterable[str]) -> list[Request]:
-    """The requests of these lines (unparsed ones left out: `parse_all` keeps them)."""
-    return [r for r in parse_all(lines) if isinstance(r, Request)]
-
-
-def parse_all(lines: Iterable[str]) -> list[Request | Unparsed]:
-    parser = LogParser()
-    return [r for r in (parser.feed(line) for line in lines) if r is not None]

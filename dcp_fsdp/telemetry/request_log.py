@@ -25,10 +25,9 @@ from typing import Any
 from dcp_fsdp import log
 from dcp_fsdp.process.lifeline import owned_tempdir
 from dcp_fsdp.telemetry import summaries
-from dcp_fsdp.telemetry.connector_log import (  # noqa: F401 - parse_lines re-exported
-    LogParser, Unparsed, parse_lines, version_problem)
+from dcp_fsdp.telemetry.connector_log import LogParser, Unparsed, version_problem
 from dcp_fsdp.telemetry.control_plane import install_data_plane_hook
-from dcp_fsdp.telemetry.request import THROTTLE_STATUSES, Request  # noqa: F401 - re-exported
+from dcp_fsdp.telemetry.request import Request
 
 DEBUG_LOGS_ENV = "S3_TORCH_CONNECTOR_DEBUG_LOGS"
 LOGS_DIR_ENV = "S3_TORCH_CONNECTOR_LOGS_DIR_PATH"

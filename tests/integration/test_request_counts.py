@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from dcp_fsdp.telemetry.connector_log import PARSER_FORMAT
-from dcp_fsdp.telemetry.request_log import parse_lines
 from dcp_fsdp.telemetry.summaries import merge_summaries
 from tests.kit.cli import read_run, run_cli, s3_args, s3_env
+from tests.kit.request_lines import parse_lines
 from tests.kit.seaweed_counters import parse_server_metrics, server_view
 
 def _server_counts(s3_server) -> collections.Counter:

@@ -10,8 +10,9 @@ import pytest
 from dcp_fsdp import compat
 from dcp_fsdp.telemetry import request_log
 from dcp_fsdp.telemetry.histograms import hist_merge, hist_quantile, histogram
-from dcp_fsdp.telemetry.request_log import RequestLog, parse_lines
+from dcp_fsdp.telemetry.request_log import RequestLog
 from dcp_fsdp.telemetry.summaries import merge_summaries, summarize
+from tests.kit.request_lines import parse_lines
 from tests.kit.seaweed_counters import parse_server_metrics, server_view
 
 SPAN_PUT = 'put_object{id=1 bucket="b" key="p/s/__0_0.distcp"}'

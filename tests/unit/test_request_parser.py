@@ -12,9 +12,10 @@ from importlib import metadata
 import pytest
 
 from dcp_fsdp.telemetry import connector_log, request_log
-from dcp_fsdp.telemetry.connector_log import PARSER_FORMAT, Request, Unparsed, parse_all
+from dcp_fsdp.telemetry.connector_log import PARSER_FORMAT, Request, Unparsed
 from dcp_fsdp.telemetry.request_log import RequestLog
 from dcp_fsdp.telemetry.summaries import merge_summaries, summarize
+from tests.kit.request_lines import parse_all
 from tests.unit.test_request_log import (CRT_404, REAL_SAVE_LOAD, SPAN_GET, line, new_request,
                                          request)
 
