@@ -36,7 +36,7 @@ from dcp_fsdp.rank.replicas import replica_share
 from dcp_fsdp.rank.state import flat_tensors, local_bytes
 from dcp_fsdp.models.build import local_tensor
 from dcp_fsdp.process import lifeline
-from dcp_fsdp.process.watchdog import Watchdog
+from dcp_fsdp.process.watchdog import op_watchdog
 from dcp_fsdp.storage import layout, make_store
 from dcp_fsdp.contract import RUN_ID_ENV
 from dcp_fsdp.storage.base import CheckpointStore, ceiling_token
@@ -291,10 +291,10 @@ class Ceiling:
                             else None)
         except Exception as error:
             failure = f"{type(error).__name__}: {error}"
-        watchdog = Watchdog(self.cfg.op_timeout_s, self.loop.on_timeout,
-                            f"ceiling {op} iteration {iteration} did not finish within "
-                            f"op_timeout_s={self.cfg.op_timeout_s:g}; the storage stalled or is too "
-                            "slow: raise op_timeout_s or check the endpoint")
+        watchdog = op_watchdog(self.cfg.op_timeout_s, self.loop.on_timeout,
+                               f"ceiling {op} iteration {iteration} did not finish within "
+                               f"op_timeout_s={self.cfg.op_timeout_s:g}; the storage stalled or is too "
+                               "slow: raise op_timeout_s or check the endpoint")
         with timed_region(self.loop.ctx.device, watchdog) as region:  # the one DCP's ops use
             try:  # list(): re-raises the first failure of any stream
                 if failure is None:

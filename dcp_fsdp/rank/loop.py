@@ -39,7 +39,7 @@ from dcp_fsdp.storage.timed_fs import expect_metadata, metadata_changed
 from dcp_fsdp.rank.replicas import held_bytes, read_once_load, replica_share
 from dcp_fsdp.rank.state import (apply_state_dict, checkable_seed, checkpoint_mismatch, local_bytes,
                                  mismatch_error, verify_values, zero_local_tensors)
-from dcp_fsdp.process.watchdog import Watchdog
+from dcp_fsdp.process.watchdog import op_watchdog
 from dcp_fsdp.storage import layout, make_store
 from dcp_fsdp.storage.base import CheckpointStore
 from dcp_fsdp.storage.metadata_peek import MetadataFacts
@@ -153,7 +153,7 @@ class CheckpointLoop:
         message = (f"{op} iteration {iteration} (suffix {suffix}) did not finish within "
                    f"op_timeout_s={self.cfg.op_timeout_s:g}; the storage stalled or is "
                    "too slow: raise op_timeout_s or check the endpoint")
-        watchdog = contextlib.nullcontext() if "watchdog" in self.harness_off else Watchdog(
+        watchdog = contextlib.nullcontext() if "watchdog" in self.harness_off else op_watchdog(
             self.cfg.op_timeout_s, self.on_timeout, message)
         with timed_region(self.ctx.device, watchdog) as run.region, heartbeat, \
                 wire_closed_on_error(run.wire):
@@ -227,7 +227,7 @@ class CheckpointLoop:
         """The operation's sample, once it is done (an async save: its upload waited for)."""
         timing = run.timing
         if saver is not None and timing is not None and timing.end_mono is None:
-            with Watchdog(self.cfg.op_timeout_s, self.on_timeout, message):  # upload in flight
+            with op_watchdog(self.cfg.op_timeout_s, self.on_timeout, message):  # upload in flight
                 saver.finish(timing)
         daemon_reported = False  # the daemon's copy of the timeline, taken in (none: not timed)
         if run.pickled:
