@@ -530,8 +530,7 @@ class RecordFile:
 # what a field's wrong value is, by pydantic's error type
 _WRONG = {"int_type": "is not an integer", "float_type": "is not a number",
           "finite_number": "is not a finite number", "greater_than_equal": "is negative",
-          "less_than": "is out of range (2**63 or more)",
-          "greater_than": "is out of range (2**63 or more)", "string_type": "is not text",
+          "less_than": "is out of range (2**63 or more)", "string_type": "is not text",
           "list_type": "is not a list", "dict_type": "is not an object",
           "model_type": "is not an object", "bool_type": "is not true or false"}
 
