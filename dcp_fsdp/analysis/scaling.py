@@ -19,9 +19,8 @@ from dcp_fsdp.analysis import costs
 from dcp_fsdp.analysis.columns import cell
 from dcp_fsdp.analysis.plots import save_png, subplots
 from dcp_fsdp.analysis.tables import select
+from dcp_fsdp.units import GET_LIMIT_PER_S, PUT_LIMIT_PER_S
 
-PUT_LIMIT_PER_S = 3500  # at least, per partitioned prefix (S3 docs: performance guidelines)
-GET_LIMIT_PER_S = 5500
 SIZE_KEYS = ("nodes", "ranks")
 # each share of the operation's span, from its phase column
 SHARES = {"plan": "plan_s", "commit": "commit_s", "barrier": "barrier_wait_mean_s"}
