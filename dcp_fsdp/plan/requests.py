@@ -16,8 +16,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
-PUT_LIMIT_PER_S = 3500  # per partitioned prefix (S3 performance guidelines)
-GET_LIMIT_PER_S = 5500
+from dcp_fsdp.units import GET_LIMIT_PER_S, PUT_LIMIT_PER_S
 # One rank's reads at a load: (object name, first byte, end) ranges, sorted, each a run of
 # items that lie back to back in that object
 Reads = tuple[tuple[str, int, int], ...]
