@@ -194,6 +194,9 @@ class WireMeter:
         self._inodes: dict[str, int | None] = {}  # fd target -> cookie (None: not ours to count)
         self._links: dict[int, str] = {}  # fd -> its target at the last scan that read it
         self._next_full_scan_s = 0.0
+        self._fd_count = 0  # descriptors open at the last look (0: unknown)
+        self._closes_unread = False  # a socket to the endpoint closed since the last listing
+        self._unsettled = False  # a socket was connecting at the last scan
         self._own: dict[int, list[int]] = {}  # cookie -> [base acked, base received, acked, received]
         self._maybe: dict[int, list[int]] = {}  # not connected when seen: ours if it closes to the port
         self._final: set[int] = set()
@@ -220,7 +223,7 @@ class WireMeter:
         self.close()
         with self._lock:
             self._inodes, self._own, self._maybe, self._final = {}, {}, {}, set()
-            self._links, self._next_full_scan_s = {}, 0.0
+            self._links, self._next_full_scan_s, self._fd_count = {}, 0.0, 0
             self.unseen_bytes = 0
             self._stop = threading.Event()
             try:
@@ -272,6 +275,20 @@ class WireMeter:
         self._own.setdefault(cookie, [0, 0, *counts])
         self._inodes[target] = cookie
 
+    def _unchanged(self) -> bool:
+        """Nothing a watch scan could find now: no full scan due, no socket to the endpoint
+        closed, none connecting, and as many descriptors open as at the last look (Linux 6.2+
+        gives the count as /proc/self/fd's size, one stat; before, 0: every scan lists)."""
+        if self._closes_unread or self._unsettled or time.monotonic() >= self._next_full_scan_s:
+            return False
+        try:
+            count = os.stat("/proc/self/fd").st_size
+        except OSError:
+            return False
+        unchanged = count == self._fd_count != 0
+        self._fd_count = count
+        return unchanged
+
     def _read_links(self) -> dict[str, int]:
         """{socket target: fd} of this process's descriptors. A new descriptor number is read;
         one read before is read again at the next full scan (every FULL_SCAN_PERIOD_S), or at
@@ -284,6 +301,7 @@ class WireMeter:
         if full:
             self._next_full_scan_s = now_s + FULL_SCAN_PERIOD_S
         reread_sockets = self._closed is None
+        self._closes_unread = False
         links: dict[int, str] = {}
         targets: dict[str, int] = {}
         for name in os.listdir("/proc/self/fd"):
@@ -298,7 +316,10 @@ class WireMeter:
         return targets
 
     def _scan(self, baseline: bool = False, refresh: bool = True) -> None:
+        if not (baseline or refresh) and self._closed is not None and self._unchanged():
+            return
         targets = self._read_links()
+        self._unsettled = False
         self._inodes = {t: c for t, c in self._inodes.items() if t in targets}
         for target, fd in targets.items():
             if target in self._inodes:
@@ -315,6 +336,7 @@ class WireMeter:
             self._inodes[target] = cookie if to_endpoint is not False else None
             if to_endpoint is None:
                 self._inodes.pop(target)  # not connected now: looked at again next scan
+                self._unsettled = True
 
     def _count(self, cookie: int, to_endpoint: bool | None, counts: tuple[int, int],
                baseline: bool) -> None:
@@ -331,6 +353,7 @@ class WireMeter:
             return
         closed = self._closed.drain()
         if closed:  # their descriptor numbers may be a new socket's now: read them again
+            self._closes_unread = True
             gone = {target for target, cookie in self._inodes.items() if cookie in closed}
             self._links = {fd: target for fd, target in self._links.items() if target not in gone}
         for cookie, counts in closed.items():
