@@ -117,6 +117,11 @@ def rank_main(args) -> None:
     if ctx.is_coordinator:
         Path(os.environ["AB_OUT"]).write_text(json.dumps(gathered))
     dist.barrier()
+    # what the rank made in /tmp (MSC's profile, the request log's directory): os._exit runs no
+    # clean-up of its own
+    store.close()
+    if session.request_log is not None:
+        session.request_log.remove()
     os._exit(0)
 
 
