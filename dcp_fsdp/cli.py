@@ -27,7 +27,7 @@ def _process_started() -> None:
     PROCESS_START_MONO = time.monotonic()
 
 
-# A rank forked from the agent (launch/forked_rank.py), which imported this module, starts at
+# A rank forked by the fork server (launch/forked_rank.py), which imported this module, starts at
 # its fork: its init_s counts from there, as an exec'd rank's counts from its interpreter.
 os.register_at_fork(after_in_child=_process_started)
 

@@ -373,3 +373,17 @@ def msc_reads_ranged(stream: Any) -> bool:
     """Whether an MSC object file reads by ranged GETs (above its 512 MiB `MEMORY_LOAD_LIMIT`: a
     private `RemoteFileReader` behind `_file`), not the whole object downloaded; ask after its first call."""
     return type(getattr(stream, "_file", None)).__name__ == "RemoteFileReader"
+
+
+def use_multiprocessing_tempdir(path: str) -> None:
+    """multiprocessing's temporary directory for this process (private: its process's
+    `_config["tempdir"]`, which `util.get_temp_dir()` reads before it makes one in TMPDIR):
+    the fork server's socket goes there, and a unix socket's path holds at most 107 bytes."""
+    import multiprocessing.process
+
+    config = getattr(multiprocessing.process.current_process(), "_config", None)
+    if not isinstance(config, dict):
+        raise MissingInternal(f"multiprocessing's process _config is not in Python "
+                              f"{sys.version.split()[0]}; unset DCP_FSDP_TEST_ONLY_FORK_RANKS "
+                              "(ranks are then exec'd)")
+    config["tempdir"] = path

@@ -53,8 +53,7 @@ def main(argv: list[str]) -> int:
         args = parse_args(argv)
         # The test suite's switch and `-m dcp_fsdp`: forked ranks, the imports done once
         if forked_rank.requested() and forked_rank.forkable(args):
-            with paused_for_imports():  # on again before any rank is forked
-                forked_rank.fork_instead(args)
+            forked_rank.fork_instead(args)
         run(args)
     except ChildFailedError as error:
         summary["outcome"] = "failed"
@@ -87,9 +86,10 @@ def _finish(summary: dict, summary_path: str | None, parent: int) -> None:
     if summary_path:
         with contextlib.suppress(OSError), open(summary_path, "w") as f:  # OSError: launcher gone
             json.dump(summary, f)
-    if os.getppid() != parent:
-        from dcp_fsdp.process.lifeline import remove_stale
+    from dcp_fsdp.process.lifeline import remove_multiprocessing_tempdir, remove_stale
 
+    remove_multiprocessing_tempdir()  # the fork server's socket's (os._exit skips its finalizer)
+    if os.getppid() != parent:
         remove_stale()
 
 

@@ -1,13 +1,17 @@
-"""Ranks forked from the agent instead of exec'd, for the test suite only: the imports done
-once per node, not once per rank (docs/architecture.md).
+"""Ranks forked instead of exec'd, for the test suite only: the imports done once per node,
+not once per rank (docs/architecture.md).
 
 Only where the test suite asks (contract.FORK_RANKS_TEST_ONLY_ENV=1; the product never sets
-it, and a measured run is exec'd as its users run it) our agent imports what a rank imports
-and has torchrun fork the ranks through its public entry for that, `--run-path SCRIPT
---start-method fork`; SCRIPT is this file. The child first undoes what the fork kept
-(`become_rank`), then runs the module exactly as `-m` does (runpy). A forked rank is known by
-its process name (its /proc environ is the agent's), and one that succeeded returns (torch's
-agent waits for its return value) instead of ending with os._exit(0).
+it, and a measured run is exec'd as its users run it) our agent has torchrun start the ranks
+through its public entry for that, `--run-path SCRIPT --start-method forkserver`; SCRIPT is
+this file. Python's fork server, started by the agent, imports what a rank imports once and
+forks each rank from its single thread. Never from the agent itself: it runs threads (torch's
+store server, the rendezvous keep-alive), and a rank forked while one of them held a lock hung
+in its first store call until the process group's timeout (an 8-rank save, 1 in ~60 runs,
+CI 2026-11-29). The child first undoes what the fork kept (`become_rank`), then runs the
+module exactly as `-m` does (runpy). A forked rank is known by its process name (its /proc
+environ is its parent's), and one that succeeded returns (torch's agent waits for its return
+value) instead of ending with os._exit(0).
 """
 
 from __future__ import annotations
@@ -15,27 +19,29 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import gc
-import importlib
 import logging
+import multiprocessing
 import os
 import runpy
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 from dcp_fsdp import compat, contract
 from dcp_fsdp.process import lifeline
 
-# The package the agent forks for: the module torchrun would otherwise exec (`-m dcp_fsdp`).
+# The package forked for: the module torchrun would otherwise exec (`-m dcp_fsdp`).
 MODULE = "dcp_fsdp"
 # What a rank imports besides torch's modules (compat.RANK_TORCH_MODULES): named, not
 # imported here (the agent is below the command line in the layers).
 RANK_MODULES = ("dcp_fsdp.cli", "dcp_fsdp.rank.session", "dcp_fsdp.rank.loop",
                 "dcp_fsdp.models.build", "dcp_fsdp.analysis.metrics")
+# The longest TMPDIR that holds the fork server's socket in a directory of ours: 107 bytes
+# less "/dcp-fsdp-mp-p<pid>-h<host>-<8>/listener-<8>" (~55).
+SHORT_TMPDIR_CHARS = 50
 # Loggers whose level the agent lowers (its own lines repeat the launcher's one line).
 QUIET_LOGGER_PREFIXES = ("torch.distributed", "torch.multiprocessing")
-
-_agent_log_levels: dict[str, int] = {}  # logger name -> level before the agent quietened it
 
 
 def forkable(args: argparse.Namespace) -> bool:
@@ -50,56 +56,55 @@ def requested() -> bool:
 
 
 def fork_instead(args: argparse.Namespace) -> bool:
-    """The ranks' imports done here, once, and torchrun's arguments for `-m dcp_fsdp ARGS` made
-    into `--run-path --start-method fork THIS-FILE dcp_fsdp ARGS`. False, with the arguments
-    as they were, on a host with CUDA devices or where CUDA is initialised: torch's modules
-    call torch.cuda.is_available() as they are imported, which marks every later fork "bad"
+    """torchrun's arguments for `-m dcp_fsdp ARGS` made into `--run-path --start-method
+    forkserver THIS-FILE dcp_fsdp ARGS`, the fork server told to import what a rank imports.
+    False, with the arguments as they were, on a host with CUDA devices: torch's modules call
+    torch.cuda.is_available() as they are imported, which marks every later fork "bad"
     (docs/measurements/2026-11-28-gpu.md); the device count read here is NVML's, which does not."""
     import torch
 
     if torch.cuda.device_count() > 0:
         return False
-    for name in (*compat.RANK_TORCH_MODULES, *RANK_MODULES):
-        importlib.import_module(name)
-    if torch.cuda.is_initialized():
-        return False
+    multiprocessing.set_forkserver_preload([*compat.RANK_TORCH_MODULES, *RANK_MODULES, __name__])
+    # The fork server listens on a unix socket in multiprocessing's temporary directory (the
+    # agent removes it as it ends; lifeline.remove_stale after a kill): a path holds at most
+    # 107 bytes, and under a deep TMPDIR (a Slurm test's job) the socket's did not fit.
+    parent = None if len(tempfile.gettempdir()) <= SHORT_TMPDIR_CHARS else "/tmp"
+    compat.use_multiprocessing_tempdir(str(lifeline.owned_tempdir("dcp-fsdp-mp-", parent)))
     args.module = False
     args.run_path = True
-    args.start_method = "fork"
+    args.start_method = "forkserver"
     args.training_script_args = [args.training_script, *args.training_script_args]
     args.training_script = str(Path(__file__))
-    # Nothing buffered may be written twice, by the agent and by each fork.
+    # Nothing buffered may be written twice, by the agent and by each rank.
     sys.stdout.flush()
     sys.stderr.flush()
-    # The imports' objects out of the ranks' collections: each write a collection makes to one
-    # copies a shared page (a 30 % slower save, docs/measurements/2026-11-27-ci-cost.md).
-    gc.freeze()
     return True
 
 
 def quiet_agent_logs() -> None:
-    """torchrun's own log lines off in the agent; their levels kept for the forked ranks."""
+    """torchrun's own log lines off in the agent (the fork server's ranks keep torch's levels)."""
     for name in list(logging.root.manager.loggerDict):
         if name.startswith(QUIET_LOGGER_PREFIXES):
-            logger = logging.getLogger(name)
-            _agent_log_levels.setdefault(name, logger.level)
-            logger.setLevel(logging.CRITICAL)
+            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def become_rank(module: str, rank: int) -> None:
     """In the forked child, first: undo what the fork kept. `rank` names the process."""
-    lifeline.die_with_parent(signal.SIGTERM)  # fork cleared it; the agent may be gone already
+    # The fork server's imports out of the rank's collections: each write a collection makes
+    # to one copies a shared page (a 30 % slower save, docs/measurements/2026-11-27-ci-cost.md).
+    # Freezing moves whole lists: it writes to no object.
+    gc.freeze()
+    lifeline.die_with_parent(signal.SIGTERM)  # fork cleared it; the fork server exits with the agent
     lifeline.name_process(contract.rank_process_name(rank))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_DFL)
     faulthandler.disable()  # torch's entry (record) enables it; an exec'd rank has none
-    for name, level in _agent_log_levels.items():
-        logging.getLogger(name).setLevel(level)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(write_through=True)  # type: ignore[union-attr]
     # torch's intra-op threads as an exec'd rank would have them: its OpenMP read
-    # OMP_NUM_THREADS when the agent imported torch, before torchrun set it for the ranks
+    # OMP_NUM_THREADS when the fork server imported torch, before torchrun set it for the ranks
     value = os.environ.get("OMP_NUM_THREADS", "")
     if value.isdigit() and int(value) > 0:
         import torch

@@ -211,7 +211,7 @@ def return_on_success() -> None:
 
 
 def rank_start() -> str:
-    """How this rank's process started, for the run line: forked from the agent, or exec'd."""
+    """How this rank's process started, for the run line: forked (the test suite's), or exec'd."""
     return contract.RANK_START_FORK if _success_returns else contract.RANK_START_EXEC
 
 

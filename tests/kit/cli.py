@@ -138,7 +138,7 @@ def rank_pids(launcher_pid: int) -> dict[int, int]:
 
 
 def rank_of(pid: int) -> int | None:
-    """The global rank process `pid` runs, or None. Our agent forks its ranks and names them
+    """The global rank process `pid` runs, or None. Forked ranks (the fork server's) are named
     (contract.rank_process_name); plain torchrun's exec'd ranks carry RANK in their
     environment, and so does a rank's own child (the async process checkpointer's daemon
     inherits it), whose parent is a rank."""

@@ -1,4 +1,4 @@
-"""Ranks forked from the agent (launch/forked_rank.py): only where the test suite asks, which
+"""Ranks forked by the fork server (launch/forked_rank.py): only where the test suite asks, which
 starts are forked, how torchrun's arguments are rewritten, how a forked rank ends and is known
 by its siblings. The forked start itself runs in every integration test that launches ranks
 (tests/conftest.py sets the switch; tests/kit/cli.rank_of finds them by name); the exec start
@@ -6,6 +6,7 @@ in tests/integration/test_rank_start.py."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -38,6 +39,7 @@ def test_the_agent_forks_only_where_the_test_suite_asks(monkeypatch, switch, for
     monkeypatch.setattr(forked_rank, "fork_instead", lambda args: started.append("fork"))
     monkeypatch.setattr(forked_rank, "quiet_agent_logs", lambda: None)
     monkeypatch.setattr(lifeline, "die_with_parent", lambda signum: None)
+    monkeypatch.setattr(lifeline, "remove_multiprocessing_tempdir", lambda: None)  # pytest's own
     monkeypatch.delenv(contract.AGENT_SUMMARY_ENV, raising=False)
     if switch is None:
         monkeypatch.delenv(contract.FORK_RANKS_TEST_ONLY_ENV, raising=False)
@@ -72,22 +74,48 @@ def test_only_the_package_module_is_forked(argv, forked):
     assert forked_rank.forkable(parse_args([*AGENT_ARGS, *argv])) is forked
 
 
-def test_fork_instead_is_torchruns_own_run_path_entry_with_fork(monkeypatch):
+def test_fork_instead_is_torchruns_own_run_path_entry_with_the_fork_server(monkeypatch):
     """torchrun's config for the rewritten arguments: its function entry (run_script_path)
-    started by fork, with this file as the script and the module and its arguments after it."""
-    imported: list[str] = []
-    frozen: list[bool] = []
-    monkeypatch.setattr(forked_rank.importlib, "import_module", imported.append)
-    monkeypatch.setattr(forked_rank.gc, "freeze", lambda: frozen.append(True))
+    started by Python's fork server, with this file as the script and the module and its
+    arguments after it; the fork server imports what a rank imports (once), the agent nothing.
+    Not fork: the agent runs threads (torch's store server), and a rank forked while one held
+    a lock hung in its first store call."""
+    preloaded: list[list[str]] = []
+    tempdirs: list[str] = []
+    monkeypatch.setattr(forked_rank.multiprocessing, "set_forkserver_preload", preloaded.append)
+    monkeypatch.setattr(forked_rank.compat, "use_multiprocessing_tempdir", tempdirs.append)
+    # a Slurm job's TMPDIR: the fork server's socket path would pass 107 bytes under it
     args = parse_args([*AGENT_ARGS, "-m", "dcp_fsdp", "save", "nproc=2"])
-    forked_rank.fork_instead(args)
+    with monkeypatch.context() as deep:
+        deep.setattr(forked_rank.tempfile, "gettempdir", lambda: "/tmp/" + "d" * 75)
+        forked_rank.fork_instead(args)
+    (tempdir,) = tempdirs
+    shutil.rmtree(tempdir)
+    assert Path(tempdir).parent == Path("/tmp")
+    assert len(f"{tempdir}/listener-12345678") <= 107
     config, entry, entry_args = config_from_args(args)
-    assert entry is run_script_path and config.start_method == "fork"
+    assert entry is run_script_path and config.start_method == "forkserver"
     assert Path(entry_args[0]) == Path(forked_rank.__file__)
     assert entry_args[1:] == ["dcp_fsdp", "save", "nproc=2"]
-    assert imported[:1] == ["torch"] and "dcp_fsdp.rank.session" in imported
-    # the agent's objects out of the ranks' collections (copy-on-write: a slower timed save)
-    assert frozen == [True]
+    (modules,) = preloaded
+    assert modules[:1] == ["torch"] and "dcp_fsdp.rank.session" in modules
+    assert modules[-1] == forked_rank.__name__
+
+
+def test_a_forked_rank_freezes_what_the_fork_server_imported(monkeypatch):
+    """The imports' objects out of the rank's collections (copy-on-write: a slower timed
+    save), first thing in the child."""
+    frozen: list[bool] = []
+    monkeypatch.setattr(forked_rank.gc, "freeze", lambda: frozen.append(True))
+    monkeypatch.setattr(forked_rank.lifeline, "die_with_parent", lambda signum: None)
+    monkeypatch.setattr(forked_rank.lifeline, "name_process", lambda name: None)
+    monkeypatch.setattr(forked_rank.lifeline, "return_on_success", lambda: None)
+    monkeypatch.setattr(forked_rank.faulthandler, "disable", lambda: None)
+    monkeypatch.setattr(forked_rank.signal, "signal", lambda signum, handler: None)
+    monkeypatch.setattr(forked_rank.sys, "argv", ["forked_rank.py", "dcp_fsdp", "save"])
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    forked_rank.become_rank("dcp_fsdp", 3)
+    assert frozen == [True] and forked_rank.sys.argv == ["dcp_fsdp", "save"]
 
 
 class _Child:
@@ -197,8 +225,8 @@ def test_a_host_with_cuda_devices_keeps_the_execd_start(monkeypatch):
     lent H100 did, issue 32) although torch.cuda.is_initialized() stays False."""
     import torch
 
-    imported: list[str] = []
-    monkeypatch.setattr(forked_rank.importlib, "import_module", imported.append)
+    preloaded: list[list[str]] = []
+    monkeypatch.setattr(forked_rank.multiprocessing, "set_forkserver_preload", preloaded.append)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     args = parse_args([*AGENT_ARGS, "-m", "dcp_fsdp", "save", "nproc=1"])
@@ -206,7 +234,7 @@ def test_a_host_with_cuda_devices_keeps_the_execd_start(monkeypatch):
     config, entry, entry_args = config_from_args(args)
     assert entry == sys.executable and config.start_method == "spawn"
     assert entry_args[:2] == ["-u", "-m"] and "dcp_fsdp" in entry_args
-    assert imported == []
+    assert preloaded == []
 
 
 def test_an_endpoints_secret_stays_out_of_its_repr():
