@@ -37,6 +37,8 @@ MODULE = "dcp_fsdp"
 # imported here (the agent is below the command line in the layers).
 RANK_MODULES = ("dcp_fsdp.cli", "dcp_fsdp.rank.session", "dcp_fsdp.rank.loop",
                 "dcp_fsdp.models.build", "dcp_fsdp.analysis.metrics")
+# Imported by the fork server alone: it ends with the agent (its docstring says why).
+FORK_SERVER_MODULE = "dcp_fsdp.launch.fork_server"
 # The longest TMPDIR that holds the fork server's socket in a directory of ours: 107 bytes
 # less "/dcp-fsdp-mp-p<pid>-h<host>-<8>/listener-<8>" (~55).
 SHORT_TMPDIR_CHARS = 50
@@ -65,7 +67,8 @@ def fork_instead(args: argparse.Namespace) -> bool:
 
     if torch.cuda.device_count() > 0:
         return False
-    multiprocessing.set_forkserver_preload([*compat.RANK_TORCH_MODULES, *RANK_MODULES, __name__])
+    multiprocessing.set_forkserver_preload([*compat.RANK_TORCH_MODULES, *RANK_MODULES, __name__,
+                                            FORK_SERVER_MODULE])
     # The fork server listens on a unix socket in multiprocessing's temporary directory (the
     # agent removes it as it ends; lifeline.remove_stale after a kill): a path holds at most
     # 107 bytes, and under a deep TMPDIR (a Slurm test's job) the socket's did not fit.

@@ -99,7 +99,7 @@ def test_fork_instead_is_torchruns_own_run_path_entry_with_the_fork_server(monke
     assert entry_args[1:] == ["dcp_fsdp", "save", "nproc=2"]
     (modules,) = preloaded
     assert modules[:1] == ["torch"] and "dcp_fsdp.rank.session" in modules
-    assert modules[-1] == forked_rank.__name__
+    assert modules[-2:] == [forked_rank.__name__, "dcp_fsdp.launch.fork_server"]
 
 
 def test_a_forked_rank_freezes_what_the_fork_server_imported(monkeypatch):

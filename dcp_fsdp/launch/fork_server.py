@@ -1,0 +1,13 @@
+"""Imported only by the fork server that forks the test suite's ranks (forked_rank.fork_instead
+names it last in the fork server's preload list): the fork server ends with the agent that
+started it, even one killed by SIGKILL, and its ranks with it (each rank's own parent-death
+signal), as exec'd ranks end with their agent. Without it a killed agent's fork server ran on,
+kept by its ranks (each holds the end of its `alive` pipe), and so did the ranks: a Slurm
+test's node whose agent was killed mid-save left no record of the checkpoint it cut short.
+"""
+
+import signal
+
+from dcp_fsdp.process import lifeline
+
+lifeline.die_with_parent(signal.SIGTERM)
