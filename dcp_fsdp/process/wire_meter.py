@@ -37,9 +37,9 @@ import ctypes
 import errno
 import os
 import socket
+import stat
 import struct
 import threading
-import time
 import urllib.parse
 import weakref
 from typing import Callable
@@ -163,25 +163,25 @@ def _destroyed(data: bytes, port: int) -> dict[int, tuple[int, int]]:
     return found
 
 
-# How often a watching meter scans the process's descriptors, on a thread that takes the GIL
-# from the load it measures. Every 5 ms in a rank-like process of 99 fds on this VM
-# (benchmarks/wire_meter_cost.py): 9.6 % of a core reading every link and every socket's
-# counters each scan, 1.4 % reading only what may have changed (`_unchanged`, `_read_links`).
-# Where no hook names a GET's socket (the connector's CRT), every 5 ms: a retry connection,
-# opened and cut within milliseconds, is seen while its descriptor is open (at 20 ms and 100 ms
-# a load whose GETs were cut missed some: tests/integration/test_clients.py). Where the
-# client's GET hooks name every GET's socket (s3fs, MSC: `note_socket`), every 100 ms: MSC's
-# load took 1.029x as long scanned every 5 ms as unscanned (docs/harness-cost.md). A
-# sock_diag dump per scan (the kernel's table, filtered by port) took a sixth of the GIL but
-# missed a retry connection reset before any dump saw it established (a reset socket leaves
-# the kernel's table at once; its descriptor stays open until the client closes it).
+# How often a watching meter looks for new sockets, on a thread that takes the GIL from the
+# load it measures. Where no hook names a GET's socket (the connector's CRT), every 5 ms: a
+# retry connection, opened and cut within milliseconds, is seen while its descriptor is open
+# (at 20 ms and 100 ms a load whose GETs were cut missed some: tests/integration/
+# test_clients.py). Where the client's GET hooks name every GET's socket (s3fs, MSC:
+# `note_socket`), every 100 ms: MSC's load took 1.029x as long scanned every 5 ms as unscanned
+# (docs/harness-cost.md). A sock_diag dump per scan (the kernel's table, filtered by port)
+# took a sixth of the GIL but missed a retry connection reset before any dump saw it
+# established (a reset socket leaves the kernel's table at once; its descriptor stays open
+# until the client closes it).
 WATCH_PERIOD_S = 0.005
 HOOKED_WATCH_PERIOD_S = 0.1
-# How often a scan reads every descriptor's link (`_read_links`). Blind spot: a connection
-# opened on the number of a descriptor that was not one of our sockets to the endpoint (a file,
-# a pipe, another port's socket) and closed within the same scan period, then closed again
-# before the next full scan.
-FULL_SCAN_PERIOD_S = 0.1
+# The network namespace's TCP counters: `ActiveOpens` moves with every connect() of any
+# process in it, so a scan lists this process's descriptors only when it moved (one pread
+# of a procfs file, ~10 us, where a listing costs ~1 us per descriptor: a rank at 1,000
+# ranks holds ~1,000 gloo sockets). Before (2026-11-29) a scan skipped while the count of
+# open descriptors stood still, and a file closed as a retry connection opened read as
+# nothing new: a load cut twice counted one cut GET's bytes short (CI).
+SNMP_PATH = "/proc/self/net/snmp"
 
 
 class WireMeter:
@@ -191,11 +191,9 @@ class WireMeter:
     def __init__(self, port: int) -> None:
         self.port = port
         self._lock = threading.Lock()
-        self._inodes: dict[str, int | None] = {}  # fd target -> cookie (None: not ours to count)
-        self._links: dict[int, str] = {}  # fd -> its target at the last scan that read it
-        self._next_full_scan_s = 0.0
-        self._fd_count = 0  # descriptors open at the last look (0: unknown)
-        self._closes_unread = False  # a socket to the endpoint closed since the last listing
+        self._inodes: dict[int, int | None] = {}  # socket inode -> cookie (None: not ours to count)
+        self._opens_listed = -1  # ActiveOpens read before the last listing (-1: list every scan)
+        self._snmp_fd = -1
         self._unsettled = False  # a socket was connecting at the last scan
         self._own: dict[int, list[int]] = {}  # cookie -> [base acked, base received, acked, received]
         self._maybe: dict[int, list[int]] = {}  # not connected when seen: ours if it closes to the port
@@ -223,13 +221,16 @@ class WireMeter:
         self.close()
         with self._lock:
             self._inodes, self._own, self._maybe, self._final = {}, {}, {}, set()
-            self._links, self._next_full_scan_s, self._fd_count = {}, 0.0, 0
             self.unseen_bytes = 0
             self._stop = threading.Event()
             try:
                 self._closed = _ClosedSockets(self.port)  # before the scan: no close missed
             except OSError:
                 self._closed = None
+            try:
+                self._snmp_fd = os.open(SNMP_PATH, os.O_RDONLY)
+            except OSError:
+                self._snmp_fd = -1
             self._scan(baseline=True)
         _METERS.add(self)
 
@@ -251,21 +252,24 @@ class WireMeter:
             self._thread.join()
             self._thread = None
         _METERS.discard(self)
-        if self._closed is not None:
-            with self._lock:
+        with self._lock:
+            if self._snmp_fd >= 0:
+                os.close(self._snmp_fd)
+                self._snmp_fd = -1
+            if self._closed is not None:
                 self._take_closed()
                 self._closed.close()
                 self._closed = None
 
     def note(self, fd: int) -> None:
         """A socket this process uses to the endpoint (a GET's, named by its client's hook)."""
-        target = _target(fd)
+        inode = _socket_inode(fd)
         with self._lock:
-            if self._inodes.get(target) is not None:
+            if self._inodes.get(inode) is not None:
                 return  # a kept-alive socket seen before: counted by its cookie until it closes
-            self._adopt(fd, target)
+            self._adopt(fd, inode)
 
-    def _adopt(self, fd: int, target: str) -> None:
+    def _adopt(self, fd: int, inode: int) -> None:
         found = _inspect(fd, self.port)
         if found is None:
             return
@@ -273,69 +277,38 @@ class WireMeter:
         if cookie in self._maybe:
             self._own[cookie] = self._maybe.pop(cookie)
         self._own.setdefault(cookie, [0, 0, *counts])
-        self._inodes[target] = cookie
+        self._inodes[inode] = cookie
 
-    def _unchanged(self) -> bool:
-        """Nothing a watch scan could find now: no full scan due, no socket to the endpoint
-        closed, none connecting, and as many descriptors open as at the last look (Linux 6.2+
-        gives the count as /proc/self/fd's size, one stat; before, 0: every scan lists)."""
-        if self._closes_unread or self._unsettled or time.monotonic() >= self._next_full_scan_s:
+    def _nothing_opened(self) -> bool:
+        """No connection opened in the namespace since the last listing, none of ours was
+        connecting then, and the broadcast is heard (a closed socket's counters come from
+        it): a watch scan would find nothing new."""
+        if self._unsettled or self._closed is None or self._opens_listed < 0:
             return False
-        try:
-            count = os.stat("/proc/self/fd").st_size
-        except OSError:
-            return False
-        unchanged = count == self._fd_count != 0
-        self._fd_count = count
-        return unchanged
-
-    def _read_links(self) -> dict[str, int]:
-        """{socket target: fd} of this process's descriptors. A new descriptor number is read;
-        one read before is read again at the next full scan (every FULL_SCAN_PERIOD_S), or at
-        once where it was one of our sockets that closed (the destroy broadcast says so:
-        `_take_closed`), or every scan where it is a socket and no broadcast is heard. Most of
-        a rank's ~100 descriptors are files, pipes and other ports' sockets: reading every
-        link every 5 ms took 9.6 % of a core, most of it in readlink."""
-        now_s = time.monotonic()
-        full = now_s >= self._next_full_scan_s
-        if full:
-            self._next_full_scan_s = now_s + FULL_SCAN_PERIOD_S
-        reread_sockets = self._closed is None
-        self._closes_unread = False
-        links: dict[int, str] = {}
-        targets: dict[str, int] = {}
-        for name in os.listdir("/proc/self/fd"):
-            fd = int(name)
-            target = self._links.get(fd)
-            if full or not target or (reread_sockets and target.startswith("socket:")):
-                target = _target(fd)
-            links[fd] = target
-            if target.startswith("socket:"):
-                targets[target] = fd
-        self._links = links
-        return targets
+        return _active_opens(self._snmp_fd) == self._opens_listed
 
     def _scan(self, baseline: bool = False, refresh: bool = True) -> None:
-        if not (baseline or refresh) and self._closed is not None and self._unchanged():
+        if not (baseline or refresh) and self._nothing_opened():
             return
-        targets = self._read_links()
+        self._opens_listed = _active_opens(self._snmp_fd)  # before the listing: later opens differ
+        sockets = _sockets()
         self._unsettled = False
-        self._inodes = {t: c for t, c in self._inodes.items() if t in targets}
-        for target, fd in targets.items():
-            if target in self._inodes:
-                if self._inodes[target] is None:
+        self._inodes = {i: c for i, c in self._inodes.items() if i in sockets}
+        for inode, fd in sockets.items():
+            if inode in self._inodes:
+                if self._inodes[inode] is None:
                     continue  # another port, or not TCP
                 if not refresh and self._closed is not None:
                     continue  # ours: its counters are read when asked, or as it closes
             found = _inspect(fd, self.port)
             if found is None:
-                self._inodes[target] = None
+                self._inodes[inode] = None
                 continue
             cookie, to_endpoint, counts = found
             self._count(cookie, to_endpoint, counts, baseline)
-            self._inodes[target] = cookie if to_endpoint is not False else None
+            self._inodes[inode] = cookie if to_endpoint is not False else None
             if to_endpoint is None:
-                self._inodes.pop(target)  # not connected now: looked at again next scan
+                self._inodes.pop(inode)  # not connected now: looked at again next scan
                 self._unsettled = True
 
     def _count(self, cookie: int, to_endpoint: bool | None, counts: tuple[int, int],
@@ -351,12 +324,7 @@ class WireMeter:
     def _take_closed(self) -> None:
         if self._closed is None:
             return
-        closed = self._closed.drain()
-        if closed:  # their descriptor numbers may be a new socket's now: read them again
-            self._closes_unread = True
-            gone = {target for target, cookie in self._inodes.items() if cookie in closed}
-            self._links = {fd: target for fd, target in self._links.items() if target not in gone}
-        for cookie, counts in closed.items():
+        for cookie, counts in self._closed.drain().items():
             entry = self._own.get(cookie) or self._maybe.pop(cookie, None)
             if entry is None:
                 self.unseen_bytes += counts[1]
@@ -383,11 +351,35 @@ class WireMeter:
         return self._update()[1]
 
 
-def _target(fd: int) -> str:
+def _socket_inode(fd: int) -> int:
+    """The inode of descriptor `fd` if it is a socket (what /proc names `socket:[INODE]`), else 0
+    (closed meanwhile: 0). One fstat: a readlink of /proc/self/fd/N costs several times more."""
     try:
-        return os.readlink(f"/proc/self/fd/{fd}")
+        status = os.fstat(fd)
     except OSError:
-        return ""  # closed meanwhile
+        return 0
+    return status.st_ino if stat.S_ISSOCK(status.st_mode) else 0
+
+
+def _sockets() -> dict[int, int]:
+    """{socket inode: fd} of this process's socket descriptors."""
+    found: dict[int, int] = {}
+    for name in os.listdir("/proc/self/fd"):
+        inode = _socket_inode(int(name))
+        if inode:
+            found[inode] = int(name)
+    return found
+
+
+def _active_opens(snmp_fd: int) -> int:
+    """`ActiveOpens` of /proc/net/snmp's TCP counters through the open `snmp_fd` (the second
+    `Tcp:` line holds the values; the sixth is it); -1: unreadable."""
+    try:
+        data = os.pread(snmp_fd, 16384, 0)
+        values_at = data.index(b"\nTcp: ", data.index(b"\nTcp: ") + 1)
+        return int(data[values_at:values_at + 200].split(None, 6)[5])
+    except (OSError, ValueError, IndexError):
+        return -1
 
 
 def note_socket(fd: int) -> None:

@@ -99,6 +99,34 @@ def test_a_watched_meter_sees_a_connection_no_reading_saw():
             meter.close()
 
 
+def test_a_watch_scan_sees_a_connection_opened_as_a_file_closed():
+    """A watch scan (the thread's, driven by hand here) finds a connection opened between two
+    scans while a file closed: as many descriptors open as before, the same number reused.
+    Before, a scan skipped while the count of descriptors stood still, and a load cut twice
+    counted one cut GET's bytes short (CI, 2026-11-29); the connection's ActiveOpens in the
+    namespace's TCP counters now makes the scan look."""
+    with socket.create_server(("127.0.0.1", 0)) as listener, open("/dev/null") as spare:
+        meter = WireMeter(listener.getsockname()[1])
+        meter.start()
+        try:
+            meter._update(refresh=False)
+            meter._update(refresh=False)  # nothing new: skipped
+            spare_fd = spare.fileno()
+            spare.close()
+            client = _client(listener)
+            assert client.fileno() == spare_fd  # the lowest free number: the file's
+            server, _ = listener.accept()
+            meter._update(refresh=False)
+            _cut_after(server, SENT)
+            client.close()
+            deadline = time.monotonic() + 10
+            while meter.received() < SENT and time.monotonic() < deadline:
+                time.sleep(0.01)  # the broadcast is sent from a kernel work queue
+            assert meter.received() == SENT and meter.unseen_bytes == 0
+        finally:
+            meter.close()
+
+
 def test_a_load_that_raises_stops_its_meter():
     """The meter's watching thread stops with a load that raises (its sample, which would
     close it, is never built)."""
