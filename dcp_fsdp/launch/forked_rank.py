@@ -104,6 +104,10 @@ def become_rank(module: str, rank: int) -> None:
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_DFL)
     faulthandler.disable()  # torch's entry (record) enables it; an exec'd rank has none
+    # multiprocessing's default start method as an exec'd rank's (a fresh interpreter's), not
+    # the "forkserver" the fork server's children inherit: what the rank starts with the
+    # default context starts as it would for a user
+    multiprocessing.set_start_method(None, force=True)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(write_through=True)  # type: ignore[union-attr]
     # torch's intra-op threads as an exec'd rank would have them: its OpenMP read

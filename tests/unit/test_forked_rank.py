@@ -104,7 +104,7 @@ def test_fork_instead_is_torchruns_own_run_path_entry_with_the_fork_server(monke
 
 def test_a_forked_rank_freezes_what_the_fork_server_imported(monkeypatch):
     """The imports' objects out of the rank's collections (copy-on-write: a slower timed
-    save), first thing in the child."""
+    save), first thing in the child; multiprocessing's start method an exec'd rank's."""
     frozen: list[bool] = []
     monkeypatch.setattr(forked_rank.gc, "freeze", lambda: frozen.append(True))
     monkeypatch.setattr(forked_rank.lifeline, "die_with_parent", lambda signum: None)
@@ -114,8 +114,12 @@ def test_a_forked_rank_freezes_what_the_fork_server_imported(monkeypatch):
     monkeypatch.setattr(forked_rank.signal, "signal", lambda signum, handler: None)
     monkeypatch.setattr(forked_rank.sys, "argv", ["forked_rank.py", "dcp_fsdp", "save"])
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    methods: list[str | None] = []
+    monkeypatch.setattr(forked_rank.multiprocessing, "set_start_method",
+                        lambda method, force: methods.append(method))
     forked_rank.become_rank("dcp_fsdp", 3)
     assert frozen == [True] and forked_rank.sys.argv == ["dcp_fsdp", "save"]
+    assert methods == [None]  # a fresh interpreter's default, not the fork server's
 
 
 class _Child:
