@@ -4,10 +4,24 @@ started it, even one killed by SIGKILL, and its ranks with it (each rank's own p
 signal), as exec'd ranks end with their agent. Without it a killed agent's fork server ran on,
 kept by its ranks (each holds the end of its `alive` pipe), and so did the ranks: a Slurm
 test's node whose agent was killed mid-save left no record of the checkpoint it cut short.
+Ended by a signal, it removes its socket's directory, which a killed agent leaves behind.
 """
 
+import os
+import shutil
 import signal
+from types import FrameType
+from typing import NoReturn
 
+from dcp_fsdp import contract
 from dcp_fsdp.process import lifeline
 
+
+def _end(signum: int, frame: FrameType | None) -> NoReturn:
+    if socket_dir := os.environ.get(contract.FORK_SERVER_DIR_ENV):
+        shutil.rmtree(socket_dir, ignore_errors=True)
+    os._exit(128 + signum)
+
+
+signal.signal(signal.SIGTERM, _end)  # a rank resets it as it starts (become_rank)
 lifeline.die_with_parent(signal.SIGTERM)

@@ -70,10 +70,12 @@ def fork_instead(args: argparse.Namespace) -> bool:
     multiprocessing.set_forkserver_preload([*compat.RANK_TORCH_MODULES, *RANK_MODULES, __name__,
                                             FORK_SERVER_MODULE])
     # The fork server listens on a unix socket in multiprocessing's temporary directory (the
-    # agent removes it as it ends; lifeline.remove_stale after a kill): a path holds at most
+    # agent removes it as it ends, the fork server as a signal ends it): a path holds at most
     # 107 bytes, and under a deep TMPDIR (a Slurm test's job) the socket's did not fit.
     parent = None if len(tempfile.gettempdir()) <= SHORT_TMPDIR_CHARS else "/tmp"
-    compat.use_multiprocessing_tempdir(str(lifeline.owned_tempdir("dcp-fsdp-mp-", parent)))
+    socket_dir = str(lifeline.owned_tempdir("dcp-fsdp-mp-", parent))
+    compat.use_multiprocessing_tempdir(socket_dir)
+    os.environ[contract.FORK_SERVER_DIR_ENV] = socket_dir  # the fork server's, as it starts
     args.module = False
     args.run_path = True
     args.start_method = "forkserver"
