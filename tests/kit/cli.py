@@ -170,6 +170,10 @@ def _environ(pid: int) -> dict[str, str] | None:
     return dict(entry.decode(errors="replace").split("=", 1) for entry in entries if b"=" in entry)
 
 
+def _cmdline_words(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+
+
 def parent_of(pid: int) -> int:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -178,12 +182,15 @@ def parent_of(pid: int) -> int:
 
 
 def assert_under_elastic_agent(ranks: dict[int, int]) -> None:
-    """Each rank is a child of torch's elastic agent: one parent for all, running
-    torch.distributed.run's agent; a rank is named by our agent (it forks them) or carries
-    the variables only torch's agent sets (plain torchrun execs them)."""
+    """Each rank is a child of torch's elastic agent (a forked one of the fork server the
+    agent started): one parent for all, running torch.distributed.run's agent; a rank is
+    named (forked) or carries the variables only torch's agent sets (exec'd)."""
     parents = {parent_of(pid) for pid in ranks.values()}
     assert len(parents) == 1, parents
-    agent_cmdline = Path(f"/proc/{parents.pop()}/cmdline").read_bytes().split(b"\0")
+    parent = parents.pop()
+    if any(b"multiprocessing.forkserver" in word for word in _cmdline_words(parent)):
+        parent = parent_of(parent)
+    agent_cmdline = _cmdline_words(parent)
     assert b"dcp_fsdp.launch.agent" in agent_cmdline or b"torch.distributed.run" in agent_cmdline, \
         agent_cmdline
     for pid in ranks.values():
