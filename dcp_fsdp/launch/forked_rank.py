@@ -37,7 +37,8 @@ MODULE = "dcp_fsdp"
 # imported here (the agent is below the command line in the layers).
 RANK_MODULES = ("dcp_fsdp.cli", "dcp_fsdp.rank.session", "dcp_fsdp.rank.loop",
                 "dcp_fsdp.models.build", "dcp_fsdp.analysis.metrics")
-# Imported by the fork server alone: it ends with the agent (its docstring says why).
+# Imported by the fork server alone, first: the collector paused for the imports after it, and
+# the fork server ends with the agent (its docstring says why).
 FORK_SERVER_MODULE = "dcp_fsdp.launch.fork_server"
 # The longest TMPDIR that holds the fork server's socket in a directory of ours: 107 bytes
 # less "/dcp-fsdp-mp-p<pid>-h<host>-<8>/listener-<8>" (~55).
@@ -67,8 +68,8 @@ def fork_instead(args: argparse.Namespace) -> bool:
 
     if torch.cuda.device_count() > 0:
         return False
-    multiprocessing.set_forkserver_preload([*compat.RANK_TORCH_MODULES, *RANK_MODULES, __name__,
-                                            FORK_SERVER_MODULE])
+    multiprocessing.set_forkserver_preload([FORK_SERVER_MODULE, *compat.RANK_TORCH_MODULES,
+                                            *RANK_MODULES, __name__])
     # The fork server listens on a unix socket in multiprocessing's temporary directory (the
     # agent removes it as it ends, the fork server as a signal ends it): a path holds at most
     # 107 bytes, and under a deep TMPDIR (a Slurm test's job) the socket's did not fit.
@@ -98,8 +99,10 @@ def become_rank(module: str, rank: int) -> None:
     """In the forked child, first: undo what the fork kept. `rank` names the process."""
     # The fork server's imports out of the rank's collections: each write a collection makes
     # to one copies a shared page (a 30 % slower save, docs/measurements/2026-11-27-ci-cost.md).
-    # Freezing moves whole lists: it writes to no object.
+    # Freezing moves whole lists: it writes to no object. The collector runs again, as in an
+    # exec'd rank (the fork server paused it for its imports).
     gc.freeze()
+    gc.enable()
     lifeline.die_with_parent(signal.SIGTERM)  # fork cleared it; the fork server exits with the agent
     lifeline.name_process(contract.rank_process_name(rank))
     signal.signal(signal.SIGINT, signal.default_int_handler)

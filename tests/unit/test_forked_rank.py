@@ -101,8 +101,9 @@ def test_fork_instead_is_torchruns_own_run_path_entry_with_the_fork_server(monke
     assert Path(entry_args[0]) == Path(forked_rank.__file__)
     assert entry_args[1:] == ["dcp_fsdp", "save", "nproc=2"]
     (modules,) = preloaded
-    assert modules[:1] == ["torch"] and "dcp_fsdp.rank.session" in modules
-    assert modules[-2:] == [forked_rank.__name__, "dcp_fsdp.launch.fork_server"]
+    assert "dcp_fsdp.rank.session" in modules
+    assert modules[0] == "dcp_fsdp.launch.fork_server"  # first: the collector off for the rest
+    assert modules[1] == "torch" and modules[-1] == forked_rank.__name__
 
 
 def test_a_forked_rank_freezes_what_the_fork_server_imported(monkeypatch):
@@ -110,6 +111,7 @@ def test_a_forked_rank_freezes_what_the_fork_server_imported(monkeypatch):
     save), first thing in the child; multiprocessing's start method an exec'd rank's."""
     frozen: list[bool] = []
     monkeypatch.setattr(forked_rank.gc, "freeze", lambda: frozen.append(True))
+    monkeypatch.setattr(forked_rank.gc, "enable", lambda: frozen.append(False))
     monkeypatch.setattr(forked_rank.lifeline, "die_with_parent", lambda signum: None)
     monkeypatch.setattr(forked_rank.lifeline, "name_process", lambda name: None)
     monkeypatch.setattr(forked_rank.lifeline, "return_on_success", lambda: None)
@@ -121,7 +123,8 @@ def test_a_forked_rank_freezes_what_the_fork_server_imported(monkeypatch):
     monkeypatch.setattr(forked_rank.multiprocessing, "set_start_method",
                         lambda method, force: methods.append(method))
     forked_rank.become_rank("dcp_fsdp", 3)
-    assert frozen == [True] and forked_rank.sys.argv == ["dcp_fsdp", "save"]
+    assert frozen == [True, False]  # frozen, then collecting again
+    assert forked_rank.sys.argv == ["dcp_fsdp", "save"]
     assert methods == [None]  # a fresh interpreter's default, not the fork server's
 
 
