@@ -35,9 +35,6 @@ HARNESS_PIECES = ("hooks", "watchdog", "memory")  # stream/hook timing, op watch
 # a fork server that has imported what a rank imports (launch/forked_rank.py), instead of
 # exec'ing each: ~5 CPU s less per rank. The run line's `rank_start` says which way ranks started.
 FORK_RANKS_TEST_ONLY_ENV = "DCP_FSDP_TEST_ONLY_FORK_RANKS"
-# Our agent -> its fork server: the directory of the fork server's socket, which the fork
-# server removes as it ends by a signal (launch/fork_server.py: a killed agent cannot)
-FORK_SERVER_DIR_ENV = "DCP_FSDP_FORK_SERVER_DIR"
 RANK_START_EXEC, RANK_START_FORK = "exec", "fork"  # the run line's rank_start
 
 

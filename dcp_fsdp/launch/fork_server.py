@@ -17,16 +17,21 @@ import gc
 import os
 import shutil
 import signal
+import tempfile
+from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-from dcp_fsdp import contract
+from dcp_fsdp.launch import forked_rank
 from dcp_fsdp.process import lifeline
+
+_AGENT_PID = os.getppid()
 
 
 def _end(signum: int, frame: FrameType | None) -> NoReturn:
-    if socket_dir := os.environ.get(contract.FORK_SERVER_DIR_ENV):
-        shutil.rmtree(socket_dir, ignore_errors=True)
+    place = Path(forked_rank.socket_dir_parent() or tempfile.gettempdir())
+    for path in place.glob(f"{forked_rank.SOCKET_DIR_PREFIX}p{_AGENT_PID}-h{lifeline.host_tag()}-*"):
+        shutil.rmtree(path, ignore_errors=True)
     os._exit(128 + signum)
 
 

@@ -40,6 +40,9 @@ RANK_MODULES = ("dcp_fsdp.cli", "dcp_fsdp.rank.session", "dcp_fsdp.rank.loop",
 # Imported by the fork server alone, first: the collector paused for the imports after it, and
 # the fork server ends with the agent (its docstring says why).
 FORK_SERVER_MODULE = "dcp_fsdp.launch.fork_server"
+# The fork server's socket directory: SOCKET_DIR_PREFIX + lifeline.owned_tempdir's name, its
+# pid the agent's (the fork server finds it by that, fork_server.py).
+SOCKET_DIR_PREFIX = "dcp-fsdp-mp-"
 # The longest TMPDIR that holds the fork server's socket in a directory of ours: 107 bytes
 # less "/dcp-fsdp-mp-p<pid>-h<host>-<8>/listener-<8>" (~55).
 SHORT_TMPDIR_CHARS = 50
@@ -73,10 +76,8 @@ def fork_instead(args: argparse.Namespace) -> bool:
     # The fork server listens on a unix socket in multiprocessing's temporary directory (the
     # agent removes it as it ends, the fork server as a signal ends it): a path holds at most
     # 107 bytes, and under a deep TMPDIR (a Slurm test's job) the socket's did not fit.
-    parent = None if len(tempfile.gettempdir()) <= SHORT_TMPDIR_CHARS else "/tmp"
-    socket_dir = str(lifeline.owned_tempdir("dcp-fsdp-mp-", parent))
-    compat.use_multiprocessing_tempdir(socket_dir)
-    os.environ[contract.FORK_SERVER_DIR_ENV] = socket_dir  # the fork server's, as it starts
+    compat.use_multiprocessing_tempdir(str(lifeline.owned_tempdir(SOCKET_DIR_PREFIX,
+                                                                  socket_dir_parent())))
     args.module = False
     args.run_path = True
     args.start_method = "forkserver"
@@ -86,6 +87,11 @@ def fork_instead(args: argparse.Namespace) -> bool:
     sys.stdout.flush()
     sys.stderr.flush()
     return True
+
+
+def socket_dir_parent() -> str | None:
+    """Where the fork server's socket directory goes: TMPDIR (None) where the path fits."""
+    return None if len(tempfile.gettempdir()) <= SHORT_TMPDIR_CHARS else "/tmp"
 
 
 def quiet_agent_logs() -> None:

@@ -86,7 +86,6 @@ def test_fork_instead_is_torchruns_own_run_path_entry_with_the_fork_server(monke
     monkeypatch.setattr(forked_rank.multiprocessing, "set_forkserver_preload", preloaded.append)
     monkeypatch.setattr(forked_rank.compat, "use_multiprocessing_tempdir", tempdirs.append)
     # a Slurm job's TMPDIR: the fork server's socket path would pass 107 bytes under it
-    monkeypatch.setenv(contract.FORK_SERVER_DIR_ENV, "")  # undone after the test
     args = parse_args([*AGENT_ARGS, "-m", "dcp_fsdp", "save", "nproc=2"])
     with monkeypatch.context() as deep:
         deep.setattr(forked_rank.tempfile, "gettempdir", lambda: "/tmp/" + "d" * 75)
@@ -94,7 +93,7 @@ def test_fork_instead_is_torchruns_own_run_path_entry_with_the_fork_server(monke
     (tempdir,) = tempdirs
     shutil.rmtree(tempdir)
     assert Path(tempdir).parent == Path("/tmp")
-    assert os.environ[contract.FORK_SERVER_DIR_ENV] == tempdir  # the fork server removes it
+    assert Path(tempdir).name.startswith(f"dcp-fsdp-mp-p{os.getpid()}-")  # fork_server finds it
     assert len(f"{tempdir}/listener-12345678") <= 107
     config, entry, entry_args = config_from_args(args)
     assert entry is run_script_path and config.start_method == "forkserver"
