@@ -50,12 +50,30 @@ def run_cli(args: list[str], env: dict[str, str] | None = None, timeout_s: float
             torchrun_nproc: int | None = None, cwd: Path = REPO) -> CliResult:
     """`dcp-fsdp ARGS` (or under `torchrun --nproc-per-node N -m dcp_fsdp ARGS`)."""
     started = time.monotonic()
-    done = subprocess.run(cli_command(args, torchrun_nproc), env=clean_env(env), cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout_s,
-                          stdin=subprocess.DEVNULL)
-    result = CliResult(done.args, done.returncode, done.stdout, done.stderr)
+    with subprocess.Popen(cli_command(args, torchrun_nproc), env=clean_env(env), cwd=cwd,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          stdin=subprocess.DEVNULL) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stdout, stderr = _stopped(process)
+            raise AssertionError(f"dcp-fsdp {' '.join(args)} ran past {timeout_s:g} s; stopped "
+                                 f"with SIGTERM, it said:\n{stdout}\n{stderr}") from None
+    result = CliResult(process.args, process.returncode, stdout, stderr)
     result.elapsed_s = time.monotonic() - started
     return result
+
+
+def _stopped(process: subprocess.Popen) -> tuple[str, str]:
+    """What a command run past its time said: SIGTERM (the launcher stops its ranks and names
+    the cause, as for Ctrl-C), SIGKILL if it has not ended a minute later (a hang's evidence
+    was lost when the test killed it at once: CI, test_plan[8-1-model])."""
+    process.terminate()
+    try:
+        return process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.communicate()
 
 
 def start_cli(args: list[str], env: dict[str, str] | None = None,
