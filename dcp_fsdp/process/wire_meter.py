@@ -36,10 +36,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import select
 import socket
 import stat
 import struct
 import threading
+import time
 import urllib.parse
 import weakref
 from typing import Callable
@@ -175,6 +177,14 @@ def _destroyed(data: bytes, port: int) -> dict[int, tuple[int, int]]:
 # until the client closes it).
 WATCH_PERIOD_S = 0.005
 HOOKED_WATCH_PERIOD_S = 0.1
+# Each wake-up takes the GIL from the load: every 5 ms, a connector load took 1.021x as long as
+# bare, 1.009x scanned every 50 ms (benchmarks/harness_ab --toggles, 2026-11-29). So a watch
+# scans every WATCH_PERIOD_S only for FAST_WINDOW_S after a sign of new connections (its
+# start, a connect() in the namespace, a socket to the endpoint closing: the destroy
+# broadcast wakes it at once), and every SLOW_WATCH_PERIOD_S otherwise. Missed: a connection
+# opened and closed within one slow period after a quiet second.
+SLOW_WATCH_PERIOD_S = 0.05
+FAST_WINDOW_S = 1.0
 # The network namespace's TCP counters: `ActiveOpens` moves with every connect() of any
 # process in it, so a scan lists this process's descriptors only when it moved (one pread
 # of a procfs file, ~10 us, where a listing costs ~1 us per descriptor: a rank at 1,000
@@ -195,6 +205,8 @@ class WireMeter:
         self._opens_listed = -1  # ActiveOpens read before the last listing (-1: list every scan)
         self._snmp_fd = -1
         self._unsettled = False  # a socket was connecting at the last scan
+        self._churned = False  # a watch scan listed descriptors or took closed sockets
+        self._wake_fds: tuple[int, ...] = ()  # a watching thread's wake-up pipe
         self._own: dict[int, list[int]] = {}  # cookie -> [base acked, base received, acked, received]
         self._maybe: dict[int, list[int]] = {}  # not connected when seen: ours if it closes to the port
         self._final: set[int] = set()
@@ -235,22 +247,50 @@ class WireMeter:
         _METERS.add(self)
 
     def watch(self, period_s: float | None = None) -> None:
-        """Scan every `period_s` until `close()`, so short connections are seen (a thread)."""
-        period = WATCH_PERIOD_S if period_s is None else period_s
+        """Scan every `period_s` until `close()` (every SLOW_WATCH_PERIOD_S, if longer, while no
+        connection opens or closes), so short connections are seen (a thread)."""
+        fast_s = WATCH_PERIOD_S if period_s is None else period_s
+        slow_s = max(fast_s, SLOW_WATCH_PERIOD_S)
+        self._wake_fds = os.pipe()  # close() wakes the thread's wait, then closes both
+        wake_r = self._wake_fds[0]
 
         def run() -> None:
-            while not self._stop.wait(period):
-                self._update(refresh=False)
+            fast_until_s = time.monotonic() + FAST_WINDOW_S
+            while not self._stop.is_set():
+                fast = time.monotonic() < fast_until_s
+                self._wait(wake_r, fast_s if fast else slow_s)
+                if not self._stop.is_set() and self._watch_scan():
+                    fast_until_s = time.monotonic() + FAST_WINDOW_S
 
         self._thread = threading.Thread(target=run, name="wire-meter", daemon=True)
         self._thread.start()
 
+    def _wait(self, wake_fd: int, period_s: float) -> None:
+        """Up to `period_s`, or until a socket to the endpoint closes or close() is called."""
+        closed = self._closed
+        watched = [wake_fd] if closed is None else [wake_fd, closed.sock.fileno()]
+        select.select(watched, [], [], period_s)
+
+    def _watch_scan(self) -> bool:
+        """One scan of the watching thread; whether it saw connections open or close."""
+        with self._lock:
+            self._churned = False
+            self._take_closed()
+            self._scan(refresh=False)
+            self._take_closed()
+            return self._churned
+
     def close(self) -> None:
         """Stop watching; what was counted stays readable."""
         self._stop.set()
+        if self._wake_fds:
+            os.write(self._wake_fds[1], b"x")
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        for fd in self._wake_fds:
+            os.close(fd)
+        self._wake_fds = ()
         _METERS.discard(self)
         with self._lock:
             if self._snmp_fd >= 0:
@@ -291,6 +331,7 @@ class WireMeter:
         if not (baseline or refresh) and self._nothing_opened():
             return
         self._opens_listed = _active_opens(self._snmp_fd)  # before the listing: later opens differ
+        self._churned = True
         sockets = _sockets()
         self._unsettled = False
         self._inodes = {i: c for i, c in self._inodes.items() if i in sockets}
@@ -324,7 +365,9 @@ class WireMeter:
     def _take_closed(self) -> None:
         if self._closed is None:
             return
-        for cookie, counts in self._closed.drain().items():
+        closed = self._closed.drain()
+        self._churned = self._churned or bool(closed)
+        for cookie, counts in closed.items():
             entry = self._own.get(cookie) or self._maybe.pop(cookie, None)
             if entry is None:
                 self.unseen_bytes += counts[1]
