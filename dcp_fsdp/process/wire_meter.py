@@ -266,10 +266,13 @@ class WireMeter:
         self._thread.start()
 
     def _wait(self, wake_fd: int, period_s: float) -> None:
-        """Up to `period_s`, or until a socket to the endpoint closes or close() is called."""
-        closed = self._closed
-        watched = [wake_fd] if closed is None else [wake_fd, closed.sock.fileno()]
-        select.select(watched, [], [], period_s)
+        """Up to `period_s`, or until a socket to the endpoint closes or close() is called.
+        poll, not select: a rank at 1,000+ ranks holds descriptors past select's 1,024."""
+        poller = select.poll()
+        poller.register(wake_fd, select.POLLIN)
+        if self._closed is not None:
+            poller.register(self._closed.sock.fileno(), select.POLLIN)
+        poller.poll(period_s * 1000)
 
     def _watch_scan(self) -> bool:
         """One scan of the watching thread; whether it saw connections open or close."""

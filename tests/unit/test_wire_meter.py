@@ -4,6 +4,7 @@ after its client closed it (issue 47, item 6)."""
 from __future__ import annotations
 
 import fcntl
+import resource
 import socket
 import struct
 import time
@@ -125,6 +126,39 @@ def test_a_watch_scan_sees_a_connection_opened_as_a_file_closed():
             assert meter.received() == SENT and meter.unseen_bytes == 0
         finally:
             meter.close()
+
+
+def test_a_watch_runs_with_descriptors_past_1024():
+    """A rank at 1,000+ ranks holds more than 1,024 descriptors (gloo's sockets): the watching
+    thread waits with poll, which takes any; select raised ValueError there and the thread
+    died, so no scan saw a connection after it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    spare = [open("/dev/null") for _ in range(1100)]  # noqa: SIM115  (held open on purpose)
+    try:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            meter = WireMeter(listener.getsockname()[1])
+            meter.start()
+            meter.watch(0.001)
+            try:
+                assert min(meter._wake_fds) > 1024
+                client = _client(listener)
+                server, _ = listener.accept()
+                deadline = time.monotonic() + 10
+                while not meter._own and time.monotonic() < deadline:
+                    time.sleep(0.001)  # the watch has seen it
+                _cut_after(server, SENT)
+                client.close()
+                while meter.received() < SENT and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert meter.received() == SENT
+                assert meter._thread is not None and meter._thread.is_alive()
+            finally:
+                meter.close()
+    finally:
+        for file in spare:
+            file.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_a_load_that_raises_stops_its_meter():
