@@ -119,6 +119,19 @@ def mentioning(marker: str) -> list[int]:
     return pids
 
 
+def _remove_nodes_temporaries(nodes: int) -> None:
+    """The emulated nodes' directories in the shared /tmp (lifeline.owned_tempdir's, named with
+    each node's host tag): once the nodes are gone no run on them removes these, and the launcher's
+    remove_stale keeps off another host's. A forked rank's fork server killed by Slurm's SIGKILL
+    before its SIGTERM handler ran left its socket's (dcp-fsdp-mp-*) in CI."""
+    import hashlib
+
+    for node in range(1, nodes + 1):
+        tag = hashlib.sha1(f"node{node}".encode()).hexdigest()[:8]
+        for path in Path("/tmp").glob(f"dcp-fsdp-*-h{tag}-*"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def read_env_file(path: Path) -> dict[str, str]:
     found = {}
     for line in path.read_text().splitlines():
@@ -162,6 +175,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
                 os.kill(pid, 9)
             except ProcessLookupError:
                 pass
+        _remove_nodes_temporaries(int(control_env["DCP_SLURM_NODES"]))
         shutil.rmtree(state_dir, ignore_errors=True)
         assert down.returncode == 0, f"localcluster.sh down failed:\n{down.stdout}{down.stderr}"
         assert not leftovers, f"processes left running after down: {leftovers}"
