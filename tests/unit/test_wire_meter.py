@@ -77,6 +77,22 @@ def test_a_reset_connection_counts_what_its_kernel_received_after_it_closed(seen
             meter.close()
 
 
+def _watched_cut(listener: socket.socket, meter: WireMeter) -> int:
+    """A connection to `listener` that only the meter's watch sees, cut after SENT bytes and
+    closed; what the meter counts it received (waiting up to 10 s for the broadcast)."""
+    client = _client(listener)
+    server, _ = listener.accept()
+    deadline = time.monotonic() + 10
+    while not meter._own and time.monotonic() < deadline:
+        time.sleep(0.001)  # the watch has seen it
+    _cut_after(server, SENT)
+    client.close()
+    deadline = time.monotonic() + 10
+    while meter.received() < SENT and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return meter.received()
+
+
 def test_a_watched_meter_sees_a_connection_no_reading_saw():
     """`watch()` scans while an operation runs: a connection opened and cut between two
     of the caller's readings counts to its last byte."""
@@ -85,17 +101,7 @@ def test_a_watched_meter_sees_a_connection_no_reading_saw():
         meter.start()
         meter.watch(0.001)
         try:
-            client = _client(listener)
-            server, _ = listener.accept()
-            deadline = time.monotonic() + 10
-            while not meter._own and time.monotonic() < deadline:
-                time.sleep(0.001)  # the watch has seen it
-            _cut_after(server, SENT)
-            client.close()
-            deadline = time.monotonic() + 10
-            while meter.received() < SENT and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert meter.received() == SENT
+            assert _watched_cut(listener, meter) == SENT
         finally:
             meter.close()
 
@@ -142,16 +148,7 @@ def test_a_watch_runs_with_descriptors_past_1024():
             meter.watch(0.001)
             try:
                 assert min(meter._wake_fds) > 1024
-                client = _client(listener)
-                server, _ = listener.accept()
-                deadline = time.monotonic() + 10
-                while not meter._own and time.monotonic() < deadline:
-                    time.sleep(0.001)  # the watch has seen it
-                _cut_after(server, SENT)
-                client.close()
-                while meter.received() < SENT and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                assert meter.received() == SENT
+                assert _watched_cut(listener, meter) == SENT
                 assert meter._thread is not None and meter._thread.is_alive()
             finally:
                 meter.close()
