@@ -13,6 +13,7 @@ the kernel dropped with the reset reach no client: the wire meters count them.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable
 
 from botocore.response import StreamingBody
@@ -69,12 +70,6 @@ class CountedBody(StreamingBody):
     def set_socket_timeout(self, timeout: float) -> None:
         self._body.set_socket_timeout(timeout)
 
-    def tell(self) -> int:
-        return self._body.tell()
-
-    def close(self) -> None:
-        self._body.close()
-
 
 @functools.cache
 def counted_aio_body_class() -> type:
@@ -86,9 +81,6 @@ def counted_aio_body_class() -> type:
         def __init__(self, body: Any, count: BodyCount) -> None:
             super().__init__(body, None)  # its content length is checked by `body`
             self._body, self._count = body, count
-
-        def readable(self) -> bool:
-            return bool(self._body.readable())
 
         async def read(self, amt: int | None = None) -> bytes:
             try:
@@ -108,9 +100,6 @@ def counted_aio_body_class() -> type:
             self._count.delivered += amount
             return amount
 
-        def close(self) -> None:
-            self._body.close()
-
         async def aclose(self) -> None:
             await self._body.aclose()
 
@@ -119,17 +108,11 @@ def counted_aio_body_class() -> type:
 
 def counted_body(body: Any, count: BodyCount) -> Any:
     """`body` read through a counter, of its kind (sync or async); an unknown kind as is."""
-    if isinstance(body, StreamingBody) and not _is_async(body):
-        return CountedBody(body, count)
-    if _is_async(body):
+    if inspect.iscoroutinefunction(getattr(body, "read", None)):
         return counted_aio_body_class()(body, count)
+    if isinstance(body, StreamingBody):
+        return CountedBody(body, count)
     return body
-
-
-def _is_async(body: Any) -> bool:
-    import inspect
-
-    return inspect.iscoroutinefunction(getattr(body, "read", None))
 
 
 def note_response_socket(http_response: Any) -> None:
