@@ -4,17 +4,16 @@ the environment: `environment()` says what a rank sets before building a writer 
 
 from __future__ import annotations
 
-import datetime
 import functools
 import os
 import secrets
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from dcp_fsdp.compat import installed_version
 from dcp_fsdp.config.schema import StorageConfig
-from dcp_fsdp.storage.base import CheckpointStore, OpenUpload
-from dcp_fsdp.storage.layout import (CLAIM_CONDITIONAL, CLAIM_NAME, CLAIM_NOT_ATOMIC,
-                                     CheckpointInfo, SuffixClaim, check_suffix)
+from dcp_fsdp.storage.base import CheckpointStore
+from dcp_fsdp.storage.layout import CLAIM_CONDITIONAL, CLAIM_NAME, CLAIM_NOT_ATOMIC, SuffixClaim, check_suffix
 from dcp_fsdp.storage.raw import S3RawArea, s3_ceiling_prefix
 from dcp_fsdp.storage.s3_control import S3ControlPlane
 from dcp_fsdp.storage.s3_clients import (ConnectorClient, FsspecClient, MscClient, S3Client,
@@ -28,6 +27,18 @@ if TYPE_CHECKING:
 # storage.client's value -> its client (s3_clients.py): a new client is a class and a line here
 CLIENTS: dict[str, type[S3Client]] = {client.name: client
                                       for client in (ConnectorClient, FsspecClient, MscClient)}
+_Args = ParamSpec("_Args")
+_Result = TypeVar("_Result")
+
+
+def _control(method: Callable[Concatenate[S3ControlPlane, _Args], _Result]
+             ) -> Callable[Concatenate[S3Store, _Args], _Result]:
+    """A store method that is `method` of the store's control plane."""
+
+    def forwarded(store: S3Store, *args: _Args.args, **kwargs: _Args.kwargs) -> _Result:
+        return method(store.control, *args, **kwargs)
+
+    return forwarded
 
 
 class S3Store(CheckpointStore):
@@ -73,17 +84,14 @@ class S3Store(CheckpointStore):
     def preflight(self, writes: bool = True) -> None:
         self.control.preflight()  # HeadBucket: what a read needs, and a write's first check
 
-    def list_checkpoints(self, suffix: str | None = None) -> list[CheckpointInfo]:
-        return self.control.list_checkpoints(suffix)
-
-    def has_objects(self, suffix: str) -> bool:
-        return self.control.has_objects(suffix)
-
-    def object_sizes(self, suffix: str) -> dict[str, int]:
-        return self.control.object_sizes(suffix)
-
-    def is_complete(self, suffix: str) -> bool:
-        return self.control.is_complete(suffix)
+    list_checkpoints = _control(S3ControlPlane.list_checkpoints)
+    has_objects = _control(S3ControlPlane.has_objects)
+    object_sizes = _control(S3ControlPlane.object_sizes)
+    is_complete = _control(S3ControlPlane.is_complete)
+    put_small = _control(S3ControlPlane.put_small)
+    get_small = _control(S3ControlPlane.get_small)
+    open_uploads = _control(S3ControlPlane.open_uploads)
+    abort_uploads = _control(S3ControlPlane.abort_uploads)
 
     def claim(self, suffix: str, data: bytes) -> SuffixClaim:
         key = self.target.key(suffix, CLAIM_NAME)
@@ -91,12 +99,6 @@ class S3Store(CheckpointStore):
             return SuffixClaim(self.control.put_if_absent(key, data), CLAIM_CONDITIONAL)
         self.control.put_key(key, data)  # the caller found no objects there just before
         return SuffixClaim(True, CLAIM_NOT_ATOMIC)
-
-    def put_small(self, suffix: str, name: str, data: bytes) -> None:
-        self.control.put_small(suffix, name, data)
-
-    def get_small(self, suffix: str, name: str, max_bytes: int | None = None) -> bytes | None:
-        return self.control.get_small(suffix, name, max_bytes)
 
     def delete(self, suffix: str) -> None:
         check_suffix(suffix)  # never "" (the whole prefix) nor a path outside it
@@ -121,11 +123,4 @@ class S3Store(CheckpointStore):
         aborted = self.control.abort_uploads_under(prefix)
         self.control.delete_prefix(prefix)
         return aborted
-
-    def open_uploads(self, suffix: str | None = None) -> list[OpenUpload]:
-        return self.control.open_uploads(suffix)
-
-    def abort_uploads(self, suffix: str | None = None, min_age_s: float = 0.0,
-                      now: datetime.datetime | None = None) -> int:
-        return self.control.abort_uploads(suffix, min_age_s, now)
 
