@@ -200,12 +200,11 @@ class WireMeter:
 
     def __init__(self, port: int) -> None:
         self.port = port
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # acked() holds it across _update's
         self._inodes: dict[int, int | None] = {}  # socket inode -> cookie (None: not ours to count)
         self._opens_listed = -1  # ActiveOpens read before the last listing (-1: list every scan)
         self._snmp_fd = -1
         self._unsettled = False  # a socket was connecting at the last scan
-        self._churned = False  # a watch scan listed descriptors or took closed sockets
         self._wake_fds: tuple[int, ...] = ()  # a watching thread's wake-up pipe
         self._own: dict[int, list[int]] = {}  # cookie -> [base acked, base received, acked, received]
         self._maybe: dict[int, list[int]] = {}  # not connected when seen: ours if it closes to the port
@@ -259,7 +258,7 @@ class WireMeter:
             while not self._stop.is_set():
                 fast = time.monotonic() < fast_until_s
                 self._wait(wake_r, fast_s if fast else slow_s)
-                if not self._stop.is_set() and self._watch_scan():
+                if not self._stop.is_set() and self._update(refresh=False):
                     fast_until_s = time.monotonic() + FAST_WINDOW_S
 
         self._thread = threading.Thread(target=run, name="wire-meter", daemon=True)
@@ -273,15 +272,6 @@ class WireMeter:
         if self._closed is not None:
             poller.register(self._closed.sock.fileno(), select.POLLIN)
         poller.poll(period_s * 1000)
-
-    def _watch_scan(self) -> bool:
-        """One scan of the watching thread; whether it saw connections open or close."""
-        with self._lock:
-            self._churned = False
-            self._take_closed()
-            self._scan(refresh=False)
-            self._take_closed()
-            return self._churned
 
     def close(self) -> None:
         """Stop watching; what was counted stays readable."""
@@ -330,11 +320,10 @@ class WireMeter:
             return False
         return _active_opens(self._snmp_fd) == self._opens_listed
 
-    def _scan(self, baseline: bool = False, refresh: bool = True) -> None:
+    def _scan(self, baseline: bool = False, refresh: bool = True) -> bool:
         if not (baseline or refresh) and self._nothing_opened():
-            return
+            return False
         self._opens_listed = _active_opens(self._snmp_fd)  # before the listing: later opens differ
-        self._churned = True
         sockets = _sockets()
         self._unsettled = False
         self._inodes = {i: c for i, c in self._inodes.items() if i in sockets}
@@ -354,6 +343,7 @@ class WireMeter:
             if to_endpoint is None:
                 self._inodes.pop(inode)  # not connected now: looked at again next scan
                 self._unsettled = True
+        return True  # listed
 
     def _count(self, cookie: int, to_endpoint: bool | None, counts: tuple[int, int],
                baseline: bool) -> None:
@@ -365,11 +355,10 @@ class WireMeter:
         elif to_endpoint is None:
             self._maybe.setdefault(cookie, base + list(counts))[2:] = counts
 
-    def _take_closed(self) -> None:
+    def _take_closed(self) -> bool:
         if self._closed is None:
-            return
+            return False
         closed = self._closed.drain()
-        self._churned = self._churned or bool(closed)
         for cookie, counts in closed.items():
             entry = self._own.get(cookie) or self._maybe.pop(cookie, None)
             if entry is None:
@@ -378,23 +367,27 @@ class WireMeter:
             self._own[cookie] = entry
             entry[2:] = counts
             self._final.add(cookie)
+        return bool(closed)  # any to the endpoint
 
-    def _update(self, refresh: bool = True) -> tuple[int, int]:
-        """Totals so far; `refresh` False (the watching thread): only new sockets are read."""
+    def _update(self, refresh: bool = True) -> bool:
+        """Whether connections opened or closed since the last update; `refresh` False (the
+        watching thread): only new sockets are read."""
         with self._lock:
-            self._take_closed()
-            self._scan(refresh=refresh)
-            self._take_closed()  # closed during the scan
-            return (sum(e[2] - e[0] for e in self._own.values()),
-                    sum(e[3] - e[1] for e in self._own.values()))
+            closed = self._take_closed()
+            listed = self._scan(refresh=refresh)
+            return self._take_closed() or closed or listed  # closed during the scan
 
     def acked(self) -> int:
         """Bytes the endpoint acknowledged (a save's uploaded bytes, heads included)."""
-        return self._update()[0]
+        with self._lock:
+            self._update()
+            return sum(e[2] - e[0] for e in self._own.values())
 
     def received(self) -> int:
         """Bytes received from the endpoint (a load's downloaded bytes, heads included)."""
-        return self._update()[1]
+        with self._lock:
+            self._update()
+            return sum(e[3] - e[1] for e in self._own.values())
 
 
 def _socket_inode(fd: int) -> int:
