@@ -1,12 +1,6 @@
-"""The search behind `dcp-fsdp tune`, apart from how a trial runs (unit-tested with a fake).
-
-A trial measures one setting (a dict of the tuned settings) and returns a score (higher is
-better: save + load aggregate MiB/s) and its wall time. The search runs the defaults, then a
-coordinate descent (a value replaces the current one only when it beats it by more than
-`margin`), then the finals: the defaults and up to two candidates measured again in rounds,
-defaults first in each (D A B D A B ...). The verdict uses the finals only (MIN_FINAL_SCORES
-and the rule: docs/tune.md, which also says how the budget is shared).
-"""
+"""The search behind `dcp-fsdp tune`, apart from how a trial runs (unit-tested with a fake): the
+defaults, a coordinate descent, then the finals, whose rounds alone decide (docs/tune.md, "The
+search", also for how the budget is shared)."""
 
 from __future__ import annotations
 
@@ -44,7 +38,7 @@ def settings_key(settings: Settings) -> tuple:
 class Trial:
     settings: Settings
     role: str  # "defaults" | "search" | "repeat" | "ceiling" (the efficiency trial)
-    score: float | None  # None: the trial failed
+    score: float | None  # save + load aggregate MiB/s (higher is better); None: the trial failed
     wall_s: float
     figures: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -135,9 +129,6 @@ class Budget:
     # share of what is left for trials, so a slow start-up cannot eat the search
     before_trials_s: float = 0.0
 
-    def begin_trials(self) -> None:
-        self.before_trials_s = max(0.0, self.elapsed_s())
-
     def elapsed_s(self) -> float:
         return self.clock() - self.started_s
 
@@ -193,14 +184,8 @@ class Search:
         scores = [t.score for t in self.trials if settings_key(t.settings) == key and t.score is not None]
         return statistics.median(scores) if scores else None
 
-    @property
-    def search_share(self) -> float:
-        """The part of the budget (and trial count) the search may use: the rest is left
-        for the finals' repeats, when there are any."""
-        return 1.0 if self.repeats == 1 else SEARCH_SHARE
-
     def run(self) -> SearchResult:
-        self.budget.begin_trials()
+        self.budget.before_trials_s = max(0.0, self.budget.elapsed_s())
         stopped = self.budget.why_not()
         if stopped is None:
             first = self._run(self.defaults, "defaults")
@@ -213,6 +198,7 @@ class Search:
 
     def _descend(self, stopped: str | None) -> tuple[list[str], str | None]:
         best = dict(self.defaults)
+        share = 1.0 if self.repeats == 1 else SEARCH_SHARE  # the rest: the finals' repeats
         searched: list[str] = []
         tried = {settings_key(t.settings) for t in self.trials}
         for name, values in self.space.items():
@@ -224,7 +210,7 @@ class Search:
                 candidate = {**best, name: value}
                 if settings_key(candidate) in tried:
                     continue
-                stopped = self.budget.why_not(self.search_share)
+                stopped = self.budget.why_not(share)
                 if stopped:
                     break
                 tried.add(settings_key(candidate))
