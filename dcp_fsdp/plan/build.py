@@ -1,11 +1,6 @@
-"""DCP's own save plan for a world, run in one process: objects, bytes and `.metadata`.
-
-Each rank's local plan (plan/state.py), then DefaultSavePlanner.create_global_plan over all of
-them (rank 0's global planning, timed); each final plan binned into `thread_count` files by
-DCP's own split and laid out in DCP's order, an item's length what `torch.save` of the chunk
-writes. The `.metadata` is FileSystemWriter.finish's Metadata, pickled here and unpickled in a
-fresh child (what each rank of a load pays). Times are CPU seconds (time.process_time): a rank
-has a core of its own, and wall time on a shared machine would add other work's turns.
+"""DCP's own save plan for a world, run in one process: objects, bytes and `.metadata`, built as
+docs/plan.md ("How it is built") tells. Times are CPU seconds (time.process_time): a rank has a
+core of its own, and wall time on a shared machine would add other work's turns.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """From a planned save's objects to S3 requests, per-prefix rates and projected times
-(s3torchconnector over the CRT client; docs/plan.md).
-
-Every object is a multipart upload (create, one part per `part_size`, complete); `.metadata`
-is written as `.metadata.tmp` and renamed (a CopyObject and a DeleteObject). A load reads
-`.metadata` once per rank and, with the dcp_optimized reader, each rank's byte ranges
-(build.load_reads; ranges closer than `max_gap_size` share a stream), each stream in ranged
-GETs of `part_size`; else each data object once, whole. The tool's own requests are not counted.
-A rank's requests spread over its bytes' time at a per-rank rate; the ranks of one prefix add
-up (rank r under prefix r mod the count). `.metadata` is one key: its GETs are never spread.
+(s3torchconnector over the CRT client): what is counted, and how, is docs/plan.md's "Requests and
+prefixes (s3)". The tool's own requests are not counted.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""Large worlds from a representative subset of the decoder layers (docs/plan.md).
-
-The layers are identical but for their index's digits, so each adds the same to what a save
-writes and to `.metadata`. The plan is built in full for the first BASE_LAYERS, then that plus
-one layer of each digit count, and the rest added per layer:
-
-    figure(all) = figure(base) + sum over digit counts d of
-                  (layers with d digits outside the base) x (figure(base + one d-digit layer)
-                                                             - figure(base))
-
-for `.metadata` bytes, write items and each rank's bytes; times and memory are scaled from the
-largest subset by items. With model.tp or model.replicas above 1 DCP's deduplication decides
-which rank writes a shared chunk from every item before it, so each rank's objects and reads
-are laid out item by item over every layer instead (build.laid_out).
+"""Large worlds from a subset of the decoder layers, which are identical but for their index's
+digits: built in full for the first BASE_LAYERS, then with one more layer of each digit count;
+every other layer adds what its like added (docs/plan.md, "Large worlds", has the formula), and
+times and memory scale by items. With model.tp or model.replicas above 1 DCP's deduplication
+decides which rank writes a shared chunk from every item before it, so each rank's objects and
+reads are laid out item by item over every layer instead (build.laid_out).
 """
 
 from __future__ import annotations

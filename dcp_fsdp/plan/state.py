@@ -1,11 +1,6 @@
-"""What each rank of a world would hand DCP's planner, without a rank or a shard in memory.
-
-The state dict's keys, shapes and values come from the model built on the meta device through
-`models.build`'s own `dcp_state_dict` and DCP's flattening. Each rank's local plan is the one
-DefaultSavePlanner.create_local_plan makes for FSDP2: every tensor of one or more dimensions
-sharded along dim 0 as torch's Shard(0) splits it (shard_block: within a replica group, inside
-a TP block); 0-dim tensors and non-tensors are written by every rank, for the coordinator to
-deduplicate.
+"""What each rank of a world would hand DCP's planner, without a rank or a shard in memory: the
+state dict of the model built on the meta device, and each rank's local plan as DefaultSavePlanner
+makes it for FSDP2 (docs/plan.md, "How it is built").
 """
 
 from __future__ import annotations
