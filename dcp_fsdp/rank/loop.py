@@ -306,14 +306,14 @@ class CheckpointLoop:
                     self.suffixes.append(suffix)
             if command == Command.save_and_load and not mlperf:
                 self._pause()
-                self.verified_load(iteration, suffix)
+                self._verified_load(iteration, suffix)
             elif command == Command.load:
-                self._checked_load(iteration, suffix)
+                self._verified_load(iteration, suffix)
             if iteration < self.cfg.iterations:
                 self._pause()
         for iteration in range(1, self.cfg.iterations + 1) if mlperf else ():
             self._pause()
-            self.verified_load(iteration, suffix)
+            self._verified_load(iteration, suffix)
         if self.cfg.ceiling or command == Command.ceiling:
             from dcp_fsdp.rank.ceiling import run_ceiling
 
@@ -335,13 +335,6 @@ class CheckpointLoop:
                 iteration == self.cfg.iterations:
             self._complete_pending()
         return suffix
-
-    def _checked_load(self, iteration: int, suffix: str) -> None:
-        """`dcp-fsdp load`'s timed load, checked against the values its save recorded (if known)."""
-        self._load_expected_checksums(suffix)
-        self._load_and_verify(iteration, suffix, self._expected_checksums[suffix],
-                              f"integrity: load iteration {iteration} of suffix={suffix} read data that "
-                              "differs from the values it was saved with: the checkpoint's objects are corrupt")
 
     def _dcp_load(self, run: OpInProgress, suffix: str) -> None:
         """dcp.load; one that failed as the checkpoint was deleted under it says so (DCP says
@@ -367,16 +360,19 @@ class CheckpointLoop:
         except Exception:
             return True
 
-    def verified_load(self, iteration: int, suffix: str) -> None:
-        """A timed load of `suffix` (save-and-load), verified with verify=true."""
-        self._load_and_verify(iteration, suffix, self.cfg.seed if self.cfg.verify else None,
-                              f"save-and-load iteration {iteration}: data loaded from suffix={suffix} "
-                              "differs from what was saved", unchecked="verify=false")
-
-    def _load_and_verify(self, iteration: int, suffix: str, seed: int | None, mismatch: str,
-                         unchecked: str | None = None) -> None:
-        """A timed load, then (`seed`: the values' seed) every shard compared with the values
-        it was saved with (raising `mismatch`); the model's values restored (untimed)."""
+    def _verified_load(self, iteration: int, suffix: str) -> None:
+        """A timed load, then (its values' seed known) every shard compared with the values it was
+        saved with; the model's values restored (untimed). `dcp-fsdp load` checks against what its
+        save recorded (if known), save-and-load against the run's own seed (verify=true)."""
+        if self.cfg.command == Command.load:
+            self._load_expected_checksums(suffix)
+            seed, unchecked = self._expected_checksums[suffix], None
+            mismatch = (f"integrity: load iteration {iteration} of suffix={suffix} read data that "
+                        "differs from the values it was saved with: the checkpoint's objects are corrupt")
+        else:
+            seed, unchecked = self.cfg.seed if self.cfg.verify else None, "verify=false"
+            mismatch = (f"save-and-load iteration {iteration}: data loaded from suffix={suffix} "
+                        "differs from what was saved")
         if seed is not None:  # else a load that read nothing would pass
             zero_local_tensors(self.state_dict)
         self.keep(self._timed("load", iteration, suffix).result())
