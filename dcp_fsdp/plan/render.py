@@ -50,7 +50,6 @@ def render_plan(request: PlanRequest, template: StateTemplate, plan: GlobalPlan,
                 elapsed_s: float) -> str:
     cfg = request.cfg
     storage = cfg.storage
-    part = storage.part_size_mib * MIB
     per_rank = plan.rank_bytes()
     reqs = plan_requests(request, plan)
     nodes = plan.world_size // request.ranks_per_node
@@ -86,8 +85,16 @@ def render_plan(request: PlanRequest, template: StateTemplate, plan: GlobalPlan,
     if plan.sampled:
         lines.append(f"built from a subset: {plan.sampled}; times scaled by items (--exact "
                      "builds every layer)")
-    lines += _metadata_lines(plan)
-    lines += _prefix_lines(request, plan, part)
+    lines += [
+        f".metadata: {_size(plan.metadata_bytes)} ({plan.metadata_bytes:,} B, the pickle DCP "
+        f"writes); rank 0 pickles it in {plan.metadata_pickle_s:.2f} s; each rank of a load "
+        f"fetches and unpickles it: {plan.metadata_unpickle_s:.2f} s per rank, "
+        f"{plan.metadata_unpickle_s * plan.world_size:,.0f} CPU-s over the world",
+        f"rank 0 global planning (create_global_plan over {plan.world_size:,} local plans of "
+        f"{_size(plan.local_plan_bytes_max)} pickled, {_size(plan.local_plan_bytes_total)} "
+        f"gathered): {plan.planning_s:.2f} s",
+    ]
+    lines += _prefix_lines(request, plan, reqs)
     lines += _memory_lines(request, template, plan)
     return "\n".join(lines)
 
@@ -138,27 +145,15 @@ def render_moe_layouts(chosen: str, layouts: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _metadata_lines(plan: GlobalPlan) -> list[str]:
-    return [
-        f".metadata: {_size(plan.metadata_bytes)} ({plan.metadata_bytes:,} B, the pickle DCP "
-        f"writes); rank 0 pickles it in {plan.metadata_pickle_s:.2f} s; each rank of a load "
-        f"fetches and unpickles it: {plan.metadata_unpickle_s:.2f} s per rank, "
-        f"{plan.metadata_unpickle_s * plan.world_size:,.0f} CPU-s over the world",
-        f"rank 0 global planning (create_global_plan over {plan.world_size:,} local plans of "
-        f"{_size(plan.local_plan_bytes_max)} pickled, {_size(plan.local_plan_bytes_total)} "
-        f"gathered): {plan.planning_s:.2f} s",
-    ]
-
-
-def _prefix_lines(request: PlanRequest, plan: GlobalPlan, part: int) -> list[str]:
+def _prefix_lines(request: PlanRequest, plan: GlobalPlan, reqs: rq.Requests) -> list[str]:
     storage = request.cfg.storage
     if storage.kind != StorageKind.s3:
         return ["prefixes: storage=fs has no request limits (S3's per-prefix limits apply to "
                 "storage=s3)"]
     chosen = prefixes(request, plan.world_size)
     rate = storage.throughput_target_gbps * 1e9 / 8
-    reqs = plan_requests(request, plan)
-    load = rq.prefix_load(plan.rank_objects(), chosen, part, rate, reqs.metadata_gets_per_rank)
+    load = rq.prefix_load(plan.rank_objects(), chosen, storage.part_size_mib * MIB, rate,
+                          reqs.metadata_gets_per_rank)
     lines = [
         f"prefixes: storage.prefix_strategy={chosen.strategy} spreads the keys over "
         f"{chosen.count:,} prefix(es); every rank at the CRT's throughput target "
