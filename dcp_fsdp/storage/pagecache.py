@@ -23,6 +23,8 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+import psutil
+
 DROPPED = "dropped"
 TMPFS = "tmpfs-not-droppable"
 RESIDENT = "resident-after-drop"
@@ -68,22 +70,15 @@ def resident_pages(path: str | os.PathLike) -> tuple[int, int]:
 
 
 def file_system_type(path: str | os.PathLike) -> str | None:
-    """The type of the mount holding `path` (longest mount point in /proc/self/mounts)."""
+    """The type of the mount holding `path`: the longest mount point above it, the last
+    mounted of equals (/proc/self/mounts' order)."""
     target = os.path.realpath(path)
-    best, best_type = "", None
     try:
-        with open("/proc/self/mounts") as mounts:
-            for line in mounts:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                point = fields[1].replace("\\040", " ")
-                inside = target == point or target.startswith(point.rstrip("/") + "/")
-                if inside and len(point) >= len(best):
-                    best, best_type = point, fields[2]
+        mounts = [mount for mount in psutil.disk_partitions(all=True) if target == mount.mountpoint
+                  or target.startswith(mount.mountpoint.rstrip("/") + "/")]
     except OSError:
         return None
-    return best_type
+    return max(reversed(mounts), key=lambda mount: len(mount.mountpoint)).fstype if mounts else None
 
 
 def checkpoint_files(directory: str | os.PathLike) -> list[Path]:
