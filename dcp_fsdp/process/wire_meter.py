@@ -1,33 +1,24 @@
-"""Bytes this process has really moved to and from storage, read from the kernel's TCP
-counters of its sockets to the storage endpoint: what the progress heartbeat reports
-(process/progress.py), and a load's egress in the record (rank/sample_build.py).
+"""Bytes this process has really moved to and from storage, from the kernel's TCP counters of
+its sockets to the storage endpoint: what the progress heartbeat reports (process/progress.py),
+and a load's egress in the record (rank/sample_build.py; docs/metrics.md, "egress MiB").
 
-Why the kernel: the S3 clients say nothing while bytes move. The connector's writer takes
-a whole checkpoint into its buffers long before the upload ends (a save at a 200 Mbit/s
-link read 47 MiB/s and "631.4 of 631.3 MiB" 26 s before it ended), and its reader hands
-out a part only once all of it has arrived (a load moving 22 MiB/s read 0.0 MiB/s). And a
-GET cut mid-body: what its client read is less than what came down (a reset discards the
-socket's unread bytes; on loopback most of what the server sent before the cut), so no
-client can say it. The kernel counts, per TCP connection (`TCP_INFO`, Linux 4.1+),
-`tcpi_bytes_acked` (bytes the peer acknowledged: a save's bytes that reached the storage's
-host) and `tcpi_bytes_received` (a load's bytes as they arrive), HTTP heads included (a few
-hundred bytes a request). No client needs to cooperate: s3torchconnector's CRT, s3fs and
-multi-storage-client alike.
+Why the kernel: the S3 clients say nothing while bytes move. The connector's writer takes a
+whole checkpoint into its buffers long before the upload ends (a save at a 200 Mbit/s link read
+47 MiB/s and "631.4 of 631.3 MiB" 26 s before it ended), its reader hands out a part only once
+all of it has arrived (a load moving 22 MiB/s read 0.0 MiB/s), and a GET cut mid-body drops the
+socket's unread bytes, so no client can say what came down. The kernel counts, per TCP
+connection (`TCP_INFO`, Linux 4.1+), `tcpi_bytes_acked` (a save's bytes that reached the
+storage's host) and `tcpi_bytes_received` (a load's, as they arrive), HTTP heads included,
+whatever the client.
 
-Which sockets: every TCP socket of this process whose peer port is the endpoint's (443 or
-80 without an endpoint: the collectives' own sockets use other ports), found in
-/proc/self/fd and read through a duplicate of its descriptor, never touched otherwise, and
-known from then on by its cookie (SO_COOKIE, unique per socket while the host runs).
-A connection that closes takes its counters with it; the kernel broadcasts them as it
-frees the socket (sock_diag's destroy group, `_ClosedSockets`), and a socket this process
-was seen to own counts to its last byte. A connection opened and closed between two scans
-is never seen to be this process's, so `watch()` scans every WATCH_PERIOD_S while an
-operation runs, and the botocore clients' GET hooks name each GET's socket as its answer
-arrives (`note_socket`, telemetry/control_plane.py): every GET of s3fs and MSC counts
-whatever its life; the connector's CRT connections count once a scan has seen them
-(`unseen_bytes` says what closed in the namespace unclaimed, any process's).
-Where /proc/self/fd or TCP_INFO cannot be read, `available()` is False and the heartbeat
-says what it measures instead; without the destroy broadcast (`exact` False) a closed
+Which sockets: every TCP socket of this process whose peer port is the endpoint's (the
+collectives use other ports), found in /proc/self/fd, read through a duplicate of its
+descriptor, and known by its cookie (SO_COOKIE, unique while the host runs). A closed
+connection's last counters come from the kernel's destroy broadcast (`_ClosedSockets`). One
+opened and closed between two scans is never seen to be this process's, so `watch()` scans while
+an operation runs, and the botocore clients' GET hooks name each GET's socket (`note_socket`):
+the connector's CRT connections count once a scan has seen them. Where /proc/self/fd or TCP_INFO
+cannot be read, `available()` is False; without the broadcast (`exact` False) a closed
 connection keeps what it had at the last scan.
 """
 
@@ -92,15 +83,12 @@ def _inspect(fd: int, port: int) -> tuple[int, bool | None, tuple[int, int]] | N
 
 
 class _ClosedSockets:
-    """The final counters of TCP sockets as the kernel frees them: sock_diag's destroy
-    broadcast (SKNLGRP_INET{,6}_TCP_DESTROY, Linux 4.9+; any user may listen), one message
-    per freed socket with its cookie, its ports and its tcp_info as it was at the end. A
-    connection reset mid-body keeps what it had received until the client closes it; its
-    counters then live only here. The broadcast covers the whole network namespace (other
-    ranks, the server's own sockets on loopback): a socket counts only where its cookie is
-    one of this process's (WireMeter). A classic BPF filter on the netlink socket passes
-    only sockets whose peer port is the endpoint's, so a busy host does not fill the
-    buffer."""
+    """The final counters of TCP sockets as the kernel frees them: sock_diag's destroy broadcast
+    (SKNLGRP_INET{,6}_TCP_DESTROY, Linux 4.9+, any user), one message per freed socket with its
+    cookie, ports and last tcp_info: a connection reset mid-body keeps what it had received until
+    the client closes it, then only here. It covers the whole network namespace (other ranks, the
+    server on loopback): a socket counts only where its cookie is this process's. A classic BPF
+    filter passes only the endpoint's port, so a busy host does not fill the buffer."""
 
     def __init__(self, port: int) -> None:
         self.port = port
@@ -165,32 +153,28 @@ def _destroyed(data: bytes, port: int) -> dict[int, tuple[int, int]]:
     return found
 
 
-# How often a watching meter looks for new sockets, on a thread that takes the GIL from the
-# load it measures. Where no hook names a GET's socket (the connector's CRT), every 5 ms: a
-# retry connection, opened and cut within milliseconds, is seen while its descriptor is open
-# (at 20 ms and 100 ms a load whose GETs were cut missed some: tests/integration/
-# test_clients.py). Where the client's GET hooks name every GET's socket (s3fs, MSC:
-# `note_socket`), every 100 ms: MSC's load took 1.029x as long scanned every 5 ms as unscanned
-# (docs/harness-cost.md). A sock_diag dump per scan (the kernel's table, filtered by port)
-# took a sixth of the GIL but missed a retry connection reset before any dump saw it
-# established (a reset socket leaves the kernel's table at once; its descriptor stays open
-# until the client closes it).
+# How often a watching meter looks for new sockets; each wake-up takes the GIL from the load it
+# measures. Where no hook names a GET's socket (the connector's CRT), every 5 ms: a retry
+# connection, opened and cut within milliseconds, is seen while its descriptor is open (at 20 ms
+# and 100 ms a load whose GETs were cut missed some: tests/integration/test_clients.py). With the
+# GET hooks (s3fs, MSC: `note_socket`), every 100 ms: MSC's load took 1.029x as long scanned
+# every 5 ms as unscanned. A sock_diag dump per scan took a sixth of the GIL but missed a retry
+# connection reset before any dump saw it (a reset socket leaves the kernel's table at once; its
+# descriptor stays open until the client closes it).
 WATCH_PERIOD_S = 0.005
 HOOKED_WATCH_PERIOD_S = 0.1
-# Each wake-up takes the GIL from the load: every 5 ms, a connector load took 1.021x as long as
-# bare, 1.009x scanned every 50 ms (benchmarks/harness_ab --toggles, 2026-11-29). So a watch
-# scans every WATCH_PERIOD_S only for FAST_WINDOW_S after a sign of new connections (its
-# start, a connect() in the namespace, a socket to the endpoint closing: the destroy
-# broadcast wakes it at once), and every SLOW_WATCH_PERIOD_S otherwise. Missed: a connection
-# opened and closed within one slow period after a quiet second.
+# Scanned every 5 ms throughout, a connector load took 1.021x as long as bare, 1.009x every 50 ms
+# (benchmarks/harness_ab --toggles). So a watch scans every WATCH_PERIOD_S only for FAST_WINDOW_S
+# after a sign of new connections (its start, a connect() in the namespace, an endpoint socket
+# closing, whose destroy broadcast wakes it at once), every SLOW_WATCH_PERIOD_S otherwise. Missed:
+# a connection opened and closed within one slow period after a quiet second.
 SLOW_WATCH_PERIOD_S = 0.05
 FAST_WINDOW_S = 1.0
-# The network namespace's TCP counters: `ActiveOpens` moves with every connect() of any
-# process in it, so a scan lists this process's descriptors only when it moved (one pread
-# of a procfs file, ~10 us, where a listing costs ~1 us per descriptor: a rank at 1,000
-# ranks holds ~1,000 gloo sockets). Before (2026-11-29) a scan skipped while the count of
-# open descriptors stood still, and a file closed as a retry connection opened read as
-# nothing new: a load cut twice counted one cut GET's bytes short (CI).
+# `ActiveOpens` of the namespace's TCP counters moves with every connect() in it, so a scan lists
+# this process's descriptors only when it moved (a ~10 us pread, where a listing costs ~1 us a
+# descriptor: a rank at 1,000 ranks holds ~1,000 gloo sockets). Skipping while the count of open
+# descriptors stood still missed a retry connection opened as a file closed: a load cut twice
+# counted one cut GET's bytes short (CI).
 SNMP_PATH = "/proc/self/net/snmp"
 
 
