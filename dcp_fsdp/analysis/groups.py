@@ -17,7 +17,7 @@ import pandas as pd
 from dcp_fsdp.analysis.caveats import fork_note, stager_note
 from dcp_fsdp.analysis.clients import client_notes, fill_missing_client, with_client_ratio
 from dcp_fsdp.telemetry import time_split
-from dcp_fsdp.telemetry.figures import NOISE_HINT, NOISY_SPREAD
+from dcp_fsdp.telemetry.figures import NOISY_SPREAD, NOISY_WORDS
 from dcp_fsdp.analysis.metrics import per_operation, samples_frame
 from dcp_fsdp.analysis.sources import incomplete_runs
 from dcp_fsdp.analysis.tables import ordered, phase_row, throughput_row, type_rows
@@ -244,10 +244,8 @@ def build(runs: list[dict], samples: list[dict]) -> dict[str, Any]:
     result["notes"] += client_notes([run for run in runs if run["run_id"] in ok_ids]) + single_notes
     noisy = int(result["throughput"]["spread"].gt(NOISY_SPREAD).sum())
     if noisy:
-        result["notes"] += [f"{noisy} group(s) marked noisy: their iterations' aggregate MiB/s "
-                           f"differ by more than {100 * NOISY_SPREAD:.0f} % of their median "
-                           f"(spread); {NOISE_HINT}. Differences smaller than the spread are "
-                           "not a result."]
+        result["notes"] += [f"{noisy} group(s) marked noisy: their iterations' {NOISY_WORDS}. "
+                           "Differences smaller than the spread are not a result."]
     result["notes"] += skew_notes(run_rows, ops)
     if "stager_renewed" in frame and (note := stager_note(frame["stager_renewed"])):
         result["notes"].append(note)

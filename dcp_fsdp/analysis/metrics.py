@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from dcp_fsdp.units import MIB
-from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, KEYS, NOISE_HINT, NOISY_SPREAD,
+from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, KEYS, NOISY_WORDS,
                                         ceiling_lines, complete_sum, efficiency,
                                         efficiency_per_operation, egress_mib, headroom_lines,
                                         max_or_nan, noise_note, one_run_if_unnamed, operations,
@@ -54,11 +54,6 @@ def samples_frame(samples: Iterable[dict[str, Any]]) -> pd.DataFrame:
     return frame
 
 
-def _complete_max(series: pd.Series) -> float:
-    series = pd.to_numeric(series, errors="coerce")
-    return float(series.max()) if len(series) and series.notna().all() else math.nan
-
-
 def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, op, iteration) of a samples_frame: totals over ranks and the spread
     across them."""
@@ -70,12 +65,10 @@ def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
         samples,
         suffix=("suffix", "first"),
         first_end_wall_s=("end_wall_s", "min"),
-        rank_s_min=("duration_s", "min"),
-        rank_s_median=("duration_s", "median"),
         rank_mib_s_min=("rank_mib_s", "min"),
-        rank_mib_s_median=("rank_mib_s", "median"),
         rank_mib_s_max=("rank_mib_s", "max"),
-        **{f"{span}_end": (f"_{span}_end", _complete_max) for span in SPANS},
+        # NaN unless every rank has the span (float columns: max keeps the NaN)
+        **{f"{span}_end": (f"_{span}_end", lambda ends: ends.max(skipna=False)) for span in SPANS},
         fetched_bytes=("fetched_bytes", complete_sum),
         peak_rss_bytes=("peak_rss_bytes", max_or_nan),
         cuda_max_allocated_bytes=("cuda_max_allocated_bytes", max_or_nan),
@@ -129,8 +122,7 @@ def run_figures(samples: Iterable[dict[str, Any]]
         notes.append(ABOVE_CEILING_LINE)
     notes += ceiling_lines(ops) + headroom_lines(ops, frame)
     if noisy:
-        notes.append(f"NOISY: the iterations' aggregate MiB/s differ by more than "
-                     f"{100 * NOISY_SPREAD:.0f} % of their median (spread); {NOISE_HINT}.")
+        notes.append(f"NOISY: the iterations' {NOISY_WORDS}.")
     return [_RUN_HEADERS[i] for i in shown], [[row[i] for i in shown] for row in rows], notes
 
 

@@ -28,10 +28,6 @@ PHASE_MEANS = [c.names for c in PHASES if isinstance(c.names, str) and c.names i
 UPLOAD_KINDS = ("UploadPart", "PutObject")
 
 
-def total(series: pd.Series) -> float:
-    return series.sum(min_count=1)
-
-
 def nan(value: float | None) -> float:
     return math.nan if value is None else value
 
@@ -96,8 +92,8 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
     # a group with an operation whose requests are unknown (null: none parsed) has no
     # request figures: a partial count would read as fewer requests, or no failures
     known = bool(group_ops["req_count"].notna().all())
-    count = total(group_ops["req_count"]) if known else math.nan
-    failed = total(group_ops["req_failed"]) if known else math.nan
+    count = group_ops["req_count"].sum() if known else math.nan
+    failed = group_ops["req_failed"].sum(min_count=1) if known else math.nan
     ttfb = hist_merge(r.get("ttfb_hist") for r in group_samples["requests"]
                       if isinstance(r, dict))
     group_efficiency = efficiency(group_ops, all_ops)
@@ -129,9 +125,9 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
         "req_per_s": count / span_total if span_total else math.nan,
         "success_ratio": (count - failed) / count if count else math.nan,
         "failures": failed,
-        "throttles": total(group_ops["req_throttled"]),
-        "retries": total(group_ops["req_retries"]),
-        "misses": total(group_ops["req_misses"]),
+        "throttles": group_ops["req_throttled"].sum(min_count=1),
+        "retries": group_ops["req_retries"].sum(min_count=1),
+        "misses": group_ops["req_misses"].sum(min_count=1),
         "ttfb_p50_ms": nan(hist_quantile(ttfb, 0.5)),
         "untimed_per_run": mean_or_nan(untimed),
         "failed_runs": failed_runs,

@@ -29,12 +29,13 @@ CEILINGS = {
 }
 NOISY_SPREAD = 0.10  # a group whose iterations differ by more is marked, with a hint
 AMPLIFICATION_SHOWN = 0.05  # read amplification below this is not worth a word
-NOISE_HINT = ("more iterations, a delay_s between operations, or a quieter machine "
-              "would narrow it")
+NOISY_WORDS = (f"aggregate MiB/s differ by more than {100 * NOISY_SPREAD:.0f} % of their median "
+               "(spread); more iterations, a delay_s between operations, or a quieter machine "
+               "would narrow it")
 KEYS = ["run_id", "op", "iteration"]
 
 
-def _frame(samples: Any) -> pd.DataFrame:
+def as_frame(samples: Any) -> pd.DataFrame:
     """Samples (dicts, telemetry Sample records or a frame) as a frame."""
     return samples if isinstance(samples, pd.DataFrame) else pd.DataFrame(
         [s.model_dump() if isinstance(s, BaseModel) else dict(s) for s in samples])
@@ -57,7 +58,7 @@ def one_run_if_unnamed(frame: pd.DataFrame) -> pd.DataFrame:
 def operations(samples: Iterable[Any] | pd.DataFrame, **more: Any) -> pd.DataFrame:
     """One row per (run_id, op, iteration) with the per-operation figures: the one aggregation
     of ranks' samples into operations. `more`: further pandas named aggregations."""
-    frame = _frame(samples)
+    frame = as_frame(samples)
     if frame.empty:
         return pd.DataFrame(columns=[*KEYS, "bytes", "span_s", "aggregate_mib_s", *more])
     frame = one_run_if_unnamed(frame)
@@ -74,7 +75,7 @@ def operations(samples: Iterable[Any] | pd.DataFrame, **more: Any) -> pd.DataFra
 def mlperf_gib_s(samples: Iterable[Any] | pd.DataFrame, op: str) -> float:
     """MLPerf Storage's figure for `op` (docs/mlperf.md): the mean over its operations of the
     checkpoint's GiB over rank 0's own seconds; NaN without a rank 0 sample of each."""
-    frame = _frame(samples)
+    frame = as_frame(samples)
     rows = frame[frame["op"] == op] if "op" in frame else frame.iloc[0:0]
     if rows.empty:
         return math.nan

@@ -104,10 +104,7 @@ def _type_entry(rows: list["Request"]) -> dict[str, Any]:
 
 def control_plane_counts(calls: list["Request"]) -> dict[str, dict[str, int]]:
     """{"HeadBucket": {"200": 1}, ...}: boto3 calls per operation and HTTP status."""
-    found: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for call in calls:
-        found[call.kind]["none" if call.status is None else str(call.status)] += 1
-    return {kind: dict(sorted(counts.items())) for kind, counts in sorted(found.items())}
+    return {kind: _statuses([c for c in calls if c.kind == kind]) for kind in sorted({c.kind for c in calls})}
 
 
 def merge_summaries(summaries: Iterable[dict[str, Any] | None]) -> dict[str, Any] | None:

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
-from dcp_fsdp.telemetry.figures import mean_or_nan
+from dcp_fsdp.telemetry.figures import as_frame, mean_or_nan
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 # fresh pages per byte from which the allocator, not DCP's code, is named as the bound
@@ -142,7 +142,7 @@ def bound_words(found: TimeSplit) -> str:
 
 def split_lines(samples: Iterable[dict[str, Any]] | pd.DataFrame) -> list[str]:
     """One line per op ("save", "load") of the samples that have the split."""
-    frame = samples if isinstance(samples, pd.DataFrame) else pd.DataFrame(list(samples))
+    frame = as_frame(samples)
     if frame.empty or "op" not in frame:
         return []
     found = (split(op, frame[frame["op"] == op]) for op in ("save", "load"))
