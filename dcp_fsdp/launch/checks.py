@@ -97,18 +97,6 @@ _GPU_LINE = re.compile(r"^GPU \d+:", re.MULTILINE)
 _NVIDIA_SMI_TIMEOUT_S = 30
 
 
-def physical_gpu_count() -> int:
-    """GPUs the driver lists: `nvidia-smi -L`, else /proc/driver/nvidia/gpus/*, else 0."""
-    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-        answer = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
-                                timeout=_NVIDIA_SMI_TIMEOUT_S)
-        if answer.returncode == 0:
-            return len(_GPU_LINE.findall(answer.stdout))
-    with contextlib.suppress(OSError):
-        return sum(1 for entry in PROC_GPUS.iterdir() if entry.is_dir())
-    return 0
-
-
 def visible_count(physical: int, cuda_visible_devices: str | None) -> int:
     """How many of `physical` GPUs CUDA would enumerate under CUDA_VISIBLE_DEVICES: its
     entries in order, up to the first that is not a device (an index out of range or
@@ -130,8 +118,16 @@ def visible_count(physical: int, cuda_visible_devices: str | None) -> int:
 
 
 def visible_gpu_count() -> int:
-    """The CUDA devices this process would see, without importing torch."""
-    physical = physical_gpu_count()
+    """GPUs the driver lists (`nvidia-smi -L`, else /proc/driver/nvidia/gpus/*) under CUDA_VISIBLE_DEVICES."""
+    physical = None
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        answer = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                timeout=_NVIDIA_SMI_TIMEOUT_S)
+        if answer.returncode == 0:
+            physical = len(_GPU_LINE.findall(answer.stdout))
+    if physical is None:
+        with contextlib.suppress(OSError):
+            physical = sum(1 for entry in PROC_GPUS.iterdir() if entry.is_dir())
     return visible_count(physical, os.environ.get("CUDA_VISIBLE_DEVICES")) if physical else 0
 
 
