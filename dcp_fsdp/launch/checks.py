@@ -34,16 +34,21 @@ from dcp_fsdp.telemetry.results_dir import record_written, writable_dir_problem 
 RANKS_PER_CORE = 4  # more ranks than this per core only measures the scheduler
 CONNECTOR_LOG_ENV = ("S3_TORCH_CONNECTOR_DEBUG_LOGS", "S3_TORCH_CONNECTOR_LOGS_DIR_PATH")
 RETRY_MODES = ("legacy", "standard", "adaptive")  # botocore's AWS_RETRY_MODE values
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
+NOFILE_ADVISED = 1024  # a rank's files and sockets: its client's connections, torch's store
+PROC_GPUS = Path("/proc/driver/nvidia/gpus")
+_GPU_LINE = re.compile(r"^GPU \d+:", re.MULTILINE)
+_NVIDIA_SMI_TIMEOUT_S = 30
+SHM_PATH = "/dev/shm"
+# A rank holds more than its state at moments (the build, a save's staging, a load's
+# buffers): above this share of what is available the run is warned, not refused.
+MEMORY_WARN_SHARE = 0.5
 
 
 def check_results_dir(results_dir: str) -> None:
     if problem := writable_dir_problem(results_dir):
         raise UserError(f"results_dir={results_dir}: {problem}; choose a directory you can "
                         "write to, e.g. results_dir=$HOME/dcp-fsdp-results")
-
-
-CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
-NOFILE_ADVISED = 1024  # a rank's files and sockets: its client's connections, torch's store
 
 
 def cpu_quota_cores(path: str = CGROUP_CPU_MAX) -> float | None:
@@ -90,11 +95,6 @@ def host_limit_notes(nproc: int, quota: float | None = None) -> list[str]:
 def _cuda_driver_present() -> bool:
     return any(os.path.exists(path) for path in ("/dev/nvidiactl", "/dev/nvidia0",
                                                  "/proc/driver/nvidia/version"))
-
-
-PROC_GPUS = Path("/proc/driver/nvidia/gpus")
-_GPU_LINE = re.compile(r"^GPU \d+:", re.MULTILINE)
-_NVIDIA_SMI_TIMEOUT_S = 30
 
 
 def visible_count(physical: int, cuda_visible_devices: str | None) -> int:
@@ -153,9 +153,6 @@ def check_devices(backend: Backend, ranks_here: int, device_count: Callable[[], 
         raise UserError(f"nproc={ranks_here}: only {count} CUDA device(s) visible here and "
                         f"backend={backend.value} gives each rank its own; use nproc={count} or "
                         "fewer, or backend=gloo for CPU ranks")
-
-
-SHM_PATH = "/dev/shm"
 
 
 def state_bytes_estimate(cfg: BenchmarkConfig) -> int:
@@ -332,11 +329,6 @@ def check_tensor_parallel(cfg: BenchmarkConfig, world_size: int, name: str) -> N
     """model.tp: the world forms whole TP groups and the model splits evenly over one;
     `name` is where `world_size` came from."""
     check_tp(model_shape(cfg.model), cfg.model.tp, cfg.model.replicas, world_size, name)
-
-
-# A rank holds more than its state at moments (the build, a save's staging, a load's
-# buffers): above this share of what is available the run is warned, not refused.
-MEMORY_WARN_SHARE = 0.5
 
 
 def available_memory_bytes() -> int:
