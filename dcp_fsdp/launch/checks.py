@@ -1,7 +1,6 @@
-"""Checks of the machine and environment a run needs, before any rank starts (the settings
-themselves: config/validate.py): the record's directory, the cores and CUDA devices the ranks
-will claim, the environment variables we read. Each failure is one UserError naming the
-setting or variable and the fix. No torch import: the launcher stays light.
+"""Checks of the machine and environment before any rank starts (the settings themselves:
+config/validate.py), each failure one UserError naming the setting or variable and the fix.
+No torch import: the launcher stays light.
 """
 
 from __future__ import annotations
