@@ -35,6 +35,13 @@ _PORT_NAMES = (
     "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc",
     "admin.port", "admin.port.grpc", "metricsPort",
 )
+_MAX_SOCKET_PATH = 100  # bytes; Linux's sun_path is 108 with its NUL
+# Another process can take a port between free_ports and weed's bind: weed exits with this line.
+_PORT_TAKEN = "Port allocation failed"
+_PORT_ATTEMPTS = 3
+# Go's soft heap limit for SeaweedFS: at 512 MiB its garbage collector made the server the
+# bottleneck of a large save (docs/measurements/2026-11-27-ci-cost.md).
+MEMORY_LIMIT_MIB = 2048
 
 
 def fatal_line(log_text: str) -> str:
@@ -87,21 +94,8 @@ def weed_binary() -> str:
     )
 
 
-_MAX_SOCKET_PATH = 100  # bytes; Linux's sun_path is 108 with its NUL
-
-
-# Another process can take a port between free_ports and weed's bind: weed exits with this line.
-_PORT_TAKEN = "Port allocation failed"
-_PORT_ATTEMPTS = 3
-
-
 class PortTaken(RuntimeError):
     """The server exited because a port chosen for it was taken before it could bind it."""
-
-
-# Go's soft heap limit for SeaweedFS: at 512 MiB its garbage collector made the server the
-# bottleneck of a large save (docs/measurements/2026-11-27-ci-cost.md).
-MEMORY_LIMIT_MIB = 2048
 
 
 class EmbeddedS3:
