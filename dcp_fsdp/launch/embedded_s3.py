@@ -214,8 +214,7 @@ class EmbeddedS3:
                            f"{last_error}\n{self.tail_log()}")
 
     def tail_log(self, lines: int = 20) -> str:
-        path = None if self.workdir is None else self.workdir / "weed.out"
-        if path is None or not path.exists():
+        if self.workdir is None or not (path := self.workdir / "weed.out").exists():
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
