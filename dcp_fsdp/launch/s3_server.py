@@ -1,10 +1,7 @@
 """`dcp-fsdp s3-server start|status|env|stop`: a local S3 that outlives one run (docs/s3-servers.md).
 
-`start` runs a small daemon (`serve`) that owns the embedded SeaweedFS and writes its endpoint
-and keys to a state file (mode 0600: it holds the secret key); `env` prints them as `export`
-lines; `stop` ends the daemon, which stops SeaweedFS, and removes the state directory with the
-data. One start or stop at a time: each holds an flock beside that directory (not in it: stop
-removes the directory).
+`start` runs a daemon (`serve`) owning the embedded SeaweedFS, with its endpoint and keys in a
+state file (mode 0600: it holds the secret key); `stop` ends it and removes the state directory.
 """
 
 from __future__ import annotations
@@ -47,7 +44,6 @@ def state_dir() -> Path:
 
 
 def _cannot_write(path: Path, action: str, error: OSError) -> UserError:
-    """The state directory's place cannot be written: one line naming where and the fix."""
     return UserError(f"s3-server {action}: cannot create {path} ({error.strerror or error}); "
                      "the server's state and data live in $XDG_RUNTIME_DIR/dcp-fsdp-s3, else "
                      "~/.cache/dcp-fsdp-s3: set XDG_RUNTIME_DIR to a short writable directory "
@@ -56,7 +52,8 @@ def _cannot_write(path: Path, action: str, error: OSError) -> UserError:
 
 @contextlib.contextmanager
 def locked(where: Path, action: str) -> Iterator[None]:
-    """Hold an flock on `<where>.lock` for one start or stop; a second caller waits for it."""
+    """Hold an flock on `<where>.lock` (beside it: stop removes `where`) for one start or stop;
+    a second caller waits for it."""
     path = where.parent / f"{where.name}.lock"
     try:
         where.parent.mkdir(parents=True, exist_ok=True)
