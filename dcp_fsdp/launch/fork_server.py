@@ -1,16 +1,11 @@
-"""Imported only by the fork server that forks the test suite's ranks (forked_rank.fork_instead
-names it first in the fork server's preload list).
+"""Imported only by the fork server that forks the test suite's ranks, first in its preload list
+(forked_rank.fork_instead; docs/architecture.md, "Forked ranks").
 
-The cyclic collector stays paused for the imports after it, a rank's (process/collector.py: a
-quarter of their CPU otherwise), and in the fork server; each rank turns it on as it starts
-(forked_rank.become_rank).
-
-The fork server ends with the agent that started it, even one killed by SIGKILL, and its ranks
-with it (each rank's own parent-death signal), as exec'd ranks end with their agent. Without it
-a killed agent's fork server ran on, kept by its ranks (each holds the end of its `alive` pipe),
-and so did the ranks: a Slurm test's node whose agent was killed mid-save left no record of the
-checkpoint it cut short. Ended by a signal, it removes its socket's directory, which a killed
-agent leaves behind.
+The cyclic collector stays paused for the imports after it (process/collector.py: a quarter of
+their CPU otherwise); each rank turns it on as it starts (forked_rank.become_rank). The fork
+server ends with the agent that started it, even one killed by SIGKILL, and its ranks with it:
+else they ran on, kept by the ranks (each holds the end of its `alive` pipe). Ended by a signal,
+it removes its socket's directory, which a killed agent leaves behind.
 """
 
 import gc

@@ -1,17 +1,11 @@
-"""Ranks forked instead of exec'd, for the test suite only: the imports done once per node,
-not once per rank (docs/architecture.md).
+"""Ranks forked instead of exec'd, for the test suite only (contract.FORK_RANKS_TEST_ONLY_ENV=1):
+the imports done once per node, not once per rank (docs/architecture.md, "Forked ranks").
 
-Only where the test suite asks (contract.FORK_RANKS_TEST_ONLY_ENV=1; the product never sets
-it, and a measured run is exec'd as its users run it) our agent has torchrun start the ranks
-through its public entry for that, `--run-path SCRIPT --start-method forkserver`; SCRIPT is
-this file. Python's fork server, started by the agent, imports what a rank imports once and
-forks each rank from its single thread. Never from the agent itself: it runs threads (torch's
-store server, the rendezvous keep-alive), and a rank forked while one of them held a lock hung
-in its first store call until the process group's timeout (an 8-rank save, 1 in ~60 runs,
-CI 2026-11-29). The child first undoes what the fork kept (`become_rank`), then runs the
-module exactly as `-m` does (runpy). A forked rank is known by its process name (its /proc
-environ is its parent's), and one that succeeded returns (torch's agent waits for its return
-value) instead of ending with os._exit(0).
+Our agent has torchrun start the ranks with `--run-path THIS-FILE --start-method forkserver`:
+Python's fork server imports what a rank imports and forks each rank from its single thread.
+Never the agent: its threads (torch's store server, the rendezvous keep-alive) may hold a lock
+at the fork, and such a rank hung in its first store call (an 8-rank save, 1 in ~60 runs). A
+forked rank is known by its process name (its /proc environ is its parent's).
 """
 
 from __future__ import annotations
