@@ -1,11 +1,9 @@
 """`dcp-fsdp tune`: the best storage settings for this model, world size and storage (docs/tune.md).
 
-The parent (light: no torch) checks the settings, starts the embedded server when no S3 is
-configured, writes the session's plan and launches the ranks ONCE (`launch_local`); rank 0
-runs every trial, the search and the verdict (rank/tune_trials.py). Then, unless malloc= was
-given, the recommendation runs in paired launches of its own, malloc=default then raised:
-glibc reads its allocator settings as a process starts, so they cannot change between the
-trials of one launch. Ctrl-C or SIGTERM stops the whole tune (exit 130).
+The parent (light: no torch) writes the session's plan and launches the ranks ONCE; rank 0 runs
+every trial, the search and the verdict (rank/tune_trials.py). Then, unless malloc= was given,
+the recommendation runs in paired launches, malloc=default then raised (glibc reads them as a
+process starts). Ctrl-C or SIGTERM stops the whole tune (exit 130).
 """
 
 from __future__ import annotations
