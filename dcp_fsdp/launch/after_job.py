@@ -1,10 +1,7 @@
-"""After a Slurm job's step (batch/common.sh): what the local launcher does after its ranks.
-
-`python -m dcp_fsdp.launch.after_job --job-dir DIR --step-exit N [--signal NAME] COMMAND
-[OVERRIDES...]` reads what the step left in the job's shared directory (per node task
-`node-<id>/`: the agent's `agent.json`, the task's `agent-exit` line; `writing-suffix`;
-srun's `srun.err`), decides the first cause, then `aftermath.settle`s. Exits with the code
-of docs/reliability.md "How a run ends".
+"""After a Slurm job's step (batch/common.sh; docs/slurm.md): what the local launcher does after
+its ranks. Reads what the step left in the job's shared directory (per node task `node-<id>/`:
+`agent.json`, `agent-exit`; `writing-suffix`; srun's `srun.err`), decides the first cause, then
+`aftermath.settle`s; exits with the code of docs/reliability.md "How a run ends".
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""The elastic agent of a local run and of each Slurm node's task: torch's torchrun, run in
-this process (`python -m dcp_fsdp.launch.agent TORCHRUN-ARGS`).
-
-Where torchrun ends a failed or interrupted run with a traceback, this writes the outcome as
-JSON to the file DCP_FSDP_AGENT_SUMMARY names (per-rank exit codes, signals, the ranks' error
-files), and the light parent prints the one line. DCP_FSDP_DEBUG=1 keeps torchrun's log lines.
+"""The elastic agent of a local run and of each Slurm node's task: torchrun, run in this process
+(`python -m dcp_fsdp.launch.agent TORCHRUN-ARGS`). Where torchrun ends a failed or interrupted
+run with a traceback, this writes the outcome as JSON (per-rank exit codes, signals, the ranks'
+error files) to the file DCP_FSDP_AGENT_SUMMARY names, and the light parent prints the one line.
+DCP_FSDP_DEBUG=1 keeps torchrun's log lines.
 """
 
 import contextlib

@@ -1,10 +1,7 @@
-"""Run N ranks on this machine under torch's elastic agent (launch/agent.py), as `torchrun
---standalone` on a cluster node, with the embedded S3 server if needed.
-
-The parent stays light (no torch import): it checks the storage before any rank starts, and
-when the agent ends, reads its outcome and settles it (launch/aftermath.py). The agent runs in
-its own session: a terminal's Ctrl-C reaches only this parent, which passes it on once; if
-this parent is killed outright, the parent-death signal stops the agent (process/lifeline.py).
+"""Run N ranks on this machine under our elastic agent (launch/agent.py), as `torchrun
+--standalone` does on a cluster node; the light parent (no torch) settles their end (aftermath.py).
+The agent runs in its own session: a terminal's Ctrl-C reaches only this parent, which passes it
+on once; if this parent is killed outright, the parent-death signal stops the agent (lifeline.py).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""storage.metrics_url: a run's request counts checked against the S3 server's own counters.
-
-The launcher reads the server's Prometheus counters before its pre-flight and after the ranks
-ended, counts its own boto3 calls in between, and compares the difference with what the record
-says was sent (telemetry/server_counters.py): the run line's `server_requests`, and one line.
-Exact only on a bucket the run has to itself.
+"""storage.metrics_url: a run's request counts checked against the S3 server's own counters
+(read before the pre-flight and after the ranks; the launcher's own boto3 calls counted between),
+into the run line's `server_requests` and one line. Exact only on a bucket the run has to itself.
 """
 
 from __future__ import annotations
