@@ -9,15 +9,14 @@ import threading
 import time
 from typing import Any, Callable
 
+from dcp_fsdp.telemetry.request import Request
+
 
 def count_control_calls(events: Any, record_call: Callable[[Any], None]) -> None:
     """Count every S3 attempt of the boto3 client whose event emitter is `events` (per
     attempt, with its status): the control plane's clients (storage/s3_control.py
     observe_clients hands over each one's)."""
-    from dcp_fsdp.telemetry.request import Request
-
-    def on_attempt(event_name: str = "", response: Any = None,
-                   caught_exception: Exception | None = None, **kwargs: Any) -> None:
+    def on_attempt(event_name: str = "", response: Any = None, **kwargs: Any) -> None:
         operation = event_name.rsplit(".", 1)[-1]
         status = _attempt_status(response)
         record_call(Request(end_wall_s=time.time(), kind=operation,
@@ -76,8 +75,6 @@ def install_data_plane_hook(events: Any, record_call: Callable[[Any], None]) -> 
     connector's log lines are recorded: an attempt followed by another of the same call is
     `retried`; a GET whose body breaks mid-stream is marked by its body (get_bodies.py), and
     retried when the client sends the same GET again. Registered once per emitter."""
-    from dcp_fsdp.telemetry.request import Request
-
     broken_gets = _BrokenGets()
 
     def on_request_created(request: Any = None, event_name: str = "", **kwargs: Any) -> None:
