@@ -1,17 +1,12 @@
 """S3 request statistics from the connector's own per-request log lines (docs/metrics.md
-"S3 request statistics": what each figure counts and how a request is classified).
+"S3 request statistics": what each figure counts, how a request is classified, and why a
+request belongs to the operation its meta request began in, read after SETTLE_S at most).
 
 s3torchconnector has no statistics API, but its native client logs one line per HTTP
 request when `S3_TORCH_CONNECTOR_DEBUG_LOGS` is set, into hourly files under
 `S3_TORCH_CONNECTOR_LOGS_DIR_PATH`; each rank gets its own directory (processes sharing one
-would interleave lines). Parsing the lines: `connector_log.py`.
-
-A request belongs to the operation during which its meta request began (its "new request"
-line, written by the calling thread); its later lines are written by the CRT's threads and
-may reach the file after the operation returned, so a window is read once the meta requests
-begun in it have logged their end, waiting at most SETTLE_S, outside any timed region. A
-request whose operation was summarised before its line arrived is counted untimed, as `late`.
-Control-plane calls (boto3) are counted by an event hook (`control_plane.py`).
+would interleave lines). Parsing the lines: `connector_log.py`; boto3's calls: an event hook
+(`control_plane.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dcp_fsdp import log
+from dcp_fsdp.compat import installed_version
 from dcp_fsdp.process.lifeline import owned_tempdir
 from dcp_fsdp.telemetry import summaries
 from dcp_fsdp.telemetry.connector_log import LogParser, Unparsed, version_problem
@@ -100,10 +96,8 @@ class RequestLog:
         deadline = time.monotonic() + self.settle_s
         while True:
             self._read_new()
-            if not any(begin_wall_s <= at <= end_wall_s
-                       for at in self._parser.open_spans.values()):
-                return
-            if time.monotonic() >= deadline:
+            opened = self._parser.open_spans.values()
+            if not any(begin_wall_s <= at <= end_wall_s for at in opened) or time.monotonic() >= deadline:
                 return
             time.sleep(_POLL_S)
 
@@ -111,11 +105,8 @@ class RequestLog:
         with self._control_lock:
             self._control.append(call)
 
-    def _in_summarised(self, at: float) -> bool:
-        return any(begin <= at <= end for begin, end in self._summarised)
-
     def _untimed_item(self, item: Request | Unparsed, at: float | None) -> None:
-        if at is not None and self._in_summarised(at):
+        if at is not None and any(begin <= at <= end for begin, end in self._summarised):
             self._late += 1
         if isinstance(item, Unparsed):
             self._untimed_unparsed += 1
@@ -153,10 +144,8 @@ class RequestLog:
         with self._control_lock:
             control = [c for c in self._control if c.end_wall_s <= end_wall_s]
             self._control = [c for c in self._control if c.end_wall_s > end_wall_s]
-        timed_control: list[Request] = []
-        for call in control:
-            (timed_control if call.end_wall_s >= begin_wall_s
-             else self.untimed_control).append(call)
+        timed_control = [call for call in control if call.end_wall_s >= begin_wall_s]
+        self.untimed_control += [call for call in control if call.end_wall_s < begin_wall_s]
         if unparsed:
             self._warn_lines()
         if moved_bytes and not timed and not unparsed:
@@ -183,13 +172,8 @@ class RequestLog:
                         "statistics are left empty (unknown), not zero; the server's own "
                         "counters (storage.metrics_url) still count them")
             return
-        from importlib import metadata
-
-        try:
-            version = metadata.version("s3torchconnector")
-        except metadata.PackageNotFoundError:
-            version = "unknown"
-        log.warning(f"no S3 request was parsed from the log of s3torchconnector {version} "
+        log.warning("no S3 request was parsed from the log of s3torchconnector "
+                    f"{installed_version('s3torchconnector')} "
                     "for an operation that moved bytes: request statistics are left empty "
                     "(unknown), not zero; this release may word its request lines "
                     "differently (telemetry/connector_log.py)")
