@@ -23,8 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, PrivateAttr,
                       SerializationInfo, SerializerFunctionWrapHandler, StrictBool, StrictFloat,
                       StrictInt, StrictStr, ValidationError, ValidationInfo,
-                      ValidatorFunctionWrapHandler,
-                      model_serializer, model_validator)
+                      ValidatorFunctionWrapHandler, model_serializer, model_validator)
 from pydantic_core import PydanticCustomError, from_json
 
 from dcp_fsdp.contract import ARGV_ENV
@@ -285,8 +284,7 @@ class StorageInfo(Block):
 
 
 class RankFailure(Block):
-    """How a rank that did not end cleanly ended, as torch's elastic agent saw it
-    (launch/agent.py), with our rank's own status, error and cause from its error file."""
+    """How a rank that did not end cleanly ended: torch's agent (launch/agent.py), its error file."""
 
     local_rank: Count | None = None
     pid: Count | None = None
@@ -349,8 +347,7 @@ class Sample(_Record):
     commit_s: Measure | None = None  # data I/O end -> return (save: results gather + .metadata)
     metadata_s: Measure | None = None  # load: reading .metadata (part of plan_s)
     finish_s: Measure | None = None  # save, coordinator: writing .metadata
-    # S3 requests this rank made inside the timed region (telemetry.summaries.summarize)
-    requests: Requests | None = None
+    requests: Requests | None = None  # S3 requests inside the timed region (telemetry.summaries)
     # -- schema 2 -------------------------------------------------------------------------
     save_mode: Text | None = None  # save: "sync" | "async"
     blocked_s: Measure | None = None  # save: call -> control back to the training loop
@@ -370,33 +367,25 @@ class Sample(_Record):
     peak_rss_bytes: Count | None = None  # resident memory high-water mark during this op
     cuda_max_allocated_bytes: Count | None = None  # CUDA: torch.cuda.max_memory_allocated
     # -- schema 3 -------------------------------------------------------------------------
-    # save: call -> the training loop may update weights again (async: call + staging)
-    stall_s: Measure | None = None
+    stall_s: Measure | None = None  # save: call -> training may update weights again (async: + staging)
     interval_s: Measure | None = None  # async + train_step_s: call -> the following steps done
     train_lost_s: Signed | None = None  # interval_s - steps x baseline step: training lost
     train_lost_share: Signed | None = None  # train_lost_s / interval_s
-    # fs load / raw_get: the page cache when the timer started (storage/pagecache.py)
-    cache_policy: Text | None = None
-    # minor page faults of this rank's process during the op (getrusage): fresh memory touched
-    minor_faults: Count | None = None
+    cache_policy: Text | None = None  # fs load / raw_get: the page cache at the start (storage/pagecache.py)
+    minor_faults: Count | None = None  # the rank's minor page faults in the op (getrusage): fresh memory touched
     # -- schema 4 -------------------------------------------------------------------------
     replica: Count | None = None  # model.replicas > 1: this rank's replica group (0 .. R-1)
-    # load, replica_load=read_once: seconds in the broadcast (inside duration_s)
-    broadcast_s: Measure | None = None
+    broadcast_s: Measure | None = None  # load, replica_load=read_once: in the broadcast (inside duration_s)
     # -- schema 5 -------------------------------------------------------------------------
-    # async + train_step_s: seconds the steps waited for the staging (in train_lost_s)
-    train_wait_s: Measure | None = None
-    # async save on a fresh stager (torch 2.11 stages once): its buffers allocated again
-    stager_renewed: bool | None = None
+    train_wait_s: Measure | None = None  # async + train_step_s: the steps' wait for staging (in train_lost_s)
+    stager_renewed: bool | None = None  # async: a fresh stager (torch 2.11 stages once) allocated buffers again
     # -- schema 8: a load's io_s by who spends it (storage/timeline.py, docs/metrics.md) -----
     storage_s: Measure | None = None  # load: inside the storage client's calls for bytes
     deserialise_s: Measure | None = None  # load: DCP's own work (torch.load, host copies)
     target_copy_s: Measure | None = None  # load: copying into the live tensors (GPU: H2D)
-    # a load through the tool's own reader: "read_ahead=N" (its io_s parts overlap); null: DCP's
-    reader: Text | None = None
+    reader: Text | None = None  # the tool's own reader: "read_ahead=N" (its io_s parts overlap); null: DCP's
     read_ahead_peak_bytes: Count | None = None  # the most bytes the tool's reader held at once
-    # MSC loads: "whole" | "ranged" | "whole+ranged" (its 512 MiB switch)
-    msc_reads: Text | None = None
+    msc_reads: Text | None = None  # MSC loads: "whole" | "ranged" | "whole+ranged" (its 512 MiB switch)
     run_id: Text | None = None  # set when read back from a record file
 
     @model_validator(mode="after")
@@ -417,8 +406,7 @@ class InitRow(_Record):
     init_s: Measure | None = None  # process start -> ready for the first timed operation
     peak_rss_bytes: Count | None = None  # peak resident memory of the rank process
     untimed_request_count: Count | None = None  # S3 requests outside every timed region
-    # the value fill inside build_s: a real restart loads instead (report --node-mtbf-hours)
-    fill_s: Measure | None = None
+    fill_s: Measure | None = None  # the value fill in build_s: a real restart loads instead (--node-mtbf-hours)
 
 
 class RunRecord(_Record):
@@ -437,8 +425,7 @@ class RunRecord(_Record):
     world_size: Count | None = None
     node_count: Count | None = None
     nproc_per_node: Count | None = None
-    # after a barrier, how far apart the ranks' wall clocks read (max - min): the most skew
-    # a cross-node span_s can carry
+    # after a barrier, the ranks' wall clocks' max - min: the most skew a cross-node span_s can carry
     clock_spread_s: Measure | None = None
     hostnames: list[Text] = []
     backend: Text | None = None
@@ -447,12 +434,10 @@ class RunRecord(_Record):
     allocator: Allocator | None = None  # schema 8
     storage: StorageInfo | None = None
     suffixes: list[Text] = []
-    # the suffix a save was writing when the run failed or was interrupted: never loadable
-    incomplete_suffix: Text | None = None
+    incomplete_suffix: Text | None = None  # a failed or interrupted run's save's suffix: never loadable
     rank_failures: dict[str, RankFailure] = {}
     integrity: dict[str, Integrity] = {}  # suffix: whether its loads were checked
-    # conditional_write | exclusive_create | not_atomic (storage/layout.py); None: no save
-    suffix_claim: Text | None = None
+    suffix_claim: Text | None = None  # conditional_write | exclusive_create | not_atomic; None: no save
     init: list[InitRow] = []
     versions: dict[str, Text | None] = {}
     slurm: dict[str, Text] | None = None
@@ -463,8 +448,7 @@ class RunRecord(_Record):
     tune: TuneTrial | None = None  # `dcp-fsdp tune` trials only
     # benchmark-only: instrumentation pieces left out of the timed path (contract.HARNESS_OFF_ENV)
     harness_off: list[Text] | None = None
-    # how the recording rank's process started: "exec" | "fork" (the test suite's); null: unknown
-    rank_start: Text | None = None
+    rank_start: Text | None = None  # how the recording rank started: "exec" | "fork" (tests'); null: unknown
     schema_version: Count = SCHEMA_VERSION
 
     def to_json(self, context: dict[str, bool] | None = None) -> dict[str, Any]:
@@ -503,10 +487,8 @@ class SkippedLine:
 
     line: int  # 1-based, as an editor shows it
     reason: str
-    # the line may have been a rank's measurement: the run's figures would be short of it
-    lost_sample: bool = True
-    # not JSON and nothing says what it was: a lost sample only if the samples fall short
-    unknown: bool = False
+    lost_sample: bool = True  # the line may have been a rank's measurement: the figures lack it
+    unknown: bool = False  # not JSON, of no known kind: a lost sample only if the samples fall short
 
 
 @dataclasses.dataclass
