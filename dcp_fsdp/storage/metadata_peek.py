@@ -316,7 +316,10 @@ def read_facts(data: bytes, source: str = ".metadata") -> MetadataFacts:
         sizes[path] = max(sizes.get(path, 0), offset + length)
     storage_meta = getattr(metadata, "storage_meta", None)
     msc_paths = isinstance(getattr(storage_meta, "checkpoint_id", None), _MultiStoragePath)
-    return MetadataFacts(_tensors(metadata), sizes, hashlib.sha256(data).hexdigest(), msc_paths)
+    tensors = {key: TensorEntry(entry.size, entry.properties.dtype)
+               for key, entry in metadata.state_dict_metadata.items()
+               if isinstance(entry, _TensorStorageMetadata)}  # not bytes entries (e.g. lr, step ints)
+    return MetadataFacts(tensors, sizes, hashlib.sha256(data).hexdigest(), msc_paths)
 
 
 def msc_only(facts: MetadataFacts) -> str | None:
@@ -325,18 +328,6 @@ def msc_only(facts: MetadataFacts) -> str | None:
         return None
     return ("it was saved by storage.client=msc and its .metadata holds multi-storage-client "
             "path objects, which only MSC (with its profile) can unpickle")
-
-
-def read_tensors(data: bytes, source: str = ".metadata") -> dict[str, TensorEntry]:
-    """{flattened key: shape and dtype} of the tensors in a `.metadata`; MetadataRefused
-    (one line naming `source`) for a file the screen does not admit."""
-    return _tensors(screen(data, source))
-
-
-def _tensors(metadata: Any) -> dict[str, TensorEntry]:
-    return {key: TensorEntry(entry.size, entry.properties.dtype)
-            for key, entry in metadata.state_dict_metadata.items()
-            if isinstance(entry, _TensorStorageMetadata)}  # not bytes entries (e.g. lr, step ints)
 
 
 def screen(data: bytes, source: str = ".metadata") -> Any:

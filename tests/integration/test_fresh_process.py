@@ -27,7 +27,7 @@ def test_importing_compat_imports_neither_torch_nor_the_connector():
 
 def test_the_screen_imports_no_torch():
     code = ("import sys; from dcp_fsdp.storage import metadata_peek as m; "
-            "m.read_tensors(open(sys.argv[1], 'rb').read()); "
+            "m.read_facts(open(sys.argv[1], 'rb').read()); "
             "print(sorted(n for n in sys.modules if n.split('.')[0] == 'torch'))")
     result = subprocess.run([sys.executable, "-c", code, str(DATA / "torch215_adamw.metadata")],
                             capture_output=True, text=True, cwd=REPO, check=True)

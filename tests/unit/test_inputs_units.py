@@ -19,7 +19,7 @@ def test_metadata_is_read_without_torch_classes(tmp_path):
     state = {"model": {"w": torch.zeros(3, 4, dtype=torch.bfloat16), "b": torch.ones(5)},
              "optim": {"state": {"w": {"exp_avg": torch.zeros(3, 4)}}, "step": 3}}
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path)), no_dist=True)
-    tensors = metadata_peek.read_tensors((tmp_path / ".metadata").read_bytes())
+    tensors = metadata_peek.read_facts((tmp_path / ".metadata").read_bytes()).tensors
     assert tensors["model.w"] == metadata_peek.TensorEntry((3, 4), "bfloat16")
     assert tensors["model.b"] == metadata_peek.TensorEntry((5,), "float32")
     assert tensors["optim.state.w.exp_avg"].size_bytes == 3 * 4 * 4
@@ -37,7 +37,7 @@ def test_a_pickle_with_other_globals_is_not_executed(tmp_path):
 
     for refused in (pickle.dumps(Evil()), b"not a pickle"):  # more in test_metadata_screen
         with pytest.raises(metadata_peek.MetadataRefused):
-            metadata_peek.read_tensors(refused)
+            metadata_peek.read_facts(refused)
 
 
 def test_many_groups_keep_the_throughput_figures_at_100_columns(tmp_path):

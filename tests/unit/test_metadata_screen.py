@@ -30,7 +30,7 @@ def test_a_model_only_metadata_passes_with_its_shapes_and_dtypes(tmp_path):
     model = {"w": torch.zeros(3, 4, dtype=torch.bfloat16), "b": torch.ones(5),
              "h": torch.zeros(2, dtype=torch.float16), "x": torch.zeros(1, 2, 3, 4).to(
                  memory_format=torch.channels_last)}
-    tensors = metadata_peek.read_tensors(_save(tmp_path, {"model": model}))
+    tensors = metadata_peek.read_facts(_save(tmp_path, {"model": model})).tensors
     assert tensors == {"model.w": TensorEntry((3, 4), "bfloat16"),
                        "model.b": TensorEntry((5,), "float32"),
                        "model.h": TensorEntry((2,), "float16"),
@@ -45,7 +45,7 @@ def test_a_metadata_with_adamw_state_passes(tmp_path):
     model(torch.ones(2, 4)).sum().backward()
     optimizer.step()
     state = {"model": model.state_dict(), "optim": optimizer.state_dict(), "extra": b"raw"}
-    tensors = metadata_peek.read_tensors(_save(tmp_path, state))
+    tensors = metadata_peek.read_facts(_save(tmp_path, state)).tensors
     assert tensors["optim.state.0.step"] == TensorEntry((), "float32")  # a scalar tensor
     assert tensors["optim.state.0.exp_avg"] == TensorEntry((3, 4), "float32")
     assert "optim.param_groups.0.lr" not in tensors and "extra" not in tensors  # bytes entries
@@ -55,7 +55,7 @@ def test_a_metadata_with_adamw_state_passes(tmp_path):
 def test_a_torch_2_15_metadata_with_strides_passes():
     """Saved by torch 2.15 (`TensorProperties` gained a 6th item, strides); a PosixPath id."""
     data = (DATA / "torch215_adamw.metadata").read_bytes()
-    tensors = metadata_peek.read_tensors(data)
+    tensors = metadata_peek.read_facts(data).tensors
     assert tensors["model.weight"] == TensorEntry((3, 4), "bfloat16")
     assert tensors["optim.state.1.exp_avg_sq"] == TensorEntry((3,), "float32")
     properties = metadata_peek.screen(data).state_dict_metadata["model.weight"].properties
@@ -68,7 +68,7 @@ def test_a_metadata_written_under_python_3_11_2_passes():
     the screen refused every such checkpoint as possibly hostile."""
     data = (DATA / "torch213_py3112_adamw.metadata").read_bytes()
     assert b"getattr" in data and b"TORCH_CONTIGUOUS_FORMAT" in data
-    tensors = metadata_peek.read_tensors(data)
+    tensors = metadata_peek.read_facts(data).tensors
     assert tensors["model.model.embed_tokens.weight"] == TensorEntry((8192, 256), "float32")
     assert tensors["optim.state.model.norm.weight.exp_avg"] == TensorEntry((256,), "float32")
     entries = metadata_peek.screen(data).state_dict_metadata
@@ -111,7 +111,7 @@ def test_the_getattr_chain_is_refused_and_runs_nothing(tmp_path):
     marker = tmp_path / "pwned"
     attack = _getattr_chain(marker)
     with pytest.raises(MetadataRefused) as refused:
-        metadata_peek.read_tensors(attack, "suffix=x: .metadata")
+        metadata_peek.read_facts(attack, "suffix=x: .metadata")
     message = str(refused.value)
     assert "\n" not in message and message.startswith("suffix=x: .metadata: refused")
     assert f"builtins.getattr({METADATA_MODULE}.TensorProperties, '__init__')" in message
@@ -129,7 +129,7 @@ def test_the_getattr_chain_is_refused_and_runs_nothing(tmp_path):
 ], ids=["dunder", "method", "not-a-name", "another-owner", "globals"])
 def test_getattr_in_any_other_shape_is_refused(owner, name):
     with pytest.raises(MetadataRefused) as refused:
-        metadata_peek.read_tensors(_call(_global("builtins", "getattr"), owner, name) + b".")
+        metadata_peek.read_facts(_call(_global("builtins", "getattr"), owner, name) + b".")
     message = str(refused.value)
     assert "builtins.getattr(" in message and "possibly hostile" in message, message
 
@@ -199,7 +199,7 @@ def test_crafted_pickles_are_refused_in_one_line_and_run_nothing(tmp_path, attac
     marker = tmp_path / "pwned"
     data, found = _attacks(marker)[attack]
     with pytest.raises(MetadataRefused) as refused:
-        metadata_peek.read_tensors(data, "suffix=x: .metadata")
+        metadata_peek.read_facts(data, "suffix=x: .metadata")
     message = str(refused.value)
     assert "\n" not in message and found in message, message
     assert "refused as" in message and "not loaded" in message
@@ -213,10 +213,10 @@ def test_damaged_and_oversized_files_are_refused(monkeypatch, tmp_path):
     real = _save(tmp_path, {"model": {"w": torch.zeros(2)}})
     for damaged in (real[: len(real) // 2], b"not a pickle", b"", pickle.dumps({"a": 1})):
         with pytest.raises(MetadataRefused, match="damaged or possibly hostile"):
-            metadata_peek.read_tensors(damaged)
+            metadata_peek.read_facts(damaged)
     monkeypatch.setattr(metadata_peek, "MAX_METADATA_BYTES", len(real) - 1)
     with pytest.raises(MetadataRefused, match="bytes, over the"):
-        metadata_peek.read_tensors(real)
+        metadata_peek.read_facts(real)
 
 
 # -- the pre-flight of a load -------------------------------------------------------------
@@ -273,4 +273,4 @@ def test_a_multi_storage_client_save_passes(tmp_path, monkeypatch):
              storage_writer=MultiStorageFileSystemWriter("msc://local/ckpt", sync_files=False))
     raw = (tmp_path / "ckpt" / ".metadata").read_bytes()
     assert b"MultiStoragePath" in raw
-    assert metadata_peek.read_tensors(raw) == {"w": TensorEntry((3,), "float32")}
+    assert metadata_peek.read_facts(raw).tensors == {"w": TensorEntry((3,), "float32")}
