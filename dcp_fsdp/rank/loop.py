@@ -117,12 +117,6 @@ class CheckpointLoop:
             self._metadata_facts[suffix] = layout.metadata_facts(self.store, suffix)
         return self._metadata_facts[suffix]
 
-    def _choose_save_suffix(self, iteration: int) -> str:
-        """Rank 0 claims the suffix (layout.save_suffix) before any rank writes into it."""
-        suffix, self.suffix_claim = rank0_decides(self.ctx, lambda: layout.save_suffix(
-            self.store, self.cfg.suffix, self.cfg.iterations, iteration, self.suffixes))
-        return suffix
-
     def _check_matches_checkpoint(self, suffix: str) -> None:
         """Before timing a load: the checkpoint must hold this model's tensors and shapes."""
         def decide() -> str:
@@ -256,8 +250,7 @@ class CheckpointLoop:
         # the endpoint as the client resolves it, environment included: the meter counts that port only
         moved, verb, note, start = progress_measure(
             op, self.cfg.storage.kind.value == "s3", resolve_endpoint(self.cfg.storage), streams)
-        expected = local_bytes(self.state_dict)
-        return Heartbeat(f"{op} iteration {iteration}", moved, expected,
+        return Heartbeat(f"{op} iteration {iteration}", moved, local_bytes(self.state_dict),
                          self.cfg.progress_interval_s, self.log, verb, note, start)
 
     def keep(self, sample: Sample) -> None:
@@ -325,7 +318,9 @@ class CheckpointLoop:
 
     def _save(self, iteration: int) -> str:
         """One timed save (async: started, the previous one completed); its suffix."""
-        suffix = self._choose_save_suffix(iteration)
+        # rank 0 claims the suffix (layout.save_suffix) before any rank writes into it
+        suffix, self.suffix_claim = rank0_decides(self.ctx, lambda: layout.save_suffix(
+            self.store, self.cfg.suffix, self.cfg.iterations, iteration, self.suffixes))
         self._note_writing(suffix)
         handle = self._timed("save", iteration, suffix)
         self._complete_pending()  # the previous save (this one waited for its upload)
