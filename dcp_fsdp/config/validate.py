@@ -22,10 +22,8 @@ from dcp_fsdp.errors import UserError
 S3_MIN_PART_SIZE_MIB = 5  # S3 rejects multipart parts below 5 MiB (except the last)
 S3_MAX_PART_SIZE_MIB = 5 * 1024
 
-MAX_ITERATIONS = 1_000_000
 MAX_THREAD_COUNT = 256  # writer threads per rank: more only adds files and contention
 MAX_ATTEMPTS = 100  # the CRT client retries with back-off: more would hang on a dead server
-MAX_SEED = 2**32 - 1
 MAX_TIMEOUT_S = 7 * 86400.0  # a week: beyond that a typo, and timers overflow
 MAX_DELAY_S = 86400.0
 
@@ -35,8 +33,7 @@ NODES = ("async_save", "tune")
 
 
 def _storage_settings(prefix: str) -> frozenset[str]:
-    """The storage.* settings whose help starts with `prefix` (the storage kind or client
-    that alone uses them, as --help says)."""
+    """The storage.* settings whose help starts with `prefix`: the one kind or client using them."""
     return frozenset(name for name, _, _, text in iter_settings()
                      if name.startswith("storage.") and text.startswith(prefix))
 
@@ -172,27 +169,14 @@ def check_storage_settings(cfg: BenchmarkConfig, given: set[str]) -> None:
         if kind == StorageKind.fs and name in S3_ONLY:
             raise UserError(f"{name} is used only with storage=s3, and this run uses storage=fs: "
                             f"remove {name}, or use storage=s3")
-        _check_client_setting(cfg.storage.client, name)
+        for owner, names in CLIENT_ONLY.items():  # another client would ignore it
+            if owner != cfg.storage.client and name in names:
+                raise UserError(f"{name} is a setting of storage.client={owner.value}, and this "
+                                f"run uses storage.client={cfg.storage.client.value}: remove "
+                                f"{name}, or add storage.client={owner.value}")
         if name == "storage.max_gap_size_mib" and cfg.storage.reader != ReaderKind.dcp_optimized:
             raise UserError(f"{name} is used only with storage.reader=dcp_optimized, and this run "
                             f"uses storage.reader={cfg.storage.reader.value}: remove {name}")
-
-
-def _check_client_setting(client: StorageClient, name: str) -> None:
-    """A setting of another S3 client would be ignored by this one: refuse it."""
-    for owner, names in CLIENT_ONLY.items():
-        if owner != client and name in names:
-            raise UserError(f"{name} is a setting of storage.client={owner.value}, and this run "
-                            f"uses storage.client={client.value}: remove {name}, or add "
-                            f"storage.client={owner.value}")
-
-
-def check_client_installed(client: StorageClient) -> None:
-    """The client's package is importable (found, not imported: the launcher stays light)."""
-    module, package = CLIENT_PACKAGES[client]
-    if importlib.util.find_spec(module) is None:
-        raise UserError(f"storage.client={client.value} needs the package {package}, which is "
-                        f"not installed: pip install {package} (make setup installs it)")
 
 
 def check_model_settings(cfg: BenchmarkConfig, given: set[str]) -> None:
@@ -293,9 +277,9 @@ def _check_numbers(cfg: BenchmarkConfig) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             raise UserError(f"{name}={value}: give a finite number")
     ranges = (  # (setting, lowest, highest, whether the lowest is allowed)
-        ("iterations", 1, MAX_ITERATIONS, True), ("nproc", 1, None, True),
+        ("iterations", 1, 1_000_000, True), ("nproc", 1, None, True),
         ("model.replicas", 1, None, True), ("model.tp", 1, None, True),
-        ("seed", 0, MAX_SEED, True), ("delay_s", 0, MAX_DELAY_S, True),
+        ("seed", 0, 2**32 - 1, True), ("delay_s", 0, MAX_DELAY_S, True),
         ("op_timeout_s", 0, MAX_TIMEOUT_S, False),
         ("collective_timeout_s", 0, MAX_TIMEOUT_S, False),
         ("train_step_s", 0, 3600.0, True), ("progress_interval_s", 0, MAX_DELAY_S, False),
@@ -410,7 +394,10 @@ def _check_storage(storage: StorageConfig) -> None:
                         "give the bucket too, e.g. storage.uri=s3://my-bucket/checkpoints")
     if storage.region is not None:
         check_region(storage.region, "storage.region")
-    check_client_installed(storage.client)
+    module, package = CLIENT_PACKAGES[storage.client]
+    if importlib.util.find_spec(module) is None:  # found, not imported: the launcher stays light
+        raise UserError(f"storage.client={storage.client.value} needs the package {package}, "
+                        f"which is not installed: pip install {package} (make setup installs it)")
     if storage.metrics_url is not None and not re.match(r"^https?://[^/\s]+/\S*$",
                                                         storage.metrics_url):
         raise UserError(f"storage.metrics_url={storage.metrics_url}: write it as "
