@@ -37,26 +37,6 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
 def config_file_overrides(paths: list[str]) -> list[str]:
     """The settings of `--config FILE` files (YAML: the command line's keys, nested or dotted),
     as overrides to place before the command line's (which wins), in the files' order."""
-    return [override for path in paths for override in _config_file_overrides(path)]
-
-
-def _config_file_overrides(path: str) -> list[str]:
-    try:
-        with open(path) as source:
-            content = yaml.safe_load(source)
-    except OSError as error:
-        raise UserError(f"--config {path}: cannot read it ({error.strerror or error}); "
-                        "check the path and its permissions") from None
-    except yaml.YAMLError as error:
-        where = getattr(error, "problem_mark", None)
-        line = f" at line {where.line + 1}" if where is not None else ""
-        raise UserError(f"--config {path}: not valid YAML{line}; fix the file") from None
-    if content is None:
-        return []
-    if not isinstance(content, dict):
-        raise UserError(f"--config {path}: expected a mapping of settings (key: value), "
-                        f"found {type(content).__name__}")
-
     def flatten(node: dict, prefix: str = "") -> Iterator[str]:
         for key, value in node.items():
             name = f"{prefix}{key}"
@@ -68,7 +48,24 @@ def _config_file_overrides(path: str) -> list[str]:
                 yield f"{name}=null"
             else:
                 yield f"{name}={str(value).lower() if isinstance(value, bool) else value}"
-    return list(flatten(content))
+
+    overrides: list[str] = []
+    for path in paths:
+        try:
+            with open(path) as source:
+                content = yaml.safe_load(source)
+        except OSError as error:
+            raise UserError(f"--config {path}: cannot read it ({error.strerror or error}); "
+                            "check the path and its permissions") from None
+        except yaml.YAMLError as error:
+            where = getattr(error, "problem_mark", None)
+            line = f" at line {where.line + 1}" if where is not None else ""
+            raise UserError(f"--config {path}: not valid YAML{line}; fix the file") from None
+        if content is not None and not isinstance(content, dict):
+            raise UserError(f"--config {path}: expected a mapping of settings (key: value), "
+                            f"found {type(content).__name__}")
+        overrides += flatten(content or {})
+    return overrides
 
 
 def compose(command: str, overrides: list[str], named: str | None = None) -> BenchmarkConfig:
