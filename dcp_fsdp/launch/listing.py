@@ -14,8 +14,7 @@ from dcp_fsdp.config.validate import suffix_taken
 from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch.aftermath import uploads_words
 from dcp_fsdp.launch.preflight import check_fs_root, needs_embedded_server
-from dcp_fsdp.storage import make_store
-from dcp_fsdp.storage import layout
+from dcp_fsdp.storage import layout, make_store
 from dcp_fsdp.storage.layout import CheckpointInfo, OpenUpload, read_claim
 
 if TYPE_CHECKING:

@@ -25,8 +25,7 @@ from dcp_fsdp.storage import layout
 from dcp_fsdp.storage.metadata_peek import MetadataFacts
 from dcp_fsdp.config.schema import BenchmarkConfig, Malloc
 from dcp_fsdp.launch.aftermath import RanksOutcome, find_record, lead_the_record, settle
-from dcp_fsdp.launch.agent import PYTHON_FLAGS as AGENT_PYTHON_FLAGS
-from dcp_fsdp.launch.agent import Terminated, raise_terminated
+from dcp_fsdp.launch.agent import PYTHON_FLAGS as AGENT_PYTHON_FLAGS, Terminated, raise_terminated
 from dcp_fsdp.launch.checks import check_launch
 from dcp_fsdp.launch.preflight import claim_save_suffixes, preflight, storage_environment
 from dcp_fsdp.launch.server_check import ServerCheck
