@@ -252,11 +252,9 @@ def _malloc_launch(cfg: BenchmarkConfig, settings: Settings, malloc: str,
         found = read_record_file(made[0])
         run = found.runs[0] if found.runs else None
         launch.record, launch.figures = str(made[0]), figures_of(found.samples)
-        launch.checkpoint = "it left no checkpoint"
-        if run is not None:
-            launch.error = run.error
-            launch.checkpoint = _delete_checkpoints(
-                run_cfg, [s for s in dict.fromkeys([*run.suffixes, run.incomplete_suffix]) if s])
+        launch.error = run.error if run is not None else None
+        launch.checkpoint = _delete_checkpoints(run_cfg, [] if run is None else [
+            s for s in dict.fromkeys([*run.suffixes, run.incomplete_suffix]) if s])
     if launch.score is None and code != contract.EXIT_INTERRUPTED:
         launch.output = str(output)
     else:  # measured, or stopped by the user: the one line says it
