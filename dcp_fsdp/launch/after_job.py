@@ -27,8 +27,7 @@ _ERROR_FILES = "*/attempt_*/*/error.json"
 
 
 def node_reports(job_dir: Path) -> list[dict]:
-    """One entry per node task that started: host, its agent's summary (or None), its
-    agent's exit status and when it ended (None: the task itself was killed)."""
+    """One entry per node task that started (`agent_exit` None: the task itself was killed)."""
     reports = []
     for node in sorted(job_dir.glob("node-*")):
         entry: dict = {"node": node.name.removeprefix("node-"), "host": None, "summary": None,

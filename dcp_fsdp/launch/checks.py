@@ -325,8 +325,7 @@ def check_model(cfg: BenchmarkConfig) -> None:
 
 
 def check_tensor_parallel(cfg: BenchmarkConfig, world_size: int, name: str) -> None:
-    """model.tp: the world forms whole TP groups and the model splits evenly over one;
-    `name` is where `world_size` came from."""
+    """model.tp: whole TP groups, the model split evenly over one; `name`: where `world_size` came from."""
     check_tp(model_shape(cfg.model), cfg.model.tp, cfg.model.replicas, world_size, name)
 
 

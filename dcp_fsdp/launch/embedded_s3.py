@@ -239,8 +239,7 @@ class EmbeddedS3:
         return f"exit code {code}"
 
     def death_line(self) -> str | None:
-        """The launcher's line when the server died during a run (the ranks see only connection
-        errors); None while it serves."""
+        """The launcher's line for a server that died during the run (the ranks see only connection errors)."""
         if (death := self.death()) is None or self.process is None or self.workdir is None:
             return None
         data = self.workdir / "data"

@@ -52,7 +52,6 @@ def storage_environment(cfg: BenchmarkConfig
         yield cfg, {}, None
         return
     if cfg.command == Command.load:
-        # A fresh embedded server is empty: there is nothing to load.
         raise UserError("storage.uri is not set: the embedded S3 server starts empty each run, so "
                         "there is nothing to load; use save-and-load, or keep a server up "
                         "(dcp-fsdp s3-server start) and point storage.uri at it")
@@ -169,10 +168,9 @@ def check_compatible(store: CheckpointStore, cfg: BenchmarkConfig) -> MetadataFa
 
 
 def _check_same_shape(suffix: str, cfg: BenchmarkConfig, manifest: dict, tensors: dict) -> bool:
-    """Whether the configured model has the tensors the checkpoint was saved from (the
-    manifest's `model.shape`): then another name or path for it loads. The same name with
-    other tensors (its config.json edited since) is refused: a smaller model would load part
-    of the checkpoint."""
+    """Whether the configured model has the tensors the checkpoint was saved from (the manifest's
+    `model.shape`): then another name or path for it loads. The same name with other tensors
+    (config.json edited since) is refused: a smaller model would load part of the checkpoint."""
     if not isinstance(manifest.get("model.shape"), str):
         if manifest:  # saved before model.shape: no model tensor there may be missing here
             _check_no_extra_tensors(suffix, cfg, tensors, manifest)
