@@ -1,10 +1,6 @@
 """A server's own request counters against the request counts of a record: the check from
-outside that the connector-log parser counted what was really sent (docs/metrics.md).
-
-SeaweedFS counts S3 requests as `SeaweedFS_s3_request_total{bucket,code,type}` (its
-`/metrics`), naming HEAD as GET, UploadPart as PUT, Create/CompleteMultipartUpload as POST
-(SERVER_TYPE). What a record says was sent: every rank's timed requests, its untimed ones
-and control-plane calls, and the launcher's own pre-flight calls (launch/server_check.py).
+outside that the connector-log parser counted what was really sent (docs/metrics.md "Checked
+against the server": what is compared; the launcher's side: launch/server_check.py).
 """
 
 from __future__ import annotations
@@ -108,10 +104,8 @@ def compare(record: collections.Counter, server: collections.Counter,
             gaps: list[str], source: str, restarted: bool = False,
             unanswered: int = 0, resends_unseen: bool = False) -> dict[str, Any]:
     """The run record's `server_requests`: both views, whether they agree and, if not, the cause
-    the run itself shows (docs/record-format.md; null: another client of the bucket, or a misread
-    log). "unanswered_requests": the unanswered requests account for every difference (a stalled
-    server counts a request when it answers it; an answer that never reached the client is
-    counted by the server under its status, by the record as "none")."""
+    the run itself shows (each cause: docs/record-format.md; null: another client of the
+    bucket, or a misread log)."""
     keys = sorted(set(record) | set(server))
     match = not gaps and all(record[k] == server[k] for k in keys)
     cause = None
