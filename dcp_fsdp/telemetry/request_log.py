@@ -72,11 +72,7 @@ class RequestLog:
         with self._control_lock:
             self._pending.extend(self._hooked)
             self._hooked = []
-        if not self.directory.is_dir():
-            return
-        for path in sorted(self.directory.iterdir()):  # hourly files sort by time
-            if not path.is_file():
-                continue
+        for path in sorted(p for p in self.directory.glob("*") if p.is_file()):  # hourly: by time
             offset = self._offsets.get(path.name, 0)
             with open(path, "rb") as source:
                 source.seek(offset)
@@ -192,8 +188,7 @@ class RequestLog:
 
     def copy_raw(self, destination: Path) -> Path | None:
         """The raw log lines (all hourly files, in order) into one file."""
-        files = sorted(p for p in self.directory.glob("*") if p.is_file()) \
-            if self.directory.is_dir() else []
+        files = sorted(p for p in self.directory.glob("*") if p.is_file())  # none: no directory
         if not files:
             return None
         destination.parent.mkdir(parents=True, exist_ok=True)
