@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 
-THROTTLE_STATUSES = (429, 503)
-
 
 @dataclasses.dataclass(slots=True)
 class Request:
@@ -18,8 +16,7 @@ class Request:
     status: int | None  # HTTP status; None when no response arrived
     duration_s: float | None
     ttfb_s: float | None = None
-    # GetObject: bytes in the requested range; PutObject / UploadPart (botocore's hook only):
-    # the body's bytes
+    # GetObject: bytes in the requested range; PutObject / UploadPart (botocore's hook): its body's
     nbytes: int | None = None
     retryable: bool = False
     retried: bool = False
@@ -27,8 +24,7 @@ class Request:
     # when its meta request began (the connector's "new request" line, written by the
     # calling thread inside the operation): which operation the request belongs to
     opened_wall_s: float | None = None
-    # its status came (2xx) but the transfer broke (a crt_error): failed, and its body came
-    # in part, how much unknown (up to nbytes)
+    # its status came (2xx) but the transfer broke (a crt_error): failed, its body in part (<= nbytes)
     broken: bool = False
     # a broken GET of a botocore-based client (telemetry/get_bodies.py): the body bytes known
     # to have come down before the break, and whether they are all that came (else a floor)
@@ -41,4 +37,4 @@ class Request:
 
     @property
     def throttled(self) -> bool:
-        return self.outcome == "failed" and self.status in THROTTLE_STATUSES
+        return self.outcome == "failed" and self.status in (429, 503)
