@@ -9,8 +9,6 @@ carry: docs/metrics.md "S3 request statistics". A line looks like (wrapped here)
     2026-11-22T23:14:27.131010Z DEBUG put_object{id=1 bucket="b" key="k"}:
     mountpoint_s3_client::s3_crt_client: S3 request finished request_type=UploadPart
     crt_error=None http_status=200 range=None duration=120.88ms ttfb=Some(98.5ms) request_id=..
-A "finished" line with a 2xx status and a crt_error (the connection broke mid-body) is a
-*broken* attempt: failed and retryable, its range no count of bytes that arrived.
 """
 
 from __future__ import annotations
