@@ -51,12 +51,6 @@ def subplots(*args: Any, **kwargs: Any) -> Any:
     return plt.subplots(*args, **kwargs)
 
 
-def _colors() -> list[str]:
-    import matplotlib.pyplot as plt
-
-    return plt.rcParams["axes.prop_cycle"].by_key()["color"]
-
-
 def save_png(fig: Figure, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
@@ -71,10 +65,9 @@ def _throughput_plot(result: dict[str, Any], path: Path) -> Path:
     series_keys = [k for k in result["group_keys"] if k not in ("nodes", "ranks")]
     varying = [k for k in series_keys if ops[k].astype(str).nunique() > 1 or k == "op"]
     fig, axes = subplots(1, 2, figsize=(12, 4.8), sharey=True)
-    colors = _colors()
     for index, (_label, group) in enumerate(ops.groupby(varying, sort=True)):
         label = _series_label(group.iloc[0], varying)
-        color = colors[index % len(colors)]
+        color = f"C{index}"  # the property cycle's colours, round again past its last
         for axis, x in zip(axes, ("nodes", "ranks")):
             xs = group[x].astype(float)
             axis.scatter(xs, group["aggregate_mib_s"], color=color, alpha=0.35, s=18)
@@ -151,8 +144,7 @@ def _rank_panel(axis: Axes, op_samples: pd.DataFrame, title: str) -> None:
 
 
 def _latency_plot(samples: pd.DataFrame, op_names: list[str], path: Path) -> Path | None:
-    """Request latency distribution: CDF per request type, one panel per operation (only
-    operations with request statistics: the raw ceiling's have none)."""
+    """A latency CDF per request type, a panel per op with request statistics (raw ones: none)."""
     has_requests = samples["requests"].map(lambda r: isinstance(r, dict))
     request_ops = [op for op in op_names if has_requests[samples["op"] == op].any()]
     if not request_ops:
@@ -167,7 +159,6 @@ def _latency_plot(samples: pd.DataFrame, op_names: list[str], path: Path) -> Pat
 def _latency_panel(axis: Axes, requests: pd.Series, op: str) -> None:
     import matplotlib
 
-    colors = _colors()
     for index, (kind, entry) in enumerate(merge_by_type(requests).items()):
         hist = entry["latency_hist"]
         items = sorted((int(i), n) for i, n in hist.items())
@@ -179,7 +170,7 @@ def _latency_panel(axis: Axes, requests: pd.Series, op: str) -> None:
             ys += [seen / total, (seen + n) / total]
             seen += n
         p50, p99 = hist_quantile(hist, 0.5), hist_quantile(hist, 0.99)
-        axis.plot(xs, ys, color=colors[index % len(colors)],
+        axis.plot(xs, ys, color=f"C{index}",
                   label=f"{kind} (n={total}, p50 {p50:.1f} ms, p99 {p99:.1f} ms)")
     axis.set_xscale("log")
     # decade labels only: minor labels overlap on a narrow span
