@@ -1,10 +1,6 @@
-"""Grouping runs' samples into the report's tables (DataFrames of raw numbers).
-
-Groups: node count, world size, model, operation, storage, and every setting or run
-attribute (RUN_ATTRIBUTES) that differs between the runs that enter the figures; a setting
-that does not apply to an operation (APPLIES_TO) does not split its rows. Failed,
-interrupted and incomplete runs are left out of every figure and listed (docs/report.md).
-"""
+"""Grouping runs' samples into the report's tables (DataFrames of raw numbers). Groups: the
+FIXED_KEYS and every setting or RUN_ATTRIBUTES entry that differs between the runs that enter
+the figures (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +15,7 @@ from dcp_fsdp.analysis.clients import client_notes, fill_missing_client, with_cl
 from dcp_fsdp.telemetry import time_split
 from dcp_fsdp.telemetry.figures import NOISY_SPREAD, NOISY_WORDS
 from dcp_fsdp.analysis.metrics import per_operation, samples_frame
-from dcp_fsdp.analysis.sources import incomplete_runs
+from dcp_fsdp.analysis.sources import COMMAND_OPS, incomplete_runs
 from dcp_fsdp.analysis.tables import ordered, phase_row, throughput_row, type_rows
 
 FIXED_KEYS = ["nodes", "ranks", "model", "op", "storage"]
@@ -157,14 +153,9 @@ def runs_frame(runs: list[dict[str, Any]], incomplete: dict[str, str]
     return frame, varying
 
 
-# a failed run of these commands could have made a row of this op
-COMMANDS_OF_OP = {"save": ("save", "save-and-load"), "load": ("load", "save-and-load")}
-
-
 def _with_settings(frame: pd.DataFrame, run_rows: pd.DataFrame, group_keys: list[str],
                    varying: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(samples, operations), each row with its run's settings (blank where a setting does
-    not apply to the op)."""
+    """(samples, operations) with their runs' settings (blank where one does not apply to the op)."""
     attributes = run_rows[["run_id", *[k for k in group_keys if k != "op"]]]
     # a setting named like a sample field (save_mode): the run's setting groups
     frame = frame.drop(columns=[k for k in attributes if k != "run_id" and k in frame])
@@ -205,7 +196,7 @@ def _failed_like(failed_runs: pd.DataFrame, labels: dict[str, Any], varying: lis
     for name in ("nodes", "ranks", "model", "storage", *varying):
         if _applies(name, labels["op"]):
             same_group = same_group[same_group[name].astype(str) == str(labels[name])]
-    commands = COMMANDS_OF_OP.get(labels["op"])
+    commands = [command for command, ops in COMMAND_OPS.items() if labels["op"] in ops]
     return len(same_group[same_group["command"].isin(commands)]) if commands else math.nan
 
 
