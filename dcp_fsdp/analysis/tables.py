@@ -61,8 +61,7 @@ def slowest_mean(group_samples: pd.DataFrame, field: str) -> float:
 
 
 def order_figures(group_ops: pd.DataFrame) -> dict[str, float]:
-    """The first operations of their processes (iteration 1: cold) and the later ones apart:
-    mean span and pooled aggregate of each."""
+    """Mean span and pooled aggregate of the first operations (iteration 1: cold) and the later."""
     found = {}
     for order in ("first", "later"):
         ops = group_ops[group_ops["op_order"] == order]
@@ -91,9 +90,8 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
     aggregate = figures["aggregate_mib_s"]
     # a group with an operation whose requests are unknown (null: none parsed) has no
     # request figures: a partial count would read as fewer requests, or no failures
-    known = bool(group_ops["req_count"].notna().all())
-    count = group_ops["req_count"].sum() if known else math.nan
-    failed = group_ops["req_failed"].sum(min_count=1) if known else math.nan
+    count = complete_sum(group_ops["req_count"])
+    failed = math.nan if math.isnan(count) else group_ops["req_failed"].sum(min_count=1)
     ttfb = hist_merge(r.get("ttfb_hist") for r in group_samples["requests"]
                       if isinstance(r, dict))
     group_efficiency = efficiency(group_ops, all_ops)
