@@ -20,8 +20,7 @@ def stager_note(renewed: Iterable[object]) -> str | None:
 
 
 def fork_note(rank_starts: Iterable[object]) -> str | None:
-    """The caution when any run's ranks were forked (`rank_start`, the test
-    suite's switch): a forked rank shares its fork server's pages, its timings are not a user's."""
+    """The caution when any run's ranks were forked (rank_start=fork): they share a server's pages."""
     forked = sum(start == "fork" for start in rank_starts)
     if not forked:
         return None

@@ -38,8 +38,7 @@ def fill_missing_client(settings_per_run: list[dict[str, Any]]) -> None:
 
 
 def client_notes(runs: list[dict[str, Any]]) -> list[str]:
-    """One line each: the S3 records without storage.client (counted as the connector's),
-    and those naming a client this reader does not know."""
+    """Notes on S3 records without storage.client (counted as the connector's) or an unknown one."""
     notes = []
     if any(_client(run) is not None for run in runs):
         missing = [run for run in runs if _client(run) is None and _is_s3(run)]

@@ -1,11 +1,6 @@
 """Dollars of a checkpoint, from a run's own request counts and bytes, and a prices file
 (YAML; default conf/prices/s3-standard-us-east-1.yaml, dated and sourced). Formulas and
-assumptions: docs/decisions.md "Dollars per checkpoint".
-
-A file system has no request or storage charges to price here: no dollars, never zero.
-Requests are priced only from complete counts (`RequestCounts.per_type`); otherwise the
-report names what is missing (a partial sum divided by every operation would price low).
-"""
+assumptions: docs/decisions.md "Dollars per checkpoint"."""
 
 from __future__ import annotations
 
@@ -90,7 +85,8 @@ class RequestCharge:
 
 @dataclasses.dataclass
 class RequestCounts:
-    """One group's requests per operation by type, or None unless every count is known."""
+    """One group's requests per operation by type, or None unless every count is known (a
+    partial sum divided by every operation would price low)."""
 
     per_type: dict[str, float] | None  # {request type: requests per operation}
     samples: int  # the group's samples (rank x operation)
@@ -110,8 +106,7 @@ def late_runs(runs: list[dict[str, Any]]) -> set[str]:
 
 
 def request_counts(samples: Any, late: set[str] | frozenset[str] = frozenset()) -> RequestCounts:
-    """From a group's samples (a frame with run_id, iteration, bytes, requests); the
-    samples of `late` runs (late_runs) count as missing."""
+    """From a group's samples (a frame); the samples of `late` runs (late_runs) count as missing."""
     if len(samples) == 0 or "requests" not in samples:
         return RequestCounts(None, len(samples), len(samples))
     missing = 0

@@ -194,8 +194,7 @@ def _row(number: int, p: Plan, cost: Dollars | None, interval_minutes: float | N
 def render(result: dict[str, Any], runs: list[dict[str, Any]], node_mtbf_hours: float,
            nodes: int | None, interval_minutes: float | None, keep: int,
            prices: costs.Prices, fmt: str = "table") -> str:
-    """The interval and dollars section of `report`: a side-by-side table of the save groups
-    (sync and async next to each other), then each group's inputs and figures."""
+    """The interval and dollars section: a table of the save groups, then each one's inputs."""
     heading = "## " if fmt == "md" else ""
     groups = gather(result, runs)
     if not groups:

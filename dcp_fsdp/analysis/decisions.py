@@ -1,14 +1,7 @@
-"""How often to checkpoint, what it costs training, and in dollars: from a run's own figures.
-
-`dcp-fsdp report DIR --node-mtbf-hours H [--nodes N] [--interval-minutes X] [--keep K]
-[--prices FILE]`, per save group (definitions and assumptions: docs/decisions.md):
-  M = H x 3600 / N (the job's MTBF, s); C = what one checkpoint costs training (warm saves);
-  R = restart (the first load + start-up); L = async only: the upload lag
-  Young (1974): tau = sqrt(2 C M); Daly (2006): the higher-order form (daly_interval_s)
-  share of training time lost at tau ~ C / tau + (tau / 2 + L) / M + R / M (first order;
-  flagged above FIRST_ORDER_LIMIT, meaningless at 100 % or more)
-An async interval below the upload time (persisted span) would queue saves: it is raised to it.
-"""
+"""How often to checkpoint and what it costs training, per save group of `dcp-fsdp report
+--node-mtbf-hours H` (formulas and assumptions: docs/decisions.md): M, the job's MTBF; C, what
+a checkpoint costs training (warm saves); R, a restart (the first load + start-up); L, the
+async upload lag."""
 
 from __future__ import annotations
 

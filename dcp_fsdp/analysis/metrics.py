@@ -55,8 +55,7 @@ def samples_frame(samples: Iterable[dict[str, Any]]) -> pd.DataFrame:
 
 
 def per_operation(samples: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, op, iteration) of a samples_frame: totals over ranks and the spread
-    across them."""
+    """One row per (run, op, iteration) of a samples_frame: totals and spread over ranks."""
     samples = one_run_if_unnamed(samples)  # as operations() counts them
     begin = samples["begin_wall_s"].astype(float)
     samples = samples.assign(**{f"_{span}_end": begin + pd.to_numeric(samples[f"{span}_s"], errors="coerce")
@@ -128,8 +127,7 @@ def run_figures(samples: Iterable[dict[str, Any]]
 
 def _row_cells(label: str, iteration: int | str, suffix: str, figures: pd.Series | dict[str, float],
                ops: pd.DataFrame, eff: float, op_samples: pd.DataFrame, spread: str = "") -> list[Any]:
-    """One row: the `figures` of the operations `ops` (one, or an op's pooled), their ranks'
-    samples, and the note (with `spread`)."""
+    """One row: the `figures` of `ops` (one operation, or an op's pooled) and their samples."""
     count = complete_sum(ops["req_count"])
     requests = ["", "", "", ""]
     if not pd.isna(count):

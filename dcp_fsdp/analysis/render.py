@@ -1,8 +1,5 @@
-"""The report's tables as text: terminal, Markdown, or the wide CSV (docs/report.md "Fitting
-the terminal"). The terminal view fits a width: the group keys that differ first (the shared
-ones in a line above), a compact set of columns, and the least important columns dropped
-when still too wide (said under the table); `--wide` and `--format md` show every column.
-"""
+"""The report's tables as text: terminal (fit to a width), Markdown, or the wide CSV
+(docs/report.md "Fitting the terminal")."""
 
 from __future__ import annotations
 
@@ -125,8 +122,7 @@ def _differing_keys(result: dict[str, Any]) -> tuple[list[str], list[str]]:
 
 
 class _Page:
-    """The report's text as it is written: lines, wrapped for a terminal (fmt "table") or
-    left whole for markdown (fmt "md"), and its tables compact or full."""
+    """The report's lines: wrapped for a terminal (fmt "table"), whole for markdown ("md")."""
 
     def __init__(self, fmt: str, width: int, compact: bool, keys: list[str],
                  legend: dict[tuple, str] | None) -> None:

@@ -109,9 +109,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def server_check_notes(runs: list[dict[str, Any]]) -> list[str]:
-    """What the records' `server_requests` say (storage.metrics_url, launch/server_check.py):
-    a note per run whose request counts differ from its S3 server's own counters, and one for
-    the runs that were checked and agree."""
+    """A note per run whose request counts differ from its S3 server's own counters
+    (`server_requests`, launch/server_check.py), and one for the runs checked that agree."""
     checked = [run for run in runs if run["server_requests"] is not None]
     differing = [run for run in checked if not run["server_requests"].get("match")]
     notes = []
@@ -140,8 +139,7 @@ def _cause(check: dict[str, Any]) -> str:
 
 def _write_tables(args: argparse.Namespace, result: dict[str, Any], runs: list[dict[str, Any]],
                   warnings: list[str], prices: Prices | None) -> None:
-    """The terminal (or markdown) report: the tables, scaling, and with --node-mtbf-hours the
-    interval decision."""
+    """The terminal (or markdown) report: tables, scaling, the interval with --node-mtbf-hours."""
     from dcp_fsdp.analysis import decision_text, scaling
 
     width = shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns

@@ -87,8 +87,7 @@ CACHE_KEPT = {
 
 
 def cache_lines(run: RunRecord, samples: list[Sample]) -> list[str]:
-    """fs loads that read (partly) from memory because the page cache could not be dropped,
-    once, with what it means for the figure."""
+    """Once: fs loads read (partly) from memory, the page cache not dropped, and what that means."""
     policies = {s.cache_policy for s in samples if s.op == "load"}
     mlperf = ", MLPerf's included," if getattr(run.config, "protocol", None) == "mlperf" else ""
     return [f"load: {CACHE_KEPT[policy].format(mlperf=mlperf)}" for policy in CACHE_KEPT
@@ -112,8 +111,7 @@ def mlperf_lines(run: RunRecord, samples: list[Sample]) -> list[str]:
 
 
 def mlperf_op_lines(samples: Any) -> list[str]:
-    """One line per op of one run's samples (dicts or a frame): MLPerf's figure and ours;
-    the end-of-run lines and `report` print the same."""
+    """Per op of one run's samples: MLPerf's figure and ours (end-of-run lines and `report`)."""
     ops = operations(samples)
     lines = []
     for op in ("save", "load"):

@@ -1,10 +1,5 @@
-"""Scaling across world sizes and node counts, and S3's per-prefix request limits
-(docs/decisions.md "Scaling across world sizes and node counts").
-
-Scaling efficiency = (aggregate / ranks) / (the smallest size's aggregate / its ranks);
-plan, commit, barrier: each as a share of the operation's mean span. Per prefix: a run's
-requests/s per node x the target node count / the prefixes its keys are spread over.
-"""
+"""Scaling across world sizes and node counts, and S3's per-prefix request limits (the
+figures' definitions: docs/decisions.md "Scaling across world sizes and node counts")."""
 
 from __future__ import annotations
 
@@ -70,8 +65,7 @@ def prefixes_of(config: dict[str, Any]) -> tuple[str, int]:
 
 def prefix_warnings(result: dict[str, Any], runs: list[dict[str, Any]], target_nodes: int,
                     prices: costs.Prices) -> list[str]:
-    """Per S3 save/load group: the per-prefix request rate at `target_nodes`, when it passes
-    S3's limits."""
+    """Per S3 save/load group whose per-prefix request rate at `target_nodes` passes S3's limit."""
     types, throughput = result["types"], result["throughput"]
     if throughput.empty or types.empty:
         return []
@@ -131,8 +125,7 @@ def render(result: dict[str, Any], fmt: str = "table") -> str:
 
 
 def plot(result: dict[str, Any], directory: str | Path) -> list[Path]:
-    """scaling.png: per operation spanning several sizes, scaling efficiency and the plan /
-    commit / barrier shares against ranks (nothing when no operation spans two sizes)."""
+    """scaling.png: scaling efficiency and plan/commit/barrier shares against ranks, per op of sizes."""
     frames = scaling_frames(result)
     if not frames:
         return []

@@ -1,12 +1,7 @@
-"""Finding record files and reading them (through the typed reader in telemetry.records):
-which runs enter the report, one copy of each run_id, and what was skipped and why.
-
-A results tree often holds a run twice (a backup copy): counting both would double every
-figure of the run, so each run_id is read once; of two copies the one with fewer unreadable
-lines is kept. Everything left out is summarised in one note per reason. And whether a run's
-record is whole (incomplete_runs): a cut-off or damaged record never enters a figure, a run
-that says "ok" is then left out of every figure and listed, with the reason (docs/report.md).
-"""
+"""Finding record files and reading them (telemetry.records): which runs enter the report,
+and what was skipped and why (docs/report.md). A results tree often holds a run twice (a
+backup copy): counting both would double every figure of the run, so each run_id is read
+once, of two copies the one with fewer unreadable lines."""
 
 from __future__ import annotations
 
@@ -121,7 +116,6 @@ class Intake:
         return [printable(note) for note in notes]
 
 
-
 def _records_under(directory: Path) -> list[Path]:
     return sorted(directory.rglob(f"*{RECORD_SUFFIX}"))
 
@@ -149,8 +143,7 @@ def record_files(paths: Iterable[str]) -> list[Path]:
 
 def read_records(files: Iterable[Path]
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
-    """(runs, samples, notes) as plain rows for the tables: each run_id once, lines and files
-    that cannot be read skipped, one note per reason (Intake)."""
+    """(runs, samples, notes): each run_id once, what cannot be read skipped (Intake)."""
     intake = Intake()
     for path in files:
         try:
@@ -194,8 +187,7 @@ def _ranks_reason(run: dict[str, Any], ranks_per_op: dict[tuple[str, int], set[i
 
 
 def _iterations(run: dict[str, Any]) -> int | None:
-    """The iterations every timed operation must have samples of (records of format 2 on, of
-    a command that times operations), else None."""
+    """The iterations every timed operation must have samples of (format 2 on), else None."""
     iterations = run["config"].get("iterations")  # a setting: of any kind in a record
     if run["schema_version"] < 2 or run["command"] not in COMMAND_OPS \
             or not isinstance(iterations, int) or iterations <= 0:
@@ -219,8 +211,7 @@ def _iterations_reason(run: dict[str, Any],
 
 def incomplete_runs(runs: list[dict[str, Any]], samples: list[dict[str, Any]]
                     ) -> dict[str, str]:
-    """{run_id: reason} for the runs with status ok whose record is not whole (run and
-    samples: validated records' dumps, telemetry.records)."""
+    """{run_id: reason} for the runs with status ok whose record is not whole."""
     ranks: dict[str, dict[tuple[str, int], set[int]]] = defaultdict(lambda: defaultdict(set))
     for sample in samples:  # per run, per (op, iteration)
         ranks[sample["run_id"]][(sample["op"], sample["iteration"])].add(sample["rank"])
