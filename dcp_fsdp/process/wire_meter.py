@@ -54,9 +54,7 @@ def endpoint_port(endpoint: str | None) -> int:
     if not endpoint:
         return 443
     parsed = urllib.parse.urlsplit(endpoint)
-    if parsed.port:
-        return parsed.port
-    return 80 if parsed.scheme == "http" else 443
+    return parsed.port or (80 if parsed.scheme == "http" else 443)
 
 
 def _inspect(fd: int, port: int) -> tuple[int, bool | None, tuple[int, int]] | None:
@@ -126,9 +124,6 @@ class _ClosedSockets:
                 self.lost = True
                 continue
             found.update(_destroyed(data, self.port))
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _destroyed(data: bytes, port: int) -> dict[int, tuple[int, int]]:
@@ -275,7 +270,7 @@ class WireMeter:
                 self._snmp_fd = -1
             if self._closed is not None:
                 self._take_closed()
-                self._closed.close()
+                self._closed.sock.close()
                 self._closed = None
 
     def note(self, fd: int) -> None:
@@ -284,17 +279,14 @@ class WireMeter:
         with self._lock:
             if self._inodes.get(inode) is not None:
                 return  # a kept-alive socket seen before: counted by its cookie until it closes
-            self._adopt(fd, inode)
-
-    def _adopt(self, fd: int, inode: int) -> None:
-        found = _inspect(fd, self.port)
-        if found is None:
-            return
-        cookie, _, counts = found
-        if cookie in self._maybe:
-            self._own[cookie] = self._maybe.pop(cookie)
-        self._own.setdefault(cookie, [0, 0, *counts])
-        self._inodes[inode] = cookie
+            found = _inspect(fd, self.port)
+            if found is None:
+                return
+            cookie, _, counts = found
+            if cookie in self._maybe:
+                self._own[cookie] = self._maybe.pop(cookie)
+            self._own.setdefault(cookie, [0, 0, *counts])
+            self._inodes[inode] = cookie
 
     def _nothing_opened(self) -> bool:
         """No connection opened in the namespace since the last listing, none of ours was
@@ -386,12 +378,8 @@ def _socket_inode(fd: int) -> int:
 
 def _sockets() -> dict[int, int]:
     """{socket inode: fd} of this process's socket descriptors."""
-    found: dict[int, int] = {}
-    for name in os.listdir("/proc/self/fd"):
-        inode = _socket_inode(int(name))
-        if inode:
-            found[inode] = int(name)
-    return found
+    fds = map(int, os.listdir("/proc/self/fd"))
+    return {inode: fd for fd in fds if (inode := _socket_inode(fd))}
 
 
 def _active_opens(snmp_fd: int) -> int:
@@ -426,8 +414,7 @@ def progress_measure(op: str, s3: bool, endpoint: str | None,
         if meter.available():
             if save:
                 return meter.acked, "uploaded", "acknowledged by the storage endpoint", meter.start
-            return meter.received, "received", "from the storage endpoint, as it arrives", \
-                meter.start
+            return meter.received, "received", "from the storage endpoint, as it arrives", meter.start
     # no TCP counters (fs, or a kernel without them): what DCP handed to / took from the
     # streams, said so (a client's buffers run ahead of its upload)
     if save:
