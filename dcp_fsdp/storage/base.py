@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import secrets
-from typing import Any, Iterable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Concatenate, Iterable, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 from dcp_fsdp.storage.timeline import HookTimeline
 
@@ -98,6 +99,21 @@ HOST_STATE_WRITER_KWARGS: dict[str, Any] = {"per_thread_copy_ahead": 0}
 
 def host_state_kwargs(host_state: bool) -> dict[str, Any]:
     return HOST_STATE_WRITER_KWARGS if host_state else {}
+
+
+_Args = ParamSpec("_Args")
+_Result = TypeVar("_Result")
+
+
+def delegated(holder: str, method: Callable[Concatenate[Any, _Args], _Result]
+              ) -> Callable[Concatenate[Any, _Args], _Result]:
+    """A method that calls its namesake `method` on `self.<holder>`, the object a wrapper holds."""
+    name = method.__name__
+
+    def forwarded(self: Any, *args: _Args.args, **kwargs: _Args.kwargs) -> _Result:
+        return getattr(getattr(self, holder), name)(*args, **kwargs)
+
+    return forwarded
 
 
 def built(plain: type, timed: type, timeline: HookTimeline | None, *args: Any, **kwargs: Any) -> Any:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import functools
 import os
 import secrets
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp.compat import installed_version
 from dcp_fsdp.config.schema import StorageConfig
-from dcp_fsdp.storage.base import CheckpointStore
+from dcp_fsdp.storage.base import CheckpointStore, delegated
 from dcp_fsdp.storage.layout import CLAIM_CONDITIONAL, CLAIM_NAME, CLAIM_NOT_ATOMIC, SuffixClaim, check_suffix
 from dcp_fsdp.storage.raw import S3RawArea, s3_ceiling_prefix
 from dcp_fsdp.storage.s3_control import S3ControlPlane
@@ -27,18 +26,6 @@ if TYPE_CHECKING:
 # storage.client's value -> its client (s3_clients.py): a new client is a class and a line here
 CLIENTS: dict[str, type[S3Client]] = {client.name: client
                                       for client in (ConnectorClient, FsspecClient, MscClient)}
-_Args = ParamSpec("_Args")
-_Result = TypeVar("_Result")
-
-
-def _control(method: Callable[Concatenate[S3ControlPlane, _Args], _Result]
-             ) -> Callable[Concatenate[S3Store, _Args], _Result]:
-    """A store method that is `method` of the store's control plane."""
-
-    def forwarded(store: S3Store, *args: _Args.args, **kwargs: _Args.kwargs) -> _Result:
-        return method(store.control, *args, **kwargs)
-
-    return forwarded
 
 
 class S3Store(CheckpointStore):
@@ -84,14 +71,14 @@ class S3Store(CheckpointStore):
     def preflight(self, writes: bool = True) -> None:
         self.control.preflight()  # HeadBucket: what a read needs, and a write's first check
 
-    list_checkpoints = _control(S3ControlPlane.list_checkpoints)
-    has_objects = _control(S3ControlPlane.has_objects)
-    object_sizes = _control(S3ControlPlane.object_sizes)
-    is_complete = _control(S3ControlPlane.is_complete)
-    put_small = _control(S3ControlPlane.put_small)
-    get_small = _control(S3ControlPlane.get_small)
-    open_uploads = _control(S3ControlPlane.open_uploads)
-    abort_uploads = _control(S3ControlPlane.abort_uploads)
+    list_checkpoints = delegated("control", S3ControlPlane.list_checkpoints)
+    has_objects = delegated("control", S3ControlPlane.has_objects)
+    object_sizes = delegated("control", S3ControlPlane.object_sizes)
+    is_complete = delegated("control", S3ControlPlane.is_complete)
+    put_small = delegated("control", S3ControlPlane.put_small)
+    get_small = delegated("control", S3ControlPlane.get_small)
+    open_uploads = delegated("control", S3ControlPlane.open_uploads)
+    abort_uploads = delegated("control", S3ControlPlane.abort_uploads)
 
     def claim(self, suffix: str, data: bytes) -> SuffixClaim:
         key = self.target.key(suffix, CLAIM_NAME)

@@ -1,8 +1,8 @@
 """The timed writer's and reader's file system and object streams (storage/timeline.py says
 what they record; docs/architecture.md, "Timing DCP"): subclasses of torch's `FileSystemBase`
 and of `io.BufferedIOBase` that hold the client's own file system or stream (`inner`) and
-implement each method DCP calls by name. Nothing is forwarded by attribute lookup and nothing
-is assigned on the client's objects. Ranks only (imports torch).
+implement each method DCP calls by name (untimed ones: `base.delegated`). Nothing is forwarded
+by a catch-all attribute lookup and nothing is assigned on the client's objects. Ranks only (imports torch).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemBase
 
 from dcp_fsdp.compat import msc_reads_ranged
 from dcp_fsdp.errors import UserError
+from dcp_fsdp.storage.base import delegated
 from dcp_fsdp.storage.layout import METADATA_NAME
 from dcp_fsdp.storage.timeline import HookTimeline
 
@@ -38,29 +39,14 @@ class _TimedStream(io.BufferedIOBase):
     def closed(self) -> bool:
         return self.inner.closed
 
-    def readable(self) -> bool:
-        return self.inner.readable()
-
-    def writable(self) -> bool:
-        return self.inner.writable()
-
-    def seekable(self) -> bool:
-        return self.inner.seekable()
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET, /) -> int:
-        return self.inner.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self.inner.tell()
-
-    def flush(self) -> None:
-        self.inner.flush()
-
-    def fileno(self) -> int:
-        return self.inner.fileno()  # io.UnsupportedOperation where it has no descriptor
-
-    def close(self) -> None:
-        self.inner.close()
+    readable = delegated("inner", io.IOBase.readable)
+    writable = delegated("inner", io.IOBase.writable)
+    seekable = delegated("inner", io.IOBase.seekable)
+    seek = delegated("inner", io.IOBase.seek)
+    tell = delegated("inner", io.IOBase.tell)
+    flush = delegated("inner", io.IOBase.flush)
+    fileno = delegated("inner", io.IOBase.fileno)  # io.UnsupportedOperation where it has no descriptor
+    close = delegated("inner", io.IOBase.close)
 
 
 class TimedWriteStream(_TimedStream):
@@ -212,27 +198,16 @@ class TimedFileSystem(FileSystemBase):
             raise MetadataChanged(self.metadata_changed)
         return data
 
-    def concat_path(self, path: StrPath, suffix: str) -> StrPath:
-        return self.inner.concat_path(path, suffix)
-
-    def rename(self, path: StrPath, new_path: StrPath) -> None:
-        self.inner.rename(path, new_path)
-
-    def init_path(self, path: StrPath) -> StrPath:
-        return self.inner.init_path(path)
-
-    def mkdir(self, path: StrPath) -> None:
-        self.inner.mkdir(path)
+    concat_path = delegated("inner", FileSystemBase.concat_path)
+    rename = delegated("inner", FileSystemBase.rename)
+    init_path = delegated("inner", FileSystemBase.init_path)
+    mkdir = delegated("inner", FileSystemBase.mkdir)
+    exists = delegated("inner", FileSystemBase.exists)
+    rm_file = delegated("inner", FileSystemBase.rm_file)
 
     def validate_checkpoint_id(self, checkpoint_id: StrPath) -> bool:  # type: ignore[override]
         # a classmethod in torch's interface; the client's (its class's) answers here
         return self.inner.validate_checkpoint_id(checkpoint_id)
-
-    def exists(self, path: StrPath) -> bool:
-        return self.inner.exists(path)
-
-    def rm_file(self, path: StrPath) -> None:
-        self.inner.rm_file(path)
 
     def ls(self, path: StrPath) -> list[str]:
         """Not in torch 2.13's abstract set (hf_storage calls it); the client's where it has one."""
