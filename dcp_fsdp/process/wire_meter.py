@@ -12,14 +12,13 @@ storage's host) and `tcpi_bytes_received` (a load's, as they arrive), HTTP heads
 whatever the client.
 
 Which sockets: every TCP socket of this process whose peer port is the endpoint's (the
-collectives use other ports), found in /proc/self/fd, read through a duplicate of its
-descriptor, and known by its cookie (SO_COOKIE, unique while the host runs). A closed
-connection's last counters come from the kernel's destroy broadcast (`_ClosedSockets`). One
-opened and closed between two scans is never seen to be this process's, so `watch()` scans while
-an operation runs, and the botocore clients' GET hooks name each GET's socket (`note_socket`):
-the connector's CRT connections count once a scan has seen them. Where /proc/self/fd or TCP_INFO
-cannot be read, `available()` is False; without the broadcast (`exact` False) a closed
-connection keeps what it had at the last scan.
+collectives use other ports), found in /proc/self/fd and known by its cookie (SO_COOKIE, unique
+while the host runs); a closed one's last counters come from the destroy broadcast
+(`_ClosedSockets`). One opened and closed between two scans is never seen to be this process's,
+so `watch()` scans while an operation runs, and the botocore clients' GET hooks name each GET's
+socket (`note_socket`): the connector's CRT connections count once a scan has seen them. Where
+/proc/self/fd or TCP_INFO cannot be read, `available()` is False; without the broadcast (`exact`
+False) a closed connection keeps what it had at the last scan.
 """
 
 from __future__ import annotations
@@ -58,9 +57,8 @@ def endpoint_port(endpoint: str | None) -> int:
 
 
 def _inspect(fd: int, port: int) -> tuple[int, bool | None, tuple[int, int]] | None:
-    """(cookie, to the endpoint: True / False / None for not connected now (a reset or a
-    connecting socket), (acked, received)) of a TCP socket descriptor; None: not a TCP
-    socket, a listening one, or closed meanwhile."""
+    """(cookie, to the endpoint: True / False / None if not connected now (reset, connecting),
+    (acked, received)) of a TCP socket descriptor; None: not TCP, listening, or closed meanwhile."""
     for family in (socket.AF_INET, socket.AF_INET6):
         try:
             # a duplicate: the client's own descriptor is never read from or closed
@@ -110,8 +108,7 @@ class _ClosedSockets:
             raise
 
     def drain(self) -> dict[int, tuple[int, int]]:
-        """{cookie: (bytes acked, bytes received)} of the endpoint's sockets freed since the
-        last drain."""
+        """{cookie: (bytes acked, bytes received)} of the endpoint's sockets freed since the last drain."""
         found: dict[int, tuple[int, int]] = {}
         while True:
             try:
@@ -174,8 +171,7 @@ SNMP_PATH = "/proc/self/net/snmp"
 
 
 class WireMeter:
-    """Bytes acknowledged by / received from the storage endpoint since `start()`, on this
-    process's sockets to it, closed ones included."""
+    """Bytes to and from the storage endpoint since `start()` on this process's sockets, closed ones too."""
 
     def __init__(self, port: int) -> None:
         self.port = port
@@ -202,8 +198,7 @@ class WireMeter:
 
     @property
     def exact(self) -> bool:
-        """Closed connections count to their last byte (the destroy broadcast was heard, and
-        nothing of it lost)."""
+        """Closed connections count to their last byte (the broadcast heard, nothing of it lost)."""
         return self._closed is not None and not self._closed.lost
 
     def start(self) -> None:
@@ -289,9 +284,8 @@ class WireMeter:
             self._inodes[inode] = cookie
 
     def _nothing_opened(self) -> bool:
-        """No connection opened in the namespace since the last listing, none of ours was
-        connecting then, and the broadcast is heard (a closed socket's counters come from
-        it): a watch scan would find nothing new."""
+        """No connection opened in the namespace since the last listing, none of ours was connecting
+        then, and the broadcast is heard (a closed socket's counters come from it): nothing new."""
         if self._unsettled or self._closed is None or self._opens_listed < 0:
             return False
         return _active_opens(self._snmp_fd) == self._opens_listed
@@ -346,8 +340,7 @@ class WireMeter:
         return bool(closed)  # any to the endpoint
 
     def _update(self, refresh: bool = True) -> bool:
-        """Whether connections opened or closed since the last update; `refresh` False (the
-        watching thread): only new sockets are read."""
+        """Whether connections opened or closed; `refresh` False (the watch): only new sockets are read."""
         with self._lock:
             closed = self._take_closed()
             listed = self._scan(refresh=refresh)
