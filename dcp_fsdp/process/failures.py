@@ -11,27 +11,26 @@ from dcp_fsdp.errors import BenchmarkFailure, StorageStreamError, UserError
 from dcp_fsdp.process.signals import Terminated
 
 
-# S3 errors whose cause lies outside the run, named first (the line then says what S3 said).
-_S3_LEADS = (
+# The line's form for S3 errors, the first that matches: one whose cause lies outside the run is
+# named first (the line then says what S3 said); the connector's errors once its CRT client has
+# used up storage.max_attempts are followed by the fix.
+_S3_FORMS = (
     (("NoSuchUpload",),
      "its multipart upload was aborted by someone else (dcp-fsdp clean-uploads --force, or a "
      "bucket lifecycle rule) while it ran; abort only uploads older than any save "
-     "(clean-uploads --min-age-s), never those of a running save"),
-)
-# The connector's errors once its CRT client has used up storage.max_attempts, and the fix.
-_S3_HINTS = (
+     "(clean-uploads --min-age-s), never those of a running save: {line}"),
     (("Request throttled",),
-     "S3 throttled every attempt (HTTP 503 SlowDown): retries exhausted; raise "
-     "storage.max_attempts or lower the request rate, e.g. fewer ranks or threads"),
+     "{line} (S3 throttled every attempt (HTTP 503 SlowDown): retries exhausted; raise "
+     "storage.max_attempts or lower the request rate, e.g. fewer ranks or threads)"),
     (("AWS_IO_SOCKET_CLOSED", "AWS_ERROR_HTTP_CONNECTION_CLOSED", "AWS_IO_SOCKET_TIMEOUT",
       "AWS_IO_SOCKET_CONNECTION_REFUSED"),
-     "the connection to S3 failed on every attempt: retries exhausted; check the endpoint "
-     "and the network, or raise storage.max_attempts"),
+     "{line} (the connection to S3 failed on every attempt: retries exhausted; check the "
+     "endpoint and the network, or raise storage.max_attempts)"),
     # what a write meets once the upload it feeds ended with an error
     (("AWS_ERROR_S3_REQUEST_HAS_COMPLETED",),
-     "the object's upload had already ended with an error: its multipart upload aborted under "
-     "it (dcp-fsdp clean-uploads --force, a bucket lifecycle rule) or S3 unreachable; abort "
-     "only uploads older than any save (clean-uploads --min-age-s)"),
+     "{line} (the object's upload had already ended with an error: its multipart upload aborted "
+     "under it (dcp-fsdp clean-uploads --force, a bucket lifecycle rule) or S3 unreachable; abort "
+     "only uploads older than any save (clean-uploads --min-age-s))"),
 )
 
 
@@ -49,11 +48,8 @@ def root_cause(error: BaseException) -> str:
         line = "; ".join(parts[:2]) + (f" (+{len(parts) - 2} more errors)" if len(parts) > 2 else "")
     else:
         line = _innermost(error)
-    lead = next((lead for needles, lead in _S3_LEADS if any(n in line for n in needles)), None)
-    if lead:
-        return f"{lead}: {line}"
-    hint = next((hint for needles, hint in _S3_HINTS if any(n in line for n in needles)), None)
-    return f"{line} ({hint})" if hint else line
+    form = next((form for needles, form in _S3_FORMS if any(n in line for n in needles)), "{line}")
+    return form.format(line=line)
 
 
 def _ranks(ranks: list[int]) -> str:
