@@ -11,13 +11,9 @@ def oom_kills(path: str = VMSTAT) -> int | None:
     """The count now; None where the kernel does not say (no /proc, an older kernel)."""
     try:
         with open(path) as vmstat:
-            for line in vmstat:
-                name, _, value = line.partition(" ")
-                if name == "oom_kill":
-                    return int(value)
-    except (OSError, ValueError):
+            return next((int(line.split()[1]) for line in vmstat if line.startswith("oom_kill ")), None)
+    except (OSError, ValueError, IndexError):
         return None
-    return None
 
 
 def oom_kills_since(before: int | None, path: str = VMSTAT) -> int | None:
