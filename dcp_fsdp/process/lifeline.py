@@ -78,8 +78,7 @@ class DiesWithParent:
 
 
 def stop_child(child: subprocess.Popen, signum: int, grace_s: float, group: bool = False) -> None:
-    """Send `child` (with `group`, its whole process group) `signum`; SIGKILL its group if it
-    has not ended within `grace_s`."""
+    """Send `child` (with `group`, its process group) `signum`; SIGKILL its group if not ended in `grace_s`."""
     try:
         if group:
             with contextlib.suppress(ProcessLookupError):
@@ -184,10 +183,8 @@ def _listened_on(path: Path) -> bool:
         probe.settimeout(1.0)
         try:
             probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            return False
-        except OSError:
-            return True
+        except OSError as error:
+            return not isinstance(error, (ConnectionRefusedError, FileNotFoundError))
     return True
 
 
