@@ -1,10 +1,9 @@
 """A heartbeat during long saves and loads: every `progress_interval_s` while one runs, rank 0
 prints the bytes it has moved (its own shard), its MiB/s and the elapsed time, saying what it
-counted (`verb`, `note`): on S3 bytes that really moved, from the kernel's TCP counters
-(process/wire_meter.py: acknowledged by the endpoint for a save, received for a load), never
-bytes handed to the client's buffers, which run far ahead of the link (issue 31 item 3);
-elsewhere what the streams were handed, said so. A daemon thread reads the counters: the timed
-operation pays a wake-up every few seconds (measured: README, "What the harness costs").
+counted (`verb`, `note`; process/wire_meter.py's `progress_measure`): never bytes handed to the
+client's buffers, which run far ahead of the link (issue 31 item 3). A daemon thread reads the
+counters: the timed operation pays a wake-up every few seconds (measured: README, "What the
+harness costs").
 """
 
 from __future__ import annotations
