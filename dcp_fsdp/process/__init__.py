@@ -1,3 +1,2 @@
-"""Process life and death: parent-death signals, owned temporary directories, peers that
-ended first, signals that end a rank, the threads that watch a running operation (the
-watchdog, the progress heartbeat) and one-line causes of failures."""
+"""Process life and death (parent-death signals, owned temp directories, peers, ending signals), the
+threads that watch a running operation (watchdog, heartbeat, wire meter) and one-line failure causes."""

@@ -9,8 +9,7 @@ from typing import Iterator
 
 @contextlib.contextmanager
 def environment(extra: dict[str, str]) -> Iterator[None]:
-    """os.environ with `extra` set inside the block (the stores' clients read the S3
-    endpoint and keys from there), restored after it, also when it raises."""
+    """os.environ with `extra` inside the block (the stores' clients read S3's endpoint and keys there)."""
     saved = {key: os.environ.get(key) for key in extra}
     os.environ.update(extra)
     try:

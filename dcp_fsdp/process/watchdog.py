@@ -11,8 +11,7 @@ from typing import Callable, Iterator
 @contextlib.contextmanager
 def op_watchdog(timeout_s: float, on_timeout: Callable[[str], None], message: str) -> Iterator[None]:
     """Calls `on_timeout(message)` from a timer thread if the block runs too long: a stalled S3
-    request blocks inside native code, where no Python exception can reach it, so the callback
-    ends the process instead (after recording the failure)."""
+    request blocks in native code, out of any Python exception's reach: the callback records and exits."""
     timer = threading.Timer(timeout_s, on_timeout, args=(message,))
     timer.daemon = True
     timer.start()
