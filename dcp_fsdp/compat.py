@@ -1,9 +1,7 @@
 """Every private torch, s3torchconnector or multi-storage-client internal the tool uses, and only here
-(docs/architecture.md). A release may drop any of them: each use checks that it is there and raises
-MissingInternal (one line: what, the installed version, a way out) when it is not.
-
-Importing it imports neither torch nor the connector (the light launcher uses the version checks)
-nor anything of the package: a warning or a death signal is handed in by the caller.
+(docs/architecture.md): each use checks that it is there and raises MissingInternal (one line) when
+a release dropped it. Importing it imports neither torch nor the connector (the light launcher uses
+the version checks) nor anything of the package: a warning or a death signal is handed in.
 """
 
 from __future__ import annotations
@@ -69,10 +67,8 @@ def _missing(what: str, package: str, way_out: str) -> MissingInternal:
                            f"{TORCH_MAX_TESTED[0]}.{TORCH_MAX_TESTED[1]}); {way_out}")
 
 
-_TORCH_RANGE = "install a torch release in the tested range"
-
-
-def _internal(module: str, name: str, package: str = "torch", way_out: str = _TORCH_RANGE) -> Any:
+def _internal(module: str, name: str, package: str = "torch",
+              way_out: str = "install a torch release in the tested range") -> Any:
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError):
@@ -214,10 +210,9 @@ _EXECUTOR = "torch.distributed.checkpoint._async_process_executor"
 
 
 def start_checkpoint_daemon(group: Any, wrap_init_info: Callable[[Any], Any]) -> None:
-    """Start the process checkpointer's daemon now (untimed; dcp.async_save would do it inside the
-    first timed save), joined to `group`. `wrap_init_info(info)` is pickled in place of torch's
-    init info: its unpickling ties the daemon's life to the rank's (process.lifeline.DiesWithParent:
-    a killed rank must leave no uploader that could still commit .metadata)."""
+    """Start the process checkpointer's daemon now, untimed (dcp.async_save would, inside the first
+    timed save), joined to `group`. `wrap_init_info(info)`, pickled in place of torch's init info, ties
+    the daemon's life to the rank's (lifeline.DiesWithParent: no orphan may still commit .metadata)."""
     executor: Any = importlib.import_module(_EXECUTOR)  # private names, checked below
     names = ("_CHECKPOINT_PROCESS", "_AsyncCheckpointProcess", "_ProcessGroupInitInfo")
     if not all(hasattr(executor, name) for name in names):
@@ -255,8 +250,7 @@ def s3_client(region: str, client_config: Any) -> Any:
 
 
 def object_chunks(client: Any, bucket: str, key: str) -> Iterable[bytes]:
-    """An object's bytes as the native client streams them (no reader buffering): what
-    the ceiling's raw GET measures."""
+    """An object's bytes as the native client streams them (no reader buffering): the ceiling's raw GET."""
     return client._client.get_object(bucket, key)
 
 
@@ -265,8 +259,7 @@ CONNECTOR_NATIVE_MODULE = "s3torchconnectorclient._mountpoint_s3_client"
 
 
 def connector_native_loaded() -> bool:
-    """Whether the connector's native module is imported already (too late then to turn
-    its per-request log on for this process)."""
+    """Whether the connector's native module is imported (too late then to turn its request log on)."""
     return CONNECTOR_NATIVE_MODULE in sys.modules
 
 
@@ -332,8 +325,7 @@ def _host_stager_class() -> type:
 
 
 def round_robin_prefix_strategy(prefixes: Iterable[str]) -> Any:
-    """The connector's RoundRobinPrefixStrategy (storage.prefix_strategy=round_robin): in its
-    s3_prefix_strategy module, not exported by s3torchconnector.dcp (1.5)."""
+    """storage.prefix_strategy=round_robin: the connector's, not exported by s3torchconnector.dcp (1.5)."""
     strategy = _internal("s3torchconnector.dcp.s3_prefix_strategy", "RoundRobinPrefixStrategy",
                          "s3torchconnector", "use storage.prefix_strategy=default, binary or hex")
     return strategy(list(prefixes))
