@@ -3,6 +3,7 @@ and `dcp-fsdp: error: ...` on stderr (the forms users and scripts read)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 
@@ -33,11 +34,9 @@ class _StreamByLevel(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.write(self.format(record) + "\n")
             stream.flush()
-        except (OSError, ValueError):
-            pass
 
 
 def get() -> logging.Logger:
