@@ -45,8 +45,7 @@ def parse_duration(text: str, option: str) -> float:
 def format_seconds(seconds: float) -> str:
     if math.isinf(seconds):
         return "forever"
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
+    hours, rest = divmod(round(seconds), 3600)
     minutes, secs = divmod(rest, 60)
     if hours:
         return f"{hours}h{minutes:02d}m{secs:02d}s"
