@@ -129,8 +129,7 @@ def _own_torch_cache_dir() -> Path | None:
 
 
 def _drop_own_torch_cache_dir(own_dir: Path | None) -> None:
-    """`_own_torch_cache_dir`'s directory removed, and its variable (an in-process command
-    leaves the environment as it found it)."""
+    """The directory removed, and its variable (an in-process command leaves the environment as found)."""
     if own_dir is None:
         return
     import shutil
@@ -262,8 +261,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The entry point: every command answers Ctrl-C with one line and exit 130, at any
-    moment, its imports (seconds) included."""
+    """The entry point: every command answers Ctrl-C with one line and exit 130, its imports included."""
     try:
         from dcp_fsdp.process.signals import own_the_unraisable_hook
 
