@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import functools
 import io
-import math
 import os
 import shutil
 from pathlib import Path
@@ -35,6 +34,7 @@ from dcp_fsdp.rank.distributed import first_problem, rank0_decides, rank0_scatte
 from dcp_fsdp.rank.replicas import replica_share
 from dcp_fsdp.rank.state import flat_tensors, local_bytes
 from dcp_fsdp.models.build import local_tensor
+from dcp_fsdp.plan.build import tensor_item_bytes
 from dcp_fsdp.process import lifeline
 from dcp_fsdp.process.watchdog import op_watchdog
 from dcp_fsdp.storage import layout, make_store
@@ -75,15 +75,6 @@ def read_by_rank(written: list[list[RawObject]], replicas: int,
             for rank in range(len(written))]
 
 
-@functools.cache
-def torch_save_framing_bytes(dtype: torch.dtype, ndim: int) -> int:
-    """What torch.save adds around one tensor's data (zip records, pickle), measured."""
-    probe = torch.zeros((1,) * ndim, dtype=dtype)
-    buffer = io.BytesIO()
-    torch.save(probe, buffer)
-    return buffer.tell() - probe.element_size()
-
-
 def planned_objects(state_dict: dict[str, Any], rank: int, thread_count: int,
                     name_prefix: str) -> list[RawObject]:
     """The objects this rank's DCP save would write (`dcp-fsdp ceiling` alone)."""
@@ -97,11 +88,8 @@ def planned_objects(state_dict: dict[str, Any], rank: int, thread_count: int,
             if item.type == WriteItemType.BYTE_IO:
                 data = planner.resolve_data(item)
                 size += len(data.getbuffer()) if isinstance(data, io.BytesIO) else data.nbytes
-            else:
-                # the local chunk's bytes (tensor_data.size is the global tensor's)
-                dtype, sizes = item.tensor_data.properties.dtype, item.tensor_data.chunk.sizes
-                size += (math.prod(sizes) * dtype.itemsize
-                         + torch_save_framing_bytes(dtype, len(sizes)))
+            else:  # the local chunk's (tensor_data.size is the global tensor's), as plan sizes it
+                size += tensor_item_bytes(item.tensor_data.properties.dtype, tuple(item.tensor_data.chunk.sizes))
         objects.append(RawObject(f"{name_prefix}{number}{DATA_OBJECT_SUFFIX}", size))
     return objects
 
