@@ -1,9 +1,6 @@
 """Build a model sharded with FSDP2, without any rank holding it whole: made on the meta device,
-each decoder block and then the root wrapped with `fully_shard`, and only then this rank's shards
-materialised and filled with values that are a pure function of (seed, tensor name, global
-element index) (models/values.py), so any rank can recompute any shard at any world size.
-`replicas` R > 1: FSDP2's HSDP over an (R, world / R) mesh; `tp` > 1: torch's tensor parallel
-splits the projections first (models/tensor_parallel.py) and FSDP shards the rest.
+wrapped with `fully_shard` (after TP, with model.tp), and only then this rank's shards materialised
+and filled with values any rank can recompute at any world size (models/values.py).
 """
 
 from __future__ import annotations

@@ -13,13 +13,11 @@ from torch import nn
 from dcp_fsdp.models.llama_model_config import ModelShape, state_shapes
 from dcp_fsdp.models.tensor_parallel import tp_split_dim
 
-BLOCK_LISTS = ("layers", "h")  # the decoder blocks' lists (Llama-like, GPT-2)
-
 
 def _child(path: str, part: str, weight: tuple[int, ...], names: set[str]) -> nn.Module:
     """The module at `path` (its last name `part`), made when its first parameter comes
     (`weight`'s shape, where it is a projection TP splits)."""
-    if part in BLOCK_LISTS:
+    if part in ("layers", "h"):  # the decoder blocks' lists (Llama-like, GPT-2)
         return nn.ModuleList()
     if tp_split_dim(f".{path}.weight") is not None:
         return nn.Linear(weight[1], weight[0], bias=f"{path}.bias" in names)

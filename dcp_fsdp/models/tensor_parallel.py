@@ -1,10 +1,7 @@
-"""Tensor parallel with FSDP (`model.tp=N`): the layouts the tool builds, checked before any rank
-starts, and the per-layer plan models/build.py applies. As torchtitan's Llama plan, each decoder
-layer's q/k/v and gate/up split column-wise (dim 0), o_proj and down_proj row-wise (dim 1); norms,
-embeddings and the head stay whole (torchtitan's vocabulary-parallel embedding and
-sequence-parallel norms change only which ranks hold them: one layout per setting). FSDP then
-shards every parameter over the mesh's other dimensions: (dp, tp), or (replicate, shard, tp) with
-model.replicas. torch is imported in `tp_plan` only: the launcher and `plan` check without it.
+"""Tensor parallel with FSDP (`model.tp=N`) as torchtitan's Llama plan (docs/settings.md,
+`model.tp`): the layouts the tool builds, checked before any rank starts, and the per-layer plan
+models/build.py applies. torch is imported in `tp_plan` only: the launcher and `plan` check
+without it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The checkpoint's values, a pure function of (seed, tensor name, global element index): every
-element's bits are `HIGH[(g + kh) mod P_HIGH] | LOW[(g + kl) mod P_LOW]`, g its flat index in the
-whole tensor, kh/kl offsets hashed from the seed and the tensor's name, HIGH sign and exponent
-fields (magnitudes in [2**-9, 2**-5); no sign for tensors that must be non-negative), LOW random
-mantissas. The table lengths are coprime primes: the data neither repeats nor compresses. Any rank
-computes its shard's values from its global offsets: a load is verified bit-exactly, with no
-stored digests, at memory speed.
+"""The checkpoint's values, a pure function of (seed, tensor name, global element index): element
+g of a tensor holds the bits `HIGH[(g + kh) mod P_HIGH] | LOW[(g + kl) mod P_LOW]` (docs/reliability.md,
+"Values"). Any rank computes its shard's values from its global offsets: a load is verified
+bit-exactly, with no stored digests, at memory speed.
 """
 
 from __future__ import annotations
