@@ -22,16 +22,10 @@ class MeasuredRates:
     models: tuple[str, ...] = ()  # the models the record's runs saved or loaded
 
 
-def record_files(path: Path) -> list[Path]:
-    if path.is_dir():
-        return sorted(path.glob("*.jsonl"))
-    return [path] if path.exists() else []
-
-
 def read_rates(path: Path) -> MeasuredRates:
     """UserError (one line) when the record holds no finished save or load."""
-    files = record_files(path)
-    if not files:
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    if not path.exists() or not files:
         raise UserError(f"--record={path}: no record (.jsonl) there; give a run's record file or "
                         "its results directory (results_dir of a save or save-and-load)")
     rates: dict[str, list[float]] = {"save": [], "load": []}
