@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 from torch.distributed.checkpoint import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import MetadataIndex, StorageMeta
-from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
 from dcp_fsdp.compat import (DATA_OBJECT_SUFFIX, dcp_metadata_version, dedup_save_plans,
@@ -115,7 +115,9 @@ def _rank_results(plan: SavePlan, rank_prefix: str, thread_count: int,
         name = f"{rank_prefix}{number}{DATA_OBJECT_SUFFIX}"
         offset = 0
         for item in sorted(bucket, key=lambda i: i.type != WriteItemType.BYTE_IO):  # bytes first
-            length = _item_length(item, value_bytes)
+            data = item.tensor_data  # None: a BYTE_IO item, as long as torch.save of its value
+            length = (value_bytes[item.index.fqn] if data is None
+                      else tensor_item_bytes(data.properties.dtype, tuple(data.chunk.sizes)))
             # the index as the coordinator unpickles it from this rank's results: its own
             # objects (the file name is one object per file, as in the rank's pickle)
             offset_copy = None if item.index.offset is None else torch.Size(tuple(item.index.offset))
@@ -125,13 +127,6 @@ def _rank_results(plan: SavePlan, rank_prefix: str, thread_count: int,
             offset += length
         files.append((name, offset))
     return results, files
-
-
-def _item_length(item: WriteItem, value_bytes: dict[str, int]) -> int:
-    if item.type == WriteItemType.BYTE_IO:
-        return value_bytes[item.index.fqn]
-    assert item.tensor_data is not None
-    return tensor_item_bytes(item.tensor_data.properties.dtype, tuple(item.tensor_data.chunk.sizes))
 
 
 def write_out(global_plans: list[SavePlan], template: StateTemplate, thread_count: int,
