@@ -358,6 +358,5 @@ def format_default(value: Any) -> str:
 
 
 def to_config(node: Any) -> BenchmarkConfig:
-    """The typed config from an OmegaConf node built on `BenchmarkConfig` (`to_object` is typed
-    as any container)."""
+    """The typed config of an OmegaConf node built on `BenchmarkConfig` (`to_object` returns any container)."""
     return typing.cast(BenchmarkConfig, OmegaConf.to_object(node))

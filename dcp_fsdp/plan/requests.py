@@ -67,8 +67,7 @@ def count_requests(object_sizes: Iterable[int], metadata_bytes: int, world_size:
 
 
 def merged_ranges(ranges: Iterable[tuple[str, int, int]], max_gap_bytes: int = 0) -> Reads:
-    """Sorted (object, start, end) ranges, those of one object at most `max_gap_bytes` apart
-    made one."""
+    """Sorted (object, start, end) ranges, those of one object at most `max_gap_bytes` apart made one."""
     merged: list[tuple[str, int, int]] = []
     for name, start, end in ranges:
         if merged and merged[-1][0] == name and start - merged[-1][2] <= max_gap_bytes:

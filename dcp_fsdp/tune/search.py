@@ -90,8 +90,7 @@ class SearchResult:
 
     @property
     def best(self) -> Ranked:
-        """What tune recommends: the winner, or the defaults when none beat them beyond
-        the spread."""
+        """What tune recommends: the winner, else the defaults (none beat them beyond the spread)."""
         chosen = self.recommended
         found = self.of(chosen if chosen is not None else self.defaults)
         return found if found is not None else Ranked(self.defaults, [], [])
