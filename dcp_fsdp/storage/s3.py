@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dcp_fsdp.compat import installed_version
 from dcp_fsdp.config.schema import StorageConfig
@@ -18,10 +18,6 @@ from dcp_fsdp.storage.s3_control import S3ControlPlane
 from dcp_fsdp.storage.s3_clients import (ConnectorClient, FsspecClient, MscClient, S3Client,
                                          connector_config, prefix_strategy)
 from dcp_fsdp.storage.s3_target import S3Target
-from dcp_fsdp.storage.timeline import HookTimeline
-
-if TYPE_CHECKING:
-    from torch.distributed.checkpoint import StorageReader, StorageWriter
 
 # storage.client's value -> its client (s3_clients.py): a new client is a class and a line here
 CLIENTS: dict[str, type[S3Client]] = {client.name: client
@@ -42,8 +38,7 @@ class S3Store(CheckpointStore):
         found = {"AWS_ENDPOINT_URL": self.config.endpoint} if self.config.endpoint else {}
         return {**found, **self.client.environment()}
 
-    def close(self) -> None:
-        self.client.close()
+    close = delegated("client", S3Client.close)
 
     # -- locations -------------------------------------------------------------------
     def location(self, suffix: str) -> str:
@@ -57,15 +52,9 @@ class S3Store(CheckpointStore):
                 "client_versions": {name: installed_version(name) for name in self.client.packages}}
 
     # -- DCP writer / reader: the client's -----------------------------------------------
-    def writer(self, suffix: str, timeline: HookTimeline | None = None,
-               host_state: bool = False) -> StorageWriter:
-        return self.client.writer(suffix, timeline, host_state)
-
-    def reader(self, suffix: str, timeline: HookTimeline | None = None) -> StorageReader:
-        return self.client.reader(suffix, timeline)
-
-    def warm_up(self, storage_io: StorageWriter | StorageReader) -> list[Any]:
-        return self.client.warm_up(storage_io)
+    writer = delegated("client", S3Client.writer)
+    reader = delegated("client", S3Client.reader)
+    warm_up = delegated("client", S3Client.warm_up)
 
     # -- control plane (boto3), see s3_control.py ---------------------------------------
     def preflight(self, writes: bool = True) -> None:

@@ -47,9 +47,9 @@ class S3Client(Protocol):
         return botocore_retry()
 
     # DCP's StorageWriter / Reader and the warm-up, as base.CheckpointStore says them
-    def writer(self, suffix: str, timeline: HookTimeline | None, host_state: bool = False) -> Any: ...
+    def writer(self, suffix: str, timeline: HookTimeline | None = None, host_state: bool = False) -> Any: ...
 
-    def reader(self, suffix: str, timeline: HookTimeline | None) -> Any: ...
+    def reader(self, suffix: str, timeline: HookTimeline | None = None) -> Any: ...
 
     def warm_up(self, storage_io: Any) -> list[Any]: ...
 
@@ -94,7 +94,7 @@ class ConnectorClient(S3Client):
         return {"region": self.target.region, "path": self.location(suffix),
                 "s3client_config": connector_config(self.target, self.config)}
 
-    def writer(self, suffix: str, timeline: HookTimeline | None, host_state: bool = False) -> Any:
+    def writer(self, suffix: str, timeline: HookTimeline | None = None, host_state: bool = False) -> Any:
         from s3torchconnector.dcp import S3StorageWriter
 
         from dcp_fsdp.storage.timed_s3 import TimedS3StorageWriter
@@ -103,7 +103,7 @@ class ConnectorClient(S3Client):
                      prefix_strategy=prefix_strategy(self.config), thread_count=self.config.thread_count,
                      overwrite=False, **host_state_kwargs(host_state))
 
-    def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
+    def reader(self, suffix: str, timeline: HookTimeline | None = None) -> Any:
         from s3torchconnector import S3ReaderConstructor
         from s3torchconnector.dcp import S3StorageReader
 
@@ -191,7 +191,7 @@ class FsspecClient(S3Client):
             options["endpoint_url"] = self.target.endpoint
         return options
 
-    def writer(self, suffix: str, timeline: HookTimeline | None, host_state: bool = False) -> Any:
+    def writer(self, suffix: str, timeline: HookTimeline | None = None, host_state: bool = False) -> Any:
         import dcp_fsdp.storage.timed_clients as timed_clients
 
         return built(timed_clients.FsspecWriter, timed_clients.TimedFsspecWriter, timeline,
@@ -199,7 +199,7 @@ class FsspecClient(S3Client):
                      thread_count=self.config.thread_count, overwrite=False,
                      **host_state_kwargs(host_state), **self.storage_options())
 
-    def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
+    def reader(self, suffix: str, timeline: HookTimeline | None = None) -> Any:
         import dcp_fsdp.storage.timed_clients as timed_clients
 
         if self.config.read_ahead:  # the tool's reader: cat_file per range group
@@ -271,14 +271,14 @@ class MscClient(S3Client):
             shutil.rmtree(self.own_dir, ignore_errors=True)
             self.own_dir = None
 
-    def writer(self, suffix: str, timeline: HookTimeline | None, host_state: bool = False) -> Any:
+    def writer(self, suffix: str, timeline: HookTimeline | None = None, host_state: bool = False) -> Any:
         import dcp_fsdp.storage.msc_dcp as msc_dcp  # .metadata any client can read
 
         return built(msc_dcp.PortableMscWriter, msc_dcp.TimedPortableMscWriter, timeline,
                      self.location(suffix), sync_files=False, thread_count=self.config.thread_count,
                      overwrite=False, **host_state_kwargs(host_state))
 
-    def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
+    def reader(self, suffix: str, timeline: HookTimeline | None = None) -> Any:
         import dcp_fsdp.storage.msc_dcp as msc_dcp
         import dcp_fsdp.storage.timed_clients as timed_clients
 

@@ -41,14 +41,14 @@ class DirectoryClient(S3Client):
     def close(self) -> None:
         pass
 
-    def writer(self, suffix: str, timeline: HookTimeline | None, host_state: bool = False) -> Any:
+    def writer(self, suffix: str, timeline: HookTimeline | None = None, host_state: bool = False) -> Any:
         from dcp_fsdp.storage.timed_dcp import TimedFileSystemWriter
 
         return TimedFileSystemWriter(self.root / self.target.prefix / suffix,
                                      timeline=timeline or HookTimeline(), overwrite=False,
                                      **host_state_kwargs(host_state))
 
-    def reader(self, suffix: str, timeline: HookTimeline | None) -> Any:
+    def reader(self, suffix: str, timeline: HookTimeline | None = None) -> Any:
         return dcp.FileSystemReader(self.root / self.target.prefix / suffix)
 
     def warm_up(self, storage_io: Any) -> list[Any]:
