@@ -1,13 +1,7 @@
-"""The tool's own reader (storage.read_ahead=N; docs/headroom.md): what a load could be if
-DCP's reader, which waits for each item's bytes before it deserialises and copies it, did not
-wait on itself. Not DCP's: a user gets it only by writing such a reader (or when upstream
-lands one: pytorch/pytorch#194881, s3-connector-for-pytorch#375).
-
-`ReadAhead.read_data` keeps N range fetches in flight on N threads, through the same client
-and settings, while the rank's thread resolves, narrows and commits each item through DCP's
-planner as DCP's reader does (resharded and optimizer-state loads are the same loads). Each
-client fetches a range its own way (`fetch_into`), on the storage clock and counted in the
-bytes moved, as DCP's own reads are.
+"""The tool's own reader (storage.read_ahead=N; docs/headroom.md says why and how): N range
+fetches in flight on N threads through the same client and settings (`fetch_into`, on the
+storage clock and counted as DCP's reads are), while the rank's thread resolves, narrows and
+commits each item through DCP's planner as DCP's reader does.
 """
 
 from __future__ import annotations
