@@ -1,15 +1,9 @@
 """The one owner of how a checkpoint lies in storage, and of the suffix policy.
 
-A checkpoint is `<root>/<suffix>/`: DCP's data objects, `.metadata` (written last by DCP:
-the commit point; without it a checkpoint is never loadable), our manifest `dcp_fsdp.json`
-(what was saved, which every load verifies against; written after the commit), and the claim
-`dcp_fsdp.claim` (which run took the suffix: written first, by the launcher for `suffix=NAME`,
-else by rank 0).
-
-An existing suffix is never overwritten: a save claims its suffix before it writes, creating
-the claim object only if it does not exist (S3 `If-None-Match: *`, O_CREAT|O_EXCL), so of two
-racing saves exactly one proceeds. Where an S3 server ignores the condition, the claim is a
-check then a write: said in the log and recorded as `suffix_claim=not_atomic`.
+A checkpoint is `<root>/<suffix>/`: DCP's data objects, `.metadata` (DCP's commit point),
+our manifest `dcp_fsdp.json` (written after the commit; every load verifies against it) and
+the claim `dcp_fsdp.claim` (which run took the suffix, written first: a store's `claim`
+creates it only if absent, so of two racing saves exactly one proceeds; docs/reliability.md).
 """
 
 from __future__ import annotations
