@@ -1,17 +1,11 @@
 """The page cache between a file-system checkpoint and the figures: drop it, and check it.
 
-A load right after a save would otherwise read what the kernel still holds in memory
-(docs/metrics.md). Before every timed fs read the ranks of each node share the checkpoint's
-files out and each fsyncs (dirty pages cannot be dropped) and posix_fadvise(DONTNEED)s its
-share (untimed), then checks with mincore(2) how many pages stayed; the policy that held:
-
-  dropped                 no page of these files is resident: the read goes to the device
-  tmpfs-not-droppable     tmpfs / ramfs: memory *is* the storage, DONTNEED does nothing
-  resident-after-drop     some pages stayed (mapped or being written by another process,
-                          or a file system that ignores the advice): read partly from memory
-
-On a shared file system (NFS, Lustre) DONTNEED drops this node's client cache, which is
-what a reader on another node would start from.
+A load right after a save would otherwise read what the kernel still holds in memory.
+Before every timed fs read the ranks of each node share the checkpoint's files out and each
+fsyncs (dirty pages cannot be dropped) and posix_fadvise(DONTNEED)s its share (untimed), then
+checks with mincore(2) how many pages stayed: the policy that held (docs/metrics.md says
+each). On a shared file system (NFS, Lustre) DONTNEED drops this node's client cache, which
+is what a reader on another node would start from.
 """
 
 from __future__ import annotations
@@ -25,9 +19,9 @@ from typing import Iterable
 
 import psutil
 
-DROPPED = "dropped"
-TMPFS = "tmpfs-not-droppable"
-RESIDENT = "resident-after-drop"
+DROPPED = "dropped"  # no page of these files is resident: the read goes to the device
+TMPFS = "tmpfs-not-droppable"  # tmpfs / ramfs: memory *is* the storage, DONTNEED does nothing
+RESIDENT = "resident-after-drop"  # some pages stayed (mapped, being written, advice ignored)
 # Worst last: the ranks of a run record the worst policy any of them met.
 POLICY_ORDER = (DROPPED, RESIDENT, TMPFS)
 
@@ -87,7 +81,7 @@ def checkpoint_files(directory: str | os.PathLike) -> list[Path]:
 
 
 def drop(paths: Iterable[str | os.PathLike]) -> str:
-    """Sync and evict `paths` from the page cache; the policy that held (module docstring).
+    """Sync and evict `paths` from the page cache; the policy that held (DROPPED, TMPFS, RESIDENT).
     Untimed: call it before the aligning barrier of the read it prepares."""
     paths = list(paths)
     for path in paths:
