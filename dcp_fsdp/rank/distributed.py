@@ -64,7 +64,7 @@ def init_distributed(backend_setting: Backend, timeout_s: float) -> RankContext:
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=device if backend == "nccl" else None,
         )
-    hostnames = gather_to_coordinator(socket.gethostname())
+    hostnames = gather_to_keepers(socket.gethostname(), keepers=1)
     node_count, = sum_over_ranks(1 if local_rank == 0 else 0)  # one local rank 0 per node
     return RankContext(
         rank=dist.get_rank(),
@@ -83,14 +83,10 @@ def init_distributed(backend_setting: Backend, timeout_s: float) -> RankContext:
 # moving gigabytes per operation. Rank 0, which writes the record, gathers; every other rank
 # gets a fixed-size answer.
 
-def gather_to_coordinator(obj: Any) -> list[Any] | None:
-    """Every rank's `obj`, in rank order, on rank 0; None on the others."""
-    return gather_to_keepers(obj, keepers=1)
-
-
 def gather_to_keepers(obj: Any, keepers: int = 2) -> list[Any] | None:
     """Every rank's `obj`, in rank order, on rank 0 (which records the run) and on rank 1
-    (which records it when rank 0 has died: session.writes_record); None on the others."""
+    (which records it when rank 0 has died: session.writes_record); None on the others.
+    keepers=1: on rank 0 alone."""
     world, rank = dist.get_world_size(), dist.get_rank()
     mine: list[Any] | None = None
     for keeper in range(min(keepers, world)):

@@ -227,9 +227,9 @@ class RankSession:
         """Every rank's init row on rank 0; after a failure only its own (no risk of a hang)."""
         if status != "ok":
             return [self.init]
-        from dcp_fsdp.rank.distributed import gather_to_coordinator
+        from dcp_fsdp.rank.distributed import gather_to_keepers
 
-        gathered = gather_to_coordinator((self.init, self._untimed))
+        gathered = gather_to_keepers((self.init, self._untimed), keepers=1)
         if gathered is None:  # not rank 0: it records, this rank keeps its own
             return [self.init]
         self._untimed_all = [untimed for _, untimed in gathered]

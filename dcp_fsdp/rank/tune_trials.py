@@ -83,12 +83,12 @@ class TuneTrials:
         self.base_run = session.run.model_copy()
 
     def run(self) -> None:
-        from dcp_fsdp.rank.distributed import gather_to_coordinator
+        from dcp_fsdp.rank.distributed import gather_to_keepers
 
         session = self.session
         session.init.init_s = time.monotonic() - session.process_start_mono
         # every trial's record (rank 0 writes them) carries them
-        self.init_rows = gather_to_coordinator(session.init) or [session.init]
+        self.init_rows = gather_to_keepers(session.init, keepers=1) or [session.init]
         if session.is_coordinator:
             self._lead()
         else:

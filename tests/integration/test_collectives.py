@@ -15,7 +15,7 @@ WORLD = 3
 RANK = """
 import datetime, json, os, sys
 import torch.distributed as dist
-from dcp_fsdp.rank.distributed import (first_problem, gather_to_coordinator, gather_to_keepers,
+from dcp_fsdp.rank.distributed import (first_problem, gather_to_keepers,
                                        sum_over_ranks,
                                        wall_clock_spread_s)
 
@@ -23,7 +23,7 @@ rank, init_file, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=%d,
                         timeout=datetime.timedelta(seconds=60))
 result = {
-    "gathered": gather_to_coordinator({"rank": rank, "payload": "x" * (rank + 1)}),
+    "gathered": gather_to_keepers({"rank": rank, "payload": "x" * (rank + 1)}, keepers=1),
     "kept": gather_to_keepers(rank),
     "sums": sum_over_ranks(rank, 10),
     "none": first_problem(None),

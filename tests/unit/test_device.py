@@ -315,7 +315,7 @@ def test_nccl_gets_async_error_handling_and_the_collective_timeout(monkeypatch, 
                                       get_world_size=lambda: 2,
                                       init_process_group=init_process_group)
     with mock.patch.object(distributed, "dist", fake_dist), \
-            mock.patch.object(distributed, "gather_to_coordinator", lambda obj: None), \
+            mock.patch.object(distributed, "gather_to_keepers", lambda obj, keepers=2: None), \
             mock.patch.object(distributed, "sum_over_ranks", lambda *values: (1,) * len(values)), \
             mock.patch.object(distributed, "wall_clock_spread_s", lambda: 0.0):
         ctx = distributed.init_distributed(Backend(backend), timeout_s=120.0)
