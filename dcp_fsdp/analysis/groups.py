@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Iterable
 
 import pandas as pd
 
-from dcp_fsdp.analysis.caveats import fork_note, stager_note
 from dcp_fsdp.analysis.clients import client_notes, fill_missing_client, with_client_ratio
 from dcp_fsdp.telemetry import time_split
 from dcp_fsdp.telemetry.figures import NOISY_SPREAD, NOISY_WORDS
 from dcp_fsdp.analysis.metrics import per_operation, samples_frame
+from dcp_fsdp.analysis.run_summary import stager_note
 from dcp_fsdp.analysis.sources import COMMAND_OPS, incomplete_runs
 from dcp_fsdp.analysis.tables import ordered, phase_row, throughput_row, type_rows
 
@@ -66,6 +66,16 @@ RUN_ATTRIBUTES = {
 }
 
 
+def fork_note(rank_starts: Iterable[object]) -> str | None:
+    """The caution when any run's ranks were forked (rank_start=fork): they share a server's pages."""
+    forked = sum(start == "fork" for start in rank_starts)
+    if not forked:
+        return None
+    return (f"{forked} run(s) with forked ranks (rank_start=fork: the test suite's "
+            "DCP_FSDP_TEST_ONLY_FORK_RANKS=1, not the process a user runs): their timings are "
+            "not a user's; they are never pooled with exec'd runs (column rank_start)")
+
+
 def _flatten(prefix: str, value: Any, into: dict[str, Any]) -> None:
     if isinstance(value, dict):
         for key, inner in value.items():
@@ -104,10 +114,9 @@ def _text(value: Any) -> str:
 
 def runs_frame(runs: list[dict[str, Any]], incomplete: dict[str, str]
                ) -> tuple[pd.DataFrame, list[str]]:
-    """One row per run with the group columns; and the names of the varying settings (those
-    that differ between the runs with status ok). Runs in `incomplete` ({run_id: reason})
-    get status "incomplete"; `matches_constants`: a run left out agrees with the others on
-    every setting they share (a failed run is counted only in a group it could have made)."""
+    """One row per run with the group columns, and the settings that differ between the runs
+    with status ok. `incomplete` ({run_id: reason}): status "incomplete"; `matches_constants`:
+    a run agrees with the ok runs on every setting they share (a failed run counts only so)."""
     rows, settings_per_run = [], []
     for run in runs:
         settings: dict[str, Any] = {}

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterable
 
 from tabulate import tabulate
 
-from dcp_fsdp.analysis.caveats import stager_note
 from dcp_fsdp.analysis.metrics import per_operation, run_figures, samples_frame
 from dcp_fsdp.telemetry.figures import mlperf_gib_s, operations, pooled
 from dcp_fsdp.telemetry.records import ModelInfo, ModelSettings, RunRecord, Sample, StorageInfo
@@ -31,6 +30,20 @@ def print_run_summary(run: RunRecord, samples: list[Sample]) -> None:
     if init_s:
         print(f"init (untimed, not in any figure above): {max(init_s):.1f} s max over ranks")
     print(flush=True)
+
+
+STAGER_RENEWED = (
+    "async saves on a torch whose stager stages only once (2.11, pytorch/pytorch#183413): "
+    "each save ran on a fresh stager, so its staging allocated its pinned / shared host "
+    "buffers again (inside staged_s and stall_s); with a torch that reuses its stager only "
+    "the first save pays that (sample field stager_renewed)")
+
+
+def stager_note(renewed: Iterable[object]) -> str | None:
+    """The note when any async save's `stager_renewed` is true (None, NaN or false: none;
+    a pandas column may hold numpy booleans)."""
+    marked = any(bool(value) for value in renewed if value is not None and value == value)
+    return STAGER_RENEWED if marked else None
 
 
 def replicas_words(run: RunRecord) -> str:

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dcp_fsdp.analysis import report
-from dcp_fsdp.analysis.caveats import STAGER_RENEWED
-from dcp_fsdp.analysis.run_summary import async_lines
+from dcp_fsdp.analysis.run_summary import STAGER_RENEWED, async_lines
 from dcp_fsdp.telemetry.records import read_record_file
 from tests.unit.analysis_kit import variant
 
