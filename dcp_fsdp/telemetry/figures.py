@@ -1,11 +1,10 @@
 """The headline figures, one definition each: the end-of-run table, `report`, `tune`,
 efficiency and the benchmarks all compute them here (docs/metrics.md "Headline figures").
 
-MiB = 2**20 bytes. One *operation* = one op of one iteration of one run, over all its ranks:
-span_s = max(end_wall_s) - min(begin_wall_s); aggregate_mib_s = sum(bytes) / MiB / span_s;
-slowest_rank_mib_s = sum(bytes) / MiB / max(duration_s). Several operations are *pooled*:
-every byte over every second, a second shared by two operations of one run counted once
-(the union of their spans per run, summed over runs).
+One *operation* = one op of one iteration of one run, over all its ranks: span_s =
+max(end_wall_s) - min(begin_wall_s); aggregate_mib_s = sum(bytes) / MiB / span_s;
+slowest_rank_mib_s = sum(bytes) / MiB / max(duration_s). *Pooled* operations: every byte
+over every second, a second two operations of one run share counted once (union_s).
 """
 
 from __future__ import annotations
@@ -112,6 +111,12 @@ def max_or_nan(series: pd.Series) -> float:
     return float(pd.to_numeric(series, errors="coerce").max())
 
 
+def first_text(frame: pd.DataFrame, field: str) -> str | None:
+    """The first known value of `field` as text; None where no sample has one."""
+    values = frame[field].dropna() if field in frame else pd.Series([], dtype=object)
+    return str(values.iloc[0]) if len(values) else None
+
+
 def complete_sum(series: pd.Series) -> float:
     """The sum, NaN unless every value is known (a partial sum would mislead)."""
     series = pd.to_numeric(series, errors="coerce")
@@ -173,8 +178,7 @@ def ceilings(all_ops: pd.DataFrame) -> dict[tuple[Any, str], float]:
 
 
 def ceiling_lines(all_ops: pd.DataFrame) -> list[str]:
-    """Per DCP op with ceilings in its run: DCP's pooled MiB/s and each ceiling's median
-    MiB/s with its rounds' min-max, and DCP's efficiency against each."""
+    """Per DCP op with ceilings: its pooled MiB/s, each ceiling's median (min-max), efficiency."""
     lines = []
     for op, kinds in CEILINGS.items():
         dcp = all_ops[all_ops["op"] == op]
@@ -201,9 +205,7 @@ def headroom_lines(all_ops: pd.DataFrame, samples: pd.DataFrame) -> list[str]:
             for op in ("load", "ra_load", "save", "tc_save")}
     tensors = all_ops[all_ops["op"] == "raw_get_tensors"]["aggregate_mib_s"].dropna()
     if not math.isnan(rate["load"]) and not math.isnan(rate["ra_load"]):
-        readers: list[Any] = (list(samples[samples["op"] == "ra_load"]["reader"].dropna())
-                              if "reader" in samples else [])
-        reader = readers[0] if readers else "read_ahead=?"
+        reader = first_text(samples[samples["op"] == "ra_load"], "reader") or "read_ahead=?"
         line = (f"load headroom: DCP's reader {rate['load']:.1f} MiB/s; the tool's reader "
                 f"({reader}, not DCP's) {rate['ra_load']:.1f} ({rate['ra_load'] / rate['load']:.2f}x)")
         if len(tensors):
@@ -243,8 +245,6 @@ def efficiency(ops: pd.DataFrame, all_ops: pd.DataFrame, kind: str | None = None
 
 def efficiency_per_operation(all_ops: pd.DataFrame) -> pd.Series:
     """Each save (load) operation's aggregate over its run's ceiling (median raw_put, raw_get)."""
-    if all_ops.empty:
-        return pd.Series([], dtype=float)
     return all_ops["aggregate_mib_s"] / _ceiling_of(all_ops, ceilings(all_ops))
 
 

@@ -12,15 +12,16 @@ from dcp_fsdp.telemetry.histograms import histogram, hist_merge, percentiles_ms
 if TYPE_CHECKING:
     from dcp_fsdp.telemetry.request import Request
 
+TYPE_COUNTS = ("count", "failed", "misses", "throttled", "retries")  # a by_type entry's counts
+
 
 def summarize(requests: list["Request"], seconds: float | None = None,
               bytes_up: int | None = None,
               control_plane: list["Request"] | None = None, unparsed: int = 0,
               late: int | None = None) -> dict[str, Any]:
-    """Figures for one window (fields: docs/metrics.md "S3 request statistics"). `seconds`: the
-    window's length, for req_per_s; `bytes_up`: bytes this rank wrote into objects, where the
-    requests do not carry their upload bodies' lengths; `unparsed`, `late` (untimed only): as
-    the summary's fields."""
+    """One window's figures. `seconds`: its length, for req_per_s; `bytes_up`: bytes this rank
+    wrote into objects, where the requests do not carry their upload bodies' lengths;
+    `unparsed`, `late` (untimed only): as the summary's fields."""
     count = len(requests)
     failed = sum(r.outcome == "failed" for r in requests)
     by_type = {kind: _type_entry([r for r in requests if r.kind == kind])
@@ -142,10 +143,9 @@ def merge_by_type(summaries: Iterable[Any]) -> dict[str, dict[str, Any]]:
         if not isinstance(summary, dict):
             continue
         for kind, entry in (summary.get("by_type") or {}).items():
-            into = by_type.setdefault(kind, {"count": 0, "failed": 0, "misses": 0,
-                                             "throttled": 0, "retries": 0, "status": {},
+            into = by_type.setdefault(kind, {**dict.fromkeys(TYPE_COUNTS, 0), "status": {},
                                              "latency_hist": {}})
-            for key in ("count", "failed", "misses", "throttled", "retries"):
+            for key in TYPE_COUNTS:
                 into[key] += entry.get(key) or 0
             into["status"] = dict(sorted((collections.Counter(into["status"])
                                           + collections.Counter(entry.get("status") or {})).items()))

@@ -1,10 +1,6 @@
-"""Where a save's or load's time went, by who spent it (defined once here; printed by the
-end-of-run summary and `report`; docs/metrics.md "Where the time goes").
-
-Per rank and operation the duration is exactly plan_s + io_s + commit_s, and io_s splits by
-who spends it (storage/timeline.py; PARTS). Fresh pages per byte = minor page faults x the
-page size / the bytes: 1 or more, every byte landed in memory the kernel handed over fresh.
-"""
+"""Where a save's or load's time went, by who spent it (docs/metrics.md "Where the time
+goes"): per rank and operation the duration is exactly plan_s + io_s + commit_s, and io_s
+splits by who spends it (storage/timeline.py; PARTS)."""
 
 from __future__ import annotations
 
@@ -15,7 +11,7 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
-from dcp_fsdp.telemetry.figures import as_frame, mean_or_nan
+from dcp_fsdp.telemetry.figures import as_frame, first_text, mean_or_nan
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 # fresh pages per byte from which the allocator, not DCP's code, is named as the bound
@@ -92,12 +88,7 @@ def split(op: str, frame: pd.DataFrame) -> TimeSplit | None:
     if bound == "dcp" and not math.isnan(pages) and pages >= ALLOCATOR_PAGES_PER_BYTE:
         bound = "allocator"
     return TimeSplit(op, _mean(frame, "duration_s"), parts_s, owners_s, pages, bound,
-                     _first(frame, "reader"), _first(frame, "msc_reads"))
-
-
-def _first(frame: pd.DataFrame, field: str) -> str | None:
-    values = frame[field].dropna() if field in frame else pd.Series([], dtype=object)
-    return str(values.iloc[0]) if len(values) else None
+                     first_text(frame, "reader"), first_text(frame, "msc_reads"))
 
 
 MSC_READS = {"whole": "MSC downloaded each object whole (under its 512 MiB switch)",
