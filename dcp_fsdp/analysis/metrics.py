@@ -31,7 +31,6 @@ OPTIONAL_COLUMNS = ("barrier_wait_s", *(name for name, field in Sample.model_fie
                                         if not field.is_required()))
 REQUEST_COLUMNS = {"req_count": "count", "req_failed": "failed", "req_throttled": "throttled",
                    "req_retries": "retries", "req_misses": "misses",
-                   "req_bytes_down": "bytes_down", "req_bytes_up": "bytes_up",
                    "req_broken": "broken", "req_broken_max_bytes": "bytes_down_broken_max"}
 SPANS = ("blocked", "persisted", "stall")  # each X_span_s of an operation (the docstring above)
 
@@ -108,11 +107,16 @@ def run_figures(samples: Iterable[dict[str, Any]]
                        row["efficiency"], samples_of[tuple(row[KEYS])])
             for index, row in ops.iterrows()]
     noisy = False
-    for op, group in ops.groupby("op", sort=False):
-        if len(group) >= 2:
-            pooled_row, group_noisy = _pooled_row(frame, ops, str(op), group)
-            rows.append(pooled_row)
-            noisy = noisy or group_noisy
+    for op, group in ops.groupby("op", sort=False):  # the "(all)" row of an op's iterations
+        if len(group) < 2:
+            continue
+        figures = pooled(group)
+        group_noisy = bool(noise_note(figures["spread"]))
+        spread = ("" if pd.isna(figures["spread"]) else
+                  f"spread {100 * figures['spread']:.0f} %" + (" NOISY" if group_noisy else ""))
+        rows.append(_row_cells(f"{op} (all)", f"{len(group)}", "", figures, group, efficiency(group, ops),
+                               frame[frame["op"] == op], spread))
+        noisy = noisy or group_noisy
     # a column empty in every row says nothing (efficiency without a ceiling, requests
     # without request statistics, a note nobody needed): left out
     shown = [i for i in range(len(_RUN_HEADERS)) if any(row[i] != "" for row in rows)]
@@ -142,14 +146,3 @@ def _row_cells(label: str, iteration: int | str, suffix: str, figures: pd.Series
             "/".join(f"{v:.3f}" for v in (durations.min(), durations.median(), durations.max())),
             "/".join(f"{v:.1f}" for v in (rates.min(), rates.median(), rates.max())),
             *requests, row_note(ops, eff, spread)]
-
-
-def _pooled_row(frame: pd.DataFrame, ops: pd.DataFrame, op: str,
-                group: pd.DataFrame) -> tuple[list[Any], bool]:
-    """The "(all)" row of one op's iterations, and whether they were noisy."""
-    figures = pooled(group)
-    noisy = bool(noise_note(figures["spread"]))
-    spread = ("" if pd.isna(figures["spread"]) else
-              f"spread {100 * figures['spread']:.0f} %" + (" NOISY" if noisy else ""))
-    return _row_cells(f"{op} (all)", f"{len(group)}", "", figures, group, efficiency(group, ops),
-                      frame[frame["op"] == op], spread), noisy
