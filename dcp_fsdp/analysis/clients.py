@@ -30,8 +30,7 @@ def _files(runs: list[dict[str, Any]]) -> str:
 
 def fill_missing_client(settings_per_run: list[dict[str, Any]]) -> None:
     """A run's settings without storage.client, where another run's name one, take the
-    connector's (the only client before the setting): they pool with its runs, said by
-    client_notes, instead of making a row with a blank client."""
+    connector's (the only client before the setting): no row with a blank client."""
     if any(CLIENT_KEY in settings for settings in settings_per_run):
         for settings in settings_per_run:
             settings.setdefault(CLIENT_KEY, BASE_CLIENT)
@@ -59,10 +58,8 @@ def client_notes(runs: list[dict[str, Any]]) -> list[str]:
 
 def with_client_ratio(throughput: pd.DataFrame, group_keys: list[str]
                       ) -> tuple[pd.DataFrame, list[str]]:
-    """Where the client varies (storage.client=a,b,c): each row's aggregate MiB/s as a ratio
-    to the connector's row of the same work (every other key equal); NaN without one, or
-    for a client this reader does not know. And a note naming the ratios that rest on a
-    single iteration (theirs or the connector's)."""
+    """Each row's aggregate MiB/s over the connector's row of the same work (every other key
+    equal; NaN without one, or for an unknown client), and a note on ratios of one iteration."""
     if throughput.empty:
         return throughput, []
     if CLIENT_KEY not in group_keys:

@@ -21,9 +21,6 @@ from dcp_fsdp.telemetry.server_counters import RESENT_BELOW_CLIENT
 if TYPE_CHECKING:
     from dcp_fsdp.analysis.costs import Prices
 
-__all__ = ["build", "plot", "render", "wide_csv", "read_records", "record_files", "main"]
-
-
 def _decision_prices(args: argparse.Namespace) -> Prices | None:
     """The decision options checked (their ranges: config/arguments.py) and the prices
     loaded (None without --node-mtbf-hours), before any record is read."""
@@ -65,8 +62,7 @@ def _in_dir(directory: Path, problem: str | None) -> str | None:
 
 
 def checked_arguments(args: argparse.Namespace) -> tuple[Any, list[Path]]:
-    """(prices, record files): every option checked and the files found before any record
-    is read; UserError (one line naming the option and the fix) otherwise."""
+    """(prices, record files), every option checked before any record is read; else UserError."""
     _check_outputs(args)
     prices = _decision_prices(args)
     try:

@@ -41,7 +41,7 @@ def scaling_frames(result: dict[str, Any]) -> list[pd.DataFrame]:
                 **{k: row[k] for k in keys},
                 "aggregate_mib_s": row["aggregate_mib_s"],
                 "mib_s_per_rank": row["aggregate_mib_s"] / row["ranks"],
-                "mib_s_per_node": row["aggregate_mib_s"] / row["nodes"],
+                "mib_s_per_node": row["mib_s_per_node"],
                 **{f"{name}_share": float(phase[column].iloc[0]) / span if len(phase) and span else math.nan
                    for name, column in SHARES.items()},
             })

@@ -54,8 +54,6 @@ def _persisted_mib_s(group_ops: pd.DataFrame) -> float:
 def slowest_mean(group_samples: pd.DataFrame, field: str) -> float:
     """The slowest rank's `field` (max over ranks) per operation, mean over operations."""
     values = pd.to_numeric(group_samples[field], errors="coerce")
-    if not values.notna().any():
-        return math.nan
     per_op = group_samples.assign(_v=values).groupby(["run_id", "iteration"])["_v"].max()
     return mean_or_nan(per_op)
 
@@ -71,8 +69,7 @@ def order_figures(group_ops: pd.DataFrame) -> dict[str, float]:
 
 
 def row_note(ops: pd.DataFrame, eff: float, spread: str = "") -> str:
-    """The note of some operations' row, in the report and the end-of-run table: read
-    amplification, spread, broken GETs (where every operation counts them), above the ceiling."""
+    """A row's note (report, end-of-run table): read amplification, spread, broken GETs, ceiling."""
     broken = broken_note(complete_sum(ops["req_broken"]), complete_sum(ops["req_broken_max_bytes"]),
                          complete_sum(ops["fetched_bytes"]), float(ops["bytes"].sum()))
     return ", ".join(n for n in (amplification_note(read_amplification(ops)), spread, broken,
