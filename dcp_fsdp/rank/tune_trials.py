@@ -7,6 +7,7 @@ its role) and no checkpoint; the result goes to `tune.json` there (docs/tune.md)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -39,11 +40,7 @@ def trial_config(cfg: BenchmarkConfig, settings: dict[str, Any], ceiling: bool,
     """The session's config with the trial's settings, as a command line would set them."""
     dotlist = [f"{name}={value}" for name, value in settings.items()]
     merged = OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(dotlist))
-    trial = to_config(merged)
-    trial.ceiling = ceiling
-    trial.iterations = iterations
-    trial.suffix = None
-    return trial
+    return dataclasses.replace(to_config(merged), ceiling=ceiling, iterations=iterations, suffix=None)
 
 
 def figures_of(samples: Iterable[Sample]) -> dict[str, Any]:
