@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "dcp_fsdp"
 # The package's lazy `__version__` (a module attribute computed on demand, nothing forwarded)
 MODULE_GETATTR_ALLOWED = {PACKAGE / "__init__.py"}
-# Known, each with its reason (not a client's object patched): plan/state.py `_fresh` fills a
+# Known, each with its reason (not a client's object patched): plan/state.py `_tensor_item` fills a
 # TensorProperties it has just made with __new__ (a copy; copy.copy is 10x slower).
 ALLOWED = {"dcp_fsdp/plan/state.py": ["fresh.__dict__.update(...)"]}
 STREAM_METHODS = {"write", "read", "readinto", "readline", "close", "flush", "tell", "seek",
