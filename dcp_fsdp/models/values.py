@@ -93,13 +93,6 @@ def _tables(seed: int, dtype: torch.dtype,
     return high.to(device), high_pos.to(device), low.to(device)
 
 
-def tensor_offsets(seed: int, key: str) -> tuple[int, int]:
-    """Where tensor `key` starts in the HIGH and LOW sequences."""
-    digest = hashlib.blake2b(f"{GENERATOR}|{seed}|{key}".encode(), digest_size=16).digest()
-    return (int.from_bytes(digest[:8], "little") % P_HIGH,
-            int.from_bytes(digest[8:], "little") % P_LOW)
-
-
 def runs(global_shape: Shape, local_shape: Shape,
          global_offset: Shape) -> Iterator[tuple[int, int, int]]:
     """(local flat start, global flat start, length) of the contiguous runs of a block shard."""
@@ -124,13 +117,15 @@ def runs(global_shape: Shape, local_shape: Shape,
 
 
 def _chunks(seed: int, key: str, dtype: torch.dtype, device: torch.device, global_shape: Shape,
-            local_shape: Shape,
-            global_offset: Shape) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+            local_shape: Shape, global_offset: Shape) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """(local flat start, HIGH slice, LOW slice) per chunk of the shard, in order."""
     signed, high_pos, low = _tables(seed, dtype, device)
     # non-negative where the meaning requires it: AdamW's second moment and step count
     high = high_pos if key.endswith(("exp_avg_sq", "max_exp_avg_sq", ".step")) else signed
-    kh, kl = tensor_offsets(seed, key)
+    # where tensor `key` starts in the HIGH and LOW sequences
+    digest = hashlib.blake2b(f"{GENERATOR}|{seed}|{key}".encode(), digest_size=16).digest()
+    kh = int.from_bytes(digest[:8], "little") % P_HIGH
+    kl = int.from_bytes(digest[8:], "little") % P_LOW
     for local_start, global_start, length in runs(global_shape, local_shape, global_offset):
         for pos in range(0, length, CHUNK):
             n = min(CHUNK, length - pos)
