@@ -1,9 +1,7 @@
-"""The one structured configuration of a run: every setting, its type, default and meaning.
-
-Hydra composes `conf/config.yaml` onto these dataclasses, so an unknown key or a wrong type
-fails at composition. Each field's `help` is the only description of a setting (--help and
-docs/settings.md print it); `validate.py` checks what types cannot express.
-"""
+"""The one structured configuration of a run: every setting, its type, default and meaning. Hydra
+composes `conf/config.yaml` onto these dataclasses, so an unknown key or a wrong type fails at
+composition. Each field's `help` is the only description of a setting (--help and docs/settings.md
+print it); `validate.py` checks what types cannot express."""
 
 from __future__ import annotations
 

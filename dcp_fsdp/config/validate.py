@@ -264,16 +264,12 @@ def apply_protocol(cfg: BenchmarkConfig, given: set[str], named: str | None = No
     cfg.iterations = MLPERF_CHECKPOINTS
 
 
-def _value(cfg: BenchmarkConfig, name: str) -> Any:
-    return functools.reduce(getattr, name.split("."), cfg)
-
-
 MAX_READ_AHEAD = 64  # the tool's reader's fetches in flight (threads) per rank
 
 
 def _check_numbers(cfg: BenchmarkConfig) -> None:
-    for name in setting_names():
-        value = _value(cfg, name)
+    values = {name: functools.reduce(getattr, name.split("."), cfg) for name in setting_names()}
+    for name, value in values.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise UserError(f"{name}={value}: give a finite number")
     ranges = (  # (setting, lowest, highest, whether the lowest is allowed)
@@ -301,7 +297,7 @@ def _check_numbers(cfg: BenchmarkConfig) -> None:
         ("storage.read_ahead_mib", 1, S3_MAX_PART_SIZE_MIB, True),
     )
     for name, lowest, highest, lowest_ok in ranges:
-        value = _value(cfg, name)
+        value = values[name]
         if value is None:
             continue
         too_low = value < lowest if lowest_ok else value <= lowest
