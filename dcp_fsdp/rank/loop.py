@@ -91,7 +91,7 @@ class CheckpointLoop:
         self.suffix_claim: str | None = None  # how the saves' suffixes were claimed (layout)
         self.writing_suffix: str | None = None  # a save in progress: incomplete if we stop
         self._pending_save: SampleHandle | None = None  # the last save, until its upload is done
-        self._timeline_dir: Path | None = None  # process checkpointer: see _timeline_file
+        self._timeline_dir: Path | None = None  # process checkpointer: see _prepare
         self.integrity: dict[str, dict[str, Any]] = {}  # suffix loaded: {"checked", "reason"} for the run line
         self._expected_checksums: dict[str, int | None] = {}  # suffix -> seed to check with
         self._metadata_facts: dict[str, MetadataFacts] = {}  # rank 0: suffix -> its .metadata
@@ -103,13 +103,6 @@ class CheckpointLoop:
         self.read_once = self.replicas > 1 and cfg.model.replica_load == ReplicaLoad.read_once
         # benchmark-only (benchmarks/harness_cost.py): instrumentation left out of the timer
         self.harness_off, _ = contract.harness_off(os.environ.get(contract.HARNESS_OFF_ENV))
-
-    def _timeline_file(self, suffix: str) -> str:
-        """Where the process checkpointer's daemon writes one save's timeline (a directory
-        of this rank's, named by its pid: a killed rank's is removed by the next launch)."""
-        if self._timeline_dir is None:
-            self._timeline_dir = lifeline.owned_tempdir("dcp-fsdp-timeline-")
-        return str(self._timeline_dir / f"{suffix}.json")
 
     def metadata_facts(self, suffix: str) -> MetadataFacts:
         """Rank 0: checkpoint `suffix`'s .metadata, read (screened) once per run."""
@@ -183,10 +176,14 @@ class CheckpointLoop:
                  store: CheckpointStore) -> OpInProgress:
         """Everything an operation needs before its barrier (untimed)."""
         # The process checkpointer pickles the writer into its daemon (no instance-level hook
-        # wrappers): its copy there writes the timeline to a file, read once the upload is done.
+        # wrappers): its copy there writes the timeline to a file, read once the upload is done,
+        # in a directory of this rank's (named by its pid: a killed rank's is removed by the next launch).
         pickled = op == "save" and saver is not None and saver.process
-        run = OpInProgress(op, iteration, suffix, pickled=pickled, timeline=HookTimeline(
-            dump_path=self._timeline_file(suffix) if pickled else None))
+        dump_path = None
+        if pickled:
+            self._timeline_dir = self._timeline_dir or lifeline.owned_tempdir("dcp-fsdp-timeline-")
+            dump_path = str(self._timeline_dir / f"{suffix}.json")
+        run = OpInProgress(op, iteration, suffix, pickled=pickled, timeline=HookTimeline(dump_path=dump_path))
         timed = None if "hooks" in self.harness_off else run.timeline
         read_ahead = getattr(getattr(store, "config", None), "read_ahead", 0)
         run.reader = f"read_ahead={read_ahead}" if op == "load" and read_ahead else None
