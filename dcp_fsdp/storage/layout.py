@@ -120,9 +120,8 @@ def _claim_configured(store: CheckpointStore, suffix: str, run_id: str | None) -
 def claim_configured_suffixes(store: CheckpointStore, configured: str, iterations: int,
                               run_id: str) -> tuple[list[str], str]:
     """The launcher, before any rank starts: claim the (first 100) suffixes `suffix=NAME` will
-    write for run `run_id`, so the loser of a race is refused before its ranks start; rank 0
-    takes these claims as its run's own. (The suffixes claimed, how.) On a lost claim the
-    ones taken are removed and UserError."""
+    write for run `run_id` (rank 0 takes them as its run's own), so the loser of a race is
+    refused before its ranks start; on a lost claim, the ones taken are removed."""
     taken: list[str] = []
     method = CLAIM_EXCLUSIVE
     try:
@@ -238,9 +237,8 @@ def manifest_if_readable(store: CheckpointStore, suffix: str) -> dict[str, Any] 
 # -- .metadata: read once per run, always through the screen -------------------------------
 
 def metadata_facts(store: CheckpointStore, suffix: str) -> MetadataFacts:
-    """What checkpoint `suffix`'s `.metadata` holds, screened (MetadataRefused for a file
-    that may be hostile): the launcher's reading when it handed one over for this suffix
-    (contract.METADATA_FACTS_ENV), else one GET here."""
+    """What checkpoint `suffix`'s `.metadata` holds, screened: the launcher's reading when it
+    handed one over for this suffix (contract.METADATA_FACTS_ENV), else one GET here."""
     handed = handed_metadata_facts(suffix)
     if handed is not None:
         return handed
@@ -292,9 +290,8 @@ def check_replicas_mirrorable(manifest: dict[str, Any] | None, replicas: int, su
 
 def check_objects_whole(store: CheckpointStore, suffix: str, facts: MetadataFacts,
                         prefix_strategy: str) -> None:
-    """Every data object `.metadata` names is there, at least as long as its last item ends
-    (storage.prefix_strategy=default): refused in one line before any rank reads, where DCP
-    would fail part way."""
+    """Every data object `.metadata` names is there and long enough (prefix_strategy=default),
+    else refused before any rank reads, where DCP would fail part way."""
     if prefix_strategy != "default" or not facts.object_sizes:
         return
     damage = objects_damage(facts, store.object_sizes(suffix))
@@ -320,9 +317,8 @@ def objects_damage(facts: MetadataFacts, stored: dict[str, int]) -> str | None:
 
 def checkpoint_damage(store: CheckpointStore, suffix: str,
                       only_msc: set[str] | None = None) -> str | None:
-    """`list --check`: what is wrong with the complete checkpoint `suffix`, None when whole: its
-    `.metadata` through the screen, and one listing. A checkpoint only storage.client=msc can
-    load goes into `only_msc`."""
+    """`list --check`: what is wrong with the complete checkpoint `suffix`, None when whole; one
+    only storage.client=msc can load goes into `only_msc`."""
     try:
         raw = store.get_small(suffix, METADATA_NAME, MAX_METADATA_BYTES + 1)
         if raw is None:

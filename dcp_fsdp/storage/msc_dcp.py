@@ -49,8 +49,8 @@ class TimedPortableMscWriter(TimedMscWriter, PortableMscWriter):
 
 
 class _PrefetchedFileSystem(MultiStorageFileSystem):
-    """MSC's file system that hands `read_data` the file objects already prefetched (each
-    once: popped when opened, closed when DCP's `with` ends); any other path as MSC opens it."""
+    """MSC's file system that hands `read_data` each prefetched file object once (closed when
+    DCP's `with` ends); any other path as MSC opens it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -124,8 +124,7 @@ class OnceMscReader(MultiStorageFileSystemReader):
 
 
 class TimedOnceMscReader(TimedMscReader, OnceMscReader):
-    """Timed as TimedMscReader; the wait for prefetched downloads is on the storage clock
-    (the rank's thread waits for storage there, as in a stream's first call)."""
+    """Timed as TimedMscReader, and the rank's wait for prefetched downloads on the storage clock."""
 
     def prefetch_wait(self, wait: Callable[[], _Result]) -> _Result:
         with self.timeline.storage_clock:

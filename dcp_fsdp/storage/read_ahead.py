@@ -209,9 +209,8 @@ def read_exactly(stream: Any, start: int, target: memoryview, name: Any) -> None
 
 
 def lands_in_place(meta: Any, target: Any, req: Any) -> bool:
-    """Whether an item's data record is, byte for byte, its whole target: the saved tensor
-    dense from the start of its storage, the read asking for all of it (no narrowing), and
-    the target a contiguous CPU tensor of the same dtype and shape."""
+    """Whether an item's data record is, byte for byte, its whole target (a dense saved tensor,
+    read whole, into a contiguous CPU tensor of its dtype and shape)."""
     whole = all(offset == 0 for offset in req.storage_offsets) and list(req.lengths) == list(meta.shape)
     dense = (meta.is_contiguous() and meta.storage_offset() == 0 and meta.numel() > 0
              and meta.untyped_storage().nbytes() == meta.numel() * meta.element_size())
@@ -336,9 +335,8 @@ class ReadAhead:
 
     # -- landing: each item straight into its target (files) -------------------------------
     def _land(self, plan: LoadPlan, planner: LoadPlanner, held: ByteCounter) -> float:
-        """Each item on one of N threads, in file order: its framing read, then its data record
-        read straight into its target (else read whole and copied there). The rank's thread
-        resolves each target before its read and commits it after, in order, as DCP's does."""
+        """Each item on one of N threads, in file order, read straight into its target (else read
+        whole and copied); the rank's thread resolves and commits each target, in order."""
         from torch.distributed.checkpoint.planner import LoadItemType
 
         copies = BusyClock()

@@ -83,15 +83,14 @@ class S3ControlPlane:
         self._honours_if_none_match: bool | None = None  # asked once, on the first claim
 
     def client(self) -> Any:
-        """boto3's client; the AWS credential chain is read here (UserError if broken)."""
+        """boto3's client, built once: botocore reads the credential chain then (UserError if broken)."""
         if self._boto_client is None:
             self._boto_client = self._built(self.answer_timeout_s or 30,
                                             1 if self.answer_timeout_s else 2)
         return self._boto_client
 
     def _built(self, read_timeout_s: float, attempts: int) -> Any:
-        """A boto3 client (the observers told of it). A broken profile or shared file fails
-        here (UserError): botocore resolves credentials now, once per process."""
+        """A boto3 client (the observers told of it); UserError for a broken profile or file."""
         import boto3
         import botocore.config
         import botocore.exceptions as bx
@@ -268,7 +267,6 @@ class S3ControlPlane:
                 for owner, e in sorted(found.items())]
 
     def object_sizes(self, suffix: str) -> dict[str, int]:
-        """Every object under `suffix`/ (its name there -> bytes), one listing."""
         base = self.target.key(suffix) + "/"
         return {obj["Key"][len(base):]: obj["Size"]
                 for obj in self._listed("list_objects_v2", "Contents", Prefix=base)}
@@ -377,8 +375,7 @@ class S3ControlPlane:
         return 1
 
     def abort_uploads_under(self, key_prefix: str) -> int:
-        """Abort every open multipart upload whose key begins with `key_prefix` (a raw area
-        of the ceiling, beside the checkpoints); how many."""
+        """Abort the open multipart uploads under `key_prefix` (a raw area); how many."""
         with self._explaining():
             return sum(self._abort(upload["Key"], upload["UploadId"])
                        for upload in self._listed("list_multipart_uploads", "Uploads", Prefix=key_prefix))

@@ -29,8 +29,7 @@ if TYPE_CHECKING:
 
 
 class _TimedPlanning:
-    """What the timed writer and reader share: the `timeline=` argument, the client's file
-    system put under a `TimedFileSystem` in its own __init__, and the two planning hooks."""
+    """The timed writer's and reader's `timeline=`, `TimedFileSystem` and planning hooks."""
 
     timeline: HookTimeline
     fs: Any

@@ -154,8 +154,7 @@ class ChunkTimedReadStream(TimedReadStream):
 
 
 class TimedFileSystem(FileSystemBase):
-    """A DCP writer's or reader's file system with its object streams timed and counted: each
-    method of torch's `FileSystemBase` (and `ls`) calls the same method of `inner`."""
+    """A DCP writer's or reader's file system (`inner`) with its object streams timed and counted."""
 
     def __init__(self, inner: FileSystemBase, timeline: HookTimeline,
                  read_stream: type[TimedReadStream] = TimedReadStream) -> None:
@@ -187,8 +186,7 @@ class TimedFileSystem(FileSystemBase):
                 yield self.read_stream(stream, self.timeline) if "r" in mode else stream
 
     def _screened_metadata(self, path: StrPath) -> bytes:
-        """DCP's read of `.metadata`, timed and counted, handed to its unpickler only when it is
-        the file that was screened (MetadataChanged otherwise)."""
+        """DCP's read of `.metadata`, timed and counted, if it is the file screened (else MetadataChanged)."""
         with self.inner.create_stream(path, "rb") as stream:
             data = TimedReadStream(stream, self.timeline).read()
         if hashlib.sha256(data).hexdigest() != self.metadata_sha256:
@@ -226,8 +224,7 @@ def timed_file_system(storage_io: Any) -> TimedFileSystem | None:
 
 
 def expect_metadata(storage_io: Any, sha256: str) -> None:
-    """A timed reader's DCP read of `.metadata` must have this SHA-256 (the screened file's)
-    before it is unpickled (harness_off=hooks: as DCP does)."""
+    """A timed reader unpickles only a `.metadata` of this SHA-256, the screened file's."""
     fs = timed_file_system(storage_io)
     if fs is not None and sha256:
         fs.metadata_sha256 = sha256
