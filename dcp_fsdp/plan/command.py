@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,16 +46,6 @@ def parse_request(args: argparse.Namespace) -> PlanRequest:
     return PlanRequest(world_size, ranks_per_node, record, cfg, args.exact)
 
 
-def rank_prefix_function(cfg: BenchmarkConfig, world_size: int) -> Callable[[int], str]:
-    """How the writer names rank r's objects (`<prefix><n>.distcp`): DCP's `__r_` for fs, the
-    store's own prefix strategy for s3 (its names are in `.metadata`)."""
-    if cfg.storage.kind == StorageKind.fs:
-        return data_object_prefix
-    from dcp_fsdp.storage.s3_clients import prefix_strategy
-
-    return prefix_strategy(cfg.storage, world_size)
-
-
 def checkpoint_id(cfg: BenchmarkConfig) -> Any:
     """What the writer stamps into `.metadata` as the checkpoint's id: a Path for fs, the
     s3:// URI for s3, with a suffix of the length a save gives."""
@@ -75,6 +64,7 @@ def plan_world(request: PlanRequest, world_size: int,
         from dcp_fsdp.plan.build import build_global_plan
         from dcp_fsdp.plan.sample import can_sample, sampled_global_plan
         from dcp_fsdp.plan.state import state_template
+        from dcp_fsdp.storage.s3_clients import prefix_strategy
 
     cfg = request.cfg
     template = state_template(model_shape(cfg.model), cfg.model.dtype, cfg.state,
@@ -82,9 +72,12 @@ def plan_world(request: PlanRequest, world_size: int,
     sample = (not request.exact and world_size * len(template.entries) > EXACT_MAX_ITEMS
               and can_sample(template))
     build = sampled_global_plan if sample else build_global_plan
+    # how the writer names rank r's objects (`<prefix><n>.distcp`): DCP's `__r_` for fs, the
+    # store's own prefix strategy for s3 (its names are in `.metadata`)
+    prefix = (data_object_prefix if cfg.storage.kind == StorageKind.fs
+              else prefix_strategy(cfg.storage, world_size))
     return template, build(template, world_size, cfg.model.replicas, cfg.storage.thread_count,
-                           rank_prefix_function(cfg, world_size), checkpoint_id(cfg),
-                           cfg.model.tp)
+                           prefix, checkpoint_id(cfg), cfg.model.tp)
 
 
 def main(args: argparse.Namespace) -> int:
