@@ -132,9 +132,7 @@ class Budget:
         return self.clock() - self.started_s
 
     def estimate_s(self) -> float:
-        if not self.walls:
-            return 0.0
-        return max(statistics.median(self.walls), self.walls[-1])
+        return max(statistics.median(self.walls), self.walls[-1]) if self.walls else 0.0
 
     def why_not(self, share: float = 1.0) -> str | None:
         """None if one more trial fits in `share` of the budget (and of the trial count)."""
