@@ -27,8 +27,6 @@ POLICY_ORDER = (DROPPED, RESIDENT, TMPFS)
 
 MEMORY_FS_TYPES = frozenset({"tmpfs", "ramfs"})  # the page cache is the storage itself
 
-_PAGE_BYTES = mmap.PAGESIZE
-
 
 @functools.cache
 def _c_library() -> ctypes.CDLL:
@@ -46,7 +44,7 @@ def resident_pages(path: str | os.PathLike) -> tuple[int, int]:
     """(pages of `path` in the page cache, pages in the file), by mincore(2) on a mapping
     that is never touched (so the check itself faults nothing in)."""
     size = os.stat(path).st_size
-    pages = (size + _PAGE_BYTES - 1) // _PAGE_BYTES
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
     if pages == 0:
         return 0, 0
     libc = _c_library()
