@@ -38,9 +38,6 @@ class S3Store(CheckpointStore):
         found = {"AWS_ENDPOINT_URL": self.config.endpoint} if self.config.endpoint else {}
         return {**found, **self.client.environment()}
 
-    close = delegated("client", S3Client.close)
-
-    # -- locations -------------------------------------------------------------------
     def location(self, suffix: str) -> str:
         return f"{self.target.uri}/{suffix}"
 
@@ -51,23 +48,8 @@ class S3Store(CheckpointStore):
                 "client": self.client.name, **self.client.retry(),
                 "client_versions": {name: installed_version(name) for name in self.client.packages}}
 
-    # -- DCP writer / reader: the client's -----------------------------------------------
-    writer = delegated("client", S3Client.writer)
-    reader = delegated("client", S3Client.reader)
-    warm_up = delegated("client", S3Client.warm_up)
-
-    # -- control plane (boto3), see s3_control.py ---------------------------------------
     def preflight(self, writes: bool = True) -> None:
         self.control.preflight()  # HeadBucket: what a read needs, and a write's first check
-
-    list_checkpoints = delegated("control", S3ControlPlane.list_checkpoints)
-    has_objects = delegated("control", S3ControlPlane.has_objects)
-    object_sizes = delegated("control", S3ControlPlane.object_sizes)
-    is_complete = delegated("control", S3ControlPlane.is_complete)
-    put_small = delegated("control", S3ControlPlane.put_small)
-    get_small = delegated("control", S3ControlPlane.get_small)
-    open_uploads = delegated("control", S3ControlPlane.open_uploads)
-    abort_uploads = delegated("control", S3ControlPlane.abort_uploads)
 
     def claim(self, suffix: str, data: bytes) -> SuffixClaim:
         key = self.target.key(suffix, CLAIM_NAME)
@@ -100,3 +82,16 @@ class S3Store(CheckpointStore):
         self.control.delete_prefix(prefix)
         return aborted
 
+    # -- the client's (s3_clients.py) and the control plane's (s3_control.py) ------------
+    close = delegated("client", S3Client.close)
+    writer = delegated("client", S3Client.writer)
+    reader = delegated("client", S3Client.reader)
+    warm_up = delegated("client", S3Client.warm_up)
+    list_checkpoints = delegated("control", S3ControlPlane.list_checkpoints)
+    has_objects = delegated("control", S3ControlPlane.has_objects)
+    object_sizes = delegated("control", S3ControlPlane.object_sizes)
+    is_complete = delegated("control", S3ControlPlane.is_complete)
+    put_small = delegated("control", S3ControlPlane.put_small)
+    get_small = delegated("control", S3ControlPlane.get_small)
+    open_uploads = delegated("control", S3ControlPlane.open_uploads)
+    abort_uploads = delegated("control", S3ControlPlane.abort_uploads)
