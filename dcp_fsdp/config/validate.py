@@ -268,7 +268,7 @@ MAX_READ_AHEAD = 64  # the tool's reader's fetches in flight (threads) per rank
 
 
 def _check_numbers(cfg: BenchmarkConfig) -> None:
-    values = {name: functools.reduce(getattr, name.split("."), cfg) for name in setting_names()}
+    values: dict[str, Any] = {name: functools.reduce(getattr, name.split("."), cfg) for name in setting_names()}
     for name, value in values.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise UserError(f"{name}={value}: give a finite number")
