@@ -336,8 +336,7 @@ def dcp_alone(loop: Any) -> list[Sample]:
     store = FsStore(StorageConfig(kind=StorageKind.fs, path=directory, sync_files=False,
                                   thread_count=loop.cfg.storage.thread_count))
     try:
-        samples = [loop.timed_on(store, op, iteration, f"dcp-alone-{iteration}")
-                   .model_copy(update={"op": f"mem_{op}"})
+        samples = [loop.timed_on(store, op, iteration, f"dcp-alone-{iteration}", f"mem_{op}")
                    for iteration in range(1, loop.cfg.iterations + 1) for op in ("save", "load")]
         dist.barrier()  # no rank still reads it (after a failure: no collective, peers may be gone)
     finally:
@@ -357,7 +356,7 @@ def _read_ahead_loads(loop: Any) -> list[Sample]:
         return []
     storage = loop.cfg.storage
     store = make_store(dataclasses.replace(storage, read_ahead=storage.read_ahead or READ_AHEAD))
-    return [loop.timed_on(store, "load", iteration, loop.suffixes[-1]).model_copy(update={"op": "ra_load"})
+    return [loop.timed_on(store, "load", iteration, loop.suffixes[-1], "ra_load")
             for iteration in range(1, loop.cfg.iterations + 1)]
 
 
@@ -374,8 +373,7 @@ def _more_files_saves(loop: Any) -> list[Sample]:
     samples = []
     try:
         for iteration in range(1, loop.cfg.iterations + 1):
-            samples.append(loop.timed_on(store, "save", iteration, f"save-{iteration}")
-                           .model_copy(update={"op": "tc_save"}))
+            samples.append(loop.timed_on(store, "save", iteration, f"save-{iteration}", "tc_save"))
             dist.barrier()  # every rank's objects are written before rank 0 removes them
             if loop.ctx.rank == 0:
                 store.delete(f"save-{iteration}")

@@ -375,10 +375,10 @@ class CheckpointLoop:
             self.integrity[suffix] = {"checked": False, "reason": unchecked}
         apply_state_dict(self.sharded, self.state_dict)
 
-    def timed_on(self, store: CheckpointStore, op: str, iteration: int, suffix: str) -> Sample:
-        """A sync save or a load on another store (the ceiling's rounds), timed as the run's are:
-        no claim, manifest or verification."""
-        return self._timed(op, iteration, suffix, store).result()
+    def timed_on(self, store: CheckpointStore, op: str, iteration: int, suffix: str, recorded_as: str) -> Sample:
+        """A sync save or a load on another store (the ceiling's rounds), timed as the run's are
+        (no claim, manifest or verification), recorded as op `recorded_as`."""
+        return self._timed(op, iteration, suffix, store).result().model_copy(update={"op": recorded_as})
 
     def _load_suffix(self) -> str:
         if self.cfg.suffix is None:  # the config's validation requires one for a load
