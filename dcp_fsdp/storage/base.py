@@ -60,9 +60,8 @@ class OpenUpload:
 
 
 class RawArea(Protocol):
-    """Objects moved raw (no DCP), by the client DCP's writer and reader use, beside the
-    checkpoints (never seen by `list`). Names are relative to the area and may hold '/'; the
-    defaults are S3's: nothing to create, no local cache."""
+    """Objects moved raw (no DCP) by the client DCP uses, beside the checkpoints (never listed);
+    names are relative to it and may hold '/'. The defaults are S3's: nothing to create, no cache."""
 
     location: str  # the area's URI / path, for messages
 
@@ -123,8 +122,7 @@ def built(plain: type, timed: type, timeline: HookTimeline | None, *args: Any, *
 
 @runtime_checkable
 class CheckpointStore(Protocol):
-    """What every store implements; the defaults are those of a store with no client of its
-    own to build, no local cache and no multipart uploads."""
+    """What every store implements; the defaults: no client to build, no cache, no multipart uploads."""
 
     kind: str  # "s3" | "fs"
 
@@ -219,8 +217,7 @@ class CheckpointStore(Protocol):
 
 
 def ceiling_token(run_id: str | None) -> str:
-    """The raw area of one run's ceiling rounds: named by the run (the launcher cleans up after
-    a run killed mid-round), else random."""
+    """One run's raw area: named by the run (the launcher cleans up after it), else random."""
     return run_id or f"t-{secrets.token_hex(4)}"
 
 
