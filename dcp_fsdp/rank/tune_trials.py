@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from dcp_fsdp.models.build import ShardedModel
     from dcp_fsdp.process.signals import InterruptGuard
     from dcp_fsdp.rank.loop import CheckpointLoop
-    from dcp_fsdp.storage.base import CheckpointStore
     from dcp_fsdp.telemetry.records import Sample
 
 
@@ -176,7 +175,11 @@ class TuneTrials:
         if not session.is_coordinator:
             session.loop, session.run = None, self.base_run.model_copy()
             return Trial(settings, role, None, time.monotonic() - started)
-        self._delete(store, loop.suffixes)
+        for suffix in loop.suffixes:  # the trial's checkpoints are the tuner's: removed after it, untimed
+            try:
+                store.delete(suffix)
+            except Exception as error:  # a leftover checkpoint is no reason to stop tuning
+                log.warning(f"tune: could not delete trial checkpoint {suffix}: {error}")
         figures = figures_of(loop.shared_samples) if status == "ok" else {}
         run.run_id = records.new_run_id("save-and-load")
         path = session.write_record(status, error_line, loop.shared_samples, self.init_rows)
@@ -194,14 +197,6 @@ class TuneTrials:
                      f"{figures['save_mib_s']:.1f} MiB/s, load {figures['load_mib_s']:.1f} MiB/s, "
                      f"score {score:.1f} MiB/s ({wall_s:.1f} s)")
         return Trial(settings, role, score, wall_s, figures)
-
-    def _delete(self, store: CheckpointStore, suffixes: list[str]) -> None:
-        """The trial's checkpoints are the tuner's: removed after it, untimed."""
-        for suffix in suffixes:
-            try:
-                store.delete(suffix)
-            except Exception as error:  # a leftover checkpoint is no reason to stop tuning
-                log.warning(f"tune: could not delete trial checkpoint {suffix}: {error}")
 
 
 def load_spec() -> dict[str, Any] | None:
