@@ -65,11 +65,3 @@ def process_group_timeout_s(collective_timeout_s: float, op_timeout_s: float) ->
     """collective_timeout_s, raised to op_timeout_s + RECORD_MARGIN_S if lower: a stuck operation
     must end by the op watchdog, with a record, not by NCCL's teardown in DCP's collectives."""
     return max(collective_timeout_s, op_timeout_s + RECORD_MARGIN_S)
-
-
-def nccl_environment(backend: str) -> dict[str, str]:
-    """With nccl, async error handling: a dead peer ends the rank instead of blocking it in
-    C++, where no Python signal handler runs. A value the user exported is kept."""
-    if backend != "nccl":
-        return {}
-    return {NCCL_ASYNC_ERROR_HANDLING_ENV: os.environ.get(NCCL_ASYNC_ERROR_HANDLING_ENV, "1")}

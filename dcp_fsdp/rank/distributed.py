@@ -16,7 +16,7 @@ import torch.distributed as dist
 from dcp_fsdp.config.schema import Backend
 from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.process.failures import root_cause
-from dcp_fsdp.rank.device import cuda_index, nccl_environment, one_device_per_task
+from dcp_fsdp.rank.device import NCCL_ASYNC_ERROR_HANDLING_ENV, cuda_index, one_device_per_task
 
 if TYPE_CHECKING:
     from dcp_fsdp.storage.base import CheckpointStore
@@ -57,7 +57,9 @@ def init_distributed(backend_setting: Backend, timeout_s: float) -> RankContext:
     device = rank_device(backend, local_rank, local_world_size)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    os.environ.update(nccl_environment(backend))  # read when the nccl group is made
+    if backend == "nccl":  # read when the group is made; a value the user exported is kept
+        # async error handling: a dead peer ends the rank, not blocks it in C++ (where no Python handler runs)
+        os.environ.setdefault(NCCL_ASYNC_ERROR_HANDLING_ENV, "1")
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend, init_method="env://",

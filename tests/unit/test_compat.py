@@ -412,7 +412,7 @@ KNOWN_MODULE_ASSIGNMENTS = {
     "dcp_fsdp/process/environ.py": ["os.environ.update(...)", "os.environ.pop(...)",
                                     "os.environ[key] ="],
     "dcp_fsdp/process/signals.py": ["sys.unraisablehook ="],
-    "dcp_fsdp/rank/distributed.py": ["os.environ.update(...)"],
+    "dcp_fsdp/rank/distributed.py": ["os.environ.setdefault(...)"],
     "dcp_fsdp/rank/session.py": ["os.environ.update(...)", "os.environ.update(...)"],
     "dcp_fsdp/rank/tune_trials.py": ["summary['ceiling'] =", "os.environ.update(...)"],
 }
