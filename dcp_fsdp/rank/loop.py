@@ -74,7 +74,11 @@ class CheckpointLoop:
                  say: Callable[[str], None], on_timeout: Callable[[str], None],
                  async_saver: Any = None) -> None:
         self.cfg = cfg
-        # save_mode=async: created on first use, or handed in to be shared (tune's trials)
+        # save_mode=async: handed in to be shared (tune's trials), else made here (untimed)
+        if async_saver is None and cfg.save_mode.value == "async":
+            from dcp_fsdp.rank.async_save import AsyncSaver
+
+            async_saver = AsyncSaver(cfg.async_save, ctx.device, cfg.train_step_s)
         self.async_saver = async_saver
         self.on_timeout = on_timeout
         self.ctx = ctx
@@ -130,7 +134,7 @@ class CheckpointLoop:
                store: CheckpointStore | None = None) -> SampleHandle:
         """The operation's sample, now or (an async save with a cadence) once its upload is
         waited for. `store`: not the run's (the ceiling's tmpfs rounds: sync saves only)."""
-        saver = self._async_saver_for(op) if store is None else None
+        saver = self.async_saver if op == "save" and store is None else None  # (save_mode=async only)
         run = self._prepare(op, iteration, suffix, saver, store or self.store)
         # Built before the barrier: its expected-bytes sum walks the state dict.
         heartbeat = self._heartbeat(op, iteration, None if run.pickled else run.timeline)
@@ -161,16 +165,6 @@ class CheckpointLoop:
         if run.timing is None or run.timing.end_mono is not None:
             handle.result()  # done now; else the loop completes it once the upload is waited for
         return handle
-
-    def _async_saver_for(self, op: str) -> AsyncSaver | None:
-        """An async save's saver (created on first use, untimed)."""
-        if op != "save" or self.cfg.save_mode.value != "async":
-            return None
-        if self.async_saver is None:
-            from dcp_fsdp.rank.async_save import AsyncSaver
-
-            self.async_saver = AsyncSaver(self.cfg.async_save, self.ctx.device, self.cfg.train_step_s)
-        return self.async_saver
 
     def _prepare(self, op: str, iteration: int, suffix: str, saver: AsyncSaver | None,
                  store: CheckpointStore) -> OpInProgress:
