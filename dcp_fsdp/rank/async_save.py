@@ -90,8 +90,7 @@ def rank_bytes(metadata: Any, rank: int) -> int | None:
 
 def _fill_training(timing: AsyncTiming, steps: StepTimes, baseline_s: list[float],
                    interval_s: float) -> None:
-    """What the training steps between this save and the next paid: their slowdown (compute
-    time alone, against the baseline steps), their wait for staging, and the time lost."""
+    """What the steps until the next save paid: slowdown (compute alone), staging wait, time lost."""
     timing.train_wait_s = steps.wait_s
     steps_s = steps.compute_s
     timing.train_steps = len(steps_s)

@@ -323,8 +323,7 @@ class CheckpointLoop:
         return suffix
 
     def _dcp_load(self, run: OpInProgress, suffix: str) -> None:
-        """dcp.load; one that failed as the checkpoint was deleted under it says so (DCP says
-        "metadata is None" or names a missing object)."""
+        """dcp.load; one that failed as the checkpoint was deleted under it says so (_MISSING_SAID)."""
         try:
             dcp.load(self.state_dict, storage_reader=run.storage_io, planner=run.planner)
         except (Exception, dcp.CheckpointException) as error:  # DCP's is a BaseException
@@ -347,9 +346,8 @@ class CheckpointLoop:
             return True
 
     def _verified_load(self, iteration: int, suffix: str) -> None:
-        """A timed load, then (its values' seed known) every shard compared with the values it was
-        saved with; the model's values restored (untimed). `dcp-fsdp load` checks against what its
-        save recorded (if known), save-and-load against the run's own seed (verify=true)."""
+        """A timed load; then, its values' seed known (`dcp-fsdp load`: its manifest's; save-and-load: the
+        run's, verify=true), every shard compared with them; the model's values restored (untimed)."""
         if self.cfg.command == Command.load:
             self._load_expected_checksums(suffix)
             seed, unchecked = self._expected_checksums[suffix], None

@@ -1,11 +1,8 @@
 """A simulated training step: a fixed amount of work (matmuls, or memory-bound vector adds) on the
 rank's device, sized once (`calibrate`) to take about `step_s` with no checkpoint in flight, timed
-before each save (the baseline) and during its upload:
-
-    train_step_slowdown = mean compute time of a step while uploading / baseline mean - 1
-
-A step's compute time excludes its wait for staging before its update (the stall: StepTimes.wait_s):
-its forward/backward may overlap staging, its weight update may not. Work kinds: docs/async.md.
+before each save (the baseline) and during its upload (`slowdown`: train_step_slowdown). A step's
+compute time excludes its wait for staging before its update (the stall: StepTimes.wait_s): its
+forward/backward may overlap staging, its weight update may not. Work kinds: docs/async.md.
 """
 
 from __future__ import annotations
