@@ -42,7 +42,6 @@ from dcp_fsdp.rank.state import (apply_state_dict, checkable_seed, checkpoint_mi
 from dcp_fsdp.process.watchdog import op_watchdog
 from dcp_fsdp.storage import layout, make_store
 from dcp_fsdp.storage.base import CheckpointStore
-from dcp_fsdp.storage.metadata_peek import MetadataFacts
 from dcp_fsdp.telemetry.records import Sample
 
 if TYPE_CHECKING:
@@ -98,7 +97,8 @@ class CheckpointLoop:
         self._timeline_dir: Path | None = None  # process checkpointer: see _prepare
         self.integrity: dict[str, dict[str, Any]] = {}  # suffix loaded: {"checked", "reason"} for the run line
         self._expected_checksums: dict[str, int | None] = {}  # suffix -> seed to check with
-        self._metadata_facts: dict[str, MetadataFacts] = {}  # rank 0: suffix -> its .metadata
+        # rank 0: a checkpoint's .metadata (by suffix), read (screened) once per run
+        self.metadata_facts = functools.cache(functools.partial(layout.metadata_facts, store))
         self._screened_sha256: dict[str, str] = {}  # suffix -> SHA-256 of the screened .metadata DCP must read
         self.host = socket.gethostname()
         # model.replicas > 1 (HSDP): this rank's replica group; bytes count its share
@@ -107,12 +107,6 @@ class CheckpointLoop:
         self.read_once = self.replicas > 1 and cfg.model.replica_load == ReplicaLoad.read_once
         # benchmark-only (benchmarks/harness_cost.py): instrumentation left out of the timer
         self.harness_off, _ = contract.harness_off(os.environ.get(contract.HARNESS_OFF_ENV))
-
-    def metadata_facts(self, suffix: str) -> MetadataFacts:
-        """Rank 0: checkpoint `suffix`'s .metadata, read (screened) once per run."""
-        if suffix not in self._metadata_facts:
-            self._metadata_facts[suffix] = layout.metadata_facts(self.store, suffix)
-        return self._metadata_facts[suffix]
 
     def _check_matches_checkpoint(self, suffix: str) -> None:
         """Before timing a load: the checkpoint must hold this model's tensors and shapes."""
