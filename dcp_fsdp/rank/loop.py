@@ -42,6 +42,7 @@ from dcp_fsdp.rank.state import (apply_state_dict, checkable_seed, checkpoint_mi
 from dcp_fsdp.process.watchdog import op_watchdog
 from dcp_fsdp.storage import layout, make_store
 from dcp_fsdp.storage.base import CheckpointStore
+from dcp_fsdp.storage.s3_target import resolve_endpoint
 from dcp_fsdp.telemetry.records import Sample
 
 if TYPE_CHECKING:
@@ -229,8 +230,6 @@ class CheckpointLoop:
         """Rank 0's progress lines during the operation (progress=true), else nothing."""
         if not (self.cfg.progress and self.ctx.is_coordinator):
             return contextlib.nullcontext()
-        from dcp_fsdp.storage.s3_target import resolve_endpoint
-
         streams = None if timeline is None else (lambda: timeline.moved.total)
         # the endpoint as the client resolves it, environment included: the meter counts that port only
         moved, verb, note, start = progress_measure(

@@ -10,7 +10,12 @@ import dataclasses
 import time
 from typing import Any, Iterator
 
+import torch.distributed as dist
+
+from dcp_fsdp.config.schema import StorageClient
+from dcp_fsdp.process.wire_meter import HOOKED_WATCH_PERIOD_S, WATCH_PERIOD_S, WireMeter, endpoint_port
 from dcp_fsdp.rank.device import sync_device
+from dcp_fsdp.storage.s3_target import resolve_endpoint
 from dcp_fsdp.storage.timeline import HookTimeline
 from dcp_fsdp.telemetry.records import Sample
 
@@ -30,8 +35,6 @@ class RegionClocks:
 def timed_region(device: Any, watchdog: Any) -> Iterator[RegionClocks]:
     """The one timed region of every operation (DCP's and the raw ceiling's): the ranks aligned
     by a barrier, `watchdog` armed around the work, the clocks closed after the device's work."""
-    import torch.distributed as dist
-
     clocks = RegionClocks(barrier_start=time.monotonic())
     dist.barrier()
     clocks.begin_mono, clocks.begin_wall = time.monotonic(), time.time()
@@ -120,10 +123,6 @@ def start_wire_meter(op: str, request_log: Any, storage: Any) -> Any:
     until its sample is built; None otherwise, or where it cannot read."""
     if op != "load" or request_log is None:
         return None
-    from dcp_fsdp.config.schema import StorageClient
-    from dcp_fsdp.process.wire_meter import HOOKED_WATCH_PERIOD_S, WATCH_PERIOD_S, WireMeter, endpoint_port
-    from dcp_fsdp.storage.s3_target import resolve_endpoint
-
     meter = WireMeter(endpoint_port(resolve_endpoint(storage)))
     if not meter.available():
         return None
