@@ -17,6 +17,7 @@ from dcp_fsdp.config.schema import Backend
 from dcp_fsdp.errors import BenchmarkFailure, UserError
 from dcp_fsdp.process.failures import root_cause
 from dcp_fsdp.rank.device import NCCL_ASYNC_ERROR_HANDLING_ENV, cuda_index, one_device_per_task
+from dcp_fsdp.storage.pagecache import POLICY_ORDER
 
 if TYPE_CHECKING:
     from dcp_fsdp.storage.base import CheckpointStore
@@ -116,8 +117,6 @@ def sum_over_ranks(*values: int, op: Any = dist.ReduceOp.SUM) -> tuple[int, ...]
 def drop_cache_on_node(store: "CheckpointStore", suffix: str, ctx: RankContext) -> str | None:
     """The page cache dropped for checkpoint `suffix` once per node: the node's ranks share
     its files out by local rank; every rank gets the worst policy any rank met."""
-    from dcp_fsdp.storage.pagecache import POLICY_ORDER
-
     policy = store.drop_cache(suffix, share=(ctx.local_rank, ctx.local_world_size))
     if policy is None:  # no local cache (S3): the same on every rank, nothing to agree on
         return None
