@@ -97,7 +97,7 @@ class CheckpointLoop:
         self._pending_save: SampleHandle | None = None  # the last save, until its upload is done
         self._timeline_dir: Path | None = None  # process checkpointer: see _prepare
         self.integrity: dict[str, dict[str, Any]] = {}  # suffix loaded: {"checked", "reason"} for the run line
-        self._expected_checksums: dict[str, int | None] = {}  # suffix -> seed to check with
+        self._manifest_seed: int | None = None  # `dcp-fsdp load`: the seed its values are checked with
         # rank 0: a checkpoint's .metadata (by suffix), read (screened) once per run
         self.metadata_facts = functools.cache(functools.partial(layout.metadata_facts, store))
         self._screened_sha256: dict[str, str] = {}  # suffix -> SHA-256 of the screened .metadata DCP must read
@@ -243,21 +243,18 @@ class CheckpointLoop:
         gathered = gather_to_keepers(sample)
         self.shared_samples.extend(gathered if gathered is not None else [sample])
 
-    def _load_expected_checksums(self, suffix: str) -> None:
-        """Once per suffix, untimed: the seed its values were made with (its manifest), or why
-        it cannot be checked. Every rank gets the same answer from rank 0."""
-        if suffix in self._expected_checksums:
-            return
-        if self.cfg.integrity:
-            seed, reason = rank0_decides(self.ctx, lambda: checkable_seed(
-                layout.read_manifest(self.store, suffix)))
-        else:
-            seed, reason = None, "integrity=false"
-        self._expected_checksums[suffix] = seed
+    def _expected_seed(self, suffix: str) -> int | None:
+        """Untimed: the seed the values of `suffix` were made with (its manifest), or None and why
+        they cannot be checked. Every rank gets the same answer from rank 0."""
+        if not self.cfg.integrity:
+            self.integrity[suffix] = {"checked": False, "reason": "integrity=false"}
+            return None
+        seed, reason = rank0_decides(self.ctx, lambda: checkable_seed(
+            layout.read_manifest(self.store, suffix)))
         if reason is not None:  # checked: said once a load of it completed and was checked
             self.integrity[suffix] = {"checked": False, "reason": reason}
-        if reason and self.cfg.integrity:
             self.log(f"integrity check of suffix={suffix} skipped: {reason}")
+        return seed
 
     def run(self) -> list[Sample]:
         try:
@@ -281,6 +278,7 @@ class CheckpointLoop:
                 if iteration == 1:
                     self._check_matches_checkpoint(suffix)
                     self.suffixes.append(suffix)
+                    self._manifest_seed = self._expected_seed(suffix)
             if command == Command.save_and_load and not mlperf:
                 self._pause()
                 self._verified_load(iteration, suffix)
@@ -342,8 +340,7 @@ class CheckpointLoop:
         """A timed load; then, its values' seed known (`dcp-fsdp load`: its manifest's; save-and-load: the
         run's, verify=true), every shard compared with them; the model's values restored (untimed)."""
         if self.cfg.command == Command.load:
-            self._load_expected_checksums(suffix)
-            seed, unchecked = self._expected_checksums[suffix], None
+            seed, unchecked = self._manifest_seed, None
             mismatch = (f"integrity: load iteration {iteration} of suffix={suffix} read data that "
                         "differs from the values it was saved with: the checkpoint's objects are corrupt")
         else:
