@@ -12,9 +12,7 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     import torch
 
-STATUS_PATH = "/proc/self/status"
 CLEAR_REFS_PATH = "/proc/self/clear_refs"
-RESET_HWM = "5"  # clear_refs: reset the peak RSS to the current RSS (see proc(5))
 
 _FIELD = re.compile(r"^(Vm\w+|Rss\w+):\s+(\d+)\s*kB\s*$", re.MULTILINE)
 
@@ -24,7 +22,7 @@ def parse_status(text: str) -> dict[str, int]:
     return {name: int(value) * 1024 for name, value in _FIELD.findall(text)}
 
 
-def read_status(path: str = STATUS_PATH) -> dict[str, int]:
+def read_status(path: str = "/proc/self/status") -> dict[str, int]:
     """This process's memory lines, or {} where there is no /proc."""
     try:
         with open(path) as status:
@@ -37,7 +35,7 @@ def reset_peak_rss(path: str = CLEAR_REFS_PATH) -> bool:
     """Reset VmHWM to the current RSS; False where the kernel does not allow it."""
     try:
         with open(path, "w") as clear_refs:
-            clear_refs.write(RESET_HWM)
+            clear_refs.write("5")  # 5: the peak RSS reset (see proc(5))
         return True
     except OSError:
         return False
