@@ -2,7 +2,7 @@
 
 Line 1 is the run (`"record": "run"`): configuration, model, cluster, status.
 Every further line is one rank's measurement of one save or load
-(`"record": "sample"`). See the README's "Record format" section.
+(`"record": "sample"`). See docs/record-format.md.
 """
 
 from __future__ import annotations
