@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,6 +111,8 @@ def rank_main(args) -> None:
             dist.barrier()
             if ctx.is_coordinator and not once:
                 remove(store, suffix)
+                if os.environ.get("AB_VACUUM_URL"):  # a deleted checkpoint's space, reclaimed
+                    urllib.request.urlopen(os.environ["AB_VACUUM_URL"], timeout=300).read()
     if ctx.is_coordinator and once:
         remove(store, once)
     gathered = [None] * dist.get_world_size()
@@ -156,8 +159,10 @@ def main() -> int:
               f"{','.join(TOGGLES)}", file=sys.stderr)
         return 2
     from benchmarks.harness_cost import pin_server_apart, summarise
-    from benchmarks.paired import load_average
+    from benchmarks.paired import finally_on_sigterm, load_average, vacuum_url
     from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
+
+    finally_on_sigterm()  # a killed run stops its server and removes its files, as on Ctrl-C
 
     variants = ["bare", *(chosen or (TOGGLES if args.toggles else ["tool"]))]
     server = None
@@ -167,6 +172,9 @@ def main() -> int:
         server = EmbeddedS3(bucket="harness-ab")
         launch_cpus = pin_server_apart() if args.pin else None
         endpoint = server.start()
+        # its volumes fill after some tens of GiB written and deleted (benchmarks/paired.py):
+        # a 30-round save run died after 11 minutes, with CRT error 14366 on a write
+        env["AB_VACUUM_URL"] = vacuum_url(server)
         if launch_cpus is not None:  # the server's threads keep the CPU they started on
             os.sched_setaffinity(0, launch_cpus)
         env.update(endpoint.client_env())

@@ -62,8 +62,12 @@ def vacuum(server: Any) -> None:
     answers 500 InternalError: a harness_cost run died so at its 7th round of 3 variants)."""
     import urllib.request
 
-    master = f"http://{server.host}:{server.ports['master.port']}"
-    urllib.request.urlopen(f"{master}/vol/vacuum?garbageThreshold=0.0001", timeout=300).read()
+    urllib.request.urlopen(vacuum_url(server), timeout=300).read()
+
+
+def vacuum_url(server: Any) -> str:
+    """The embedded SeaweedFS master's vacuum request (what `vacuum` sends; a rank sends it itself)."""
+    return f"http://{server.host}:{server.ports['master.port']}/vol/vacuum?garbageThreshold=0.0001"
 
 
 def load_average() -> float:
