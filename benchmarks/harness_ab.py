@@ -197,13 +197,21 @@ def main() -> int:
                                                            str(Path(tmp) / "torchinductor"))})
             env.pop("DCP_FSDP_HARNESS_OFF", None)
             # torch's agent keeps its logs and error files here (not torchelastic_* in /tmp)
-            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                            f"--nproc-per-node={args.nproc}", f"--log-dir={Path(tmp) / 'torchelastic'}",
-                            "-m", "benchmarks.harness_ab",
-                            "--rounds", str(args.rounds), f"model={args.model}",
-                            f"model.dtype={args.dtype}", *storage,
-                            f"request_stats={args.request_stats}"],
-                           cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                       f"--nproc-per-node={args.nproc}", f"--log-dir={Path(tmp) / 'torchelastic'}",
+                       "-m", "benchmarks.harness_ab",
+                       "--rounds", str(args.rounds), f"model={args.model}",
+                       f"model.dtype={args.dtype}", *storage,
+                       f"request_stats={args.request_stats}"]
+            with subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL) as agent:
+                try:
+                    agent.wait()
+                except BaseException:  # SIGTERM, Ctrl-C: subprocess.run would SIGKILL the agent,
+                    agent.terminate()  # orphaning its ranks; SIGTERM reaches them through it
+                    agent.wait()
+                    raise
+            if agent.returncode:
+                raise subprocess.CalledProcessError(agent.returncode, command)
             per_rank = json.loads(out.read_text())
     finally:
         if server is not None:
