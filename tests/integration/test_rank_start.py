@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from dcp_fsdp.contract import FORK_RANKS_TEST_ONLY_ENV, RANK_PROCESS_NAME_PREFIX
+from dcp_fsdp.storage.layout import CLAIM_NAME
 from tests.kit.cli import read_run, s3_args, s3_client, s3_env, start_cli, stop
 
 AGENT_MODULE = "dcp_fsdp.launch.agent"
@@ -130,15 +131,18 @@ def _figures(result: dict) -> dict:
     return figures
 
 
-def _objects(s3, uri: str, suffixes: list[str]) -> list[list[tuple[str, int]]]:
-    """Per suffix, in order: every object's key below the suffix and its size."""
+def _objects(s3, uri: str, suffixes: list[str]) -> list[list[tuple[str, int | None]]]:
+    """Per suffix, in order: every object's key below the suffix and its size. The claim's size
+    is left out: it holds the claiming process's pid, whose digits vary run to run."""
     bucket, prefix = uri.removeprefix("s3://").split("/", 1)
     client = s3_client(s3)
     listed = []
     for suffix in suffixes:
         found = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{suffix}/")
-        listed.append(sorted((obj["Key"].split(f"/{suffix}/", 1)[1], obj["Size"])
-                             for obj in found.get("Contents", [])))
+        names_and_sizes = ((obj["Key"].split(f"/{suffix}/", 1)[1], obj["Size"])
+                           for obj in found.get("Contents", []))
+        listed.append(sorted((name, None if name == CLAIM_NAME else size)
+                             for name, size in names_and_sizes))
     return listed
 
 
