@@ -19,6 +19,8 @@ What it does to a request it targets (see `targets`), decided per request:
   body, without forwarding (the server never sees the request). A request body is
   read first (after ``100 Continue`` if the client asked), so the connection stays
   usable, as with S3.
+* ``500``: the same with ``500 Internal Server Error`` and ``InternalError``: a server that
+  cannot store or serve (S3's own failures; SeaweedFS with its volumes full).
 * ``reset``: the TCP connection is reset (SO_LINGER 0, then close: an RST). A request
   with a body is cut mid-body (half of it read, never forwarded); a GET is forwarded
   and its response cut mid-body (head and half the body sent); anything else is reset
@@ -106,7 +108,13 @@ import uuid
 from typing import Any, Iterable
 
 DATA_PLANE = ("UploadPart", "GetObjectRanged")
-FAULT_KINDS = ("503", "reset", "stall", "latency", "redirect")
+FAULT_KINDS = ("503", "500", "reset", "stall", "latency", "redirect")
+# The error answers a fault sends: status line, S3's error code and message
+_ERROR_ANSWERS = {
+    "503": ("503 Slow Down", "SlowDown", "Please reduce your request rate."),
+    "500": ("500 Internal Server Error", "InternalError",
+            "We encountered an internal error. Please try again."),
+}
 SIOCOUTQNSD = 0x894B  # linux/sockios.h: a socket's bytes queued and not yet sent
 CUT_DRAIN_S = 5.0  # how long a cut waits for its sent bytes to leave (the client is reading)
 BYTE_KINDS = ("bytes_down", "bytes_up", "bytes_cut")  # body bytes relayed (counts), not faults
@@ -388,12 +396,13 @@ def _close(sock: socket.socket | None, *files) -> None:
 class FaultProxy:
     """A fault-injecting HTTP/1.1 proxy on `host` in front of `upstream` (http://host:port).
 
-    Rates are probabilities per targeted request (503, reset and stall exclusive, drawn
+    Rates are probabilities per targeted request (503, 500, reset and stall exclusive, drawn
     in that order; their sum must be at most 1). Use as a context manager, or call
     start() / stop(). Thread-safe; settings may be changed while it runs (e.g.
     ``proxy.error_503_rate = 1.0``)."""
 
-    def __init__(self, upstream: str, *, error_503_rate: float = 0.0, reset_rate: float = 0.0,
+    def __init__(self, upstream: str, *, error_503_rate: float = 0.0, error_500_rate: float = 0.0,
+                 reset_rate: float = 0.0,
                  latency_s: float = 0.0, stall_rate: float = 0.0, stall_s: float = 30.0,
                  seed: int = 0, targets: Iterable[str] | None = DATA_PLANE,
                  key_pattern: str | None = None, bucket_region: str | None = None,
@@ -406,6 +415,7 @@ class FaultProxy:
             raise ValueError(f"upstream={upstream!r}: expected http://HOST:PORT (no TLS)")
         self.upstream = (parsed.hostname, parsed.port)
         self.error_503_rate = error_503_rate
+        self.error_500_rate = error_500_rate
         self.reset_rate = reset_rate
         self.latency_s = latency_s
         self.stall_rate = stall_rate
@@ -426,8 +436,9 @@ class FaultProxy:
         self._totals = [0, 0]  # body bytes down, up (byte_log's running sums)
         # With record_bytes(): (monotonic time, bytes_down so far, bytes_up so far) per piece
         self.byte_log: list[tuple[float, int, int]] | None = None
-        if error_503_rate + reset_rate + stall_rate > 1.0 + 1e-9:
-            raise ValueError("error_503_rate + reset_rate + stall_rate must be at most 1")
+        if error_503_rate + error_500_rate + reset_rate + stall_rate > 1.0 + 1e-9:
+            raise ValueError("error_503_rate + error_500_rate + reset_rate + stall_rate must be "
+                             "at most 1")
         self._lock = threading.Lock()
         self._rngs: dict[str, random.Random] = {}
         self._counts: dict[str, collections.Counter] = {
@@ -588,8 +599,8 @@ class FaultProxy:
             if rng is None:
                 rng = self._rngs[rtype] = random.Random(f"{self.seed}:{rtype}")
             draw = rng.random()
-        for kind, rate in (("503", self.error_503_rate), ("reset", self.reset_rate),
-                           ("stall", self.stall_rate)):
+        for kind, rate in (("503", self.error_503_rate), ("500", self.error_500_rate),
+                           ("reset", self.reset_rate), ("stall", self.stall_rate)):
             if draw < rate:
                 if kind == "reset" and self.max_resets is not None:
                     with self._lock:  # taken now: two GETs drawn at once cannot both pass
@@ -738,12 +749,11 @@ class FaultProxy:
                 return not client_close
 
         fault = self._decide(rtype, target)
-        if fault == "503":
-            self._count("503", rtype, method, target)
+        if fault in _ERROR_ANSWERS:
+            self._count(fault, rtype, method, target)
             consume_body()
-            client.sendall(_error_response(
-                "503 Slow Down", "SlowDown", "Please reduce your request rate.",
-                urllib.parse.urlsplit(target).path, head_only, keep_alive=not client_close))
+            client.sendall(_error_response(*_ERROR_ANSWERS[fault], urllib.parse.urlsplit(target).path,
+                                           head_only, keep_alive=not client_close))
             return not client_close
         if fault == "reset" and (framing[0] != "none" or method.upper() != "GET"):
             # Cut the request: mid-body if it has one, else before forwarding it.
