@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 # store: a CheckpointStore or None (storage is a layer above this one: not imported)
@@ -34,9 +35,36 @@ _S3_FORMS = (
 )
 
 
-def root_cause(error: BaseException) -> str:
+@dataclasses.dataclass(frozen=True)
+class ErrorAnswers:
+    """The first HTTP error answer among a failed operation's requests (the request log's), and
+    how many attempts of its kind got that status: a client's own error can hide it (the
+    connector's write on an upload its failed parts had ended says only that it had ended)."""
+
+    rank: int
+    kind: str  # S3's request name: UploadPart, GetObject, ...
+    status: int
+    answered: int  # attempts of `kind` answered `status`
+    attempts: int  # attempts of `kind` in all
+
+    def lead(self) -> str:
+        share = (f"all {self.attempts}" if self.answered == self.attempts
+                 else f"{self.answered} of {self.attempts}")
+        return (f"S3 answered HTTP {self.status} to {share} of rank {self.rank}'s {self.kind} "
+                f"attempts{_STATUS_FIXES.get(self.status // 100 * 100, '')}")
+
+
+_STATUS_FIXES = {500: " (the server failed them: check its health, its logs and its free space)"}
+# The forms whose line already names the first cause: an ErrorAnswers does not lead them.
+_NAMED_CAUSES = ("NoSuchUpload", "Request throttled", "AWS_IO_SOCKET_CLOSED",
+                 "AWS_ERROR_HTTP_CONNECTION_CLOSED", "AWS_IO_SOCKET_TIMEOUT",
+                 "AWS_IO_SOCKET_CONNECTION_REFUSED")
+
+
+def root_cause(error: BaseException, answers: ErrorAnswers | None = None) -> str:
     """One line: for DCP's CheckpointException, the failing ranks and their innermost errors
-    (ranks with the same error named together), plus a hint for S3 retries exhausted."""
+    (ranks with the same error named together), plus a hint for S3 retries exhausted; led by
+    `answers` (the server's error answers) unless the error names its cause itself."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     if isinstance(error, CheckpointException):
@@ -48,6 +76,8 @@ def root_cause(error: BaseException) -> str:
         line = "; ".join(parts[:2]) + (f" (+{len(parts) - 2} more errors)" if len(parts) > 2 else "")
     else:
         line = _innermost(error)
+    if answers is not None and not any(needle in line for needle in _NAMED_CAUSES):
+        return f"{answers.lead()}; then {line}"
     form = next((form for needles, form in _S3_FORMS if any(n in line for n in needles)), "{line}")
     return form.format(line=line)
 
@@ -116,11 +146,12 @@ def says_the_line(error: BaseException, is_coordinator: bool, joined: bool = Tru
     return not joined or not collective_error(error) or is_coordinator
 
 
-def failure_line(store: Any, error: BaseException, probe: bool) -> str:
+def failure_line(store: Any, error: BaseException, probe: bool,
+                 error_answers: ErrorAnswers | None = None) -> str:
     """A failed operation's line (root_cause), led by what the storage says when `probe`d once
     afterwards: a full file system or an endpoint that stopped answering is the first cause,
     which DCP's own error hides."""
-    error_line = root_cause(error)
+    error_line = root_cause(error, error_answers)
     if not probe or store is None:
         return error_line
     answers: list[BaseException | None] = []

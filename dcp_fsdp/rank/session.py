@@ -368,7 +368,9 @@ def _outcome(error: BaseException, guard: InterruptGuard, session: RankSession) 
         return RankEnding("failed", str(error), contract.EXIT_USER_ERROR, cause.USER_ERROR)
     # anything else, DCP's CheckpointException (a BaseException) included
     says_it = says_the_line(error, session.is_coordinator, joined=session.ctx is not None)
-    error_line = failure_line(session.store, error, probe=says_it)
+    answers = (session.request_log.error_answers(session.rank) if session.request_log is not None
+               else None)
+    error_line = failure_line(session.store, error, probe=says_it, error_answers=answers)
     if os.environ.get(contract.DEBUG_ENV):
         traceback.print_exception(error)
     if says_it:

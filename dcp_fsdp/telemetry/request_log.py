@@ -19,6 +19,7 @@ from typing import Any
 
 from dcp_fsdp import log
 from dcp_fsdp.compat import installed_version
+from dcp_fsdp.process.failures import ErrorAnswers
 from dcp_fsdp.process.lifeline import owned_tempdir
 from dcp_fsdp.telemetry import summaries
 from dcp_fsdp.telemetry.connector_log import LogParser, Unparsed, version_problem
@@ -29,6 +30,7 @@ DEBUG_LOGS_ENV = "S3_TORCH_CONNECTOR_DEBUG_LOGS"
 LOGS_DIR_ENV = "S3_TORCH_CONNECTOR_LOGS_DIR_PATH"
 LOG_FILTER = "debug,awscrt=off"  # the connector's request lines; none of the CRT's own
 SETTLE_S = 2.0  # the longest wait after an operation for its meta requests to log their end
+FAILED_SETTLE_S = 1.0  # the same after an operation failed (its rank's line waits on it)
 _POLL_S = 0.01
 
 
@@ -86,10 +88,10 @@ class RequestLog:
                 if item is not None:
                     self._pending.append(item)
 
-    def _settle(self, begin_wall_s: float, end_wall_s: float) -> None:
+    def _settle(self, begin_wall_s: float, end_wall_s: float, settle_s: float | None = None) -> None:
         """Read until every meta request begun in [begin, end] has logged its end (at most
         settle_s): its parts and Complete are then in the file, whatever thread wrote them."""
-        deadline = time.monotonic() + self.settle_s
+        deadline = time.monotonic() + (self.settle_s if settle_s is None else settle_s)
         while True:
             self._read_new()
             opened = self._parser.open_spans.values()
@@ -149,6 +151,19 @@ class RequestLog:
             return None
         return summaries.summarize(timed, end_wall_s - begin_wall_s, bytes_up, timed_control,
                                    unparsed=unparsed)
+
+    def error_answers(self, rank: int) -> ErrorAnswers | None:
+        """The first HTTP error answer among the requests no window holds yet (those of the
+        operation that just failed), or None when none was answered with an error."""
+        self._settle(0.0, time.time(), FAILED_SETTLE_S)
+        requests = [item for item in self._pending if isinstance(item, Request)]
+        failed = [r for r in requests if r.outcome == "failed" and (r.status or 0) >= 400]
+        if not failed:
+            return None
+        first = min(failed, key=lambda r: r.end_wall_s)
+        assert first.status is not None
+        of_kind = [r.status for r in requests if r.kind == first.kind]
+        return ErrorAnswers(rank, first.kind, first.status, of_kind.count(first.status), len(of_kind))
 
     def _warn_lines(self) -> None:
         if not self._warned_lines:

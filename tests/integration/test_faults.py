@@ -17,8 +17,10 @@ run fails only where a test means it to.
 
 from __future__ import annotations
 
+import collections
 import http.client
 import io
+import re
 import subprocess
 import sys
 import time
@@ -307,6 +309,44 @@ def test_exhausted_retries_fail_with_one_clear_line(s3, s3_uri, tmp_path, fault,
     assert run["status"] == "failed"
     assert cause in run["error"]
     assert not [s for s in samples if s["op"] == "save"]
+
+
+@pytest.mark.parametrize("client", ["s3torchconnector", "fsspec", "msc"])
+@pytest.mark.parametrize("op", ["save", "load"])
+def test_a_server_that_answers_500_is_named_first_with_its_count(s3, s3_uri, tmp_path, client, op):
+    """Every data object's request of the op answered 500 InternalError (a server whose volumes are
+    full): the line and the record lead with what S3 answered, counted by the rank's request
+    log as the proxy counted it, whatever the client's own error says (the connector's write
+    into an upload its failed parts ended says only CRT error 14366, "request has already
+    completed")."""
+    kinds = ["UploadPart", "PutObject"] if op == "save" else ["GetObject", "GetObjectRanged"]
+    settings = [f"storage.uri={s3_uri}", f"storage.client={client}", "nproc=1"]
+    suffix = []
+    if op == "load":  # the checkpoint saved straight to the server
+        saved = run_cli(["save", *settings, f"storage.endpoint={s3.endpoint_url}",
+                         f"results_dir={tmp_path / 'saved'}"], env=s3_env(s3), timeout_s=TIMEOUT_S)
+        assert saved.returncode == 0, saved.stderr[-3000:]
+        suffix = [f"suffix={read_run(tmp_path / 'saved')[0]['suffixes'][0]}"]
+    attempts = ["storage.max_attempts=2"] if client == "s3torchconnector" else []
+    with FaultProxy(s3.endpoint_url, targets=kinds, key_pattern=r"\.distcp$",
+                    error_500_rate=1.0) as proxy:
+        result = run_cli([op, *settings, *suffix, *attempts, f"storage.endpoint={proxy.url}",
+                          f"results_dir={tmp_path / 'failed'}"], env=s3_env(s3),
+                         timeout_s=TIMEOUT_S)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    (line,) = error_lines(result)
+    # the request log names a ranged GET GetObject; the proxy, GetObjectRanged
+    answered: collections.Counter[str] = collections.Counter()
+    for kind, count in proxy.counts["500"].items():
+        answered[kind.removesuffix("Ranged")] += count
+    said = re.match(r"dcp-fsdp: error: (S3 answered HTTP 500 to (?:all (\d+)|(\d+) of \d+) of "
+                    r"rank 0's (\w+) attempts \(the server failed them)", line)
+    assert said, line
+    # what the rank counted is what the proxy answered (the "of" counts the .metadata GET too)
+    assert int(said[2] or said[3]) == answered[said[4]] >= 1, (line, proxy.counts)
+    run, _ = read_run(tmp_path / "failed")
+    assert run["status"] == "failed" and run["error"].startswith(said[1]), run["error"]
 
 
 def test_stalled_response_ends_the_run_at_op_timeout(s3, s3_uri, tmp_path):

@@ -33,7 +33,8 @@ class CountedStore:
 
 def _rank(store, rank: int) -> Any:  # a RankSession as _outcome reads one
     """What _outcome reads of a joined rank's session."""
-    return SimpleNamespace(store=store, ctx=object(), rank=rank, is_coordinator=rank == 0)
+    return SimpleNamespace(store=store, ctx=object(), rank=rank, is_coordinator=rank == 0,
+                           request_log=None)
 
 
 def test_an_error_every_rank_raises_is_probed_once_by_the_coordinator():

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from dcp_fsdp import compat
+from dcp_fsdp.process.failures import ErrorAnswers
 from dcp_fsdp.telemetry import request_log
 from dcp_fsdp.telemetry.histograms import hist_merge, hist_quantile, histogram
 from dcp_fsdp.telemetry.request_log import RequestLog
@@ -235,3 +236,26 @@ def test_a_window_summarised_late_leaves_later_requests_to_the_next(tmp_path):
     assert load is not None
     assert load["count"] == 2 and load["bytes_down"] == 12003154
     assert log.finish()["count"] == 3
+
+
+def test_the_first_error_answer_of_a_failed_operation_is_counted_by_its_kind(tmp_path):
+    """What a failed save's rank saw (no window took it): its first error answer, with how
+    many attempts of that kind got it; a HEAD's 404 (a miss) is not an error answer."""
+    crt_500 = ('Some(Error(14341, "aws-c-s3: AWS_ERROR_S3_INTERNAL_ERROR, Response code indicates '
+               'internal server error"))')
+    directory = tmp_path / "rank2"
+    directory.mkdir()
+    lines = [*REAL_SAVE_LOAD[1:5], new_request("27.130000", SPAN_PUT),
+             request("27.131010", SPAN_PUT, "finished", "CreateMultipartUpload", 200),
+             request("27.140000", SPAN_PUT, "failed", "UploadPart", 500, crt=crt_500),
+             request("27.150000", SPAN_PUT, "finished", "UploadPart", 200),
+             request("27.160000", SPAN_PUT, "failed", "UploadPart", 500, crt=crt_500),
+             line("27.170000", SPAN_PUT, "duration=40ms request_id=1 error=ClientError meta "
+                  "request failed")]
+    (directory / "s3torchconnectorclient.log.2026-11-22-23").write_text("\n".join(lines) + "\n")
+    answers = RequestLog(directory).error_answers(rank=2)
+    assert answers == ErrorAnswers(rank=2, kind="UploadPart", status=500, answered=2, attempts=3)
+    (tmp_path / "fine").mkdir()
+    (tmp_path / "fine" / "s3torchconnectorclient.log.2026-11-22-23").write_text(
+        "\n".join(REAL_SAVE_LOAD) + "\n")
+    assert RequestLog(tmp_path / "fine").error_answers(rank=0) is None

@@ -13,7 +13,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from dcp_fsdp.errors import StorageStreamError
-from dcp_fsdp.process.failures import root_cause
+from dcp_fsdp.process.failures import ErrorAnswers, root_cause
 from dcp_fsdp.storage.timed_dcp import TimedFileSystemWriter
 from dcp_fsdp.storage.timeline import HookTimeline
 
@@ -75,3 +75,28 @@ def test_a_write_after_its_upload_ended_says_what_ends_an_upload_under_a_save():
     line = root_cause(StorageStreamError(f"{crt} (then DCP: RuntimeError: unexpected pos)"))
     assert "its multipart upload aborted under it (dcp-fsdp clean-uploads --force" in line
     assert "clean-uploads --min-age-s" in line and "CRT error 14366" in line
+
+
+def test_the_servers_error_answers_lead_a_line_that_does_not_name_its_cause():
+    """The same write, and the rank's request log saw every UploadPart answered 500: that is
+    the first cause, not an upload aborted under the save."""
+    crt = ("S3Exception: Client error: Unknown CRT error: CRT error 14366: aws-c-s3: "
+           "AWS_ERROR_S3_REQUEST_HAS_COMPLETED, Request has already completed, action cannot "
+           "be performed.")
+    answers = ErrorAnswers(rank=3, kind="UploadPart", status=500, answered=101, attempts=101)
+    line = root_cause(StorageStreamError(crt), answers)
+    assert line.startswith("S3 answered HTTP 500 to all 101 of rank 3's UploadPart attempts "
+                           "(the server failed them: check its health"), line
+    assert line.endswith(f"; then {crt}") and "aborted under it" not in line, line
+    some = ErrorAnswers(rank=0, kind="GetObject", status=403, answered=2, attempts=5)
+    assert root_cause(StorageStreamError("OSError: denied"), some) == (
+        "S3 answered HTTP 403 to 2 of 5 of rank 0's GetObject attempts; then OSError: denied")
+
+
+def test_a_line_that_names_its_cause_is_not_led_by_the_answers():
+    """Throttling (503 SlowDown) and an aborted upload are named by the line's own form."""
+    answers = ErrorAnswers(rank=0, kind="UploadPart", status=503, answered=4, attempts=4)
+    line = root_cause(StorageStreamError("S3Exception: Request throttled"), answers)
+    assert line.startswith("S3Exception: Request throttled (S3 throttled every attempt"), line
+    line = root_cause(StorageStreamError(f"OSError: {ABORTED}"), answers)
+    assert line.startswith("its multipart upload was aborted by someone else"), line
