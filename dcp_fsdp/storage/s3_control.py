@@ -318,6 +318,15 @@ class S3ControlPlane:
         import botocore.exceptions as bx
 
         try:
+            return self._put_if_absent(key, data)
+        except bx.ClientError as error:
+            raise self._explain(error) from None
+
+    def _put_if_absent(self, key: str, data: bytes) -> bool:
+        """put_if_absent, any other answer raised as botocore's ClientError."""
+        import botocore.exceptions as bx
+
+        try:
             self.client().put_object(Bucket=self.target.bucket, Key=key, Body=data,
                                      IfNoneMatch="*")
             return True
@@ -325,17 +334,22 @@ class S3ControlPlane:
             status, code = _answer(error)
             if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
                 return False
-            raise self._explain(error) from None
+            raise
 
     def honours_if_none_match(self) -> bool:
         """Does the server honour If-None-Match: * on PutObject? A key of its own is written
         twice with it: the second must be refused (412); a server that rejects the header (400,
         501) does not. Asked once per control plane; said in the log when not honoured."""
+        import botocore.exceptions as bx
+
         if self._honours_if_none_match is None:
             key = self.target.key(f"_dcp_fsdp.claim-probe-{os.getpid()}-{secrets.token_hex(4)}")
             try:
-                honoured = self.put_if_absent(key, b"probe") and not self.put_if_absent(key, b"probe")
-            except UserError:
+                honoured = self._put_if_absent(key, b"probe") and not self._put_if_absent(key, b"probe")
+            except bx.ClientError as error:
+                # any other refusal (403, a 5xx) says nothing about the header: it is the answer
+                if _answer(error)[0] not in (400, 501):
+                    raise self._explain(error) from None
                 honoured = False
             finally:
                 with contextlib.suppress(Exception):  # a probe left behind is harmless

@@ -19,12 +19,14 @@ import sys
 import threading
 import time
 import uuid
+from typing import Any
 from unittest import mock
 
 import botocore.exceptions
 import pytest
 
 from dcp_fsdp.config.schema import StorageConfig
+from dcp_fsdp.errors import UserError
 from dcp_fsdp.launch.preflight import forget_aws_credentials
 from dcp_fsdp.storage import layout, make_store
 from tests.kit.cli import (REPO, clean_env, read_run, run_cli, s3_args, s3_client, s3_env,
@@ -89,12 +91,27 @@ def test_of_claims_racing_for_one_suffix_exactly_one_wins(server):
     assert {c.method for c in results} == {layout.CLAIM_CONDITIONAL}
 
 
+def test_a_probe_answered_500_is_the_error_not_an_ignored_condition(s3, s3_uri, capsys):
+    """The probe's conditional PUT answered 500 InternalError on every attempt: that says
+    nothing about If-None-Match, so it is the error (naming the status), never the warning
+    that the server ignores the condition (a save would then claim its suffix non-atomically
+    and record not_atomic)."""
+    with (FaultProxy(s3.endpoint_url, targets=["PutObject"], key_pattern="claim-probe",
+                     error_500_rate=1.0) as proxy,
+          mock.patch.dict(os.environ, s3_env(s3))):
+        store: Any = make_store(StorageConfig(uri=s3_uri, endpoint=proxy.url, region=s3.region))
+        with pytest.raises(UserError, match="500"):
+            store.control.honours_if_none_match()
+    assert proxy.counts["500"]["PutObject"] >= 1
+    assert "does not honour" not in capsys.readouterr().err
+
+
 def test_a_server_that_ignores_the_condition_gets_the_stated_fallback(s3, s3_uri, capsys):
     """No server here ignores If-None-Match (both honour it): the probe's answer is set to
     'not honoured' to see the fallback: a check then a plain write, one warning line."""
     with mock.patch.dict(os.environ, s3_env(s3)):
         store = _store(s3, s3_uri)
-        with mock.patch.object(store.control, "put_if_absent", lambda key, data: True):
+        with mock.patch.object(store.control, "_put_if_absent", lambda key, data: True):
             assert store.control.honours_if_none_match() is False  # both PUTs "accepted"
         assert layout.save_suffix(store, "fallback", 1, 1, []) == (
             "fallback", layout.CLAIM_NOT_ATOMIC)
