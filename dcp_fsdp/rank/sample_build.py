@@ -22,13 +22,15 @@ from dcp_fsdp.telemetry.records import Sample
 
 @dataclasses.dataclass
 class RegionClocks:
-    """The clock reads of one timed region (monotonic and wall, seconds)."""
+    """The clock reads of one timed region (monotonic, wall and the process's CPU, seconds)."""
 
     barrier_start: float = 0.0  # monotonic, entering the aligning barrier
     begin_mono: float = 0.0  # the barrier's release
     begin_wall: float = 0.0
     end_mono: float | None = None  # after the work and the device's queued work are done
     end_wall: float | None = None
+    begin_cpu: float = 0.0  # time.process_time(): every thread of the rank's process
+    end_cpu: float | None = None
 
 
 @contextlib.contextmanager
@@ -38,10 +40,12 @@ def timed_region(device: Any, watchdog: Any) -> Iterator[RegionClocks]:
     clocks = RegionClocks(barrier_start=time.monotonic())
     dist.barrier()
     clocks.begin_mono, clocks.begin_wall = time.monotonic(), time.time()
+    clocks.begin_cpu = time.process_time()
     with watchdog:
         yield clocks
         sync_device(device)  # queued CUDA work ends before the clock is read
         clocks.end_mono, clocks.end_wall = time.monotonic(), time.time()
+        clocks.end_cpu = time.process_time()
 
 
 @dataclasses.dataclass
@@ -87,6 +91,9 @@ def build_sample(run: OpInProgress, end_mono: float, rank: int, host: str, state
         begin_wall_s=region.begin_wall, end_wall_s=end_wall,
         begin_mono_s=region.begin_mono, end_mono_s=end_mono,
         duration_s=end_mono - region.begin_mono, bytes=state_bytes, replica=replica,
+        # an async save's upload outlives the region (and a process checkpointer's is not ours)
+        cpu_s=(region.end_cpu - region.begin_cpu
+               if region.end_cpu is not None and end_mono == region.end_mono else None),
         written_bytes=timeline.io_bytes if op == "save" else None,
         fetched_bytes=_fetched_bytes(timeline, requests, run.wire) if op == "load" else None,
         barrier_wait_s=region.begin_mono - region.barrier_start,

@@ -386,6 +386,7 @@ class Sample(_Record):
     reader: Text | None = None  # the tool's own reader: "read_ahead=N" (its io_s parts overlap); null: DCP's
     read_ahead_peak_bytes: Count | None = None  # the most bytes the tool's reader held at once
     msc_reads: Text | None = None  # MSC loads: "whole" | "ranged" | "whole+ranged" (its 512 MiB switch)
+    cpu_s: Measure | None = None  # the rank process's CPU seconds in the timed region, every thread
     run_id: Text | None = None  # set when read back from a record file
 
     @model_validator(mode="after")

@@ -61,6 +61,7 @@ def check_stall(s):
     """The loop may update weights only once the call returned and the staging is done: a
     stall below either, or past the commit, must not happen."""
     assert s["stall_s"] >= s["staged_s"] >= 0, s
+    assert s["cpu_s"] is None, s  # its upload outlives the timed region
     assert s["stall_s"] >= s["blocked_s"] >= s["previous_wait_s"], s
     assert s["stall_s"] <= s["persisted_s"], s
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 
 import pytest
@@ -27,6 +28,8 @@ def check_samples(run, samples, ops):
             assert s["begin_wall_s"] < s["end_wall_s"]
             assert abs((s["end_mono_s"] - s["begin_mono_s"]) - s["duration_s"]) < 1e-6
             assert s["plan_s"] >= 0 and s["io_s"] >= 0 and s["commit_s"] >= 0
+            # the process's CPU in the region: some, never more than every core all the time
+            assert 0 < s["cpu_s"] <= s["duration_s"] * len(os.sched_getaffinity(0)) + 0.01, s
     # Every figure is recomputable: the rank bytes add up to the whole checkpoint.
     per_iteration: dict[tuple[str, int], int] = {}
     for s in samples:

@@ -44,7 +44,8 @@ class Events:
         import time
 
         return types.SimpleNamespace(monotonic=self.monotonic, time=time.time,
-                                     sleep=time.sleep, perf_counter=time.perf_counter)
+                                     sleep=time.sleep, perf_counter=time.perf_counter,
+                                     process_time=time.process_time)
 
 
 @pytest.fixture
