@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -72,16 +74,17 @@ def rank_main(args) -> None:
                           request_log=session.request_log, say=session.say,
                           on_timeout=session.on_timeout)
 
-    def bare(op: str, suffix: str) -> float:
+    def bare(op: str, suffix: str) -> tuple[float, float]:
+        """(seconds, the process's CPU seconds) of the bare call, clocked as the tool's region."""
         storage_io = store.writer(suffix) if op == "save" else store.reader(suffix)
         store.warm_up(storage_io)
         dist.barrier()
-        begin = time.monotonic()
+        begin, begin_cpu = time.monotonic(), time.process_time()
         if op == "save":
             dcp.save(state_dict, storage_writer=storage_io)
         else:
             dcp.load(state_dict, storage_reader=storage_io)
-        return time.monotonic() - begin
+        return time.monotonic() - begin, time.process_time() - begin_cpu
 
     token = os.environ["AB_TOKEN"]
     variants = os.environ["AB_VARIANTS"].split(",")
@@ -89,6 +92,7 @@ def rank_main(args) -> None:
     once = f"ab-{token}-once" if os.environ.get("AB_LOAD_ONLY") == "1" else None
     ops = ("load",) if once else ("save", "load")
     times: dict[str, list[float]] = {f"{v} {op}": [] for v in variants for op in ops}
+    cpu: dict[str, list[float]] = {f"{v} {op}": [] for v in variants for op in ops}
     progress = loop.cfg.progress
     if once:
         bare("save", once)
@@ -102,12 +106,15 @@ def rank_main(args) -> None:
             loop.harness_off = frozenset(TOGGLES.get(who, ()))
             loop.cfg.progress = progress and who not in ("no-heartbeat", "all-off")
             for op in ops:
+                cpu_s: float | None
                 if who == "bare":
-                    times[f"bare {op}"].append(bare(op, suffix))
+                    seconds, cpu_s = bare(op, suffix)
                 else:
                     # (an async save's result() waits for its upload)
                     sample = loop._timed(op, round_number, suffix).result()  # noqa: SLF001
-                    times[f"{who} {op}"].append(sample.duration_s)
+                    seconds, cpu_s = sample.duration_s, sample.cpu_s
+                times[f"{who} {op}"].append(seconds)
+                cpu[f"{who} {op}"].append(math.nan if cpu_s is None else cpu_s)
             dist.barrier()
             if ctx.is_coordinator and not once:
                 remove(store, suffix)
@@ -116,7 +123,7 @@ def rank_main(args) -> None:
     if ctx.is_coordinator and once:
         remove(store, once)
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, times)
+    dist.all_gather_object(gathered, {"seconds": times, "cpu_s": cpu})
     if ctx.is_coordinator:
         Path(os.environ["AB_OUT"]).write_text(json.dumps(gathered))
     dist.barrier()
@@ -218,9 +225,11 @@ def main() -> int:
             server.stop()
         if shm is not None:
             shutil.rmtree(shm, ignore_errors=True)
-    # per round: the slowest rank
-    slowest = {key: [max(rank[key][i] for rank in per_rank) for i in range(args.rounds)]
-               for key in per_rank[0]}
+    # per round: the slowest rank; the process CPU summed over the ranks
+    slowest = {key: [max(rank["seconds"][key][i] for rank in per_rank) for i in range(args.rounds)]
+               for key in per_rank[0]["seconds"]}
+    cpu_s = {key: [sum(rank["cpu_s"][key][i] for rank in per_rank) for i in range(args.rounds)]
+             for key in per_rank[0]["cpu_s"]}
     print(f"{args.model} {args.dtype}, {args.nproc} ranks, storage={args.storage}, "
           f"client={args.client if args.storage == 's3' else '-'}, "
           f"request_stats={args.request_stats}, {args.rounds} rounds in one process from "
@@ -232,6 +241,17 @@ def main() -> int:
     figures = {v: [{f"{op}_s": slowest[f"{v} {op}"][i] for op in ops}
                    for i in range(args.rounds)] for v in variants}
     print("\n".join(summarise(figures, variants, ops)))
+    print("The ranks' process CPU seconds in the same regions (every thread), variant / bare:")
+    cpu_figures = {v: [{f"{op}_s": cpu_s[f"{v} {op}"][i] for op in ops}
+                       for i in range(args.rounds)] for v in variants}
+    print("\n".join(summarise(cpu_figures, variants, ops)))
+    for variant in variants[1:]:
+        for op in ops:
+            added = [c - b for c, b in zip(cpu_s[f"{variant} {op}"], cpu_s[f"bare {op}"])]
+            bare_s = statistics.median(slowest[f"bare {op}"])
+            print(f"  {variant} {op}: CPU added, mean {statistics.fmean(added) * 1e3:+.1f} ms "
+                  f"(sd {statistics.stdev(added) * 1e3:.1f} ms) a round: "
+                  f"{statistics.fmean(added) / bare_s:+.2%} of the median bare {op}'s {bare_s:.3f} s")
     return 0
 
 
