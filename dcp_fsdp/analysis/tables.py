@@ -88,7 +88,9 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
     # a group with an operation whose requests are unknown (null: none parsed) has no
     # request figures: a partial count would read as fewer requests, or no failures
     count = complete_sum(group_ops["req_count"])
-    failed = math.nan if math.isnan(count) else group_ops["req_failed"].sum(min_count=1)
+    known = {column: math.nan if math.isnan(count) else complete_sum(group_ops[f"req_{column}"])
+             for column in ("failed", "throttled", "retries", "misses")}
+    failed = known["failed"]
     ttfb = hist_merge(r.get("ttfb_hist") for r in group_samples["requests"]
                       if isinstance(r, dict))
     group_efficiency = efficiency(group_ops, all_ops)
@@ -120,9 +122,9 @@ def throughput_row(labels: dict[str, Any], group_ops: pd.DataFrame,
         "req_per_s": count / span_total if span_total else math.nan,
         "success_ratio": (count - failed) / count if count else math.nan,
         "failures": failed,
-        "throttles": group_ops["req_throttled"].sum(min_count=1),
-        "retries": group_ops["req_retries"].sum(min_count=1),
-        "misses": group_ops["req_misses"].sum(min_count=1),
+        "throttles": known["throttled"],
+        "retries": known["retries"],
+        "misses": known["misses"],
         "ttfb_p50_ms": nan(hist_quantile(ttfb, 0.5)),
         "untimed_per_run": mean_or_nan(untimed),
         "failed_runs": failed_runs,

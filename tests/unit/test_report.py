@@ -199,3 +199,19 @@ def test_only_runs_of_mlperfs_counts_are_labelled_mlperf_storage(tmp_path):
         assert ("1 run(s) recorded with protocol=mlperf are not shown as MLPerf Storage "
                 "figures") in " ".join(text.split())
         assert "trial: 1 saves and 1 loads, not MLPerf's 10 + 10" in " ".join(text.split())
+
+
+def test_a_group_with_an_operation_of_unknown_requests_has_no_request_counts(tmp_path):
+    """One run of the group recorded its requests (a throttle in each operation), the other
+    none: every count is unknown (empty), as in the end-of-run table, never the known part's
+    sum (which would read as fewer throttles, retries or misses than there were)."""
+    write(tmp_path / "x.jsonl", [run_line("x")] + [
+        sample_line("x", "save", 1, r, 0.0, 2.0, 100 * MIB, count=10, latency_ms=50, throttled=1)
+        for r in (0, 1)])
+    write(tmp_path / "y.jsonl", [run_line("y")] + [
+        sample_line("y", "save", 1, r, 0.0, 2.0, 100 * MIB, with_requests=False) for r in (0, 1)])
+    runs, samples, _ = report.read_records(report.record_files([str(tmp_path)]))
+    (row,) = [row for _, row in report.build(runs, samples)["throughput"].iterrows()]
+    assert row["iterations"] == 2
+    for column in ("requests_per_op", "failures", "throttles", "retries", "misses"):
+        assert row[column] != row[column], column  # NaN: shown empty
