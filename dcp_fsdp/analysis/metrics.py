@@ -19,7 +19,7 @@ from dcp_fsdp.telemetry.figures import (ABOVE_CEILING_LINE, KEYS, NOISY_WORDS,
                                         ceiling_lines, complete_sum, efficiency,
                                         efficiency_per_operation, egress_mib, headroom_lines,
                                         max_or_nan, noise_note, one_run_if_unnamed, operations,
-                                        pooled)
+                                        pooled, rate_mib_s)
 from dcp_fsdp.analysis.columns import cell
 from dcp_fsdp.analysis.tables import row_note
 from dcp_fsdp.telemetry.histograms import hist_quantile
@@ -47,7 +47,7 @@ def samples_frame(samples: Iterable[dict[str, Any]]) -> pd.DataFrame:
     if frame.empty:
         return frame
     frame = frame.assign(**{column: None for column in OPTIONAL_COLUMNS if column not in frame})
-    frame["rank_mib_s"] = frame["bytes"] / MIB / frame["duration_s"]
+    frame["rank_mib_s"] = rate_mib_s(frame["bytes"], frame["duration_s"])
     for column, key in REQUEST_COLUMNS.items():
         frame[column] = [_request_value(r, key) for r in frame["requests"]]
     return frame

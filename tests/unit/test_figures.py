@@ -69,6 +69,14 @@ def test_slowest_rank_mib_s_is_the_checkpoint_over_the_slowest_rank():
     assert dict(zip(headers, rows[0]))["slowest-rank MiB/s"] == f"{200 / 3.5:.1f}"
 
 
+def test_a_rank_rate_of_no_time_is_unknown_not_infinite():
+    """A rank's zero duration (a clock that did not move) gives no rate: NaN, shown empty, as
+    every other rate of no time; inf would print "inf" and win every maximum."""
+    frame = samples_frame([sample(0, 100.0, 100.0, 100 * MIB), sample(1, 100.0, 102.0, 100 * MIB)])
+    assert frame["rank_mib_s"].iloc[0] != frame["rank_mib_s"].iloc[0]
+    assert frame["rank_mib_s"].iloc[1] == pytest.approx(50.0)
+
+
 def test_efficiency_divides_by_the_median_raw_round_of_the_run():
     samples = []
     # the raw rate differs between iterations (2, 0.5 and 1 MiB/s): the ceiling is their
