@@ -51,6 +51,7 @@ class TimeSplit(NamedTuple):
     bound: str  # "storage" | "dcp" | "copy" | "commit" | "allocator"
     reader: str | None = None  # loads through the tool's reader: "read_ahead=N"
     msc_reads: str | None = None  # MSC loads: "whole", "ranged" or "whole+ranged"
+    cores_busy: float = math.nan  # the rank process's CPU seconds / seconds (cpu_s); NaN: unknown
 
 
 def _mean(frame: pd.DataFrame, field: str) -> float:
@@ -66,6 +67,17 @@ def fresh_pages_per_byte(frame: pd.DataFrame) -> float:
     if not have.any():
         return math.nan
     return float(faults[have].sum() * PAGE_BYTES / frame.loc[have, "bytes"].sum())
+
+
+def cores_busy(frame: pd.DataFrame) -> float:
+    """CPU seconds / seconds over the samples that have cpu_s (NaN: none)."""
+    if "cpu_s" not in frame or frame.empty:
+        return math.nan
+    cpu_s = pd.to_numeric(frame["cpu_s"], errors="coerce")
+    have = cpu_s.notna() & (frame["duration_s"] > 0)
+    if not have.any():
+        return math.nan
+    return float(cpu_s[have].sum() / frame.loc[have, "duration_s"].sum())
 
 
 def split(op: str, frame: pd.DataFrame) -> TimeSplit | None:
@@ -88,7 +100,7 @@ def split(op: str, frame: pd.DataFrame) -> TimeSplit | None:
     if bound == "dcp" and not math.isnan(pages) and pages >= ALLOCATOR_PAGES_PER_BYTE:
         bound = "allocator"
     return TimeSplit(op, _mean(frame, "duration_s"), parts_s, owners_s, pages, bound,
-                     first_text(frame, "reader"), first_text(frame, "msc_reads"))
+                     first_text(frame, "reader"), first_text(frame, "msc_reads"), cores_busy(frame))
 
 
 MSC_READS = {"whole": "MSC downloaded each object whole (under its 512 MiB switch)",
@@ -110,6 +122,8 @@ def split_line(found: TimeSplit) -> str:
              else f"; {found.fresh_pages_per_byte:.2f} fresh pages per byte")
     label = found.op if found.reader is None else (
         f"{found.op} (the tool's reader, {found.reader}, not DCP's: fetching overlaps the rest)")
+    if not math.isnan(found.cores_busy):
+        pages += f"; {found.cores_busy:.2f} cores busy"
     if found.msc_reads in MSC_READS:
         pages += f"; {MSC_READS[found.msc_reads]}"
     return (f"{label}: {found.duration_s:.3f} s per rank = " + ", ".join(cells) + pages

@@ -222,3 +222,19 @@ def test_an_msc_load_records_how_it_read_each_object():
                                     "target_copy_s": 0.0, "commit_s": 0.0},
                       {"storage": 0.9, "dcp": 0.1}, float("nan"), "storage", None, "ranged")
     assert MSC_READS["ranged"] in split_line(found)
+
+
+def test_the_split_line_says_how_many_cores_the_operation_kept_busy():
+    """cpu_s over duration_s, pooled over the samples that have it: a load whose time is in
+    the storage client at 1 core busy was the client's own CPU work, not a wait."""
+    from dcp_fsdp.telemetry.time_split import split_lines
+
+    sample = {"op": "load", "plan_s": 0.1, "storage_s": 1.5, "deserialise_s": 0.3,
+              "target_copy_s": 0.0, "commit_s": 0.1, "bytes": 1 << 20}
+    samples = [{**sample, "duration_s": 2.0, "cpu_s": 2.0}, {**sample, "duration_s": 2.0,
+                                                             "cpu_s": 1.0},
+               {**sample, "duration_s": 2.0, "cpu_s": None}]
+    (line,) = split_lines(samples)
+    assert "; 0.75 cores busy" in line, line
+    (line,) = split_lines([{**sample, "duration_s": 2.0}])
+    assert "cores busy" not in line, line
