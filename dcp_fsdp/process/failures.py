@@ -29,9 +29,10 @@ _S3_FORMS = (
      "endpoint and the network, or raise storage.max_attempts)"),
     # what a write meets once the upload it feeds ended with an error
     (("AWS_ERROR_S3_REQUEST_HAS_COMPLETED",),
-     "{line} (the object's upload had already ended with an error: its multipart upload aborted "
-     "under it (dcp-fsdp clean-uploads --force, a bucket lifecycle rule) or S3 unreachable; abort "
-     "only uploads older than any save (clean-uploads --min-age-s))"),
+     "{line} (the object's upload had already ended with an error: its parts failed (the server "
+     "answered an error, or S3 was unreachable; keep_request_log=true keeps each rank's requests) "
+     "or its multipart upload aborted under it (dcp-fsdp clean-uploads --force, a bucket "
+     "lifecycle rule); abort only uploads older than any save (clean-uploads --min-age-s))"),
 )
 
 
