@@ -13,12 +13,15 @@ bare of each round (slowest rank), geometric mean and 95 % CI. Started by itself
   python -m benchmarks.harness_ab --storage s3 --rounds 10 --toggles   (embedded SeaweedFS)
   python -m benchmarks.harness_ab --storage shm --rounds 30 --variants tool,no-hooks
   python -m benchmarks.harness_ab --storage s3 --client msc --nproc 1 --rounds 30 --load-only --pin
+  python -m benchmarks.harness_ab --storage s3 --nproc 1 --rounds 30 --load-only --pin --runs 8
 
 --load-only saves one checkpoint before the rounds and only loads it (many short pairs);
---client picks the S3 client. What is per process (the connector's request log, the
-botocore clients' GET hooks, installed with the client) runs in both variants here: only the
-per-operation pieces differ (the timed reader, the wire meter's watch, watchdog, memory marks,
-heartbeat).
+--client picks the S3 client; --runs N repeats the launch N times, each on a fresh server, and
+ends with the ratio's CI over the runs (two runs of one command differed by more than one
+run's CI: docs/harness-cost.md). Beside the seconds, the ranks' process CPU in the same
+regions. What is per process (the connector's request log, the botocore clients' GET hooks,
+installed with the client) runs in both variants here: only the per-operation pieces differ
+(the timed reader, the wire meter's watch, watchdog, memory marks, heartbeat).
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 TOGGLES = {"tool": (), "no-hooks": ("hooks",), "no-watchdog": ("watchdog",),
@@ -56,10 +61,30 @@ def remove(store, suffix: str) -> None:
 
 
 def rank_main(args) -> None:
+    from benchmarks.paired import finally_on_sigterm
     from dcp_fsdp.config.compose import compose
     from dcp_fsdp.rank.session import RankSession
 
+    finally_on_sigterm()  # a stopped run (the agent's SIGTERM) still cleans up below
     session = RankSession(compose("save-and-load", args.overrides), time.monotonic())
+    code = 1
+    try:
+        measure(session, args)
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        # what the rank made in /tmp (MSC's profile, the request log's directory): os._exit
+        # runs no clean-up of its own
+        if session.store is not None:
+            session.store.close()
+        if session.request_log is not None:
+            session.request_log.remove()
+    os._exit(code)
+
+
+def measure(session, args) -> None:
+    """Every round of every variant; rank 0 writes the figures to AB_OUT."""
     session.start_telemetry()
     session.join()
     session.open_store()
@@ -127,12 +152,6 @@ def rank_main(args) -> None:
     if ctx.is_coordinator:
         Path(os.environ["AB_OUT"]).write_text(json.dumps(gathered))
     dist.barrier()
-    # what the rank made in /tmp (MSC's profile, the request log's directory): os._exit runs no
-    # clean-up of its own
-    store.close()
-    if session.request_log is not None:
-        session.request_log.remove()
-    os._exit(0)
 
 
 def main() -> int:
@@ -155,6 +174,8 @@ def main() -> int:
     parser.add_argument("--load-only", action="store_true",
                         help="save once before the rounds; each round, each variant loads it")
     parser.add_argument("--pin", action="store_true", help="s3: as harness_cost --pin")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="launches, each on a fresh server, and the ratio's CI over them")
     parser.add_argument("--toggles", action="store_true")
     parser.add_argument("--variants", help="comma-separated subset of "
                         f"{','.join(TOGGLES)} (default: tool, or all with --toggles)")
@@ -165,16 +186,38 @@ def main() -> int:
         print(f"harness_ab: error: --variants {','.join(unknown)}: not a variant; choose from "
               f"{','.join(TOGGLES)}", file=sys.stderr)
         return 2
-    from benchmarks.harness_cost import pin_server_apart, summarise
-    from benchmarks.paired import finally_on_sigterm, load_average, vacuum_url
-    from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
+    from benchmarks.paired import finally_on_sigterm
 
     finally_on_sigterm()  # a killed run stops its server and removes its files, as on Ctrl-C
-
     variants = ["bare", *(chosen or (TOGGLES if args.toggles else ["tool"]))]
+    ops = ("load",) if args.load_only else ("save", "load")
+    per_run = []
+    for _ in range(args.runs):
+        run = one_run(args, variants)
+        print_run(args, variants, ops, run)
+        per_run.append(run.slowest)
+    if args.runs > 1:
+        print_across_runs(variants, ops, per_run)
+    return 0
+
+
+class Run(NamedTuple):
+    slowest: dict[str, list[float]]  # "variant op": per round, the slowest rank's seconds
+    cpu_s: dict[str, list[float]]  # the same rounds: the ranks' process CPU seconds, summed
+    started: str
+    load_before: float
+
+
+def one_run(args, variants: list[str]) -> Run:
+    """One launch on a fresh server (and its own pinning), every round of every variant."""
+    from benchmarks.harness_cost import pin_server_apart
+    from benchmarks.paired import load_average, vacuum_url
+    from dcp_fsdp.launch.embedded_s3 import EmbeddedS3
+
     server = None
     shm = None
     env = {**os.environ}
+    own_cpus = os.sched_getaffinity(0)
     if args.storage == "s3":
         server = EmbeddedS3(bucket="harness-ab")
         launch_cpus = pin_server_apart() if args.pin else None
@@ -223,21 +266,28 @@ def main() -> int:
     finally:
         if server is not None:
             server.stop()
+            os.sched_setaffinity(0, own_cpus)  # the next run pins afresh
         if shm is not None:
             shutil.rmtree(shm, ignore_errors=True)
-    # per round: the slowest rank; the process CPU summed over the ranks
     slowest = {key: [max(rank["seconds"][key][i] for rank in per_rank) for i in range(args.rounds)]
                for key in per_rank[0]["seconds"]}
     cpu_s = {key: [sum(rank["cpu_s"][key][i] for rank in per_rank) for i in range(args.rounds)]
              for key in per_rank[0]["cpu_s"]}
+    return Run(slowest, cpu_s, started, load_before)
+
+
+def print_run(args, variants: list[str], ops: tuple[str, ...], run: Run) -> None:
+    from benchmarks.harness_cost import summarise
+    from benchmarks.paired import load_average
+
+    slowest, cpu_s = run.slowest, run.cpu_s
     print(f"{args.model} {args.dtype}, {args.nproc} ranks, storage={args.storage}, "
           f"client={args.client if args.storage == 's3' else '-'}, "
           f"request_stats={args.request_stats}, {args.rounds} rounds in one process from "
-          f"{started}, load average {load_before:.2f} -> {load_average():.2f} "
+          f"{run.started}, load average {run.load_before:.2f} -> {load_average():.2f} "
           "(slowest rank, seconds)")
     for key, values in slowest.items():
         print(f"  {key}: " + " ".join(f"{v:.3f}" for v in values))
-    ops = ("load",) if args.load_only else ("save", "load")
     figures = {v: [{f"{op}_s": slowest[f"{v} {op}"][i] for op in ops}
                    for i in range(args.rounds)] for v in variants}
     print("\n".join(summarise(figures, variants, ops)))
@@ -252,8 +302,21 @@ def main() -> int:
             print(f"  {variant} {op}: CPU added, mean {statistics.fmean(added) * 1e3:+.1f} ms "
                   f"(sd {statistics.stdev(added) * 1e3:.1f} ms) a round: "
                   f"{statistics.fmean(added) / bare_s:+.2%} of the median bare {op}'s {bare_s:.3f} s")
-    return 0
 
+
+def print_across_runs(variants: list[str], ops: tuple[str, ...],
+                      per_run: list[dict[str, list[float]]]) -> None:
+    """Each run's geometric-mean ratio, and their geometric mean with a 95 % CI over runs."""
+    from benchmarks.paired import PairedRatio, across_runs, ratio_ci
+
+    print(f"Across {len(per_run)} runs (each a fresh server and process; the CI is over runs):")
+    for variant in variants[1:]:
+        for op in ops:
+            each = [PairedRatio.of(run[f"{variant} {op}"], run[f"bare {op}"]).ratios
+                    for run in per_run]
+            mean, low, high = across_runs(each)
+            runs = " ".join(f"{ratio_ci(ratios)[0]:.4f}" for ratios in each)
+            print(f"  {variant} {op}: {mean:.4f} [{low:.4f}, {high:.4f}]; the runs: {runs}")
 
 if __name__ == "__main__":
     sys.exit(main())

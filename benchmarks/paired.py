@@ -35,6 +35,13 @@ def ratio_ci(ratios: list[float]) -> tuple[float, float, float]:
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
+def across_runs(runs: list[list[float]]) -> tuple[float, float, float]:
+    """The geometric mean over runs of each run's geometric-mean ratio, and its 95 % CI (t over
+    the runs): what moves between runs of one command (the process's memory layout, the
+    server's state) counts, which the pairs of one run cannot show (docs/harness-cost.md)."""
+    return ratio_ci([ratio_ci(ratios)[0] for ratios in runs])
+
+
 @dataclass(frozen=True)
 class PairedRatio:
     """variant / baseline of each round, their geometric mean and its 95 % CI."""
