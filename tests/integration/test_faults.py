@@ -110,7 +110,7 @@ def test_requests_pass_through_signed_and_byte_exact(s3):
     assert counts["requests"]["GetObjectRanged"] == 1 and counts["requests"]["GetObject"] == 1
     assert counts["requests"]["HeadObject"] == 2 and counts["requests"]["ListObjectsV2"] == 1
     assert counts["expect_continue"].get("PutObject") == 1  # boto3 asks; relayed
-    assert proxy.injected() == dict.fromkeys(("503", "reset", "stall", "latency", "redirect"), 0)
+    assert proxy.injected() == dict.fromkeys(("503", "500", "reset", "stall", "latency", "redirect"), 0)
 
 
 def test_each_fault_reaches_the_client_as_s3_would_send_it(s3):
@@ -133,7 +133,14 @@ def test_each_fault_reaches_the_client_as_s3_would_send_it(s3):
         assert throttled.value.response["Error"]["Message"] == "Please reduce your request rate."
         assert proxy.connections == connections  # a 503 keeps the connection alive
 
-        proxy.error_503_rate, proxy.reset_rate = 0.0, 1.0
+        proxy.error_503_rate, proxy.error_500_rate = 0.0, 1.0
+        with pytest.raises(botocore.exceptions.ClientError) as failed:
+            client.list_objects_v2(Bucket=s3.bucket, Prefix="fp/")
+        assert failed.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500
+        assert failed.value.response["Error"]["Code"] == "InternalError"
+        assert proxy.connections == connections  # so does a 500
+
+        proxy.error_500_rate, proxy.reset_rate = 0.0, 1.0
         with pytest.raises(botocore.exceptions.ConnectionClosedError):  # PUT cut mid-body
             client.put_object(Bucket=s3.bucket, Key="fp/faults/c", Body=b"z" * 200_000)
         response = client.get_object(Bucket=s3.bucket, Key="fp/faults/obj")  # head arrives
@@ -146,10 +153,10 @@ def test_each_fault_reaches_the_client_as_s3_would_send_it(s3):
             client.head_object(Bucket=s3.bucket, Key="fp/faults/c")
         assert client.get_object(Bucket=s3.bucket, Key="fp/faults/obj")["Body"].read() == b"x" * 300_000
         injected, counts = proxy.injected(), proxy.counts
-    assert injected["503"] == 4 and injected["reset"] == 2
+    assert injected["503"] == 4 and injected["500"] == 1 and injected["reset"] == 2
     assert counts["503"] == {"PutObject": 1, "GetObject": 1, "HeadObject": 1, "ListObjectsV2": 1}
     assert counts["reset"] == {"PutObject": 1, "GetObject": 1}
-    assert [e.kind for e in proxy.events] == ["503"] * 4 + ["reset"] * 2
+    assert [e.kind for e in proxy.events] == ["503"] * 4 + ["500"] + ["reset"] * 2
 
 
 def test_decisions_are_seeded_per_request_type(s3):
