@@ -63,27 +63,37 @@ def error(message: str) -> None:
 
 
 # torch's DCP logs a failed read with its traceback on every rank, before raising the error the
-# run records: a rank routes that logger here, one line each, without the traceback.
+# run records: a rank routes that logger here, one line each, without the traceback. MSC logs
+# a failed upload or download at ERROR before raising what the run's own line names (no
+# handler of its own: Python's last resort printed it raw, a server's answer in it unescaped):
+# routed here too, as a warning, so the run's error line stays the only one.
 TORCH_CHECKPOINT_LOGGER = "torch.distributed.checkpoint"
+MSC_LOGGER = "multistorageclient"
+_LIBRARY_LOGGERS = {TORCH_CHECKPOINT_LOGGER: ("torch", logging.CRITICAL), MSC_LOGGER: ("msc", logging.WARNING)}
 
 
 class _OneLineFormat(_Format):
+    def __init__(self, label: str, max_level: int) -> None:
+        super().__init__()
+        self.label, self.max_level = label, max_level
+
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(logging.makeLogRecord({
-            **record.__dict__, "msg": f"torch: {record.getMessage()}", "args": None,
-            "exc_info": None, "exc_text": None}))
+            **record.__dict__, "msg": f"{self.label}: {record.getMessage()}", "args": None,
+            "exc_info": None, "exc_text": None, "levelno": min(record.levelno, self.max_level)}))
         error = record.exc_info[1] if record.exc_info else None
         return line + (printable(f" ({type(error).__name__}: {' '.join(str(error).split())[:300]})")
                        if error is not None else "")
 
 
-def route_torch_checkpoint_log() -> None:
-    """torch's DCP warnings (and worse) as one line each on stderr, never a traceback."""
-    logger = logging.getLogger(TORCH_CHECKPOINT_LOGGER)
-    if any(isinstance(h, _StreamByLevel) for h in logger.handlers):
-        return
-    handler = _StreamByLevel()
-    handler.setFormatter(_OneLineFormat())
-    handler.setLevel(logging.WARNING)
-    logger.addHandler(handler)
-    logger.propagate = False
+def route_library_logs() -> None:
+    """torch's DCP warnings (and worse), and MSC's, as one line each on stderr, never a traceback."""
+    for name, (label, max_level) in _LIBRARY_LOGGERS.items():
+        logger = logging.getLogger(name)
+        if any(isinstance(h, _StreamByLevel) for h in logger.handlers):
+            continue
+        handler = _StreamByLevel()
+        handler.setFormatter(_OneLineFormat(label, max_level))
+        handler.setLevel(logging.WARNING)
+        logger.addHandler(handler)
+        logger.propagate = False

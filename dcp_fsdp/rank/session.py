@@ -315,7 +315,7 @@ def gpus(device: torch.device) -> Gpus | None:
 
 
 def run_rank(cfg: BenchmarkConfig, process_start_mono: float) -> RankResult:
-    log.route_torch_checkpoint_log()  # DCP's failed reads: one line each, not a traceback
+    log.route_library_logs()  # DCP's failed reads, MSC's errors: one line each, no traceback
     guard = InterruptGuard()
     started: list[RankSession] = []  # the watcher may fire before the session exists
     guard.install(on_stuck=lambda name: _end_stuck_rank(name, started[0] if started else None))
