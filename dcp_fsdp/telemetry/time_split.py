@@ -58,26 +58,25 @@ def _mean(frame: pd.DataFrame, field: str) -> float:
     return mean_or_nan(frame[field]) if field in frame else math.nan
 
 
-def fresh_pages_per_byte(frame: pd.DataFrame) -> float:
-    """Minor faults x page size / bytes over the samples that have both (NaN: none)."""
-    if "minor_faults" not in frame or frame.empty:
+def _pooled_ratio(frame: pd.DataFrame, field: str, per: str) -> float:
+    """sum(field) / sum(per) over the samples that have `field` and a positive `per` (NaN: none)."""
+    if field not in frame or frame.empty:
         return math.nan
-    faults = pd.to_numeric(frame["minor_faults"], errors="coerce")
-    have = faults.notna() & (frame["bytes"] > 0)
+    values = pd.to_numeric(frame[field], errors="coerce")
+    have = values.notna() & (frame[per] > 0)
     if not have.any():
         return math.nan
-    return float(faults[have].sum() * PAGE_BYTES / frame.loc[have, "bytes"].sum())
+    return float(values[have].sum() / frame.loc[have, per].sum())
+
+
+def fresh_pages_per_byte(frame: pd.DataFrame) -> float:
+    """Minor faults x page size / bytes over the samples that have both (NaN: none)."""
+    return _pooled_ratio(frame, "minor_faults", "bytes") * PAGE_BYTES
 
 
 def cores_busy(frame: pd.DataFrame) -> float:
     """CPU seconds / seconds over the samples that have cpu_s (NaN: none)."""
-    if "cpu_s" not in frame or frame.empty:
-        return math.nan
-    cpu_s = pd.to_numeric(frame["cpu_s"], errors="coerce")
-    have = cpu_s.notna() & (frame["duration_s"] > 0)
-    if not have.any():
-        return math.nan
-    return float(cpu_s[have].sum() / frame.loc[have, "duration_s"].sum())
+    return _pooled_ratio(frame, "cpu_s", "duration_s")
 
 
 def split(op: str, frame: pd.DataFrame) -> TimeSplit | None:
