@@ -155,13 +155,18 @@ def _destroyed(data: bytes, port: int) -> dict[int, tuple[int, int]]:
 # descriptor stays open until the client closes it).
 WATCH_PERIOD_S = 0.005
 HOOKED_WATCH_PERIOD_S = 0.1
-# Scanned every 5 ms throughout, a connector load took 1.021x as long as bare, 1.009x every 50 ms
-# (benchmarks/harness_ab --toggles). So a watch scans every WATCH_PERIOD_S only for FAST_WINDOW_S
-# after a sign of new connections (its start, a connect() in the namespace, an endpoint socket
-# closing, whose destroy broadcast wakes it at once), every SLOW_WATCH_PERIOD_S otherwise. Missed:
-# a connection opened and closed within one slow period after a quiet second.
+# Scanned every 5 ms throughout, a connector load took 1.021x as long as bare; fast for a second
+# after each sign of new connections, 1.013x [1.005, 1.021] over 8 runs (benchmarks/harness_ab
+# --runs 8; docs/harness-cost.md). So a watch scans every WATCH_PERIOD_S only while connections
+# open (OPENING_WINDOW_S after the operation's start and after each connect() in the namespace)
+# and for RETRY_WINDOW_S after a socket to the endpoint closes (its destroy broadcast wakes the
+# watch at once): the client's retry connection follows its backoff (the connector's CRT waits up
+# to 0.5 s before a first retry; a 0.25 s window after closes missed one in 3 of 8 cut-GET loads);
+# every SLOW_WATCH_PERIOD_S otherwise. Missed: a connection opened and closed within one slow
+# period, 0.2 s after the namespace's last connect() and a second after the last close.
 SLOW_WATCH_PERIOD_S = 0.05
-FAST_WINDOW_S = 1.0
+OPENING_WINDOW_S = 0.2
+RETRY_WINDOW_S = 1.0
 # `ActiveOpens` of the namespace's TCP counters moves with every connect() in it, so a scan lists
 # this process's descriptors only when it moved (a ~10 us pread, where a listing costs ~1 us a
 # descriptor: a rank at 1,000 ranks holds ~1,000 gloo sockets). Skipping while the count of open
@@ -181,6 +186,7 @@ class WireMeter:
         self._snmp_fd = -1
         self._unsettled = False  # a socket was connecting at the last scan
         self._wake_fds: tuple[int, ...] = ()  # a watching thread's wake-up pipe
+        self._fast_until_s = 0.0  # monotonic: the watch scans every fast period until then
         self._own: dict[int, list[int]] = {}  # cookie -> [base acked, base received, acked, received]
         self._maybe: dict[int, list[int]] = {}  # not connected when seen: ours if it closes to the port
         self._final: set[int] = set()
@@ -224,28 +230,37 @@ class WireMeter:
         connection opens or closes), so short connections are seen (a thread)."""
         fast_s = WATCH_PERIOD_S if period_s is None else period_s
         slow_s = max(fast_s, SLOW_WATCH_PERIOD_S)
-        self._wake_fds = os.pipe()  # close() wakes the thread's wait, then closes both
-        wake_r = self._wake_fds[0]
-
-        def run() -> None:
-            fast_until_s = time.monotonic() + FAST_WINDOW_S
-            while not self._stop.is_set():
-                fast = time.monotonic() < fast_until_s
-                self._wait(wake_r, fast_s if fast else slow_s)
-                if not self._stop.is_set() and self._update(refresh=False):
-                    fast_until_s = time.monotonic() + FAST_WINDOW_S
-
-        self._thread = threading.Thread(target=run, name="wire-meter", daemon=True)
+        self._wake_fds = os.pipe()  # hurry() and close() wake the thread's wait
+        self._fast_until_s = time.monotonic() + OPENING_WINDOW_S
+        self._thread = threading.Thread(target=self._run_watch, args=(fast_s, slow_s),
+                                        name="wire-meter", daemon=True)
         self._thread.start()
 
-    def _wait(self, wake_fd: int, period_s: float) -> None:
-        """Up to `period_s`, or until a socket to the endpoint closes or close() is called.
-        poll, not select: a rank at 1,000+ ranks holds descriptors past select's 1,024."""
-        poller = select.poll()
-        poller.register(wake_fd, select.POLLIN)
-        if self._closed is not None:
-            poller.register(self._closed.sock.fileno(), select.POLLIN)
-        poller.poll(period_s * 1000)
+    def hurry(self) -> None:
+        """The operation starts now: scan fast while its connections open."""
+        if self._wake_fds:
+            self._fast_until_s = time.monotonic() + OPENING_WINDOW_S
+            os.write(self._wake_fds[1], b"h")
+
+    def _run_watch(self, fast_s: float, slow_s: float) -> None:
+        """The watching thread: one poller, reused (each wake-up takes the GIL from the load)."""
+        wake_r = self._wake_fds[0]
+        poller = select.poll()  # not select: a rank at 1,000+ ranks holds descriptors past 1,024
+        poller.register(wake_r, select.POLLIN)
+        closed_fd = -1 if self._closed is None else self._closed.sock.fileno()
+        if closed_fd >= 0:
+            poller.register(closed_fd, select.POLLIN)
+        while not self._stop.is_set():
+            fast = time.monotonic() < self._fast_until_s
+            ready = {fd for fd, _ in poller.poll((fast_s if fast else slow_s) * 1000)}
+            if self._stop.is_set():
+                return
+            if wake_r in ready:
+                os.read(wake_r, 4096)
+            with self._lock:
+                closed = closed_fd in ready and self._take_closed()
+                opened = self._scan(refresh=False)
+            self._fast_until_s = fast_until(self._fast_until_s, time.monotonic(), closed, opened)
 
     def close(self) -> None:
         """Stop watching; what was counted stays readable."""
@@ -357,6 +372,13 @@ class WireMeter:
         with self._lock:
             self._update()
             return sum(e[3] - e[1] for e in self._own.values())
+
+
+def fast_until(until_s: float, now_s: float, closed: bool, opened: bool) -> float:
+    """Until when a watch scans fast, after a scan at `now_s` that heard a socket to the endpoint
+    close (its client may retry on a new connection) or saw connections open."""
+    window_s = RETRY_WINDOW_S if closed else OPENING_WINDOW_S if opened else 0.0
+    return max(until_s, now_s + window_s)
 
 
 def _socket_inode(fd: int) -> int:

@@ -141,8 +141,11 @@ def start_wire_meter(op: str, request_log: Any, storage: Any) -> Any:
 
 @contextlib.contextmanager
 def wire_closed_on_error(wire: Any) -> Iterator[None]:
-    """A load's wire meter closed (its watching thread stopped) where the load raises: its
-    sample, which would close it, is never built."""
+    """A load's wire meter told the load starts (entered after the barrier: it scans fast while
+    the load's connections open), and closed (its watching thread stopped) where the load
+    raises: its sample, which would close it, is never built."""
+    if wire is not None:
+        wire.hurry()
     try:
         yield
     except BaseException:

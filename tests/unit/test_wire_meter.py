@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from dcp_fsdp.process.wire_meter import WireMeter, note_socket
+from dcp_fsdp.process.wire_meter import (OPENING_WINDOW_S, RETRY_WINDOW_S, WireMeter, fast_until,
+                                         note_socket)
 
 SIOCOUTQ = 0x5411
 SENT = 3 * 2**20
@@ -165,16 +166,53 @@ def test_a_load_that_raises_stops_its_meter():
 
     class Meter:
         closed = False
+        hurried = False
+
+        def hurry(self) -> None:
+            self.hurried = True
 
         def close(self) -> None:
             self.closed = True
 
     meter = Meter()
     with pytest.raises(OSError), wire_closed_on_error(meter):
+        assert meter.hurried  # told the load starts, as the barrier releases it
         raise OSError("a GET failed")
     assert meter.closed
     kept = Meter()
     with wire_closed_on_error(kept):
         pass
     assert not kept.closed  # closed by the sample's build
+
+
+def test_a_watch_scans_fast_while_connections_open_and_longer_after_a_close():
+    """The watch's schedule: a connect() keeps it fast for OPENING_WINDOW_S, a socket to the
+    endpoint closing for RETRY_WINDOW_S (the client's retry follows its backoff), nothing
+    leaves the window as it was; a window never shrinks."""
+    assert fast_until(0.0, 10.0, closed=False, opened=False) <= 10.0  # slow from now
+    assert fast_until(0.0, 10.0, closed=False, opened=True) == 10.0 + OPENING_WINDOW_S
+    assert fast_until(0.0, 10.0, closed=True, opened=True) == 10.0 + RETRY_WINDOW_S
+    assert fast_until(11.0, 10.0, closed=False, opened=True) == 11.0
+    assert fast_until(10.5, 10.0, closed=False, opened=False) == 10.5
+    assert OPENING_WINDOW_S < RETRY_WINDOW_S
+
+
+def test_hurry_scans_fast_again_and_the_watch_still_sees_a_cut_connection():
+    """`hurry()` (the load's start, after its barrier) reopens the fast window of a watch that
+    had gone slow, wakes its thread (which drains the wake-up, not spinning on it), and the
+    watch still counts a connection cut after it."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        meter = WireMeter(listener.getsockname()[1])
+        meter.start()
+        meter.watch(0.001)
+        try:
+            meter._fast_until_s = 0.0  # gone slow
+            before_s = time.monotonic()
+            meter.hurry()
+            assert meter._fast_until_s >= before_s + OPENING_WINDOW_S
+            assert _watched_cut(listener, meter) == SENT
+            assert meter._thread is not None and meter._thread.is_alive()
+        finally:
+            meter.close()
+        assert meter._thread is None
 
