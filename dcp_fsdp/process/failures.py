@@ -6,7 +6,7 @@ import dataclasses
 import re
 import threading
 # store: a CheckpointStore or None (storage is a layer above this one: not imported)
-from typing import Any
+from typing import Any, Callable
 
 from dcp_fsdp.errors import BenchmarkFailure, StorageStreamError, UserError
 from dcp_fsdp.process.signals import Terminated
@@ -55,6 +55,39 @@ class ErrorAnswers:
                 f"attempts{_STATUS_FIXES.get(self.status // 100 * 100, '')}")
 
 
+class AnsweredError(StorageStreamError):
+    """A rank's failed write or read with the server's error answers its own request log saw:
+    pickled whole into DCP's CheckpointException (which keeps no exception's cause), so the
+    rank that says the line can lead it with another rank's answers."""
+
+    def __init__(self, text: str, answers: ErrorAnswers) -> None:
+        super().__init__(text, answers)
+        self.answers = answers
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+# Where this process's error answers come from (the rank's request log, once it is open); None:
+# none known (the process checkpointer's daemon, request_stats=false).
+_answers_source: Callable[[], ErrorAnswers | None] | None = None
+
+
+def answers_from(source: Callable[[], ErrorAnswers | None] | None) -> None:
+    """Name (or, with None, forget) where `answered()` finds this process's error answers."""
+    global _answers_source
+    _answers_source = source
+
+
+def answered(error: BaseException) -> AnsweredError | None:
+    """`error` (a failed write_data or read_data) with the server's error answers among this
+    process's requests; None where it answered no error or none is known."""
+    answers = _answers_source() if _answers_source is not None else None
+    if answers is None or isinstance(error, AnsweredError):
+        return None
+    return AnsweredError(innermost(error), answers)
+
+
 _STATUS_FIXES = {500: " (the server failed them: check its health, its logs and its free space)"}
 # The forms whose line already names the first cause: an ErrorAnswers does not lead them.
 _NAMED_CAUSES = ("NoSuchUpload", "Request throttled", "AWS_IO_SOCKET_CLOSED",
@@ -72,11 +105,13 @@ def root_cause(error: BaseException, answers: ErrorAnswers | None = None) -> str
         ranks_by_text: dict[str, list[int]] = {}
         for rank, wrapped in sorted(error.failures.items()):
             exc = wrapped[0] if isinstance(wrapped, tuple) else wrapped
-            ranks_by_text.setdefault(_innermost(exc), []).append(rank)
+            ranks_by_text.setdefault(innermost(exc), []).append(rank)
+            if answers is None and isinstance(exc, AnsweredError):
+                answers = exc.answers  # the lowest failing rank's that the server answered
         parts = [f"{_ranks(ranks)}: {text}" for text, ranks in ranks_by_text.items()]
         line = "; ".join(parts[:2]) + (f" (+{len(parts) - 2} more errors)" if len(parts) > 2 else "")
     else:
-        line = _innermost(error)
+        line = innermost(error)
     if answers is not None and not any(needle in line for needle in _NAMED_CAUSES):
         return f"{answers.lead()}; then {line}"
     form = next((form for needles, form in _S3_FORMS if any(n in line for n in needles)), "{line}")
@@ -90,7 +125,8 @@ def _ranks(ranks: list[int]) -> str:
     return f"ranks {shown}" + (f" and {len(ranks) - 4} more" if len(ranks) > 4 else "")
 
 
-def _innermost(error: BaseException) -> str:
+def innermost(error: BaseException) -> str:
+    """The innermost cause of `error`, as one line of at most about 400 characters."""
     while error.__cause__ is not None:
         error = error.__cause__
     text = _s3_answer(" ".join(str(error).split())) or repr(error)

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from dcp_fsdp import contract, log
 from dcp_fsdp.process.ending import RankEnding, write_error_file
-from dcp_fsdp.process.failures import caused_by_interrupt, collective_error, failure_line, says_the_line
+from dcp_fsdp.process.failures import (answers_from, caused_by_interrupt, collective_error, failure_line,
+                                       says_the_line)
 from dcp_fsdp.process.signals import STUCK_AFTER_SIGNAL_S, InterruptGuard, PeerFailed, Terminated
 from dcp_fsdp.config.schema import BenchmarkConfig, Command, Malloc, StorageKind
 from dcp_fsdp.errors import UserError
@@ -102,6 +103,8 @@ class RankSession:
         self.request_log = open_for_rank(self.rank, self.cfg.keep_request_log, self.cfg.storage.client.value)
         if self.request_log is not None:
             os.environ.update(self.request_log.environment())
+            # a failed write or read carries its answers to the rank that says the line
+            answers_from(functools.partial(self.request_log.error_answers, self.rank))
             from dcp_fsdp.storage.s3_control import observe_clients
             from dcp_fsdp.telemetry.control_plane import count_control_calls
 
@@ -278,6 +281,7 @@ class RankSession:
         if self.store is not None:
             self.store.close()  # what the store made in this process (MSC's profile file)
         if self.request_log is not None:
+            answers_from(None)
             self._untimed = self.request_log.finish()
             kept = self.request_log.close(self.cfg.results_dir, self.run.run_id or None, self.rank)
             if kept:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter
 
 from dcp_fsdp.errors import StorageStreamError
+from dcp_fsdp.process.failures import answered
 from dcp_fsdp.storage.read_ahead import ReadAhead
 from dcp_fsdp.storage.timed_fs import TimedFileSystem, TimedReadStream
 from dcp_fsdp.storage.timeline import HookTimeline
@@ -62,13 +63,11 @@ class TimedWriter(_TimedPlanning):
                 getattr(result.storage_data, "length", 0) or 0 for result in future.value())
             return future
         except Exception as error:
-            hidden, said = self.timeline.stream_error, " ".join(str(error).split())
-            if hidden is None or hidden.split(": ", 1)[-1][:200] in said:
-                raise  # no stream error, or this is it
-            # An object stream failed first and DCP raised something else (torch's zip
-            # writer: "unexpected pos"): the stream's error is the cause (trial case 20)
-            raise StorageStreamError(
-                f"{hidden} (then DCP: {type(error).__name__}: {said[:200]})") from None
+            first = _stream_error_first(self.timeline.stream_error, error)
+            said: Exception | None = answered(first or error) or first
+            if said is not None:
+                raise said from None  # its text whole: DCP pickles errors without their cause
+            raise
         finally:
             self.timeline.io_ended("write_data", started)
             self.timeline.dump()  # in the process checkpointer's daemon: for the rank
@@ -77,6 +76,16 @@ class TimedWriter(_TimedPlanning):
         with self.timeline.span("finish"):
             super().finish(metadata, results)  # type: ignore[misc]  # a mixin: the DCP class after it has it
         self.timeline.dump()
+
+
+def _stream_error_first(hidden: str | None, error: Exception) -> StorageStreamError | None:
+    """Where an object stream failed first (`hidden`, the timeline's) and DCP raised something
+    else (torch's zip writer: "unexpected pos"), the stream's error: the cause (trial case 20);
+    None where no stream failed, or `error` is its error."""
+    said = " ".join(str(error).split())
+    if hidden is None or hidden.split(": ", 1)[-1][:200] in said:
+        return None
+    return StorageStreamError(f"{hidden} (then DCP: {type(error).__name__}: {said[:200]})")
 
 
 class TimedReader(_TimedPlanning):
@@ -96,6 +105,11 @@ class TimedReader(_TimedPlanning):
             future = super().read_data(plan, planner)  # type: ignore[misc]  # a mixin (as finish)
             future.wait()
             return future
+        except Exception as error:
+            led = answered(error)
+            if led is not None:
+                raise led from None
+            raise
         finally:
             self.timeline.io_bytes = self.timeline.moved.total - started[2]
             self.timeline.io_ended("read_data", started)

@@ -356,6 +356,26 @@ def test_a_server_that_answers_500_is_named_first_with_its_count(s3, s3_uri, tmp
     assert run["status"] == "failed" and run["error"].startswith(said[1]), run["error"]
 
 
+def test_another_ranks_refused_writes_lead_rank_0s_line(s3, s3_uri, tmp_path):
+    """Only rank 1's data objects answered 500: rank 0 says the line for the error every rank
+    raises together, and its own request log saw no refusal; rank 1's answers cross to it inside
+    DCP's exception (before: the bare CRT error 14366 and a guess at its cause)."""
+    with FaultProxy(s3.endpoint_url, targets=["UploadPart", "PutObject"],
+                    key_pattern=r"__1_\d+\.distcp$", error_500_rate=1.0) as proxy:
+        result = run_cli(["save", f"storage.uri={s3_uri}", "nproc=2", "storage.max_attempts=2",
+                          f"storage.endpoint={proxy.url}", f"results_dir={tmp_path}"],
+                         env=s3_env(s3), timeout_s=TIMEOUT_S)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    (line,) = error_lines(result)
+    said = re.match(r"dcp-fsdp: error: (S3 answered HTTP 500 to all (\d+) of rank 1's UploadPart "
+                    r"attempts \(the server failed them)", line)
+    assert said, line
+    assert int(said[2]) == proxy.counts["500"]["UploadPart"] >= 1, (line, proxy.counts)
+    run, _ = read_run(tmp_path)
+    assert run["status"] == "failed" and run["error"].startswith(said[1]), run["error"]
+
+
 def test_stalled_response_ends_the_run_at_op_timeout(s3, s3_uri, tmp_path):
     op_timeout_s = 5
     with FaultProxy(s3.endpoint_url, stall_rate=1.0, stall_s=600, targets=["UploadPart"]) as proxy:
