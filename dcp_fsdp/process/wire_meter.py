@@ -163,11 +163,11 @@ HOOKED_WATCH_PERIOD_S = 0.1
 # connect() in the namespace) and for RETRY_WINDOW_S after a socket to the endpoint closes (its
 # destroy broadcast wakes the watch at once): the client's retry connection follows its backoff
 # (a 0.25 s window after every sign missed one in 3 of 8 cut-GET loads); every
-# SLOW_WATCH_PERIOD_S otherwise. Missed: a connection
-# opened and closed within one slow period, OPENING_WINDOW_S after the namespace's last
-# connect() and RETRY_WINDOW_S after the last close. Narrower, the cut-GET test missed a cut
-# connection: at 10 ms instead of 5 (3 of 6: a retry connection can live under 10 ms), and with
-# OPENING_WINDOW_S and the slow period at 0.1 s (1 of 20; 0.2 s and 0.05 s: 20 of 20 passed).
+# SLOW_WATCH_PERIOD_S otherwise. Missed: a connection opened and closed within one slow period,
+# OPENING_WINDOW_S after the namespace's last connect() and RETRY_WINDOW_S after the last close.
+# Narrower, the cut-GET test missed a cut connection: at 10 ms instead of 5 (3 of 6: a retry
+# connection can live under 10 ms), and with OPENING_WINDOW_S and the slow period at 0.1 s (1 of
+# 20; 0.2 s and 0.05 s: 20 of 20 passed).
 SLOW_WATCH_PERIOD_S = 0.05
 OPENING_WINDOW_S = 0.2
 RETRY_WINDOW_S = 1.0
@@ -261,10 +261,15 @@ class WireMeter:
                 return
             if wake_r in ready:
                 os.read(wake_r, 4096)
-            with self._lock:
-                closed = closed_fd in ready and self._take_closed()
-                opened = self._scan(refresh=False)
+            closed, opened = self._watch_step(closed_fd in ready)
             self._fast_until_s = fast_until(self._fast_until_s, time.monotonic(), closed, opened)
+
+    def _watch_step(self, closes_heard: bool) -> tuple[bool, bool]:
+        """One watch scan: (a socket to the endpoint closed, this process's descriptors were
+        listed); only new sockets are read, and the broadcast only when poll says it has news."""
+        with self._lock:
+            closed = closes_heard and self._take_closed()
+            return closed, self._scan(refresh=False)
 
     def close(self) -> None:
         """Stop watching; what was counted stays readable."""
@@ -358,12 +363,12 @@ class WireMeter:
             self._final.add(cookie)
         return bool(closed)  # any to the endpoint
 
-    def _update(self, refresh: bool = True) -> bool:
-        """Whether connections opened or closed; `refresh` False (the watch): only new sockets are read."""
+    def _update(self) -> None:
+        """Every socket's counters now, closed ones' from the broadcast."""
         with self._lock:
-            closed = self._take_closed()
-            listed = self._scan(refresh=refresh)
-            return self._take_closed() or closed or listed  # closed during the scan
+            self._take_closed()
+            self._scan()
+            self._take_closed()  # closed during the scan
 
     def acked(self) -> int:
         """Bytes the endpoint acknowledged (a save's uploaded bytes, heads included)."""

@@ -117,14 +117,14 @@ def test_a_watch_scan_sees_a_connection_opened_as_a_file_closed():
         meter = WireMeter(listener.getsockname()[1])
         meter.start()
         try:
-            meter._update(refresh=False)
-            meter._update(refresh=False)  # nothing new: skipped
+            meter._watch_step(closes_heard=True)
+            meter._watch_step(closes_heard=True)  # nothing new: skipped
             spare_fd = spare.fileno()
             spare.close()
             client = _client(listener)
             assert client.fileno() == spare_fd  # the lowest free number: the file's
             server, _ = listener.accept()
-            meter._update(refresh=False)
+            meter._watch_step(closes_heard=True)
             _cut_after(server, SENT)
             client.close()
             deadline = time.monotonic() + 10
