@@ -82,7 +82,10 @@ def answers_from(source: Callable[[], ErrorAnswers | None] | None) -> None:
 def answered(error: BaseException) -> AnsweredError | None:
     """`error` (a failed write_data or read_data) with the server's error answers among this
     process's requests; None where it answered no error or none is known."""
-    answers = _answers_source() if _answers_source is not None else None
+    try:
+        answers = _answers_source() if _answers_source is not None else None
+    except Exception:  # an unreadable request log never hides the error it would have led
+        return None
     if answers is None or isinstance(error, AnsweredError):
         return None
     return AnsweredError(innermost(error), answers)

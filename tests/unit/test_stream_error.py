@@ -158,6 +158,12 @@ def test_no_answers_known_leaves_the_error_as_it_was():
     answers_from(lambda: None)
     try:
         assert answered(OSError("x")) is None
+
+        def unreadable() -> ErrorAnswers | None:
+            raise OSError("the request log is gone")
+        answers_from(unreadable)
+        assert answered(OSError("x")) is None  # the error itself is raised, not the log's
+        answers_from(lambda: None)
         carried = AnsweredError("OSError: x", known)
         assert answered(carried) is None  # carried once
         again = pickle.loads(pickle.dumps(carried))
