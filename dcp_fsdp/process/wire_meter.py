@@ -155,19 +155,12 @@ def _destroyed(data: bytes, port: int) -> dict[int, tuple[int, int]]:
 # descriptor stays open until the client closes it).
 WATCH_PERIOD_S = 0.005
 HOOKED_WATCH_PERIOD_S = 0.1
-# Scanned every 5 ms throughout, a connector load took 1.021x as long as bare; fast for a second
-# after each sign of new connections, 1.013x [1.005, 1.021] over 8 runs; as now, 1.007x [1.004,
-# 1.010] over 16, its watch waking ~40 times fast and ~30 slow in a 1.9 s load
-# (benchmarks/harness_ab --runs 8; docs/harness-cost.md). So a watch scans every WATCH_PERIOD_S
-# only while connections open (OPENING_WINDOW_S after the operation's start and after each
-# connect() in the namespace) and for RETRY_WINDOW_S after a socket to the endpoint closes (its
-# destroy broadcast wakes the watch at once): the client's retry connection follows its backoff
-# (a 0.25 s window after every sign missed one in 3 of 8 cut-GET loads); every
-# SLOW_WATCH_PERIOD_S otherwise. Missed: a connection opened and closed within one slow period,
-# OPENING_WINDOW_S after the namespace's last connect() and RETRY_WINDOW_S after the last close.
-# Narrower, the cut-GET test missed a cut connection: at 10 ms instead of 5 (3 of 6: a retry
-# connection can live under 10 ms), and with OPENING_WINDOW_S and the slow period at 0.1 s (1 of
-# 20; 0.2 s and 0.05 s: 20 of 20 passed).
+# Every fast period only while connections open (OPENING_WINDOW_S after the operation's start
+# and each connect() in the namespace) and for RETRY_WINDOW_S after a socket to the endpoint
+# closes (the client's retry follows its backoff); every slow period otherwise. Scanned fast
+# throughout, a connector load took 1.021x as long as bare; as now, 1.007x [1.004, 1.010]. The
+# cut-GET egress test missed a cut connection with narrower settings (docs/harness-cost.md,
+# "The wire meter's watch, narrowed"). Missed: a connection living within one slow period.
 SLOW_WATCH_PERIOD_S = 0.05
 OPENING_WINDOW_S = 0.2
 RETRY_WINDOW_S = 1.0
