@@ -22,20 +22,25 @@ def test_matmuls_for_a_step():
     assert train_step.matmuls_for(0.05, 0.0) == 1
 
 
-def test_a_step_waits_for_staging_before_its_update_and_says_how_long():
+def test_a_step_waits_for_staging_before_its_update_and_says_how_long(monkeypatch):
     step = train_step.TrainStep(torch.device("cpu"), 0.01)
     step.calibrate()
     order: list[str] = []
-    # a sleep, not a timer started before the step: the wait then lies wholly inside the step
+    # The wait moves the step's clock on by an hour, wholly inside the step: the compute times
+    # leave it out whatever the machine's load (a real 0.5 s sleep against a 10 ms step failed
+    # CI once at 0.70 s of compute, on a loaded machine).
+    jump_s, real_clock = 3600.0, time.perf_counter
+    jumped = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: real_clock() + jumped[0])
+
     def staged() -> None:
-        time.sleep(0.5)
+        jumped[0] += jump_s
         order.append("staged")
 
     times = step.run(3, before_update=staged)
     assert order == ["staged"]  # only the first step after a save waits
-    assert times.wait_s >= 0.5 and step.stall_wait_s == 0.0  # the last step did not wait
-    # the compute times leave the wait out (a 10 ms step, even on a loaded machine)
-    assert len(times.compute_s) == 3 and times.compute_s[0] < 0.5
+    assert times.wait_s >= jump_s and step.stall_wait_s == 0.0  # the last step did not wait
+    assert len(times.compute_s) == 3 and times.compute_s[0] < jump_s
     first = train_step.TrainStep(torch.device("cpu"), 0.01)
     first.calibrate()
     first.step(lambda: time.sleep(0.1))
